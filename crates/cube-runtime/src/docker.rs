@@ -1,0 +1,373 @@
+//! [`Runtime`] on the Docker engine, through bollard.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig, PortBinding};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
+    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use chrono::{DateTime, Datelike, Utc};
+use cube_types::HostBinding;
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use uuid::Uuid;
+
+use crate::{
+    ContainerInfo, ContainerSpec, LABEL_NODE, LABEL_TASK_ID, Runtime, RuntimeError, RuntimeEvent,
+};
+
+/// How long a pull may take before the task is failed with a time-out.
+const DEFAULT_PULL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The Docker engine on this machine (`DOCKER_HOST` or the local socket).
+#[derive(Clone)]
+pub struct DockerRuntime {
+    docker: Docker,
+    pull_timeout: Duration,
+}
+
+impl DockerRuntime {
+    /// Connects and agrees on an API version with the engine (Debian's Docker speaks 1.41,
+    /// older than bollard's default, so without this every call fails).
+    pub async fn connect() -> Result<DockerRuntime, RuntimeError> {
+        let docker = Docker::connect_with_local_defaults()
+            .map_err(|err| RuntimeError::Unavailable(err.to_string()))?
+            .negotiate_version()
+            .await
+            .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
+        Ok(DockerRuntime {
+            docker,
+            pull_timeout: DEFAULT_PULL_TIMEOUT,
+        })
+    }
+
+    pub fn with_pull_timeout(mut self, timeout: Duration) -> DockerRuntime {
+        self.pull_timeout = timeout;
+        self
+    }
+
+    pub(crate) fn client(&self) -> &Docker {
+        &self.docker
+    }
+
+    async fn image_present(&self, image: &str) -> Result<bool, RuntimeError> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => Ok(true),
+            Err(err) if status_of(&err) == Some(404) => Ok(false),
+            Err(err) => Err(engine_error("image inspect", err)),
+        }
+    }
+
+    async fn pull(&self, image: &str) -> Result<(), RuntimeError> {
+        let options = CreateImageOptionsBuilder::new()
+            .from_image(&with_default_tag(image))
+            .build();
+        let mut progress = self.docker.create_image(Some(options), None, None);
+        while let Some(step) = progress.next().await {
+            step.map_err(|err| RuntimeError::Image {
+                image: image.to_string(),
+                message: message_of(&err),
+            })?;
+        }
+        Ok(())
+    }
+}
+
+impl Runtime for DockerRuntime {
+    async fn ensure_image(&self, image: &str) -> Result<(), RuntimeError> {
+        if self.image_present(image).await? {
+            return Ok(());
+        }
+        tracing::info!(image, "image not present locally, pulling it");
+        match tokio::time::timeout(self.pull_timeout, self.pull(image)).await {
+            Ok(result) => result,
+            Err(_) => Err(RuntimeError::Image {
+                image: image.to_string(),
+                message: format!(
+                    "pull did not finish within {} s",
+                    self.pull_timeout.as_secs()
+                ),
+            }),
+        }
+    }
+
+    async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
+        let port_bindings: HashMap<String, Option<Vec<PortBinding>>> = spec
+            .port_bindings
+            .iter()
+            .map(|(port, host_port)| {
+                let binding = PortBinding {
+                    host_ip: None,
+                    host_port: Some(host_port.clone()),
+                };
+                (port.clone(), Some(vec![binding]))
+            })
+            .collect();
+        let host_config = HostConfig {
+            // docker-init as PID 1 forwards SIGTERM, so a stop takes ~100 ms instead of the
+            // whole timeout for images whose process ignores SIGTERM (httpd, sleep).
+            init: Some(true),
+            nano_cpus: (spec.cpu_cores > 0.0).then(|| (spec.cpu_cores * 1e9).round() as i64),
+            memory: (spec.memory_bytes > 0)
+                .then(|| i64::try_from(spec.memory_bytes).unwrap_or(i64::MAX)),
+            port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
+            // Docker's restart policy stays unset: Cube restarts tasks itself.
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: (!spec.cmd.is_empty()).then(|| spec.cmd.clone()),
+            env: (!spec.env.is_empty()).then(|| spec.env.clone()),
+            exposed_ports: (!spec.exposed_ports.is_empty())
+                .then(|| spec.exposed_ports.iter().cloned().collect()),
+            labels: Some(spec.labels.clone()),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let options = CreateContainerOptionsBuilder::new()
+            .name(&spec.name)
+            .build();
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(|err| engine_error("create", err))?;
+        Ok(created.id)
+    }
+
+    async fn start(&self, container_id: &str) -> Result<(), RuntimeError> {
+        self.docker
+            .start_container(container_id, None)
+            .await
+            .map_err(|err| engine_error("start", err))
+    }
+
+    async fn stop(&self, container_id: &str, timeout: Duration) -> Result<(), RuntimeError> {
+        let seconds = i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX);
+        let options = StopContainerOptionsBuilder::new().t(seconds).build();
+        match self
+            .docker
+            .stop_container(container_id, Some(options))
+            .await
+        {
+            // 304: already stopped; 404: already gone. Both are what was asked for.
+            Ok(()) => Ok(()),
+            Err(err) if matches!(status_of(&err), Some(304 | 404)) => Ok(()),
+            Err(err) => Err(engine_error("stop", err)),
+        }
+    }
+
+    async fn remove(&self, container_id: &str) -> Result<(), RuntimeError> {
+        let options = RemoveContainerOptionsBuilder::new()
+            .force(true)
+            .v(true)
+            .build();
+        match self
+            .docker
+            .remove_container(container_id, Some(options))
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            // 409: removal already in progress; it will be gone shortly, as asked.
+            Err(err)
+                if status_of(&err) == Some(409)
+                    && message_of(&err).contains("already in progress") =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(engine_error("remove", err)),
+        }
+    }
+
+    async fn inspect(&self, container_id: &str) -> Result<Option<ContainerInfo>, RuntimeError> {
+        match self.docker.inspect_container(container_id, None).await {
+            Ok(response) => Ok(Some(info_from(response))),
+            Err(err) if status_of(&err) == Some(404) => Ok(None),
+            Err(err) => Err(engine_error("inspect", err)),
+        }
+    }
+
+    async fn list_managed(&self, node: &str) -> Result<Vec<ContainerInfo>, RuntimeError> {
+        let filters = HashMap::from([("label", vec![format!("{LABEL_NODE}={node}")])]);
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|err| engine_error("list", err))?;
+        let mut containers = Vec::with_capacity(summaries.len());
+        for summary in summaries {
+            let Some(id) = summary.id else { continue };
+            // A container removed between the list and the inspect is simply not there.
+            if let Some(info) = self.inspect(&id).await? {
+                containers.push(info);
+            }
+        }
+        Ok(containers)
+    }
+
+    fn events_since(
+        &self,
+        node: &str,
+        since_unix_secs: i64,
+    ) -> BoxStream<'static, Result<RuntimeEvent, RuntimeError>> {
+        let filters = HashMap::from([
+            ("type", vec!["container".to_string()]),
+            ("label", vec![format!("{LABEL_NODE}={node}")]),
+            ("event", vec!["die".to_string(), "destroy".to_string()]),
+        ]);
+        let options = EventsOptionsBuilder::new()
+            .since(&since_unix_secs.to_string())
+            .filters(&filters)
+            .build();
+        self.docker
+            .events(Some(options))
+            .filter_map(|message| async move {
+                let message = match message {
+                    Ok(message) => message,
+                    Err(err) => return Some(Err(RuntimeError::Unavailable(message_of(&err)))),
+                };
+                let actor = message.actor?;
+                let container_id = actor.id?;
+                let task_id = actor
+                    .attributes
+                    .as_ref()
+                    .and_then(|attributes| attributes.get(LABEL_TASK_ID))
+                    .and_then(|id| Uuid::parse_str(id).ok());
+                match message.action.as_deref() {
+                    Some("die") => Some(Ok(RuntimeEvent::Died {
+                        container_id,
+                        task_id,
+                    })),
+                    Some("destroy") => Some(Ok(RuntimeEvent::Destroyed {
+                        container_id,
+                        task_id,
+                    })),
+                    _ => None,
+                }
+            })
+            .boxed()
+    }
+}
+
+fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
+    let state = response.state.unwrap_or_default();
+    let running = state.running.unwrap_or(false);
+    let finished_at = state.finished_at.as_deref().and_then(engine_time);
+    let labels = response
+        .config
+        .and_then(|config| config.labels)
+        .unwrap_or_default();
+    let host_ports = response
+        .network_settings
+        .and_then(|settings| settings.ports)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(port, bindings)| {
+            let bindings: Vec<HostBinding> = bindings?
+                .into_iter()
+                .filter_map(|binding| {
+                    Some(HostBinding {
+                        host_ip: binding.host_ip.unwrap_or_default(),
+                        host_port: binding.host_port?,
+                    })
+                })
+                .collect();
+            (!bindings.is_empty()).then_some((port, bindings))
+        })
+        .collect::<BTreeMap<_, _>>();
+    ContainerInfo {
+        id: response.id.unwrap_or_default(),
+        task_id: labels
+            .get(LABEL_TASK_ID)
+            .and_then(|id| Uuid::parse_str(id).ok()),
+        running,
+        // A container that never ran has exit code 0 and no finish time: no exit yet.
+        exit_code: if running || finished_at.is_none() {
+            None
+        } else {
+            state.exit_code
+        },
+        oom_killed: state.oom_killed.unwrap_or(false),
+        error: state.error.unwrap_or_default(),
+        started_at: state.started_at.as_deref().and_then(engine_time),
+        finished_at,
+        host_ports,
+    }
+}
+
+/// The engine writes Go's zero time for "never"; that reads as `None`.
+fn engine_time(text: &str) -> Option<DateTime<Utc>> {
+    let time = DateTime::parse_from_rfc3339(text).ok()?.with_timezone(&Utc);
+    (time.year() > 1).then_some(time)
+}
+
+/// Docker pulls every tag of a repository named without one; Cube means `:latest`, as
+/// `docker run` does.
+fn with_default_tag(image: &str) -> String {
+    let last_segment = image.rsplit('/').next().unwrap_or(image);
+    if image.contains('@') || last_segment.contains(':') {
+        image.to_string()
+    } else {
+        format!("{image}:latest")
+    }
+}
+
+fn status_of(err: &BollardError) -> Option<u16> {
+    match err {
+        BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// The engine's own message, without bollard's wrapping.
+fn message_of(err: &BollardError) -> String {
+    match err {
+        BollardError::DockerResponseServerError { message, .. } => message.clone(),
+        BollardError::DockerStreamError { error } => error.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn engine_error(action: &'static str, err: BollardError) -> RuntimeError {
+    match err {
+        BollardError::DockerResponseServerError {
+            status_code: 404,
+            message,
+        } if action != "create" => RuntimeError::NotFound(message),
+        BollardError::DockerResponseServerError { message, .. } => {
+            RuntimeError::Engine { action, message }
+        }
+        other => RuntimeError::Unavailable(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn untagged_images_mean_latest() {
+        assert_eq!(with_default_tag("busybox"), "busybox:latest");
+        assert_eq!(
+            with_default_tag("127.0.0.1:5000/app"),
+            "127.0.0.1:5000/app:latest"
+        );
+        assert_eq!(with_default_tag("app:1.2"), "app:1.2");
+        assert_eq!(with_default_tag("app@sha256:abc"), "app@sha256:abc");
+    }
+
+    #[test]
+    fn the_go_zero_time_from_the_engine_is_none() {
+        assert_eq!(engine_time("0001-01-01T00:00:00Z"), None);
+        assert!(engine_time("2026-11-20T10:00:00.123456789Z").is_some());
+    }
+}

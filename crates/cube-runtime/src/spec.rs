@@ -1,0 +1,84 @@
+//! What to create: a container specification derived from a task.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use cube_types::Task;
+
+use crate::{LABEL_NODE, LABEL_TASK_ID, LABEL_TASK_NAME};
+
+/// Everything the engine needs to create a task's container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSpec {
+    pub name: String,
+    pub image: String,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    /// 0 means no limit.
+    pub cpu_cores: f64,
+    /// 0 means no limit.
+    pub memory_bytes: u64,
+    pub exposed_ports: BTreeSet<String>,
+    /// Container port → host port ("" lets the engine choose).
+    pub port_bindings: BTreeMap<String, String>,
+    pub labels: HashMap<String, String>,
+}
+
+impl ContainerSpec {
+    /// The container for `task` on the worker `node`, labelled so that a restarted worker can
+    /// find it again.
+    pub fn for_task(task: &Task, node: &str) -> ContainerSpec {
+        let labels = HashMap::from([
+            (LABEL_TASK_ID.to_string(), task.id.to_string()),
+            (LABEL_NODE.to_string(), node.to_string()),
+            (LABEL_TASK_NAME.to_string(), task.name.clone()),
+        ]);
+        ContainerSpec {
+            name: container_name(task),
+            image: task.image.clone(),
+            cmd: task.cmd.clone(),
+            env: task.env.clone(),
+            cpu_cores: task.cpu,
+            memory_bytes: task.memory,
+            exposed_ports: task.exposed_ports.clone(),
+            port_bindings: task.port_bindings.clone(),
+            labels,
+        }
+    }
+}
+
+/// `cube-<name>-<short id>`, with the characters Docker refuses in names replaced by `-`.
+pub fn container_name(task: &Task) -> String {
+    let name: String = task
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(64)
+        .collect();
+    format!("cube-{name}-{}", task.short_id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_names_are_docker_safe_and_unique_per_task() {
+        let task = Task::new("my web/app 1", "busybox");
+        let name = container_name(&task);
+        assert_eq!(name, format!("cube-my-web-app-1-{}", task.short_id()));
+    }
+
+    #[test]
+    fn the_spec_carries_the_labels_a_restarted_worker_looks_for() {
+        let task = Task::new("web", "busybox");
+        let spec = ContainerSpec::for_task(&task, "w1");
+        assert_eq!(spec.labels.get(LABEL_TASK_ID), Some(&task.id.to_string()));
+        assert_eq!(spec.labels.get(LABEL_NODE).map(String::as_str), Some("w1"));
+    }
+}

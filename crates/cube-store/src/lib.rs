@@ -1,0 +1,101 @@
+//! Cube's key-value stores: where the manager and the workers keep their state.
+//!
+//! A [`Store`] holds values of one type under string keys (task IDs, node names), with the
+//! book's `put`/`get`/`list`/`count`, plus `delete` and an [`index`](Store::index) that grows by
+//! one with every write, so that a watcher can ask "has anything changed since N".
+//!
+//! Two implementations: [`MemoryStore`] (lost when the process ends) and [`PersistentStore`]
+//! (a redb file; every `put` and `delete` is a durable, fsynced commit before it returns, so
+//! whatever an API acknowledged after a write survives a crash).
+//!
+//! This crate knows nothing of tasks or HTTP; values are stored as JSON.
+
+mod memory;
+mod persistent;
+
+pub use memory::MemoryStore;
+pub use persistent::{PersistentDb, PersistentStore};
+
+/// A store of values of type `V` under string keys.
+///
+/// Calls are synchronous: a durable commit costs about 0.3 ms on the machines Cube is measured
+/// on, less than handing the work to another thread would.
+pub trait Store<V>: Send + Sync {
+    /// Inserts or replaces the value under `key`; returns the store's new index.
+    fn put(&self, key: &str, value: &V) -> Result<u64, StoreError>;
+    fn get(&self, key: &str) -> Result<Option<V>, StoreError>;
+    /// Every value, in key order.
+    fn list(&self) -> Result<Vec<V>, StoreError>;
+    fn count(&self) -> Result<u64, StoreError>;
+    /// Removes the value under `key`; returns whether there was one.
+    fn delete(&self, key: &str) -> Result<bool, StoreError>;
+    /// Grows by one with every `put` and every `delete` that removed something.
+    fn index(&self) -> Result<u64, StoreError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open the data file {path}: {reason}")]
+    Open { path: String, reason: String },
+    #[error("data file error: {0}")]
+    Persistent(#[from] redb::Error),
+    #[error("cannot encode the value for key {key:?}: {source}")]
+    Encode {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the stored value under key {key:?} is unreadable: {source}")]
+    Decode {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+#[cfg(test)]
+mod contract {
+    //! The same behaviour asked of both stores.
+
+    use super::*;
+
+    pub fn behaves_like_a_store(store: &dyn Store<String>) {
+        assert_eq!(store.count().unwrap(), 0);
+        assert_eq!(store.index().unwrap(), 0);
+        assert_eq!(store.get("a").unwrap(), None);
+
+        assert_eq!(store.put("b", &"two".to_string()).unwrap(), 1);
+        assert_eq!(store.put("a", &"one".to_string()).unwrap(), 2);
+        assert_eq!(store.get("a").unwrap().as_deref(), Some("one"));
+        assert_eq!(
+            store.list().unwrap(),
+            vec!["one".to_string(), "two".to_string()]
+        );
+        assert_eq!(store.count().unwrap(), 2);
+
+        assert_eq!(store.put("a", &"uno".to_string()).unwrap(), 3);
+        assert_eq!(store.get("a").unwrap().as_deref(), Some("uno"));
+        assert_eq!(store.count().unwrap(), 2);
+
+        assert!(store.delete("a").unwrap());
+        assert!(!store.delete("a").unwrap());
+        assert_eq!(
+            store.index().unwrap(),
+            4,
+            "a delete of nothing does not move the index"
+        );
+        assert_eq!(store.list().unwrap(), vec!["two".to_string()]);
+    }
+
+    #[test]
+    fn memory_store_keeps_the_contract() {
+        behaves_like_a_store(&MemoryStore::<String>::new());
+    }
+
+    #[test]
+    fn persistent_store_keeps_the_contract() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        behaves_like_a_store(&PersistentStore::<String>::new(db, "things").unwrap());
+    }
+}

@@ -1,0 +1,24 @@
+//! Cube's domain types and their JSON wire format.
+//!
+//! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
+//! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker),
+//! [`stats`] (a worker's machine metrics), [`error`] (the error body every API returns),
+//! [`time`] (RFC 3339 times where the Go zero time means "unset").
+//!
+//! This crate does no IO. It knows the JSON field names (`PascalCase`, after the book and
+//! Nomad's API) so that every API crate agrees on them; the validation of submitted tasks lives
+//! here too, so that a manager and a worker reject the same input with the same words.
+
+pub mod duration;
+pub mod error;
+pub mod event;
+pub mod state;
+pub mod stats;
+pub mod task;
+pub mod time;
+
+pub use error::ErrorBody;
+pub use event::{Submission, SubmissionError, TaskEvent};
+pub use state::{State, Transition};
+pub use stats::{LoadAvg, Stats};
+pub use task::{HostBinding, RestartPolicy, Task};

@@ -1,0 +1,63 @@
+//! Cube's worker: the agent on each machine that runs tasks as containers.
+//!
+//! [`Worker`] keeps the tasks (in a [`cube_store::Store`]) and carries out their desired state
+//! through a [`cube_runtime::Runtime`]; [`api`] serves it over HTTP; [`stats`] reads the
+//! machine's metrics. [`run`] wires the loops together and stops them on a shutdown signal.
+//!
+//! The worker never decides where a task runs and never restarts a task on its own: it runs
+//! what it is given and reports what it sees. Containers keep running when the worker stops;
+//! a worker started again on the same store re-adopts them.
+
+pub mod api;
+pub mod stats;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cube_runtime::Runtime;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use stats::StatsCollector;
+pub use worker::{Command, RESYNC_INTERVAL, Submitted, Worker, WorkerConfig, WorkerError};
+
+/// How long operations under way may take to finish once shutdown is asked for.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Serves `worker` on `listener` and runs its loops until `shutdown` is cancelled, then stops
+/// them: the API stops accepting, operations under way get [`SHUTDOWN_GRACE`] to finish.
+pub async fn run<R: Runtime>(
+    worker: Arc<Worker<R>>,
+    commands: mpsc::Receiver<Command>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let dispatcher = tokio::spawn(worker.clone().run_dispatcher(
+        commands,
+        shutdown.clone(),
+        SHUTDOWN_GRACE,
+    ));
+    let watcher = tokio::spawn(worker.clone().run_event_watcher(shutdown.clone()));
+    let sampler = {
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { worker.stats().run_cpu_sampler(shutdown).await })
+    };
+    let served = axum::serve(listener, api::router(worker))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    // The server also ends on an accept error; the loops must stop then too.
+    shutdown.cancel();
+    for (name, handle) in [
+        ("dispatcher", dispatcher),
+        ("event watcher", watcher),
+        ("cpu sampler", sampler),
+    ] {
+        if let Err(err) = handle.await {
+            tracing::error!(loop_name = name, error = %err, "worker loop ended abnormally");
+        }
+    }
+    served
+}

@@ -1,0 +1,589 @@
+//! The worker's state and the operations on it.
+//!
+//! Desired state arrives through the API and is stored first (durably, with the persistent
+//! store) and then handed to the command queue; the dispatcher ([`Worker::run_dispatcher`])
+//! carries each command out at once, several tasks at a time, one operation per task at a
+//! time. Docker's events ([`Worker::run_event_watcher`]) turn a container's exit into a check
+//! of its task within milliseconds; a periodic resync catches whatever an event missed.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use cube_runtime::{
+    ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
+};
+use cube_store::{Store, StoreError};
+use cube_types::{State, Task, TaskEvent, Transition};
+use futures_util::StreamExt;
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::stats::{StatsCollector, StatsError};
+
+/// How many commands the queue holds before `POST /tasks` waits for room.
+const QUEUE_CAPACITY: usize = 1024;
+
+/// How often the worker compares its tasks with Docker even when no event said anything.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How long to wait before reconnecting to Docker's event stream after it ended.
+const EVENTS_RECONNECT_DELAY: Duration = Duration::from_secs(1);
+
+/// How far back a (re)connected event stream replays, so that an exit during the resync that
+/// follows a connection is not missed.
+const EVENTS_REPLAY_SECS: i64 = 5;
+
+/// What the worker is asked to do with one task. Every command is idempotent: it reads the
+/// task's current state and does only what is still missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    /// Make the container run (create and start it, or adopt the one that exists).
+    Start(Uuid),
+    /// Stop and remove the container; the task becomes `Completed` unless it already ended.
+    Stop(Uuid),
+    /// Compare the task with its container (after an event or during a resync).
+    Check(Uuid),
+}
+
+impl Command {
+    fn task_id(self) -> Uuid {
+        match self {
+            Command::Start(id) | Command::Stop(id) | Command::Check(id) => id,
+        }
+    }
+}
+
+/// Settings that do not change while the worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The node name: in container labels and in every task's `NodeName`.
+    pub name: String,
+    /// How long a stopped container gets to exit before it is killed.
+    pub stop_timeout: Duration,
+    /// How many tasks may be started or stopped at once.
+    pub max_concurrent_operations: usize,
+}
+
+/// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("no task with ID {0} on this worker")]
+    NotFound(Uuid),
+    #[error("task {id}: {transition}")]
+    Conflict { id: Uuid, transition: Transition },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the worker is shutting down")]
+    ShuttingDown,
+    #[error("task store failed: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Stats(#[from] StatsError),
+}
+
+/// What a submission did: created a task, or found it already there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    Created(Task),
+    Existing(Task),
+}
+
+/// One worker: its tasks, its container runtime and its command queue.
+pub struct Worker<R> {
+    config: WorkerConfig,
+    tasks: Arc<dyn Store<Task>>,
+    runtime: R,
+    stats: StatsCollector,
+    /// Sends commands to the dispatcher; bounded so that a flood of submissions waits
+    /// instead of growing memory without limit.
+    commands: mpsc::Sender<Command>,
+    /// One lock per task, so that a start, a stop and an exit check of the same task never
+    /// interleave. Async mutexes because they are held across calls to Docker; the map
+    /// itself is behind a `std` mutex held only to look a lock up.
+    task_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl<R: Runtime> Worker<R> {
+    /// A worker and the receiving end of its command queue, to hand to
+    /// [`Worker::run_dispatcher`].
+    pub fn new(
+        config: WorkerConfig,
+        tasks: Arc<dyn Store<Task>>,
+        runtime: R,
+        stats: StatsCollector,
+    ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
+        let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let worker = Worker {
+            config,
+            tasks,
+            runtime,
+            stats,
+            commands,
+            task_locks: Mutex::new(HashMap::new()),
+        };
+        (Arc::new(worker), receiver)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    pub fn stats(&self) -> &StatsCollector {
+        &self.stats
+    }
+
+    // ----- requests from the API -----
+
+    /// Takes a `TaskEvent`: `Running` (or `Scheduled`) asks for the task to run, `Completed`
+    /// for it to stop. A new task is stored as `Scheduled` before this returns.
+    pub async fn submit(&self, event: TaskEvent) -> Result<Submitted, WorkerError> {
+        match event.state {
+            State::Running | State::Scheduled => self.submit_run(event.task).await,
+            State::Completed => self
+                .request_stop(event.task.id)
+                .await
+                .map(Submitted::Existing),
+            other => Err(WorkerError::BadRequest(format!(
+                "State: a TaskEvent asks for Running (or Scheduled) to run a task or Completed to stop it; \
+                 {other} cannot be asked for"
+            ))),
+        }
+    }
+
+    async fn submit_run(&self, mut task: Task) -> Result<Submitted, WorkerError> {
+        let lock = self.lock_for(task.id);
+        let _guard = lock.lock().await;
+        if let Some(current) = self.tasks.get(&task.id.to_string())? {
+            // Asking again for a task that runs or is starting changes nothing.
+            current
+                .state
+                .transition(State::Running)
+                .map_err(|transition| WorkerError::Conflict {
+                    id: current.id,
+                    transition,
+                })?;
+            return Ok(Submitted::Existing(current));
+        }
+        task.state = task
+            .state
+            .transition(State::Scheduled)
+            .map_err(|transition| WorkerError::Conflict {
+                id: task.id,
+                transition,
+            })?;
+        // The worker owns what it observes: whatever the submission said about a container
+        // is not this worker's to believe.
+        task.desired_state = State::Running;
+        task.node_name = self.config.name.clone();
+        task.container_id.clear();
+        task.host_ports.clear();
+        task.start_time = None;
+        task.finish_time = None;
+        task.exit_code = None;
+        task.error = None;
+        self.tasks.put(&task.id.to_string(), &task)?;
+        self.send(Command::Start(task.id)).await?;
+        Ok(Submitted::Created(task))
+    }
+
+    /// Records that the user wants the task stopped and queues the stop. Stopping a task
+    /// that already ended only removes what is left of its container.
+    pub async fn request_stop(&self, id: Uuid) -> Result<Task, WorkerError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let mut task = self
+            .tasks
+            .get(&id.to_string())?
+            .ok_or(WorkerError::NotFound(id))?;
+        if !task.state.is_terminal() && task.desired_state != State::Completed {
+            task.state
+                .transition(State::Completed)
+                .map_err(|transition| WorkerError::Conflict { id, transition })?;
+            task.desired_state = State::Completed;
+            self.tasks.put(&id.to_string(), &task)?;
+        }
+        self.send(Command::Stop(id)).await?;
+        Ok(task)
+    }
+
+    pub fn task(&self, id: Uuid) -> Result<Task, WorkerError> {
+        self.tasks
+            .get(&id.to_string())?
+            .ok_or(WorkerError::NotFound(id))
+    }
+
+    pub fn list_tasks(&self) -> Result<Vec<Task>, WorkerError> {
+        Ok(self.tasks.list()?)
+    }
+
+    pub fn running_task_count(&self) -> Result<usize, WorkerError> {
+        Ok(self
+            .tasks
+            .list()?
+            .iter()
+            .filter(|task| task.state == State::Running)
+            .count())
+    }
+
+    async fn send(&self, command: Command) -> Result<(), WorkerError> {
+        self.commands
+            .send(command)
+            .await
+            .map_err(|_| WorkerError::ShuttingDown)
+    }
+
+    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .task_locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.entry(id).or_default().clone()
+    }
+
+    // ----- the loops -----
+
+    /// Carries out commands as they arrive, up to `max_concurrent_operations` at once, until
+    /// `shutdown`; then lets the operations under way finish for at most `grace`. Commands
+    /// still queued are dropped: their desired state is in the store, and the next start's
+    /// resync picks them up.
+    pub async fn run_dispatcher(
+        self: Arc<Self>,
+        mut commands: mpsc::Receiver<Command>,
+        shutdown: CancellationToken,
+        grace: Duration,
+    ) {
+        let permits = Arc::new(Semaphore::new(self.config.max_concurrent_operations.max(1)));
+        let mut running = JoinSet::new();
+        loop {
+            let command = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                command = commands.recv() => match command {
+                    Some(command) => command,
+                    None => break,
+                },
+                // Reap finished operations so the set does not grow.
+                Some(_) = running.join_next(), if !running.is_empty() => continue,
+            };
+            let permit = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
+            let worker = self.clone();
+            running.spawn(async move {
+                worker.execute(command).await;
+                drop(permit);
+            });
+        }
+        if tokio::time::timeout(grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(
+                count = running.len(),
+                "operations still under way after the grace period; abandoning them"
+            );
+            running.abort_all();
+        }
+    }
+
+    /// Watches Docker's events for this node's containers until `shutdown`. Every
+    /// (re)connection is followed by a resync, and so is every [`RESYNC_INTERVAL`].
+    pub async fn run_event_watcher(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let since = Utc::now().timestamp() - EVENTS_REPLAY_SECS;
+            let mut events = self.runtime.events_since(&self.config.name, since);
+            if let Err(err) = self.resync().await {
+                tracing::warn!(error = %err, "resync with Docker failed");
+            }
+            let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+            resync.tick().await; // The first tick is immediate; the resync just ran.
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = resync.tick() => {
+                        if let Err(err) = self.resync().await {
+                            tracing::warn!(error = %err, "resync with Docker failed");
+                        }
+                    }
+                    event = events.next() => match event {
+                        Some(Ok(RuntimeEvent::Died { task_id: Some(id), .. } | RuntimeEvent::Destroyed { task_id: Some(id), .. })) => {
+                            if self.send(Command::Check(id)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(Ok(_)) => {}
+                        Some(Err(err)) => {
+                            tracing::warn!(error = %err, "Docker event stream failed; reconnecting");
+                            break;
+                        }
+                        None => {
+                            tracing::warn!("Docker event stream ended; reconnecting");
+                            break;
+                        }
+                    },
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(EVENTS_RECONNECT_DELAY) => {}
+            }
+        }
+    }
+
+    /// Compares every task with the containers Docker has for this node: queues the starts,
+    /// stops and checks that are due, and removes containers that no task owns.
+    pub async fn resync(&self) -> Result<(), WorkerError> {
+        // Containers first, then tasks: a task is stored before its container is created,
+        // so every container listed here has its task in the list read after it.
+        let containers = match self.runtime.list_managed(&self.config.name).await {
+            Ok(containers) => containers,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot list containers");
+                return Ok(());
+            }
+        };
+        let tasks = self.tasks.list()?;
+        let known: HashSet<Uuid> = tasks.iter().map(|task| task.id).collect();
+        for task in &tasks {
+            let command = match (task.state, task.desired_state) {
+                (state, State::Completed) if !state.is_terminal() => Some(Command::Stop(task.id)),
+                (State::Scheduled, _) => Some(Command::Start(task.id)),
+                (State::Running | State::Lost, _) => Some(Command::Check(task.id)),
+                _ => None,
+            };
+            if let Some(command) = command {
+                self.send(command).await?;
+            }
+        }
+        for orphan in containers
+            .iter()
+            .filter(|c| !c.task_id.is_some_and(|id| known.contains(&id)))
+        {
+            tracing::warn!(container = %orphan.id, "removing a container labelled for this node that no task owns");
+            if let Err(err) = self.runtime.remove(&orphan.id).await {
+                tracing::warn!(container = %orphan.id, error = %err, "cannot remove orphaned container");
+            }
+        }
+        Ok(())
+    }
+
+    // ----- carrying commands out -----
+
+    async fn execute(&self, command: Command) {
+        let id = command.task_id();
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let result = match self.tasks.get(&id.to_string()) {
+            Ok(Some(task)) => match command {
+                Command::Start(_) => self.start(task).await,
+                Command::Stop(_) => self.stop(task).await,
+                Command::Check(_) => self.check(task).await,
+            },
+            Ok(None) => Ok(()),
+            Err(err) => Err(err.into()),
+        };
+        if let Err(err) = result {
+            tracing::error!(task = %id, ?command, error = %err, "command failed");
+        }
+    }
+
+    /// Makes a `Scheduled` task's container run, adopting the container that already exists
+    /// for it (after a crash mid-start) rather than creating a second one.
+    async fn start(&self, mut task: Task) -> Result<(), WorkerError> {
+        if task.state != State::Scheduled || task.desired_state != State::Running {
+            return Ok(());
+        }
+        let existing = match self.find_container(&task).await {
+            Ok(existing) => existing,
+            Err(err) => return self.fail(task, format!("cannot inspect the container: {err}")),
+        };
+        let container_id = match existing {
+            Some(info) if info.running || info.exit_code.is_some() => {
+                return self.observe(task, info);
+            }
+            // Created but never started (a crash between create and start): start it.
+            Some(info) => info.id,
+            None => {
+                if let Err(err) = self.runtime.ensure_image(&task.image).await {
+                    return self.fail(task, err.to_string());
+                }
+                match self
+                    .runtime
+                    .create(&ContainerSpec::for_task(&task, &self.config.name))
+                    .await
+                {
+                    Ok(id) => id,
+                    Err(err) => {
+                        return self.fail(task, format!("cannot create the container: {err}"));
+                    }
+                }
+            }
+        };
+        task.container_id = container_id.clone();
+        if let Err(err) = self.runtime.start(&container_id).await {
+            // A container that cannot start (port taken, bad command) is removed, so that the
+            // task's failure is all that remains of it.
+            let _ = self.runtime.remove(&container_id).await;
+            return self.fail(task, format!("cannot start the container: {err}"));
+        }
+        match self.runtime.inspect(&container_id).await {
+            Ok(Some(info)) => self.observe(task, info),
+            Ok(None) => self.fail(task, "the container disappeared as it started".to_string()),
+            Err(err) => self.fail(task, format!("cannot inspect the started container: {err}")),
+        }
+    }
+
+    /// Stops and removes the task's container. A task that had not ended is `Completed`.
+    async fn stop(&self, mut task: Task) -> Result<(), WorkerError> {
+        let info = match self.find_container(&task).await {
+            Ok(info) => info,
+            Err(err) => {
+                return self.record_error(
+                    task,
+                    format!("cannot inspect the container to stop it: {err}"),
+                );
+            }
+        };
+        if let Some(info) = &info {
+            if let Err(err) = self.runtime.stop(&info.id, self.config.stop_timeout).await {
+                return self.record_error(task, format!("cannot stop the container: {err}"));
+            }
+            let exited = self.runtime.inspect(&info.id).await.ok().flatten();
+            if let Err(err) = self.runtime.remove(&info.id).await {
+                return self.record_error(task, format!("cannot remove the container: {err}"));
+            }
+            if !task.state.is_terminal() {
+                task.exit_code = exited.as_ref().and_then(|info| info.exit_code);
+                task.finish_time = exited.and_then(|info| info.finished_at);
+            }
+        }
+        if task.state.is_terminal() {
+            // Only the leftover container was removed; its ports are no longer bound.
+            if info.is_some() && !task.host_ports.is_empty() {
+                task.host_ports.clear();
+                self.tasks.put(&task.id.to_string(), &task)?;
+            }
+            return Ok(());
+        }
+        task.host_ports.clear();
+        task.state = State::Completed;
+        task.finish_time.get_or_insert_with(Utc::now);
+        task.error = None;
+        self.tasks.put(&task.id.to_string(), &task)?;
+        tracing::info!(task = %task.id, name = %task.name, "task stopped");
+        Ok(())
+    }
+
+    /// Brings a task's observed state in line with its container after an event or a resync.
+    async fn check(&self, task: Task) -> Result<(), WorkerError> {
+        if task.desired_state == State::Completed && !task.state.is_terminal() {
+            return self.stop(task).await;
+        }
+        if !matches!(task.state, State::Running | State::Lost) {
+            return Ok(());
+        }
+        match self.find_container(&task).await {
+            Ok(Some(info)) => self.observe(task, info),
+            Ok(None) => {
+                let container = task.container_id.clone();
+                self.fail(task, format!("container {container} disappeared (removed outside Cube, or while the worker was down)"))
+            }
+            Err(err) => {
+                tracing::warn!(task = %task.id, error = %err, "cannot inspect the container");
+                Ok(())
+            }
+        }
+    }
+
+    /// The task's container: by the ID recorded, else by the name derived from the task.
+    async fn find_container(&self, task: &Task) -> Result<Option<ContainerInfo>, RuntimeError> {
+        if !task.container_id.is_empty()
+            && let Some(info) = self.runtime.inspect(&task.container_id).await?
+        {
+            return Ok(Some(info));
+        }
+        self.runtime.inspect(&container_name(task)).await
+    }
+
+    /// Records what the container shows: running, or exited with a code.
+    fn observe(&self, mut task: Task, info: ContainerInfo) -> Result<(), WorkerError> {
+        let next = if info.running {
+            State::Running
+        } else if info.exit_code == Some(0) && !info.oom_killed {
+            State::Completed
+        } else {
+            State::Failed
+        };
+        if let Err(transition) = task.state.transition(next) {
+            tracing::debug!(task = %task.id, %transition, "observation ignored");
+            return Ok(());
+        }
+        let changed = task.state != next
+            || task.container_id != info.id
+            || task.host_ports != info.host_ports;
+        task.state = next;
+        task.container_id = info.id.clone();
+        task.host_ports = info.host_ports.clone();
+        task.start_time = info.started_at.or(task.start_time);
+        if next != State::Running {
+            task.exit_code = info.exit_code;
+            task.finish_time = info.finished_at.or_else(|| Some(Utc::now()));
+            task.error = (next == State::Failed).then(|| exit_reason(&info, &task));
+        }
+        if changed {
+            self.tasks.put(&task.id.to_string(), &task)?;
+            tracing::info!(task = %task.id, name = %task.name, state = %task.state, exit_code = ?task.exit_code, "task state changed");
+        }
+        Ok(())
+    }
+
+    /// The task failed for `reason`, unless it had already ended.
+    fn fail(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
+        if task.state.transition(State::Failed).is_err() {
+            return Ok(());
+        }
+        tracing::warn!(task = %task.id, name = %task.name, %reason, "task failed");
+        task.state = State::Failed;
+        task.finish_time = Some(Utc::now());
+        task.error = Some(reason);
+        self.tasks.put(&task.id.to_string(), &task)?;
+        Ok(())
+    }
+
+    /// An operation that did not go through: the task keeps its state, and says why.
+    fn record_error(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
+        tracing::warn!(task = %task.id, %reason, "operation failed; the next resync tries again");
+        task.error = Some(reason);
+        self.tasks.put(&task.id.to_string(), &task)?;
+        Ok(())
+    }
+}
+
+/// Why a container ended badly, in words.
+fn exit_reason(info: &ContainerInfo, task: &Task) -> String {
+    if info.oom_killed {
+        return format!(
+            "killed for using more than its memory limit of {} bytes",
+            task.memory
+        );
+    }
+    let mut reason = match info.exit_code {
+        Some(137) => "killed (exit code 137, SIGKILL)".to_string(),
+        Some(code) => format!("exited with code {code}"),
+        None => "ended without an exit code".to_string(),
+    };
+    if !info.error.is_empty() {
+        reason.push_str(": ");
+        reason.push_str(&info.error);
+    }
+    reason
+}

@@ -1,0 +1,325 @@
+//! Helpers that read like the scenarios: start a real `cube worker` process, talk to it over
+//! HTTP, wait for a task to reach a state, and ask Docker what really runs.
+#![allow(dead_code)] // Each test binary uses a different part of the helpers.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub const SAMPLE_IMAGE: &str = "cube-sample:latest";
+
+/// How long a task may take to reach a state in these tests. Docker starts a container in
+/// ~220 ms on the test machine; the bound leaves room for a loaded CI machine.
+pub const STATE_BOUND: Duration = Duration::from_secs(20);
+
+fn cube_binary() -> &'static str {
+    env!("CARGO_BIN_EXE_cube")
+}
+
+/// Builds the sample image once per test binary (a no-op when it exists).
+pub fn ensure_sample_image() {
+    static BUILT: Once = Once::new();
+    BUILT.call_once(|| {
+        let present = Command::new("docker")
+            .args(["image", "inspect", SAMPLE_IMAGE])
+            .output();
+        if present.is_ok_and(|output| output.status.success()) {
+            return;
+        }
+        let output = Command::new(cube_binary())
+            .arg("sample-image")
+            .output()
+            .expect("run cube sample-image");
+        assert!(
+            output.status.success(),
+            "cube sample-image failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    });
+}
+
+/// A unique node name, so that tests running side by side never touch each other's containers.
+pub fn unique_node(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// A `cube worker` process on an ephemeral loopback port.
+pub struct WorkerProcess {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub url: String,
+    child: Child,
+    stderr_path: PathBuf,
+    /// Removes the node's containers when the test ends (also when it fails).
+    cleanup_containers: bool,
+}
+
+impl WorkerProcess {
+    /// Starts a worker named `name` with the given store under `data_dir`.
+    pub fn start(name: &str, dbtype: &str, data_dir: &Path) -> WorkerProcess {
+        let stderr_path = data_dir.join(format!("{name}.stderr"));
+        std::fs::create_dir_all(data_dir).unwrap();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&stderr_path)
+            .unwrap();
+        let mut child = Command::new(cube_binary())
+            .args([
+                "worker",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                "0",
+                "-n",
+                name,
+                "-d",
+                dbtype,
+                "--stop-timeout",
+                "2s",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn cube worker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let Some(url) = line
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+        else {
+            let _ = child.kill();
+            panic!(
+                "worker did not print its address; stdout: {line:?}; stderr: {}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            );
+        };
+        WorkerProcess {
+            name: name.to_string(),
+            data_dir: data_dir.to_path_buf(),
+            url: url.to_string(),
+            child,
+            stderr_path,
+            cleanup_containers: true,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, as when the process crashes; its containers stay.
+    pub fn kill_9(mut self) {
+        self.cleanup_containers = false;
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Sends SIGTERM and waits up to `bound` for the process to exit; returns its exit status.
+    pub fn terminate(mut self, bound: Duration) -> std::process::ExitStatus {
+        self.cleanup_containers = false;
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {bound:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn client(&self) -> Client {
+        Client {
+            base: self.url.clone(),
+            http: reqwest::Client::new(),
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if self.cleanup_containers {
+            remove_node_containers(&self.name);
+        }
+    }
+}
+
+/// Removes every container labelled for `node`.
+pub fn remove_node_containers(node: &str) {
+    for id in containers_with_label(&format!("cube.node={node}")) {
+        let _ = Command::new("docker").args(["rm", "-f", &id]).output();
+    }
+}
+
+/// IDs of all containers (running or not) carrying `label` (`key=value`).
+pub fn containers_with_label(label: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args([
+            "ps",
+            "-aq",
+            "--no-trunc",
+            "--filter",
+            &format!("label={label}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether Docker says the container runs.
+pub fn container_running(id: &str) -> bool {
+    let output = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Running}}", id])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout).trim() == "true"
+}
+
+/// An HTTP client for one worker.
+pub struct Client {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+/// A status code and a JSON body (`Value::Null` when there is none).
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn message(&self) -> String {
+        self.body["Message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+impl Client {
+    pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        answer(response).await
+    }
+
+    pub async fn post(&self, body: &Value) -> Answer {
+        self.post_raw("/tasks", body.to_string()).await
+    }
+
+    pub async fn get(&self, path: &str) -> Answer {
+        answer(
+            self.http
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    pub async fn delete(&self, path: &str) -> Answer {
+        answer(
+            self.http
+                .delete(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// Submits a task and returns its ID, asserting the 201.
+    pub async fn submit(&self, body: &Value) -> String {
+        let answer = self.post(body).await;
+        assert_eq!(answer.status, 201, "submit: {}", answer.body);
+        answer.body["ID"].as_str().unwrap().to_string()
+    }
+
+    /// Polls the task every 20 ms until its `State` is `state`; fails after `STATE_BOUND`,
+    /// or at once when it reaches another terminal state.
+    pub async fn await_state(&self, id: &str, state: &str) -> Value {
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            let task = self.get(&format!("/tasks/{id}")).await.body;
+            let now = task["State"].as_str().unwrap_or_default();
+            if now == state {
+                return task;
+            }
+            assert!(
+                !(matches!(now, "Completed" | "Failed") && now != state),
+                "task {id} ended {now} while waiting for {state}: {task}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "task {id} not {state} within {STATE_BOUND:?}: {task}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+async fn answer(response: reqwest::Response) -> Answer {
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("status {status}: body is not JSON: {text:?}"))
+    };
+    Answer { status, body }
+}
+
+/// A task running the sample image's httpd with its port published on an ephemeral host port.
+pub fn web_task(name: &str) -> Value {
+    json!({"Name": name, "Image": SAMPLE_IMAGE, "ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": ""}})
+}
+
+/// A task whose container runs `script` in the sample image's shell.
+pub fn shell_task(name: &str, script: &str) -> Value {
+    json!({"Name": name, "Image": SAMPLE_IMAGE, "Cmd": ["sh", "-c", script]})
+}
+
+/// The first host port Docker bound for `port` in a task's `HostPorts`.
+pub fn host_port(task: &Value, port: &str) -> u16 {
+    task["HostPorts"][port][0]["HostPort"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

@@ -1,0 +1,383 @@
+//! The worker as a user meets it: a real `cube worker` process, the real Docker engine, the
+//! real redb file, and HTTP on loopback.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::*;
+
+/// The book's chapter 9 TaskEvent with its image replaced by the local sample image and its
+/// host port left to Docker (a fixed 7777 would collide with tests running side by side).
+fn book_event(task_id: &str) -> serde_json::Value {
+    json!({"ID": uuid::Uuid::new_v4().to_string(), "State": 2,
+           "Task": {"State": 1, "ID": task_id, "Name": "test-chapter-9.1",
+                    "Image": SAMPLE_IMAGE, "ExposedPorts": {"7777/tcp": {}},
+                    "PortBindings": {"7777/tcp": ""}, "HealthCheck": "/health"}})
+}
+
+#[tokio::test]
+async fn started_task_runs_and_its_host_port_answers() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("start"), "memory", dir.path());
+    let client = worker.client();
+    let task_id = uuid::Uuid::new_v4().to_string();
+
+    let submitted_at = Instant::now();
+    let answer = client.post(&book_event(&task_id)).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(answer.body["ID"], task_id.as_str());
+    assert_eq!(answer.body["State"], "Scheduled");
+    assert_eq!(answer.body["NodeName"], worker.name.as_str());
+
+    let task = client.await_state(&task_id, "Running").await;
+    println!("POST /tasks -> Running: {:?}", submitted_at.elapsed());
+    let container = task["ContainerID"].as_str().unwrap();
+    assert!(
+        container_running(container),
+        "Docker does not show {container} running"
+    );
+    assert!(task["StartTime"].is_string());
+
+    let port = host_port(&task, "7777/tcp");
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let missing = reqwest::get(format!("http://127.0.0.1:{port}/healthfail"))
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+
+    let listed = client.get("/tasks").await.body;
+    assert_eq!(listed.as_array().unwrap().len(), 1);
+    assert_eq!(listed[0]["State"], "Running");
+}
+
+#[tokio::test]
+async fn stopped_task_is_completed_and_its_container_is_gone() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("stop"), "memory", dir.path());
+    let client = worker.client();
+    let id = client.submit(&web_task("to-stop")).await;
+    client.await_state(&id, "Running").await;
+
+    let answer = client.delete(&format!("/tasks/{id}")).await;
+    assert_eq!(answer.status, 204);
+    let task = client.await_state(&id, "Completed").await;
+    assert!(task["FinishTime"].is_string());
+    assert_eq!(
+        task["HostPorts"],
+        json!({}),
+        "a removed container binds no ports"
+    );
+    assert!(
+        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "the container is still there"
+    );
+
+    // Stopping again is harmless; running a completed task again is refused.
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    let again = client
+        .post(&json!({"State": "Running", "Task": {"ID": id, "Image": SAMPLE_IMAGE}}))
+        .await;
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(
+        again
+            .message()
+            .contains("cannot move from Completed to Running"),
+        "{}",
+        again.message()
+    );
+}
+
+#[tokio::test]
+async fn container_exit_codes_decide_completed_or_failed() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("exit"), "memory", dir.path());
+    let client = worker.client();
+    let failing = client
+        .submit(&shell_task("exits-3", "sleep 0.3; exit 3"))
+        .await;
+    let succeeding = client
+        .submit(&shell_task("exits-0", "sleep 0.3; exit 0"))
+        .await;
+
+    let failed = client.await_state(&failing, "Failed").await;
+    assert_eq!(failed["ExitCode"], 3);
+    assert!(failed["FinishTime"].is_string());
+    assert_eq!(failed["Error"], "exited with code 3");
+
+    let completed = client.await_state(&succeeding, "Completed").await;
+    assert_eq!(completed["ExitCode"], 0);
+    assert!(completed["Error"].is_null());
+}
+
+#[tokio::test]
+async fn an_exit_is_seen_within_a_second() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("event"), "memory", dir.path());
+    let client = worker.client();
+    let id = client.submit(&web_task("to-kill")).await;
+    let task = client.await_state(&id, "Running").await;
+
+    let killed = std::process::Command::new("docker")
+        .args(["kill", task["ContainerID"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(killed.status.success());
+    let killed_at = Instant::now();
+    let failed = client.await_state(&id, "Failed").await;
+    let seen_after = killed_at.elapsed();
+    assert!(
+        seen_after < Duration::from_secs(1),
+        "the exit took {seen_after:?} to be seen"
+    );
+    assert_eq!(failed["ExitCode"], 137);
+}
+
+#[tokio::test]
+async fn an_image_that_cannot_be_had_fails_the_task_with_dockers_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("pull"), "memory", dir.path());
+    let client = worker.client();
+    // A registry on a closed loopback port: the pull fails at once, and no traffic leaves the machine.
+    let id = client
+        .submit(&json!({"Name": "nowhere", "Image": "127.0.0.1:9/cube/missing:1"}))
+        .await;
+    let task = client.await_state(&id, "Failed").await;
+    let error = task["Error"].as_str().unwrap();
+    assert!(
+        error.starts_with("cannot get image \"127.0.0.1:9/cube/missing:1\""),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_with_sigkill_comes_back_with_the_same_tasks_and_no_duplicates() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_node("crash");
+    let worker = WorkerProcess::start(&name, "persistent", dir.path());
+    let client = worker.client();
+    let kept = client.submit(&web_task("kept")).await;
+    let vanished = client.submit(&web_task("vanished")).await;
+    let kept_before = client.await_state(&kept, "Running").await;
+    let vanished_before = client.await_state(&vanished, "Running").await;
+    worker.kill_9();
+
+    // While the worker is down, one container disappears.
+    let vanished_container = vanished_before["ContainerID"].as_str().unwrap();
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f", vanished_container])
+        .output()
+        .unwrap();
+    assert!(removed.status.success());
+
+    let worker = WorkerProcess::start(&name, "persistent", dir.path());
+    let client = worker.client();
+    let mut ids: Vec<String> = client
+        .get("/tasks")
+        .await
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ID"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    let mut expected = vec![kept.clone(), vanished.clone()];
+    expected.sort();
+    assert_eq!(ids, expected, "the restarted worker lists the same tasks");
+
+    let kept_after = client.await_state(&kept, "Running").await;
+    assert_eq!(
+        kept_after["ContainerID"], kept_before["ContainerID"],
+        "the running container was re-adopted"
+    );
+    assert_eq!(
+        containers_with_label(&format!("cube.task-id={kept}")).len(),
+        1,
+        "no second container"
+    );
+
+    let vanished_after = client.await_state(&vanished, "Failed").await;
+    assert!(
+        vanished_after["Error"]
+            .as_str()
+            .unwrap()
+            .contains("disappeared"),
+        "{}",
+        vanished_after["Error"]
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_submission_changes_nothing() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("repeat"), "memory", dir.path());
+    let client = worker.client();
+    let id = uuid::Uuid::new_v4().to_string();
+    let mut task = web_task("twice");
+    task["ID"] = json!(id);
+    assert_eq!(client.post(&task).await.status, 201);
+    let again = client.post(&task).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    client.await_state(&id, "Running").await;
+    assert_eq!(
+        containers_with_label(&format!("cube.task-id={id}")).len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_answered_with_a_4xx_that_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("bad"), "memory", dir.path());
+    let client = worker.client();
+
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (
+            "malformed JSON",
+            "{\"Image\": ".to_string(),
+            400,
+            "invalid JSON",
+        ),
+        ("not an object", "[1, 2]".to_string(), 400, "found an array"),
+        (
+            "unknown field",
+            r#"{"State": 2, "Task": {"Image": "x", "Imagee": "y"}}"#.to_string(),
+            400,
+            "unknown field `Imagee`",
+        ),
+        (
+            "missing image",
+            r#"{"State": 2, "Task": {"Name": "x"}}"#.to_string(),
+            400,
+            "Image: missing image name",
+        ),
+        (
+            "malformed task ID",
+            r#"{"State": 2, "Task": {"ID": "abc", "Image": "x"}}"#.to_string(),
+            400,
+            "Task.ID",
+        ),
+        (
+            "unknown state",
+            r#"{"State": 9, "Task": {"Image": "x"}}"#.to_string(),
+            400,
+            "unknown state 9",
+        ),
+        (
+            "bad port",
+            r#"{"Image": "x", "ExposedPorts": {"http": {}}}"#.to_string(),
+            400,
+            "ExposedPorts",
+        ),
+        (
+            "tiny memory",
+            r#"{"Image": "x", "Memory": 1024}"#.to_string(),
+            400,
+            "Memory: 1024 bytes",
+        ),
+        (
+            "state that cannot be asked for",
+            r#"{"State": "Failed", "Task": {"Image": "x"}}"#.to_string(),
+            400,
+            "cannot be asked for",
+        ),
+        (
+            "oversized body",
+            format!(
+                r#"{{"Image": "x", "Name": "{}"}}"#,
+                "a".repeat(2 * 1024 * 1024)
+            ),
+            413,
+            "larger than the limit",
+        ),
+    ];
+    for (case, body, status, message) in cases {
+        let answer = client.post_raw("/tasks", body).await;
+        assert_eq!(answer.status, status, "{case}: {}", answer.body);
+        assert_eq!(answer.body["HTTPStatusCode"], status, "{case}");
+        assert!(
+            answer.message().contains(message),
+            "{case}: {:?} lacks {message:?}",
+            answer.message()
+        );
+    }
+
+    let unknown = uuid::Uuid::new_v4();
+    let answer = client.delete(&format!("/tasks/{unknown}")).await;
+    assert_eq!(answer.status, 404);
+    assert!(answer.message().contains(&unknown.to_string()));
+    assert_eq!(client.get(&format!("/tasks/{unknown}")).await.status, 404);
+
+    let answer = client.delete("/tasks/not-a-uuid").await;
+    assert_eq!(answer.status, 400);
+    assert!(
+        answer
+            .message()
+            .contains("malformed task ID \"not-a-uuid\""),
+        "{}",
+        answer.message()
+    );
+
+    let answer = client.get("/nothing-here").await;
+    assert_eq!(
+        (answer.status, answer.body["HTTPStatusCode"].as_u64()),
+        (404, Some(404))
+    );
+
+    // Nothing bad was stored, and the worker still answers.
+    assert_eq!(client.get("/tasks").await.body, json!([]));
+}
+
+#[tokio::test]
+async fn stats_report_memory_disk_cpu_load_and_running_tasks() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("stats"), "memory", dir.path());
+    let client = worker.client();
+    let id = client.submit(&web_task("counted")).await;
+    client.await_state(&id, "Running").await;
+
+    let stats = client.get("/stats").await.body;
+    let number = |field: &str| {
+        stats[field]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{field} missing: {stats}"))
+    };
+    assert!(number("MemTotalKb") > 0.0 && number("MemAvailableKb") <= number("MemTotalKb"));
+    assert_eq!(
+        number("MemUsedKb"),
+        number("MemTotalKb") - number("MemAvailableKb")
+    );
+    assert!((0.0..=100.0).contains(&number("MemUsedPercent")));
+    assert!(number("DiskTotal") > 0.0 && number("DiskFree") <= number("DiskTotal"));
+    assert!((0.0..=1.0).contains(&number("CpuUsage")));
+    assert!(stats["LoadAvg"]["Last1Min"].as_f64().unwrap() >= 0.0);
+    assert_eq!(stats["TaskCount"], 1);
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_worker_cleanly_and_leaves_containers_running() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_node("term");
+    let worker = WorkerProcess::start(&name, "persistent", dir.path());
+    let client = worker.client();
+    let id = client.submit(&web_task("survivor")).await;
+    let task = client.await_state(&id, "Running").await;
+
+    let status = worker.terminate(Duration::from_secs(5));
+    assert!(status.success(), "exit status {status:?}");
+    assert!(container_running(task["ContainerID"].as_str().unwrap()));
+    remove_node_containers(&name);
+}
