@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -42,11 +42,20 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let status = self.status;
         let body = ErrorBody {
-            http_status_code: self.status.as_u16(),
+            http_status_code: status.as_u16(),
             message: self.message,
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is never read, so the connection cannot carry another
+            // request: say so, or a client that reuses it fails on its next request.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 

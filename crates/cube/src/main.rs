@@ -11,9 +11,15 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Cube: a small container orchestrator.
+/// Cube: a small container orchestrator. `cube worker` runs tasks as Docker containers on
+/// this machine.
 #[derive(Debug, Parser)]
-#[command(name = "cube", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "cube",
+    version,
+    propagate_version = true,
+    after_help = "Examples:\n  cube sample-image                 # build the local sample image\n  cube worker -n w1 -p 5556         # run a worker on this machine\n\nEach command has its own --help."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -11,9 +11,11 @@ use cube_runtime::sample_image::{SAMPLE_IMAGE, SAMPLE_PORT, find_static_busybox}
 ///
 /// The image serves /www with busybox httpd on port 7777: GET /health answers 200 and any
 /// other missing path 404. Needs Debian's busybox-static (apt-get install -y busybox-static).
-///
-/// Example: cube sample-image && docker run --rm -d -p 7777:7777 cube-sample:latest
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  cube sample-image && docker run --rm -d -p 7777:7777 cube-sample:latest\n  \
+    curl -s localhost:7777/health"
+)]
 pub struct SampleImageArgs {
     /// The image tag to create.
     #[arg(long, default_value = SAMPLE_IMAGE)]

@@ -26,12 +26,13 @@ pub enum DbType {
 ///
 /// The worker serves its API (POST/GET /tasks, GET/DELETE /tasks/{id}, GET /stats) on
 /// HOST:PORT. Containers keep running when the worker stops; a worker started again with the
-/// persistent store re-adopts them.
-///
-/// Example:
-///   cube worker -n w1 -p 5556 -d persistent --data-dir /var/lib/cube
-///   curl -s localhost:5556/tasks
+/// persistent store re-adopts them. SIGINT or SIGTERM stop it cleanly.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  cube worker -n w1 -p 5556 -d persistent --data-dir /var/lib/cube\n  \
+    curl -s -X POST localhost:5556/tasks -d '{\"Name\": \"web\", \"Image\": \"cube-sample:latest\"}'\n  \
+    curl -s localhost:5556/tasks"
+)]
 pub struct WorkerArgs {
     /// Address to listen on.
     #[arg(short = 'H', long, default_value = "127.0.0.1")]

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
+# curl) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+set -euo pipefail
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+installed busybox-static || missing+=(busybox-static)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  # A dockerd killed earlier leaves its pid file behind, and the next one refuses to start.
+  if ! pgrep -x dockerd >/dev/null; then
+    as_root rm -f /var/run/docker.pid
+    log "starting dockerd (log: /var/log/dockerd.log)"
+    as_root sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
+  fi
+  for _ in $(seq 1 120); do
+    docker info >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  if ! docker info >/dev/null 2>&1; then
+    log "the Docker engine did not answer within 60 s; last lines of /var/log/dockerd.log:"
+    tail -n 20 /var/log/dockerd.log >&2 || true
+    exit 1
+  fi
+fi
+log "Docker $(docker version --format '{{.Server.Version}} (API {{.Server.APIVersion}})') is ready"

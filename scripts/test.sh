@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs Cube's whole test suite: unit tests and the integration tests against the real Docker
+# engine (set up first when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
