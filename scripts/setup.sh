@@ -19,7 +19,8 @@ fi
 
 if ! docker info >/dev/null 2>&1; then
   # A dockerd killed earlier leaves its pid file behind, and the next one refuses to start.
-  if ! pgrep -x dockerd >/dev/null; then
+  # It may also linger as a zombie where PID 1 does not reap: only a live one counts.
+  if ! ps -C dockerd -o stat= | grep -qv '^Z'; then
     as_root rm -f /var/run/docker.pid
     log "starting dockerd (log: /var/log/dockerd.log)"
     as_root sh -c 'nohup dockerd >/var/log/dockerd.log 2>&1 &'
