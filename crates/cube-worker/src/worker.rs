@@ -159,22 +159,10 @@ impl<R: Runtime> Worker<R> {
         let _guard = lock.lock().await;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
             // Asking again for a task that runs or is starting changes nothing.
-            current
-                .state
-                .transition(State::Running)
-                .map_err(|transition| WorkerError::Conflict {
-                    id: current.id,
-                    transition,
-                })?;
+            checked_transition(&current, State::Running)?;
             return Ok(Submitted::Existing(current));
         }
-        task.state = task
-            .state
-            .transition(State::Scheduled)
-            .map_err(|transition| WorkerError::Conflict {
-                id: task.id,
-                transition,
-            })?;
+        task.state = checked_transition(&task, State::Scheduled)?;
         // The worker owns what it observes: whatever the submission said about a container
         // is not this worker's to believe.
         task.desired_state = State::Running;
@@ -200,9 +188,7 @@ impl<R: Runtime> Worker<R> {
             .get(&id.to_string())?
             .ok_or(WorkerError::NotFound(id))?;
         if !task.state.is_terminal() && task.desired_state != State::Completed {
-            task.state
-                .transition(State::Completed)
-                .map_err(|transition| WorkerError::Conflict { id, transition })?;
+            checked_transition(&task, State::Completed)?;
             task.desired_state = State::Completed;
             self.tasks.put(&id.to_string(), &task)?;
         }
@@ -566,6 +552,16 @@ impl<R: Runtime> Worker<R> {
         self.tasks.put(&task.id.to_string(), &task)?;
         Ok(())
     }
+}
+
+/// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
+fn checked_transition(task: &Task, next: State) -> Result<State, WorkerError> {
+    task.state
+        .transition(next)
+        .map_err(|transition| WorkerError::Conflict {
+            id: task.id,
+            transition,
+        })
 }
 
 /// Why a container ended badly, in words.

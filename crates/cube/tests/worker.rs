@@ -381,3 +381,57 @@ async fn sigterm_stops_the_worker_cleanly_and_leaves_containers_running() {
     assert!(container_running(task["ContainerID"].as_str().unwrap()));
     remove_node_containers(&name);
 }
+
+#[tokio::test]
+async fn cpu_memory_env_and_command_reach_the_container() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("limits"), "memory", dir.path());
+    let client = worker.client();
+    let mut task = shell_task("limited", r#"test "$GREETING" = hello && sleep 30"#);
+    task["Cpu"] = json!(0.5);
+    task["Memory"] = json!(64 * 1024 * 1024);
+    task["Env"] = json!(["GREETING=hello"]);
+    let id = client.submit(&task).await;
+    let running = client.await_state(&id, "Running").await;
+
+    let output = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{.HostConfig.NanoCpus}} {{.HostConfig.Memory}} [{{.HostConfig.RestartPolicy.Name}}]",
+        ])
+        .arg(running["ContainerID"].as_str().unwrap())
+        .output()
+        .unwrap();
+    let limits = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    assert_eq!(
+        limits, "500000000 67108864 []",
+        "NanoCpus, Memory, and Docker's restart policy left unset"
+    );
+
+    // The script exits at once, non-zero, if the environment did not arrive; it must still run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        client.get(&format!("/tasks/{id}")).await.body["State"],
+        "Running"
+    );
+}
+
+#[tokio::test]
+async fn a_task_event_asking_for_completed_stops_the_task() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start(&unique_node("event-stop"), "memory", dir.path());
+    let client = worker.client();
+    let id = client.submit(&web_task("stopped-by-event")).await;
+    client.await_state(&id, "Running").await;
+
+    let stop =
+        json!({"State": 3, "Task": {"ID": id, "Name": "stopped-by-event", "Image": SAMPLE_IMAGE}});
+    let answer = client.post(&stop).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["DesiredState"], "Completed");
+    client.await_state(&id, "Completed").await;
+    assert!(containers_with_label(&format!("cube.task-id={id}")).is_empty());
+}

@@ -242,25 +242,16 @@ impl Client {
     }
 
     pub async fn get(&self, path: &str) -> Answer {
-        answer(
-            self.http
-                .get(format!("{}{path}", self.base))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+        self.send(reqwest::Method::GET, path).await
     }
 
     pub async fn delete(&self, path: &str) -> Answer {
-        answer(
-            self.http
-                .delete(format!("{}{path}", self.base))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await
+        self.send(reqwest::Method::DELETE, path).await
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str) -> Answer {
+        let url = format!("{}{path}", self.base);
+        answer(self.http.request(method, url).send().await.unwrap()).await
     }
 
     /// Submits a task and returns its ID, asserting the 201.
