@@ -16,7 +16,8 @@ use tokio::net::TcpListener;
 /// Where a worker keeps its tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DbType {
-    /// In memory: forgotten when the worker stops.
+    /// In memory: forgotten when the worker stops; a worker started again removes the
+    /// containers it no longer knows.
     Memory,
     /// In a redb file under --data-dir: survives a crash.
     Persistent,

@@ -435,3 +435,29 @@ async fn a_task_event_asking_for_completed_stops_the_task() {
     client.await_state(&id, "Completed").await;
     assert!(containers_with_label(&format!("cube.task-id={id}")).is_empty());
 }
+
+#[tokio::test]
+async fn a_restarted_worker_removes_containers_no_task_owns() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_node("orphan");
+    let worker = WorkerProcess::start(&name, "memory", dir.path());
+    let id = worker.client().submit(&web_task("forgotten")).await;
+    worker.client().await_state(&id, "Running").await;
+    worker.kill_9();
+    assert_eq!(
+        containers_with_label(&format!("cube.task-id={id}")).len(),
+        1
+    );
+
+    // The memory store forgot the task: its container is an orphan, removed at start-up.
+    let _worker = WorkerProcess::start(&name, "memory", dir.path());
+    let deadline = Instant::now() + STATE_BOUND;
+    while !containers_with_label(&format!("cube.task-id={id}")).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned container is still there after {STATE_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
