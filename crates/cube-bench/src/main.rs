@@ -89,11 +89,7 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()>
     let mut line = String::new();
     let stdout = worker.stdout.take().context("worker stdout")?;
     BufReader::new(stdout).read_line(&mut line).await?;
-    let Some(base) = line
-        .split_whitespace()
-        .find(|word| word.starts_with("http://"))
-        .map(str::to_string)
-    else {
+    let Some(base) = cube_worker::address_in_listening_line(&line).map(str::to_string) else {
         bail!("the worker did not print its address: {line:?}");
     };
     let http = reqwest::Client::builder()

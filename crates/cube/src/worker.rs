@@ -97,7 +97,10 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
         Worker::new(config, tasks, runtime, StatsCollector::new(&args.data_dir));
 
     // 3. Run until a signal.
-    println!("cube worker {name} listening on http://{address} (store: {store_description})");
+    println!(
+        "{}",
+        cube_worker::listening_line(&name, address, &store_description)
+    );
     cube_worker::run(worker, commands, listener, shutdown)
         .await
         .context("serving the worker API")?;

@@ -19,9 +19,7 @@ fn book_event(task_id: &str) -> serde_json::Value {
 
 #[tokio::test]
 async fn started_task_runs_and_its_host_port_answers() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("start"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("start");
     let client = worker.client();
     let task_id = uuid::Uuid::new_v4().to_string();
 
@@ -58,9 +56,7 @@ async fn started_task_runs_and_its_host_port_answers() {
 
 #[tokio::test]
 async fn stopped_task_is_completed_and_its_container_is_gone() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("stop"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("stop");
     let client = worker.client();
     let id = client.submit(&web_task("to-stop")).await;
     client.await_state(&id, "Running").await;
@@ -96,9 +92,7 @@ async fn stopped_task_is_completed_and_its_container_is_gone() {
 
 #[tokio::test]
 async fn container_exit_codes_decide_completed_or_failed() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("exit"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("exit");
     let client = worker.client();
     let failing = client
         .submit(&shell_task("exits-3", "sleep 0.3; exit 3"))
@@ -119,9 +113,7 @@ async fn container_exit_codes_decide_completed_or_failed() {
 
 #[tokio::test]
 async fn an_exit_is_seen_within_a_second() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("event"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("event");
     let client = worker.client();
     let id = client.submit(&web_task("to-kill")).await;
     let task = client.await_state(&id, "Running").await;
@@ -219,9 +211,7 @@ async fn a_worker_killed_with_sigkill_comes_back_with_the_same_tasks_and_no_dupl
 
 #[tokio::test]
 async fn a_repeated_submission_changes_nothing() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("repeat"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("repeat");
     let client = worker.client();
     let id = uuid::Uuid::new_v4().to_string();
     let mut task = web_task("twice");
@@ -341,9 +331,7 @@ async fn bad_input_is_answered_with_a_4xx_that_names_the_problem() {
 
 #[tokio::test]
 async fn stats_report_memory_disk_cpu_load_and_running_tasks() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("stats"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("stats");
     let client = worker.client();
     let id = client.submit(&web_task("counted")).await;
     client.await_state(&id, "Running").await;
@@ -384,9 +372,7 @@ async fn sigterm_stops_the_worker_cleanly_and_leaves_containers_running() {
 
 #[tokio::test]
 async fn cpu_memory_env_and_command_reach_the_container() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("limits"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("limits");
     let client = worker.client();
     let mut task = shell_task("limited", r#"test "$GREETING" = hello && sleep 30"#);
     task["Cpu"] = json!(0.5);
@@ -420,9 +406,7 @@ async fn cpu_memory_env_and_command_reach_the_container() {
 
 #[tokio::test]
 async fn a_task_event_asking_for_completed_stops_the_task() {
-    ensure_sample_image();
-    let dir = tempfile::tempdir().unwrap();
-    let worker = WorkerProcess::start(&unique_node("event-stop"), "memory", dir.path());
+    let worker = WorkerProcess::fresh("event-stop");
     let client = worker.client();
     let id = client.submit(&web_task("stopped-by-event")).await;
     client.await_state(&id, "Running").await;

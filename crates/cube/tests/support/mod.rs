@@ -53,6 +53,8 @@ pub fn unique_node(prefix: &str) -> String {
 /// A `cube worker` process on an ephemeral loopback port.
 pub struct WorkerProcess {
     pub name: String,
+    /// The temporary data directory a [`WorkerProcess::fresh`] worker owns; removed with it.
+    _own_dir: Option<tempfile::TempDir>,
     pub data_dir: PathBuf,
     pub url: String,
     child: Child,
@@ -96,10 +98,7 @@ impl WorkerProcess {
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)
             .unwrap();
-        let Some(url) = line
-            .split_whitespace()
-            .find(|word| word.starts_with("http://"))
-        else {
+        let Some(url) = cube_worker::address_in_listening_line(&line) else {
             let _ = child.kill();
             panic!(
                 "worker did not print its address; stdout: {line:?}; stderr: {}",
@@ -110,10 +109,21 @@ impl WorkerProcess {
             name: name.to_string(),
             data_dir: data_dir.to_path_buf(),
             url: url.to_string(),
+            _own_dir: None,
             child,
             stderr_path,
             cleanup_containers: true,
         }
+    }
+
+    /// A worker with a unique name (starting with `prefix`), the memory store and a temporary
+    /// data directory of its own, with the sample image built.
+    pub fn fresh(prefix: &str) -> WorkerProcess {
+        ensure_sample_image();
+        let dir = tempfile::tempdir().unwrap();
+        let mut worker = WorkerProcess::start(&unique_node(prefix), "memory", dir.path());
+        worker._own_dir = Some(dir);
+        worker
     }
 
     pub fn pid(&self) -> u32 {
