@@ -1,7 +1,8 @@
 //! `cube-bench`: Cube's latency measured next to its floor, raw Docker, in the same run.
 //!
-//! `cube-bench start-latency` starts a real `cube worker` process (persistent store, so each
-//! acknowledged submission is a durable commit) and, alternating run by run:
+//! `cube-bench start-latency` starts a real `cube manager` and a real `cube worker` registered
+//! with it (or, with `--through worker`, the worker alone), both on the persistent store so
+//! that each acknowledged submission is a durable commit, and, alternating run by run:
 //! - Cube: `POST /tasks` until `GET /tasks/{id}` says `Running` (polled every 2 ms);
 //! - raw Docker: bollard create + start of the same container until start returns, which is
 //!   when Docker reports it running.
@@ -9,7 +10,7 @@
 //! It prints a table (median, p95, min, max) and the ratio of the medians. It never fails on a
 //! time: the figures are whatever they are, for BENCHMARKS.md.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -39,20 +40,34 @@ enum Command {
         /// The `cube` binary to run the worker with [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
+        /// Submit to the manager (placement, dispatch, state reports) or to the worker alone.
+        #[arg(long, value_enum, default_value_t = Through::Manager)]
+        through: Through,
     },
+}
+
+/// Which API the tasks are submitted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Through {
+    Manager,
+    Worker,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::StartLatency { runs, cube } => start_latency(runs, cube).await,
+        Command::StartLatency {
+            runs,
+            cube,
+            through,
+        } => start_latency(runs, cube, through).await,
     }
 }
 
 /// How long one task may take to become `Running` before the run is abandoned.
 const RUN_BOUND: Duration = Duration::from_secs(30);
 
-async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()> {
+async fn start_latency(runs: usize, cube: Option<PathBuf>, through: Through) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     let cube = match cube {
         Some(path) => path,
@@ -62,39 +77,49 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()>
     docker.ensure_sample_image(SAMPLE_IMAGE).await?;
     let data_dir = tempfile::tempdir()?;
     let node = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut worker = tokio::process::Command::new(&cube)
-        .args([
-            "worker",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-n",
-            &node,
-            "-d",
-            "persistent",
-        ])
-        .arg("--data-dir")
-        .arg(data_dir.path())
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (build it with cargo build --release)",
-                cube.display()
+    let mut processes = Vec::new();
+    let manager = match through {
+        Through::Manager => {
+            let (child, base) = spawn_cube(
+                &cube,
+                &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
+                data_dir.path(),
             )
-        })?;
-    let mut line = String::new();
-    let stdout = worker.stdout.take().context("worker stdout")?;
-    BufReader::new(stdout).read_line(&mut line).await?;
-    let Some(base) = cube_worker::address_in_listening_line(&line).map(str::to_string) else {
-        bail!("the worker did not print its address: {line:?}");
+            .await?;
+            processes.push(child);
+            Some(base)
+        }
+        Through::Worker => None,
     };
+    let mut worker_args = vec![
+        "worker",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "-n",
+        &node,
+        "-d",
+        "persistent",
+    ];
+    let manager_address = manager
+        .as_deref()
+        .map(|base| base.trim_start_matches("http://").to_string());
+    if let Some(address) = &manager_address {
+        worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
+    }
+    let (worker, worker_base) = spawn_cube(&cube, &worker_args, data_dir.path()).await?;
+    processes.push(worker);
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
         .build()?;
+    let base = match &manager {
+        Some(manager) => {
+            await_ready_node(&http, manager, &node).await?;
+            manager.clone()
+        }
+        None => worker_base,
+    };
 
     let mut cube_ms = Vec::with_capacity(runs);
     let mut raw_ms = Vec::with_capacity(runs);
@@ -109,7 +134,9 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()>
             cube_ms.push(cube_once(&http, &base, run).await?);
         }
     }
-    worker.kill().await.ok();
+    for mut process in processes {
+        process.kill().await.ok();
+    }
     for container in docker.list_managed(&node).await? {
         docker.remove(&container.id).await.ok();
     }
@@ -120,7 +147,11 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()>
     println!();
     println!("| path | median ms | p95 ms | min ms | max ms |");
     println!("|---|---:|---:|---:|---:|");
-    println!("| Cube: POST /tasks → Running (worker, persistent store) | {cube_summary} |");
+    let path = match through {
+        Through::Manager => "manager + worker",
+        Through::Worker => "worker alone",
+    };
+    println!("| Cube: POST /tasks → Running ({path}, persistent stores) | {cube_summary} |");
     println!("| raw Docker: bollard create + start | {raw_summary} |");
     println!();
     println!(
@@ -130,7 +161,54 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>) -> anyhow::Result<()>
     Ok(())
 }
 
-/// One task through the worker's API; the time until it reads back as `Running`, in ms.
+/// Starts `cube ARGS --data-dir DIR` and reads the `http://` address it prints.
+async fn spawn_cube(
+    cube: &Path,
+    args: &[&str],
+    data_dir: &Path,
+) -> anyhow::Result<(tokio::process::Child, String)> {
+    let mut child = tokio::process::Command::new(cube)
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting {} (build it with cargo build --release)",
+                cube.display()
+            )
+        })?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().context("cube's stdout")?;
+    BufReader::new(stdout).read_line(&mut line).await?;
+    let Some(base) = cube_worker::address_in_listening_line(&line).map(str::to_string) else {
+        bail!("cube {args:?} did not print its address: {line:?}");
+    };
+    Ok((child, base))
+}
+
+/// Waits until the manager lists `node` as `Ready`.
+async fn await_ready_node(http: &reqwest::Client, manager: &str, node: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let answer = http.get(format!("{manager}/nodes/{node}")).send().await?;
+        if answer.status().is_success() {
+            let node: serde_json::Value = answer.json().await?;
+            if node["Status"] == "Ready" {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > RUN_BOUND {
+            bail!("worker {node} did not register with the manager within {RUN_BOUND:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
 async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Result<f64> {
     let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
     let started = Instant::now();

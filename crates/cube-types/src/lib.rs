@@ -2,7 +2,8 @@
 //!
 //! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
 //! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker),
-//! [`stats`] (a worker's machine metrics), [`error`] (the error body every API returns),
+//! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
+//! [`size`] (byte sizes with units), [`error`] (the error body every API returns),
 //! [`time`] (RFC 3339 times where the Go zero time means "unset").
 //!
 //! This crate does no IO. It knows the JSON field names (`PascalCase`, after the book and
@@ -12,6 +13,8 @@
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod node;
+pub mod size;
 pub mod state;
 pub mod stats;
 pub mod task;
@@ -19,6 +22,7 @@ pub mod time;
 
 pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};
+pub use node::{Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{HostBinding, RestartPolicy, Task};

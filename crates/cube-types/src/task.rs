@@ -15,7 +15,8 @@ use crate::state::State;
 pub const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
 
 /// A task. Field names on the wire are the book's (`PascalCase`); `NodeName`, `DesiredState`,
-/// `ExitCode` and `Error` are Cube's. Units: `Cpu` in cores, `Memory` and `Disk` in bytes.
+/// `ExitCode` and `Error` are Cube's. Units: `Cpu` in cores, `Memory` and `Disk` in bytes (also
+/// read as strings with units, `"512MiB"`).
 ///
 /// Collections and strings also accept `null` (what Go writes for an empty slice or map), so
 /// that a task written by the book's Go code reads unchanged.
@@ -39,10 +40,18 @@ pub struct Task {
     #[serde(rename = "Cpu", default, deserialize_with = "null_as_default")]
     pub cpu: f64,
     /// Memory limit in bytes; 0 means no limit.
-    #[serde(rename = "Memory", default, deserialize_with = "null_as_default")]
+    #[serde(
+        rename = "Memory",
+        default,
+        deserialize_with = "crate::size::deserialize_size"
+    )]
     pub memory: u64,
     /// Disk the task declares it needs, in bytes. Used for placement, not enforced by Docker.
-    #[serde(rename = "Disk", default, deserialize_with = "null_as_default")]
+    #[serde(
+        rename = "Disk",
+        default,
+        deserialize_with = "crate::size::deserialize_size"
+    )]
     pub disk: u64,
     /// `KEY=value` entries.
     #[serde(rename = "Env", default, deserialize_with = "null_as_default")]
@@ -65,6 +74,14 @@ pub struct Task {
         deserialize_with = "null_as_default"
     )]
     pub restart_policy: RestartPolicy,
+    /// When Cube accepted the task (Cube's field; `docker ps`'s CREATED).
+    #[serde(
+        rename = "CreatedTime",
+        default,
+        with = "crate::time::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub created_time: Option<DateTime<Utc>>,
     #[serde(rename = "StartTime", default, with = "crate::time::optional")]
     pub start_time: Option<DateTime<Utc>>,
     #[serde(rename = "FinishTime", default, with = "crate::time::optional")]
@@ -86,6 +103,13 @@ pub struct Task {
     /// The last failure, in words.
     #[serde(rename = "Error", default)]
     pub error: Option<String>,
+    /// Why the manager has not placed the task yet, node by node (only while `Pending`).
+    #[serde(
+        rename = "PendingReason",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub pending_reason: Option<String>,
 }
 
 fn pending() -> State {
@@ -139,6 +163,7 @@ impl Task {
             port_bindings: BTreeMap::new(),
             host_ports: BTreeMap::new(),
             restart_policy: RestartPolicy::No,
+            created_time: None,
             start_time: None,
             finish_time: None,
             health_check: String::new(),
@@ -147,6 +172,7 @@ impl Task {
             desired_state: State::Running,
             exit_code: None,
             error: None,
+            pending_reason: None,
         }
     }
 

@@ -1,64 +1,32 @@
 //! The worker's HTTP API. The only place where a [`WorkerError`] becomes an HTTP status.
 //!
-//! `GET /tasks`, `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a new task, 200 when
-//! it was already there), `GET /tasks/{id}`, `DELETE /tasks/{id}` (204), `GET /stats`.
+//! `GET /tasks` (also as a blocking query, `?index=N&wait=30s`, which is how a manager learns
+//! of state changes as they happen), `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a
+//! new task, 200 when it was already there), `GET /tasks/{id}`, `DELETE /tasks/{id}` (204),
+//! `GET /stats`, `GET /node` (name, address, capacity and stats).
 //! Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
 
 use std::sync::Arc;
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use std::time::Duration;
+
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
+use cube_api::{ApiError, INDEX_HEADER, parse_task_id, with_json_fallbacks};
 use cube_runtime::Runtime;
-use cube_types::{ErrorBody, Submission, Task};
-use uuid::Uuid;
+use cube_types::duration::parse_duration;
+use cube_types::{NodeReport, Submission, Task};
+use serde::Deserialize;
 
 use crate::worker::{Submitted, Worker, WorkerError};
 
-/// The largest request body accepted. A task is a few hundred bytes; 1 MiB leaves room for
-/// long environments without letting a client make the worker buffer anything large.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-
-/// An error answer: a status and a message naming what was wrong.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status;
-        let body = ErrorBody {
-            http_status_code: status.as_u16(),
-            message: self.message,
-        };
-        let mut response = (status, Json(body)).into_response();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of the body is never read, so the connection cannot carry another
-            // request: say so, or a client that reuses it fails on its next request.
-            response
-                .headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        response
-    }
-}
-
+/// The one place a [`WorkerError`] becomes an HTTP status.
 impl From<WorkerError> for ApiError {
     fn from(err: WorkerError) -> ApiError {
         let status = match &err {
@@ -72,49 +40,51 @@ impl From<WorkerError> for ApiError {
     }
 }
 
-impl From<BytesRejection> for ApiError {
-    fn from(rejection: BytesRejection) -> ApiError {
-        let status = rejection.status();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                status,
-                format!("request body is larger than the limit of {MAX_BODY_BYTES} bytes"),
-            )
-        } else {
-            ApiError::new(
-                status,
-                format!("cannot read the request body: {}", rejection.body_text()),
-            )
-        }
-    }
-}
-
 /// The worker's routes, with JSON answers for unknown paths and methods too.
 pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/tasks", get(list_tasks::<R>).post(submit_task::<R>))
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
         .route("/stats", get(stats::<R>))
-        .fallback(|| async {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "no such route; see GET /tasks, POST /tasks, GET|DELETE /tasks/{id}, GET /stats",
-            )
-        })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method not allowed on this route",
-            )
-        })
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(worker)
+        .route("/node", get(node::<R>))
+        .with_state(worker);
+    with_json_fallbacks(
+        routes,
+        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /stats, GET /node",
+    )
 }
 
+/// `?index=N&wait=30s` makes `GET /tasks` a blocking query: it answers once the task store
+/// changed after index N, or when `wait` (at most [`MAX_WAIT`]) is over.
+#[derive(Debug, Deserialize)]
+struct ListQuery {
+    index: Option<u64>,
+    wait: Option<String>,
+}
+
+/// The longest a blocking query waits; a manager asks again at once.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Every task, with the store's index in [`INDEX_HEADER`].
 async fn list_tasks<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
-) -> Result<Json<Vec<Task>>, ApiError> {
-    Ok(Json(worker.list_tasks()?))
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    if let Some(index) = query.index {
+        let wait = match query.wait.as_deref() {
+            Some(text) => {
+                parse_duration(text).map_err(|why| ApiError::bad_request(format!("wait: {why}")))?
+            }
+            None => Duration::from_secs(30),
+        };
+        worker.wait_for_change(index, wait.min(MAX_WAIT)).await;
+    }
+    // The index is read before the list, so a change between the two is seen again by the
+    // next blocking query rather than missed.
+    let index = worker.store_index()?;
+    let tasks = worker.list_tasks()?;
+    Ok(([(INDEX_HEADER, index.to_string())], Json(tasks)).into_response())
 }
 
 async fn submit_task<R: Runtime>(
@@ -157,11 +127,9 @@ async fn stats<R: Runtime>(
     ))
 }
 
-fn parse_task_id(text: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(text).map_err(|err| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("malformed task ID {text:?}: {err}; expected a UUID such as bb1d59ef-9fc1-4e4b-a44d-db571eeed203"),
-        )
-    })
+/// What this worker says about itself: name, address, capacity and stats, as in a heartbeat.
+async fn node<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+) -> Result<Json<NodeReport>, ApiError> {
+    Ok(Json(worker.node_report()?))
 }

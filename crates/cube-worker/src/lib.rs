@@ -9,6 +9,7 @@
 //! a worker started again on the same store re-adopts them.
 
 pub mod api;
+mod heartbeat;
 pub mod stats;
 mod worker;
 
@@ -20,6 +21,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+pub use heartbeat::Heartbeat;
 pub use stats::StatsCollector;
 pub use worker::{Command, RESYNC_INTERVAL, Submitted, Worker, WorkerConfig, WorkerError};
 
@@ -40,10 +42,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves `worker` on `listener` and runs its loops until `shutdown` is cancelled, then stops
 /// them: the API stops accepting, operations under way get [`SHUTDOWN_GRACE`] to finish.
+/// With a `heartbeat`, the worker registers with a manager and reports to it.
 pub async fn run<R: Runtime>(
     worker: Arc<Worker<R>>,
     commands: mpsc::Receiver<Command>,
     listener: TcpListener,
+    heartbeat: Option<Heartbeat>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let dispatcher = tokio::spawn(worker.clone().run_dispatcher(
@@ -57,6 +61,8 @@ pub async fn run<R: Runtime>(
         let shutdown = shutdown.clone();
         tokio::spawn(async move { worker.stats().run_cpu_sampler(shutdown).await })
     };
+    let heartbeats =
+        heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
     let served = axum::serve(listener, api::router(worker))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
@@ -70,6 +76,11 @@ pub async fn run<R: Runtime>(
         if let Err(err) = handle.await {
             tracing::error!(loop_name = name, error = %err, "worker loop ended abnormally");
         }
+    }
+    if let Some(handle) = heartbeats
+        && let Err(err) = handle.await
+    {
+        tracing::error!(error = %err, "heartbeat loop ended abnormally");
     }
     served
 }

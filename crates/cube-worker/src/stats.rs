@@ -68,6 +68,17 @@ impl StatsCollector {
     }
 
     /// The metrics now; `task_count` is supplied by the caller, who knows the tasks.
+    /// The machine's size: every core online, all memory, the data directory's filesystem.
+    /// A worker offers this to tasks unless its operator sets less.
+    pub fn machine_capacity(&self) -> Result<cube_types::Resources, StatsError> {
+        let stats = self.collect(0)?;
+        Ok(cube_types::Resources {
+            cpu: f64::from(stats.cpu_count),
+            memory: stats.mem_total_kb * 1024,
+            disk: stats.disk_total,
+        })
+    }
+
     pub fn collect(&self, task_count: usize) -> Result<Stats, StatsError> {
         let meminfo = procfs::Meminfo::current().map_err(|err| StatsError::Read {
             what: "/proc/meminfo",

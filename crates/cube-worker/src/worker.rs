@@ -15,9 +15,9 @@ use cube_runtime::{
     ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
 };
 use cube_store::{Store, StoreError};
-use cube_types::{State, Task, TaskEvent, Transition};
+use cube_types::{NodeReport, Resources, State, Task, TaskEvent, Transition};
 use futures_util::StreamExt;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -62,6 +62,10 @@ impl Command {
 pub struct WorkerConfig {
     /// The node name: in container labels and in every task's `NodeName`.
     pub name: String,
+    /// Where a manager reaches this worker's API: `http://HOST:PORT`.
+    pub address: String,
+    /// What the worker offers to tasks, as it tells the manager.
+    pub capacity: Resources,
     /// How long a stopped container gets to exit before it is killed.
     pub stop_timeout: Duration,
     /// How many tasks may be started or stopped at once.
@@ -105,6 +109,9 @@ pub struct Worker<R> {
     /// interleave. Async mutexes because they are held across calls to Docker; the map
     /// itself is behind a `std` mutex held only to look a lock up.
     task_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// The task store's index after the latest write, so that a blocking `GET /tasks` (how a
+    /// manager follows this worker) answers the moment a task changes.
+    changes: watch::Sender<u64>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -117,6 +124,7 @@ impl<R: Runtime> Worker<R> {
         stats: StatsCollector,
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let index = tasks.index().unwrap_or(0);
         let worker = Worker {
             config,
             tasks,
@@ -124,6 +132,7 @@ impl<R: Runtime> Worker<R> {
             stats,
             commands,
             task_locks: Mutex::new(HashMap::new()),
+            changes: watch::Sender::new(index),
         };
         (Arc::new(worker), receiver)
     }
@@ -173,7 +182,7 @@ impl<R: Runtime> Worker<R> {
         task.finish_time = None;
         task.exit_code = None;
         task.error = None;
-        self.tasks.put(&task.id.to_string(), &task)?;
+        self.save(&task)?;
         self.send(Command::Start(task.id)).await?;
         Ok(Submitted::Created(task))
     }
@@ -190,7 +199,7 @@ impl<R: Runtime> Worker<R> {
         if !task.state.is_terminal() && task.desired_state != State::Completed {
             checked_transition(&task, State::Completed)?;
             task.desired_state = State::Completed;
-            self.tasks.put(&id.to_string(), &task)?;
+            self.save(&task)?;
         }
         self.send(Command::Stop(id)).await?;
         Ok(task)
@@ -204,6 +213,41 @@ impl<R: Runtime> Worker<R> {
 
     pub fn list_tasks(&self) -> Result<Vec<Task>, WorkerError> {
         Ok(self.tasks.list()?)
+    }
+
+    /// The task store's index: it grows with every write.
+    pub fn store_index(&self) -> Result<u64, WorkerError> {
+        Ok(self.tasks.index()?)
+    }
+
+    /// Waits until the task store changed after `index`, or `wait` is over.
+    pub async fn wait_for_change(&self, index: u64, wait: Duration) {
+        let mut changes = self.changes.subscribe();
+        let _ = tokio::time::timeout(wait, changes.wait_for(|current| *current > index)).await;
+    }
+
+    /// What this worker says about itself in heartbeats and on `GET /node`.
+    pub fn node_report(&self) -> Result<NodeReport, WorkerError> {
+        let stats = self.stats.collect(self.running_task_count()?)?;
+        Ok(NodeReport {
+            name: self.config.name.clone(),
+            address: self.config.address.clone(),
+            capacity: self.config.capacity,
+            stats: Some(stats),
+        })
+    }
+
+    /// Stores the task and wakes the blocking queries waiting for a change.
+    fn save(&self, task: &Task) -> Result<(), WorkerError> {
+        let index = self.tasks.put(&task.id.to_string(), task)?;
+        self.changes.send_if_modified(|current| {
+            let newer = index > *current;
+            if newer {
+                *current = index;
+            }
+            newer
+        });
+        Ok(())
     }
 
     pub fn running_task_count(&self) -> Result<usize, WorkerError> {
@@ -456,7 +500,7 @@ impl<R: Runtime> Worker<R> {
             // Only the leftover container was removed; its ports are no longer bound.
             if info.is_some() && !task.host_ports.is_empty() {
                 task.host_ports.clear();
-                self.tasks.put(&task.id.to_string(), &task)?;
+                self.save(&task)?;
             }
             return Ok(());
         }
@@ -464,7 +508,7 @@ impl<R: Runtime> Worker<R> {
         task.state = State::Completed;
         task.finish_time.get_or_insert_with(Utc::now);
         task.error = None;
-        self.tasks.put(&task.id.to_string(), &task)?;
+        self.save(&task)?;
         tracing::info!(task = %task.id, name = %task.name, "task stopped");
         Ok(())
     }
@@ -526,7 +570,7 @@ impl<R: Runtime> Worker<R> {
             task.error = (next == State::Failed).then(|| exit_reason(&info, &task));
         }
         if changed {
-            self.tasks.put(&task.id.to_string(), &task)?;
+            self.save(&task)?;
             tracing::info!(task = %task.id, name = %task.name, state = %task.state, exit_code = ?task.exit_code, "task state changed");
         }
         Ok(())
@@ -541,7 +585,7 @@ impl<R: Runtime> Worker<R> {
         task.state = State::Failed;
         task.finish_time = Some(Utc::now());
         task.error = Some(reason);
-        self.tasks.put(&task.id.to_string(), &task)?;
+        self.save(&task)?;
         Ok(())
     }
 
@@ -549,7 +593,7 @@ impl<R: Runtime> Worker<R> {
     fn record_error(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
         tracing::warn!(task = %task.id, %reason, "operation failed; the next resync tries again");
         task.error = Some(reason);
-        self.tasks.put(&task.id.to_string(), &task)?;
+        self.save(&task)?;
         Ok(())
     }
 }

@@ -1,24 +1,36 @@
-//! `cube`: one binary for Cube's worker and (soon) its manager and command line.
+//! `cube`: one binary for Cube's manager, its workers and its command line.
 //!
 //! This crate only wires things together: it parses flags, builds the parts from the library
 //! crates, and turns SIGINT/SIGTERM into a shutdown. No logic of its own lives here.
 
+mod cli;
+mod dev;
+mod manager;
 mod sample_image;
 mod shutdown;
+mod stores;
 mod worker;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// Cube: a small container orchestrator. `cube worker` runs tasks as Docker containers on
-/// this machine.
+/// Cube: a small container orchestrator.
+///
+/// A manager accepts tasks and places them on workers; a worker runs them as Docker
+/// containers. `cube dev` starts both in one process, the easiest way to begin.
 #[derive(Debug, Parser)]
 #[command(
     name = "cube",
     version,
     propagate_version = true,
-    after_help = "Examples:\n  cube sample-image                 # build the local sample image\n  cube worker -n w1 -p 5556         # run a worker on this machine\n\nEach command has its own --help."
+    after_help = "Examples:\n  \
+    cube dev                               # a manager and a worker in one process\n  \
+    cube run -f examples/sample-task.json  # run a task\n  \
+    cube status                            # list tasks, like docker ps\n  \
+    cube node                              # list workers and what they hold\n  \
+    cube stop 3f2a                         # stop a task by a unique ID prefix\n\n\
+    Each command has its own --help."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -27,7 +39,13 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Dev(dev::DevArgs),
+    Manager(manager::ManagerArgs),
     Worker(worker::WorkerArgs),
+    Run(cli::RunArgs),
+    Stop(cli::StopArgs),
+    Status(cli::StatusArgs),
+    Node(cli::NodeArgs),
     SampleImage(sample_image::SampleImageArgs),
 }
 
@@ -52,7 +70,13 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Dev(args) => dev::run(args).await,
+            Command::Manager(args) => manager::run(args).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Run(args) => cli::run_task(args).await,
+            Command::Stop(args) => cli::stop(args).await,
+            Command::Status(args) => cli::status(args).await,
+            Command::Node(args) => cli::node(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
         }
     });

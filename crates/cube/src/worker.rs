@@ -1,39 +1,36 @@
 //! `cube worker`: runs tasks as Docker containers on this machine.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
+use cube_api::ApiClient;
 use cube_runtime::DockerRuntime;
-use cube_store::{MemoryStore, PersistentDb, PersistentStore, Store};
-use cube_types::Task;
 use cube_types::duration::parse_duration;
-use cube_worker::{StatsCollector, Worker, WorkerConfig};
+use cube_types::size::parse_size;
+use cube_types::{Resources, Task};
+use cube_worker::{Command, Heartbeat, StatsCollector, Worker, WorkerConfig};
 use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
-/// Where a worker keeps its tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum DbType {
-    /// In memory: forgotten when the worker stops; a worker started again removes the
-    /// containers it no longer knows.
-    Memory,
-    /// In a redb file under --data-dir: survives a crash.
-    Persistent,
-}
+use crate::stores::StoreArgs;
 
 /// Run a worker: the agent that runs tasks as Docker containers on this machine.
 ///
-/// The worker serves its API (POST/GET /tasks, GET/DELETE /tasks/{id}, GET /stats) on
-/// HOST:PORT. Containers keep running when the worker stops; a worker started again with the
-/// persistent store re-adopts them. SIGINT or SIGTERM stop it cleanly.
+/// The worker serves its API (POST/GET /tasks, GET/DELETE /tasks/{id}, GET /stats, GET /node)
+/// on HOST:PORT. With --manager it registers with that manager and sends it a heartbeat with
+/// its stats every --heartbeat-interval; without, a manager can list it with -w. It offers
+/// the whole machine to tasks unless --cpus, --memory or --disk say less. Containers keep
+/// running when the worker stops; a worker started again with the persistent store re-adopts
+/// them. SIGINT or SIGTERM stop it cleanly.
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Examples:\n  cube worker -n w1 -p 5556 -d persistent --data-dir /var/lib/cube\n  \
-    curl -s -X POST localhost:5556/tasks -d '{\"Name\": \"web\", \"Image\": \"cube-sample:latest\"}'\n  \
-    curl -s localhost:5556/tasks"
-)]
+#[command(after_help = "Examples:\n  \
+    cube worker -n w1 -p 5556 --manager 127.0.0.1:5555\n  \
+    cube worker -n small -p 5557 --manager 127.0.0.1:5555 --cpus 1 --memory 512MiB\n  \
+    cube worker -n w1 -p 5556 -d memory       # then: cube manager -w 127.0.0.1:5556")]
 pub struct WorkerArgs {
     /// Address to listen on.
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
@@ -44,12 +41,27 @@ pub struct WorkerArgs {
     /// The node's name, in container labels and task records [default: the host name].
     #[arg(short, long)]
     name: Option<String>,
-    /// Task store.
-    #[arg(short, long, value_enum, default_value_t = DbType::Persistent)]
-    dbtype: DbType,
-    /// Directory for the store file; its filesystem is the one /stats reports on.
-    #[arg(long, default_value = "cube-data", env = "CUBE_DATA_DIR")]
-    data_dir: PathBuf,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The manager to register with and send heartbeats to (HOST:PORT).
+    #[arg(short, long)]
+    manager: Option<String>,
+    /// The address the manager should use to reach this worker (HOST:PORT) [default: the
+    /// listening address; required when listening on 0.0.0.0 with --manager].
+    #[arg(long)]
+    advertise: Option<String>,
+    /// How often to send a heartbeat to the manager (e.g. 2s, 500ms).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    heartbeat_interval: Duration,
+    /// CPU cores offered to tasks [default: every core of the machine].
+    #[arg(long, value_parser = parse_cores)]
+    cpus: Option<f64>,
+    /// Memory offered to tasks, in bytes or with a unit (512MiB, 2GiB) [default: all of it].
+    #[arg(long, value_parser = parse_size)]
+    memory: Option<u64>,
+    /// Disk offered to tasks, in bytes or with a unit [default: the data directory's filesystem].
+    #[arg(long, value_parser = parse_size)]
+    disk: Option<u64>,
     /// How long a stopped container may take to exit before it is killed (e.g. 10s, 500ms).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     stop_timeout: Duration,
@@ -58,29 +70,63 @@ pub struct WorkerArgs {
     parallelism: u16,
 }
 
-pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+impl WorkerArgs {
+    /// The settings `cube dev` uses for its worker.
+    pub fn for_dev(name: String, port: u16, manager: String, store: StoreArgs) -> WorkerArgs {
+        WorkerArgs {
+            host: "127.0.0.1".to_string(),
+            port,
+            name: Some(name),
+            store,
+            manager: Some(manager),
+            advertise: None,
+            heartbeat_interval: Duration::from_secs(2),
+            cpus: None,
+            memory: None,
+            disk: None,
+            stop_timeout: Duration::from_secs(10),
+            parallelism: 8,
+        }
+    }
+}
+
+fn parse_cores(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(cores) if cores.is_finite() && cores > 0.0 => Ok(cores),
+        _ => Err(format!(
+            "{text:?} is not a number of cores > 0 (e.g. 2, 0.5)"
+        )),
+    }
+}
+
+/// A worker built and bound, ready to run.
+pub struct PreparedWorker {
+    worker: Arc<Worker<DockerRuntime>>,
+    commands: mpsc::Receiver<Command>,
+    listener: TcpListener,
+    heartbeat: Option<Heartbeat>,
+    /// What `cube worker` prints once it listens.
+    pub listening_line: String,
+}
+
+/// Checks the configuration, opens the store, connects to Docker and binds the listener.
+pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     // 1. Check the configuration.
     let name = match args.name {
         Some(name) if name.trim().is_empty() => anyhow::bail!("--name must not be empty"),
         Some(name) => name,
         None => host_name()?,
     };
-    let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
+    let manager = args
+        .manager
+        .as_deref()
+        .map(|address| ApiClient::new(address, Duration::from_secs(5)))
+        .transpose()
+        .context("--manager")?;
 
-    // 2. Build: data directory, store, Docker, listener.
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating the data directory {}", args.data_dir.display()))?;
-    let (tasks, store_description): (Arc<dyn Store<Task>>, String) = match args.dbtype {
-        DbType::Memory => (Arc::new(MemoryStore::new()), "memory".to_string()),
-        DbType::Persistent => {
-            let path = args.data_dir.join(format!("worker-{name}.redb"));
-            let db = PersistentDb::open(&path)?;
-            (
-                Arc::new(PersistentStore::new(db, "tasks")?),
-                format!("persistent, {}", path.display()),
-            )
-        }
-    };
+    // 2. Build: store, Docker, listener.
+    let stores = args.store.open(&format!("worker-{name}"))?;
+    let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .await
@@ -88,24 +134,77 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let address = listener
         .local_addr()
         .context("reading the listening address")?;
+    let advertised = advertised_address(args.advertise.as_deref(), address, manager.is_some())?;
+    let stats = StatsCollector::new(args.store.data_dir());
+    let machine = stats
+        .machine_capacity()
+        .context("reading the machine's size")?;
+    let capacity = Resources {
+        cpu: args.cpus.unwrap_or(machine.cpu),
+        memory: args.memory.unwrap_or(machine.memory),
+        disk: args.disk.unwrap_or(machine.disk),
+    };
     let config = WorkerConfig {
         name: name.clone(),
+        address: advertised,
+        capacity,
         stop_timeout: args.stop_timeout,
         max_concurrent_operations: usize::from(args.parallelism),
     };
-    let (worker, commands) =
-        Worker::new(config, tasks, runtime, StatsCollector::new(&args.data_dir));
+    let (worker, commands) = Worker::new(config, tasks, runtime, stats);
+    Ok(PreparedWorker {
+        worker,
+        commands,
+        listener,
+        heartbeat: manager.map(|manager| Heartbeat {
+            manager,
+            interval: args.heartbeat_interval,
+        }),
+        listening_line: cube_worker::listening_line(&name, address, &stores.description),
+    })
+}
 
-    // 3. Run until a signal.
-    println!(
-        "{}",
-        cube_worker::listening_line(&name, address, &store_description)
-    );
-    cube_worker::run(worker, commands, listener, shutdown)
+impl PreparedWorker {
+    /// Runs until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        cube_worker::run(
+            self.worker,
+            self.commands,
+            self.listener,
+            self.heartbeat,
+            shutdown,
+        )
         .await
-        .context("serving the worker API")?;
+        .context("serving the worker API")
+    }
+}
+
+pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
+    let worker = prepare(args).await?;
+    println!("{}", worker.listening_line);
+    worker.run(shutdown).await?;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// The address a manager reaches this worker at.
+fn advertised_address(
+    advertise: Option<&str>,
+    listening: SocketAddr,
+    has_manager: bool,
+) -> anyhow::Result<String> {
+    if let Some(advertise) = advertise {
+        let client = ApiClient::new(advertise, Duration::from_secs(1)).context("--advertise")?;
+        return Ok(client.base().to_string());
+    }
+    if listening.ip().is_unspecified() && has_manager {
+        anyhow::bail!(
+            "listening on {listening} with --manager: pass --advertise HOST:PORT, the address \
+             the manager should use to reach this worker"
+        );
+    }
+    Ok(format!("http://{listening}"))
 }
 
 fn host_name() -> anyhow::Result<String> {

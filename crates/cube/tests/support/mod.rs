@@ -66,49 +66,30 @@ pub struct WorkerProcess {
 impl WorkerProcess {
     /// Starts a worker named `name` with the given store under `data_dir`.
     pub fn start(name: &str, dbtype: &str, data_dir: &Path) -> WorkerProcess {
-        let stderr_path = data_dir.join(format!("{name}.stderr"));
-        std::fs::create_dir_all(data_dir).unwrap();
-        let stderr = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stderr_path)
-            .unwrap();
-        let mut child = Command::new(cube_binary())
-            .args([
-                "worker",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                "0",
-                "-n",
-                name,
-                "-d",
-                dbtype,
-                "--stop-timeout",
-                "2s",
-            ])
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn cube worker");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let Some(url) = cube_worker::address_in_listening_line(&line) else {
-            let _ = child.kill();
-            panic!(
-                "worker did not print its address; stdout: {line:?}; stderr: {}",
-                std::fs::read_to_string(&stderr_path).unwrap_or_default()
-            );
-        };
+        WorkerProcess::start_with(name, dbtype, data_dir, &[])
+    }
+
+    /// Starts a worker with more flags (`--manager`, `--memory`, ...).
+    pub fn start_with(name: &str, dbtype: &str, data_dir: &Path, extra: &[&str]) -> WorkerProcess {
+        let mut args = vec![
+            "worker",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-n",
+            name,
+            "-d",
+            dbtype,
+            "--stop-timeout",
+            "2s",
+        ];
+        args.extend_from_slice(extra);
+        let (child, url, stderr_path) = spawn_cube(&args, data_dir, name);
         WorkerProcess {
             name: name.to_string(),
             data_dir: data_dir.to_path_buf(),
-            url: url.to_string(),
+            url,
             _own_dir: None,
             child,
             stderr_path,
@@ -140,22 +121,7 @@ impl WorkerProcess {
     /// Sends SIGTERM and waits up to `bound` for the process to exit; returns its exit status.
     pub fn terminate(mut self, bound: Duration) -> std::process::ExitStatus {
         self.cleanup_containers = false;
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success());
-        let deadline = Instant::now() + bound;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "worker did not exit within {bound:?} of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        signal_and_wait(&mut self.child, "-TERM", bound)
     }
 
     pub fn stderr(&self) -> String {
@@ -178,6 +144,190 @@ impl Drop for WorkerProcess {
             remove_node_containers(&self.name);
         }
     }
+}
+
+/// Starts `cube ARGS --data-dir DIR`, logging to `DIR/LOG_NAME.stderr`, and reads the
+/// `http://` address from the first line it prints.
+fn spawn_cube(args: &[&str], data_dir: &Path, log_name: &str) -> (Child, String, PathBuf) {
+    let stderr_path = data_dir.join(format!("{log_name}.stderr"));
+    std::fs::create_dir_all(data_dir).unwrap();
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&stderr_path)
+        .unwrap();
+    let mut child = Command::new(cube_binary())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn cube");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let Some(url) = cube_worker::address_in_listening_line(&line) else {
+        let _ = child.kill();
+        panic!(
+            "cube {args:?} did not print its address; stdout: {line:?}; stderr: {}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+    };
+    (child, url.to_string(), stderr_path)
+}
+
+/// Signals a child process and waits up to `bound` for it to exit.
+fn signal_and_wait(child: &mut Child, signal: &str, bound: Duration) -> std::process::ExitStatus {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process did not exit within {bound:?} of {signal}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A `cube manager` process on a loopback port.
+pub struct ManagerProcess {
+    pub url: String,
+    pub port: u16,
+    pub data_dir: PathBuf,
+    child: Child,
+    stderr_path: PathBuf,
+}
+
+impl ManagerProcess {
+    /// Starts a manager with `scheduler` and `dbtype` under `data_dir` on `port` (0 picks
+    /// one; give the same port to a restarted manager so that its workers find it again).
+    pub fn start(scheduler: &str, dbtype: &str, data_dir: &Path, port: u16) -> ManagerProcess {
+        let port_text = port.to_string();
+        let args = [
+            "manager",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            &port_text,
+            "-s",
+            scheduler,
+            "-d",
+            dbtype,
+        ];
+        let (child, url, stderr_path) = spawn_cube(&args, data_dir, "manager");
+        let port = url.rsplit(':').next().unwrap().parse().unwrap();
+        ManagerProcess {
+            url,
+            port,
+            data_dir: data_dir.to_path_buf(),
+            child,
+            stderr_path,
+        }
+    }
+
+    /// `HOST:PORT`, for `--manager` and `CUBE_MANAGER`.
+    pub fn address(&self) -> String {
+        self.url.trim_start_matches("http://").to_string()
+    }
+
+    pub fn client(&self) -> Client {
+        Client {
+            base: self.url.clone(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// SIGKILL, as when the process crashes.
+    pub fn kill_9(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn terminate(mut self, bound: Duration) -> std::process::ExitStatus {
+        signal_and_wait(&mut self.child, "-TERM", bound)
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// Starts a worker named `name` (memory store, its own directory under the manager's)
+    /// that registers with this manager; `extra` adds flags such as `--memory 1GiB`.
+    pub fn join_worker(&self, name: &str, extra: &[&str]) -> WorkerProcess {
+        ensure_sample_image();
+        let manager = self.address();
+        let mut args = vec![
+            "--manager",
+            manager.as_str(),
+            "--heartbeat-interval",
+            "500ms",
+        ];
+        args.extend_from_slice(extra);
+        WorkerProcess::start_with(name, "memory", &self.data_dir.join(name), &args)
+    }
+
+    /// Waits until the manager lists `count` nodes, all `Ready`.
+    pub async fn await_ready_nodes(&self, count: usize) -> Value {
+        let client = self.client();
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            let nodes = client.get("/nodes").await.body;
+            let ready = nodes
+                .as_array()
+                .map(|nodes| nodes.iter().filter(|n| n["Status"] == "Ready").count())
+                .unwrap_or(0);
+            if ready == count {
+                return nodes;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{count} nodes not Ready within {STATE_BOUND:?}: {nodes}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for ManagerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port free now (bound and released), for a process that must keep its port
+/// across a restart.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs the `cube` command line with `args` against the manager at `manager`; returns the
+/// exit status's success, stdout and stderr.
+pub fn cube_cli(manager: &str, args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(cube_binary())
+        .args(args)
+        .env("CUBE_MANAGER", manager)
+        .output()
+        .expect("run cube");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
 }
 
 /// Removes every container labelled for `node`.
@@ -274,20 +424,28 @@ impl Client {
     /// Polls the task every 20 ms until its `State` is `state`; fails after `STATE_BOUND`,
     /// or at once when it reaches another terminal state.
     pub async fn await_state(&self, id: &str, state: &str) -> Value {
-        let deadline = Instant::now() + STATE_BOUND;
-        loop {
-            let task = self.get(&format!("/tasks/{id}")).await.body;
+        self.await_task(id, &format!("State {state}"), |task| {
             let now = task["State"].as_str().unwrap_or_default();
-            if now == state {
-                return task;
-            }
             assert!(
                 !(matches!(now, "Completed" | "Failed") && now != state),
                 "task {id} ended {now} while waiting for {state}: {task}"
             );
+            now == state
+        })
+        .await
+    }
+
+    /// Polls the task every 20 ms until `done` holds for it; fails after `STATE_BOUND`.
+    pub async fn await_task(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            let task = self.get(&format!("/tasks/{id}")).await.body;
+            if done(&task) {
+                return task;
+            }
             assert!(
                 Instant::now() < deadline,
-                "task {id} not {state} within {STATE_BOUND:?}: {task}"
+                "task {id}: no {what} within {STATE_BOUND:?}: {task}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

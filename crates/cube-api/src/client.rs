@@ -1,0 +1,228 @@
+//! The client side: one small wrapper over `reqwest` for every Cube API.
+
+use std::time::Duration;
+
+use cube_types::ErrorBody;
+use reqwest::{Method, StatusCode};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::server::INDEX_HEADER;
+
+/// Why a request to a Cube API did not give the answer asked for.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The server answered with an error status; `message` is its JSON error's message.
+    #[error("{url} answered {status}: {message}")]
+    Status {
+        url: String,
+        status: StatusCode,
+        message: String,
+    },
+    #[error("unexpected answer from {url}: {reason}")]
+    Decode { url: String, reason: String },
+    #[error("invalid address {0:?}: expected HOST:PORT or http://HOST:PORT")]
+    Address(String),
+}
+
+impl ClientError {
+    /// The HTTP status of an error answer, if the server gave one.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ClientError::Status { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A client for one Cube server (a manager or a worker). Every request has a timeout.
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    http: reqwest::Client,
+    base: String,
+    timeout: Duration,
+}
+
+impl ApiClient {
+    /// A client for `address` (`HOST:PORT` or `http://HOST:PORT`) whose requests give up
+    /// after `timeout` unless a request sets its own.
+    pub fn new(address: &str, timeout: Duration) -> Result<ApiClient, ClientError> {
+        let base = normalize_address(address)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|err| ClientError::Unreachable {
+                url: base.clone(),
+                reason: err.to_string(),
+            })?;
+        Ok(ApiClient {
+            http,
+            base,
+            timeout,
+        })
+    }
+
+    /// `http://HOST:PORT`, without a trailing slash.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let (_, body, _) = self.send::<(), T>(Method::GET, path, None, None).await?;
+        Ok(body)
+    }
+
+    /// A blocking query: `GET path?index=N&wait=…`; answers with the body and the index the
+    /// server reported in [`INDEX_HEADER`]. The request's timeout is `wait` plus a margin.
+    pub async fn get_blocking<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        index: u64,
+        wait: Duration,
+    ) -> Result<(T, Option<u64>), ClientError> {
+        let path = format!("{path}?index={index}&wait={}ms", wait.as_millis());
+        let (_, body, index) = self
+            .send::<(), T>(Method::GET, &path, None, Some(wait + self.timeout))
+            .await?;
+        Ok((body, index))
+    }
+
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(StatusCode, T), ClientError> {
+        let (status, body, _) = self.send(Method::POST, path, Some(body), None).await?;
+        Ok((status, body))
+    }
+
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let (_, body, _) = self.send(Method::PUT, path, Some(body), None).await?;
+        Ok(body)
+    }
+
+    /// A `DELETE`; any 2xx answer is success.
+    pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
+        self.send::<(), serde::de::IgnoredAny>(Method::DELETE, path, None, None)
+            .await
+            .map(|_| ())
+    }
+
+    async fn send<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        timeout: Option<Duration>,
+    ) -> Result<(StatusCode, T, Option<u64>), ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self
+            .http
+            .request(method, &url)
+            .timeout(timeout.unwrap_or(self.timeout));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|err| ClientError::Unreachable {
+                url: url.clone(),
+                reason: error_chain(&err),
+            })?;
+        let status = response.status();
+        let index = response
+            .headers()
+            .get(INDEX_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok());
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|err| ClientError::Unreachable {
+                url: url.clone(),
+                reason: error_chain(&err),
+            })?;
+        if !status.is_success() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|body| body.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
+            return Err(ClientError::Status {
+                url,
+                status,
+                message,
+            });
+        }
+        // A 204 has no body; `IgnoredAny` and `()` read `null` happily.
+        let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+        let body = serde_json::from_slice(bytes).map_err(|err| ClientError::Decode {
+            url: url.clone(),
+            reason: err.to_string(),
+        })?;
+        Ok((status, body, index))
+    }
+}
+
+/// `HOST:PORT` or `http://HOST:PORT` as `http://HOST:PORT`.
+fn normalize_address(address: &str) -> Result<String, ClientError> {
+    let trimmed = address.trim().trim_end_matches('/');
+    if trimmed.starts_with("https://") {
+        return Err(ClientError::Address(format!(
+            "{address} (Cube's APIs speak plain HTTP)"
+        )));
+    }
+    let rest = trimmed.strip_prefix("http://").unwrap_or(trimmed);
+    let valid = match rest.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    };
+    if !valid || rest.contains('/') {
+        return Err(ClientError::Address(address.to_string()));
+    }
+    Ok(format!("http://{rest}"))
+}
+
+/// An error and its causes, one after the other ("connection refused" is in a source).
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_read_with_or_without_scheme() {
+        assert_eq!(
+            normalize_address("127.0.0.1:5555").unwrap(),
+            "http://127.0.0.1:5555"
+        );
+        assert_eq!(
+            normalize_address("http://localhost:5555/").unwrap(),
+            "http://localhost:5555"
+        );
+        for bad in [
+            "localhost",
+            "https://x:1",
+            ":5555",
+            "host:0",
+            "host:port",
+            "h:1/x",
+        ] {
+            assert!(normalize_address(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

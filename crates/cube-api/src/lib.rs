@@ -1,0 +1,15 @@
+//! Cube's HTTP edge, shared by every API: the manager's, the workers', and the `cube` CLI
+//! that talks to them.
+//!
+//! [`server`] holds what every router needs (the JSON error answer, the body limit, JSON
+//! answers for unknown routes, task-ID parsing); [`client`] is the one HTTP client that turns
+//! Cube's JSON error bodies back into errors naming what went wrong.
+//!
+//! This crate knows HTTP and JSON but no component's logic: it never decides anything about
+//! tasks or nodes.
+
+pub mod client;
+pub mod server;
+
+pub use client::{ApiClient, ClientError};
+pub use server::{ApiError, INDEX_HEADER, MAX_BODY_BYTES, parse_task_id, with_json_fallbacks};

@@ -1,0 +1,175 @@
+//! The manager's in-memory copy of every task, and what the tasks hold on each node.
+//!
+//! The store is the truth; this cache mirrors it so that reads, placements and observations
+//! never decode the store. Every write goes to the store first and then here (see
+//! `Manager::save`), so the two never disagree about an acknowledged task.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use cube_types::{Resources, State, Task};
+use uuid::Uuid;
+
+/// What the tasks placed on one node hold there.
+#[derive(Debug, Clone, Default)]
+pub struct NodeLoad {
+    /// The sum of the declared `Cpu`, `Memory` and `Disk` of the tasks holding resources.
+    pub allocated: Resources,
+    /// The tasks holding resources here.
+    pub tasks: BTreeSet<Uuid>,
+    /// Fixed host ports bound by those tasks, with how many tasks ask for each (a port asked
+    /// twice is a conflict the scheduler prevents, but the count keeps removal exact).
+    pub host_ports: BTreeMap<u16, u32>,
+}
+
+/// Every task by ID, the load per node, and the tasks waiting for a placement.
+#[derive(Debug, Default)]
+pub struct TaskCache {
+    tasks: HashMap<Uuid, Task>,
+    loads: HashMap<String, NodeLoad>,
+    /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
+    /// let the scheduler place.
+    waiting: BTreeSet<Uuid>,
+}
+
+/// A task holds its declared resources on its node from placement until it ends; a `Lost`
+/// task still holds them, because nobody knows whether it still runs.
+pub fn holds_resources(task: &Task) -> bool {
+    !task.node_name.is_empty()
+        && matches!(task.state, State::Scheduled | State::Running | State::Lost)
+}
+
+/// The fixed host ports a task binds (`PortBindings` values that are port numbers).
+pub fn fixed_host_ports(task: &Task) -> impl Iterator<Item = u16> + '_ {
+    task.port_bindings
+        .values()
+        .filter_map(|host| host.trim().parse::<u16>().ok())
+        .filter(|port| *port != 0)
+}
+
+impl TaskCache {
+    pub fn get(&self, id: &Uuid) -> Option<&Task> {
+        self.tasks.get(id)
+    }
+
+    pub fn tasks(&self) -> impl Iterator<Item = &Task> {
+        self.tasks.values()
+    }
+
+    pub fn load(&self, node: &str) -> Option<&NodeLoad> {
+        self.loads.get(node)
+    }
+
+    /// Pending tasks asked to run, in ID order.
+    pub fn waiting(&self) -> impl Iterator<Item = Uuid> + '_ {
+        self.waiting.iter().copied()
+    }
+
+    /// Inserts or replaces a task, moving its resources between nodes as its placement or
+    /// state changed. Returns the task it replaced.
+    pub fn insert(&mut self, task: Task) -> Option<Task> {
+        let previous = self.tasks.remove(&task.id);
+        if let Some(old) = &previous {
+            self.release(old);
+        }
+        self.hold(&task);
+        if task.state == State::Pending && task.desired_state == State::Running {
+            self.waiting.insert(task.id);
+        } else {
+            self.waiting.remove(&task.id);
+        }
+        self.tasks.insert(task.id, task);
+        previous
+    }
+
+    fn hold(&mut self, task: &Task) {
+        if !holds_resources(task) {
+            return;
+        }
+        let load = self.loads.entry(task.node_name.clone()).or_default();
+        load.allocated.cpu += task.cpu;
+        load.allocated.memory += task.memory;
+        load.allocated.disk += task.disk;
+        load.tasks.insert(task.id);
+        for port in fixed_host_ports(task) {
+            *load.host_ports.entry(port).or_default() += 1;
+        }
+    }
+
+    fn release(&mut self, task: &Task) {
+        if !holds_resources(task) {
+            return;
+        }
+        let Some(load) = self.loads.get_mut(&task.node_name) else {
+            return;
+        };
+        // Floating-point sums drift; a node with no tasks left holds exactly nothing.
+        load.allocated.cpu = (load.allocated.cpu - task.cpu).max(0.0);
+        load.allocated.memory = load.allocated.memory.saturating_sub(task.memory);
+        load.allocated.disk = load.allocated.disk.saturating_sub(task.disk);
+        load.tasks.remove(&task.id);
+        if load.tasks.is_empty() {
+            load.allocated = Resources::default();
+        }
+        for port in fixed_host_ports(task) {
+            if let Some(count) = load.host_ports.get_mut(&port) {
+                *count -= 1;
+                if *count == 0 {
+                    load.host_ports.remove(&port);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placed(node: &str, state: State, memory: u64, port: Option<&str>) -> Task {
+        let mut task = Task::new("t", "img");
+        task.node_name = node.to_string();
+        task.state = state;
+        task.memory = memory;
+        task.cpu = 0.5;
+        if let Some(port) = port {
+            task.port_bindings.insert("80/tcp".into(), port.into());
+        }
+        task
+    }
+
+    #[test]
+    fn resources_follow_a_task_from_placement_to_its_end() {
+        let mut cache = TaskCache::default();
+        let mut task = placed("w1", State::Scheduled, 100, Some("8080"));
+        cache.insert(task.clone());
+        let load = cache.load("w1").unwrap();
+        assert_eq!(load.allocated.memory, 100);
+        assert_eq!(load.tasks.len(), 1);
+        assert!(load.host_ports.contains_key(&8080));
+
+        task.state = State::Running;
+        cache.insert(task.clone());
+        assert_eq!(
+            cache.load("w1").unwrap().allocated.memory,
+            100,
+            "counted once"
+        );
+
+        task.state = State::Failed;
+        cache.insert(task);
+        let load = cache.load("w1").unwrap();
+        assert_eq!(load.allocated, Resources::default());
+        assert!(load.tasks.is_empty() && load.host_ports.is_empty());
+    }
+
+    #[test]
+    fn pending_tasks_wait_until_placed_or_stopped() {
+        let mut cache = TaskCache::default();
+        let mut task = Task::new("t", "img");
+        cache.insert(task.clone());
+        assert_eq!(cache.waiting().collect::<Vec<_>>(), vec![task.id]);
+        task.desired_state = State::Completed;
+        cache.insert(task);
+        assert_eq!(cache.waiting().count(), 0);
+    }
+}

@@ -1,0 +1,61 @@
+//! Cube's manager: the control plane. It accepts tasks, places them on workers with the
+//! scheduler, sends them there, follows their state as the workers see it, and stops them
+//! where they run.
+//!
+//! [`Manager`] holds the state (tasks, events and nodes in [`cube_store`] stores, mirrored in
+//! memory) and the task controller (a work queue of task IDs, a pure [`reconcile`] decision
+//! per task, and the calls to workers that carry it out). [`api`] serves it over HTTP.
+//!
+//! The manager never talks to Docker and never decides placement itself: it asks
+//! [`cube_scheduler`], which does no IO.
+
+pub mod api;
+mod cache;
+mod manager;
+mod nodes;
+mod queue;
+pub mod reconcile;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Submitted};
+pub use nodes::NodeSource;
+
+/// The line `cube manager` prints on stdout once it listens; tools that start a manager on
+/// port 0 read the address back from it (see `cube_worker::address_in_listening_line`).
+pub fn listening_line(address: std::net::SocketAddr, scheduler: &str, store: &str) -> String {
+    format!("cube manager listening on http://{address} (scheduler: {scheduler}, store: {store})")
+}
+
+/// How long the loops get to stop once shutdown is asked for.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Serves `manager` on `listener` and runs its loops until `shutdown` is cancelled.
+pub async fn run(
+    manager: Arc<Manager>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let mut loops = manager.start();
+    let served = axum::serve(listener, api::router(manager))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await;
+    shutdown.cancel();
+    if tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(result) = loops.join_next().await {
+            if let Err(err) = result {
+                tracing::error!(error = %err, "manager loop ended abnormally");
+            }
+        }
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!("manager loops still running after the grace period; abandoning them");
+    }
+    served
+}

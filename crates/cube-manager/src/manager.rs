@@ -1,0 +1,843 @@
+//! The manager's state and the operations on it: submissions, stops, node reports,
+//! observations from workers, and the task controller that reconciles desired against
+//! observed state.
+//!
+//! Everything in memory sits behind one `std` mutex ([`Manager::state`]): each operation
+//! holds it for a few map operations and at most one store write, never across an `.await`,
+//! so placements see a consistent view of every node's allocations. Calls to workers are made
+//! outside the lock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use cube_api::{ApiClient, ClientError};
+use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, describe_rejections};
+use cube_store::{Store, StoreError};
+use cube_types::{Node, NodeReport, State, Task, TaskEvent};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::cache::{TaskCache, holds_resources};
+use crate::nodes::{NodeRegistry, NodeSource};
+use crate::queue::WorkQueue;
+use crate::reconcile::{Action, reconcile};
+
+/// How long a blocking query to a worker waits before the worker answers anyway.
+const FOLLOW_WAIT: Duration = Duration::from_secs(30);
+
+/// How long to wait before following a worker again after its API could not be reached.
+const FOLLOW_RETRY: Duration = Duration::from_secs(1);
+
+/// The first delay before a failed reconcile is tried again; it doubles up to the cap.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// Settings that do not change while the manager runs.
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// A node that has not reported for this long is `Down`: nothing new is placed on it.
+    pub heartbeat_grace: Duration,
+    /// How often the manager asks a static (`-w`) worker for its report.
+    pub poll_interval: Duration,
+    /// How often every task is reconciled even if no event asked for it (anti-entropy).
+    pub resync_interval: Duration,
+    /// Workers the manager reaches itself (`-w host:port,...`), the book's way.
+    pub static_workers: Vec<String>,
+    /// The timeout of every request to a worker (blocking queries add their wait).
+    pub request_timeout: Duration,
+    /// How many tasks are reconciled at the same time (each may wait on a worker).
+    pub max_concurrent_reconciles: usize,
+}
+
+/// Where the manager keeps its state: tasks (desired and observed state, and the node each
+/// is placed on), every `TaskEvent` received, and the nodes that joined.
+#[derive(Clone)]
+pub struct ManagerStores {
+    pub tasks: Arc<dyn Store<Task>>,
+    pub events: Arc<dyn Store<TaskEvent>>,
+    pub nodes: Arc<dyn Store<Node>>,
+}
+
+/// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("no task with ID {0}")]
+    NotFound(Uuid),
+    #[error("no node named {0:?}")]
+    NodeNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("store failed: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// What a submission did: created a task, or found it already there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    Created(Task),
+    Existing(Task),
+}
+
+/// How a reconcile ended: converged (for now), or to be tried again after a backoff.
+#[derive(Debug)]
+enum Outcome {
+    Done,
+    Retry(String),
+}
+
+/// The manager.
+pub struct Manager {
+    config: ManagerConfig,
+    stores: ManagerStores,
+    /// The task cache, the node registry and the scheduler; see the module comment.
+    state: Mutex<Shared>,
+    /// Task IDs to reconcile.
+    queue: WorkQueue,
+    /// Consecutive failed reconciles per task, for the backoff. A `std` mutex: map access only.
+    failures: Mutex<HashMap<Uuid, u32>>,
+    /// Tasks this process has handed to their worker, so that a task is not sent again on
+    /// every reconcile while it starts. Forgotten on restart: sending again is harmless.
+    dispatched: Mutex<HashSet<Uuid>>,
+    /// The loop following each node's tasks, by node name, to stop it when the node moves.
+    followers: Mutex<HashMap<String, CancellationToken>>,
+    /// Cancelled when the manager stops; every loop watches it.
+    shutdown: CancellationToken,
+}
+
+struct Shared {
+    cache: TaskCache,
+    nodes: NodeRegistry,
+    scheduler: Box<dyn Scheduler>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each critical section updates the store before the cache, and the cache in one call,
+    // so a panic inside one leaves nothing half-written that a later reader could trip on.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Manager {
+    /// A manager with every task and node in `stores` loaded.
+    pub fn open(
+        config: ManagerConfig,
+        stores: ManagerStores,
+        scheduler: Box<dyn Scheduler>,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Manager>, ManagerError> {
+        let mut cache = TaskCache::default();
+        for task in stores.tasks.list()? {
+            cache.insert(task);
+        }
+        let mut nodes = NodeRegistry::default();
+        for node in stores.nodes.list()? {
+            match ApiClient::new(&node.address, config.request_timeout) {
+                Ok(client) => nodes.load(&node, client),
+                Err(err) => {
+                    tracing::warn!(node = %node.name, error = %err, "forgetting a stored node")
+                }
+            }
+        }
+        Ok(Arc::new(Manager {
+            config,
+            stores,
+            state: Mutex::new(Shared {
+                cache,
+                nodes,
+                scheduler,
+            }),
+            queue: WorkQueue::default(),
+            failures: Mutex::new(HashMap::new()),
+            dispatched: Mutex::new(HashSet::new()),
+            followers: Mutex::new(HashMap::new()),
+            shutdown,
+        }))
+    }
+
+    pub fn scheduler_name(&self) -> &'static str {
+        lock(&self.state).scheduler.name()
+    }
+
+    // ----- requests from the API -----
+
+    /// Takes a `TaskEvent`: `Running` (or `Scheduled`) asks for a task to run, `Completed`
+    /// for it to stop. A new task is stored `Pending` (durably, with the persistent store)
+    /// before this returns, and queued for placement.
+    pub fn submit(&self, mut event: TaskEvent) -> Result<Submitted, ManagerError> {
+        match event.state {
+            State::Running | State::Scheduled => {}
+            State::Completed => return self.request_stop(event.task.id).map(Submitted::Existing),
+            other => {
+                return Err(ManagerError::BadRequest(format!(
+                    "State: a TaskEvent asks for Running to run a task or Completed to stop it; \
+                     {other} cannot be asked for"
+                )));
+            }
+        }
+        let id = event.task.id;
+        {
+            let mut state = lock(&self.state);
+            if let Some(existing) = state.cache.get(&id) {
+                return Ok(Submitted::Existing(existing.clone()));
+            }
+            // The manager owns placement and observation: whatever the submission said
+            // about them is not the manager's to believe.
+            let task = &mut event.task;
+            task.state = State::Pending;
+            task.desired_state = State::Running;
+            task.node_name.clear();
+            task.container_id.clear();
+            task.host_ports.clear();
+            task.start_time = None;
+            task.finish_time = None;
+            task.exit_code = None;
+            task.error = None;
+            task.pending_reason = None;
+            task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
+            self.stores.events.put(&event.id.to_string(), &event)?;
+            self.save(&mut state, event.task.clone())?;
+        }
+        self.queue.push(id);
+        Ok(Submitted::Created(event.task))
+    }
+
+    /// Records that the user wants the task stopped and queues the stop.
+    pub fn request_stop(&self, id: Uuid) -> Result<Task, ManagerError> {
+        let task = {
+            let mut state = lock(&self.state);
+            let mut task = state
+                .cache
+                .get(&id)
+                .cloned()
+                .ok_or(ManagerError::NotFound(id))?;
+            if !task.state.is_terminal() && task.desired_state != State::Completed {
+                task.desired_state = State::Completed;
+                self.save(&mut state, task.clone())?;
+            }
+            task
+        };
+        self.queue.push(id);
+        Ok(task)
+    }
+
+    pub fn task(&self, id: Uuid) -> Result<Task, ManagerError> {
+        lock(&self.state)
+            .cache
+            .get(&id)
+            .cloned()
+            .ok_or(ManagerError::NotFound(id))
+    }
+
+    /// Every task, oldest first.
+    pub fn tasks(&self) -> Vec<Task> {
+        let mut tasks: Vec<Task> = lock(&self.state).cache.tasks().cloned().collect();
+        tasks.sort_by_key(|task| (task.created_time, task.id));
+        tasks
+    }
+
+    pub fn nodes(&self) -> Vec<Node> {
+        let state = lock(&self.state);
+        let now = Instant::now();
+        state
+            .nodes
+            .entries()
+            .map(|entry| entry.view(&state.cache, now, self.config.heartbeat_grace))
+            .collect()
+    }
+
+    pub fn node(&self, name: &str) -> Result<Node, ManagerError> {
+        let state = lock(&self.state);
+        let entry = state
+            .nodes
+            .get(name)
+            .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
+        Ok(entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace))
+    }
+
+    /// A worker's registration or heartbeat (or a static worker's answer to the manager's
+    /// poll). A new node, or one whose address changed, is followed from now on; a node that
+    /// can take more work than before gets the tasks waiting for room.
+    pub fn report_node(
+        self: &Arc<Self>,
+        report: NodeReport,
+        source: NodeSource,
+    ) -> Result<Node, ManagerError> {
+        if report.name.trim().is_empty() {
+            return Err(ManagerError::BadRequest("Name: a node needs a name".into()));
+        }
+        let client = ApiClient::new(&report.address, self.config.request_timeout)
+            .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
+        let name = report.name.clone();
+        let (effect, view) = {
+            let mut state = lock(&self.state);
+            let effect = state.nodes.report(
+                report,
+                source,
+                || client.clone(),
+                Instant::now(),
+                self.config.heartbeat_grace,
+            );
+            let Some(entry) = state.nodes.get(&name) else {
+                return Err(ManagerError::NodeNotFound(name));
+            };
+            let view = entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace);
+            if effect.changed {
+                self.stores.nodes.put(&name, &view)?;
+                tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
+            }
+            (effect, view)
+        };
+        if effect.moved {
+            self.follow(name, client);
+        }
+        if effect.more_room {
+            self.push_waiting();
+        }
+        Ok(view)
+    }
+
+    // ----- observations from workers -----
+
+    /// Applies a worker's full task list: each task placed on `node` takes the state the
+    /// worker saw. A task the manager placed there that the worker does not list is sent
+    /// again when it was only `Scheduled`, and has failed when it was `Running` (the worker
+    /// lost its store).
+    fn observe(&self, node: &str, reported: Vec<Task>) {
+        let mut to_reconcile = Vec::new();
+        let mut freed = false;
+        {
+            let mut state = lock(&self.state);
+            let mut listed = HashSet::with_capacity(reported.len());
+            for observed in reported {
+                listed.insert(observed.id);
+                let Some(known) = state.cache.get(&observed.id) else {
+                    continue;
+                };
+                if known.node_name != node {
+                    continue;
+                }
+                let Some(merged) = merge_observation(known, &observed) else {
+                    continue;
+                };
+                freed |= holds_resources(known) && !holds_resources(&merged);
+                tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.state, "task state changed");
+                if let Err(err) = self.save(&mut state, merged) {
+                    tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+                }
+                to_reconcile.push(observed.id);
+            }
+            let placed_here: Vec<Uuid> = state
+                .cache
+                .load(node)
+                .map(|load| load.tasks.iter().copied().collect())
+                .unwrap_or_default();
+            for id in placed_here.into_iter().filter(|id| !listed.contains(id)) {
+                let Some(known) = state.cache.get(&id) else {
+                    continue;
+                };
+                match known.state {
+                    State::Scheduled => {
+                        lock(&self.dispatched).remove(&id);
+                        to_reconcile.push(id);
+                    }
+                    State::Running => {
+                        let mut failed = known.clone();
+                        failed.state = State::Failed;
+                        failed.finish_time = Some(Utc::now());
+                        failed.error = Some(format!(
+                            "worker {node} no longer has this task (its store was lost?)"
+                        ));
+                        tracing::warn!(task = %id, node, "the worker no longer has a running task");
+                        if let Err(err) = self.save(&mut state, failed) {
+                            tracing::error!(task = %id, error = %err, "cannot store a failure");
+                        }
+                        freed = true;
+                        to_reconcile.push(id);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for id in to_reconcile {
+            self.queue.push(id);
+        }
+        if freed {
+            self.push_waiting();
+        }
+    }
+
+    // ----- the controller -----
+
+    /// Queues every task that waits for room on a node.
+    fn push_waiting(&self) {
+        let waiting: Vec<Uuid> = lock(&self.state).cache.waiting().collect();
+        for id in waiting {
+            self.queue.push(id);
+        }
+    }
+
+    /// Queues every task that has not ended: at start, and every resync interval.
+    fn push_unfinished(&self) {
+        let unfinished: Vec<Uuid> = lock(&self.state)
+            .cache
+            .tasks()
+            .filter(|task| !task.state.is_terminal())
+            .map(|task| task.id)
+            .collect();
+        for id in unfinished {
+            self.queue.push(id);
+        }
+    }
+
+    /// Reconciles queued tasks, up to `max_concurrent_reconciles` at once, until shutdown.
+    pub async fn run_controller(self: Arc<Self>) {
+        let limit = self.config.max_concurrent_reconciles.max(1);
+        let mut running = JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => break,
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+                id = self.queue.pop(), if running.len() < limit => {
+                    let manager = self.clone();
+                    running.spawn(async move {
+                        let outcome = manager.reconcile_task(id).await;
+                        manager.queue.done(id);
+                        manager.after_reconcile(id, outcome);
+                    });
+                }
+            }
+        }
+        // Calls to workers under way are abandoned: every action is idempotent, and the
+        // next start reconciles every unfinished task again.
+        running.abort_all();
+    }
+
+    fn after_reconcile(self: &Arc<Self>, id: Uuid, outcome: Outcome) {
+        match outcome {
+            Outcome::Done => {
+                lock(&self.failures).remove(&id);
+            }
+            Outcome::Retry(reason) => {
+                let attempts = {
+                    let mut failures = lock(&self.failures);
+                    let attempts = failures.entry(id).or_default();
+                    *attempts += 1;
+                    *attempts
+                };
+                let delay = RETRY_FIRST
+                    .saturating_mul(1 << attempts.min(16).saturating_sub(1))
+                    .min(RETRY_CAP);
+                tracing::warn!(task = %id, %reason, attempts, retry_in = ?delay, "reconcile did not converge");
+                let manager = self.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = manager.shutdown.cancelled() => {}
+                        _ = tokio::time::sleep(delay) => manager.queue.push(id),
+                    }
+                });
+            }
+        }
+    }
+
+    /// One reconcile of one task: decide, act, and decide again while the action moved the
+    /// task on (a placement is followed by its dispatch at once).
+    async fn reconcile_task(&self, id: Uuid) -> Outcome {
+        loop {
+            let (task, client) = {
+                let state = lock(&self.state);
+                let Some(task) = state.cache.get(&id) else {
+                    return Outcome::Done;
+                };
+                let client = state
+                    .nodes
+                    .get(&task.node_name)
+                    .map(|node| node.client.clone());
+                (task.clone(), client)
+            };
+            let outcome = match reconcile(&task) {
+                Action::Nothing => Outcome::Done,
+                Action::CompleteUnplaced => self.complete_unplaced(id),
+                Action::Place => match self.place(id) {
+                    Ok(true) => continue,
+                    Ok(false) => Outcome::Done,
+                    Err(err) => Outcome::Retry(err.to_string()),
+                },
+                Action::Dispatch => self.dispatch(task, client).await,
+                Action::Stop => self.stop_on_node(task, client).await,
+            };
+            return outcome;
+        }
+    }
+
+    /// Places a `Pending` task; returns whether it was placed. When no node fits, the
+    /// reasons are kept on the task for the API to show.
+    fn place(&self, id: Uuid) -> Result<bool, ManagerError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(false);
+        };
+        if task.state != State::Pending || task.desired_state != State::Running {
+            return Ok(false);
+        }
+        let mut task = task.clone();
+        let now = Instant::now();
+        let views: Vec<NodeView> = state
+            .nodes
+            .entries()
+            .map(|entry| {
+                let load = state.cache.load(&entry.name);
+                NodeView {
+                    name: entry.name.clone(),
+                    ready: entry.is_ready(now, self.config.heartbeat_grace),
+                    capacity: entry.capacity,
+                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
+                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
+                    host_ports_taken: load
+                        .map(|load| load.host_ports.keys().copied().collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+        let request = TaskRequest::for_task(&task);
+        match state.scheduler.place(&request, &views) {
+            Decision::Placed { name, .. } => {
+                tracing::info!(task = %id, name = %task.name, node = %name, "task placed");
+                task.state = State::Scheduled;
+                task.node_name = name;
+                task.pending_reason = None;
+                self.save(&mut state, task)?;
+                Ok(true)
+            }
+            Decision::NoFit { reasons } => {
+                let reason = describe_rejections(&reasons);
+                if task.pending_reason.as_deref() != Some(reason.as_str()) {
+                    tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");
+                    task.pending_reason = Some(reason);
+                    self.save(&mut state, task)?;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    fn complete_unplaced(&self, id: Uuid) -> Outcome {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Outcome::Done;
+        };
+        if task.state != State::Pending || task.desired_state != State::Completed {
+            return Outcome::Done;
+        }
+        let mut task = task.clone();
+        task.state = State::Completed;
+        task.finish_time = Some(Utc::now());
+        task.pending_reason = None;
+        match self.save(&mut state, task) {
+            Ok(()) => Outcome::Done,
+            Err(err) => Outcome::Retry(err.to_string()),
+        }
+    }
+
+    /// Sends a `Scheduled` task to its node, once per manager process unless the node is
+    /// seen to have lost it.
+    async fn dispatch(&self, task: Task, client: Option<ApiClient>) -> Outcome {
+        if lock(&self.dispatched).contains(&task.id) {
+            return Outcome::Done;
+        }
+        let Some(client) = client else {
+            return Outcome::Retry(format!("node {:?} is not known", task.node_name));
+        };
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: State::Running,
+            timestamp: Some(Utc::now()),
+            task: task.clone(),
+        };
+        match client.post::<_, Task>("/tasks", &event).await {
+            Ok((_, observed)) => {
+                lock(&self.dispatched).insert(task.id);
+                self.observe_one(&task.node_name, observed);
+                Outcome::Done
+            }
+            // The worker has the task and it already ended there: its report says how.
+            Err(ClientError::Status { status, .. }) if status.as_u16() == 409 => Outcome::Done,
+            Err(ClientError::Status {
+                status, message, ..
+            }) if status.is_client_error() => {
+                self.fail(
+                    task.id,
+                    format!("worker {} refused the task: {message}", task.node_name),
+                );
+                Outcome::Done
+            }
+            Err(err) => Outcome::Retry(err.to_string()),
+        }
+    }
+
+    /// Asks the task's node to stop it. The worker reports the end through the follower;
+    /// a worker that never had the task means nothing runs: the task is `Completed` here.
+    async fn stop_on_node(&self, task: Task, client: Option<ApiClient>) -> Outcome {
+        let Some(client) = client else {
+            return Outcome::Retry(format!("node {:?} is not known", task.node_name));
+        };
+        match client.delete(&format!("/tasks/{}", task.id)).await {
+            Ok(()) => Outcome::Done,
+            Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => {
+                let mut state = lock(&self.state);
+                if let Some(known) = state.cache.get(&task.id)
+                    && !known.state.is_terminal()
+                {
+                    let mut stopped = known.clone();
+                    stopped.state = State::Completed;
+                    stopped.finish_time = Some(Utc::now());
+                    if let Err(err) = self.save(&mut state, stopped) {
+                        return Outcome::Retry(err.to_string());
+                    }
+                    drop(state);
+                    self.push_waiting();
+                }
+                Outcome::Done
+            }
+            Err(err) => Outcome::Retry(err.to_string()),
+        }
+    }
+
+    /// One task as a worker answered it (after a dispatch).
+    fn observe_one(&self, node: &str, observed: Task) {
+        let mut state = lock(&self.state);
+        let Some(known) = state.cache.get(&observed.id) else {
+            return;
+        };
+        if known.node_name != node {
+            return;
+        }
+        if let Some(merged) = merge_observation(known, &observed)
+            && let Err(err) = self.save(&mut state, merged)
+        {
+            tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+        }
+    }
+
+    fn fail(&self, id: Uuid, reason: String) {
+        let freed = {
+            let mut state = lock(&self.state);
+            let Some(known) = state.cache.get(&id) else {
+                return;
+            };
+            if known.state.transition(State::Failed).is_err() {
+                return;
+            }
+            tracing::warn!(task = %id, %reason, "task failed");
+            let mut failed = known.clone();
+            failed.state = State::Failed;
+            failed.finish_time = Some(Utc::now());
+            failed.error = Some(reason);
+            let freed = holds_resources(known);
+            if let Err(err) = self.save(&mut state, failed) {
+                tracing::error!(task = %id, error = %err, "cannot store a failure");
+            }
+            freed
+        };
+        if freed {
+            self.push_waiting();
+        }
+    }
+
+    /// Writes a task to the store, then to the cache: the store is the truth, and a task
+    /// the store refused is not shown as if it had been kept.
+    fn save(&self, state: &mut Shared, task: Task) -> Result<(), StoreError> {
+        self.stores.tasks.put(&task.id.to_string(), &task)?;
+        state.cache.insert(task);
+        Ok(())
+    }
+
+    // ----- the loops that watch the outside -----
+
+    /// Starts the background loops: the controller, the resync, a follower for every known
+    /// node and a poller for every static worker. They end on shutdown.
+    pub fn start(self: &Arc<Self>) -> JoinSet<()> {
+        let mut loops = JoinSet::new();
+        loops.spawn(self.clone().run_controller());
+        loops.spawn(self.clone().run_resync());
+        for address in self.config.static_workers.clone() {
+            loops.spawn(self.clone().poll_static_worker(address));
+        }
+        let known: Vec<(String, ApiClient)> = lock(&self.state)
+            .nodes
+            .entries()
+            .map(|entry| (entry.name.clone(), entry.client.clone()))
+            .collect();
+        for (name, client) in known {
+            self.follow(name, client);
+        }
+        loops
+    }
+
+    async fn run_resync(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(self.config.resync_interval);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                // The first tick is at once: a restarted manager resumes every task.
+                _ = ticks.tick() => self.push_unfinished(),
+            }
+        }
+    }
+
+    /// Follows a node's tasks with blocking queries, replacing any follower it had.
+    fn follow(self: &Arc<Self>, name: String, client: ApiClient) {
+        let stop = self.shutdown.child_token();
+        if let Some(previous) = lock(&self.followers).insert(name.clone(), stop.clone()) {
+            previous.cancel();
+        }
+        tokio::spawn(self.clone().run_follower(name, client, stop));
+    }
+
+    /// Keeps a blocking `GET /tasks?index=N` open on the worker: it answers the moment a task
+    /// changes there, so the manager's view lags the container by one HTTP round trip.
+    async fn run_follower(
+        self: Arc<Self>,
+        name: String,
+        client: ApiClient,
+        stop: CancellationToken,
+    ) {
+        let mut index = 0;
+        let mut reachable = true;
+        loop {
+            let answer = tokio::select! {
+                _ = stop.cancelled() => return,
+                answer = client.get_blocking::<Vec<Task>>("/tasks", index, FOLLOW_WAIT) => answer,
+            };
+            let pause = match answer {
+                Ok((tasks, reported_index)) => {
+                    if !reachable {
+                        tracing::info!(node = %name, "following the node's tasks again");
+                        reachable = true;
+                    }
+                    self.observe(&name, tasks);
+                    match reported_index {
+                        Some(reported) => {
+                            index = reported;
+                            None
+                        }
+                        // A server that does not report an index cannot be followed by
+                        // blocking queries; ask again after a pause instead of spinning.
+                        None => Some(FOLLOW_RETRY),
+                    }
+                }
+                Err(err) => {
+                    if reachable {
+                        tracing::warn!(node = %name, error = %err, "cannot follow the node's tasks; retrying");
+                        reachable = false;
+                    }
+                    index = 0;
+                    Some(FOLLOW_RETRY)
+                }
+            };
+            if let Some(pause) = pause {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+
+    /// Asks a static worker for its report every poll interval, as a registered worker would
+    /// send it. The worker is recorded under the address the manager reaches it at.
+    async fn poll_static_worker(self: Arc<Self>, address: String) {
+        let client = match ApiClient::new(&address, self.config.request_timeout) {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::error!(%address, error = %err, "cannot poll a static worker");
+                return;
+            }
+        };
+        let mut ticks = tokio::time::interval(self.config.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reachable = true;
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let answer = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                answer = client.get::<NodeReport>("/node") => answer,
+            };
+            match answer {
+                Ok(mut report) => {
+                    reachable = true;
+                    report.address = client.base().to_string();
+                    if let Err(err) = self.report_node(report, NodeSource::Static) {
+                        tracing::warn!(%address, error = %err, "static worker's report refused");
+                    }
+                }
+                Err(err) if reachable => {
+                    tracing::warn!(%address, error = %err, "cannot reach a static worker");
+                    reachable = false;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// The manager's task with what a worker observed, or `None` when nothing changed or the
+/// change is not allowed by the transition table (an old report arriving late).
+fn merge_observation(known: &Task, observed: &Task) -> Option<Task> {
+    let same = known.state == observed.state
+        && known.container_id == observed.container_id
+        && known.host_ports == observed.host_ports
+        && known.start_time == observed.start_time
+        && known.finish_time == observed.finish_time
+        && known.exit_code == observed.exit_code
+        && known.error == observed.error;
+    if same {
+        return None;
+    }
+    if let Err(transition) = known.state.transition(observed.state) {
+        tracing::debug!(task = %known.id, %transition, "observation ignored");
+        return None;
+    }
+    let mut merged = known.clone();
+    merged.state = observed.state;
+    merged.container_id = observed.container_id.clone();
+    merged.host_ports = observed.host_ports.clone();
+    merged.start_time = observed.start_time;
+    merged.finish_time = observed.finish_time;
+    merged.exit_code = observed.exit_code;
+    merged.error = observed.error.clone();
+    Some(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observation_moves_a_task_only_along_the_table() {
+        let mut known = Task::new("t", "img");
+        known.state = State::Running;
+        known.node_name = "w1".into();
+        let mut observed = known.clone();
+        assert_eq!(merge_observation(&known, &observed), None, "nothing new");
+
+        observed.state = State::Failed;
+        observed.exit_code = Some(137);
+        let merged = merge_observation(&known, &observed).unwrap();
+        assert_eq!((merged.state, merged.exit_code), (State::Failed, Some(137)));
+
+        let mut late = known.clone();
+        late.state = State::Scheduled;
+        assert_eq!(
+            merge_observation(&merged, &late),
+            None,
+            "a late report cannot bring back an ended task"
+        );
+    }
+}

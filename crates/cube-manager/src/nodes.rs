@@ -1,0 +1,179 @@
+//! The node registry: every worker the manager knows, how to reach it, and when it last
+//! said something.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use cube_api::ApiClient;
+use cube_types::{Node, NodeReport, NodeStatus, Resources, Stats};
+
+use crate::cache::TaskCache;
+
+/// How the node joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeSource {
+    /// It registered itself (`cube worker --manager`) and sends heartbeats.
+    Registered,
+    /// It is on the manager's `-w` list; the manager asks it for its report.
+    Static,
+}
+
+impl NodeSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeSource::Registered => "registered",
+            NodeSource::Static => "static",
+        }
+    }
+
+    pub fn parse(text: &str) -> NodeSource {
+        if text == "static" {
+            NodeSource::Static
+        } else {
+            NodeSource::Registered
+        }
+    }
+}
+
+/// One known node.
+#[derive(Debug, Clone)]
+pub struct NodeEntry {
+    pub name: String,
+    pub address: String,
+    pub capacity: Resources,
+    pub source: NodeSource,
+    pub stats: Option<Stats>,
+    pub last_heartbeat: Option<DateTime<Utc>>,
+    /// When the node last reported, on the monotonic clock; `None` until it does (a node
+    /// loaded from the store after a restart is `Down` until it reports).
+    pub last_seen: Option<Instant>,
+    /// A client for the node's API, kept so that its connections are reused.
+    pub client: ApiClient,
+}
+
+/// What changed when a report came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReportEffect {
+    /// Name, address, capacity or source changed: store the node again.
+    pub changed: bool,
+    /// The address changed (or the node is new): (re)start following it.
+    pub moved: bool,
+    /// The node can take work it could not before (new, back from `Down`, or bigger).
+    pub more_room: bool,
+}
+
+/// Every known node by name (name order is what the scheduler needs).
+#[derive(Debug, Default)]
+pub struct NodeRegistry {
+    nodes: BTreeMap<String, NodeEntry>,
+}
+
+impl NodeRegistry {
+    pub fn get(&self, name: &str) -> Option<&NodeEntry> {
+        self.nodes.get(name)
+    }
+
+    pub fn entries(&self) -> impl Iterator<Item = &NodeEntry> {
+        self.nodes.values()
+    }
+
+    /// Adds a node known from the store; it is `Down` until it reports.
+    pub fn load(&mut self, node: &Node, client: ApiClient) {
+        self.nodes.insert(
+            node.name.clone(),
+            NodeEntry {
+                name: node.name.clone(),
+                address: node.address.clone(),
+                capacity: node.capacity,
+                source: NodeSource::parse(&node.source),
+                stats: None,
+                last_heartbeat: node.last_heartbeat,
+                last_seen: None,
+                client,
+            },
+        );
+    }
+
+    /// Records a report (a heartbeat, or a static node's answer). `client` is built by the
+    /// caller for the report's address and used when the address is new.
+    pub fn report(
+        &mut self,
+        report: NodeReport,
+        source: NodeSource,
+        client: impl FnOnce() -> ApiClient,
+        now: Instant,
+        grace: Duration,
+    ) -> ReportEffect {
+        let wall = Utc::now();
+        match self.nodes.get_mut(&report.name) {
+            Some(entry) => {
+                let was_ready = entry.is_ready(now, grace);
+                let moved = entry.address != report.address;
+                let bigger = report.capacity.cpu > entry.capacity.cpu
+                    || report.capacity.memory > entry.capacity.memory
+                    || report.capacity.disk > entry.capacity.disk;
+                let changed = moved || entry.capacity != report.capacity || entry.source != source;
+                if moved {
+                    entry.address = report.address;
+                    entry.client = client();
+                }
+                entry.capacity = report.capacity;
+                entry.source = source;
+                entry.stats = report.stats;
+                entry.last_heartbeat = Some(wall);
+                entry.last_seen = Some(now);
+                ReportEffect {
+                    changed,
+                    moved,
+                    more_room: !was_ready || bigger,
+                }
+            }
+            None => {
+                let entry = NodeEntry {
+                    name: report.name.clone(),
+                    address: report.address,
+                    capacity: report.capacity,
+                    source,
+                    stats: report.stats,
+                    last_heartbeat: Some(wall),
+                    last_seen: Some(now),
+                    client: client(),
+                };
+                self.nodes.insert(report.name, entry);
+                ReportEffect {
+                    changed: true,
+                    moved: true,
+                    more_room: true,
+                }
+            }
+        }
+    }
+}
+
+impl NodeEntry {
+    pub fn is_ready(&self, now: Instant, grace: Duration) -> bool {
+        self.last_seen
+            .is_some_and(|seen| now.saturating_duration_since(seen) <= grace)
+    }
+
+    /// The node as the API shows it, with what the cache says is placed there.
+    pub fn view(&self, cache: &TaskCache, now: Instant, grace: Duration) -> Node {
+        let load = cache.load(&self.name);
+        Node {
+            name: self.name.clone(),
+            address: self.address.clone(),
+            status: if self.is_ready(now, grace) {
+                NodeStatus::Ready
+            } else {
+                NodeStatus::Down
+            },
+            capacity: self.capacity,
+            allocated: load.map(|load| load.allocated).unwrap_or_default(),
+            task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
+            stats: self.stats.clone(),
+            last_heartbeat: self.last_heartbeat,
+            source: self.source.as_str().to_string(),
+        }
+    }
+}

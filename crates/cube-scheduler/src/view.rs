@@ -1,0 +1,162 @@
+//! What the scheduler reads: a snapshot of each node and the resources one task asks for.
+//! Both are plain data built by the manager; the scheduler never changes them.
+
+use std::collections::BTreeSet;
+
+use cube_types::{Node, NodeStatus, Resources, Task};
+
+/// An immutable snapshot of one node, built by the manager from its cached node state.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeView {
+    pub name: String,
+    /// The node is `NodeStatus::Ready`; a node that is not takes no work.
+    pub ready: bool,
+    /// What the node offers to tasks: CPU in cores, memory and disk in bytes.
+    pub capacity: Resources,
+    /// The sum of the declared `Cpu`, `Memory` and `Disk` of the tasks placed on the node.
+    pub allocated: Resources,
+    /// How many tasks are placed on the node (E-PVM's `k_m`).
+    pub task_count: usize,
+    /// Host ports that tasks placed on the node have bound.
+    pub host_ports_taken: BTreeSet<u16>,
+}
+
+impl NodeView {
+    /// The snapshot of a node as the manager knows it. The host ports are the manager's to
+    /// collect, from the port bindings of the tasks placed on the node.
+    pub fn from_node(node: &Node, host_ports_taken: BTreeSet<u16>) -> NodeView {
+        NodeView {
+            name: node.name.clone(),
+            ready: node.status == NodeStatus::Ready,
+            capacity: node.capacity,
+            allocated: node.allocated,
+            task_count: node.task_count,
+            host_ports_taken,
+        }
+    }
+
+    /// Counts a task as placed on this node: its resources allocated, its host ports taken.
+    /// The manager can use it to keep one snapshot up to date across a batch of placements.
+    pub fn add_task(&mut self, task: &TaskRequest) {
+        self.allocated.cpu += task.cpu_cores();
+        self.allocated.memory = self.allocated.memory.saturating_add(task.memory);
+        self.allocated.disk = self.allocated.disk.saturating_add(task.disk);
+        self.task_count += 1;
+        self.host_ports_taken
+            .extend(task.host_ports.iter().copied());
+    }
+}
+
+/// What one task asks of a node. A request of 0 for a resource asks for none of it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TaskRequest {
+    /// CPU in cores.
+    pub cpu: f64,
+    /// Memory in bytes.
+    pub memory: u64,
+    /// Disk in bytes.
+    pub disk: u64,
+    /// Host ports the task binds explicitly; they must be free on the node.
+    pub host_ports: BTreeSet<u16>,
+}
+
+impl TaskRequest {
+    /// The request of a task: its declared `Cpu`, `Memory` and `Disk`, and the host ports of
+    /// its `PortBindings`. A binding with an empty host port (Docker chooses one), a host port
+    /// of 0 (the same thing) or one that is not a port number claims no port.
+    pub fn for_task(task: &Task) -> TaskRequest {
+        let host_ports = task
+            .port_bindings
+            .values()
+            .filter_map(|host_port| host_port.trim().parse::<u16>().ok())
+            .filter(|&port| port != 0)
+            .collect();
+        TaskRequest {
+            cpu: task.cpu,
+            memory: task.memory,
+            disk: task.disk,
+            host_ports,
+        }
+    }
+
+    /// The CPU asked for, in cores, with a negative or not-a-number request read as none.
+    /// Validation refuses such requests before they get here; this keeps the sums sane if one
+    /// slips through.
+    pub fn cpu_cores(&self) -> f64 {
+        if self.cpu > 0.0 { self.cpu } else { 0.0 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_claims_only_fixed_host_ports() {
+        let mut task = Task::new("web", "busybox");
+        task.cpu = 0.5;
+        task.memory = 64 << 20;
+        task.disk = 1 << 30;
+        task.port_bindings.insert("7777/tcp".into(), "7777".into());
+        task.port_bindings.insert("8080/tcp".into(), "".into());
+        task.port_bindings.insert("9090/tcp".into(), "0".into());
+        task.port_bindings
+            .insert("53/udp".into(), "not-a-port".into());
+        let request = TaskRequest::for_task(&task);
+        assert_eq!(request.cpu, 0.5);
+        assert_eq!(request.memory, 64 << 20);
+        assert_eq!(request.disk, 1 << 30);
+        assert_eq!(request.host_ports, BTreeSet::from([7777]));
+    }
+
+    #[test]
+    fn adding_a_task_allocates_its_resources_and_ports() {
+        let mut node = NodeView {
+            name: "w1".into(),
+            ready: true,
+            ..NodeView::default()
+        };
+        let request = TaskRequest {
+            cpu: 1.5,
+            memory: 100,
+            disk: 200,
+            host_ports: BTreeSet::from([80]),
+        };
+        node.add_task(&request);
+        node.add_task(&TaskRequest {
+            cpu: -1.0,
+            ..TaskRequest::default()
+        });
+        assert_eq!(node.allocated.cpu, 1.5);
+        assert_eq!(node.allocated.memory, 100);
+        assert_eq!(node.allocated.disk, 200);
+        assert_eq!(node.task_count, 2);
+        assert_eq!(node.host_ports_taken, BTreeSet::from([80]));
+    }
+
+    #[test]
+    fn a_node_view_is_ready_only_when_the_node_is() {
+        let mut node = Node {
+            name: "w1".into(),
+            address: "http://w1:5556".into(),
+            status: NodeStatus::Down,
+            capacity: Resources {
+                cpu: 4.0,
+                memory: 8 << 30,
+                disk: 100 << 30,
+            },
+            allocated: Resources::default(),
+            task_count: 3,
+            stats: None,
+            last_heartbeat: None,
+            source: "registered".into(),
+        };
+        assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);
+        node.status = NodeStatus::Ready;
+        let view = NodeView::from_node(&node, BTreeSet::from([7777]));
+        assert!(view.ready);
+        assert_eq!(view.task_count, 3);
+        assert_eq!(view.capacity, node.capacity);
+        assert_eq!(view.host_ports_taken, BTreeSet::from([7777]));
+    }
+}

@@ -1,0 +1,287 @@
+//! `cube node [NAME]`: the workers as the manager sees them, and what they hold.
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use clap::Args;
+use cube_types::size::format_size;
+use cube_types::{Node, Stats};
+
+use super::output::{format_cores, key_values, print_json, print_lines, table, time_with_age};
+use super::{ManagerClient, ManagerFlags, OutputFormat};
+
+/// Show nodes: every worker as a table, or one in detail.
+///
+/// The table has a line per node: NAME, STATUS (Ready, or Down after missed heartbeats), CPU,
+/// MEMORY and DISK as allocated/capacity (what placed tasks declared, against what the worker
+/// offers), TASKS (tasks holding resources there) and ADDRESS.
+///
+/// With NAME it shows that node's fields one per line, with its last heartbeat and the
+/// machine's stats as the worker last reported them (memory and disk used, CPU usage, load).
+/// With -o json it prints the manager's JSON: an array of nodes, or the one node.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube node                 # every node\n  \
+    cube node local           # one node in detail, with its stats\n  \
+    cube node -o json | jq '.[] | select(.Status == \"Ready\") | .Name'")]
+pub struct NodeArgs {
+    /// Show only this node, in detail: its exact name.
+    #[arg(value_name = "NAME")]
+    name: Option<String>,
+    #[command(flatten)]
+    flags: ManagerFlags,
+}
+
+pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
+    let manager = ManagerClient::connect(&args.flags)?;
+    let now = Utc::now();
+    match &args.name {
+        Some(name) => {
+            let path = format!("/nodes/{}", encode_path_segment(name));
+            let node: Node = match manager.api.get(&path).await {
+                Ok(node) => node,
+                Err(err) if err.status().is_some_and(|status| status.as_u16() == 404) => {
+                    return Err(anyhow!(
+                        "no node named {name:?}; list the nodes with: cube node{}",
+                        args.flags.manager_hint()
+                    ));
+                }
+                Err(err) => return Err(manager.explain(err)),
+            };
+            match args.flags.output {
+                OutputFormat::Json => print_json(&node)?,
+                OutputFormat::Table => print_lines(&node_details(&node, now)),
+            }
+        }
+        None => {
+            let nodes: Vec<Node> = manager.get("/nodes").await?;
+            match args.flags.output {
+                OutputFormat::Json => print_json(&nodes)?,
+                OutputFormat::Table => print_lines(&node_table(nodes)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The node table, by name.
+fn node_table(mut nodes: Vec<Node>) -> Vec<String> {
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let header = [
+        "NAME", "STATUS", "CPU", "MEMORY", "DISK", "TASKS", "ADDRESS",
+    ];
+    let mut rows = vec![header.map(String::from).to_vec()];
+    rows.extend(nodes.iter().map(|node| {
+        vec![
+            node.name.clone(),
+            node.status.to_string(),
+            cpu_cell(node),
+            sizes(node.allocated.memory, node.capacity.memory),
+            sizes(node.allocated.disk, node.capacity.disk),
+            node.task_count.to_string(),
+            node.address.clone(),
+        ]
+    }));
+    table(&rows)
+}
+
+/// One node's fields, one per line, then its latest stats.
+fn node_details(node: &Node, now: DateTime<Utc>) -> Vec<String> {
+    let mut pairs = vec![
+        ("Name", node.name.clone()),
+        ("Address", node.address.clone()),
+        ("Status", node.status.to_string()),
+        ("Source", node.source.clone()),
+        ("Tasks", node.task_count.to_string()),
+        ("CPU", format!("{} cores allocated", cpu_cell(node))),
+        (
+            "Memory",
+            format!(
+                "{} allocated",
+                sizes(node.allocated.memory, node.capacity.memory)
+            ),
+        ),
+        (
+            "Disk",
+            format!(
+                "{} allocated",
+                sizes(node.allocated.disk, node.capacity.disk)
+            ),
+        ),
+        ("LastHeartbeat", time_with_age(node.last_heartbeat, now)),
+    ];
+    match &node.stats {
+        Some(stats) => pairs.extend(stats_pairs(stats)),
+        None => pairs.push(("Stats", "none reported yet".to_string())),
+    }
+    key_values(&pairs)
+}
+
+/// The machine as the worker last measured it.
+fn stats_pairs(stats: &Stats) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "MemoryUsed",
+            format!(
+                "{:.1}% ({} of {}, {} available)",
+                stats.mem_used_percent,
+                format_size(stats.mem_used_kb.saturating_mul(1024)),
+                format_size(stats.mem_total_kb.saturating_mul(1024)),
+                format_size(stats.mem_available_kb.saturating_mul(1024)),
+            ),
+        ),
+        (
+            "CpuUsage",
+            format!(
+                "{:.1}% of {} cores",
+                stats.cpu_usage * 100.0,
+                stats.cpu_count
+            ),
+        ),
+        (
+            "Load",
+            format!(
+                "{:.2} {:.2} {:.2} (1, 5, 15 min)",
+                stats.load_avg.last_1_min, stats.load_avg.last_5_min, stats.load_avg.last_15_min
+            ),
+        ),
+        (
+            "DiskUsed",
+            format!(
+                "{} of {} ({} free)",
+                format_size(stats.disk_used),
+                format_size(stats.disk_total),
+                format_size(stats.disk_free)
+            ),
+        ),
+        ("Containers", stats.task_count.to_string()),
+    ]
+}
+
+/// `0.5/2`: cores allocated to tasks, of the cores offered.
+fn cpu_cell(node: &Node) -> String {
+    format!(
+        "{}/{}",
+        format_cores(node.allocated.cpu),
+        format_cores(node.capacity.cpu)
+    )
+}
+
+/// `512.0 MiB/1.0 GiB`: bytes allocated to tasks, of the bytes offered.
+fn sizes(allocated: u64, capacity: u64) -> String {
+    format!("{}/{}", format_size(allocated), format_size(capacity))
+}
+
+/// A node name as one URL path segment: letters, digits and `-._~` as they are, every other
+/// byte percent-encoded, so that any name reaches `GET /nodes/{name}` intact.
+fn encode_path_segment(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+    use cube_types::{LoadAvg, NodeStatus, Resources};
+
+    use super::*;
+
+    const GIB: u64 = 1024 * 1024 * 1024;
+
+    fn node(name: &str, status: NodeStatus) -> Node {
+        Node {
+            name: name.to_string(),
+            address: "http://127.0.0.1:5556".to_string(),
+            status,
+            capacity: Resources {
+                cpu: 2.0,
+                memory: GIB,
+                disk: 10 * GIB,
+            },
+            allocated: Resources {
+                cpu: 0.5,
+                memory: GIB / 2,
+                disk: 0,
+            },
+            task_count: 1,
+            stats: None,
+            last_heartbeat: None,
+            source: "registered".to_string(),
+        }
+    }
+
+    #[test]
+    fn the_node_table_shows_allocated_of_capacity_by_name() {
+        let lines = node_table(vec![
+            node("w2", NodeStatus::Down),
+            node("w1", NodeStatus::Ready),
+        ]);
+        assert_eq!(
+            lines,
+            vec![
+                "NAME   STATUS   CPU     MEMORY              DISK           TASKS   ADDRESS",
+                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556",
+                "w2     Down     0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556",
+            ]
+        );
+    }
+
+    #[test]
+    fn details_show_the_heartbeat_and_the_latest_stats() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let mut node = node("w1", NodeStatus::Ready);
+        node.last_heartbeat = Some(now - chrono::Duration::seconds(2));
+        node.stats = Some(Stats {
+            mem_total_kb: 4 * 1024 * 1024,
+            mem_available_kb: 3 * 1024 * 1024,
+            mem_used_kb: 1024 * 1024,
+            mem_used_percent: 25.0,
+            disk_total: 100 * GIB,
+            disk_free: 60 * GIB,
+            disk_used: 40 * GIB,
+            cpu_usage: 0.125,
+            cpu_count: 4,
+            load_avg: LoadAvg {
+                last_1_min: 0.52,
+                last_5_min: 0.4,
+                last_15_min: 0.31,
+            },
+            task_count: 1,
+        });
+        let lines = node_details(&node, now);
+        for expected in [
+            "Status:        Ready",
+            "CPU:           0.5/2 cores allocated",
+            "LastHeartbeat: 2024-05-01T11:59:58Z (2 seconds ago)",
+            "MemoryUsed:    25.0% (1.0 GiB of 4.0 GiB, 3.0 GiB available)",
+            "CpuUsage:      12.5% of 4 cores",
+            "Load:          0.52 0.40 0.31 (1, 5, 15 min)",
+            "DiskUsed:      40.0 GiB of 100.0 GiB (60.0 GiB free)",
+        ] {
+            assert!(
+                lines.iter().any(|line| line == expected),
+                "{expected:?} not in {lines:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_without_stats_says_so() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let lines = node_details(&node("w1", NodeStatus::Down), now);
+        assert!(lines.contains(&"Stats:         none reported yet".to_string()));
+        assert!(lines.contains(&"LastHeartbeat: -".to_string()));
+    }
+
+    #[test]
+    fn node_names_are_encoded_as_one_path_segment() {
+        assert_eq!(encode_path_segment("w1.local"), "w1.local");
+        assert_eq!(encode_path_segment("a b/c"), "a%20b%2Fc");
+    }
+}

@@ -1,0 +1,222 @@
+//! How the commands print: padded tables like `docker ps`, `key: value` blocks, relative
+//! times and JSON. Pure functions that return lines, so that tests read them without a
+//! terminal; the commands print what they return.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// Spaces between two columns, as `docker ps` separates them.
+const COLUMN_GAP: &str = "   ";
+
+/// Rows of cells as lines: every column is as wide as its widest cell, cells are
+/// left-aligned and columns are separated by three spaces. The last column is not padded, so
+/// no line ends in spaces. The first row is usually the header.
+pub fn table(rows: &[Vec<String>]) -> Vec<String> {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let mut widths = vec![0; columns];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    rows.iter()
+        .map(|row| {
+            let mut line = String::new();
+            for (index, cell) in row.iter().enumerate() {
+                if index > 0 {
+                    line.push_str(COLUMN_GAP);
+                }
+                line.push_str(cell);
+                let padding = widths[index] - cell.chars().count();
+                line.extend(std::iter::repeat_n(' ', padding));
+            }
+            line.truncate(line.trim_end().len());
+            line
+        })
+        .collect()
+}
+
+/// `key: value` lines with the values aligned; an empty value reads `-`. A value of several
+/// lines has its later lines indented under the first.
+pub fn key_values(pairs: &[(&str, String)]) -> Vec<String> {
+    let width = pairs
+        .iter()
+        .map(|(key, _)| key.chars().count() + 1)
+        .max()
+        .unwrap_or(0);
+    let mut lines = Vec::new();
+    for (key, value) in pairs {
+        let label = format!("{key}:");
+        let value = if value.trim().is_empty() { "-" } else { value };
+        let mut value_lines = value.lines();
+        let first = value_lines.next().unwrap_or("-");
+        lines.push(format!("{label:<width$} {first}"));
+        for rest in value_lines {
+            lines.push(format!("{:<width$} {rest}", ""));
+        }
+    }
+    lines
+}
+
+/// How long ago `then` was, as `docker ps` says it: "5 seconds ago", "3 minutes ago",
+/// "2 hours ago", "4 days ago"; `-` when the time is unknown. A time in the future (clocks
+/// that disagree) reads as just now.
+pub fn time_ago(then: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    let Some(then) = then else {
+        return "-".to_string();
+    };
+    let seconds = (now - then).num_seconds().max(0);
+    let (count, unit) = match seconds {
+        0 => return "Less than a second ago".to_string(),
+        1..60 => (seconds, "second"),
+        60..3_600 => (seconds / 60, "minute"),
+        // Up to two days in hours, as Docker does: "36 hours ago" is clearer than "1 day".
+        3_600..172_800 => (seconds / 3_600, "hour"),
+        172_800..1_209_600 => (seconds / 86_400, "day"),
+        1_209_600..5_184_000 => (seconds / 604_800, "week"),
+        5_184_000..63_072_000 => (seconds / 2_592_000, "month"),
+        _ => (seconds / 31_536_000, "year"),
+    };
+    let plural = if count == 1 { "" } else { "s" };
+    format!("{count} {unit}{plural} ago")
+}
+
+/// A time for a details block: RFC 3339 and how long ago, or `-` when unknown.
+pub fn time_with_age(time: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
+    match time {
+        Some(time) => format!(
+            "{} ({})",
+            time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            time_ago(Some(time), now)
+        ),
+        None => "-".to_string(),
+    }
+}
+
+/// CPU cores without noise: `2`, `0.5`, `1.25` (two decimals at most).
+pub fn format_cores(cores: f64) -> String {
+    let rounded = (cores * 100.0).round() / 100.0;
+    if rounded == 0.0 {
+        return "0".to_string();
+    }
+    let text = format!("{rounded:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Prints a value as pretty JSON on stdout, the only thing `-o json` prints there.
+pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Prints lines on stdout.
+pub fn print_lines(lines: &[String]) {
+    for line in lines {
+        println!("{line}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    fn row(cells: &[&str]) -> Vec<String> {
+        cells.iter().map(|cell| cell.to_string()).collect()
+    }
+
+    #[test]
+    fn columns_are_as_wide_as_their_widest_cell_and_three_spaces_apart() {
+        let lines = table(&[
+            row(&["ID", "NAME", "STATE"]),
+            row(&["3f2a9c1e", "web", "Running"]),
+            row(&["bb1d59ef", "a-long-name", "Pending"]),
+        ]);
+        assert_eq!(
+            lines,
+            vec![
+                "ID         NAME          STATE",
+                "3f2a9c1e   web           Running",
+                "bb1d59ef   a-long-name   Pending",
+            ]
+        );
+    }
+
+    #[test]
+    fn empty_last_cells_leave_no_trailing_spaces() {
+        let lines = table(&[row(&["NAME", "PORTS"]), row(&["web", ""])]);
+        assert_eq!(lines, vec!["NAME   PORTS", "web"]);
+    }
+
+    #[test]
+    fn widths_count_characters_not_bytes() {
+        let lines = table(&[row(&["é", "x"]), row(&["ab", "y"])]);
+        assert_eq!(lines, vec!["é    x", "ab   y"]);
+    }
+
+    #[test]
+    fn a_table_without_rows_has_no_lines() {
+        assert!(table(&[]).is_empty());
+    }
+
+    #[test]
+    fn key_values_align_values_and_show_empty_ones_as_a_dash() {
+        let lines = key_values(&[
+            ("ID", "3f2a".to_string()),
+            ("ExitCode", String::new()),
+            ("Error", "one\ntwo".to_string()),
+        ]);
+        assert_eq!(
+            lines,
+            vec![
+                "ID:       3f2a",
+                "ExitCode: -",
+                "Error:    one",
+                "          two"
+            ]
+        );
+    }
+
+    #[test]
+    fn times_read_as_docker_says_them() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let ago = |seconds: i64| time_ago(Some(now - chrono::Duration::seconds(seconds)), now);
+        assert_eq!(ago(0), "Less than a second ago");
+        assert_eq!(ago(1), "1 second ago");
+        assert_eq!(ago(5), "5 seconds ago");
+        assert_eq!(ago(60), "1 minute ago");
+        assert_eq!(ago(3 * 60 + 59), "3 minutes ago");
+        assert_eq!(ago(2 * 3_600), "2 hours ago");
+        assert_eq!(ago(47 * 3_600), "47 hours ago");
+        assert_eq!(ago(3 * 86_400), "3 days ago");
+        assert_eq!(ago(21 * 86_400), "3 weeks ago");
+        assert_eq!(ago(90 * 86_400), "3 months ago");
+        assert_eq!(ago(800 * 86_400), "2 years ago");
+    }
+
+    #[test]
+    fn an_unknown_time_is_a_dash_and_a_future_one_is_now() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        assert_eq!(time_ago(None, now), "-");
+        assert_eq!(
+            time_ago(Some(now + chrono::Duration::seconds(30)), now),
+            "Less than a second ago"
+        );
+        assert_eq!(time_with_age(None, now), "-");
+        assert_eq!(
+            time_with_age(Some(now - chrono::Duration::seconds(90)), now),
+            "2024-05-01T11:58:30Z (1 minute ago)"
+        );
+    }
+
+    #[test]
+    fn cores_are_written_without_trailing_zeros() {
+        assert_eq!(format_cores(2.0), "2");
+        assert_eq!(format_cores(0.5), "0.5");
+        assert_eq!(format_cores(0.1 + 0.2), "0.3");
+        assert_eq!(format_cores(1.25), "1.25");
+        assert_eq!(format_cores(0.0), "0");
+    }
+}

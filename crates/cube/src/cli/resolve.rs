@@ -1,0 +1,189 @@
+//! Finding the task a user means, as Docker finds a container: by its full ID, by a unique
+//! prefix of its ID, or by its exact name when no other task has it.
+
+use anyhow::anyhow;
+use cube_types::Task;
+use uuid::Uuid;
+
+use super::ManagerClient;
+use super::output::table;
+
+/// What a user's word for a task matched among the manager's tasks.
+#[derive(Debug, PartialEq)]
+pub enum TaskMatch<'a> {
+    One(&'a Task),
+    None,
+    /// More than one task; the user must say more. In the manager's order.
+    Several(Vec<&'a Task>),
+}
+
+/// Matches `query` against `tasks`: a full ID (with or without dashes) picks its task
+/// whatever the names say; otherwise every task whose ID starts with `query` (ignoring case,
+/// with or without dashes) or whose name is exactly `query` is a candidate, and only a single
+/// candidate is a match. Deliberately strict: stopping the wrong task is worse than asking
+/// for a longer prefix.
+pub fn match_task<'a>(tasks: &'a [Task], query: &str) -> TaskMatch<'a> {
+    let query = query.trim();
+    if query.is_empty() {
+        return TaskMatch::None;
+    }
+    if let Ok(id) = Uuid::parse_str(query)
+        && let Some(task) = tasks.iter().find(|task| task.id == id)
+    {
+        return TaskMatch::One(task);
+    }
+    let prefix = query.to_ascii_lowercase();
+    let mut candidates: Vec<&Task> = tasks
+        .iter()
+        .filter(|task| {
+            task.name == query
+                || task.id.hyphenated().to_string().starts_with(&prefix)
+                || task.id.simple().to_string().starts_with(&prefix)
+        })
+        .collect();
+    match candidates.len() {
+        0 => TaskMatch::None,
+        1 => TaskMatch::One(candidates.remove(0)),
+        _ => TaskMatch::Several(candidates),
+    }
+}
+
+/// The one task `query` names, from the manager's list, or an error that says why not: no
+/// task matches, or which tasks it could mean.
+pub async fn find_task(manager: &ManagerClient, query: &str) -> anyhow::Result<Task> {
+    let tasks: Vec<Task> = manager.get("/tasks").await?;
+    match match_task(&tasks, query) {
+        TaskMatch::One(task) => Ok(task.clone()),
+        TaskMatch::None => Err(anyhow!(
+            "no task matches {query:?} (by ID, ID prefix or name); list the tasks with: \
+             cube status"
+        )),
+        TaskMatch::Several(candidates) => Err(anyhow!(
+            "{query:?} matches {} tasks; give more of the ID:\n{}",
+            candidates.len(),
+            candidate_lines(&candidates).join("\n")
+        )),
+    }
+}
+
+/// One indented line per candidate: short ID, name and state, aligned.
+fn candidate_lines(candidates: &[&Task]) -> Vec<String> {
+    let rows: Vec<Vec<String>> = candidates
+        .iter()
+        .map(|task| {
+            vec![
+                task.short_id(),
+                task.name.clone(),
+                task.state.name().to_string(),
+            ]
+        })
+        .collect();
+    table(&rows)
+        .into_iter()
+        .map(|line| format!("  {line}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, name: &str) -> Task {
+        let mut task = Task::new(name, "cube-sample:latest");
+        task.id = Uuid::parse_str(id).unwrap();
+        task
+    }
+
+    fn tasks() -> Vec<Task> {
+        vec![
+            task("3f2a9c1e-0000-4000-8000-000000000001", "web"),
+            task("3f88aa01-0000-4000-8000-000000000002", "db"),
+            task("bb1d59ef-9fc1-4e4b-a44d-db571eeed203", "cache"),
+            task("c0ffee00-0000-4000-8000-000000000004", "twin"),
+            task("d00d0000-0000-4000-8000-000000000005", "twin"),
+        ]
+    }
+
+    fn matched_name(tasks: &[Task], query: &str) -> Option<String> {
+        match match_task(tasks, query) {
+            TaskMatch::One(task) => Some(task.name.clone()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_unique_prefix_finds_its_task() {
+        let tasks = tasks();
+        assert_eq!(matched_name(&tasks, "3f2"), Some("web".to_string()));
+        assert_eq!(matched_name(&tasks, "BB1D"), Some("cache".to_string()));
+        assert_eq!(
+            matched_name(&tasks, "bb1d59ef-9fc1"),
+            Some("cache".to_string())
+        );
+        assert_eq!(
+            matched_name(&tasks, "bb1d59ef9fc1"),
+            Some("cache".to_string())
+        );
+    }
+
+    #[test]
+    fn a_full_id_finds_its_task() {
+        let tasks = tasks();
+        assert_eq!(
+            matched_name(&tasks, "bb1d59ef-9fc1-4e4b-a44d-db571eeed203"),
+            Some("cache".to_string())
+        );
+    }
+
+    #[test]
+    fn an_ambiguous_prefix_lists_every_candidate() {
+        let tasks = tasks();
+        match match_task(&tasks, "3f") {
+            TaskMatch::Several(candidates) => {
+                let names: Vec<&str> = candidates.iter().map(|t| t.name.as_str()).collect();
+                assert_eq!(names, vec!["web", "db"]);
+                assert_eq!(
+                    candidate_lines(&candidates),
+                    vec!["  3f2a9c1e   web   Pending", "  3f88aa01   db    Pending"]
+                );
+            }
+            other => panic!("expected several, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nothing_matches_an_unknown_prefix_or_an_empty_word() {
+        let tasks = tasks();
+        assert_eq!(match_task(&tasks, "ffff"), TaskMatch::None);
+        assert_eq!(match_task(&tasks, ""), TaskMatch::None);
+        assert_eq!(match_task(&tasks, "  "), TaskMatch::None);
+        assert_eq!(match_task(&[], "3f"), TaskMatch::None);
+    }
+
+    #[test]
+    fn an_exact_unique_name_finds_its_task() {
+        let tasks = tasks();
+        assert_eq!(matched_name(&tasks, "db"), Some("db".to_string()));
+        assert_eq!(matched_name(&tasks, "cache"), Some("cache".to_string()));
+        assert_eq!(match_task(&tasks, "cach"), TaskMatch::None);
+    }
+
+    #[test]
+    fn a_name_two_tasks_share_is_ambiguous() {
+        let tasks = tasks();
+        assert!(matches!(
+            match_task(&tasks, "twin"),
+            TaskMatch::Several(candidates) if candidates.len() == 2
+        ));
+    }
+
+    #[test]
+    fn a_name_that_is_also_another_tasks_prefix_is_ambiguous() {
+        let mut tasks = tasks();
+        tasks.push(task("e0000000-0000-4000-8000-000000000006", "bb1d"));
+        assert!(matches!(
+            match_task(&tasks, "bb1d"),
+            TaskMatch::Several(candidates) if candidates.len() == 2
+        ));
+    }
+}

@@ -1,0 +1,81 @@
+//! `cube dev`: a manager and a worker in one process, the embedded default to start with.
+
+use anyhow::Context;
+use clap::Args;
+use cube_runtime::DockerRuntime;
+use cube_runtime::sample_image::SAMPLE_IMAGE;
+
+use crate::manager::{self, ManagerArgs};
+use crate::stores::StoreArgs;
+use crate::worker::{self, WorkerArgs};
+
+/// Run a local cluster in one process: a manager and one worker, with the persistent store
+/// under --data-dir, and the sample image built if it is missing.
+///
+/// The worker registers with the manager over loopback like any other worker, so everything
+/// `cube run`, `cube status`, `cube stop` and `cube node` do works as on a real cluster.
+/// More workers can join with `cube worker --manager 127.0.0.1:5555`. SIGINT or SIGTERM stop
+/// both; the containers keep running and are re-adopted on the next start.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube dev                                 # manager on :5555, worker on :5556\n  \
+    cube run -f examples/sample-task.json    # in another terminal\n  \
+    cube status")]
+pub struct DevArgs {
+    /// The manager's port (the worker's is --worker-port).
+    #[arg(short, long, default_value_t = 5555)]
+    port: u16,
+    /// The worker's port.
+    #[arg(long, default_value_t = 5556)]
+    worker_port: u16,
+    /// The worker's name.
+    #[arg(short, long, default_value = "local")]
+    name: String,
+    /// Scheduler: epvm or roundrobin.
+    #[arg(short, long, default_value = "epvm", value_parser = ["epvm", "roundrobin"])]
+    scheduler: String,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
+    let manager = manager::prepare(
+        ManagerArgs::for_dev(args.port, args.scheduler, args.store.clone()),
+        shutdown.clone(),
+    )
+    .await?;
+    let manager_address = manager.address.to_string();
+    let worker = worker::prepare(WorkerArgs::for_dev(
+        args.name,
+        args.worker_port,
+        manager_address.clone(),
+        args.store,
+    ))
+    .await?;
+    // A new user's first task uses the sample image; build it now rather than fail later.
+    match DockerRuntime::connect().await {
+        Ok(docker) => {
+            if let Err(err) = docker.ensure_sample_image(SAMPLE_IMAGE).await {
+                tracing::warn!(error = %err, "cannot build the sample image; `cube sample-image` says why");
+            }
+        }
+        Err(err) => tracing::warn!(error = %err, "cannot reach Docker"),
+    }
+    println!("{}", manager.listening_line);
+    println!("{}", worker.listening_line);
+    println!(
+        "cube dev: ready. Try: cube run -f examples/sample-task.json && cube status \
+         (CUBE_MANAGER={manager_address})"
+    );
+    let (managed, worked) = tokio::join!(manager.run(shutdown.clone()), async {
+        let result = worker.run(shutdown.clone()).await;
+        // Either half ending stops the other.
+        shutdown.cancel();
+        result
+    });
+    managed?;
+    worked?;
+    tracing::info!("cube dev stopped");
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! `cube manager`: the control plane.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use cube_manager::{Manager, ManagerConfig, ManagerStores};
+use cube_types::duration::parse_duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::stores::StoreArgs;
+
+/// Run a manager: it accepts tasks (POST /tasks), places them on workers with the chosen
+/// scheduler, sends them there and follows their state.
+///
+/// Workers join by registering themselves (`cube worker --manager HOST:PORT`) or from the
+/// -w list. A task that fits on no worker waits, Pending, with the reasons, and is placed as
+/// soon as room appears. With the persistent store, every task the API acknowledged survives
+/// a crash, and a restarted manager picks up where it stopped. SIGINT or SIGTERM stop it.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube manager -p 5555 -s epvm                      # workers register themselves\n  \
+    cube manager -s roundrobin -w 127.0.0.1:5556,127.0.0.1:5557\n  \
+    cube manager -d memory                           # nothing kept on disk")]
+pub struct ManagerArgs {
+    /// Address to listen on.
+    #[arg(short = 'H', long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(short, long, default_value_t = 5555)]
+    port: u16,
+    /// Scheduler: epvm (E-PVM, least marginal cost) or roundrobin.
+    #[arg(short, long, default_value = "epvm", value_parser = ["epvm", "roundrobin"])]
+    scheduler: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Workers to reach without registration, HOST:PORT, comma-separated (the book's way).
+    #[arg(short, long, value_delimiter = ',')]
+    workers: Vec<String>,
+    /// A worker silent for this long is Down: nothing new is placed on it.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    heartbeat_grace: Duration,
+    /// How often the manager asks a -w worker for its stats.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    poll_interval: Duration,
+}
+
+impl ManagerArgs {
+    /// The settings `cube dev` uses for its manager.
+    pub fn for_dev(port: u16, scheduler: String, store: StoreArgs) -> ManagerArgs {
+        ManagerArgs {
+            host: "127.0.0.1".to_string(),
+            port,
+            scheduler,
+            store,
+            workers: Vec::new(),
+            heartbeat_grace: Duration::from_secs(10),
+            poll_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A manager built and bound, ready to run.
+pub struct PreparedManager {
+    manager: std::sync::Arc<Manager>,
+    listener: TcpListener,
+    pub listening_line: String,
+    pub address: std::net::SocketAddr,
+}
+
+pub async fn prepare(
+    args: ManagerArgs,
+    shutdown: CancellationToken,
+) -> anyhow::Result<PreparedManager> {
+    // 1. Check the configuration.
+    let scheduler = cube_scheduler::scheduler_by_name(&args.scheduler)
+        .with_context(|| format!("unknown scheduler {:?}", args.scheduler))?;
+    for address in &args.workers {
+        cube_api::ApiClient::new(address, Duration::from_secs(1)).context("--workers")?;
+    }
+    anyhow::ensure!(
+        !args.heartbeat_grace.is_zero(),
+        "--heartbeat-grace must be longer than 0"
+    );
+
+    // 2. Build: stores, manager, listener.
+    let stores = args.store.open("manager")?;
+    let manager_stores = ManagerStores {
+        tasks: stores.table("tasks")?,
+        events: stores.table("events")?,
+        nodes: stores.table("nodes")?,
+    };
+    let config = ManagerConfig {
+        heartbeat_grace: args.heartbeat_grace,
+        poll_interval: args.poll_interval,
+        resync_interval: Duration::from_secs(30),
+        static_workers: args.workers,
+        request_timeout: Duration::from_secs(10),
+        max_concurrent_reconciles: 64,
+    };
+    let manager = Manager::open(config, manager_stores, scheduler, shutdown)
+        .context("loading the manager's state")?;
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+    let address = listener
+        .local_addr()
+        .context("reading the listening address")?;
+    let listening_line =
+        cube_manager::listening_line(address, manager.scheduler_name(), &stores.description);
+    Ok(PreparedManager {
+        manager,
+        listener,
+        listening_line,
+        address,
+    })
+}
+
+impl PreparedManager {
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        cube_manager::run(self.manager, self.listener, shutdown)
+            .await
+            .context("serving the manager API")
+    }
+}
+
+pub async fn run(args: ManagerArgs) -> anyhow::Result<()> {
+    let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
+    let manager = prepare(args, shutdown.clone()).await?;
+    println!("{}", manager.listening_line);
+    manager.run(shutdown).await?;
+    tracing::info!("manager stopped");
+    Ok(())
+}
