@@ -184,7 +184,7 @@ async fn spawn_cube(
     let mut line = String::new();
     let stdout = child.stdout.take().context("cube's stdout")?;
     BufReader::new(stdout).read_line(&mut line).await?;
-    let Some(base) = cube_worker::address_in_listening_line(&line).map(str::to_string) else {
+    let Some(base) = cube_api::address_in_listening_line(&line).map(str::to_string) else {
         bail!("cube {args:?} did not print its address: {line:?}");
     };
     Ok((child, base))

@@ -26,7 +26,7 @@ pub use manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Submitted
 pub use nodes::NodeSource;
 
 /// The line `cube manager` prints on stdout once it listens; tools that start a manager on
-/// port 0 read the address back from it (see `cube_worker::address_in_listening_line`).
+/// port 0 read the address back from it (see `cube_api::address_in_listening_line`).
 pub fn listening_line(address: std::net::SocketAddr, scheduler: &str, store: &str) -> String {
     format!("cube manager listening on http://{address} (scheduler: {scheduler}, store: {store})")
 }

@@ -651,6 +651,10 @@ impl Manager {
     /// the store refused is not shown as if it had been kept.
     fn save(&self, state: &mut Shared, task: Task) -> Result<(), StoreError> {
         self.stores.tasks.put(&task.id.to_string(), &task)?;
+        if task.state != State::Scheduled {
+            // Only a `Scheduled` task is ever dispatched; keep the set small.
+            lock(&self.dispatched).remove(&task.id);
+        }
         state.cache.insert(task);
         Ok(())
     }

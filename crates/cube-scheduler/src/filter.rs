@@ -121,10 +121,11 @@ impl FilterChain {
             .collect()
     }
 
+    /// The rejection of a node the chain refused.
     fn rejection(&self, task: &TaskRequest, node: &NodeView) -> Rejection {
         Rejection {
             node: node.name.clone(),
-            reason: self.check(task, node).err().unwrap_or_default(),
+            reason: self.filters.reason(task, node),
         }
     }
 }

@@ -223,7 +223,7 @@ impl Task {
         if self.memory != 0 && self.memory < MIN_MEMORY_BYTES {
             findings.push(format!(
                 "Memory: {} bytes is below Docker's minimum of {MIN_MEMORY_BYTES} bytes (6 MiB); \
-                 Memory is in bytes",
+                 Memory is in bytes, or a string with a unit such as \"64MiB\"",
                 self.memory
             ));
         }

@@ -26,15 +26,10 @@ pub use stats::StatsCollector;
 pub use worker::{Command, RESYNC_INTERVAL, Submitted, Worker, WorkerConfig, WorkerError};
 
 /// The line `cube worker` prints on stdout once it listens. Tools that start a worker on port
-/// 0 (the tests, `cube-bench`) read the address back with [`address_in_listening_line`].
+/// 0 (the tests, `cube-bench`) read the address back with
+/// [`cube_api::address_in_listening_line`].
 pub fn listening_line(name: &str, address: std::net::SocketAddr, store: &str) -> String {
     format!("cube worker {name} listening on http://{address} (store: {store})")
-}
-
-/// The `http://HOST:PORT` in a line written by [`listening_line`].
-pub fn address_in_listening_line(line: &str) -> Option<&str> {
-    line.split_whitespace()
-        .find(|word| word.starts_with("http://"))
 }
 
 /// How long operations under way may take to finish once shutdown is asked for.
@@ -93,9 +88,12 @@ mod tests {
     fn the_listening_line_gives_its_address_back() {
         let line = listening_line("w1", "127.0.0.1:43121".parse().unwrap(), "memory");
         assert_eq!(
-            address_in_listening_line(&line),
+            cube_api::address_in_listening_line(&line),
             Some("http://127.0.0.1:43121")
         );
-        assert_eq!(address_in_listening_line("cube: cannot listen"), None);
+        assert_eq!(
+            cube_api::address_in_listening_line("cube: cannot listen"),
+            None
+        );
     }
 }

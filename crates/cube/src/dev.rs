@@ -1,5 +1,7 @@
 //! `cube dev`: a manager and a worker in one process, the embedded default to start with.
 
+use std::io::Write;
+
 use anyhow::Context;
 use clap::Args;
 use cube_runtime::DockerRuntime;
@@ -62,12 +64,16 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         }
         Err(err) => tracing::warn!(error = %err, "cannot reach Docker"),
     }
-    println!("{}", manager.listening_line);
-    println!("{}", worker.listening_line);
-    println!(
-        "cube dev: ready. Try: cube run -f examples/sample-task.json && cube status \
-         (CUBE_MANAGER={manager_address})"
+    // One write: a reader that keeps only the first line (the manager's address) may close
+    // the pipe, and a later print to it would fail.
+    let banner = format!(
+        "{}\n{}\ncube dev: ready. Try: cube run -f examples/sample-task.json && cube status \
+         (CUBE_MANAGER={manager_address})",
+        manager.listening_line, worker.listening_line
     );
+    if let Err(err) = writeln!(std::io::stdout(), "{banner}") {
+        tracing::debug!(error = %err, "cannot print the banner");
+    }
     let (managed, worked) = tokio::join!(manager.run(shutdown.clone()), async {
         let result = worker.run(shutdown.clone()).await;
         // Either half ending stops the other.

@@ -304,3 +304,36 @@ async fn the_manager_answers_bad_input_with_json_errors() {
     let stopped = manager.terminate(Duration::from_secs(10));
     assert!(stopped.success(), "SIGTERM should stop the manager cleanly");
 }
+
+#[tokio::test]
+async fn cube_dev_is_a_cluster_in_one_process_that_runs_a_task_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = unique_node("dev");
+    let dev = ManagerProcess::start_dev(&node, dir.path());
+    let nodes = dev.await_ready_nodes(1).await;
+    assert_eq!(nodes[0]["Name"], node.as_str());
+    assert!(
+        dir.path().join("manager.redb").exists(),
+        "cube dev keeps its state on disk by default"
+    );
+
+    let client = dev.client();
+    let id = client.submit(&web_task("dev-web")).await;
+    let running = client.await_state(&id, "Running").await;
+    let port = host_port(&running, "7777/tcp");
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+
+    let (ok, stdout, stderr) = cube_cli(&dev.address(), &["node"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&node) && stdout.contains("Ready"),
+        "{stdout}"
+    );
+
+    let stopped = dev.terminate(Duration::from_secs(15));
+    assert!(stopped.success(), "SIGTERM stops cube dev cleanly");
+    remove_node_containers(&node);
+}

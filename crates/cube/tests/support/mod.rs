@@ -166,10 +166,11 @@ fn spawn_cube(args: &[&str], data_dir: &Path, log_name: &str) -> (Child, String,
         .spawn()
         .expect("spawn cube");
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let Some(url) = cube_worker::address_in_listening_line(&line) else {
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    // Keep reading what else it prints, so that it never writes to a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let Some(url) = cube_api::address_in_listening_line(&line) else {
         let _ = child.kill();
         panic!(
             "cube {args:?} did not print its address; stdout: {line:?}; stderr: {}",
@@ -225,6 +226,22 @@ impl ManagerProcess {
             dbtype,
         ];
         let (child, url, stderr_path) = spawn_cube(&args, data_dir, "manager");
+        let port = url.rsplit(':').next().unwrap().parse().unwrap();
+        ManagerProcess {
+            url,
+            port,
+            data_dir: data_dir.to_path_buf(),
+            child,
+            stderr_path,
+        }
+    }
+
+    /// Starts `cube dev` (a manager and a worker named `worker` in one process, persistent
+    /// store under `data_dir`) on free ports; the manager's address is the one printed first.
+    pub fn start_dev(worker: &str, data_dir: &Path) -> ManagerProcess {
+        ensure_sample_image();
+        let args = ["dev", "-p", "0", "--worker-port", "0", "-n", worker];
+        let (child, url, stderr_path) = spawn_cube(&args, data_dir, "dev");
         let port = url.rsplit(':').next().unwrap().parse().unwrap();
         ManagerProcess {
             url,
