@@ -135,7 +135,15 @@ impl Runtime for DockerRuntime {
             .docker
             .create_container(Some(options), body)
             .await
-            .map_err(|err| engine_error("create", err))?;
+            .map_err(|err| match status_of(&err) {
+                // On create, 404 means the image is missing (the container does not exist yet).
+                Some(404) => RuntimeError::Image {
+                    image: spec.image.clone(),
+                    message: "no such image locally".to_string(),
+                },
+                Some(409) => RuntimeError::Conflict(spec.name.clone()),
+                _ => engine_error("create", err),
+            })?;
         Ok(created.id)
     }
 

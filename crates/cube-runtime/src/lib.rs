@@ -72,6 +72,9 @@ pub enum RuntimeError {
     Image { image: String, message: String },
     #[error("no container {0}")]
     NotFound(String),
+    /// A container with this name exists already.
+    #[error("a container named {0} exists already")]
+    Conflict(String),
     #[error("docker {action} failed: {message}")]
     Engine {
         action: &'static str,
@@ -87,7 +90,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Makes `image` present locally, pulling it when missing; a pull that fails or takes too
     /// long is an [`RuntimeError::Image`] with the engine's words.
     fn ensure_image(&self, image: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send;
-    /// Creates (does not start) a container; returns its ID.
+    /// Creates (does not start) a container; returns its ID. A missing image is an
+    /// [`RuntimeError::Image`], so that a caller can [`Runtime::ensure_image`] and try again
+    /// (as `docker run` does) instead of asking for the image before every create.
     fn create(
         &self,
         spec: &ContainerSpec,

@@ -428,35 +428,49 @@ impl<R: Runtime> Worker<R> {
 
     /// Makes a `Scheduled` task's container run, adopting the container that already exists
     /// for it (after a crash mid-start) rather than creating a second one.
+    ///
+    /// The common path is two calls to Docker, create and start: a missing image and an
+    /// existing container are learnt from create's answer (as `docker run` does), not asked
+    /// about before every start.
     async fn start(&self, mut task: Task) -> Result<(), WorkerError> {
         if task.state != State::Scheduled || task.desired_state != State::Running {
             return Ok(());
         }
-        let existing = match self.find_container(&task).await {
-            Ok(existing) => existing,
-            Err(err) => return self.fail(task, format!("cannot inspect the container: {err}")),
-        };
-        let container_id = match existing {
-            Some(info) if info.running || info.exit_code.is_some() => {
-                return self.observe(task, info);
-            }
-            // Created but never started (a crash between create and start): start it.
-            Some(info) => info.id,
-            None => {
-                if let Err(err) = self.runtime.ensure_image(&task.image).await {
-                    return self.fail(task, err.to_string());
+        let spec = ContainerSpec::for_task(&task, &self.config.name);
+        let created = if task.container_id.is_empty() {
+            match self.runtime.create(&spec).await {
+                Err(RuntimeError::Image { .. }) => {
+                    match self.runtime.ensure_image(&task.image).await {
+                        Ok(()) => self.runtime.create(&spec).await,
+                        Err(err) => return self.fail(task, err.to_string()),
+                    }
                 }
-                match self
-                    .runtime
-                    .create(&ContainerSpec::for_task(&task, &self.config.name))
-                    .await
-                {
+                other => other,
+            }
+        } else {
+            // A container was recorded: a crash came between create and the record of its
+            // start. Look for it first.
+            Err(RuntimeError::Conflict(spec.name.clone()))
+        };
+        let container_id = match created {
+            Ok(id) => id,
+            Err(RuntimeError::Conflict(_)) => match self.find_container(&task).await {
+                Ok(Some(info)) if info.running || info.exit_code.is_some() => {
+                    return self.observe(task, info);
+                }
+                // Created but never started: start it.
+                Ok(Some(info)) => info.id,
+                Ok(None) => match self.runtime.create(&spec).await {
                     Ok(id) => id,
                     Err(err) => {
                         return self.fail(task, format!("cannot create the container: {err}"));
                     }
+                },
+                Err(err) => {
+                    return self.fail(task, format!("cannot inspect the container: {err}"));
                 }
-            }
+            },
+            Err(err) => return self.fail(task, format!("cannot create the container: {err}")),
         };
         task.container_id = container_id.clone();
         if let Err(err) = self.runtime.start(&container_id).await {
