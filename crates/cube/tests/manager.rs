@@ -337,3 +337,43 @@ async fn cube_dev_is_a_cluster_in_one_process_that_runs_a_task_and_stops_cleanly
     assert!(stopped.success(), "SIGTERM stops cube dev cleanly");
     remove_node_containers(&node);
 }
+
+#[tokio::test]
+async fn workers_on_the_managers_list_join_without_registering() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let workers: Vec<WorkerProcess> = (1..=2)
+        .map(|n| {
+            let name = unique_node(&format!("static{n}"));
+            WorkerProcess::start(&name, "memory", &dir.path().join(&name))
+        })
+        .collect();
+    let list = workers
+        .iter()
+        .map(|worker| worker.url.trim_start_matches("http://").to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let manager = ManagerProcess::start_with(
+        "roundrobin",
+        "memory",
+        dir.path(),
+        0,
+        &["-w", &list, "--poll-interval", "200ms"],
+    );
+    let nodes = manager.await_ready_nodes(2).await;
+    for node in nodes.as_array().unwrap() {
+        assert_eq!(node["Source"], "static");
+        assert!(node["Capacity"]["Memory"].as_u64().unwrap() > 0, "{node}");
+        assert!(node["Stats"]["MemTotalKb"].as_u64().unwrap() > 0, "{node}");
+    }
+    let client = manager.client();
+    let mut placed = Vec::new();
+    for n in 0..2 {
+        let id = client.submit(&sleeper(&format!("static-{n}"))).await;
+        placed.push(client.await_state(&id, "Running").await["NodeName"].clone());
+    }
+    placed.sort_by_key(|node| node.to_string());
+    let mut names: Vec<Value> = workers.iter().map(|w| json!(w.name)).collect();
+    names.sort_by_key(|node| node.to_string());
+    assert_eq!(placed, names, "one task on each listed worker");
+}

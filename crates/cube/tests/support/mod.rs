@@ -213,8 +213,19 @@ impl ManagerProcess {
     /// Starts a manager with `scheduler` and `dbtype` under `data_dir` on `port` (0 picks
     /// one; give the same port to a restarted manager so that its workers find it again).
     pub fn start(scheduler: &str, dbtype: &str, data_dir: &Path, port: u16) -> ManagerProcess {
+        ManagerProcess::start_with(scheduler, dbtype, data_dir, port, &[])
+    }
+
+    /// Starts a manager with more flags (`-w`, `--heartbeat-grace`, ...).
+    pub fn start_with(
+        scheduler: &str,
+        dbtype: &str,
+        data_dir: &Path,
+        port: u16,
+        extra: &[&str],
+    ) -> ManagerProcess {
         let port_text = port.to_string();
-        let args = [
+        let mut args = vec![
             "manager",
             "-H",
             "127.0.0.1",
@@ -225,6 +236,7 @@ impl ManagerProcess {
             "-d",
             dbtype,
         ];
+        args.extend_from_slice(extra);
         let (child, url, stderr_path) = spawn_cube(&args, data_dir, "manager");
         let port = url.rsplit(':').next().unwrap().parse().unwrap();
         ManagerProcess {
