@@ -190,13 +190,7 @@ impl Manager {
             task.state = State::Pending;
             task.desired_state = State::Running;
             task.node_name.clear();
-            task.container_id.clear();
-            task.host_ports.clear();
-            task.start_time = None;
-            task.finish_time = None;
-            task.exit_code = None;
-            task.error = None;
-            task.pending_reason = None;
+            task.clear_observed();
             task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
             self.stores.events.put(&event.id.to_string(), &event)?;
             self.save(&mut state, event.task.clone())?;

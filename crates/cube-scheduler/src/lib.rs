@@ -117,8 +117,10 @@ pub fn scheduler_by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     }
 }
 
-/// Feasibility, scoring and the pick, one after the other.
-pub(crate) fn place_in_phases<S: Scheduler + ?Sized>(
+/// Feasibility, scoring and the pick, one after the other: what [`Scheduler::place`] does by
+/// default, and what a scheduler's faster single pass must agree with (the property test
+/// checks it).
+pub fn place_in_phases<S: Scheduler + ?Sized>(
     scheduler: &mut S,
     task: &TaskRequest,
     nodes: &[NodeView],

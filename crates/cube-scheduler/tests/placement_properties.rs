@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use cube_scheduler::filter::CPU_TOLERANCE_CORES;
-use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, scheduler_by_name};
+use cube_scheduler::{Decision, NodeView, TaskRequest, place_in_phases, scheduler_by_name};
 use cube_types::Resources;
 use proptest::prelude::*;
 
@@ -85,23 +85,6 @@ fn has_room(node: &NodeView, task: &TaskRequest) -> bool {
         && bytes_fit(task.memory, node.allocated.memory, node.capacity.memory)
         && bytes_fit(task.disk, node.allocated.disk, node.capacity.disk)
         && task.host_ports.is_disjoint(&node.host_ports_taken)
-}
-
-/// The book's three phases, one after the other, through the public trait.
-fn place_in_phases(
-    scheduler: &mut dyn Scheduler,
-    task: &TaskRequest,
-    nodes: &[NodeView],
-) -> Decision {
-    let (candidates, reasons) = scheduler.select_candidate_nodes(task, nodes);
-    let scores = scheduler.score(task, nodes, &candidates);
-    match scheduler.pick(task, nodes, &scores) {
-        Some(index) => Decision::Placed {
-            index,
-            name: nodes[index].name.clone(),
-        },
-        None => Decision::NoFit { reasons },
-    }
 }
 
 fn check_stream(

@@ -176,6 +176,19 @@ impl Task {
         }
     }
 
+    /// Forgets what was observed of the task (container, ports, times, exit, errors): what a
+    /// manager or a worker does with a submitted task, whose observed state is not the
+    /// submitter's to say.
+    pub fn clear_observed(&mut self) {
+        self.container_id.clear();
+        self.host_ports.clear();
+        self.start_time = None;
+        self.finish_time = None;
+        self.exit_code = None;
+        self.error = None;
+        self.pending_reason = None;
+    }
+
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
     pub fn short_id(&self) -> String {
         self.id.simple().to_string()[..8].to_string()

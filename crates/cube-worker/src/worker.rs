@@ -176,12 +176,10 @@ impl<R: Runtime> Worker<R> {
         // is not this worker's to believe.
         task.desired_state = State::Running;
         task.node_name = self.config.name.clone();
-        task.container_id.clear();
-        task.host_ports.clear();
-        task.start_time = None;
-        task.finish_time = None;
-        task.exit_code = None;
-        task.error = None;
+        task.clear_observed();
+        if task.created_time.is_none() {
+            task.created_time = Some(Utc::now());
+        }
         self.save(&task)?;
         self.send(Command::Start(task.id)).await?;
         Ok(Submitted::Created(task))

@@ -49,6 +49,21 @@ enum Command {
     SampleImage(sample_image::SampleImageArgs),
 }
 
+/// Binds the API's listener; port 0 picks a free port, and the address says which.
+async fn listen(
+    host: &str,
+    port: u16,
+) -> anyhow::Result<(tokio::net::TcpListener, std::net::SocketAddr)> {
+    use anyhow::Context;
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("listening on {host}:{port}"))?;
+    let address = listener
+        .local_addr()
+        .context("reading the listening address")?;
+    Ok((listener, address))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()

@@ -101,12 +101,7 @@ pub async fn prepare(
     };
     let manager = Manager::open(config, manager_stores, scheduler, shutdown)
         .context("loading the manager's state")?;
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
-    let address = listener
-        .local_addr()
-        .context("reading the listening address")?;
+    let (listener, address) = crate::listen(&args.host, args.port).await?;
     let listening_line =
         cube_manager::listening_line(address, manager.scheduler_name(), &stores.description);
     Ok(PreparedManager {

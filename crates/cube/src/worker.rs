@@ -128,12 +128,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     let stores = args.store.open(&format!("worker-{name}"))?;
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
-    let listener = TcpListener::bind((args.host.as_str(), args.port))
-        .await
-        .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
-    let address = listener
-        .local_addr()
-        .context("reading the listening address")?;
+    let (listener, address) = crate::listen(&args.host, args.port).await?;
     let advertised = advertised_address(args.advertise.as_deref(), address, manager.is_some())?;
     let stats = StatsCollector::new(args.store.data_dir());
     let machine = stats
