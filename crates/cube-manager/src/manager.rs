@@ -11,11 +11,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, ClientError};
 use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, describe_rejections};
 use cube_store::{Store, StoreError};
-use cube_types::{Node, NodeReport, State, Task, TaskEvent};
+use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -24,6 +24,9 @@ use crate::cache::{TaskCache, holds_resources};
 use crate::nodes::{NodeRegistry, NodeSource};
 use crate::queue::WorkQueue;
 use crate::reconcile::{Action, reconcile};
+
+/// The history event recorded when the restart limit stops further restarts.
+pub const GAVE_UP: &str = "RestartLimit";
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
@@ -81,10 +84,12 @@ pub enum Submitted {
     Existing(Task),
 }
 
-/// How a reconcile ended: converged (for now), or to be tried again after a backoff.
+/// How a reconcile ended: converged (for now), to be looked at again after a wait it chose
+/// (a restart's backoff), or failed and to be tried again after the error backoff.
 #[derive(Debug)]
 enum Outcome {
     Done,
+    After(Duration),
     Retry(String),
 }
 
@@ -192,6 +197,8 @@ impl Manager {
             task.node_name.clear();
             task.clear_observed();
             task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
+            task.history.clear();
+            task.record(Utc::now(), "Submitted", "");
             self.stores.events.put(&event.id.to_string(), &event)?;
             self.save(&mut state, event.task.clone())?;
         }
@@ -210,6 +217,7 @@ impl Manager {
                 .ok_or(ManagerError::NotFound(id))?;
             if !task.state.is_terminal() && task.desired_state != State::Completed {
                 task.desired_state = State::Completed;
+                task.record(Utc::now(), "StopRequested", "");
                 self.save(&mut state, task.clone())?;
             }
             task
@@ -286,9 +294,18 @@ impl Manager {
             (effect, view)
         };
         if effect.moved {
-            self.follow(name, client);
+            self.follow(name.clone(), client);
         }
         if effect.more_room {
+            // A node that is back may have stops to deliver and lost tasks to report.
+            let placed_here: Vec<Uuid> = lock(&self.state)
+                .cache
+                .load(&name)
+                .map(|load| load.tasks.iter().copied().collect())
+                .unwrap_or_default();
+            for id in placed_here {
+                self.queue.push(id);
+            }
             self.push_waiting();
         }
         Ok(view)
@@ -300,8 +317,12 @@ impl Manager {
     /// worker saw. A task the manager placed there that the worker does not list is sent
     /// again when it was only `Scheduled`, and has failed when it was `Running` (the worker
     /// lost its store).
-    fn observe(&self, node: &str, reported: Vec<Task>) {
+    ///
+    /// Returns the strays: runs the worker still has going that the manager has replaced or
+    /// ended (the node was lost and came back), for the caller to stop there.
+    fn observe(&self, node: &str, reported: Vec<Task>) -> Vec<Uuid> {
         let mut to_reconcile = Vec::new();
+        let mut strays = Vec::new();
         let mut freed = false;
         {
             let mut state = lock(&self.state);
@@ -311,10 +332,14 @@ impl Manager {
                 let Some(known) = state.cache.get(&observed.id) else {
                     continue;
                 };
+                if is_stray(known, &observed, node) {
+                    strays.push(observed.id);
+                    continue;
+                }
                 if known.node_name != node {
                     continue;
                 }
-                let Some(merged) = merge_observation(known, &observed) else {
+                let Some(merged) = merge_observation(known, &observed, Utc::now()) else {
                     continue;
                 };
                 freed |= holds_resources(known) && !holds_resources(&merged);
@@ -362,6 +387,7 @@ impl Manager {
         if freed {
             self.push_waiting();
         }
+        strays
     }
 
     // ----- the controller -----
@@ -415,6 +441,10 @@ impl Manager {
             Outcome::Done => {
                 lock(&self.failures).remove(&id);
             }
+            Outcome::After(wait) => {
+                lock(&self.failures).remove(&id);
+                self.push_after(id, wait);
+            }
             Outcome::Retry(reason) => {
                 let attempts = {
                     let mut failures = lock(&self.failures);
@@ -426,15 +456,25 @@ impl Manager {
                     .saturating_mul(1 << attempts.min(16).saturating_sub(1))
                     .min(RETRY_CAP);
                 tracing::warn!(task = %id, %reason, attempts, retry_in = ?delay, "reconcile did not converge");
-                let manager = self.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = manager.shutdown.cancelled() => {}
-                        _ = tokio::time::sleep(delay) => manager.queue.push(id),
-                    }
-                });
+                self.push_after(id, delay);
             }
         }
+    }
+
+    /// Queues `id` again once `wait` is over (a timer, not a poll: nothing else will say when
+    /// a backoff ends).
+    fn push_after(self: &Arc<Self>, id: Uuid, wait: Duration) {
+        if wait.is_zero() {
+            self.queue.push(id);
+            return;
+        }
+        let manager = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = manager.shutdown.cancelled() => {}
+                _ = tokio::time::sleep(wait) => manager.queue.push(id),
+            }
+        });
     }
 
     /// One reconcile of one task: decide, act, and decide again while the action moved the
@@ -452,8 +492,15 @@ impl Manager {
                     .map(|node| node.client.clone());
                 (task.clone(), client)
             };
-            let outcome = match reconcile(&task) {
+            let outcome = match reconcile(&task, Utc::now()) {
                 Action::Nothing => Outcome::Done,
+                Action::GiveUp => self.give_up(id),
+                Action::Restart { wait, .. } if !wait.is_zero() => Outcome::After(wait),
+                Action::Restart { streak, .. } => match self.restart(id, streak) {
+                    Ok(true) => continue,
+                    Ok(false) => Outcome::Done,
+                    Err(err) => Outcome::Retry(err.to_string()),
+                },
                 Action::CompleteUnplaced => self.complete_unplaced(id),
                 Action::Place => match self.place(id) {
                     Ok(true) => continue,
@@ -497,9 +544,30 @@ impl Manager {
             })
             .collect();
         let request = TaskRequest::for_task(&task);
-        match state.scheduler.place(&request, &views) {
+        // A restarted task goes back to the node it ran on when that node is ready and has
+        // room (its image is there, its data may be); otherwise the scheduler chooses.
+        let previous = views
+            .iter()
+            .position(|view| view.name == task.node_name)
+            .filter(|index| {
+                let one = std::slice::from_ref(&views[*index]);
+                !state
+                    .scheduler
+                    .select_candidate_nodes(&request, one)
+                    .0
+                    .is_empty()
+            });
+        let decision = match previous {
+            Some(index) => Decision::Placed {
+                index,
+                name: views[index].name.clone(),
+            },
+            None => state.scheduler.place(&request, &views),
+        };
+        match decision {
             Decision::Placed { name, .. } => {
                 tracing::info!(task = %id, name = %task.name, node = %name, "task placed");
+                task.record(Utc::now(), "Placed", format!("on {name}"));
                 task.state = State::Scheduled;
                 task.node_name = name;
                 task.pending_reason = None;
@@ -515,6 +583,69 @@ impl Manager {
                 }
                 Ok(false)
             }
+        }
+    }
+
+    /// Begins a new run of a task that ended or was lost: back to `Pending` (the one explicit
+    /// way back, `State::restart`), one more restart counted, the node it ran on kept as the
+    /// first choice for the placement that follows at once.
+    fn restart(&self, id: Uuid, streak: u32) -> Result<bool, ManagerError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(false);
+        };
+        // Decided again under the lock: the task may have changed since.
+        if !matches!(reconcile(task, Utc::now()), Action::Restart { wait, .. } if wait.is_zero()) {
+            return Ok(false);
+        }
+        let mut task = task.clone();
+        let Ok(pending) = task.state.restart() else {
+            return Ok(false);
+        };
+        let why = match (task.state, &task.error) {
+            (State::Lost, _) => format!("node {} was lost", task.node_name),
+            (_, Some(error)) => error.clone(),
+            (ended, None) => format!("it ended {ended}"),
+        };
+        let limit = task
+            .max_restarts
+            .map(|max| format!(" of {max}"))
+            .unwrap_or_default();
+        task.state = pending;
+        task.restart_count += 1;
+        task.failure_streak = streak;
+        task.clear_observed();
+        let message = format!("restart {}{limit}; the last run: {why}", task.restart_count);
+        tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
+        task.record(Utc::now(), "Restart", message);
+        self.save(&mut state, task)?;
+        Ok(true)
+    }
+
+    /// The restart limit is reached: the task keeps its state and last error; the history
+    /// says why nothing more happens (once).
+    fn give_up(&self, id: Uuid) -> Outcome {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Outcome::Done;
+        };
+        if task
+            .history
+            .last()
+            .is_some_and(|entry| entry.event == GAVE_UP)
+        {
+            return Outcome::Done;
+        }
+        let mut task = task.clone();
+        let message = format!(
+            "restart limit reached ({} restarts); the task stays {}",
+            task.restart_count, task.state
+        );
+        tracing::warn!(task = %id, name = %task.name, %message, "not restarting");
+        task.record(Utc::now(), GAVE_UP, message);
+        match self.save(&mut state, task) {
+            Ok(()) => Outcome::Done,
+            Err(err) => Outcome::Retry(err.to_string()),
         }
     }
 
@@ -609,7 +740,7 @@ impl Manager {
         if known.node_name != node {
             return;
         }
-        if let Some(merged) = merge_observation(known, &observed)
+        if let Some(merged) = merge_observation(known, &observed, Utc::now())
             && let Err(err) = self.save(&mut state, merged)
         {
             tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
@@ -661,6 +792,7 @@ impl Manager {
         let mut loops = JoinSet::new();
         loops.spawn(self.clone().run_controller());
         loops.spawn(self.clone().run_resync());
+        loops.spawn(self.clone().run_liveness());
         for address in self.config.static_workers.clone() {
             loops.spawn(self.clone().poll_static_worker(address));
         }
@@ -673,6 +805,64 @@ impl Manager {
             self.follow(name, client);
         }
         loops
+    }
+
+    /// Watches the nodes' reports: a node silent for longer than the grace period is `Down`,
+    /// and its unfinished tasks are `Lost`, to be replaced according to their restart policy.
+    async fn run_liveness(self: Arc<Self>) {
+        let tick = (self.config.heartbeat_grace / 10)
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let lost = self.mark_silent_nodes_down(Instant::now());
+            for id in lost {
+                self.queue.push(id);
+            }
+        }
+    }
+
+    /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
+    /// returns those tasks.
+    fn mark_silent_nodes_down(&self, now: Instant) -> Vec<Uuid> {
+        let grace = self.config.heartbeat_grace;
+        let mut state = lock(&self.state);
+        let newly_down = state.nodes.mark_down(now, grace);
+        let mut lost = Vec::new();
+        for name in newly_down {
+            tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
+            let placed_here: Vec<Uuid> = state
+                .cache
+                .load(&name)
+                .map(|load| load.tasks.iter().copied().collect())
+                .unwrap_or_default();
+            for id in placed_here {
+                let Some(task) = state.cache.get(&id) else {
+                    continue;
+                };
+                let Ok(next) = task.state.transition(State::Lost) else {
+                    continue;
+                };
+                if next == task.state {
+                    continue;
+                }
+                let mut task = task.clone();
+                let message = format!("node {name} sent nothing for longer than {grace:?}");
+                task.state = next;
+                task.error = Some(message.clone());
+                task.record(Utc::now(), "Lost", message);
+                if let Err(err) = self.save(&mut state, task) {
+                    tracing::error!(task = %id, error = %err, "cannot store a lost task");
+                    continue;
+                }
+                lost.push(id);
+            }
+        }
+        lost
     }
 
     async fn run_resync(self: Arc<Self>) {
@@ -716,7 +906,14 @@ impl Manager {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
                     }
-                    self.observe(&name, tasks);
+                    for stray in self.observe(&name, tasks) {
+                        // Another run replaced this one while the node was away: stop it,
+                        // so that the task does not run twice.
+                        tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
+                        if let Err(err) = client.delete(&format!("/tasks/{stray}")).await {
+                            tracing::warn!(task = %stray, node = %name, error = %err, "cannot stop a replaced run");
+                        }
+                    }
                     match reported_index {
                         Some(reported) => {
                             index = reported;
@@ -785,16 +982,32 @@ impl Manager {
     }
 }
 
-/// The manager's task with what a worker observed, or `None` when nothing changed or the
-/// change is not allowed by the transition table (an old report arriving late).
-fn merge_observation(known: &Task, observed: &Task) -> Option<Task> {
+/// Whether a run a worker reports is one the manager no longer wants there: it still runs,
+/// but the task was placed elsewhere, restarted since (a higher count), or ended.
+fn is_stray(known: &Task, observed: &Task, node: &str) -> bool {
+    matches!(observed.state, State::Scheduled | State::Running)
+        && (known.node_name != node
+            || observed.restart_count < known.restart_count
+            || known.state.is_terminal()
+            || known.state == State::Pending)
+}
+
+/// The manager's task with what a worker observed, or `None` when nothing changed, the
+/// report is of an earlier run (a lower restart count), or the change is not allowed by the
+/// transition table (an old report arriving late). What changed goes into the history.
+fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Option<Task> {
+    if observed.restart_count < known.restart_count {
+        return None;
+    }
     let same = known.state == observed.state
         && known.container_id == observed.container_id
         && known.host_ports == observed.host_ports
         && known.start_time == observed.start_time
         && known.finish_time == observed.finish_time
         && known.exit_code == observed.exit_code
-        && known.error == observed.error;
+        && known.error == observed.error
+        && known.health == observed.health
+        && known.health_failures == observed.health_failures;
     if same {
         return None;
     }
@@ -810,6 +1023,25 @@ fn merge_observation(known: &Task, observed: &Task) -> Option<Task> {
     merged.finish_time = observed.finish_time;
     merged.exit_code = observed.exit_code;
     merged.error = observed.error.clone();
+    merged.health = observed.health;
+    merged.health_failures = observed.health_failures;
+    if known.state != observed.state {
+        let message = match (observed.state, &observed.error) {
+            (State::Failed, Some(error)) => error.clone(),
+            (State::Running, _) => format!("on {}", observed.node_name),
+            (_, _) => observed
+                .exit_code
+                .map(|code| format!("exit code {code}"))
+                .unwrap_or_default(),
+        };
+        merged.record(now, observed.state.to_string(), message);
+    } else if observed.health_failures > known.health_failures {
+        let message = observed.error.clone().unwrap_or_default();
+        merged.record(now, "Health", message);
+    }
+    if known.health != observed.health && observed.health == Some(Health::Healthy) {
+        merged.record(now, "Health", "healthy");
+    }
     Some(merged)
 }
 
@@ -823,19 +1055,42 @@ mod tests {
         known.state = State::Running;
         known.node_name = "w1".into();
         let mut observed = known.clone();
-        assert_eq!(merge_observation(&known, &observed), None, "nothing new");
+        let now = Utc::now();
+        assert_eq!(
+            merge_observation(&known, &observed, now),
+            None,
+            "nothing new"
+        );
 
         observed.state = State::Failed;
         observed.exit_code = Some(137);
-        let merged = merge_observation(&known, &observed).unwrap();
+        observed.error = Some("killed".into());
+        let merged = merge_observation(&known, &observed, now).unwrap();
         assert_eq!((merged.state, merged.exit_code), (State::Failed, Some(137)));
+        let entry = merged.history.last().unwrap();
+        assert_eq!(
+            (entry.event.as_str(), entry.message.as_str()),
+            ("Failed", "killed")
+        );
 
         let mut late = known.clone();
         late.state = State::Scheduled;
         assert_eq!(
-            merge_observation(&merged, &late),
+            merge_observation(&merged, &late, now),
             None,
             "a late report cannot bring back an ended task"
         );
+    }
+
+    #[test]
+    fn a_report_of_an_earlier_run_is_ignored() {
+        let mut known = Task::new("t", "img");
+        known.state = State::Scheduled;
+        known.node_name = "w1".into();
+        known.restart_count = 2;
+        let mut old_run = known.clone();
+        old_run.restart_count = 1;
+        old_run.state = State::Failed;
+        assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
     }
 }

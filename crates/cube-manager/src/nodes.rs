@@ -50,6 +50,9 @@ pub struct NodeEntry {
     pub last_seen: Option<Instant>,
     /// A client for the node's API, kept so that its connections are reused.
     pub client: ApiClient,
+    /// Whether the manager has declared the node `Down` (and its tasks `Lost`) since it last
+    /// reported, so that it does so once per silence.
+    pub marked_down: bool,
 }
 
 /// What changed when a report came in.
@@ -67,6 +70,9 @@ pub struct ReportEffect {
 #[derive(Debug, Default)]
 pub struct NodeRegistry {
     nodes: BTreeMap<String, NodeEntry>,
+    /// When this process first checked liveness: the start of the grace period of nodes
+    /// loaded from the store.
+    started: Option<Instant>,
 }
 
 impl NodeRegistry {
@@ -91,6 +97,9 @@ impl NodeRegistry {
                 last_heartbeat: node.last_heartbeat,
                 last_seen: None,
                 client,
+                // A node loaded from the store has not reported to this process yet; its
+                // tasks are not lost before the grace period has passed since the start.
+                marked_down: false,
             },
         );
     }
@@ -123,6 +132,7 @@ impl NodeRegistry {
                 entry.stats = report.stats;
                 entry.last_heartbeat = Some(wall);
                 entry.last_seen = Some(now);
+                entry.marked_down = false;
                 ReportEffect {
                     changed,
                     moved,
@@ -139,6 +149,7 @@ impl NodeRegistry {
                     last_heartbeat: Some(wall),
                     last_seen: Some(now),
                     client: client(),
+                    marked_down: false,
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {
@@ -148,6 +159,24 @@ impl NodeRegistry {
                 }
             }
         }
+    }
+}
+
+impl NodeRegistry {
+    /// Marks every node silent for longer than `grace` as `Down`, once per silence; returns
+    /// the names of those newly down. A node never heard from by this process counts from
+    /// `started`, the first call.
+    pub fn mark_down(&mut self, now: Instant, grace: Duration) -> Vec<String> {
+        let started = *self.started.get_or_insert(now);
+        let mut newly_down = Vec::new();
+        for entry in self.nodes.values_mut() {
+            let seen = entry.last_seen.unwrap_or(started);
+            if !entry.marked_down && now.saturating_duration_since(seen) > grace {
+                entry.marked_down = true;
+                newly_down.push(entry.name.clone());
+            }
+        }
+        newly_down
     }
 }
 

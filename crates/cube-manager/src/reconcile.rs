@@ -1,10 +1,14 @@
 //! The task reconciler: what to do about one task, given what is wanted and what was seen.
 //!
-//! A pure function of the task (desired and observed state in one record); the manager's
-//! controller carries the action out and may call it again at any time: every action is
-//! idempotent, so a repeated or interrupted reconcile converges.
+//! A pure function of the task (desired and observed state, restart policy and counters, in
+//! one record) and the time; the manager's controller carries the action out and may call it
+//! again at any time: every action is idempotent, so a repeated or interrupted reconcile
+//! converges.
 
-use cube_types::{State, Task};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use cube_types::{RestartPolicy, State, Task};
 
 /// What the controller should do next for a task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +24,71 @@ pub enum Action {
     Stop,
     /// Stopped before it was placed: nothing runs anywhere, mark it `Completed`.
     CompleteUnplaced,
+    /// The run ended (or its node was lost) and the restart policy wants another: go back to
+    /// `Pending` once `wait` is over, with `streak` as the new failure streak.
+    Restart { wait: Duration, streak: u32 },
+    /// The policy would restart, but `MaxRestarts` is reached: the task stays as it is.
+    GiveUp,
 }
 
-pub fn reconcile(task: &Task) -> Action {
+pub fn reconcile(task: &Task, now: DateTime<Utc>) -> Action {
     match (task.desired_state, task.state) {
         (State::Completed, State::Pending) => Action::CompleteUnplaced,
         (State::Completed, State::Scheduled | State::Running | State::Lost) => Action::Stop,
         (State::Running, State::Pending) => Action::Place,
         (State::Running, State::Scheduled) => Action::Dispatch,
+        (State::Running, State::Completed | State::Failed | State::Lost) => restart(task, now),
         _ => Action::Nothing,
+    }
+}
+
+/// Whether the restart policy restarts a run that ended in `state`.
+pub fn policy_restarts(policy: RestartPolicy, state: State) -> bool {
+    match policy {
+        RestartPolicy::No => false,
+        // A lost node counts as a failure: nobody can say the task finished.
+        RestartPolicy::OnFailure => matches!(state, State::Failed | State::Lost),
+        RestartPolicy::Always | RestartPolicy::UnlessStopped => {
+            matches!(state, State::Completed | State::Failed | State::Lost)
+        }
+    }
+}
+
+fn restart(task: &Task, now: DateTime<Utc>) -> Action {
+    if !policy_restarts(task.restart_policy, task.state) {
+        return Action::Nothing;
+    }
+    if task
+        .max_restarts
+        .is_some_and(|max| task.restart_count >= max)
+    {
+        return Action::GiveUp;
+    }
+    if task.state == State::Lost {
+        // Its node is gone: replace it at once, elsewhere.
+        return Action::Restart {
+            wait: Duration::ZERO,
+            streak: task.failure_streak,
+        };
+    }
+    // A run that stayed up long enough starts the backoff again.
+    let ran = match (task.start_time, task.finish_time) {
+        (Some(start), Some(finish)) => (finish - start).to_std().unwrap_or_default(),
+        _ => Duration::ZERO,
+    };
+    let streak = if ran >= task.backoff_reset_after() {
+        1
+    } else {
+        task.failure_streak + 1
+    };
+    let mut next = task.clone();
+    next.failure_streak = streak;
+    let backoff = next.restart_backoff();
+    let ended = task.finish_time.unwrap_or(now);
+    let waited = (now - ended).to_std().unwrap_or_default();
+    Action::Restart {
+        wait: backoff.saturating_sub(waited),
+        streak,
     }
 }
 
@@ -37,22 +97,113 @@ mod tests {
     use super::*;
     use cube_types::state::ALL_STATES;
 
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-01-01T12:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    fn ended(state: State, policy: RestartPolicy, ran_secs: i64, ago_ms: i64) -> Task {
+        let mut task = Task::new("t", "img");
+        task.state = state;
+        task.restart_policy = policy;
+        task.finish_time = Some(now() - chrono::Duration::milliseconds(ago_ms));
+        task.start_time = task
+            .finish_time
+            .map(|end| end - chrono::Duration::seconds(ran_secs));
+        task
+    }
+
     #[test]
-    fn every_pair_of_desired_and_observed_state_has_one_action() {
+    fn every_pair_of_desired_and_observed_state_has_one_action_without_restarts() {
         for observed in ALL_STATES {
             let mut task = Task::new("t", "img");
             task.state = observed;
             task.desired_state = State::Running;
-            let run = reconcile(&task);
+            let run = reconcile(&task, now());
             task.desired_state = State::Completed;
-            let stop = reconcile(&task);
+            let stop = reconcile(&task, now());
             let expected = match observed {
                 State::Pending => (Action::Place, Action::CompleteUnplaced),
                 State::Scheduled => (Action::Dispatch, Action::Stop),
-                State::Running | State::Lost => (Action::Nothing, Action::Stop),
+                State::Running => (Action::Nothing, Action::Stop),
+                State::Lost => (Action::Nothing, Action::Stop),
                 State::Completed | State::Failed => (Action::Nothing, Action::Nothing),
             };
             assert_eq!((run, stop), expected, "observed {observed}");
         }
+    }
+
+    #[test]
+    fn on_failure_restarts_a_failure_and_leaves_a_clean_exit_completed() {
+        let failed = ended(State::Failed, RestartPolicy::OnFailure, 1, 0);
+        assert!(matches!(reconcile(&failed, now()), Action::Restart { .. }));
+        let done = ended(State::Completed, RestartPolicy::OnFailure, 1, 0);
+        assert_eq!(reconcile(&done, now()), Action::Nothing);
+        let always = ended(State::Completed, RestartPolicy::Always, 1, 0);
+        assert!(matches!(reconcile(&always, now()), Action::Restart { .. }));
+        let no = ended(State::Failed, RestartPolicy::No, 1, 0);
+        assert_eq!(reconcile(&no, now()), Action::Nothing);
+    }
+
+    #[test]
+    fn a_users_stop_is_final_under_every_policy() {
+        for policy in [
+            RestartPolicy::Always,
+            RestartPolicy::UnlessStopped,
+            RestartPolicy::OnFailure,
+        ] {
+            let mut task = ended(State::Completed, policy, 1, 0);
+            task.desired_state = State::Completed;
+            assert_eq!(reconcile(&task, now()), Action::Nothing, "{policy:?}");
+        }
+    }
+
+    #[test]
+    fn the_wait_is_the_backoff_less_the_time_since_the_end() {
+        let mut task = ended(State::Failed, RestartPolicy::OnFailure, 1, 300);
+        task.restart_delay = Some(Duration::from_secs(1));
+        task.failure_streak = 1; // one quick failure before this one: this is the 2nd in a row
+        assert_eq!(
+            reconcile(&task, now()),
+            Action::Restart {
+                wait: Duration::from_millis(1700),
+                streak: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_long_run_starts_the_backoff_over() {
+        let mut task = ended(State::Failed, RestartPolicy::Always, 120, 0);
+        task.restart_delay = Some(Duration::from_millis(100));
+        task.failure_streak = 7;
+        assert_eq!(
+            reconcile(&task, now()),
+            Action::Restart {
+                wait: Duration::from_millis(100),
+                streak: 1
+            }
+        );
+    }
+
+    #[test]
+    fn the_restart_limit_gives_up() {
+        let mut task = ended(State::Failed, RestartPolicy::OnFailure, 1, 0);
+        task.max_restarts = Some(2);
+        task.restart_count = 2;
+        assert_eq!(reconcile(&task, now()), Action::GiveUp);
+    }
+
+    #[test]
+    fn a_lost_task_is_replaced_at_once_unless_its_policy_is_no() {
+        let mut task = ended(State::Lost, RestartPolicy::OnFailure, 1, 0);
+        task.restart_delay = Some(Duration::from_secs(30));
+        assert!(matches!(
+            reconcile(&task, now()),
+            Action::Restart { wait, .. } if wait.is_zero()
+        ));
+        task.restart_policy = RestartPolicy::No;
+        assert_eq!(reconcile(&task, now()), Action::Nothing);
     }
 }

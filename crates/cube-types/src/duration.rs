@@ -35,6 +35,55 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|err| format!("{text:?} is out of range: {err}"))
 }
 
+/// A duration for people and for [`parse_duration`]: `"500ms"`, `"2s"`, `"1.5s"`, `"0s"`.
+pub fn format_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis == 0 {
+        "0s".to_string()
+    } else if millis % 1000 != 0 {
+        format!("{millis}ms")
+    } else {
+        format!("{}s", millis / 1000)
+    }
+}
+
+/// Serde helpers for `Option<Duration>` fields: written as `"500ms"`, read as such a string or
+/// as Go's `time.Duration` integer of nanoseconds; `null` is unset.
+pub mod optional {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => serializer.serialize_str(&super::format_duration(*duration)),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Text(String),
+            Nanoseconds(u64),
+        }
+        Ok(match Option::<Written>::deserialize(deserializer)? {
+            None => None,
+            Some(Written::Nanoseconds(nanos)) => Some(Duration::from_nanos(nanos)),
+            Some(Written::Text(text)) if text.is_empty() => None,
+            Some(Written::Text(text)) => {
+                Some(super::parse_duration(&text).map_err(serde::de::Error::custom)?)
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,6 +95,14 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_are_written_so_that_they_read_back() {
+        for text in ["0s", "500ms", "2s", "1500ms", "120s"] {
+            let duration = parse_duration(text).unwrap();
+            assert_eq!(format_duration(duration), text);
+        }
     }
 
     #[test]

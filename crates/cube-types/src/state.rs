@@ -74,9 +74,23 @@ impl State {
         }
     }
 
-    /// A task in a terminal state never runs again under the same ID.
+    /// A terminal state ends a run. Only [`State::restart`], an explicit restart by the
+    /// manager under the task's restart policy, begins another run under the same ID.
     pub fn is_terminal(self) -> bool {
         self.successors().is_empty()
+    }
+
+    /// The one way back from an ended run: a task that ended (`Completed`, `Failed`) or whose
+    /// node was lost goes back to `Pending`, to be placed again. Kept out of the table on
+    /// purpose, so that no report of a state can ever restart a task by itself.
+    pub fn restart(self) -> Result<State, Transition> {
+        match self {
+            State::Completed | State::Failed | State::Lost => Ok(State::Pending),
+            from => Err(Transition {
+                from,
+                to: State::Pending,
+            }),
+        }
     }
 
     /// The book's integer for this state.
@@ -216,6 +230,15 @@ mod tests {
             err.to_string(),
             "a task cannot move from Completed to Running"
         );
+    }
+
+    #[test]
+    fn only_an_ended_or_lost_run_can_be_restarted_and_it_goes_back_to_pending() {
+        for state in ALL_STATES {
+            let allowed = matches!(state, Completed | Failed | Lost);
+            assert_eq!(state.restart().is_ok(), allowed, "{state}");
+        }
+        assert_eq!(Failed.restart(), Ok(Pending));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -86,11 +87,78 @@ pub struct Task {
     pub start_time: Option<DateTime<Utc>>,
     #[serde(rename = "FinishTime", default, with = "crate::time::optional")]
     pub finish_time: Option<DateTime<Utc>>,
-    /// The book's health check: an HTTP path such as `/health`.
+    /// The book's health check: an HTTP path such as `/health`, probed on the task's first
+    /// published host port on its node; 200 is healthy.
     #[serde(rename = "HealthCheck", default, deserialize_with = "null_as_default")]
     pub health_check: String,
+    /// `http` (the default when `HealthCheck` is a path) or `tcp` (a connection is healthy).
+    #[serde(
+        rename = "HealthCheckType",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check_type: Option<HealthCheckType>,
+    /// How often to probe [default: 5s].
+    #[serde(
+        rename = "HealthCheckInterval",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check_interval: Option<Duration>,
+    /// How long one probe may take [default: 2s].
+    #[serde(
+        rename = "HealthCheckTimeout",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check_timeout: Option<Duration>,
+    /// Consecutive failed probes before the task counts as unhealthy [default: 3].
+    #[serde(
+        rename = "HealthCheckRetries",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_check_retries: Option<u32>,
+    /// How many times the task may be restarted [default: no limit].
+    #[serde(
+        rename = "MaxRestarts",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_restarts: Option<u32>,
+    /// The first wait before a restart; it doubles with each quick failure in a row, up to
+    /// `RestartDelayMax` [default: 1s; `"0s"` restarts at once].
+    #[serde(
+        rename = "RestartDelay",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub restart_delay: Option<Duration>,
+    /// The longest wait before a restart [default: 1m].
+    #[serde(
+        rename = "RestartDelayMax",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub restart_delay_max: Option<Duration>,
     #[serde(rename = "RestartCount", default, deserialize_with = "null_as_default")]
     pub restart_count: u32,
+    /// Failures in a row, each after a short run; sets the backoff before the next restart.
+    /// A run that stayed up for [`BACKOFF_RESET_AFTER`] (or `RestartDelayMax`, if longer)
+    /// starts the count again.
+    #[serde(rename = "FailureStreak", default, skip_serializing_if = "is_zero")]
+    pub failure_streak: u32,
+    /// What the health checks say; unset for a task without one, `Starting` until the first
+    /// probe succeeds.
+    #[serde(rename = "Health", default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<Health>,
+    /// Failed probes in a row (reset by a successful one).
+    #[serde(rename = "HealthFailures", default, skip_serializing_if = "is_zero")]
+    pub health_failures: u32,
     /// The worker the task is placed on.
     #[serde(rename = "NodeName", default, deserialize_with = "null_as_default")]
     pub node_name: String,
@@ -110,6 +178,62 @@ pub struct Task {
         skip_serializing_if = "Option::is_none"
     )]
     pub pending_reason: Option<String>,
+    /// What happened to the task, oldest first, the last [`HISTORY_LIMIT`] entries.
+    #[serde(rename = "History", default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+}
+
+/// How many history entries a task keeps.
+pub const HISTORY_LIMIT: usize = 30;
+
+/// A run that stayed up this long resets the restart backoff (unless `RestartDelayMax` is
+/// longer, then that).
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
+
+/// Health-check defaults.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_HEALTH_RETRIES: u32 = 3;
+/// Restart defaults.
+pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(1);
+pub const DEFAULT_RESTART_DELAY_MAX: Duration = Duration::from_secs(60);
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// How a health check probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HealthCheckType {
+    /// `GET` the `HealthCheck` path; 200 is healthy.
+    #[serde(rename = "http")]
+    Http,
+    /// Open a TCP connection to the port; connecting is healthy.
+    #[serde(rename = "tcp")]
+    Tcp,
+}
+
+/// What the health checks say of a running task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Health {
+    /// Running, not yet probed successfully.
+    Starting,
+    Healthy,
+    /// `HealthCheckRetries` probes failed in a row.
+    Unhealthy,
+}
+
+/// One thing that happened to a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryEntry {
+    #[serde(rename = "Time")]
+    pub time: DateTime<Utc>,
+    /// A state's name, or `Restart`, `Health`, `Placed`, `Lost`, ...
+    #[serde(rename = "Event")]
+    pub event: String,
+    #[serde(rename = "Message", default)]
+    pub message: String,
 }
 
 fn pending() -> State {
@@ -167,12 +291,79 @@ impl Task {
             start_time: None,
             finish_time: None,
             health_check: String::new(),
+            health_check_type: None,
+            health_check_interval: None,
+            health_check_timeout: None,
+            health_check_retries: None,
+            max_restarts: None,
+            restart_delay: None,
+            restart_delay_max: None,
             restart_count: 0,
+            failure_streak: 0,
+            health: None,
+            health_failures: 0,
             node_name: String::new(),
             desired_state: State::Running,
             exit_code: None,
             error: None,
             pending_reason: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// Whether the task has a health check: a path, or the `tcp` type.
+    pub fn has_health_check(&self) -> bool {
+        !self.health_check.trim().is_empty() || self.health_check_type == Some(HealthCheckType::Tcp)
+    }
+
+    pub fn health_interval(&self) -> Duration {
+        self.health_check_interval
+            .unwrap_or(DEFAULT_HEALTH_INTERVAL)
+    }
+
+    pub fn health_timeout(&self) -> Duration {
+        self.health_check_timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT)
+    }
+
+    pub fn health_retries(&self) -> u32 {
+        self.health_check_retries
+            .unwrap_or(DEFAULT_HEALTH_RETRIES)
+            .max(1)
+    }
+
+    /// The wait before the next restart: `RestartDelay` doubled for each earlier quick failure
+    /// in a row, at most `RestartDelayMax`.
+    pub fn restart_backoff(&self) -> Duration {
+        let first = self.restart_delay.unwrap_or(DEFAULT_RESTART_DELAY);
+        let cap = self
+            .restart_delay_max
+            .unwrap_or(DEFAULT_RESTART_DELAY_MAX)
+            .max(first);
+        let doublings = self.failure_streak.saturating_sub(1).min(20);
+        first.saturating_mul(1 << doublings).min(cap)
+    }
+
+    /// How long a run must stay up for the backoff to start over: [`BACKOFF_RESET_AFTER`],
+    /// or `RestartDelayMax` if that is longer.
+    pub fn backoff_reset_after(&self) -> Duration {
+        BACKOFF_RESET_AFTER.max(self.restart_delay_max.unwrap_or(DEFAULT_RESTART_DELAY_MAX))
+    }
+
+    /// Adds an entry to the history, keeping the last [`HISTORY_LIMIT`].
+    pub fn record(
+        &mut self,
+        time: DateTime<Utc>,
+        event: impl Into<String>,
+        message: impl Into<String>,
+    ) {
+        self.history.push(HistoryEntry {
+            time,
+            event: event.into(),
+            message: message.into(),
+        });
+        if self.history.len() > HISTORY_LIMIT {
+            let excess = self.history.len() - HISTORY_LIMIT;
+            self.history.drain(..excess);
         }
     }
 
@@ -187,6 +378,8 @@ impl Task {
         self.exit_code = None;
         self.error = None;
         self.pending_reason = None;
+        self.health = None;
+        self.health_failures = 0;
     }
 
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
@@ -255,6 +448,27 @@ impl Task {
                     "PortBindings: host port {host:?} for {port} is not a port number 1-65535 \
                      (or \"\" to let Docker choose)"
                 ));
+            }
+        }
+        if self.has_health_check() {
+            let path = self.health_check.trim();
+            if self.health_check_type != Some(HealthCheckType::Tcp) && !path.starts_with('/') {
+                findings.push(format!(
+                    "HealthCheck: {path:?} is not an HTTP path such as \"/health\""
+                ));
+            }
+            if self.exposed_ports.is_empty() && self.port_bindings.is_empty() {
+                findings.push(
+                    "HealthCheck: the task publishes no port to probe; add PortBindings \
+                     (e.g. {\"7777/tcp\": \"\"})"
+                        .to_string(),
+                );
+            }
+            if self.health_check_interval.is_some_and(|d| d.is_zero()) {
+                findings.push("HealthCheckInterval: must be longer than 0".to_string());
+            }
+            if self.health_check_timeout.is_some_and(|d| d.is_zero()) {
+                findings.push("HealthCheckTimeout: must be longer than 0".to_string());
             }
         }
         for entry in &self.env {
@@ -424,6 +638,71 @@ mod tests {
         assert_eq!(json["ExposedPorts"], serde_json::json!({"7777/tcp": {}}));
         let back: Task = serde_json::from_value(json).unwrap();
         assert_eq!(back, task);
+    }
+
+    #[test]
+    fn the_books_health_check_alone_keeps_working_with_defaults() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "HealthCheck": "/health", "PortBindings": {"7777/tcp": ""}}"#,
+        )
+        .unwrap();
+        assert!(task.validate().is_empty(), "{:?}", task.validate());
+        assert!(task.has_health_check());
+        assert_eq!(task.health_interval(), DEFAULT_HEALTH_INTERVAL);
+        assert_eq!(task.health_retries(), DEFAULT_HEALTH_RETRIES);
+    }
+
+    #[test]
+    fn health_and_restart_settings_read_as_durations() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "HealthCheckType": "tcp", "HealthCheckInterval": "500ms",
+                "HealthCheckTimeout": "1s", "HealthCheckRetries": 2, "RestartPolicy": "on-failure",
+                "MaxRestarts": 3, "RestartDelay": "0s", "RestartDelayMax": "30s",
+                "PortBindings": {"80/tcp": ""}}"#,
+        )
+        .unwrap();
+        assert!(task.validate().is_empty(), "{:?}", task.validate());
+        assert_eq!(task.health_check_interval, Some(Duration::from_millis(500)));
+        assert_eq!(task.restart_delay, Some(Duration::ZERO));
+        let json = serde_json::to_value(&task).unwrap();
+        assert_eq!(json["HealthCheckInterval"], "500ms");
+        assert_eq!(json["RestartDelay"], "0s");
+    }
+
+    #[test]
+    fn a_health_check_needs_a_path_and_a_port() {
+        let mut task = Task::new("t", "img");
+        task.health_check = "health".into();
+        let findings = task.validate().join("\n");
+        assert!(findings.contains("not an HTTP path"), "{findings}");
+        assert!(findings.contains("publishes no port"), "{findings}");
+    }
+
+    #[test]
+    fn the_backoff_doubles_per_quick_failure_up_to_its_cap() {
+        let mut task = Task::new("t", "img");
+        task.restart_delay = Some(Duration::from_millis(500));
+        task.restart_delay_max = Some(Duration::from_secs(3));
+        let waits: Vec<Duration> = (1..=5)
+            .map(|streak| {
+                task.failure_streak = streak;
+                task.restart_backoff()
+            })
+            .collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(waits, vec![ms(500), ms(1000), ms(2000), ms(3000), ms(3000)]);
+        task.restart_delay = Some(Duration::ZERO);
+        assert_eq!(task.restart_backoff(), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_history_keeps_the_latest_entries() {
+        let mut task = Task::new("t", "img");
+        for n in 0..HISTORY_LIMIT + 5 {
+            task.record(Utc::now(), "Event", n.to_string());
+        }
+        assert_eq!(task.history.len(), HISTORY_LIMIT);
+        assert_eq!(task.history[0].message, "5");
     }
 
     #[test]

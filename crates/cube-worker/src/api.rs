@@ -33,7 +33,7 @@ impl From<WorkerError> for ApiError {
             WorkerError::NotFound(_) => StatusCode::NOT_FOUND,
             WorkerError::Conflict { .. } => StatusCode::CONFLICT,
             WorkerError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            WorkerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            WorkerError::ShuttingDown | WorkerError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
             WorkerError::Store(_) | WorkerError::Stats(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, err.to_string())

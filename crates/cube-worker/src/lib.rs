@@ -9,6 +9,7 @@
 //! a worker started again on the same store re-adopts them.
 
 pub mod api;
+mod health;
 mod heartbeat;
 pub mod stats;
 mod worker;
@@ -56,6 +57,7 @@ pub async fn run<R: Runtime>(
         let shutdown = shutdown.clone();
         tokio::spawn(async move { worker.stats().run_cpu_sampler(shutdown).await })
     };
+    let health_checks = tokio::spawn(worker.clone().run_health_checks(shutdown.clone()));
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
     let served = axum::serve(listener, api::router(worker))
@@ -67,6 +69,7 @@ pub async fn run<R: Runtime>(
         ("dispatcher", dispatcher),
         ("event watcher", watcher),
         ("cpu sampler", sampler),
+        ("health checks", health_checks),
     ] {
         if let Err(err) = handle.await {
             tracing::error!(loop_name = name, error = %err, "worker loop ended abnormally");

@@ -15,13 +15,14 @@ use cube_runtime::{
     ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
 };
 use cube_store::{Store, StoreError};
-use cube_types::{NodeReport, Resources, State, Task, TaskEvent, Transition};
+use cube_types::{Health, NodeReport, Resources, State, Task, TaskEvent, Transition};
 use futures_util::StreamExt;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::health::{self, HealthSchedule};
 use crate::stats::{StatsCollector, StatsError};
 
 /// How many commands the queue holds before `POST /tasks` waits for room.
@@ -83,6 +84,8 @@ pub enum WorkerError {
     BadRequest(String),
     #[error("the worker is shutting down")]
     ShuttingDown,
+    #[error("{0}")]
+    Runtime(String),
     #[error("task store failed: {0}")]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -112,6 +115,10 @@ pub struct Worker<R> {
     /// The task store's index after the latest write, so that a blocking `GET /tasks` (how a
     /// manager follows this worker) answers the moment a task changes.
     changes: watch::Sender<u64>,
+    /// When each running, health-checked task is probed next.
+    health: HealthSchedule,
+    /// The client for HTTP health probes (connections to this machine's published ports).
+    probes: reqwest::Client,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -133,6 +140,8 @@ impl<R: Runtime> Worker<R> {
             commands,
             task_locks: Mutex::new(HashMap::new()),
             changes: watch::Sender::new(index),
+            health: HealthSchedule::default(),
+            probes: reqwest::Client::new(),
         };
         (Arc::new(worker), receiver)
     }
@@ -167,9 +176,29 @@ impl<R: Runtime> Worker<R> {
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
-            // Asking again for a task that runs or is starting changes nothing.
-            checked_transition(&current, State::Running)?;
-            return Ok(Submitted::Existing(current));
+            let new_run = current.state.is_terminal() && task.restart_count > current.restart_count;
+            if !new_run {
+                // Asking again for a task that runs or is starting changes nothing.
+                checked_transition(&current, State::Running)?;
+                return Ok(Submitted::Existing(current));
+            }
+            // The manager restarts a task that ended here (its restart count says so): what
+            // is left of the last run's container goes first, so the new run gets its own.
+            current
+                .state
+                .restart()
+                .map_err(|transition| WorkerError::Conflict {
+                    id: current.id,
+                    transition,
+                })?;
+            match self.find_container(&current).await {
+                Ok(Some(info)) => self.runtime.remove(&info.id).await.map_err(|err| {
+                    WorkerError::Runtime(format!("cannot remove the last run's container: {err}"))
+                })?,
+                Ok(None) => {}
+                Err(err) => return Err(WorkerError::Runtime(err.to_string())),
+            }
+            tracing::info!(task = %task.id, restart = task.restart_count, "a new run of a task that ended here");
         }
         task.state = checked_transition(&task, State::Scheduled)?;
         // The worker owns what it observes: whatever the submission said about a container
@@ -238,6 +267,7 @@ impl<R: Runtime> Worker<R> {
     /// Stores the task and wakes the blocking queries waiting for a change.
     fn save(&self, task: &Task) -> Result<(), WorkerError> {
         let index = self.tasks.put(&task.id.to_string(), task)?;
+        self.health.track(task);
         self.changes.send_if_modified(|current| {
             let newer = index > *current;
             if newer {
@@ -367,6 +397,111 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
+    /// Probes the health-checked running tasks when due, until `shutdown`.
+    pub async fn run_health_checks(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut probes = JoinSet::new();
+        loop {
+            let next = self.health.next_due();
+            let wake = async {
+                match next {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = self.health.added() => {}
+                Some(_) = probes.join_next(), if !probes.is_empty() => {}
+                _ = wake => {
+                    for id in self.health.take_due(tokio::time::Instant::now()) {
+                        let worker = self.clone();
+                        probes.spawn(async move { worker.probe_once(id).await });
+                    }
+                }
+            }
+        }
+        probes.abort_all();
+    }
+
+    async fn probe_once(&self, id: Uuid) {
+        let task = match self.tasks.get(&id.to_string()) {
+            Ok(Some(task)) => task,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(task = %id, error = %err, "cannot read a task to probe it");
+                self.health
+                    .reschedule(id, tokio::time::Instant::now() + health::RETRY_AFTER_ERROR);
+                return;
+            }
+        };
+        let result = health::probe(&self.probes, &task).await;
+        self.health
+            .reschedule(id, tokio::time::Instant::now() + task.health_interval());
+        if let Err(err) = self.record_probe(id, &task.container_id, result).await {
+            tracing::error!(task = %id, error = %err, "cannot record a health check");
+        }
+    }
+
+    /// Records a probe's outcome. Enough failures in a row make the task unhealthy: its
+    /// container is stopped and the task is `Failed` with the reason.
+    async fn record_probe(
+        &self,
+        id: Uuid,
+        probed_container: &str,
+        result: Result<(), String>,
+    ) -> Result<(), WorkerError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let Some(mut task) = self.tasks.get(&id.to_string())? else {
+            return Ok(());
+        };
+        if task.state != State::Running || task.container_id != probed_container {
+            return Ok(()); // the run that was probed has ended meanwhile
+        }
+        let reason = match result {
+            Ok(()) => {
+                if task.health != Some(Health::Healthy) || task.health_failures != 0 {
+                    if task.health_failures != 0 {
+                        task.error = None;
+                    }
+                    task.health = Some(Health::Healthy);
+                    task.health_failures = 0;
+                    self.save(&task)?;
+                }
+                return Ok(());
+            }
+            Err(reason) => reason,
+        };
+        task.health_failures += 1;
+        let retries = task.health_retries();
+        if task.health_failures < retries {
+            task.error = Some(format!(
+                "health check failed ({} of {retries}): {reason}",
+                task.health_failures
+            ));
+            self.save(&task)?;
+            return Ok(());
+        }
+        let reason = format!(
+            "unhealthy: {} health checks failed in a row; the last: {reason}",
+            task.health_failures
+        );
+        tracing::warn!(task = %id, name = %task.name, %reason, "stopping an unhealthy task");
+        task.health = Some(Health::Unhealthy);
+        if let Err(err) = self
+            .runtime
+            .stop(&task.container_id, self.config.stop_timeout)
+            .await
+        {
+            tracing::warn!(task = %id, error = %err, "cannot stop the unhealthy container");
+        }
+        if let Ok(Some(info)) = self.runtime.inspect(&task.container_id).await {
+            task.exit_code = info.exit_code;
+            task.finish_time = info.finished_at;
+        }
+        self.fail(task, reason)
+    }
+
     /// Compares every task with the containers Docker has for this node: queues the starts,
     /// stops and checks that are due, and removes containers that no task owns.
     pub async fn resync(&self) -> Result<(), WorkerError> {
@@ -382,6 +517,7 @@ impl<R: Runtime> Worker<R> {
         let tasks = self.tasks.list()?;
         let known: HashSet<Uuid> = tasks.iter().map(|task| task.id).collect();
         for task in &tasks {
+            self.health.track(task);
             let command = match (task.state, task.desired_state) {
                 (state, State::Completed) if !state.is_terminal() => Some(Command::Stop(task.id)),
                 (State::Scheduled, _) => Some(Command::Start(task.id)),
@@ -572,6 +708,10 @@ impl<R: Runtime> Worker<R> {
         let changed = task.state != next
             || task.container_id != info.id
             || task.host_ports != info.host_ports;
+        if next == State::Running && task.has_health_check() && task.health.is_none() {
+            // Not healthy until a probe says so.
+            task.health = Some(Health::Starting);
+        }
         task.state = next;
         task.container_id = info.id.clone();
         task.host_ports = info.host_ports.clone();

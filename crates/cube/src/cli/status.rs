@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 use clap::Args;
-use cube_types::{HostBinding, State, Task};
+use cube_types::{Health, HostBinding, RestartPolicy, State, Task};
 
 use super::output::{key_values, print_json, print_lines, table, time_ago, time_with_age};
 use super::resolve::find_task;
@@ -114,7 +114,12 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         ("Created", time_with_age(task.created_time, now)),
         ("Started", time_with_age(task.start_time, now)),
         ("Finished", time_with_age(task.finish_time, now)),
-        ("Restarts", task.restart_count.to_string()),
+        ("Restarts", restarts(task)),
+        (
+            "Policy",
+            restart_policy_name(task.restart_policy).to_string(),
+        ),
+        ("Health", health(task)),
         ("Ports", detail_ports(task)),
         (
             "ExitCode",
@@ -125,6 +130,64 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         ("Error", task.error.clone().unwrap_or_default()),
         ("Waiting", task.pending_reason.clone().unwrap_or_default()),
     ])
+    .into_iter()
+    .chain(history(task, now))
+    .collect()
+}
+
+/// `2` or `2 of 5` when the task has a restart limit.
+fn restarts(task: &Task) -> String {
+    match task.max_restarts {
+        Some(max) => format!("{} of {max}", task.restart_count),
+        None => task.restart_count.to_string(),
+    }
+}
+
+fn restart_policy_name(policy: RestartPolicy) -> &'static str {
+    match policy {
+        RestartPolicy::No => "no",
+        RestartPolicy::OnFailure => "on-failure",
+        RestartPolicy::Always => "always",
+        RestartPolicy::UnlessStopped => "unless-stopped",
+    }
+}
+
+/// `Healthy`, `Starting (2 failed probes)`, or empty for a task without a health check.
+fn health(task: &Task) -> String {
+    let Some(health) = task.health else {
+        return String::new();
+    };
+    let name = match health {
+        Health::Starting => "Starting",
+        Health::Healthy => "Healthy",
+        Health::Unhealthy => "Unhealthy",
+    };
+    match task.health_failures {
+        0 => name.to_string(),
+        1 => format!("{name} (1 failed probe)"),
+        n => format!("{name} ({n} failed probes)"),
+    }
+}
+
+/// The task's history, oldest first, under a `History:` line.
+fn history(task: &Task, now: DateTime<Utc>) -> Vec<String> {
+    if task.history.is_empty() {
+        return Vec::new();
+    }
+    let mut lines = vec!["History:".to_string()];
+    let rows: Vec<Vec<String>> = task
+        .history
+        .iter()
+        .map(|entry| {
+            vec![
+                format!("  {}", time_ago(Some(entry.time), now)),
+                entry.event.clone(),
+                entry.message.clone(),
+            ]
+        })
+        .collect();
+    lines.extend(table(&rows));
+    lines
 }
 
 /// The bound ports once Docker bound them; before that, the ports the task asked for.
@@ -329,6 +392,8 @@ mod tests {
                 "Started:  -",
                 "Finished: -",
                 "Restarts: 0",
+                "Policy:   no",
+                "Health:   -",
                 "Ports:    7777->7777/tcp, any->8080/tcp (requested)",
                 "ExitCode: -",
                 "Error:    -",
