@@ -293,7 +293,19 @@ impl Manager {
             }
             (effect, view)
         };
-        if effect.moved {
+        if effect.moved || effect.more_room {
+            // A new or moved node is followed from now on; one that is back from silence is
+            // followed afresh, so that its full task list (and any run replaced meanwhile)
+            // is seen at once rather than when an old blocking query times out.
+            let client = if effect.moved {
+                client
+            } else {
+                lock(&self.state)
+                    .nodes
+                    .get(&name)
+                    .map(|entry| entry.client.clone())
+                    .unwrap_or(client)
+            };
             self.follow(name.clone(), client);
         }
         if effect.more_room {

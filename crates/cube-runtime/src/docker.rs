@@ -297,6 +297,7 @@ fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
         task_id: labels
             .get(LABEL_TASK_ID)
             .and_then(|id| Uuid::parse_str(id).ok()),
+        node: labels.get(LABEL_NODE).cloned(),
         running,
         // A container that never ran has exit code 0 and no finish time: no exit yet.
         exit_code: if running || finished_at.is_none() {

@@ -37,6 +37,8 @@ pub struct ContainerInfo {
     pub id: String,
     /// From the `cube.task-id` label; `None` when the label is missing or not a UUID.
     pub task_id: Option<Uuid>,
+    /// From the `cube.node` label: the worker that created it.
+    pub node: Option<String>,
     pub running: bool,
     /// Set once the container has exited.
     pub exit_code: Option<i64>,

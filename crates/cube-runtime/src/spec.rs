@@ -33,7 +33,7 @@ impl ContainerSpec {
             (LABEL_TASK_NAME.to_string(), task.name.clone()),
         ]);
         ContainerSpec {
-            name: container_name(task),
+            name: container_name(task, node),
             image: task.image.clone(),
             cmd: task.cmd.clone(),
             env: task.env.clone(),
@@ -46,11 +46,21 @@ impl ContainerSpec {
     }
 }
 
-/// `cube-<name>-<short id>`, with the characters Docker refuses in names replaced by `-`.
-pub fn container_name(task: &Task) -> String {
-    let name: String = task
-        .name
-        .chars()
+/// `cube-<node>-<name>-<short id>`, with the characters Docker refuses in names replaced by
+/// `-`. The node is in the name because several workers may share one Docker engine (a test
+/// machine, `cube dev` with extra workers): each must create its own container for a task,
+/// never find another worker's.
+pub fn container_name(task: &Task, node: &str) -> String {
+    format!(
+        "cube-{}-{}-{}",
+        docker_safe(node),
+        docker_safe(&task.name),
+        task.short_id()
+    )
+}
+
+fn docker_safe(text: &str) -> String {
+    text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {
                 c
@@ -59,8 +69,7 @@ pub fn container_name(task: &Task) -> String {
             }
         })
         .take(64)
-        .collect();
-    format!("cube-{name}-{}", task.short_id())
+        .collect()
 }
 
 #[cfg(test)]
@@ -70,8 +79,8 @@ mod tests {
     #[test]
     fn container_names_are_docker_safe_and_unique_per_task() {
         let task = Task::new("my web/app 1", "busybox");
-        let name = container_name(&task);
-        assert_eq!(name, format!("cube-my-web-app-1-{}", task.short_id()));
+        let name = container_name(&task, "w 1");
+        assert_eq!(name, format!("cube-w-1-my-web-app-1-{}", task.short_id()));
     }
 
     #[test]

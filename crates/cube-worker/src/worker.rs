@@ -682,14 +682,22 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// The task's container: by the ID recorded, else by the name derived from the task.
+    /// The task's container: by the ID recorded, else by the name derived from the task and
+    /// this node, and only if it carries this node's label (another worker on the same
+    /// Docker engine may run a copy of the task).
     async fn find_container(&self, task: &Task) -> Result<Option<ContainerInfo>, RuntimeError> {
+        let mine = |info: &ContainerInfo| info.node.as_deref() == Some(self.config.name.as_str());
         if !task.container_id.is_empty()
             && let Some(info) = self.runtime.inspect(&task.container_id).await?
+            && mine(&info)
         {
             return Ok(Some(info));
         }
-        self.runtime.inspect(&container_name(task)).await
+        Ok(self
+            .runtime
+            .inspect(&container_name(task, &self.config.name))
+            .await?
+            .filter(mine))
     }
 
     /// Records what the container shows: running, or exited with a code.

@@ -134,6 +134,16 @@ impl WorkerProcess {
             http: reqwest::Client::new(),
         }
     }
+
+    /// Sends a signal (`-STOP` freezes the process as a network partition would look from
+    /// the manager; `-CONT` lets it go on).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal}");
+    }
 }
 
 impl Drop for WorkerProcess {
@@ -293,34 +303,47 @@ impl ManagerProcess {
     /// Starts a worker named `name` (memory store, its own directory under the manager's)
     /// that registers with this manager; `extra` adds flags such as `--memory 1GiB`.
     pub fn join_worker(&self, name: &str, extra: &[&str]) -> WorkerProcess {
+        self.join_worker_with(name, "memory", extra)
+    }
+
+    /// [`ManagerProcess::join_worker`] with the given store; started again with the same
+    /// name and the persistent store, a worker finds its tasks again.
+    pub fn join_worker_with(&self, name: &str, dbtype: &str, extra: &[&str]) -> WorkerProcess {
         ensure_sample_image();
         let manager = self.address();
         let mut args = vec![
             "--manager",
             manager.as_str(),
             "--heartbeat-interval",
-            "500ms",
+            "300ms",
         ];
         args.extend_from_slice(extra);
-        WorkerProcess::start_with(name, "memory", &self.data_dir.join(name), &args)
+        WorkerProcess::start_with(name, dbtype, &self.data_dir.join(name), &args)
     }
 
     /// Waits until the manager lists `count` nodes, all `Ready`.
     pub async fn await_ready_nodes(&self, count: usize) -> Value {
+        self.await_nodes(&format!("{count} nodes Ready"), |nodes| {
+            nodes
+                .as_array()
+                .map(|nodes| nodes.iter().filter(|n| n["Status"] == "Ready").count())
+                == Some(count)
+        })
+        .await
+    }
+
+    /// Polls `GET /nodes` every 20 ms until `done` holds; fails after `STATE_BOUND`.
+    pub async fn await_nodes(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
         let client = self.client();
         let deadline = Instant::now() + STATE_BOUND;
         loop {
             let nodes = client.get("/nodes").await.body;
-            let ready = nodes
-                .as_array()
-                .map(|nodes| nodes.iter().filter(|n| n["Status"] == "Ready").count())
-                .unwrap_or(0);
-            if ready == count {
+            if done(&nodes) {
                 return nodes;
             }
             assert!(
                 Instant::now() < deadline,
-                "{count} nodes not Ready within {STATE_BOUND:?}: {nodes}"
+                "not {what} within {STATE_BOUND:?}: {nodes}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -510,4 +533,22 @@ pub fn host_port(task: &Value, port: &str) -> u16 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// IDs of the running containers carrying `label` (`key=value`).
+pub fn running_containers_with_label(label: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args([
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label={label}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }

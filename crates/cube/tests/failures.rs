@@ -1,0 +1,432 @@
+//! Failures as a user meets them: killed containers, failing health checks, workers that die
+//! or freeze, a manager that crashes. Real `cube` processes, the real Docker engine. Each wait
+//! has its bound in the helper it uses (`STATE_BOUND`) or in the test.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+/// A manager (memory store, the given heartbeat grace) and `count` workers registered with it
+/// (persistent store, heartbeats every 300 ms).
+async fn cluster(
+    prefix: &str,
+    count: usize,
+    grace: &str,
+) -> (ManagerProcess, Vec<WorkerProcess>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_with(
+        "roundrobin",
+        "memory",
+        dir.path(),
+        0,
+        &["--heartbeat-grace", grace],
+    );
+    let workers = (1..=count)
+        .map(|n| manager.join_worker_with(&unique_node(&format!("{prefix}{n}")), "persistent", &[]))
+        .collect();
+    manager.await_ready_nodes(count).await;
+    (manager, workers, dir)
+}
+
+fn with(mut task: Value, fields: Value) -> Value {
+    for (key, value) in fields.as_object().unwrap() {
+        task[key] = value.clone();
+    }
+    task
+}
+
+fn sleeper(name: &str) -> Value {
+    shell_task(name, "sleep 600")
+}
+
+fn history_events(task: &Value) -> Vec<String> {
+    task["History"]
+        .as_array()
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|e| e["Event"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_killed_container_runs_again_after_the_backoff() {
+    let (manager, _workers, _dir) = cluster("kill", 1, "10s").await;
+    let client = manager.client();
+    let task = with(
+        sleeper("killed"),
+        json!({"RestartPolicy": "on-failure", "RestartDelay": "500ms"}),
+    );
+    let id = client.submit(&task).await;
+    let first = client.await_state(&id, "Running").await;
+    let first_container = first["ContainerID"].as_str().unwrap().to_string();
+
+    let killed_at = Instant::now();
+    let kill = std::process::Command::new("docker")
+        .args(["kill", &first_container])
+        .output()
+        .unwrap();
+    assert!(kill.status.success());
+    let again = client
+        .await_task(&id, "a second run", |task| {
+            task["State"] == "Running" && task["RestartCount"] == 1
+        })
+        .await;
+    let took = killed_at.elapsed();
+    println!("docker kill -> Running again (500 ms backoff): {took:?}");
+    assert!(
+        took >= Duration::from_millis(500),
+        "the backoff was not waited: {took:?}"
+    );
+    let container = again["ContainerID"].as_str().unwrap();
+    assert_ne!(container, first_container);
+    assert!(container_running(container));
+    assert_eq!(
+        again["NodeName"], first["NodeName"],
+        "restarted where it ran"
+    );
+    let history = history_events(&again);
+    assert!(
+        history.ends_with(&[
+            "Failed".into(),
+            "Restart".into(),
+            "Placed".into(),
+            "Running".into()
+        ]),
+        "{history:?}"
+    );
+    let restart = &again["History"].as_array().unwrap()[history.len() - 3];
+    assert!(
+        restart["Message"].as_str().unwrap().contains("137"),
+        "the restart says why: {restart}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_health_check_restarts_the_task_up_to_its_limit_then_it_stays_failed() {
+    let (manager, _workers, _dir) = cluster("hc", 1, "10s").await;
+    let client = manager.client();
+    let task = with(
+        web_task("healthfail"),
+        json!({"HealthCheck": "/healthfail", "HealthCheckInterval": "200ms",
+               "HealthCheckRetries": 2, "RestartPolicy": "on-failure", "MaxRestarts": 2,
+               "RestartDelay": "0s"}),
+    );
+    let id = client.submit(&task).await;
+    let done = client
+        .await_task(&id, "the restart limit", |task| {
+            history_events(task).last().map(String::as_str) == Some("RestartLimit")
+        })
+        .await;
+    assert_eq!(done["State"], "Failed");
+    assert_eq!(done["RestartCount"], 2);
+    assert_eq!(done["Health"], "Unhealthy");
+    let error = done["Error"].as_str().unwrap();
+    assert!(error.contains("GET /healthfail answered 404"), "{error}");
+    let history = history_events(&done);
+    assert_eq!(
+        history.iter().filter(|e| *e == "Restart").count(),
+        2,
+        "{history:?}"
+    );
+    assert!(history.iter().any(|e| e == "Health"), "{history:?}");
+    assert!(
+        running_containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "an unhealthy container is stopped"
+    );
+
+    let (ok, stdout, stderr) = cube_cli(&manager.address(), &["status", &id[..8]]);
+    assert!(ok, "{stderr}");
+    for line in [
+        "Restarts: 2 of 2",
+        "Health:   Unhealthy",
+        "History:",
+        "RestartLimit",
+    ] {
+        assert!(stdout.contains(line), "{line} missing from:\n{stdout}");
+    }
+}
+
+#[tokio::test]
+async fn a_healthy_task_is_healthy_only_after_a_probe_succeeded() {
+    let (manager, _workers, _dir) = cluster("ok", 1, "10s").await;
+    let client = manager.client();
+    let task = with(
+        web_task("healthy"),
+        json!({"HealthCheck": "/health", "HealthCheckInterval": "200ms"}),
+    );
+    let id = client.submit(&task).await;
+    let healthy = client
+        .await_task(&id, "Healthy", |task| task["Health"] == "Healthy")
+        .await;
+    assert_eq!(healthy["State"], "Running");
+    let history = history_events(&healthy);
+    let running = history.iter().position(|e| e == "Running").unwrap();
+    let probe = history.iter().position(|e| e == "Health").unwrap();
+    assert!(running < probe, "healthy comes after running: {history:?}");
+
+    let tcp = with(
+        web_task("tcp"),
+        json!({"HealthCheckType": "tcp", "HealthCheckInterval": "200ms"}),
+    );
+    let tcp_id = client.submit(&tcp).await;
+    client
+        .await_task(&tcp_id, "Healthy over TCP", |task| {
+            task["Health"] == "Healthy"
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn a_task_whose_policy_is_no_stays_failed_and_a_clean_exit_stays_completed() {
+    let (manager, _workers, _dir) = cluster("no", 1, "10s").await;
+    let client = manager.client();
+    let failing = client
+        .submit(&with(
+            shell_task("fails", "exit 3"),
+            json!({"RestartPolicy": "no", "RestartDelay": "0s"}),
+        ))
+        .await;
+    let clean = client
+        .submit(&with(
+            shell_task("clean", "exit 0"),
+            json!({"RestartPolicy": "on-failure", "RestartDelay": "0s"}),
+        ))
+        .await;
+    let failed = client.await_state(&failing, "Failed").await;
+    assert_eq!(failed["ExitCode"], 3);
+    client.await_state(&clean, "Completed").await;
+    // Nothing may happen next; a restart with no delay would have happened by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for id in [&failing, &clean] {
+        let task = client.get(&format!("/tasks/{id}")).await.body;
+        assert_eq!(task["RestartCount"], 0, "{task}");
+        assert!(
+            !history_events(&task).contains(&"Restart".to_string()),
+            "{task}"
+        );
+    }
+    assert_eq!(
+        client.get(&format!("/tasks/{failing}")).await.body["State"],
+        "Failed"
+    );
+    assert_eq!(
+        client.get(&format!("/tasks/{clean}")).await.body["State"],
+        "Completed"
+    );
+}
+
+/// The node a task runs on, and the worker process of that node.
+fn worker_of<'a>(workers: &'a [WorkerProcess], task: &Value) -> &'a WorkerProcess {
+    workers
+        .iter()
+        .find(|worker| task["NodeName"] == worker.name.as_str())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_dead_worker_is_down_after_the_grace_its_tasks_move_and_nothing_runs_twice_when_it_returns()
+ {
+    let (manager, mut workers, _dir) = cluster("dead", 3, "2s").await;
+    let client = manager.client();
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let task = with(
+            sleeper(&format!("mover-{n}")),
+            json!({"RestartPolicy": "always", "RestartDelay": "0s"}),
+        );
+        ids.push(client.submit(&task).await);
+    }
+    let mut victim_task = Value::Null;
+    for id in &ids {
+        let task = client.await_state(id, "Running").await;
+        if task["NodeName"] == workers[0].name.as_str() {
+            victim_task = task;
+        }
+    }
+    assert!(
+        !victim_task.is_null(),
+        "round-robin put a task on every worker"
+    );
+    let victim_id = victim_task["ID"].as_str().unwrap().to_string();
+
+    // The machine dies: the worker and its containers.
+    let victim = workers.remove(0);
+    let (name, data_dir) = (victim.name.clone(), victim.data_dir.clone());
+    victim.kill_9();
+    remove_node_containers(&name);
+    let died = Instant::now();
+
+    manager
+        .await_nodes("the dead node Down", |nodes| {
+            nodes
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["Name"] == name.as_str() && n["Status"] == "Down")
+        })
+        .await;
+    let moved = client
+        .await_task(&victim_id, "a run elsewhere", |task| {
+            task["State"] == "Running" && task["NodeName"] != name.as_str()
+        })
+        .await;
+    println!(
+        "worker killed -> its task Running elsewhere: {:?}",
+        died.elapsed()
+    );
+    assert_eq!(moved["RestartCount"], 1);
+    assert!(
+        history_events(&moved).contains(&"Lost".to_string()),
+        "{moved}"
+    );
+    assert!(container_running(moved["ContainerID"].as_str().unwrap()));
+    assert!(workers.iter().any(|w| moved["NodeName"] == w.name.as_str()));
+
+    // The machine comes back, same name, same store.
+    let manager_address = manager.address();
+    let back = WorkerProcess::start_with(
+        &name,
+        "persistent",
+        &data_dir,
+        &[
+            "--manager",
+            &manager_address,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    manager.await_ready_nodes(3).await;
+    for id in &ids {
+        let task = client.await_state(id, "Running").await;
+        let running = running_containers_with_label(&format!("cube.task-id={id}"));
+        assert_eq!(
+            running.len(),
+            1,
+            "task {id} runs {} times: {task}",
+            running.len()
+        );
+    }
+    drop(back);
+}
+
+#[tokio::test]
+async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_there() {
+    let (manager, workers, _dir) = cluster("frozen", 2, "2s").await;
+    let client = manager.client();
+    let task = with(
+        sleeper("frozen"),
+        json!({"RestartPolicy": "always", "RestartDelay": "0s"}),
+    );
+    let id = client.submit(&task).await;
+    let first = client.await_state(&id, "Running").await;
+    let frozen = worker_of(&workers, &first);
+
+    // A partition, as the manager sees it: the worker stops answering, its container runs on.
+    frozen.signal("-STOP");
+    let moved = client
+        .await_task(&id, "a run elsewhere", |task| {
+            task["State"] == "Running" && task["NodeName"] != frozen.name.as_str()
+        })
+        .await;
+    let label = format!("cube.task-id={id}");
+    assert_eq!(
+        running_containers_with_label(&label).len(),
+        2,
+        "both runs go on meanwhile"
+    );
+
+    frozen.signal("-CONT");
+    let started = Instant::now();
+    let bound = Duration::from_secs(10);
+    while running_containers_with_label(&label).len() != 1 {
+        assert!(
+            started.elapsed() < bound,
+            "the replaced run still runs after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "worker back -> replaced run stopped: {:?}",
+        started.elapsed()
+    );
+    let now = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(now["State"], "Running");
+    assert_eq!(now["NodeName"], moved["NodeName"]);
+    assert_eq!(
+        now["ContainerID"], moved["ContainerID"],
+        "the new run is left alone"
+    );
+}
+
+#[tokio::test]
+async fn a_stop_asked_while_the_worker_was_unreachable_is_delivered_when_it_returns() {
+    let (manager, workers, _dir) = cluster("late", 1, "30s").await;
+    let client = manager.client();
+    let id = client.submit(&sleeper("late-stop")).await;
+    let running = client.await_state(&id, "Running").await;
+    workers[0].signal("-STOP");
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(container_running(running["ContainerID"].as_str().unwrap()));
+    workers[0].signal("-CONT");
+    client.await_state(&id, "Completed").await;
+    assert!(running_containers_with_label(&format!("cube.task-id={id}")).is_empty());
+}
+
+#[tokio::test]
+async fn a_manager_killed_and_restarted_restarts_no_healthy_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let manager = ManagerProcess::start_with(
+        "epvm",
+        "persistent",
+        dir.path(),
+        port,
+        &["--heartbeat-grace", "2s"],
+    );
+    let _workers: Vec<WorkerProcess> = (1..=2)
+        .map(|n| manager.join_worker(&unique_node(&format!("mgr{n}")), &[]))
+        .collect();
+    manager.await_ready_nodes(2).await;
+    let client = manager.client();
+    let mut before = Vec::new();
+    for n in 0..3 {
+        let task = with(
+            web_task(&format!("steady-{n}")),
+            json!({"HealthCheck": "/health", "HealthCheckInterval": "200ms", "RestartPolicy": "always"}),
+        );
+        let id = client.submit(&task).await;
+        before.push(
+            client
+                .await_task(&id, "Healthy", |t| t["Health"] == "Healthy")
+                .await,
+        );
+    }
+    manager.kill_9();
+    let manager = ManagerProcess::start_with(
+        "epvm",
+        "persistent",
+        dir.path(),
+        port,
+        &["--heartbeat-grace", "2s"],
+    );
+    manager.await_ready_nodes(2).await;
+    // Longer than the grace period: a manager that wrongly took its nodes for lost would have
+    // restarted their tasks by now.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let client = manager.client();
+    for task in &before {
+        let id = task["ID"].as_str().unwrap();
+        let now = client.get(&format!("/tasks/{id}")).await.body;
+        assert_eq!(now["State"], "Running", "{now}");
+        assert_eq!(now["RestartCount"], 0, "{now}");
+        assert_eq!(now["ContainerID"], task["ContainerID"], "{now}");
+        assert_eq!(now["Health"], "Healthy", "{now}");
+    }
+}
