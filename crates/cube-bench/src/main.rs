@@ -10,6 +10,8 @@
 //! It prints a table (median, p95, min, max) and the ratio of the medians. It never fails on a
 //! time: the figures are whatever they are, for BENCHMARKS.md.
 
+mod recovery;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -44,11 +46,21 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Through::Manager)]
         through: Through,
     },
+    /// Time from `docker kill` of a task's container until it runs again, next to Docker
+    /// Swarm (a single-node swarm is initialised when there is none, and left afterwards).
+    Recovery {
+        /// How many kills each side gets.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
 }
 
 /// Which API the tasks are submitted to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Through {
+pub(crate) enum Through {
     Manager,
     Worker,
 }
@@ -61,65 +73,98 @@ async fn main() -> anyhow::Result<()> {
             cube,
             through,
         } => start_latency(runs, cube, through).await,
+        Command::Recovery { runs, cube } => recovery::recovery(runs, &cube_binary(cube)?).await,
     }
 }
 
 /// How long one task may take to become `Running` before the run is abandoned.
-const RUN_BOUND: Duration = Duration::from_secs(30);
+pub(crate) const RUN_BOUND: Duration = Duration::from_secs(30);
+
+/// A manager and a worker registered with it (or, `Through::Worker`, a worker alone), both on
+/// the persistent store, as separate `cube` processes; killed when dropped.
+pub(crate) struct BenchCluster {
+    /// Where tasks are submitted: the manager's API, or the worker's.
+    pub base: String,
+    pub node: String,
+    pub http: reqwest::Client,
+    _processes: Vec<tokio::process::Child>,
+    _data_dir: tempfile::TempDir,
+}
+
+impl BenchCluster {
+    pub(crate) async fn start(cube: &Path, through: Through) -> anyhow::Result<BenchCluster> {
+        let data_dir = tempfile::tempdir()?;
+        let node = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let mut processes = Vec::new();
+        let manager = match through {
+            Through::Manager => {
+                let (child, base) = spawn_cube(
+                    cube,
+                    &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
+                    data_dir.path(),
+                )
+                .await?;
+                processes.push(child);
+                Some(base)
+            }
+            Through::Worker => None,
+        };
+        let mut worker_args = vec![
+            "worker",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-n",
+            &node,
+            "-d",
+            "persistent",
+        ];
+        let manager_address = manager
+            .as_deref()
+            .map(|base| base.trim_start_matches("http://").to_string());
+        if let Some(address) = &manager_address {
+            worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
+        }
+        let (worker, worker_base) = spawn_cube(cube, &worker_args, data_dir.path()).await?;
+        processes.push(worker);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let base = match &manager {
+            Some(manager) => {
+                await_ready_node(&http, manager, &node).await?;
+                manager.clone()
+            }
+            None => worker_base,
+        };
+        Ok(BenchCluster {
+            base,
+            node: node.clone(),
+            http,
+            _processes: processes,
+            _data_dir: data_dir,
+        })
+    }
+}
+
+/// The `cube` binary: the one given, or the one next to this binary.
+fn cube_binary(cube: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    Ok(match cube {
+        Some(path) => path,
+        None => std::env::current_exe()?.with_file_name("cube"),
+    })
+}
 
 async fn start_latency(runs: usize, cube: Option<PathBuf>, through: Through) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
-    let cube = match cube {
-        Some(path) => path,
-        None => std::env::current_exe()?.with_file_name("cube"),
-    };
+    let cube = cube_binary(cube)?;
     let docker = DockerRuntime::connect().await?;
     docker.ensure_sample_image(SAMPLE_IMAGE).await?;
-    let data_dir = tempfile::tempdir()?;
-    let node = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-    let mut processes = Vec::new();
-    let manager = match through {
-        Through::Manager => {
-            let (child, base) = spawn_cube(
-                &cube,
-                &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
-                data_dir.path(),
-            )
-            .await?;
-            processes.push(child);
-            Some(base)
-        }
-        Through::Worker => None,
-    };
-    let mut worker_args = vec![
-        "worker",
-        "-H",
-        "127.0.0.1",
-        "-p",
-        "0",
-        "-n",
-        &node,
-        "-d",
-        "persistent",
-    ];
-    let manager_address = manager
-        .as_deref()
-        .map(|base| base.trim_start_matches("http://").to_string());
-    if let Some(address) = &manager_address {
-        worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
-    }
-    let (worker, worker_base) = spawn_cube(&cube, &worker_args, data_dir.path()).await?;
-    processes.push(worker);
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    let base = match &manager {
-        Some(manager) => {
-            await_ready_node(&http, manager, &node).await?;
-            manager.clone()
-        }
-        None => worker_base,
-    };
+    let cluster = BenchCluster::start(&cube, through).await?;
+    let (http, base) = (&cluster.http, &cluster.base);
+    let node = cluster.node.clone();
+    let node = node.as_str();
 
     let mut cube_ms = Vec::with_capacity(runs);
     let mut raw_ms = Vec::with_capacity(runs);
@@ -127,17 +172,15 @@ async fn start_latency(runs: usize, cube: Option<PathBuf>, through: Through) -> 
         // Alternate which side goes first, so neither always meets a Docker still busy
         // cleaning up after the other.
         if run % 2 == 0 {
-            cube_ms.push(cube_once(&http, &base, run).await?);
-            raw_ms.push(raw_once(&docker, &node, run).await?);
+            cube_ms.push(cube_once(http, base, run).await?);
+            raw_ms.push(raw_once(&docker, node, run).await?);
         } else {
-            raw_ms.push(raw_once(&docker, &node, run).await?);
-            cube_ms.push(cube_once(&http, &base, run).await?);
+            raw_ms.push(raw_once(&docker, node, run).await?);
+            cube_ms.push(cube_once(http, base, run).await?);
         }
     }
-    for mut process in processes {
-        process.kill().await.ok();
-    }
-    for container in docker.list_managed(&node).await? {
+    drop(cluster);
+    for container in docker.list_managed(node).await? {
         docker.remove(&container.id).await.ok();
     }
 
@@ -208,24 +251,29 @@ async fn await_ready_node(http: &reqwest::Client, manager: &str, node: &str) -> 
     }
 }
 
-/// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
-async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Result<f64> {
-    let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
-    let started = Instant::now();
-    let answer = http
-        .post(format!("{base}/tasks"))
-        .json(&task)
-        .send()
-        .await?;
+/// Submits a task to Cube's API at `base`; returns its ID.
+pub(crate) async fn submit(
+    http: &reqwest::Client,
+    base: &str,
+    task: &serde_json::Value,
+) -> anyhow::Result<String> {
+    let answer = http.post(format!("{base}/tasks")).json(task).send().await?;
     anyhow::ensure!(
         answer.status().as_u16() == 201,
         "POST /tasks answered {}",
         answer.status()
     );
-    let id = answer.json::<serde_json::Value>().await?["ID"]
+    Ok(answer.json::<serde_json::Value>().await?["ID"]
         .as_str()
         .context("task ID")?
-        .to_string();
+        .to_string())
+}
+
+/// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
+async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Result<f64> {
+    let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
+    let started = Instant::now();
+    let id = submit(http, base, &task).await?;
     loop {
         let task: serde_json::Value = http
             .get(format!("{base}/tasks/{id}"))
@@ -263,15 +311,15 @@ async fn raw_once(docker: &DockerRuntime, node: &str, run: usize) -> anyhow::Res
 }
 
 /// Median, 95th percentile, min and max of a set of times in ms.
-struct Summary {
-    median: f64,
+pub(crate) struct Summary {
+    pub(crate) median: f64,
     p95: f64,
     min: f64,
     max: f64,
 }
 
 impl Summary {
-    fn of(times: &mut [f64]) -> Summary {
+    pub(crate) fn of(times: &mut [f64]) -> Summary {
         times.sort_by(f64::total_cmp);
         let at = |fraction: f64| times[((times.len() - 1) as f64 * fraction).round() as usize];
         Summary {

@@ -40,7 +40,7 @@ pub fn format_duration(duration: Duration) -> String {
     let millis = duration.as_millis();
     if millis == 0 {
         "0s".to_string()
-    } else if millis % 1000 != 0 {
+    } else if !millis.is_multiple_of(1000) {
         format!("{millis}ms")
     } else {
         format!("{}s", millis / 1000)

@@ -47,11 +47,10 @@ impl HealthSchedule {
         let mut due = self.lock();
         if !wanted {
             due.remove(&task.id);
-        } else if !due.contains_key(&task.id) {
-            due.insert(
-                task.id,
-                Instant::now() + FIRST_PROBE_AFTER.min(task.health_interval()),
-            );
+            return;
+        }
+        if let std::collections::hash_map::Entry::Vacant(slot) = due.entry(task.id) {
+            slot.insert(Instant::now() + FIRST_PROBE_AFTER.min(task.health_interval()));
             drop(due);
             self.added.notify_one();
         }

@@ -43,14 +43,11 @@ fn with_memory(mut task: Value, memory: &str) -> Value {
     task
 }
 
-/// Submits a task and waits until the manager placed it; returns its node.
+/// Submits a task and waits until it runs; returns its node. (Waiting for `Running`, not just
+/// the placement, also means no container is still being created when the test ends.)
 async fn place(client: &Client, task: &Value) -> String {
     let id = client.submit(task).await;
-    let placed = client
-        .await_task(&id, "NodeName", |task| {
-            task["NodeName"].as_str().is_some_and(|n| !n.is_empty())
-        })
-        .await;
+    let placed = client.await_state(&id, "Running").await;
     placed["NodeName"].as_str().unwrap().to_string()
 }
 
