@@ -62,8 +62,7 @@ async fn a_killed_container_runs_again_after_the_backoff() {
         sleeper("killed"),
         json!({"RestartPolicy": "on-failure", "RestartDelay": "500ms"}),
     );
-    let id = client.submit(&task).await;
-    let first = client.await_state(&id, "Running").await;
+    let (id, first) = client.run(&task).await;
     let first_container = first["ContainerID"].as_str().unwrap().to_string();
 
     let killed_at = Instant::now();
@@ -323,8 +322,7 @@ async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_the
         sleeper("frozen"),
         json!({"RestartPolicy": "always", "RestartDelay": "0s"}),
     );
-    let id = client.submit(&task).await;
-    let first = client.await_state(&id, "Running").await;
+    let (id, first) = client.run(&task).await;
     let frozen = worker_of(&workers, &first);
 
     // A partition, as the manager sees it: the worker stops answering, its container runs on.
@@ -368,8 +366,7 @@ async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_the
 async fn a_stop_asked_while_the_worker_was_unreachable_is_delivered_when_it_returns() {
     let (manager, workers, _dir) = cluster("late", 1, "30s").await;
     let client = manager.client();
-    let id = client.submit(&sleeper("late-stop")).await;
-    let running = client.await_state(&id, "Running").await;
+    let (id, running) = client.run(&sleeper("late-stop")).await;
     workers[0].signal("-STOP");
     assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -46,8 +46,7 @@ fn with_memory(mut task: Value, memory: &str) -> Value {
 /// Submits a task and waits until it runs; returns its node. (Waiting for `Running`, not just
 /// the placement, also means no container is still being created when the test ends.)
 async fn place(client: &Client, task: &Value) -> String {
-    let id = client.submit(task).await;
-    let placed = client.await_state(&id, "Running").await;
+    let (_, placed) = client.run(task).await;
     placed["NodeName"].as_str().unwrap().to_string()
 }
 
@@ -145,8 +144,7 @@ async fn a_task_too_big_for_every_worker_waits_and_runs_when_a_bigger_worker_joi
 async fn a_task_stopped_through_the_manager_ends_and_its_container_is_gone() {
     let cluster = Cluster::start("epvm", "st", &[]).await;
     let client = cluster.manager.client();
-    let id = client.submit(&web_task("to-stop")).await;
-    let running = client.await_state(&id, "Running").await;
+    let (id, running) = client.run(&web_task("to-stop")).await;
     let container = running["ContainerID"].as_str().unwrap().to_string();
 
     let answer = client.delete(&format!("/tasks/{id}")).await;
@@ -315,8 +313,7 @@ async fn cube_dev_is_a_cluster_in_one_process_that_runs_a_task_and_stops_cleanly
     );
 
     let client = dev.client();
-    let id = client.submit(&web_task("dev-web")).await;
-    let running = client.await_state(&id, "Running").await;
+    let (_, running) = client.run(&web_task("dev-web")).await;
     let port = host_port(&running, "7777/tcp");
     let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
         .await

@@ -115,8 +115,7 @@ async fn container_exit_codes_decide_completed_or_failed() {
 async fn an_exit_is_seen_within_a_second() {
     let worker = WorkerProcess::fresh("event");
     let client = worker.client();
-    let id = client.submit(&web_task("to-kill")).await;
-    let task = client.await_state(&id, "Running").await;
+    let (id, task) = client.run(&web_task("to-kill")).await;
 
     let killed = std::process::Command::new("docker")
         .args(["kill", task["ContainerID"].as_str().unwrap()])
@@ -361,8 +360,7 @@ async fn sigterm_stops_the_worker_cleanly_and_leaves_containers_running() {
     let name = unique_node("term");
     let worker = WorkerProcess::start(&name, "persistent", dir.path());
     let client = worker.client();
-    let id = client.submit(&web_task("survivor")).await;
-    let task = client.await_state(&id, "Running").await;
+    let (_, task) = client.run(&web_task("survivor")).await;
 
     let status = worker.terminate(Duration::from_secs(5));
     assert!(status.success(), "exit status {status:?}");
@@ -378,8 +376,7 @@ async fn cpu_memory_env_and_command_reach_the_container() {
     task["Cpu"] = json!(0.5);
     task["Memory"] = json!(64 * 1024 * 1024);
     task["Env"] = json!(["GREETING=hello"]);
-    let id = client.submit(&task).await;
-    let running = client.await_state(&id, "Running").await;
+    let (id, running) = client.run(&task).await;
 
     let output = std::process::Command::new("docker")
         .args([

@@ -391,14 +391,23 @@ pub fn remove_node_containers(node: &str) {
 
 /// IDs of all containers (running or not) carrying `label` (`key=value`).
 pub fn containers_with_label(label: &str) -> Vec<String> {
+    docker_ps(label, true)
+}
+
+/// IDs of the running containers carrying `label` (`key=value`).
+pub fn running_containers_with_label(label: &str) -> Vec<String> {
+    docker_ps(label, false)
+}
+
+fn docker_ps(label: &str, all: bool) -> Vec<String> {
+    let mut args = vec!["ps", "-q", "--no-trunc"];
+    if all {
+        args.push("-a");
+    }
+    let filter = format!("label={label}");
+    args.extend(["--filter", &filter]);
     let output = Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--no-trunc",
-            "--filter",
-            &format!("label={label}"),
-        ])
+        .args(&args)
         .output()
         .expect("docker ps");
     String::from_utf8_lossy(&output.stdout)
@@ -473,6 +482,13 @@ impl Client {
         answer.body["ID"].as_str().unwrap().to_string()
     }
 
+    /// Submits a task and waits until it runs; returns its ID and the running task.
+    pub async fn run(&self, body: &Value) -> (String, Value) {
+        let id = self.submit(body).await;
+        let running = self.await_state(&id, "Running").await;
+        (id, running)
+    }
+
     /// Polls the task every 20 ms until its `State` is `state`; fails after `STATE_BOUND`,
     /// or at once when it reaches another terminal state.
     pub async fn await_state(&self, id: &str, state: &str) -> Value {
@@ -533,22 +549,4 @@ pub fn host_port(task: &Value, port: &str) -> u16 {
         .unwrap()
         .parse()
         .unwrap()
-}
-
-/// IDs of the running containers carrying `label` (`key=value`).
-pub fn running_containers_with_label(label: &str) -> Vec<String> {
-    let output = Command::new("docker")
-        .args([
-            "ps",
-            "-q",
-            "--no-trunc",
-            "--filter",
-            &format!("label={label}"),
-        ])
-        .output()
-        .expect("docker ps");
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
