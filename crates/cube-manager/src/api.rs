@@ -57,7 +57,7 @@ async fn submit_task(
     let body = body?;
     let submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
-    match manager.submit(submission.event)? {
+    match manager.submit(submission.event).await? {
         Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
         Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),
     }
@@ -74,7 +74,7 @@ async fn stop_task(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    manager.request_stop(parse_task_id(&id)?)?;
+    manager.request_stop(parse_task_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -104,5 +104,7 @@ async fn report_node(
             report.name
         )));
     }
-    Ok(Json(manager.report_node(report, NodeSource::Registered)?))
+    Ok(Json(
+        manager.report_node(report, NodeSource::Registered).await?,
+    ))
 }

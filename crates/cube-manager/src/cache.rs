@@ -1,8 +1,9 @@
 //! The manager's in-memory copy of every task, and what the tasks hold on each node.
 //!
 //! The store is the truth; this cache mirrors it so that reads, placements and observations
-//! never decode the store. Every write goes to the store first and then here (see
-//! `Manager::save`), so the two never disagree about an acknowledged task.
+//! never decode the store. Every write is queued to the store and applied here under one
+//! lock (see `Manager::save`), and nothing is acknowledged or acted on before the write is
+//! durable; a write that fails puts the store's version back here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -79,6 +80,14 @@ impl TaskCache {
         }
         self.tasks.insert(task.id, task);
         previous
+    }
+
+    /// Forgets a task (one whose write never became durable); returns it.
+    pub fn remove(&mut self, id: &Uuid) -> Option<Task> {
+        let task = self.tasks.remove(id)?;
+        self.release(&task);
+        self.waiting.remove(id);
+        Some(task)
     }
 
     fn hold(&mut self, task: &Task) {

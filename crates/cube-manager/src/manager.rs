@@ -3,9 +3,12 @@
 //! observed state.
 //!
 //! Everything in memory sits behind one `std` mutex ([`Manager::state`]): each operation
-//! holds it for a few map operations and at most one store write, never across an `.await`,
-//! so placements see a consistent view of every node's allocations. Calls to workers are made
-//! outside the lock.
+//! holds it for a few map operations, never across an `.await` or an fsync, so placements see
+//! a consistent view of every node's allocations. A write is queued to the store under the
+//! lock (queued writes keep their order) and applied to the cache at once; it is waited for
+//! after the lock is let go ([`Writes`]), and nothing is acknowledged to a client or sent to
+//! a worker before it is durable. Concurrent writes share one commit. Calls to workers are
+//! made outside the lock.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, ClientError};
 use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, describe_rejections};
-use cube_store::{Store, StoreError};
+use cube_store::{Commit, Store, StoreError};
 use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -91,6 +94,17 @@ enum Outcome {
     Done,
     After(Duration),
     Retry(String),
+}
+
+/// The writes one operation queued under the lock, to be waited for once it let go.
+#[derive(Default)]
+#[must_use = "queued writes must be waited for before anything is acknowledged"]
+struct Writes(Vec<(Uuid, Commit)>);
+
+impl Writes {
+    fn push(&mut self, id: Uuid, commit: Commit) {
+        self.0.push((id, commit));
+    }
 }
 
 /// The manager.
@@ -172,10 +186,15 @@ impl Manager {
     /// Takes a `TaskEvent`: `Running` (or `Scheduled`) asks for a task to run, `Completed`
     /// for it to stop. A new task is stored `Pending` (durably, with the persistent store)
     /// before this returns, and queued for placement.
-    pub fn submit(&self, mut event: TaskEvent) -> Result<Submitted, ManagerError> {
+    pub async fn submit(&self, mut event: TaskEvent) -> Result<Submitted, ManagerError> {
         match event.state {
             State::Running | State::Scheduled => {}
-            State::Completed => return self.request_stop(event.task.id).map(Submitted::Existing),
+            State::Completed => {
+                return self
+                    .request_stop(event.task.id)
+                    .await
+                    .map(Submitted::Existing);
+            }
             other => {
                 return Err(ManagerError::BadRequest(format!(
                     "State: a TaskEvent asks for Running to run a task or Completed to stop it; \
@@ -184,6 +203,7 @@ impl Manager {
             }
         }
         let id = event.task.id;
+        let mut writes = Writes::default();
         {
             let mut state = lock(&self.state);
             if let Some(existing) = state.cache.get(&id) {
@@ -199,15 +219,22 @@ impl Manager {
             task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
             task.history.clear();
             task.record(Utc::now(), "Submitted", "");
-            self.stores.events.put(&event.id.to_string(), &event)?;
-            self.save(&mut state, event.task.clone())?;
+            writes.push(
+                id,
+                self.stores
+                    .events
+                    .put_queued(&event.id.to_string(), &event)?,
+            );
+            self.save(&mut state, &mut writes, event.task.clone())?;
         }
+        self.settle(writes).await?;
         self.queue.push(id);
         Ok(Submitted::Created(event.task))
     }
 
     /// Records that the user wants the task stopped and queues the stop.
-    pub fn request_stop(&self, id: Uuid) -> Result<Task, ManagerError> {
+    pub async fn request_stop(&self, id: Uuid) -> Result<Task, ManagerError> {
+        let mut writes = Writes::default();
         let task = {
             let mut state = lock(&self.state);
             let mut task = state
@@ -218,10 +245,11 @@ impl Manager {
             if !task.state.is_terminal() && task.desired_state != State::Completed {
                 task.desired_state = State::Completed;
                 task.record(Utc::now(), "StopRequested", "");
-                self.save(&mut state, task.clone())?;
+                self.save(&mut state, &mut writes, task.clone())?;
             }
             task
         };
+        self.settle(writes).await?;
         self.queue.push(id);
         Ok(task)
     }
@@ -263,7 +291,7 @@ impl Manager {
     /// A worker's registration or heartbeat (or a static worker's answer to the manager's
     /// poll). A new node, or one whose address changed, is followed from now on; a node that
     /// can take more work than before gets the tasks waiting for room.
-    pub fn report_node(
+    pub async fn report_node(
         self: &Arc<Self>,
         report: NodeReport,
         source: NodeSource,
@@ -274,6 +302,7 @@ impl Manager {
         let client = ApiClient::new(&report.address, self.config.request_timeout)
             .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
         let name = report.name.clone();
+        let mut node_write = None;
         let (effect, view) = {
             let mut state = lock(&self.state);
             let effect = state.nodes.report(
@@ -288,11 +317,14 @@ impl Manager {
             };
             let view = entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace);
             if effect.changed {
-                self.stores.nodes.put(&name, &view)?;
+                node_write = Some(self.stores.nodes.put_queued(&name, &view)?);
                 tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
             }
             (effect, view)
         };
+        if let Some(commit) = node_write {
+            commit.durable().await?;
+        }
         if effect.moved || effect.more_room {
             // A new or moved node is followed from now on; one that is back from silence is
             // followed afresh, so that its full task list (and any run replaced meanwhile)
@@ -332,7 +364,8 @@ impl Manager {
     ///
     /// Returns the strays: runs the worker still has going that the manager has replaced or
     /// ended (the node was lost and came back), for the caller to stop there.
-    fn observe(&self, node: &str, reported: Vec<Task>) -> Vec<Uuid> {
+    async fn observe(&self, node: &str, reported: Vec<Task>) -> Vec<Uuid> {
+        let mut writes = Writes::default();
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
         let mut freed = false;
@@ -356,7 +389,7 @@ impl Manager {
                 };
                 freed |= holds_resources(known) && !holds_resources(&merged);
                 tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.state, "task state changed");
-                if let Err(err) = self.save(&mut state, merged) {
+                if let Err(err) = self.save(&mut state, &mut writes, merged) {
                     tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
                 }
                 to_reconcile.push(observed.id);
@@ -383,7 +416,7 @@ impl Manager {
                             "worker {node} no longer has this task (its store was lost?)"
                         ));
                         tracing::warn!(task = %id, node, "the worker no longer has a running task");
-                        if let Err(err) = self.save(&mut state, failed) {
+                        if let Err(err) = self.save(&mut state, &mut writes, failed) {
                             tracing::error!(task = %id, error = %err, "cannot store a failure");
                         }
                         freed = true;
@@ -393,6 +426,8 @@ impl Manager {
                 }
             }
         }
+        // Errors are logged, and the cache put back, by `settle`; the worker reports again.
+        let _ = self.settle(writes).await;
         for id in to_reconcile {
             self.queue.push(id);
         }
@@ -506,15 +541,27 @@ impl Manager {
             };
             let outcome = match reconcile(&task, Utc::now()) {
                 Action::Nothing => Outcome::Done,
-                Action::GiveUp => self.give_up(id),
+                Action::GiveUp => match self.with_writes(|writes| self.give_up(id, writes)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(err) => Outcome::Retry(err.to_string()),
+                },
                 Action::Restart { wait, .. } if !wait.is_zero() => Outcome::After(wait),
-                Action::Restart { streak, .. } => match self.restart(id, streak) {
+                Action::Restart { streak, .. } => match self
+                    .with_writes(|writes| self.restart(id, streak, writes))
+                    .await
+                {
                     Ok(true) => continue,
                     Ok(false) => Outcome::Done,
                     Err(err) => Outcome::Retry(err.to_string()),
                 },
-                Action::CompleteUnplaced => self.complete_unplaced(id),
-                Action::Place => match self.place(id) {
+                Action::CompleteUnplaced => match self
+                    .with_writes(|writes| self.complete_unplaced(id, writes))
+                    .await
+                {
+                    Ok(()) => Outcome::Done,
+                    Err(err) => Outcome::Retry(err.to_string()),
+                },
+                Action::Place => match self.with_writes(|writes| self.place(id, writes)).await {
                     Ok(true) => continue,
                     Ok(false) => Outcome::Done,
                     Err(err) => Outcome::Retry(err.to_string()),
@@ -528,7 +575,7 @@ impl Manager {
 
     /// Places a `Pending` task; returns whether it was placed. When no node fits, the
     /// reasons are kept on the task for the API to show.
-    fn place(&self, id: Uuid) -> Result<bool, ManagerError> {
+    fn place(&self, id: Uuid, writes: &mut Writes) -> Result<bool, ManagerError> {
         let mut state = lock(&self.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(false);
@@ -583,7 +630,7 @@ impl Manager {
                 task.state = State::Scheduled;
                 task.node_name = name;
                 task.pending_reason = None;
-                self.save(&mut state, task)?;
+                self.save(&mut state, writes, task)?;
                 Ok(true)
             }
             Decision::NoFit { reasons } => {
@@ -591,7 +638,7 @@ impl Manager {
                 if task.pending_reason.as_deref() != Some(reason.as_str()) {
                     tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");
                     task.pending_reason = Some(reason);
-                    self.save(&mut state, task)?;
+                    self.save(&mut state, writes, task)?;
                 }
                 Ok(false)
             }
@@ -601,7 +648,7 @@ impl Manager {
     /// Begins a new run of a task that ended or was lost: back to `Pending` (the one explicit
     /// way back, `State::restart`), one more restart counted, the node it ran on kept as the
     /// first choice for the placement that follows at once.
-    fn restart(&self, id: Uuid, streak: u32) -> Result<bool, ManagerError> {
+    fn restart(&self, id: Uuid, streak: u32, writes: &mut Writes) -> Result<bool, ManagerError> {
         let mut state = lock(&self.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(false);
@@ -630,23 +677,23 @@ impl Manager {
         let message = format!("restart {}{limit}; the last run: {why}", task.restart_count);
         tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
         task.record(Utc::now(), "Restart", message);
-        self.save(&mut state, task)?;
+        self.save(&mut state, writes, task)?;
         Ok(true)
     }
 
     /// The restart limit is reached: the task keeps its state and last error; the history
     /// says why nothing more happens (once).
-    fn give_up(&self, id: Uuid) -> Outcome {
+    fn give_up(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
         let mut state = lock(&self.state);
         let Some(task) = state.cache.get(&id) else {
-            return Outcome::Done;
+            return Ok(());
         };
         if task
             .history
             .last()
             .is_some_and(|entry| entry.event == GAVE_UP)
         {
-            return Outcome::Done;
+            return Ok(());
         }
         let mut task = task.clone();
         let message = format!(
@@ -655,28 +702,22 @@ impl Manager {
         );
         tracing::warn!(task = %id, name = %task.name, %message, "not restarting");
         task.record(Utc::now(), GAVE_UP, message);
-        match self.save(&mut state, task) {
-            Ok(()) => Outcome::Done,
-            Err(err) => Outcome::Retry(err.to_string()),
-        }
+        self.save(&mut state, writes, task)
     }
 
-    fn complete_unplaced(&self, id: Uuid) -> Outcome {
+    fn complete_unplaced(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
         let mut state = lock(&self.state);
         let Some(task) = state.cache.get(&id) else {
-            return Outcome::Done;
+            return Ok(());
         };
         if task.state != State::Pending || task.desired_state != State::Completed {
-            return Outcome::Done;
+            return Ok(());
         }
         let mut task = task.clone();
         task.state = State::Completed;
         task.finish_time = Some(Utc::now());
         task.pending_reason = None;
-        match self.save(&mut state, task) {
-            Ok(()) => Outcome::Done,
-            Err(err) => Outcome::Retry(err.to_string()),
-        }
+        self.save(&mut state, writes, task)
     }
 
     /// Sends a `Scheduled` task to its node, once per manager process unless the node is
@@ -697,7 +738,7 @@ impl Manager {
         match client.post::<_, Task>("/tasks", &event).await {
             Ok((_, observed)) => {
                 lock(&self.dispatched).insert(task.id);
-                self.observe_one(&task.node_name, observed);
+                self.observe_one(&task.node_name, observed).await;
                 Outcome::Done
             }
             // The worker has the task and it already ended there: its report says how.
@@ -708,7 +749,8 @@ impl Manager {
                 self.fail(
                     task.id,
                     format!("worker {} refused the task: {message}", task.node_name),
-                );
+                )
+                .await;
                 Outcome::Done
             }
             Err(err) => Outcome::Retry(err.to_string()),
@@ -724,42 +766,55 @@ impl Manager {
         match client.delete(&format!("/tasks/{}", task.id)).await {
             Ok(()) => Outcome::Done,
             Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => {
-                let mut state = lock(&self.state);
-                if let Some(known) = state.cache.get(&task.id)
-                    && !known.state.is_terminal()
-                {
-                    let mut stopped = known.clone();
-                    stopped.state = State::Completed;
-                    stopped.finish_time = Some(Utc::now());
-                    if let Err(err) = self.save(&mut state, stopped) {
-                        return Outcome::Retry(err.to_string());
+                let mut writes = Writes::default();
+                let stopped = {
+                    let mut state = lock(&self.state);
+                    match state.cache.get(&task.id) {
+                        Some(known) if !known.state.is_terminal() => {
+                            let mut stopped = known.clone();
+                            stopped.state = State::Completed;
+                            stopped.finish_time = Some(Utc::now());
+                            self.save(&mut state, &mut writes, stopped).map(|()| true)
+                        }
+                        _ => Ok(false),
                     }
-                    drop(state);
-                    self.push_waiting();
+                };
+                match (stopped, self.settle(writes).await) {
+                    (Err(err), _) | (_, Err(err)) => Outcome::Retry(err.to_string()),
+                    (Ok(stopped), Ok(())) => {
+                        if stopped {
+                            self.push_waiting();
+                        }
+                        Outcome::Done
+                    }
                 }
-                Outcome::Done
             }
             Err(err) => Outcome::Retry(err.to_string()),
         }
     }
 
     /// One task as a worker answered it (after a dispatch).
-    fn observe_one(&self, node: &str, observed: Task) {
-        let mut state = lock(&self.state);
-        let Some(known) = state.cache.get(&observed.id) else {
-            return;
-        };
-        if known.node_name != node {
-            return;
-        }
-        if let Some(merged) = merge_observation(known, &observed, Utc::now())
-            && let Err(err) = self.save(&mut state, merged)
+    async fn observe_one(&self, node: &str, observed: Task) {
+        let mut writes = Writes::default();
         {
-            tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+            let mut state = lock(&self.state);
+            let Some(known) = state.cache.get(&observed.id) else {
+                return;
+            };
+            if known.node_name != node {
+                return;
+            }
+            if let Some(merged) = merge_observation(known, &observed, Utc::now())
+                && let Err(err) = self.save(&mut state, &mut writes, merged)
+            {
+                tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+            }
         }
+        let _ = self.settle(writes).await;
     }
 
-    fn fail(&self, id: Uuid, reason: String) {
+    async fn fail(&self, id: Uuid, reason: String) {
+        let mut writes = Writes::default();
         let freed = {
             let mut state = lock(&self.state);
             let Some(known) = state.cache.get(&id) else {
@@ -774,26 +829,79 @@ impl Manager {
             failed.finish_time = Some(Utc::now());
             failed.error = Some(reason);
             let freed = holds_resources(known);
-            if let Err(err) = self.save(&mut state, failed) {
+            if let Err(err) = self.save(&mut state, &mut writes, failed) {
                 tracing::error!(task = %id, error = %err, "cannot store a failure");
             }
             freed
         };
+        let _ = self.settle(writes).await;
         if freed {
             self.push_waiting();
         }
     }
 
-    /// Writes a task to the store, then to the cache: the store is the truth, and a task
-    /// the store refused is not shown as if it had been kept.
-    fn save(&self, state: &mut Shared, task: Task) -> Result<(), StoreError> {
-        self.stores.tasks.put(&task.id.to_string(), &task)?;
+    /// Queues the write of a task to the store (into `writes`, to be waited for once the
+    /// lock is let go) and applies it to the cache. A task the store cannot even encode is
+    /// not applied.
+    fn save(&self, state: &mut Shared, writes: &mut Writes, task: Task) -> Result<(), StoreError> {
+        writes.push(
+            task.id,
+            self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
+        );
         if task.state != State::Scheduled {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
         }
         state.cache.insert(task);
         Ok(())
+    }
+
+    /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
+    /// its writes to be durable.
+    async fn with_writes<T, E>(
+        &self,
+        operation: impl FnOnce(&mut Writes) -> Result<T, E>,
+    ) -> Result<T, ManagerError>
+    where
+        ManagerError: From<E>,
+    {
+        let mut writes = Writes::default();
+        let result = operation(&mut writes);
+        self.settle(writes).await?;
+        Ok(result?)
+    }
+
+    /// Waits until every write in `writes` is durable. A write that cannot be made durable
+    /// puts the store's version of its task back in the cache (or forgets a task the store
+    /// never had), so that nothing is shown or acted on that a restart would not know. Returns
+    /// the first error.
+    async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
+        let mut first_error = None;
+        for (id, commit) in writes.0 {
+            if let Err(err) = commit.durable().await {
+                tracing::error!(task = %id, error = %err, "a write did not become durable");
+                self.reload(id);
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Puts the store's version of a task back in the cache.
+    fn reload(&self, id: Uuid) {
+        let stored = self.stores.tasks.get(&id.to_string());
+        let mut state = lock(&self.state);
+        match stored {
+            Ok(Some(task)) => {
+                state.cache.insert(task);
+            }
+            Ok(None) => {
+                state.cache.remove(&id);
+            }
+            Err(err) => {
+                tracing::error!(task = %id, error = %err, "cannot read a task back from the store")
+            }
+        }
     }
 
     // ----- the loops that watch the outside -----
@@ -831,7 +939,9 @@ impl Manager {
                 _ = self.shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
-            let lost = self.mark_silent_nodes_down(Instant::now());
+            let mut writes = Writes::default();
+            let lost = self.mark_silent_nodes_down(Instant::now(), &mut writes);
+            let _ = self.settle(writes).await;
             for id in lost {
                 self.queue.push(id);
             }
@@ -840,7 +950,7 @@ impl Manager {
 
     /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
     /// returns those tasks.
-    fn mark_silent_nodes_down(&self, now: Instant) -> Vec<Uuid> {
+    fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
         let grace = self.config.heartbeat_grace;
         let mut state = lock(&self.state);
         let newly_down = state.nodes.mark_down(now, grace);
@@ -867,7 +977,7 @@ impl Manager {
                 task.state = next;
                 task.error = Some(message.clone());
                 task.record(Utc::now(), "Lost", message);
-                if let Err(err) = self.save(&mut state, task) {
+                if let Err(err) = self.save(&mut state, writes, task) {
                     tracing::error!(task = %id, error = %err, "cannot store a lost task");
                     continue;
                 }
@@ -918,7 +1028,7 @@ impl Manager {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
                     }
-                    for stray in self.observe(&name, tasks) {
+                    for stray in self.observe(&name, tasks).await {
                         // Another run replaced this one while the node was away: stop it,
                         // so that the task does not run twice.
                         tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
@@ -980,7 +1090,7 @@ impl Manager {
                 Ok(mut report) => {
                     reachable = true;
                     report.address = client.base().to_string();
-                    if let Err(err) = self.report_node(report, NodeSource::Static) {
+                    if let Err(err) = self.report_node(report, NodeSource::Static).await {
                         tracing::warn!(%address, error = %err, "static worker's report refused");
                     }
                 }

@@ -46,17 +46,23 @@ impl ContainerSpec {
     }
 }
 
-/// `cube-<node>-<name>-<short id>`, with the characters Docker refuses in names replaced by
-/// `-`. The node is in the name because several workers may share one Docker engine (a test
-/// machine, `cube dev` with extra workers): each must create its own container for a task,
-/// never find another worker's.
+/// `cube-<node>-<name>-<short id>` for a task's first run, `...-r<N>` for its N-th restart,
+/// with the characters Docker refuses in names replaced by `-`. The node is in the name
+/// because several workers may share one Docker engine (a test machine, `cube dev` with extra
+/// workers): each must create its own container for a task, never find another worker's. The
+/// run is in the name so that a restart's container can be created while the last run's is
+/// still being removed: the removal is off the path of the restart.
 pub fn container_name(task: &Task, node: &str) -> String {
-    format!(
+    let mut name = format!(
         "cube-{}-{}-{}",
         docker_safe(node),
         docker_safe(&task.name),
         task.short_id()
-    )
+    );
+    if task.restart_count > 0 {
+        name.push_str(&format!("-r{}", task.restart_count));
+    }
+    name
 }
 
 fn docker_safe(text: &str) -> String {
@@ -81,6 +87,14 @@ mod tests {
         let task = Task::new("my web/app 1", "busybox");
         let name = container_name(&task, "w 1");
         assert_eq!(name, format!("cube-w-1-my-web-app-1-{}", task.short_id()));
+    }
+
+    #[test]
+    fn each_restart_gets_a_container_name_of_its_own() {
+        let mut task = Task::new("web", "busybox");
+        let first = container_name(&task, "w1");
+        task.restart_count = 2;
+        assert_eq!(container_name(&task, "w1"), format!("{first}-r2"));
     }
 
     #[test]

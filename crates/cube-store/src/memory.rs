@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::{Store, StoreError};
+use crate::{Commit, Store, StoreError};
 
 /// Values behind one `std` mutex: every operation is a short map access that never awaits,
 /// so an async mutex would add cost and nothing else.
@@ -42,11 +42,11 @@ impl<V> Default for MemoryStore<V> {
 }
 
 impl<V: Clone + Send> Store<V> for MemoryStore<V> {
-    fn put(&self, key: &str, value: &V) -> Result<u64, StoreError> {
+    fn put_queued(&self, key: &str, value: &V) -> Result<Commit, StoreError> {
         let mut inner = self.lock();
         inner.values.insert(key.to_string(), value.clone());
         inner.index += 1;
-        Ok(inner.index)
+        Ok(Commit::done(inner.index))
     }
 
     fn get(&self, key: &str) -> Result<Option<V>, StoreError> {

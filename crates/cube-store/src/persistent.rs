@@ -1,23 +1,42 @@
-//! A store in a redb file: one ACID, fsynced commit per write.
+//! A store in a redb file: every write durable (fsynced) before it is acknowledged, with
+//! writes from concurrent callers sharing commits (see [`crate::commit`]).
 
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::commit::{Commit, META, Slot, Write, run_committer};
 use crate::{Store, StoreError};
 
-/// Each store's index, under the store's table name.
-const META: TableDefinition<&str, u64> = TableDefinition::new("cube_meta");
-
-/// One open redb file, shared by the stores that keep their tables in it. redb allows one
-/// process to open a file at a time, which also keeps two workers off the same data.
+/// One open redb file, shared by the stores that keep their tables in it, and the thread
+/// that commits their writes. redb allows one process to open a file at a time, which also
+/// keeps two workers off the same data.
 #[derive(Clone)]
 pub struct PersistentDb {
+    inner: Arc<DbInner>,
+}
+
+struct DbInner {
     db: Arc<Database>,
+    /// To the committer thread; `None` only while dropping.
+    writes: Option<mpsc::Sender<Write>>,
+    committer: Option<JoinHandle<()>>,
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        // The committer ends once its channel closes, after the writes already queued; the
+        // file is closed when it has, so the next open of it in this process succeeds.
+        self.writes.take();
+        if let Some(committer) = self.committer.take() {
+            let _ = committer.join();
+        }
+    }
 }
 
 impl PersistentDb {
@@ -33,13 +52,53 @@ impl PersistentDb {
                 other => other.to_string(),
             },
         })?;
-        Ok(PersistentDb { db: Arc::new(db) })
+        let db = Arc::new(db);
+        let (writes, queued) = mpsc::channel();
+        let committer = std::thread::Builder::new()
+            .name("cube-store-commit".to_string())
+            .spawn({
+                let db = db.clone();
+                move || run_committer(db, queued)
+            })
+            .map_err(|err| StoreError::Open {
+                path: path.display().to_string(),
+                reason: format!("cannot start the commit thread: {err}"),
+            })?;
+        Ok(PersistentDb {
+            inner: Arc::new(DbInner {
+                db,
+                writes: Some(writes),
+                committer: Some(committer),
+            }),
+        })
+    }
+
+    /// Queues a write for the committer.
+    fn queue(
+        &self,
+        table: &str,
+        key: &str,
+        value: Option<Vec<u8>>,
+    ) -> Result<Arc<Slot>, StoreError> {
+        let slot = Arc::new(Slot::default());
+        let write = Write {
+            table: table.to_string(),
+            key: key.to_string(),
+            value,
+            slot: slot.clone(),
+        };
+        self.inner
+            .writes
+            .as_ref()
+            .and_then(|writes| writes.send(write).ok())
+            .ok_or_else(|| StoreError::Commit("the commit thread has stopped".to_string()))?;
+        Ok(slot)
     }
 }
 
 /// Values of type `V` in one table of a [`PersistentDb`], stored as JSON.
 pub struct PersistentStore<V> {
-    db: Arc<Database>,
+    db: PersistentDb,
     table: String,
     _values: PhantomData<fn() -> V>,
 }
@@ -48,11 +107,11 @@ impl<V> PersistentStore<V> {
     /// A store over the table `table`, created now so that reads of an empty store succeed.
     pub fn new(db: PersistentDb, table: &str) -> Result<PersistentStore<V>, StoreError> {
         let store = PersistentStore {
-            db: db.db,
+            db,
             table: table.to_string(),
             _values: PhantomData,
         };
-        let txn = store.db.begin_write().map_err(redb::Error::from)?;
+        let txn = store.database().begin_write().map_err(redb::Error::from)?;
         txn.open_table(store.definition())
             .map_err(redb::Error::from)?;
         txn.open_table(META).map_err(redb::Error::from)?;
@@ -60,57 +119,30 @@ impl<V> PersistentStore<V> {
         Ok(store)
     }
 
-    fn definition(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
-        TableDefinition::new(&self.table)
+    fn database(&self) -> &Database {
+        &self.db.inner.db
     }
 
-    /// Runs `change` on the table in one write transaction that also bumps the index, and
-    /// commits durably. `change` says whether it changed anything.
-    fn write(
-        &self,
-        change: impl FnOnce(&mut redb::Table<&'static str, &'static [u8]>) -> Result<bool, redb::Error>,
-    ) -> Result<(bool, u64), StoreError> {
-        let txn = self.db.begin_write().map_err(redb::Error::from)?;
-        let (changed, index) = {
-            let mut table = txn
-                .open_table(self.definition())
-                .map_err(redb::Error::from)?;
-            let changed = change(&mut table)?;
-            let mut meta = txn.open_table(META).map_err(redb::Error::from)?;
-            let mut index = meta
-                .get(self.table.as_str())
-                .map_err(redb::Error::from)?
-                .map(|v| v.value())
-                .unwrap_or(0);
-            if changed {
-                index += 1;
-                meta.insert(self.table.as_str(), index)
-                    .map_err(redb::Error::from)?;
-            }
-            (changed, index)
-        };
-        txn.commit().map_err(redb::Error::from)?;
-        Ok((changed, index))
+    fn definition(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
+        TableDefinition::new(&self.table)
     }
 }
 
 impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
-    fn put(&self, key: &str, value: &V) -> Result<u64, StoreError> {
+    fn put_queued(&self, key: &str, value: &V) -> Result<Commit, StoreError> {
         let bytes = serde_json::to_vec(value).map_err(|source| StoreError::Encode {
             key: key.to_string(),
             source,
         })?;
-        let (_, index) = self.write(|table| {
-            table
-                .insert(key, bytes.as_slice())
-                .map_err(redb::Error::from)?;
-            Ok(true)
-        })?;
-        Ok(index)
+        Ok(Commit::queued(self.db.queue(
+            &self.table,
+            key,
+            Some(bytes),
+        )?))
     }
 
     fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
         let table = txn
             .open_table(self.definition())
             .map_err(redb::Error::from)?;
@@ -126,7 +158,7 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     }
 
     fn list(&self) -> Result<Vec<V>, StoreError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
         let table = txn
             .open_table(self.definition())
             .map_err(redb::Error::from)?;
@@ -144,7 +176,7 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     }
 
     fn count(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
         let table = txn
             .open_table(self.definition())
             .map_err(redb::Error::from)?;
@@ -152,13 +184,11 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     }
 
     fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        let (removed, _) =
-            self.write(|table| Ok(table.remove(key).map_err(redb::Error::from)?.is_some()))?;
-        Ok(removed)
+        Ok(self.db.queue(&self.table, key, None)?.wait()?.changed)
     }
 
     fn index(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read().map_err(redb::Error::from)?;
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
         let meta = txn.open_table(META).map_err(redb::Error::from)?;
         Ok(meta
             .get(self.table.as_str())
@@ -207,5 +237,67 @@ mod tests {
         events.put("a", &9).unwrap();
         assert_eq!((tasks.index().unwrap(), events.index().unwrap()), (2, 1));
         assert_eq!(events.list().unwrap(), vec![9]);
+    }
+}
+
+#[cfg(test)]
+mod group_commit {
+    use super::*;
+
+    fn store(dir: &tempfile::TempDir) -> PersistentStore<u32> {
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        PersistentStore::new(db, "tasks").unwrap()
+    }
+
+    #[test]
+    fn queued_writes_of_one_key_keep_their_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let commits: Vec<Commit> = (1..=100)
+            .map(|n| store.put_queued("k", &n).unwrap())
+            .collect();
+        let indexes: Vec<u64> = commits.into_iter().map(|c| c.wait().unwrap()).collect();
+        assert_eq!(indexes, (1..=100).collect::<Vec<u64>>());
+        assert_eq!(store.get("k").unwrap(), Some(100));
+    }
+
+    #[test]
+    fn concurrent_writers_are_all_durable_and_counted_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cube.redb");
+        {
+            let store = Arc::new(
+                PersistentStore::<u32>::new(PersistentDb::open(&path).unwrap(), "tasks").unwrap(),
+            );
+            let writers: Vec<_> = (0..8)
+                .map(|writer| {
+                    let store = store.clone();
+                    std::thread::spawn(move || {
+                        for n in 0..50 {
+                            store.put(&format!("{writer}-{n}"), &n).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for writer in writers {
+                writer.join().unwrap();
+            }
+        }
+        // Everything acknowledged is in the file once it is opened again.
+        let store = store(&dir);
+        assert_eq!(store.count().unwrap(), 400);
+        assert_eq!(store.index().unwrap(), 400);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_commit_can_be_awaited_without_blocking_the_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        let first = store.put_queued("a", &1).unwrap();
+        let second = store.put_queued("b", &2).unwrap();
+        assert_eq!(second.durable().await.unwrap(), 2);
+        assert_eq!(first.durable().await.unwrap(), 1);
+        assert!(store.delete("a").unwrap());
+        assert_eq!(store.list().unwrap(), vec![2]);
     }
 }

@@ -48,12 +48,14 @@ pub enum Command {
     Stop(Uuid),
     /// Compare the task with its container (after an event or during a resync).
     Check(Uuid),
+    /// Remove the containers of the task's earlier runs on this node, once a new run began.
+    Tidy(Uuid),
 }
 
 impl Command {
     fn task_id(self) -> Uuid {
         match self {
-            Command::Start(id) | Command::Stop(id) | Command::Check(id) => id,
+            Command::Start(id) | Command::Stop(id) | Command::Check(id) | Command::Tidy(id) => id,
         }
     }
 }
@@ -175,6 +177,7 @@ impl<R: Runtime> Worker<R> {
     async fn submit_run(&self, mut task: Task) -> Result<Submitted, WorkerError> {
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
+        let mut leftovers = false;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
             let new_run = current.state.is_terminal() && task.restart_count > current.restart_count;
             if !new_run {
@@ -182,8 +185,9 @@ impl<R: Runtime> Worker<R> {
                 checked_transition(&current, State::Running)?;
                 return Ok(Submitted::Existing(current));
             }
-            // The manager restarts a task that ended here (its restart count says so): what
-            // is left of the last run's container goes first, so the new run gets its own.
+            // The manager restarts a task that ended here (its restart count says so). The new
+            // run's container has a name of its own; what is left of the last run's goes
+            // after it (`Command::Tidy`), off the restart's path.
             current
                 .state
                 .restart()
@@ -191,14 +195,8 @@ impl<R: Runtime> Worker<R> {
                     id: current.id,
                     transition,
                 })?;
-            match self.find_container(&current).await {
-                Ok(Some(info)) => self.runtime.remove(&info.id).await.map_err(|err| {
-                    WorkerError::Runtime(format!("cannot remove the last run's container: {err}"))
-                })?,
-                Ok(None) => {}
-                Err(err) => return Err(WorkerError::Runtime(err.to_string())),
-            }
             tracing::info!(task = %task.id, restart = task.restart_count, "a new run of a task that ended here");
+            leftovers = true;
         }
         task.state = checked_transition(&task, State::Scheduled)?;
         // The worker owns what it observes: whatever the submission said about a container
@@ -211,6 +209,9 @@ impl<R: Runtime> Worker<R> {
         }
         self.save(&task)?;
         self.send(Command::Start(task.id)).await?;
+        if leftovers {
+            self.send(Command::Tidy(task.id)).await?;
+        }
         Ok(Submitted::Created(task))
     }
 
@@ -551,6 +552,7 @@ impl<R: Runtime> Worker<R> {
                 Command::Start(_) => self.start(task).await,
                 Command::Stop(_) => self.stop(task).await,
                 Command::Check(_) => self.check(task).await,
+                Command::Tidy(_) => self.tidy(&task).await,
             },
             Ok(None) => Ok(()),
             Err(err) => Err(err.into()),
@@ -658,6 +660,26 @@ impl<R: Runtime> Worker<R> {
         task.error = None;
         self.save(&task)?;
         tracing::info!(task = %task.id, name = %task.name, "task stopped");
+        Ok(())
+    }
+
+    /// Removes the containers of the task's earlier runs on this node: every container
+    /// labelled with the task but not the current run's. Runs under the task's lock, so the
+    /// current run is either started (its container recorded) or not created yet.
+    async fn tidy(&self, task: &Task) -> Result<(), WorkerError> {
+        let containers = self
+            .runtime
+            .list_managed(&self.config.name)
+            .await
+            .map_err(|err| WorkerError::Runtime(err.to_string()))?;
+        for leftover in containers
+            .iter()
+            .filter(|info| info.task_id == Some(task.id) && info.id != task.container_id)
+        {
+            if let Err(err) = self.runtime.remove(&leftover.id).await {
+                tracing::warn!(task = %task.id, container = %leftover.id, error = %err, "cannot remove an earlier run's container");
+            }
+        }
         Ok(())
     }
 
