@@ -38,6 +38,10 @@ pub struct Epvm {
     /// change rarely, so a placement usually looks each node's job cost up instead of taking an
     /// exponential.
     job_costs: JobCostTable,
+    /// Each node's memory level as last computed, by position in the snapshot. Between two
+    /// placements only the chosen node's allocation changes, so a placement usually looks
+    /// every other node's level up instead of taking an exponential.
+    memory_levels: MemoryLevelCache,
 }
 
 impl Epvm {
@@ -46,6 +50,7 @@ impl Epvm {
             filters: FilterChain::standard(),
             max_jobs: 1,
             job_costs: JobCostTable::default(),
+            memory_levels: MemoryLevelCache::default(),
         }
     }
 
@@ -54,16 +59,18 @@ impl Epvm {
         self.max_jobs
     }
 
-    /// After a placement (or a failed one): keep the raised `max_jobs`, and double it when the
-    /// chosen node's count now exceeds it. Raising already made it at least the old count, so
-    /// one doubling is always enough.
     fn record_placement(&mut self, max_jobs: usize, chosen: Option<&NodeView>) {
-        self.max_jobs = max_jobs;
-        if let Some(node) = chosen
-            && node.task_count + 1 > self.max_jobs
-        {
-            self.max_jobs = self.max_jobs.saturating_mul(2);
-        }
+        self.max_jobs = max_jobs_after(max_jobs, chosen);
+    }
+}
+
+/// `max_jobs` after a placement (or a failed one) that used `max_jobs`: the same, doubled when
+/// the chosen node's count now exceeds it. Raising it to cover the snapshot already made it at
+/// least the chosen node's old count, so one doubling is always enough.
+pub(crate) fn max_jobs_after(max_jobs: usize, chosen: Option<&NodeView>) -> usize {
+    match chosen {
+        Some(node) if node.task_count + 1 > max_jobs => max_jobs.saturating_mul(2),
+        _ => max_jobs,
     }
 }
 
@@ -94,18 +101,7 @@ impl Scheduler for Epvm {
         candidates: &[usize],
     ) -> Vec<(usize, f64)> {
         let model = CostModel::for_snapshot(nodes, self.max_jobs);
-        candidates
-            .iter()
-            .map(|&index| {
-                let node = &nodes[index];
-                let memory = model.memory_cost(
-                    node,
-                    task,
-                    model.memory_growth(node.capacity.memory, task.memory),
-                );
-                (index, memory + model.job_cost(node.task_count))
-            })
-            .collect()
+        marginal_costs(&model, task, nodes, candidates)
     }
 
     /// The least marginal cost; ties go to the node whose name sorts first.
@@ -121,34 +117,41 @@ impl Scheduler for Epvm {
         chosen
     }
 
-    /// The phases in two passes and no allocation: one to count live nodes and the busiest
-    /// node's tasks, one to filter and cost each node while keeping the cheapest. Nodes come
-    /// sorted by name, so keeping the first of equal costs gives ties to the name that sorts
-    /// first. Reasons are built only when no node fits.
+    /// The phases in two passes, allocating nothing once the level cache below has grown to
+    /// the cluster: one pass to count live nodes and the busiest node's tasks, one to filter
+    /// and cost each node while keeping the cheapest. Nodes come sorted by name, so keeping the
+    /// first of equal costs gives ties to the name that sorts first. Reasons are built only
+    /// when no node fits.
     ///
-    /// A node that the cheapest so far dominates (see [`Cheapest::dominates`]) cannot be
-    /// cheaper, so it is skipped before the filters and the exponential: in a cluster of
-    /// like nodes that is nearly every node.
+    /// A node that a cheaper node of its memory size dominates (see `SizeClass::dominates`)
+    /// cannot be the cheapest, so it is skipped before the filters and the costs; in a cluster
+    /// of a few node sizes that spares many nodes. The memory levels of the nodes that are
+    /// costed come from a `MemoryLevelCache`, which takes an exponential only for the nodes
+    /// whose allocation changed since the last placement.
     fn place(&mut self, task: &TaskRequest, nodes: &[NodeView]) -> Decision {
         debug_assert_sorted_by_name(nodes);
         let model = CostModel::for_snapshot(nodes, self.max_jobs);
         self.job_costs.prepare(&model);
-        let mut growths = GrowthCache::default();
-        let mut cheapest: Option<Cheapest> = None;
+        self.memory_levels.prepare(&model, nodes.len());
+        let mut sizes = SizeClasses::default();
+        let mut cheapest: Option<(usize, f64)> = None;
         for (index, node) in nodes.iter().enumerate() {
-            if cheapest.as_ref().is_some_and(|best| best.dominates(node))
-                || !self.filters.admits(task, node)
-            {
+            let size = sizes.class(&model, node.capacity.memory, task.memory);
+            if size.dominates(node) || !self.filters.admits(task, node) {
                 continue;
             }
-            let growth = growths.get(&model, node.capacity.memory, task.memory);
-            let cost = model.memory_cost(node, task, growth)
-                + self.job_costs.cost(&model, node.task_count);
-            if cheapest.as_ref().is_none_or(|best| cost < best.cost) {
-                cheapest = Some(Cheapest::new(index, node, cost));
+            let memory = if adds_memory_cost(node, task) {
+                self.memory_levels.level(&model, index, node) * size.growth
+            } else {
+                0.0
+            };
+            let cost = memory + self.job_costs.cost(&model, node.task_count);
+            size.offer(node, cost);
+            if cheapest.is_none_or(|(_, best)| cost < best) {
+                cheapest = Some((index, cost));
             }
         }
-        let chosen = cheapest.map(|best| best.index);
+        let chosen = cheapest.map(|(index, _)| index);
         self.record_placement(model.max_jobs, chosen.map(|index| &nodes[index]));
         match chosen {
             Some(index) => Decision::Placed {
@@ -162,41 +165,30 @@ impl Scheduler for Epvm {
     }
 }
 
-/// The cheapest node found so far in a placement, and what its cost was computed from.
-struct Cheapest {
-    index: usize,
-    cost: f64,
-    memory_capacity: u64,
-    memory_allocated: u64,
-    task_count: usize,
-}
-
-impl Cheapest {
-    fn new(index: usize, node: &NodeView, cost: f64) -> Cheapest {
-        Cheapest {
-            index,
-            cost,
-            memory_capacity: node.capacity.memory,
-            memory_allocated: node.allocated.memory,
-            task_count: node.task_count,
-        }
-    }
-
-    /// Whether `node` costs at least as much as this one, whatever the task: same memory
-    /// size, at least as much memory allocated, at least as many tasks. Both terms only grow
-    /// with allocation and count (the floating-point steps are monotonic too), so such a node
-    /// cannot be strictly cheaper, and a tie goes to this one, found first. Whether the node
-    /// passes the filters does not matter: either way it cannot be chosen.
-    fn dominates(&self, node: &NodeView) -> bool {
-        node.capacity.memory == self.memory_capacity
-            && node.allocated.memory >= self.memory_allocated
-            && node.task_count >= self.task_count
-    }
+/// The marginal cost of the task on each candidate, each computed from scratch: the reference
+/// that the faster placements, with their caches, must agree with.
+pub(crate) fn marginal_costs(
+    model: &CostModel,
+    task: &TaskRequest,
+    nodes: &[NodeView],
+    candidates: &[usize],
+) -> Vec<(usize, f64)> {
+    candidates
+        .iter()
+        .map(|&index| {
+            let node = &nodes[index];
+            let growth = model.memory_growth(node.capacity.memory, task.memory);
+            (
+                index,
+                model.memory_cost(node, task, growth) + model.job_cost(node.task_count),
+            )
+        })
+        .collect()
 }
 
 /// The constants of one placement's costs, read from the snapshot.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct CostModel {
+pub(crate) struct CostModel {
     /// The paper's `n`, the live (ready) nodes, but at least 2: with one node `n^x` would be 1
     /// whatever `x`, every cost 0 and every node tied. That is still correct, since one live
     /// node is the only candidate, but a base of 2 keeps the costs meaningful.
@@ -204,7 +196,7 @@ struct CostModel {
     /// `ln(base)`, so that `base^x` is `exp(x · ln_base)`.
     ln_base: f64,
     /// The `max_jobs` this placement uses: the scheduler's, raised to cover the snapshot.
-    max_jobs: usize,
+    pub(crate) max_jobs: usize,
 }
 
 impl CostModel {
@@ -215,6 +207,11 @@ impl CostModel {
             live += usize::from(node.ready);
             most_tasks = most_tasks.max(node.task_count);
         }
+        CostModel::new(live, most_tasks, max_jobs_so_far)
+    }
+
+    /// The model for `live` ready nodes, the busiest of which has `most_tasks` tasks.
+    pub(crate) fn new(live: usize, most_tasks: usize, max_jobs_so_far: usize) -> CostModel {
         let base = live.max(2);
         let covering = most_tasks.checked_next_power_of_two().unwrap_or(usize::MAX);
         CostModel {
@@ -227,7 +224,7 @@ impl CostModel {
     /// `n^(mem_j / M_m) − 1`: how much the task multiplies a node's memory cost by, less one.
     /// Depends on the node only through its memory size. A node with no memory counts as
     /// unused (utilisation 0), which keeps the cost a number.
-    fn memory_growth(&self, capacity: u64, request: u64) -> f64 {
+    pub(crate) fn memory_growth(&self, capacity: u64, request: u64) -> f64 {
         if capacity == 0 {
             return 0.0;
         }
@@ -235,57 +232,155 @@ impl CostModel {
     }
 
     /// The memory term, `n^(mem_m / M_m) · growth`, given the node's growth factor.
-    fn memory_cost(&self, node: &NodeView, task: &TaskRequest, growth: f64) -> f64 {
-        let capacity = node.capacity.memory;
-        if task.memory == 0 || capacity == 0 {
-            // Nothing added: 0 exactly, even on an over-committed node whose level would be
-            // infinite.
+    pub(crate) fn memory_cost(&self, node: &NodeView, task: &TaskRequest, growth: f64) -> f64 {
+        if !adds_memory_cost(node, task) {
             return 0.0;
         }
-        let level = (self.ln_base * node.allocated.memory as f64 / capacity as f64).exp();
-        level * growth
+        self.memory_level(node.allocated.memory, node.capacity.memory) * growth
+    }
+
+    /// `n^(mem_m / M_m)`, the memory level of a node with `capacity` bytes (not 0) of which
+    /// `allocated` are allocated.
+    fn memory_level(&self, allocated: u64, capacity: u64) -> f64 {
+        (self.ln_base * allocated as f64 / capacity as f64).exp()
     }
 
     /// The job term for a node with `task_count` jobs: `n^(k / max_jobs) · (n^(1 / max_jobs) − 1)`.
-    fn job_cost(&self, task_count: usize) -> f64 {
+    pub(crate) fn job_cost(&self, task_count: usize) -> f64 {
         let max_jobs = self.max_jobs as f64;
         let level = (self.ln_base * task_count as f64 / max_jobs).exp();
         level * (self.ln_base / max_jobs).exp_m1()
     }
 }
 
-/// [`CostModel::memory_growth`] for the last few memory sizes seen in one placement. The nodes
-/// of a cluster mostly come in a few sizes, so most nodes find their size here instead of
-/// costing an exponential; sizes are replaced in turn when more than fit are seen.
+/// Whether the task has a memory term on the node at all. A task without memory, or a node
+/// without any, adds 0 exactly, even on an over-committed node whose level would be infinite.
+pub(crate) fn adds_memory_cost(node: &NodeView, task: &TaskRequest) -> bool {
+    task.memory != 0 && node.capacity.memory != 0
+}
+
+/// [`CostModel::memory_level`] of each node, by its position in the snapshot, kept between
+/// placements. An entry is used only when the node's allocation and capacity are the ones it
+/// was computed from, so a stale or shifted entry costs a recomputation, never a wrong value:
+/// the level is a function of those two numbers and the base alone.
+#[derive(Debug, Default)]
+struct MemoryLevelCache {
+    /// The base the levels were computed with.
+    computed_for: Option<usize>,
+    entries: Vec<MemoryLevel>,
+}
+
+/// One node's memory level and what it was computed from. A capacity of 0 marks an empty
+/// entry: such a node has no memory term, so its level is never asked for.
+#[derive(Debug, Default, Clone, Copy)]
+struct MemoryLevel {
+    allocated: u64,
+    capacity: u64,
+    level: f64,
+}
+
+impl MemoryLevelCache {
+    /// Forgets every level if the base changed, and makes room for `node_count` nodes.
+    fn prepare(&mut self, model: &CostModel, node_count: usize) {
+        if self.computed_for != Some(model.base) {
+            self.computed_for = Some(model.base);
+            self.entries.clear();
+        }
+        self.entries.resize(node_count, MemoryLevel::default());
+    }
+
+    /// The level of `node`, the `index`-th of the snapshot [`MemoryLevelCache::prepare`] was
+    /// given the length of.
+    fn level(&mut self, model: &CostModel, index: usize, node: &NodeView) -> f64 {
+        let (allocated, capacity) = (node.allocated.memory, node.capacity.memory);
+        let entry = &mut self.entries[index];
+        if entry.capacity != capacity || entry.allocated != allocated {
+            *entry = MemoryLevel {
+                allocated,
+                capacity,
+                level: model.memory_level(allocated, capacity),
+            };
+        }
+        entry.level
+    }
+}
+
+/// What one placement has learnt about the last few memory sizes it met. The nodes of a
+/// cluster mostly come in a few sizes, so most nodes find their size here; sizes are replaced
+/// in turn when more than fit are met, which costs only a recomputation.
 #[derive(Default)]
-struct GrowthCache {
-    entries: [Option<(u64, f64)>; GROWTH_CACHE_SIZES],
+pub(crate) struct SizeClasses {
+    /// The first `held` are in use.
+    classes: [SizeClass; SIZE_CLASSES],
+    held: usize,
+    /// The slot the next size met goes to: the free ones first, then the oldest.
     next_replaced: usize,
 }
 
-/// How many memory sizes a [`GrowthCache`] holds.
-const GROWTH_CACHE_SIZES: usize = 4;
+/// How many memory sizes a [`SizeClasses`] holds.
+const SIZE_CLASSES: usize = 4;
 
-impl GrowthCache {
-    fn get(&mut self, model: &CostModel, capacity: u64, request: u64) -> f64 {
-        let cached = self
-            .entries
+/// One memory size, in one placement.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct SizeClass {
+    capacity: u64,
+    /// [`CostModel::memory_growth`] of the task on a node of this size.
+    pub(crate) growth: f64,
+    /// The cheapest node of this size costed so far: its allocated memory, task count and
+    /// cost.
+    cheapest: Option<(u64, usize, f64)>,
+}
+
+impl SizeClasses {
+    /// The class of the nodes with `capacity` bytes of memory, met now if it is not held.
+    pub(crate) fn class(
+        &mut self,
+        model: &CostModel,
+        capacity: u64,
+        request: u64,
+    ) -> &mut SizeClass {
+        let held = self.classes[..self.held]
             .iter()
-            .flatten()
-            .find(|(size, _)| *size == capacity);
-        if let Some(&(_, growth)) = cached {
-            return growth;
+            .position(|class| class.capacity == capacity);
+        let slot = held.unwrap_or_else(|| {
+            let slot = self.next_replaced;
+            self.next_replaced = (slot + 1) % SIZE_CLASSES;
+            self.held = (self.held + 1).min(SIZE_CLASSES);
+            self.classes[slot] = SizeClass {
+                capacity,
+                growth: model.memory_growth(capacity, request),
+                cheapest: None,
+            };
+            slot
+        });
+        &mut self.classes[slot]
+    }
+}
+
+impl SizeClass {
+    /// Whether `node`, of this size, costs at least as much as the cheapest node of this size
+    /// costed so far, whatever the task: it has at least as much memory allocated and at least
+    /// as many tasks. Both terms only grow with allocation and count (the floating-point steps
+    /// are monotonic too), so such a node cannot be strictly cheaper than that one, which is
+    /// no cheaper than the cheapest node so far, and a tie goes to the node found first.
+    /// Whether the node passes the filters does not matter: either way it cannot be chosen.
+    fn dominates(&self, node: &NodeView) -> bool {
+        self.cheapest.is_some_and(|(allocated, task_count, _)| {
+            node.allocated.memory >= allocated && node.task_count >= task_count
+        })
+    }
+
+    /// Keeps `node` as the class's cheapest if it is.
+    fn offer(&mut self, node: &NodeView, cost: f64) {
+        if self.cheapest.is_none_or(|(_, _, cheapest)| cost < cheapest) {
+            self.cheapest = Some((node.allocated.memory, node.task_count, cost));
         }
-        let growth = model.memory_growth(capacity, request);
-        self.entries[self.next_replaced] = Some((capacity, growth));
-        self.next_replaced = (self.next_replaced + 1) % GROWTH_CACHE_SIZES;
-        growth
     }
 }
 
 /// [`CostModel::job_cost`] for every count up to `max_jobs`, kept between placements.
 #[derive(Debug, Default)]
-struct JobCostTable {
+pub(crate) struct JobCostTable {
     /// The base and `max_jobs` the costs were computed for.
     computed_for: Option<(usize, usize)>,
     costs: Vec<f64>,
@@ -293,7 +388,7 @@ struct JobCostTable {
 
 impl JobCostTable {
     /// Recomputes the table if the model's base or `max_jobs` changed since it was filled.
-    fn prepare(&mut self, model: &CostModel) {
+    pub(crate) fn prepare(&mut self, model: &CostModel) {
         let key = (model.base, model.max_jobs);
         if self.computed_for == Some(key) {
             return;
@@ -308,7 +403,7 @@ impl JobCostTable {
     }
 
     /// The job term for `task_count`, from the table when it holds it.
-    fn cost(&self, model: &CostModel, task_count: usize) -> f64 {
+    pub(crate) fn cost(&self, model: &CostModel, task_count: usize) -> f64 {
         match self.costs.get(task_count) {
             Some(&cost) => cost,
             None => model.job_cost(task_count),
@@ -533,6 +628,35 @@ mod tests {
             decision.to_string(),
             "w1: node is Down; w2: needs 2.0 GiB memory, 1.0 GiB free"
         );
+    }
+
+    #[test]
+    fn levels_remembered_from_another_snapshot_are_not_reused() {
+        // Both schedulers place the same stream on one cluster, so their max_jobs agree and
+        // the fast one has remembered a level for every node. Then a node leaves (every index
+        // shifts) and allocations change: the fast one must decide what the phases decide.
+        let cluster: Vec<NodeView> = (0..6)
+            .map(|index| node(&format!("w{index}"), index * 256 * MIB, index as usize % 3))
+            .collect();
+        let task = memory_request(384 * MIB);
+        let mut fast = Epvm::new();
+        let mut phased = Epvm::new();
+        for _ in 0..3 {
+            assert_eq!(
+                fast.place(&task, &cluster),
+                place_in_phases(&mut phased, &task, &cluster)
+            );
+        }
+        let mut changed = cluster[1..].to_vec();
+        changed[0].allocated.memory = 3 * GIB;
+        changed[3].allocated.memory = 0;
+        for _ in 0..3 {
+            let decision = fast.place(&task, &changed);
+            assert_eq!(decision, place_in_phases(&mut phased, &task, &changed));
+            if let Decision::Placed { index, .. } = decision {
+                changed[index].add_task(&task);
+            }
+        }
     }
 
     #[test]

@@ -122,7 +122,7 @@ impl FilterChain {
     }
 
     /// The rejection of a node the chain refused.
-    fn rejection(&self, task: &TaskRequest, node: &NodeView) -> Rejection {
+    pub fn rejection(&self, task: &TaskRequest, node: &NodeView) -> Rejection {
         Rejection {
             node: node.name.clone(),
             reason: self.filters.reason(task, node),

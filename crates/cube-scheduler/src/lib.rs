@@ -1,23 +1,30 @@
 //! Cube's scheduler: given a snapshot of the nodes and the resources one task asks for, it
 //! decides which node the task goes to, or says for every node why it cannot go there.
 //!
-//! It decides; it does not act. It does no IO, reads no clock and draws no random numbers:
-//! it never touches the store, never calls a worker and never sleeps, so the same snapshot and
-//! the same scheduler state always give the same decision. The manager builds the snapshot
+//! It decides; it does not act. It does no IO and reads no clock: it never touches the store,
+//! never calls a worker and never sleeps. The only randomness is a seeded generator
+//! ([`rng::SplitMix64`]) kept in the scheduler's state, so the same snapshot and the same
+//! scheduler state always give the same decision. The manager builds the snapshot
 //! ([`NodeView`]s, sorted by name), asks for a [`Decision`] and carries it out.
 //!
 //! A placement has the book's three phases ([`Scheduler`]): feasibility, a chain of small
-//! filters ([`filter`]); scoring, where lower is better; and the pick. Two schedulers exist:
-//! [`RoundRobin`] and [`Epvm`] (the paper's marginal-cost rule).
+//! filters ([`filter`]); scoring, where lower is better; and the pick. Three schedulers exist:
+//! [`RoundRobin`], [`Epvm`] (the paper's marginal-cost rule over every node) and
+//! [`EpvmSampled`] (the same rule over a bounded pseudo-random sample of the feasible nodes,
+//! for large clusters). `cargo bench -p cube-scheduler --bench throughput` measures their
+//! placements per second and the balance they leave.
 
 use std::fmt;
 
 pub mod epvm;
+pub mod epvm_sampled;
 pub mod filter;
+pub mod rng;
 pub mod round_robin;
 pub mod view;
 
 pub use epvm::Epvm;
+pub use epvm_sampled::EpvmSampled;
 pub use filter::{Filter, FilterChain};
 pub use round_robin::RoundRobin;
 pub use view::{NodeView, TaskRequest};
@@ -72,11 +79,15 @@ pub fn describe_rejections(reasons: &[Rejection]) -> String {
 /// which the manager must pass **sorted by name, each name once**: round-robin rotates in
 /// that order and ties go to the node that sorts first. Debug builds assert it.
 pub trait Scheduler: Send {
-    /// The name the manager's `--scheduler` flag uses: `"roundrobin"` or `"epvm"`.
+    /// The name the manager's `--scheduler` flag uses: `"roundrobin"`, `"epvm"` or
+    /// `"epvm-sampled"`.
     fn name(&self) -> &'static str;
 
     /// Feasibility: the indices (into `nodes`) of the nodes that can take the task, and a
-    /// reason for each node that cannot.
+    /// reason for each node that cannot. A sampling scheduler ([`EpvmSampled`]) may stop
+    /// looking once it has enough candidates, and then gives only the nodes it looked at; but
+    /// it never gives a node that cannot take the task, and when it gives none, every node
+    /// has its reason.
     fn select_candidate_nodes(
         &self,
         task: &TaskRequest,
@@ -102,16 +113,22 @@ pub trait Scheduler: Send {
     /// Decides where the task goes. `nodes` must be sorted by name (see [`Scheduler`]).
     ///
     /// By default the three phases run in order. A scheduler may do the same work in one pass
-    /// over the nodes, as long as it decides exactly what the phases would.
+    /// over the nodes, as long as it decides exactly what the phases would, and leaves the
+    /// same state behind.
     fn place(&mut self, task: &TaskRequest, nodes: &[NodeView]) -> Decision {
         place_in_phases(self, task, nodes)
     }
 }
 
-/// The scheduler called `name` (`"epvm"` or `"roundrobin"`), fresh.
+/// The names [`scheduler_by_name`] knows.
+pub const SCHEDULER_NAMES: [&str; 3] = ["roundrobin", "epvm", "epvm-sampled"];
+
+/// The scheduler called `name` (one of [`SCHEDULER_NAMES`]), fresh. `"epvm-sampled"` is seeded
+/// with [`epvm_sampled::DEFAULT_SEED`] and scores [`epvm_sampled::default_sample_size`] nodes.
 pub fn scheduler_by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     match name {
         "epvm" => Some(Box::new(Epvm::new())),
+        "epvm-sampled" => Some(Box::new(EpvmSampled::new())),
         "roundrobin" => Some(Box::new(RoundRobin::new())),
         _ => None,
     }
@@ -196,7 +213,7 @@ mod tests {
 
     #[test]
     fn schedulers_are_found_by_their_flag_names() {
-        for name in ["epvm", "roundrobin"] {
+        for name in SCHEDULER_NAMES {
             let scheduler = scheduler_by_name(name);
             assert_eq!(scheduler.map(|s| s.name()), Some(name));
         }
@@ -205,7 +222,7 @@ mod tests {
 
     #[test]
     fn every_scheduler_places_nothing_on_an_empty_cluster() {
-        for name in ["epvm", "roundrobin"] {
+        for name in SCHEDULER_NAMES {
             let mut scheduler = scheduler_by_name(name).expect("a known scheduler");
             let decision = scheduler.place(&TaskRequest::default(), &[]);
             assert_eq!(decision, Decision::NoFit { reasons: vec![] }, "{name}");

@@ -1,11 +1,16 @@
 //! Properties of every placement, over random clusters and random streams of tasks: no node
-//! is ever given more than it has, work goes only to ready nodes, and "nothing fits" is said
-//! only when nothing does.
+//! is ever given more than it has, work goes only to ready nodes, "nothing fits" is said only
+//! when nothing does, and each scheduler's one-pass placement decides what its three phases
+//! decide. Sampled E-PVM is checked with the default sample and with tiny ones (so that most of
+//! its walks stop early), and, given a sample as large as the cluster, against exhaustive E-PVM.
 
 use std::collections::BTreeSet;
 
 use cube_scheduler::filter::CPU_TOLERANCE_CORES;
-use cube_scheduler::{Decision, NodeView, TaskRequest, place_in_phases, scheduler_by_name};
+use cube_scheduler::{
+    Decision, Epvm, EpvmSampled, NodeView, SCHEDULER_NAMES, Scheduler, TaskRequest,
+    place_in_phases, scheduler_by_name,
+};
 use cube_types::Resources;
 use proptest::prelude::*;
 
@@ -87,13 +92,16 @@ fn has_room(node: &NodeView, task: &TaskRequest) -> bool {
         && task.host_ports.is_disjoint(&node.host_ports_taken)
 }
 
+/// Places `tasks` one after the other with a scheduler made by `make`, applying each placement,
+/// and checks every decision; a second scheduler from `make` runs the three phases alongside.
 fn check_stream(
-    scheduler_name: &str,
+    make: impl Fn() -> Box<dyn Scheduler>,
     mut nodes: Vec<NodeView>,
     tasks: &[TaskRequest],
 ) -> Result<(), TestCaseError> {
-    let mut scheduler = scheduler_by_name(scheduler_name).expect("a known scheduler");
-    let mut phased = scheduler_by_name(scheduler_name).expect("a known scheduler");
+    let mut scheduler = make();
+    let mut phased = make();
+    let scheduler_name = scheduler.name();
     for task in tasks {
         let decision = scheduler.place(task, &nodes);
         prop_assert_eq!(
@@ -151,7 +159,33 @@ proptest! {
             prop_assert!(node.allocated.cpu <= node.capacity.cpu + CPU_TOLERANCE_CORES);
             prop_assert!(node.allocated.memory <= node.capacity.memory);
         }
-        check_stream("roundrobin", nodes.clone(), &tasks)?;
-        check_stream("epvm", nodes, &tasks)?;
+        for name in SCHEDULER_NAMES {
+            check_stream(|| scheduler_by_name(name).expect("a known scheduler"), nodes.clone(), &tasks)?;
+        }
+        for sample_size in [1, 2, 3] {
+            check_stream(
+                || Box::new(EpvmSampled::with_seed(sample_size as u64).with_sample_size(sample_size)),
+                nodes.clone(),
+                &tasks,
+            )?;
+        }
+    }
+
+    #[test]
+    fn a_sample_as_large_as_the_cluster_decides_what_exhaustive_epvm_decides(
+        mut nodes in cluster(),
+        tasks in prop::collection::vec(task(), 1..60),
+        seed in any::<u64>(),
+    ) {
+        let mut sampled = EpvmSampled::with_seed(seed).with_sample_size(nodes.len());
+        let mut exhaustive = Epvm::new();
+        for task in &tasks {
+            let decision = sampled.place(task, &nodes);
+            prop_assert_eq!(&decision, &exhaustive.place(task, &nodes));
+            prop_assert_eq!(sampled.max_jobs(), exhaustive.max_jobs());
+            if let Decision::Placed { index, .. } = decision {
+                nodes[index].add_task(task);
+            }
+        }
     }
 }

@@ -33,8 +33,9 @@ pub struct DevArgs {
     /// The worker's name.
     #[arg(short, long, default_value = "local")]
     name: String,
-    /// Scheduler: epvm or roundrobin.
-    #[arg(short, long, default_value = "epvm", value_parser = ["epvm", "roundrobin"])]
+    /// Scheduler: epvm (E-PVM, least marginal cost over every node), epvm-sampled (E-PVM over
+    /// a bounded random sample of the nodes that fit, for thousands of nodes) or roundrobin.
+    #[arg(short, long, default_value = "epvm", value_parser = cube_scheduler::SCHEDULER_NAMES)]
     scheduler: String,
     #[command(flatten)]
     store: StoreArgs,

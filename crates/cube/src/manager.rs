@@ -30,8 +30,9 @@ pub struct ManagerArgs {
     /// Port to listen on (0 picks a free one; the address is printed).
     #[arg(short, long, default_value_t = 5555)]
     port: u16,
-    /// Scheduler: epvm (E-PVM, least marginal cost) or roundrobin.
-    #[arg(short, long, default_value = "epvm", value_parser = ["epvm", "roundrobin"])]
+    /// Scheduler: epvm (E-PVM, least marginal cost over every node), epvm-sampled (E-PVM over
+    /// a bounded random sample of the nodes that fit, for thousands of nodes) or roundrobin.
+    #[arg(short, long, default_value = "epvm", value_parser = cube_scheduler::SCHEDULER_NAMES)]
     scheduler: String,
     #[command(flatten)]
     store: StoreArgs,
