@@ -48,14 +48,12 @@ pub enum Command {
     Stop(Uuid),
     /// Compare the task with its container (after an event or during a resync).
     Check(Uuid),
-    /// Remove the containers of the task's earlier runs on this node, once a new run began.
-    Tidy(Uuid),
 }
 
 impl Command {
     fn task_id(self) -> Uuid {
         match self {
-            Command::Start(id) | Command::Stop(id) | Command::Check(id) | Command::Tidy(id) => id,
+            Command::Start(id) | Command::Stop(id) | Command::Check(id) => id,
         }
     }
 }
@@ -177,7 +175,6 @@ impl<R: Runtime> Worker<R> {
     async fn submit_run(&self, mut task: Task) -> Result<Submitted, WorkerError> {
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
-        let mut leftovers = false;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
             let new_run = current.state.is_terminal() && task.restart_count > current.restart_count;
             if !new_run {
@@ -186,8 +183,8 @@ impl<R: Runtime> Worker<R> {
                 return Ok(Submitted::Existing(current));
             }
             // The manager restarts a task that ended here (its restart count says so). The new
-            // run's container has a name of its own; what is left of the last run's goes
-            // after it (`Command::Tidy`), off the restart's path.
+            // run's container has a name of its own; what is left of the last run's is
+            // removed once the new one runs (`tidy`), off the restart's path.
             current
                 .state
                 .restart()
@@ -196,7 +193,6 @@ impl<R: Runtime> Worker<R> {
                     transition,
                 })?;
             tracing::info!(task = %task.id, restart = task.restart_count, "a new run of a task that ended here");
-            leftovers = true;
         }
         task.state = checked_transition(&task, State::Scheduled)?;
         // The worker owns what it observes: whatever the submission said about a container
@@ -209,9 +205,6 @@ impl<R: Runtime> Worker<R> {
         }
         self.save(&task)?;
         self.send(Command::Start(task.id)).await?;
-        if leftovers {
-            self.send(Command::Tidy(task.id)).await?;
-        }
         Ok(Submitted::Created(task))
     }
 
@@ -552,7 +545,6 @@ impl<R: Runtime> Worker<R> {
                 Command::Start(_) => self.start(task).await,
                 Command::Stop(_) => self.stop(task).await,
                 Command::Check(_) => self.check(task).await,
-                Command::Tidy(_) => self.tidy(&task).await,
             },
             Ok(None) => Ok(()),
             Err(err) => Err(err.into()),
@@ -616,7 +608,18 @@ impl<R: Runtime> Worker<R> {
             return self.fail(task, format!("cannot start the container: {err}"));
         }
         match self.runtime.inspect(&container_id).await {
-            Ok(Some(info)) => self.observe(task, info),
+            Ok(Some(info)) => {
+                let restarted = (task.restart_count > 0).then(|| task.clone());
+                self.observe(task, info)?;
+                // Once the new run is recorded (and reported), what is left of the last one
+                // on this node goes.
+                if let Some(task) = restarted
+                    && let Err(err) = self.tidy(&task).await
+                {
+                    tracing::warn!(task = %task.id, error = %err, "cannot remove an earlier run's container");
+                }
+                Ok(())
+            }
             Ok(None) => self.fail(task, "the container disappeared as it started".to_string()),
             Err(err) => self.fail(task, format!("cannot inspect the started container: {err}")),
         }
@@ -664,8 +667,7 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Removes the containers of the task's earlier runs on this node: every container
-    /// labelled with the task but not the current run's. Runs under the task's lock, so the
-    /// current run is either started (its container recorded) or not created yet.
+    /// labelled with the task but not the current run's (recorded in `task`).
     async fn tidy(&self, task: &Task) -> Result<(), WorkerError> {
         let containers = self
             .runtime
