@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::server::INDEX_HEADER;
+use crate::server::{INDEX_HEADER, SINCE_HEADER};
 
 /// Why a request to a Cube API did not give the answer asked for.
 #[derive(Debug, thiserror::Error)]
@@ -70,8 +70,10 @@ impl ApiClient {
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
-        let (_, body, _) = self.send::<(), T>(Method::GET, path, None, None).await?;
-        Ok(body)
+        Ok(self
+            .send::<(), T>(Method::GET, path, None, None)
+            .await?
+            .body)
     }
 
     /// A blocking query: `GET path?index=N&wait=…`; answers with the body and the index the
@@ -83,10 +85,33 @@ impl ApiClient {
         wait: Duration,
     ) -> Result<(T, Option<u64>), ClientError> {
         let path = format!("{path}?index={index}&wait={}ms", wait.as_millis());
-        let (_, body, index) = self
+        let answer = self
             .send::<(), T>(Method::GET, &path, None, Some(wait + self.timeout))
             .await?;
-        Ok((body, index))
+        Ok((answer.body, answer.index))
+    }
+
+    /// A blocking query for changes: `GET path?index=N&wait=…&changes=true`. The answer holds
+    /// what changed after N ([`Changes::complete`] false) or, when the server cannot tell
+    /// (N is 0, or from before it started), everything (`complete` true).
+    pub async fn get_changes<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        index: u64,
+        wait: Duration,
+    ) -> Result<Changes<T>, ClientError> {
+        let path = format!(
+            "{path}?index={index}&wait={}ms&changes=true",
+            wait.as_millis()
+        );
+        let answer = self
+            .send::<(), T>(Method::GET, &path, None, Some(wait + self.timeout))
+            .await?;
+        Ok(Changes {
+            body: answer.body,
+            index: answer.index,
+            complete: answer.since.is_none(),
+        })
     }
 
     pub async fn post<B: Serialize, T: DeserializeOwned>(
@@ -94,8 +119,8 @@ impl ApiClient {
         path: &str,
         body: &B,
     ) -> Result<(StatusCode, T), ClientError> {
-        let (status, body, _) = self.send(Method::POST, path, Some(body), None).await?;
-        Ok((status, body))
+        let answer = self.send(Method::POST, path, Some(body), None).await?;
+        Ok((answer.status, answer.body))
     }
 
     pub async fn put<B: Serialize, T: DeserializeOwned>(
@@ -103,8 +128,7 @@ impl ApiClient {
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
-        let (_, body, _) = self.send(Method::PUT, path, Some(body), None).await?;
-        Ok(body)
+        Ok(self.send(Method::PUT, path, Some(body), None).await?.body)
     }
 
     /// A `DELETE`; any 2xx answer is success.
@@ -120,7 +144,7 @@ impl ApiClient {
         path: &str,
         body: Option<&B>,
         timeout: Option<Duration>,
-    ) -> Result<(StatusCode, T, Option<u64>), ClientError> {
+    ) -> Result<Answer<T>, ClientError> {
         let url = format!("{}{path}", self.base);
         let mut request = self
             .http
@@ -137,11 +161,14 @@ impl ApiClient {
                 reason: error_chain(&err),
             })?;
         let status = response.status();
-        let index = response
-            .headers()
-            .get(INDEX_HEADER)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse().ok());
+        let number = |header: &str| {
+            response
+                .headers()
+                .get(header)
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.parse::<u64>().ok())
+        };
+        let (index, since) = (number(INDEX_HEADER), number(SINCE_HEADER));
         let bytes = response
             .bytes()
             .await
@@ -165,8 +192,31 @@ impl ApiClient {
             url: url.clone(),
             reason: err.to_string(),
         })?;
-        Ok((status, body, index))
+        Ok(Answer {
+            status,
+            body,
+            index,
+            since,
+        })
     }
+}
+
+/// What a server answered, with the indexes of a blocking query.
+struct Answer<T> {
+    status: StatusCode,
+    body: T,
+    index: Option<u64>,
+    since: Option<u64>,
+}
+
+/// The answer to [`ApiClient::get_changes`].
+#[derive(Debug)]
+pub struct Changes<T> {
+    pub body: T,
+    /// The index to ask with next time, if the server reported one.
+    pub index: Option<u64>,
+    /// Whether `body` holds everything, not only what changed.
+    pub complete: bool,
 }
 
 /// `HOST:PORT` or `http://HOST:PORT` as `http://HOST:PORT`.

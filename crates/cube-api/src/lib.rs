@@ -11,8 +11,10 @@
 pub mod client;
 pub mod server;
 
-pub use client::{ApiClient, ClientError};
-pub use server::{ApiError, INDEX_HEADER, MAX_BODY_BYTES, parse_task_id, with_json_fallbacks};
+pub use client::{ApiClient, Changes, ClientError};
+pub use server::{
+    ApiError, INDEX_HEADER, MAX_BODY_BYTES, SINCE_HEADER, parse_task_id, with_json_fallbacks,
+};
 
 /// The `http://HOST:PORT` in the line `cube worker`, `cube manager` and `cube dev` print once
 /// they listen; tools that start them on port 0 (the tests, `cube-bench`) read it back.

@@ -18,6 +18,10 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// `X-Consul-Index`.
 pub const INDEX_HEADER: &str = "X-Cube-Index";
 
+/// Set on a blocking query's answer that holds only what changed after the index in it: the
+/// tasks not in the answer did not change. Absent, the answer holds everything.
+pub const SINCE_HEADER: &str = "X-Cube-Since";
+
 /// An error answer: a status and a message naming what was wrong.
 #[derive(Debug)]
 pub struct ApiError {

@@ -1,16 +1,16 @@
-//! `cube-bench`: Cube's latency measured next to its floor, raw Docker, in the same run.
-//!
-//! `cube-bench start-latency` starts a real `cube manager` and a real `cube worker` registered
-//! with it (or, with `--through worker`, the worker alone), both on the persistent store so
-//! that each acknowledged submission is a durable commit, and, alternating run by run:
-//! - Cube: `POST /tasks` until `GET /tasks/{id}` says `Running` (polled every 2 ms);
-//! - raw Docker: bollard create + start of the same container until start returns, which is
-//!   when Docker reports it running.
-//!
-//! It prints a table (median, p95, min, max) and the ratio of the medians. It never fails on a
-//! time: the figures are whatever they are, for BENCHMARKS.md.
+//! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
+//! start latency, bursts, recovery, footprint and the store. Each subcommand (one module each)
+//! prints markdown tables for BENCHMARKS.md; none fails on a time: the figures are whatever
+//! they are.
 
+mod burst;
+mod footprint;
+mod load;
 mod recovery;
+mod simulated;
+mod start_latency;
+mod store;
+mod swarm;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -18,10 +18,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use cube_runtime::sample_image::SAMPLE_IMAGE;
-use cube_runtime::{ContainerSpec, DockerRuntime, Runtime};
-use cube_types::Task;
-use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Cube's benchmarks. Each prints a table; none fails on a time.
@@ -36,9 +32,13 @@ struct Cli {
 enum Command {
     /// Time from POST /tasks to Running on a worker, next to bollard create+start.
     StartLatency {
-        /// How many tasks each side starts, one after another.
+        /// How many tasks each side starts in one set, one after another.
         #[arg(long, default_value_t = 20)]
         runs: usize,
+        /// How many sets: each gives a p50, a p95 and a ratio; the summary gives their
+        /// median, min and max.
+        #[arg(long, default_value_t = 5)]
+        sets: usize,
         /// The `cube` binary to run the worker with [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -46,15 +46,85 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Through::Manager)]
         through: Through,
     },
+    /// Many tasks asked for at once, until all run: Cube, raw Docker at the worker's
+    /// parallelism, and Docker Swarm (`service create --replicas N`), taking turns.
+    Burst {
+        /// How many bursts each side gets.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// How many tasks one burst asks for.
+        #[arg(long, default_value_t = 50)]
+        tasks: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Time from `docker kill` of a task's container until it runs again, next to Docker
     /// Swarm (a single-node swarm is initialised when there is none, and left afterwards).
     Recovery {
         /// How many kills each side gets.
         #[arg(long, default_value_t = 10)]
         runs: usize,
+        /// How many sets: each gives a median and a ratio; the summary gives their median,
+        /// min and max.
+        #[arg(long, default_value_t = 5)]
+        sets: usize,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
+    },
+    /// Resident memory of an idle worker, an idle manager and a manager holding --tasks
+    /// tasks on simulated workers; the size of the release binary.
+    Footprint {
+        /// How many times each process is measured.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// How many tasks the loaded manager holds.
+        #[arg(long, default_value_t = 100_000)]
+        tasks: usize,
+        /// The processes' store (memory tells the persistent store's share apart).
+        #[arg(long, value_enum, default_value_t = load::DbType::Persistent)]
+        dbtype: load::DbType,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// Durable submissions per second (and none lost to kill -9), and GET /tasks latency
+    /// with many tasks.
+    Store {
+        /// How many runs of each submission setup.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// How long each run submits, in seconds.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// How many clients submit at once (a run with one client follows each).
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// The task counts GET /tasks is timed at, comma-separated (`--list-tasks` alone:
+        /// none).
+        #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "10000,100000")]
+        list_tasks: Vec<usize>,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// Runs --count real workers on an in-memory container runtime in this one process,
+    /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
+    /// benchmarks start it themselves).
+    SimWorkers {
+        /// The manager to register with (HOST:PORT).
+        #[arg(long)]
+        manager: String,
+        /// How many workers.
+        #[arg(long, default_value_t = 10)]
+        count: usize,
+        /// Workers are named PREFIX-0, PREFIX-1, ...
+        #[arg(long, default_value = "sim")]
+        name_prefix: String,
+        /// How often each worker sends its heartbeat (e.g. 2s, 500ms).
+        #[arg(long, default_value = "2s", value_parser = cube_types::duration::parse_duration)]
+        heartbeat_interval: Duration,
     },
 }
 
@@ -70,12 +140,45 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::StartLatency {
             runs,
+            sets,
             cube,
             through,
-        } => start_latency(runs, cube, through).await,
-        Command::Recovery { runs, cube } => recovery::recovery(runs, &cube_binary(cube)?).await,
+        } => start_latency::start_latency(runs, sets, &cube_binary(cube)?, through).await,
+        Command::Burst { runs, tasks, cube } => {
+            burst::burst(runs, tasks, &cube_binary(cube)?).await
+        }
+        Command::Recovery { runs, sets, cube } => {
+            recovery::recovery(runs, sets, &cube_binary(cube)?).await
+        }
+        Command::Footprint {
+            runs,
+            tasks,
+            dbtype,
+            cube,
+        } => footprint::footprint(runs, tasks, dbtype, &cube_binary(cube)?).await,
+        Command::Store {
+            runs,
+            seconds,
+            concurrency,
+            list_tasks,
+            cube,
+        } => store::store(runs, seconds, concurrency, &list_tasks, &cube_binary(cube)?).await,
+        Command::SimWorkers {
+            manager,
+            count,
+            name_prefix,
+            heartbeat_interval,
+        } => simulated::sim_workers(&manager, count, &name_prefix, heartbeat_interval).await,
     }
 }
+
+/// How many containers the benchmark's worker starts at once (`cube worker --parallelism`),
+/// and raw Docker's parallelism next to it.
+pub(crate) const PARALLELISM: usize = 8;
+
+/// The node label on raw Docker's containers: not the benchmark worker's, whose resync would
+/// remove them as containers no task owns.
+pub(crate) const RAW_NODE: &str = "cube-bench-raw";
 
 /// How long one task may take to become `Running` before the run is abandoned.
 pub(crate) const RUN_BOUND: Duration = Duration::from_secs(30);
@@ -109,6 +212,7 @@ impl BenchCluster {
             }
             Through::Worker => None,
         };
+        let parallelism = PARALLELISM.to_string();
         let mut worker_args = vec![
             "worker",
             "-H",
@@ -119,6 +223,8 @@ impl BenchCluster {
             &node,
             "-d",
             "persistent",
+            "--parallelism",
+            &parallelism,
         ];
         let manager_address = manager
             .as_deref()
@@ -154,54 +260,6 @@ fn cube_binary(cube: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         Some(path) => path,
         None => std::env::current_exe()?.with_file_name("cube"),
     })
-}
-
-async fn start_latency(runs: usize, cube: Option<PathBuf>, through: Through) -> anyhow::Result<()> {
-    anyhow::ensure!(runs > 0, "--runs must be at least 1");
-    let cube = cube_binary(cube)?;
-    let docker = DockerRuntime::connect().await?;
-    docker.ensure_sample_image(SAMPLE_IMAGE).await?;
-    let cluster = BenchCluster::start(&cube, through).await?;
-    let (http, base) = (&cluster.http, &cluster.base);
-    let node = cluster.node.clone();
-    let node = node.as_str();
-
-    let mut cube_ms = Vec::with_capacity(runs);
-    let mut raw_ms = Vec::with_capacity(runs);
-    for run in 0..runs {
-        // Alternate which side goes first, so neither always meets a Docker still busy
-        // cleaning up after the other.
-        if run % 2 == 0 {
-            cube_ms.push(cube_once(http, base, run).await?);
-            raw_ms.push(raw_once(&docker, node, run).await?);
-        } else {
-            raw_ms.push(raw_once(&docker, node, run).await?);
-            cube_ms.push(cube_once(http, base, run).await?);
-        }
-    }
-    drop(cluster);
-    for container in docker.list_managed(node).await? {
-        docker.remove(&container.id).await.ok();
-    }
-
-    let cube_summary = Summary::of(&mut cube_ms);
-    let raw_summary = Summary::of(&mut raw_ms);
-    println!("start latency, {runs} runs each, image {SAMPLE_IMAGE}, one task at a time");
-    println!();
-    println!("| path | median ms | p95 ms | min ms | max ms |");
-    println!("|---|---:|---:|---:|---:|");
-    let path = match through {
-        Through::Manager => "manager + worker",
-        Through::Worker => "worker alone",
-    };
-    println!("| Cube: POST /tasks → Running ({path}, persistent stores) | {cube_summary} |");
-    println!("| raw Docker: bollard create + start | {raw_summary} |");
-    println!();
-    println!(
-        "ratio of medians, Cube / raw Docker: {:.2}",
-        cube_summary.median / raw_summary.median
-    );
-    Ok(())
 }
 
 /// Starts `cube ARGS --data-dir DIR` and reads the `http://` address it prints.
@@ -269,53 +327,12 @@ pub(crate) async fn submit(
         .to_string())
 }
 
-/// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
-async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Result<f64> {
-    let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
-    let started = Instant::now();
-    let id = submit(http, base, &task).await?;
-    loop {
-        let task: serde_json::Value = http
-            .get(format!("{base}/tasks/{id}"))
-            .send()
-            .await?
-            .json()
-            .await?;
-        match task["State"].as_str() {
-            Some("Running") => break,
-            Some("Failed") => bail!("task {id} failed: {}", task["Error"]),
-            _ if started.elapsed() > RUN_BOUND => {
-                bail!("task {id} not Running within {RUN_BOUND:?}")
-            }
-            _ => tokio::time::sleep(Duration::from_millis(2)).await,
-        }
-    }
-    let elapsed = started.elapsed();
-    http.delete(format!("{base}/tasks/{id}")).send().await?;
-    Ok(elapsed.as_secs_f64() * 1000.0)
-}
-
-/// The same container started straight through bollard; the time until start returns, in ms.
-async fn raw_once(docker: &DockerRuntime, node: &str, run: usize) -> anyhow::Result<f64> {
-    let mut task = Task::new(format!("raw-{run}"), SAMPLE_IMAGE);
-    task.port_bindings
-        .insert("7777/tcp".to_string(), String::new());
-    task.normalize();
-    let spec = ContainerSpec::for_task(&task, node);
-    let started = Instant::now();
-    let id = docker.create(&spec).await?;
-    docker.start(&id).await?;
-    let elapsed = started.elapsed();
-    docker.remove(&id).await?;
-    Ok(elapsed.as_secs_f64() * 1000.0)
-}
-
 /// Median, 95th percentile, min and max of a set of times in ms.
 pub(crate) struct Summary {
     pub(crate) median: f64,
-    p95: f64,
-    min: f64,
-    max: f64,
+    pub(crate) p95: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
 }
 
 impl Summary {
@@ -328,6 +345,21 @@ impl Summary {
             min: times[0],
             max: times[times.len() - 1],
         }
+    }
+}
+
+impl Summary {
+    /// Median, min and max of ratios, as table cells.
+    pub(crate) fn ratios(&self) -> String {
+        self.spread(2)
+    }
+
+    /// Median, min and max with `decimals` decimals, as table cells.
+    pub(crate) fn spread(&self, decimals: usize) -> String {
+        format!(
+            "{:.decimals$} | {:.decimals$} | {:.decimals$}",
+            self.median, self.min, self.max
+        )
     }
 }
 

@@ -7,23 +7,23 @@
 //! Cube's manager reads `Running` with a new container ID (polled every 2 ms); for Swarm,
 //! Docker lists a new running container of the service (polled every 2 ms).
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bollard::Docker;
-use bollard::query_parameters::{KillContainerOptions, ListContainersOptionsBuilder};
+use bollard::query_parameters::KillContainerOptions;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
 use serde_json::json;
 
+use crate::swarm::Swarm;
 use crate::{BenchCluster, RUN_BOUND, Summary, Through};
 
 const SERVICE: &str = "cube-bench-recovery";
 
-pub(crate) async fn recovery(runs: usize, cube: &Path) -> anyhow::Result<()> {
+pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
+    anyhow::ensure!(sets > 0, "--sets must be at least 1");
     let docker = Docker::connect_with_local_defaults()?
         .negotiate_version()
         .await
@@ -39,24 +39,55 @@ pub(crate) async fn recovery(runs: usize, cube: &Path) -> anyhow::Result<()> {
     let id = crate::submit(&cluster.http, &cluster.base, &task).await?;
     let mut cube_container = cube_running_container(&cluster, &id, None).await?;
 
-    let swarm = Swarm::start()?;
-    let mut swarm_container = swarm_running_container(&docker, None).await?;
+    let swarm = Swarm::start(
+        SERVICE,
+        1,
+        &["--restart-condition", "any", "--restart-delay", "0s"],
+    )?;
+    let mut swarm_container = swarm_running_container(&docker, &swarm, None).await?;
 
-    let mut cube_ms = Vec::with_capacity(runs);
-    let mut swarm_ms = Vec::with_capacity(runs);
-    for run in 0..runs {
-        for side in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
-            if side == 0 {
-                let killed = kill(&docker, &cube_container).await?;
-                cube_container =
-                    cube_running_container(&cluster, &id, Some(&cube_container)).await?;
-                cube_ms.push(killed.elapsed().as_secs_f64() * 1000.0);
-            } else {
-                let killed = kill(&docker, &swarm_container).await?;
-                swarm_container = swarm_running_container(&docker, Some(&swarm_container)).await?;
-                swarm_ms.push(killed.elapsed().as_secs_f64() * 1000.0);
+    println!(
+        "recovery: docker kill → running again, {sets} sets of {runs} kills each side, image \
+         {SAMPLE_IMAGE}; Cube = restart policy always, RestartDelay 0s (manager + worker), \
+         Swarm = one replica, --restart-delay 0s"
+    );
+    println!();
+    println!(
+        "| set | Cube median ms | Cube p95 ms | Swarm median ms | Swarm p95 ms | ratio of medians |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let (mut cube_medians, mut swarm_medians, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for set in 0..sets {
+        let mut cube_ms = Vec::with_capacity(runs);
+        let mut swarm_ms = Vec::with_capacity(runs);
+        for run in 0..runs {
+            for side in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
+                if side == 0 {
+                    let killed = kill(&docker, &cube_container).await?;
+                    cube_container =
+                        cube_running_container(&cluster, &id, Some(&cube_container)).await?;
+                    cube_ms.push(killed.elapsed().as_secs_f64() * 1000.0);
+                } else {
+                    let killed = kill(&docker, &swarm_container).await?;
+                    swarm_container =
+                        swarm_running_container(&docker, &swarm, Some(&swarm_container)).await?;
+                    swarm_ms.push(killed.elapsed().as_secs_f64() * 1000.0);
+                }
             }
         }
+        let (cube_set, swarm_set) = (Summary::of(&mut cube_ms), Summary::of(&mut swarm_ms));
+        let ratio = cube_set.median / swarm_set.median;
+        println!(
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {ratio:.2} |",
+            set + 1,
+            cube_set.median,
+            cube_set.p95,
+            swarm_set.median,
+            swarm_set.p95
+        );
+        cube_medians.push(cube_set.median);
+        swarm_medians.push(swarm_set.median);
+        ratios.push(ratio);
     }
     drop(swarm);
     let answer = cluster
@@ -72,20 +103,20 @@ pub(crate) async fn recovery(runs: usize, cube: &Path) -> anyhow::Result<()> {
     // Let the worker stop and remove the container before the cluster goes away.
     cube_running_gone(&docker, &cube_container).await;
 
-    let cube_summary = Summary::of(&mut cube_ms);
-    let swarm_summary = Summary::of(&mut swarm_ms);
-    println!("recovery: docker kill -> running again, {runs} runs each, image {SAMPLE_IMAGE}");
     println!();
-    println!("| path | median ms | p95 ms | min ms | max ms |");
-    println!("|---|---:|---:|---:|---:|");
+    println!("| over {sets} sets | median | min | max |");
+    println!("|---|---:|---:|---:|");
     println!(
-        "| Cube: restart policy always, RestartDelay 0s (manager + worker) | {cube_summary} |"
+        "| Cube median ms | {} |",
+        Summary::of(&mut cube_medians).spread(1)
     );
-    println!("| Docker Swarm: one replica, --restart-delay 0s | {swarm_summary} |");
-    println!();
     println!(
-        "ratio of medians, Cube / Swarm: {:.2}",
-        cube_summary.median / swarm_summary.median
+        "| Swarm median ms | {} |",
+        Summary::of(&mut swarm_medians).spread(1)
+    );
+    println!(
+        "| ratio of medians, Cube / Swarm | {} |",
+        Summary::of(&mut ratios).spread(2)
     );
     Ok(())
 }
@@ -136,93 +167,25 @@ async fn cube_running_gone(docker: &Docker, container: &str) {
     }
 }
 
-/// Waits until Docker lists a running container of the Swarm service other than `old`.
-async fn swarm_running_container(docker: &Docker, old: Option<&str>) -> anyhow::Result<String> {
-    let filters = HashMap::from([
-        (
-            "label".to_string(),
-            vec![format!("com.docker.swarm.service.name={SERVICE}")],
-        ),
-        ("status".to_string(), vec!["running".to_string()]),
-    ]);
-    let options = ListContainersOptionsBuilder::new()
-        .filters(&filters)
-        .build();
+/// Waits until the Swarm service has a running container other than `old`.
+async fn swarm_running_container(
+    docker: &Docker,
+    swarm: &Swarm,
+    old: Option<&str>,
+) -> anyhow::Result<String> {
     let started = Instant::now();
     loop {
-        let containers = docker.list_containers(Some(options.clone())).await?;
-        if let Some(id) = containers
-            .iter()
-            .filter_map(|container| container.id.as_deref())
-            .find(|id| Some(*id) != old)
+        if let Some(id) = swarm
+            .running(docker)
+            .await?
+            .into_iter()
+            .find(|id| Some(id.as_str()) != old)
         {
-            return Ok(id.to_string());
+            return Ok(id);
         }
         if started.elapsed() > Duration::from_secs(60) {
             bail!("the Swarm service {SERVICE} has no running container after 60 s");
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-}
-
-/// A one-replica Swarm service of the sample image, in a single-node swarm initialised for
-/// the benchmark when there is none; both are removed when dropped.
-struct Swarm {
-    initialised_here: bool,
-}
-
-impl Swarm {
-    fn start() -> anyhow::Result<Swarm> {
-        let state = docker_cli(&["info", "--format", "{{.Swarm.LocalNodeState}}"])?;
-        let initialised_here = state.trim() != "active";
-        if initialised_here {
-            docker_cli(&["swarm", "init", "--advertise-addr", "127.0.0.1"])
-                .context("docker swarm init")?;
-        }
-        let swarm = Swarm { initialised_here };
-        let _ = docker_cli(&["service", "rm", SERVICE]);
-        docker_cli(&[
-            "service",
-            "create",
-            "--name",
-            SERVICE,
-            "--replicas",
-            "1",
-            "--init",
-            "--no-resolve-image",
-            "--restart-condition",
-            "any",
-            "--restart-delay",
-            "0s",
-            "--detach",
-            SAMPLE_IMAGE,
-        ])
-        .context("docker service create")?;
-        Ok(swarm)
-    }
-}
-
-impl Drop for Swarm {
-    fn drop(&mut self) {
-        let _ = docker_cli(&["service", "rm", SERVICE]);
-        if self.initialised_here {
-            let _ = docker_cli(&["swarm", "leave", "--force"]);
-        }
-    }
-}
-
-/// Runs the Docker CLI; its stdout, or its stderr as the error.
-fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new("docker")
-        .args(args)
-        .output()
-        .context("running the docker CLI")?;
-    if !output.status.success() {
-        bail!(
-            "docker {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).to_string())
 }

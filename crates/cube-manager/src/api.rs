@@ -46,7 +46,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
     )
 }
 
-async fn list_tasks(State(manager): State<Arc<Manager>>) -> Json<Vec<Task>> {
+async fn list_tasks(State(manager): State<Arc<Manager>>) -> Json<Vec<Arc<Task>>> {
     Json(manager.tasks())
 }
 
@@ -66,7 +66,7 @@ async fn submit_task(
 async fn get_task(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
-) -> Result<Json<Task>, ApiError> {
+) -> Result<Json<Arc<Task>>, ApiError> {
     Ok(Json(manager.task(parse_task_id(&id)?)?))
 }
 

@@ -6,6 +6,7 @@
 //! durable; a write that fails puts the store's version back here.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use cube_types::{Resources, State, Task};
 use uuid::Uuid;
@@ -23,9 +24,14 @@ pub struct NodeLoad {
 }
 
 /// Every task by ID, the load per node, and the tasks waiting for a placement.
+///
+/// Tasks are kept behind `Arc`s: a reader takes a [`TaskCache::snapshot`] under the manager's
+/// lock for the price of a reference count each, and serialises it after letting go. (The
+/// map's slots also stay small: a `Task` is about 500 bytes, and a map keeps up to a third of
+/// its slots empty.)
 #[derive(Debug, Default)]
 pub struct TaskCache {
-    tasks: HashMap<Uuid, Task>,
+    tasks: HashMap<Uuid, Arc<Task>>,
     loads: HashMap<String, NodeLoad>,
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
     /// let the scheduler place.
@@ -49,11 +55,21 @@ pub fn fixed_host_ports(task: &Task) -> impl Iterator<Item = u16> + '_ {
 
 impl TaskCache {
     pub fn get(&self, id: &Uuid) -> Option<&Task> {
-        self.tasks.get(id)
+        self.tasks.get(id).map(|task| &**task)
+    }
+
+    /// A task, shared: cheap to take under the lock and read after it.
+    pub fn shared(&self, id: &Uuid) -> Option<Arc<Task>> {
+        self.tasks.get(id).cloned()
     }
 
     pub fn tasks(&self) -> impl Iterator<Item = &Task> {
-        self.tasks.values()
+        self.tasks.values().map(|task| &**task)
+    }
+
+    /// Every task, shared, in no particular order.
+    pub fn snapshot(&self) -> Vec<Arc<Task>> {
+        self.tasks.values().cloned().collect()
     }
 
     pub fn load(&self, node: &str) -> Option<&NodeLoad> {
@@ -67,7 +83,7 @@ impl TaskCache {
 
     /// Inserts or replaces a task, moving its resources between nodes as its placement or
     /// state changed. Returns the task it replaced.
-    pub fn insert(&mut self, task: Task) -> Option<Task> {
+    pub fn insert(&mut self, task: Task) -> Option<Arc<Task>> {
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
             self.release(old);
@@ -78,12 +94,12 @@ impl TaskCache {
         } else {
             self.waiting.remove(&task.id);
         }
-        self.tasks.insert(task.id, task);
+        self.tasks.insert(task.id, Arc::new(task));
         previous
     }
 
     /// Forgets a task (one whose write never became durable); returns it.
-    pub fn remove(&mut self, id: &Uuid) -> Option<Task> {
+    pub fn remove(&mut self, id: &Uuid) -> Option<Arc<Task>> {
         let task = self.tasks.remove(id)?;
         self.release(&task);
         self.waiting.remove(id);

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use cube_api::{ApiClient, ClientError};
+use cube_api::{ApiClient, Changes, ClientError};
 use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, describe_rejections};
 use cube_store::{Commit, Store, StoreError};
 use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
@@ -254,17 +254,16 @@ impl Manager {
         Ok(task)
     }
 
-    pub fn task(&self, id: Uuid) -> Result<Task, ManagerError> {
+    pub fn task(&self, id: Uuid) -> Result<Arc<Task>, ManagerError> {
         lock(&self.state)
             .cache
-            .get(&id)
-            .cloned()
+            .shared(&id)
             .ok_or(ManagerError::NotFound(id))
     }
 
-    /// Every task, oldest first.
-    pub fn tasks(&self) -> Vec<Task> {
-        let mut tasks: Vec<Task> = lock(&self.state).cache.tasks().cloned().collect();
+    /// Every task, oldest first. Taken under the lock as shared references, sorted after.
+    pub fn tasks(&self) -> Vec<Arc<Task>> {
+        let mut tasks = lock(&self.state).cache.snapshot();
         tasks.sort_by_key(|task| (task.created_time, task.id));
         tasks
     }
@@ -357,14 +356,15 @@ impl Manager {
 
     // ----- observations from workers -----
 
-    /// Applies a worker's full task list: each task placed on `node` takes the state the
-    /// worker saw. A task the manager placed there that the worker does not list is sent
-    /// again when it was only `Scheduled`, and has failed when it was `Running` (the worker
-    /// lost its store).
+    /// Applies a worker's task list: each task placed on `node` takes the state the worker
+    /// saw. When the list is `complete` (every task the worker has, not only those that
+    /// changed), a task the manager placed there that the worker does not list is sent again
+    /// when it was only `Scheduled`, and has failed when it was `Running` (the worker lost
+    /// its store).
     ///
     /// Returns the strays: runs the worker still has going that the manager has replaced or
     /// ended (the node was lost and came back), for the caller to stop there.
-    async fn observe(&self, node: &str, reported: Vec<Task>) -> Vec<Uuid> {
+    async fn observe(&self, node: &str, reported: Vec<Task>, complete: bool) -> Vec<Uuid> {
         let mut writes = Writes::default();
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
@@ -394,11 +394,15 @@ impl Manager {
                 }
                 to_reconcile.push(observed.id);
             }
-            let placed_here: Vec<Uuid> = state
-                .cache
-                .load(node)
-                .map(|load| load.tasks.iter().copied().collect())
-                .unwrap_or_default();
+            let placed_here: Vec<Uuid> = if complete {
+                state
+                    .cache
+                    .load(node)
+                    .map(|load| load.tasks.iter().copied().collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             for id in placed_here.into_iter().filter(|id| !listed.contains(id)) {
                 let Some(known) = state.cache.get(&id) else {
                     continue;
@@ -1007,8 +1011,11 @@ impl Manager {
         tokio::spawn(self.clone().run_follower(name, client, stop));
     }
 
-    /// Keeps a blocking `GET /tasks?index=N` open on the worker: it answers the moment a task
-    /// changes there, so the manager's view lags the container by one HTTP round trip.
+    /// Keeps a blocking `GET /tasks?index=N&changes=true` open on the worker: it answers the
+    /// moment a task changes there, with the tasks that changed since the last answer, so the
+    /// manager's view lags the container by one HTTP round trip and each change costs what
+    /// changed, not the worker's whole list. The first answer (index 0), and any after the
+    /// worker's store was replaced, hold every task.
     async fn run_follower(
         self: Arc<Self>,
         name: String,
@@ -1020,15 +1027,19 @@ impl Manager {
         loop {
             let answer = tokio::select! {
                 _ = stop.cancelled() => return,
-                answer = client.get_blocking::<Vec<Task>>("/tasks", index, FOLLOW_WAIT) => answer,
+                answer = client.get_changes::<Vec<Task>>("/tasks", index, FOLLOW_WAIT) => answer,
             };
             let pause = match answer {
-                Ok((tasks, reported_index)) => {
+                Ok(Changes {
+                    body: tasks,
+                    index: reported_index,
+                    complete,
+                }) => {
                     if !reachable {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
                     }
-                    for stray in self.observe(&name, tasks).await {
+                    for stray in self.observe(&name, tasks, complete).await {
                         // Another run replaced this one while the node was away: stop it,
                         // so that the task does not run twice.
                         tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
@@ -1191,7 +1202,7 @@ mod tests {
         assert_eq!((merged.state, merged.exit_code), (State::Failed, Some(137)));
         let entry = merged.history.last().unwrap();
         assert_eq!(
-            (entry.event.as_str(), entry.message.as_str()),
+            (&*entry.event, entry.message.as_str()),
             ("Failed", "killed")
         );
 

@@ -13,6 +13,11 @@ use serde::de::DeserializeOwned;
 use crate::commit::{Commit, META, Slot, Write, run_committer};
 use crate::{Store, StoreError};
 
+/// What redb may keep of the file in memory (its default is 1 GiB). Cube reads its stores
+/// whole only when a process starts (the manager serves from its own cache), and the kernel
+/// keeps the file's pages anyway; a larger cache would only raise the resident memory.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// One open redb file, shared by the stores that keep their tables in it, and the thread
 /// that commits their writes. redb allows one process to open a file at a time, which also
 /// keeps two workers off the same data.
@@ -42,7 +47,10 @@ impl Drop for DbInner {
 impl PersistentDb {
     /// Opens the file, creating it (not its directory) when missing.
     pub fn open(path: &Path) -> Result<PersistentDb, StoreError> {
-        let db = Database::create(path).map_err(|err| StoreError::Open {
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(path)
+            .map_err(|err| StoreError::Open {
             path: path.display().to_string(),
             reason: match err {
                 redb::DatabaseError::DatabaseAlreadyOpen => {

@@ -1,5 +1,6 @@
 //! A task: one container's worth of work, as the user asked for it and as Cube saw it run.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
@@ -229,11 +230,45 @@ pub enum Health {
 pub struct HistoryEntry {
     #[serde(rename = "Time")]
     pub time: DateTime<Utc>,
-    /// A state's name, or `Restart`, `Health`, `Placed`, `Lost`, ...
-    #[serde(rename = "Event")]
-    pub event: String,
+    /// A state's name, or `Restart`, `Health`, `Placed`, `Lost`, ... The names Cube records
+    /// are shared, not copied into every entry: a manager holds a history for each of its
+    /// tasks, and 100,000 tasks would otherwise keep 300,000 copies of "Running".
+    #[serde(rename = "Event", deserialize_with = "deserialize_event")]
+    pub event: Cow<'static, str>,
     #[serde(rename = "Message", default)]
     pub message: String,
+}
+
+/// The events Cube records, shared by every entry that names one.
+const KNOWN_EVENTS: [&str; 14] = [
+    "Submitted",
+    "Placed",
+    "Pending",
+    "Scheduled",
+    "Running",
+    "Completed",
+    "Failed",
+    "Lost",
+    "Restart",
+    "RestartLimit",
+    "StopRequested",
+    "Health",
+    "Event",
+    "Stopped",
+];
+
+/// An event's name: one of [`KNOWN_EVENTS`], shared, or the name read.
+fn event_name(name: String) -> Cow<'static, str> {
+    match KNOWN_EVENTS.iter().find(|known| **known == name) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(name),
+    }
+}
+
+fn deserialize_event<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Cow<'static, str>, D::Error> {
+    String::deserialize(deserializer).map(event_name)
 }
 
 fn pending() -> State {
@@ -358,7 +393,7 @@ impl Task {
     ) {
         self.history.push(HistoryEntry {
             time,
-            event: event.into(),
+            event: event_name(event.into()),
             message: message.into(),
         });
         if self.history.len() > HISTORY_LIMIT {
@@ -709,5 +744,25 @@ mod tests {
     fn unknown_fields_are_refused_by_name() {
         let err = serde_json::from_str::<Task>(r#"{"Image": "x", "Memmory": 5}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `Memmory`"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod history_tests {
+    use super::*;
+
+    #[test]
+    fn event_names_cube_records_are_shared_not_copied() {
+        let entry: HistoryEntry = serde_json::from_str(
+            r#"{"Time":"2026-11-20T10:00:00Z","Event":"Running","Message":"on w1"}"#,
+        )
+        .unwrap();
+        assert!(matches!(entry.event, Cow::Borrowed("Running")));
+        let other: HistoryEntry =
+            serde_json::from_str(r#"{"Time":"2026-11-20T10:00:00Z","Event":"Custom"}"#).unwrap();
+        assert_eq!(other.event, "Custom");
+        let mut task = Task::new("t", "img");
+        task.record(Utc::now(), "Placed", "on w1");
+        assert!(matches!(task.history[0].event, Cow::Borrowed("Placed")));
     }
 }

@@ -1,7 +1,8 @@
 //! The worker's HTTP API. The only place where a [`WorkerError`] becomes an HTTP status.
 //!
 //! `GET /tasks` (also as a blocking query, `?index=N&wait=30s`, which is how a manager learns
-//! of state changes as they happen), `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a
+//! of state changes as they happen; with `&changes=true` it answers only the tasks that
+//! changed after N, and says so in [`SINCE_HEADER`]), `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a
 //! new task, 200 when it was already there), `GET /tasks/{id}`, `DELETE /tasks/{id}` (204),
 //! `GET /stats`, `GET /node` (name, address, capacity and stats).
 //! Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
@@ -18,13 +19,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
-use cube_api::{ApiError, INDEX_HEADER, parse_task_id, with_json_fallbacks};
+use cube_api::{ApiError, INDEX_HEADER, SINCE_HEADER, parse_task_id, with_json_fallbacks};
 use cube_runtime::Runtime;
 use cube_types::duration::parse_duration;
 use cube_types::{NodeReport, Submission, Task};
 use serde::Deserialize;
 
-use crate::worker::{Submitted, Worker, WorkerError};
+use crate::worker::{Submitted, TaskChanges, Worker, WorkerError};
 
 /// The one place a [`WorkerError`] becomes an HTTP status.
 impl From<WorkerError> for ApiError {
@@ -54,12 +55,14 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
     )
 }
 
-/// `?index=N&wait=30s` makes `GET /tasks` a blocking query: it answers once the task store
-/// changed after index N, or when `wait` (at most [`MAX_WAIT`]) is over.
+/// `?index=N&wait=30s` makes `GET /tasks` a blocking query: it answers once a task changed
+/// after index N, or when `wait` (at most [`MAX_WAIT`]) is over. `&changes=true` asks for the
+/// tasks that changed after N only.
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     index: Option<u64>,
     wait: Option<String>,
+    changes: Option<bool>,
 }
 
 /// The longest a blocking query waits; a manager asks again at once.
@@ -79,10 +82,25 @@ async fn list_tasks<R: Runtime>(
             None => Duration::from_secs(30),
         };
         worker.wait_for_change(index, wait.min(MAX_WAIT)).await;
+        if query.changes == Some(true) {
+            return Ok(match worker.tasks_changed_since(index)? {
+                (TaskChanges::Since { since, tasks }, index) => (
+                    [
+                        (INDEX_HEADER, index.to_string()),
+                        (SINCE_HEADER, since.to_string()),
+                    ],
+                    Json(tasks),
+                )
+                    .into_response(),
+                (TaskChanges::All(tasks), index) => {
+                    ([(INDEX_HEADER, index.to_string())], Json(tasks)).into_response()
+                }
+            });
+        }
     }
     // The index is read before the list, so a change between the two is seen again by the
     // next blocking query rather than missed.
-    let index = worker.store_index()?;
+    let index = worker.change_index();
     let tasks = worker.list_tasks()?;
     Ok(([(INDEX_HEADER, index.to_string())], Json(tasks)).into_response())
 }

@@ -24,7 +24,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use heartbeat::Heartbeat;
 pub use stats::StatsCollector;
-pub use worker::{Command, RESYNC_INTERVAL, Submitted, Worker, WorkerConfig, WorkerError};
+pub use worker::{
+    Command, RESYNC_INTERVAL, Submitted, TaskChanges, Worker, WorkerConfig, WorkerError,
+};
 
 /// The line `cube worker` prints on stdout once it listens. Tools that start a worker on port
 /// 0 (the tests, `cube-bench`) read the address back with

@@ -99,6 +99,28 @@ pub enum Submitted {
     Existing(Task),
 }
 
+/// The worker's change sequence: a counter that grows by one with every task saved, and the
+/// point at which each task last changed. It starts at the task store's index, which only
+/// grows, survives restarts and is never below the counter of an earlier run on the same
+/// store (each save bumps both); every task already stored counts as changed at the start.
+/// So "what changed after N" is exact for any N a manager got from this store, and
+/// everything when N is from before this run or from another store.
+#[derive(Debug, Default)]
+struct ChangeLog {
+    start: u64,
+    current: u64,
+    at: HashMap<Uuid, u64>,
+}
+
+/// What a follower is sent: the tasks that changed after the index it gave, or all of them.
+#[derive(Debug)]
+pub enum TaskChanges {
+    /// Every task that changed after `since` (none that did not, perhaps some twice).
+    Since { since: u64, tasks: Vec<Task> },
+    /// Every task: the index asked for is not one this worker can answer changes after.
+    All(Vec<Task>),
+}
+
 /// One worker: its tasks, its container runtime and its command queue.
 pub struct Worker<R> {
     config: WorkerConfig,
@@ -112,7 +134,10 @@ pub struct Worker<R> {
     /// interleave. Async mutexes because they are held across calls to Docker; the map
     /// itself is behind a `std` mutex held only to look a lock up.
     task_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    /// The task store's index after the latest write, so that a blocking `GET /tasks` (how a
+    /// Which task changed at which point of the change sequence, so that a manager following
+    /// this worker is sent what changed since it last asked, not every task.
+    changed: Mutex<ChangeLog>,
+    /// The latest point of the change sequence, so that a blocking `GET /tasks` (how a
     /// manager follows this worker) answers the moment a task changes.
     changes: watch::Sender<u64>,
     /// When each running, health-checked task is probed next.
@@ -139,6 +164,11 @@ impl<R: Runtime> Worker<R> {
             stats,
             commands,
             task_locks: Mutex::new(HashMap::new()),
+            changed: Mutex::new(ChangeLog {
+                start: index,
+                current: index,
+                at: HashMap::new(),
+            }),
             changes: watch::Sender::new(index),
             health: HealthSchedule::default(),
             probes: reqwest::Client::new(),
@@ -236,14 +266,53 @@ impl<R: Runtime> Worker<R> {
         Ok(self.tasks.list()?)
     }
 
-    /// The task store's index: it grows with every write.
-    pub fn store_index(&self) -> Result<u64, WorkerError> {
-        Ok(self.tasks.index()?)
+    /// The latest point of the change sequence: it grows with every task saved.
+    pub fn change_index(&self) -> u64 {
+        *self.changes.borrow()
+    }
+
+    /// The tasks that changed after `since`, and the change index they bring the caller to.
+    /// Index 0, an index from before this run and one this worker never reached (the caller
+    /// followed another store) get every task.
+    pub fn tasks_changed_since(&self, since: u64) -> Result<(TaskChanges, u64), WorkerError> {
+        let (index, changed) = {
+            let log = lock_log(&self.changed);
+            if since == 0 || since < log.start || since > log.current {
+                (log.current, None)
+            } else {
+                let ids: Vec<Uuid> = log
+                    .at
+                    .iter()
+                    .filter(|(_, at)| **at > since)
+                    .map(|(id, _)| *id)
+                    .collect();
+                (log.current, Some(ids))
+            }
+        };
+        // Read after the log: a task saved since is at least as new as the log says.
+        let changes = match changed {
+            None => TaskChanges::All(self.tasks.list()?),
+            Some(ids) => {
+                let mut tasks = Vec::with_capacity(ids.len());
+                for id in ids {
+                    if let Some(task) = self.tasks.get(&id.to_string())? {
+                        tasks.push(task);
+                    }
+                }
+                TaskChanges::Since { since, tasks }
+            }
+        };
+        Ok((changes, index))
     }
 
     /// Waits until the task store changed after `index`, or `wait` is over.
+    /// An index this worker never reached (the caller followed another store, or this
+    /// worker's store was replaced) is answered at once.
     pub async fn wait_for_change(&self, index: u64, wait: Duration) {
         let mut changes = self.changes.subscribe();
+        if index > *changes.borrow() {
+            return;
+        }
         let _ = tokio::time::timeout(wait, changes.wait_for(|current| *current > index)).await;
     }
 
@@ -260,7 +329,14 @@ impl<R: Runtime> Worker<R> {
 
     /// Stores the task and wakes the blocking queries waiting for a change.
     fn save(&self, task: &Task) -> Result<(), WorkerError> {
-        let index = self.tasks.put(&task.id.to_string(), task)?;
+        self.tasks.put(&task.id.to_string(), task)?;
+        let index = {
+            let mut log = lock_log(&self.changed);
+            log.current += 1;
+            let index = log.current;
+            log.at.insert(task.id, index);
+            index
+        };
         self.health.track(task);
         self.changes.send_if_modified(|current| {
             let newer = index > *current;
@@ -783,6 +859,11 @@ impl<R: Runtime> Worker<R> {
 }
 
 /// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
+fn lock_log(log: &Mutex<ChangeLog>) -> std::sync::MutexGuard<'_, ChangeLog> {
+    // Each critical section is a counter bump and one map insert, or a read.
+    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn checked_transition(task: &Task, next: State) -> Result<State, WorkerError> {
     task.state
         .transition(next)

@@ -442,3 +442,59 @@ async fn a_restarted_worker_removes_containers_no_task_owns() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// How a manager follows a worker: `GET /tasks?index=N&changes=true` answers with the tasks
+/// that changed after N (saying so in `X-Cube-Since`), and with every task for index 0 or an
+/// index the worker never reached.
+#[tokio::test]
+async fn a_follower_is_sent_only_what_changed_since_its_index() {
+    let worker = WorkerProcess::fresh("changes");
+    let client = worker.client();
+    let (kept, _) = client.run(&web_task("kept")).await;
+    let (stopped, _) = client.run(&web_task("stopped")).await;
+    let query = |index: u64| {
+        let http = client.http.clone();
+        let url = format!("{}/tasks?index={index}&wait=5s&changes=true", client.base);
+        async move {
+            let response = http.get(url).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            let header = |name: &str| {
+                response
+                    .headers()
+                    .get(name)
+                    .map(|value| value.to_str().unwrap().parse::<u64>().unwrap())
+            };
+            let (index, since) = (header("X-Cube-Index").unwrap(), header("X-Cube-Since"));
+            let tasks: Vec<serde_json::Value> = response.json().await.unwrap();
+            let ids: Vec<String> = tasks
+                .iter()
+                .map(|task| task["ID"].as_str().unwrap().to_string())
+                .collect();
+            (ids, index, since)
+        }
+    };
+
+    let (all, index, since) = query(0).await;
+    assert_eq!(since, None, "index 0 gets every task");
+    assert_eq!(all.len(), 2);
+
+    assert_eq!(
+        client.delete(&format!("/tasks/{stopped}")).await.status,
+        204
+    );
+    let (changed, next, since) = query(index).await;
+    assert_eq!(since, Some(index));
+    assert!(next > index);
+    assert!(changed.contains(&stopped), "{changed:?}");
+    assert!(
+        !changed.contains(&kept),
+        "an unchanged task is not sent: {changed:?}"
+    );
+
+    let (all, _, since) = query(next + 1000).await;
+    assert_eq!(
+        since, None,
+        "an index the worker never reached gets every task"
+    );
+    assert_eq!(all.len(), 2);
+}

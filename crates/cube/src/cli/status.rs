@@ -181,7 +181,7 @@ fn history(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         .map(|entry| {
             vec![
                 format!("  {}", time_ago(Some(entry.time), now)),
-                entry.event.clone(),
+                entry.event.to_string(),
                 entry.message.clone(),
             ]
         })

@@ -1,0 +1,142 @@
+//! Docker Swarm as the peer the benchmarks measure against: a service of the sample image in
+//! a single-node swarm that is initialised for the benchmark when there is none. Both are
+//! removed again when the [`Swarm`] is dropped.
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bollard::Docker;
+use bollard::query_parameters::ListContainersOptionsBuilder;
+use cube_runtime::sample_image::SAMPLE_IMAGE;
+
+/// A Swarm service of the sample image; the service (and the swarm, when this benchmark
+/// initialised it) is removed when dropped.
+pub(crate) struct Swarm {
+    service: String,
+    initialised_here: bool,
+}
+
+impl Swarm {
+    /// Joins or initialises the swarm, then creates `service` with `replicas` replicas and
+    /// `extra` flags, detached: the call returns once Swarm has accepted the service.
+    pub(crate) fn start(service: &str, replicas: usize, extra: &[&str]) -> anyhow::Result<Swarm> {
+        let swarm = Swarm::join()?.with_service(service);
+        swarm.create(replicas, extra)?;
+        Ok(swarm)
+    }
+
+    /// The swarm alone, with no service yet (see [`Swarm::create`]).
+    pub(crate) fn join() -> anyhow::Result<Swarm> {
+        let state = docker_cli(&["info", "--format", "{{.Swarm.LocalNodeState}}"])?;
+        let initialised_here = state.trim() != "active";
+        if initialised_here {
+            docker_cli(&["swarm", "init", "--advertise-addr", "127.0.0.1"])
+                .context("docker swarm init")?;
+        }
+        Ok(Swarm {
+            service: String::new(),
+            initialised_here,
+        })
+    }
+
+    /// Names the service this swarm creates and removes.
+    pub(crate) fn with_service(mut self, service: &str) -> Swarm {
+        self.service = service.to_string();
+        self
+    }
+
+    /// Creates the service (removing one of the same name first), detached.
+    pub(crate) fn create(&self, replicas: usize, extra: &[&str]) -> anyhow::Result<()> {
+        self.remove_service();
+        let replicas = replicas.to_string();
+        let mut args = vec![
+            "service",
+            "create",
+            "--name",
+            &self.service,
+            "--replicas",
+            &replicas,
+            "--init",
+            "--no-resolve-image",
+            "--detach",
+        ];
+        args.extend_from_slice(extra);
+        args.push(SAMPLE_IMAGE);
+        docker_cli(&args).context("docker service create")?;
+        Ok(())
+    }
+
+    /// Removes the service; its containers go away in the background.
+    pub(crate) fn remove_service(&self) {
+        let _ = docker_cli(&["service", "rm", &self.service]);
+    }
+
+    /// The IDs of the service's running containers.
+    pub(crate) async fn running(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
+        self.containers(docker, true).await
+    }
+
+    /// Waits until the service has no container left, running or not (at most 60 s).
+    pub(crate) async fn await_gone(&self, docker: &Docker) -> anyhow::Result<()> {
+        let started = Instant::now();
+        while !self.containers(docker, false).await?.is_empty() {
+            if started.elapsed() > Duration::from_secs(60) {
+                bail!(
+                    "the containers of {} are still there after 60 s",
+                    self.service
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn containers(&self, docker: &Docker, running: bool) -> anyhow::Result<Vec<String>> {
+        let mut filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("com.docker.swarm.service.name={}", self.service)],
+        )]);
+        if running {
+            filters.insert("status".to_string(), vec!["running".to_string()]);
+        }
+        let options = ListContainersOptionsBuilder::new()
+            .all(true)
+            .filters(&filters)
+            .build();
+        Ok(docker
+            .list_containers(Some(options))
+            .await?
+            .into_iter()
+            .filter_map(|container| container.id)
+            .collect())
+    }
+}
+
+impl Drop for Swarm {
+    fn drop(&mut self) {
+        if !self.service.is_empty() {
+            self.remove_service();
+        }
+        if self.initialised_here {
+            let _ = docker_cli(&["swarm", "leave", "--force"]);
+        }
+    }
+}
+
+/// Runs the Docker CLI; its stdout, or its stderr as the error.
+pub(crate) fn docker_cli(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new("docker")
+        .args(args)
+        .output()
+        .context("running the docker CLI")?;
+    if !output.status.success() {
+        bail!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).to_string())
+}
