@@ -37,6 +37,9 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(30);
 /// How long to wait before following a worker again after its API could not be reached.
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
+/// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
+const COMPLETE_LISTS_AT_ONCE: usize = 2;
+
 /// The first delay before a failed reconcile is tried again; it doubles up to the cap.
 const RETRY_FIRST: Duration = Duration::from_millis(250);
 const RETRY_CAP: Duration = Duration::from_secs(10);
@@ -122,6 +125,9 @@ pub struct Manager {
     dispatched: Mutex<HashSet<Uuid>>,
     /// The loop following each node's tasks, by node name, to stop it when the node moves.
     followers: Mutex<HashMap<String, CancellationToken>>,
+    /// Permits to read a node's whole task list. A manager that starts, or that many nodes
+    /// come back to, would otherwise hold every node's list in memory at once.
+    complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
     shutdown: CancellationToken,
 }
@@ -149,9 +155,9 @@ impl Manager {
         shutdown: CancellationToken,
     ) -> Result<Arc<Manager>, ManagerError> {
         let mut cache = TaskCache::default();
-        for task in stores.tasks.list()? {
+        stores.tasks.scan(&mut |task| {
             cache.insert(task);
-        }
+        })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
             match ApiClient::new(&node.address, config.request_timeout) {
@@ -173,6 +179,7 @@ impl Manager {
             failures: Mutex::new(HashMap::new()),
             dispatched: Mutex::new(HashSet::new()),
             followers: Mutex::new(HashMap::new()),
+            complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
         }))
     }
@@ -1025,9 +1032,23 @@ impl Manager {
         let mut index = 0;
         let mut reachable = true;
         loop {
+            // Index 0 asks for every task, at once (there is nothing to wait for): wait for a
+            // permit first, and keep it until they are applied.
+            let _permit = if index == 0 {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    permit = self.complete_lists.acquire() => permit.ok(),
+                }
+            } else {
+                None
+            };
             let answer = tokio::select! {
                 _ = stop.cancelled() => return,
-                answer = client.get_changes::<Vec<Task>>("/tasks", index, FOLLOW_WAIT) => answer,
+                answer = client.get_changes::<Vec<Task>>(
+                    "/tasks",
+                    index,
+                    if index == 0 { Duration::ZERO } else { FOLLOW_WAIT },
+                ) => answer,
             };
             let pause = match answer {
                 Ok(Changes {

@@ -39,6 +39,12 @@ pub trait Store<V>: Send + Sync {
     fn get(&self, key: &str) -> Result<Option<V>, StoreError>;
     /// Every value, in key order.
     fn list(&self) -> Result<Vec<V>, StoreError>;
+    /// Every value, in key order, handed to `visit` one at a time: a process that loads a
+    /// large store at start never holds it twice.
+    fn scan(&self, visit: &mut dyn FnMut(V)) -> Result<(), StoreError> {
+        self.list()?.into_iter().for_each(visit);
+        Ok(())
+    }
     fn count(&self) -> Result<u64, StoreError>;
     /// Removes the value under `key`; returns whether there was one.
     fn delete(&self, key: &str) -> Result<bool, StoreError>;

@@ -16,7 +16,7 @@ use crate::{Store, StoreError};
 /// What redb may keep of the file in memory (its default is 1 GiB). Cube reads its stores
 /// whole only when a process starts (the manager serves from its own cache), and the kernel
 /// keeps the file's pages anyway; a larger cache would only raise the resident memory.
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
 
 /// One open redb file, shared by the stores that keep their tables in it, and the thread
 /// that commits their writes. redb allows one process to open a file at a time, which also
@@ -166,11 +166,16 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     }
 
     fn list(&self) -> Result<Vec<V>, StoreError> {
+        let mut values = Vec::new();
+        self.scan(&mut |value| values.push(value))?;
+        Ok(values)
+    }
+
+    fn scan(&self, visit: &mut dyn FnMut(V)) -> Result<(), StoreError> {
         let txn = self.database().begin_read().map_err(redb::Error::from)?;
         let table = txn
             .open_table(self.definition())
             .map_err(redb::Error::from)?;
-        let mut values = Vec::new();
         for entry in table.iter().map_err(redb::Error::from)? {
             let (key, bytes) = entry.map_err(redb::Error::from)?;
             let value =
@@ -178,9 +183,9 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
                     key: key.value().to_string(),
                     source,
                 })?;
-            values.push(value);
+            visit(value);
         }
-        Ok(values)
+        Ok(())
     }
 
     fn count(&self) -> Result<u64, StoreError> {
