@@ -58,11 +58,11 @@ pub(crate) async fn start_latency(
             // Alternate which side goes first, so neither always meets a Docker still busy
             // cleaning up after the other.
             if run % 2 == 0 {
-                cube_ms.push(cube_once(http, base, name).await?);
+                cube_ms.push(cube_once(http, base, &docker, name).await?);
                 raw_ms.push(raw_once(&docker, RAW_NODE, name).await?);
             } else {
                 raw_ms.push(raw_once(&docker, RAW_NODE, name).await?);
-                cube_ms.push(cube_once(http, base, name).await?);
+                cube_ms.push(cube_once(http, base, &docker, name).await?);
             }
         }
         let (cube_set, raw_set) = (Summary::of(&mut cube_ms), Summary::of(&mut raw_ms));
@@ -108,7 +108,16 @@ pub(crate) async fn start_latency(
 }
 
 /// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
-async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Result<f64> {
+///
+/// The task is stopped afterwards, and its container waited for until it is gone (untimed),
+/// as raw Docker's is removed before its run ends: neither side's next start meets Docker
+/// still busy with the other's removal.
+async fn cube_once(
+    http: &reqwest::Client,
+    base: &str,
+    docker: &DockerRuntime,
+    run: usize,
+) -> anyhow::Result<f64> {
     let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
     let started = Instant::now();
     let id = submit(http, base, &task).await?;
@@ -129,8 +138,30 @@ async fn cube_once(http: &reqwest::Client, base: &str, run: usize) -> anyhow::Re
         }
     }
     let elapsed = started.elapsed();
+    let container = task_container(http, base, &id).await?;
     http.delete(format!("{base}/tasks/{id}")).send().await?;
+    let stopping = Instant::now();
+    while docker.inspect(&container).await?.is_some() {
+        if stopping.elapsed() > RUN_BOUND {
+            bail!("the container of task {id} is still there {RUN_BOUND:?} after its stop");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     Ok(elapsed.as_secs_f64() * 1000.0)
+}
+
+/// The container a task runs in, as the API says.
+async fn task_container(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<String> {
+    let task: serde_json::Value = http
+        .get(format!("{base}/tasks/{id}"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    match task["ContainerID"].as_str() {
+        Some(container) if !container.is_empty() => Ok(container.to_string()),
+        _ => bail!("task {id} is Running without a ContainerID: {task}"),
+    }
 }
 
 /// The same container started straight through bollard; the time until start returns, in ms.

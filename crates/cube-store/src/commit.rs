@@ -1,18 +1,23 @@
 //! Group commit: writes from many callers share one durable commit.
 //!
-//! A write is handed to the database's committer thread, which takes every write waiting at
-//! that moment (up to [`MAX_BATCH`]), applies them in the order they were handed over in one
-//! redb transaction, commits it durably (one fsync), and then tells each caller through its
-//! [`Commit`]. A caller learns its write is durable only after the commit that holds it, so
-//! nothing acknowledged can be lost; what is shared is the fsync, which costs the same for
-//! one write or a thousand.
+//! A write is queued; whoever commits next takes every write waiting at that moment (up to
+//! [`MAX_BATCH`]), applies them in the order they were queued in one redb transaction,
+//! commits it durably (one fsync), and tells each caller through its [`Commit`]. A caller
+//! learns its write is durable only after the commit that holds it, so nothing acknowledged
+//! can be lost; what is shared is the fsync, which costs the same for one write or a
+//! thousand.
+//!
+//! Who commits: a caller waiting for its write commits the queue itself when nobody else is
+//! committing (so a lone write costs what a direct commit costs, with no hand-off to another
+//! thread); when someone is, it waits, and the writes queued meanwhile go into the next
+//! commit. A background thread commits whatever is queued and not waited for.
 //!
 //! Writes are applied in the order they were queued, so a caller that queues two writes of
 //! the same key (under its own lock) knows the later one wins, even without waiting for the
 //! first.
 
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
 use redb::{Database, ReadableTable, TableDefinition};
 
@@ -62,23 +67,35 @@ impl Slot {
         lock(&self.outcome).take()
     }
 
-    pub(crate) fn wait(&self) -> Result<Written, StoreError> {
-        let mut outcome = lock(&self.outcome);
-        loop {
-            if let Some(outcome) = outcome.take() {
-                return outcome.map_err(StoreError::Commit);
-            }
-            outcome = self
-                .filled
-                .wait(outcome)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-        }
-    }
-
-    async fn durable(&self) -> Result<Written, StoreError> {
+    /// Blocks until the write is durable, committing the queue itself when nobody else is.
+    pub(crate) fn wait(&self, committer: &Committer) -> Result<Written, StoreError> {
         loop {
             if let Some(outcome) = self.take() {
                 return outcome.map_err(StoreError::Commit);
+            }
+            if committer.commit_if_free() {
+                continue;
+            }
+            // Someone is committing. If our write is not in that commit, the background
+            // thread (woken when it was queued) commits it next.
+            let mut outcome = lock(&self.outcome);
+            while outcome.is_none() {
+                outcome = self
+                    .filled
+                    .wait(outcome)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+            }
+        }
+    }
+
+    /// The same without blocking the thread while someone else commits.
+    async fn durable(&self, committer: &Committer) -> Result<Written, StoreError> {
+        loop {
+            if let Some(outcome) = self.take() {
+                return outcome.map_err(StoreError::Commit);
+            }
+            if committer.commit_if_free() {
+                continue;
             }
             self.notify.notified().await;
         }
@@ -102,7 +119,7 @@ pub struct Commit {
 enum Inner {
     /// Already durable (or a store that keeps nothing on disk).
     Done(u64),
-    Queued(Arc<Slot>),
+    Queued(Arc<Committer>, Arc<Slot>),
 }
 
 impl Commit {
@@ -113,17 +130,25 @@ impl Commit {
         }
     }
 
-    pub(crate) fn queued(slot: Arc<Slot>) -> Commit {
+    pub(crate) fn queued(committer: Arc<Committer>, slot: Arc<Slot>) -> Commit {
         Commit {
-            inner: Inner::Queued(slot),
+            inner: Inner::Queued(committer, slot),
         }
     }
 
     /// Blocks the thread until the write is durable; the store's index after it.
     pub fn wait(self) -> Result<u64, StoreError> {
+        self.wait_written().map(|written| written.index)
+    }
+
+    /// Blocks the thread until the write is durable; what it did.
+    pub(crate) fn wait_written(self) -> Result<Written, StoreError> {
         match self.inner {
-            Inner::Done(index) => Ok(index),
-            Inner::Queued(slot) => slot.wait().map(|written| written.index),
+            Inner::Done(index) => Ok(Written {
+                changed: true,
+                index,
+            }),
+            Inner::Queued(committer, slot) => slot.wait(&committer),
         }
     }
 
@@ -132,22 +157,79 @@ impl Commit {
     pub async fn durable(self) -> Result<u64, StoreError> {
         match self.inner {
             Inner::Done(index) => Ok(index),
-            Inner::Queued(slot) => slot.durable().await.map(|written| written.index),
+            Inner::Queued(committer, slot) => {
+                slot.durable(&committer).await.map(|written| written.index)
+            }
         }
     }
 }
 
-/// Takes writes off `writes` until every sender is gone, committing them in batches.
-pub(crate) fn run_committer(db: Arc<Database>, writes: mpsc::Receiver<Write>) {
-    while let Ok(first) = writes.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match writes.try_recv() {
-                Ok(write) => batch.push(write),
-                Err(_) => break,
-            }
+/// The queue of writes of one database, and the right to commit them.
+pub(crate) struct Committer {
+    db: Arc<Database>,
+    queue: Mutex<Queue>,
+    /// Signalled when a write is queued or the queue closes; the background thread waits here.
+    queued: Condvar,
+    /// Held by whoever takes a batch off the queue and commits it, so commits keep the
+    /// queue's order.
+    committing: Mutex<()>,
+}
+
+#[derive(Default)]
+struct Queue {
+    writes: VecDeque<Write>,
+    closed: bool,
+}
+
+impl Committer {
+    pub(crate) fn new(db: Arc<Database>) -> Committer {
+        Committer {
+            db,
+            queue: Mutex::new(Queue::default()),
+            queued: Condvar::new(),
+            committing: Mutex::new(()),
         }
-        match apply(&db, &batch) {
+    }
+
+    pub(crate) fn database(&self) -> &Database {
+        &self.db
+    }
+
+    /// Queues a write behind every write queued before it.
+    pub(crate) fn queue(&self, write: Write) -> Result<(), StoreError> {
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return Err(StoreError::Commit("the store is closing".to_string()));
+        }
+        queue.writes.push_back(write);
+        self.queued.notify_one();
+        Ok(())
+    }
+
+    /// Commits one batch of the queue unless someone else is committing; says whether it
+    /// did (an empty queue counts: there was nothing to wait for).
+    fn commit_if_free(&self) -> bool {
+        let guard = match self.committing.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        self.commit_batch(&guard);
+        true
+    }
+
+    /// Takes up to [`MAX_BATCH`] queued writes and commits them; `_committing` proves the
+    /// caller holds the right to.
+    fn commit_batch(&self, _committing: &std::sync::MutexGuard<'_, ()>) {
+        let batch: Vec<Write> = {
+            let mut queue = lock(&self.queue);
+            let count = queue.writes.len().min(MAX_BATCH);
+            queue.writes.drain(..count).collect()
+        };
+        if batch.is_empty() {
+            return;
+        }
+        match apply(&self.db, &batch) {
             Ok(outcomes) => {
                 for (write, outcome) in batch.iter().zip(outcomes) {
                     write.slot.fill(Ok(outcome));
@@ -160,6 +242,33 @@ pub(crate) fn run_committer(db: Arc<Database>, writes: mpsc::Receiver<Write>) {
                 }
             }
         }
+    }
+
+    /// The background thread: commits whatever is queued, until the queue is closed and
+    /// empty.
+    pub(crate) fn run(&self) {
+        loop {
+            {
+                let mut queue = lock(&self.queue);
+                while queue.writes.is_empty() && !queue.closed {
+                    queue = self
+                        .queued
+                        .wait(queue)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+                if queue.writes.is_empty() {
+                    return;
+                }
+            }
+            let guard = lock(&self.committing);
+            self.commit_batch(&guard);
+        }
+    }
+
+    /// Refuses new writes; the background thread commits those queued and ends.
+    pub(crate) fn close(&self) {
+        lock(&self.queue).closed = true;
+        self.queued.notify_all();
     }
 }
 

@@ -3,14 +3,14 @@
 
 use std::marker::PhantomData;
 use std::path::Path;
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::commit::{Commit, META, Slot, Write, run_committer};
+use crate::commit::{Commit, Committer, META, Slot, Write};
 use crate::{Store, StoreError};
 
 /// What redb may keep of the file in memory (its default is 1 GiB). Cube reads its stores
@@ -27,19 +27,18 @@ pub struct PersistentDb {
 }
 
 struct DbInner {
-    db: Arc<Database>,
-    /// To the committer thread; `None` only while dropping.
-    writes: Option<mpsc::Sender<Write>>,
-    committer: Option<JoinHandle<()>>,
+    committer: Arc<Committer>,
+    /// The thread that commits what nobody waits for.
+    background: Option<JoinHandle<()>>,
 }
 
 impl Drop for DbInner {
     fn drop(&mut self) {
-        // The committer ends once its channel closes, after the writes already queued; the
-        // file is closed when it has, so the next open of it in this process succeeds.
-        self.writes.take();
-        if let Some(committer) = self.committer.take() {
-            let _ = committer.join();
+        // The background thread commits what is queued and ends; the file is closed once it
+        // has, so the next open of it in this process succeeds.
+        self.committer.close();
+        if let Some(background) = self.background.take() {
+            let _ = background.join();
         }
     }
 }
@@ -60,13 +59,12 @@ impl PersistentDb {
                 other => other.to_string(),
             },
         })?;
-        let db = Arc::new(db);
-        let (writes, queued) = mpsc::channel();
-        let committer = std::thread::Builder::new()
+        let committer = Arc::new(Committer::new(Arc::new(db)));
+        let background = std::thread::Builder::new()
             .name("cube-store-commit".to_string())
             .spawn({
-                let db = db.clone();
-                move || run_committer(db, queued)
+                let committer = committer.clone();
+                move || committer.run()
             })
             .map_err(|err| StoreError::Open {
                 path: path.display().to_string(),
@@ -74,20 +72,14 @@ impl PersistentDb {
             })?;
         Ok(PersistentDb {
             inner: Arc::new(DbInner {
-                db,
-                writes: Some(writes),
-                committer: Some(committer),
+                committer,
+                background: Some(background),
             }),
         })
     }
 
-    /// Queues a write for the committer.
-    fn queue(
-        &self,
-        table: &str,
-        key: &str,
-        value: Option<Vec<u8>>,
-    ) -> Result<Arc<Slot>, StoreError> {
+    /// Queues a write; its [`Commit`] says when it is durable.
+    fn queue(&self, table: &str, key: &str, value: Option<Vec<u8>>) -> Result<Commit, StoreError> {
         let slot = Arc::new(Slot::default());
         let write = Write {
             table: table.to_string(),
@@ -95,12 +87,8 @@ impl PersistentDb {
             value,
             slot: slot.clone(),
         };
-        self.inner
-            .writes
-            .as_ref()
-            .and_then(|writes| writes.send(write).ok())
-            .ok_or_else(|| StoreError::Commit("the commit thread has stopped".to_string()))?;
-        Ok(slot)
+        self.inner.committer.queue(write)?;
+        Ok(Commit::queued(self.inner.committer.clone(), slot))
     }
 }
 
@@ -128,7 +116,7 @@ impl<V> PersistentStore<V> {
     }
 
     fn database(&self) -> &Database {
-        &self.db.inner.db
+        self.db.inner.committer.database()
     }
 
     fn definition(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
@@ -142,11 +130,7 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
             key: key.to_string(),
             source,
         })?;
-        Ok(Commit::queued(self.db.queue(
-            &self.table,
-            key,
-            Some(bytes),
-        )?))
+        self.db.queue(&self.table, key, Some(bytes))
     }
 
     fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
@@ -197,7 +181,11 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     }
 
     fn delete(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.db.queue(&self.table, key, None)?.wait()?.changed)
+        Ok(self
+            .db
+            .queue(&self.table, key, None)?
+            .wait_written()?
+            .changed)
     }
 
     fn index(&self) -> Result<u64, StoreError> {
