@@ -105,11 +105,15 @@ pub enum Submitted {
 /// store (each save bumps both); every task already stored counts as changed at the start.
 /// So "what changed after N" is exact for any N a manager got from this store, and
 /// everything when N is from before this run or from another store.
+///
+/// It also keeps which tasks are `Running`, so that a heartbeat counts them without reading
+/// every task back from the store.
 #[derive(Debug, Default)]
 struct ChangeLog {
     start: u64,
     current: u64,
     at: HashMap<Uuid, u64>,
+    running: HashSet<Uuid>,
 }
 
 /// What a follower is sent: the tasks that changed after the index it gave, or all of them.
@@ -157,6 +161,17 @@ impl<R: Runtime> Worker<R> {
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let index = tasks.index().unwrap_or(0);
+        let running = match tasks.list() {
+            Ok(stored) => stored
+                .iter()
+                .filter(|task| task.state == State::Running)
+                .map(|task| task.id)
+                .collect(),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot read the task store to count running tasks");
+                HashSet::new()
+            }
+        };
         let worker = Worker {
             config,
             tasks,
@@ -168,6 +183,7 @@ impl<R: Runtime> Worker<R> {
                 start: index,
                 current: index,
                 at: HashMap::new(),
+                running,
             }),
             changes: watch::Sender::new(index),
             health: HealthSchedule::default(),
@@ -335,6 +351,11 @@ impl<R: Runtime> Worker<R> {
             log.current += 1;
             let index = log.current;
             log.at.insert(task.id, index);
+            if task.state == State::Running {
+                log.running.insert(task.id);
+            } else {
+                log.running.remove(&task.id);
+            }
             index
         };
         self.health.track(task);
@@ -348,13 +369,9 @@ impl<R: Runtime> Worker<R> {
         Ok(())
     }
 
+    /// How many tasks are `Running`, as the worker last recorded them.
     pub fn running_task_count(&self) -> Result<usize, WorkerError> {
-        Ok(self
-            .tasks
-            .list()?
-            .iter()
-            .filter(|task| task.state == State::Running)
-            .count())
+        Ok(lock_log(&self.changed).running.len())
     }
 
     async fn send(&self, command: Command) -> Result<(), WorkerError> {

@@ -206,6 +206,11 @@ async fn a_worker_killed_with_sigkill_comes_back_with_the_same_tasks_and_no_dupl
         "{}",
         vanished_after["Error"]
     );
+    assert_eq!(
+        client.get("/stats").await.body["TaskCount"],
+        1,
+        "the restarted worker counts the one task still running"
+    );
 }
 
 #[tokio::test]
