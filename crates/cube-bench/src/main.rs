@@ -13,12 +13,10 @@ mod store;
 mod swarm;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Cube's benchmarks. Each prints a table; none fails on a time.
 #[derive(Debug, Parser)]
@@ -201,7 +199,7 @@ impl BenchCluster {
         let mut processes = Vec::new();
         let manager = match through {
             Through::Manager => {
-                let (child, base) = spawn_cube(
+                let (child, base) = load::spawn_cube_logged(
                     cube,
                     &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
                     data_dir.path(),
@@ -232,7 +230,8 @@ impl BenchCluster {
         if let Some(address) = &manager_address {
             worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
         }
-        let (worker, worker_base) = spawn_cube(cube, &worker_args, data_dir.path()).await?;
+        let (worker, worker_base) =
+            load::spawn_cube_logged(cube, &worker_args, data_dir.path()).await?;
         processes.push(worker);
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -260,35 +259,6 @@ fn cube_binary(cube: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         Some(path) => path,
         None => std::env::current_exe()?.with_file_name("cube"),
     })
-}
-
-/// Starts `cube ARGS --data-dir DIR` and reads the `http://` address it prints.
-async fn spawn_cube(
-    cube: &Path,
-    args: &[&str],
-    data_dir: &Path,
-) -> anyhow::Result<(tokio::process::Child, String)> {
-    let mut child = tokio::process::Command::new(cube)
-        .args(args)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (build it with cargo build --release)",
-                cube.display()
-            )
-        })?;
-    let mut line = String::new();
-    let stdout = child.stdout.take().context("cube's stdout")?;
-    BufReader::new(stdout).read_line(&mut line).await?;
-    let Some(base) = cube_api::address_in_listening_line(&line).map(str::to_string) else {
-        bail!("cube {args:?} did not print its address: {line:?}");
-    };
-    Ok((child, base))
 }
 
 /// Waits until the manager lists `node` as `Ready`.
