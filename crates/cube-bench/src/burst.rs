@@ -124,13 +124,8 @@ async fn cube_burst(
         ids.push(id??);
     }
     loop {
-        let listed: Vec<serde_json::Value> = cluster
-            .http
-            .get(format!("{}/tasks", cluster.base))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let listed: Vec<serde_json::Value> =
+            crate::get_json(&cluster.http, &format!("{}/tasks", cluster.base)).await?;
         let running = listed
             .iter()
             .filter(|task| {

@@ -200,32 +200,12 @@ async fn await_ready_nodes(
 }
 
 async fn nodes(http: &reqwest::Client, manager: &str) -> anyhow::Result<Vec<Node>> {
-    let answer = http
-        .get(format!("{manager}/nodes"))
-        .send()
-        .await
-        .context("GET /nodes")?;
-    anyhow::ensure!(
-        answer.status().is_success(),
-        "GET /nodes answered {}",
-        answer.status()
-    );
-    answer.json().await.context("reading GET /nodes")
+    crate::get_json(http, &format!("{manager}/nodes")).await
 }
 
 /// Every task the manager holds (`GET /tasks`, the whole body read and parsed).
 pub(crate) async fn tasks(http: &reqwest::Client, manager: &str) -> anyhow::Result<Vec<Task>> {
-    let answer = http
-        .get(format!("{manager}/tasks"))
-        .send()
-        .await
-        .context("GET /tasks")?;
-    anyhow::ensure!(
-        answer.status().is_success(),
-        "GET /tasks answered {}",
-        answer.status()
-    );
-    answer.json().await.context("reading GET /tasks")
+    crate::get_json(http, &format!("{manager}/tasks")).await
 }
 
 /// Submits the tasks `{prefix}-{first}` .. `{prefix}-{end - 1}`, `LOAD_CONCURRENCY` at a

@@ -279,6 +279,27 @@ async fn await_ready_node(http: &reqwest::Client, manager: &str, node: &str) -> 
     }
 }
 
+/// `GET url`, refused unless 2xx, and its JSON body.
+pub(crate) async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+) -> anyhow::Result<T> {
+    let answer = http
+        .get(url)
+        .send()
+        .await
+        .with_context(|| format!("GET {url}"))?;
+    anyhow::ensure!(
+        answer.status().is_success(),
+        "GET {url} answered {}",
+        answer.status()
+    );
+    answer
+        .json()
+        .await
+        .with_context(|| format!("reading GET {url}"))
+}
+
 /// Submits a task to Cube's API at `base`; returns its ID.
 pub(crate) async fn submit(
     http: &reqwest::Client,

@@ -139,13 +139,8 @@ async fn cube_running_container(
 ) -> anyhow::Result<String> {
     let started = Instant::now();
     loop {
-        let task: serde_json::Value = cluster
-            .http
-            .get(format!("{}/tasks/{id}", cluster.base))
-            .send()
-            .await?
-            .json()
-            .await?;
+        let task: serde_json::Value =
+            crate::get_json(&cluster.http, &format!("{}/tasks/{id}", cluster.base)).await?;
         let container = task["ContainerID"].as_str().unwrap_or_default();
         if task["State"] == "Running" && !container.is_empty() && Some(container) != old {
             return Ok(container.to_string());

@@ -121,47 +121,30 @@ async fn cube_once(
     let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
     let started = Instant::now();
     let id = submit(http, base, &task).await?;
-    loop {
-        let task: serde_json::Value = http
-            .get(format!("{base}/tasks/{id}"))
-            .send()
-            .await?
-            .json()
-            .await?;
+    let running = loop {
+        let task: serde_json::Value = crate::get_json(http, &format!("{base}/tasks/{id}")).await?;
         match task["State"].as_str() {
-            Some("Running") => break,
+            Some("Running") => break task,
             Some("Failed") => bail!("task {id} failed: {}", task["Error"]),
             _ if started.elapsed() > RUN_BOUND => {
                 bail!("task {id} not Running within {RUN_BOUND:?}")
             }
             _ => tokio::time::sleep(Duration::from_millis(2)).await,
         }
-    }
+    };
     let elapsed = started.elapsed();
-    let container = task_container(http, base, &id).await?;
+    let Some(container) = running["ContainerID"].as_str().filter(|c| !c.is_empty()) else {
+        bail!("task {id} is Running without a ContainerID: {running}");
+    };
     http.delete(format!("{base}/tasks/{id}")).send().await?;
     let stopping = Instant::now();
-    while docker.inspect(&container).await?.is_some() {
+    while docker.inspect(container).await?.is_some() {
         if stopping.elapsed() > RUN_BOUND {
             bail!("the container of task {id} is still there {RUN_BOUND:?} after its stop");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(elapsed.as_secs_f64() * 1000.0)
-}
-
-/// The container a task runs in, as the API says.
-async fn task_container(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<String> {
-    let task: serde_json::Value = http
-        .get(format!("{base}/tasks/{id}"))
-        .send()
-        .await?
-        .json()
-        .await?;
-    match task["ContainerID"].as_str() {
-        Some(container) if !container.is_empty() => Ok(container.to_string()),
-        _ => bail!("task {id} is Running without a ContainerID: {task}"),
-    }
 }
 
 /// The same container started straight through bollard; the time until start returns, in ms.
