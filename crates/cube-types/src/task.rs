@@ -182,6 +182,31 @@ pub struct Task {
     /// What happened to the task, oldest first, the last [`HISTORY_LIMIT`] entries.
     #[serde(rename = "History", default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// When the manager restarts the task, while it waits out its restart backoff (the run
+    /// ended and the policy wants another). Unset otherwise.
+    #[serde(
+        rename = "NextRestart",
+        default,
+        with = "crate::time::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_restart: Option<DateTime<Utc>>,
+    /// Why the manager could not hand the task to its node or stop it there (the last error,
+    /// e.g. the node's address cannot be reached), while it keeps trying. Unset otherwise.
+    #[serde(
+        rename = "DispatchError",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dispatch_error: Option<String>,
+    /// When the manager tries again to reach the task's node, while `DispatchError` is set.
+    #[serde(
+        rename = "NextAttempt",
+        default,
+        with = "crate::time::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_attempt: Option<DateTime<Utc>>,
 }
 
 /// How many history entries a task keeps.
@@ -343,6 +368,9 @@ impl Task {
             error: None,
             pending_reason: None,
             history: Vec::new(),
+            next_restart: None,
+            dispatch_error: None,
+            next_attempt: None,
         }
     }
 
@@ -415,6 +443,9 @@ impl Task {
         self.pending_reason = None;
         self.health = None;
         self.health_failures = 0;
+        self.next_restart = None;
+        self.dispatch_error = None;
+        self.next_attempt = None;
     }
 
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
