@@ -249,9 +249,18 @@ impl Manager {
                 .get(&id)
                 .cloned()
                 .ok_or(ManagerError::NotFound(id))?;
-            if !task.state.is_terminal() && task.desired_state != State::Completed {
+            // A stop is final at any moment: also for a run that ended and waits out its
+            // restart backoff, whose restart it cancels (the policy would restart it while
+            // the desired state says Running).
+            if task.desired_state != State::Completed {
+                let message = if task.next_restart.is_some() {
+                    "the restart it waited for is cancelled"
+                } else {
+                    ""
+                };
                 task.desired_state = State::Completed;
-                task.record(Utc::now(), "StopRequested", "");
+                task.next_restart = None;
+                task.record(Utc::now(), "StopRequested", message);
                 self.save(&mut state, &mut writes, task.clone())?;
             }
             task
@@ -556,7 +565,15 @@ impl Manager {
                     Ok(()) => Outcome::Done,
                     Err(err) => Outcome::Retry(err.to_string()),
                 },
-                Action::Restart { wait, .. } if !wait.is_zero() => Outcome::After(wait),
+                Action::Restart { wait, at, .. } if !wait.is_zero() => {
+                    match self
+                        .with_writes(|writes| self.note_next_restart(id, at, writes))
+                        .await
+                    {
+                        Ok(()) => Outcome::After(wait),
+                        Err(err) => Outcome::Retry(err.to_string()),
+                    }
+                }
                 Action::Restart { streak, .. } => match self
                     .with_writes(|writes| self.restart(id, streak, writes))
                     .await
@@ -692,6 +709,26 @@ impl Manager {
         Ok(true)
     }
 
+    /// Records when a task that waits out its restart backoff will be restarted, so that the
+    /// API shows a restart to come rather than a run that ended for good.
+    fn note_next_restart(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        writes: &mut Writes,
+    ) -> Result<(), StoreError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(());
+        };
+        if task.next_restart == Some(at) || task.desired_state != State::Running {
+            return Ok(());
+        }
+        let mut task = task.clone();
+        task.next_restart = Some(at);
+        self.save(&mut state, writes, task)
+    }
+
     /// The restart limit is reached: the task keeps its state and last error; the history
     /// says why nothing more happens (once).
     fn give_up(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
@@ -707,6 +744,7 @@ impl Manager {
             return Ok(());
         }
         let mut task = task.clone();
+        task.next_restart = None;
         let message = format!(
             "restart limit reached ({} restarts); the task stays {}",
             task.restart_count, task.state

@@ -25,8 +25,12 @@ pub enum Action {
     /// Stopped before it was placed: nothing runs anywhere, mark it `Completed`.
     CompleteUnplaced,
     /// The run ended (or its node was lost) and the restart policy wants another: go back to
-    /// `Pending` once `wait` is over, with `streak` as the new failure streak.
-    Restart { wait: Duration, streak: u32 },
+    /// `Pending` once `wait` is over (at `at`), with `streak` as the new failure streak.
+    Restart {
+        wait: Duration,
+        streak: u32,
+        at: DateTime<Utc>,
+    },
     /// The policy would restart, but `MaxRestarts` is reached: the task stays as it is.
     GiveUp,
 }
@@ -69,6 +73,7 @@ fn restart(task: &Task, now: DateTime<Utc>) -> Action {
         return Action::Restart {
             wait: Duration::ZERO,
             streak: task.failure_streak,
+            at: now,
         };
     }
     // A run that stayed up long enough starts the backoff again.
@@ -86,10 +91,18 @@ fn restart(task: &Task, now: DateTime<Utc>) -> Action {
     let backoff = next.restart_backoff();
     let ended = task.finish_time.unwrap_or(now);
     let waited = (now - ended).to_std().unwrap_or_default();
-    Action::Restart {
-        wait: backoff.saturating_sub(waited),
-        streak,
-    }
+    let wait = backoff.saturating_sub(waited);
+    // The moment is derived from the end of the run, not from `now`, so that every
+    // reconcile during one backoff names the same moment.
+    let at = if wait.is_zero() {
+        now
+    } else {
+        chrono::Duration::from_std(backoff)
+            .ok()
+            .and_then(|backoff| ended.checked_add_signed(backoff))
+            .unwrap_or(DateTime::<Utc>::MAX_UTC)
+    };
+    Action::Restart { wait, streak, at }
 }
 
 #[cfg(test)]
@@ -168,7 +181,8 @@ mod tests {
             reconcile(&task, now()),
             Action::Restart {
                 wait: Duration::from_millis(1700),
-                streak: 2
+                streak: 2,
+                at: now() + chrono::Duration::milliseconds(1700),
             }
         );
     }
@@ -182,7 +196,8 @@ mod tests {
             reconcile(&task, now()),
             Action::Restart {
                 wait: Duration::from_millis(100),
-                streak: 1
+                streak: 1,
+                at: now() + chrono::Duration::milliseconds(100),
             }
         );
     }

@@ -427,3 +427,48 @@ async fn a_manager_killed_and_restarted_restarts_no_healthy_task() {
         assert_eq!(now["Health"], "Healthy", "{now}");
     }
 }
+
+#[tokio::test]
+async fn a_stop_during_the_restart_backoff_ends_the_task_for_good() {
+    let (manager, workers, _dir) = cluster("backoff", 1, "10s").await;
+    let client = manager.client();
+    let task = with(
+        shell_task("backoff-stop", "exit 1"),
+        json!({"RestartPolicy": "on-failure", "RestartDelay": "3s"}),
+    );
+    let id = client.submit(&task).await;
+    let waiting = client
+        .await_task(&id, "Failed, waiting to restart", |task| {
+            task["State"] == "Failed" && task["NextRestart"].is_string()
+        })
+        .await;
+    // The API says when the restart comes, so a task in its backoff does not look like one
+    // that ended for good.
+    let next: chrono::DateTime<chrono::Utc> =
+        waiting["NextRestart"].as_str().unwrap().parse().unwrap();
+    let finished: chrono::DateTime<chrono::Utc> =
+        waiting["FinishTime"].as_str().unwrap().parse().unwrap();
+    let backoff = (next - finished).num_milliseconds();
+    assert!(
+        (2900..=3100).contains(&backoff),
+        "NextRestart is the end of the run plus the 3 s backoff: {backoff} ms"
+    );
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+
+    // The backoff ends 3 s after the failure; a restart would show within 2 s more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let after = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(after["RestartCount"], 0, "restarted after a stop: {after}");
+    assert_eq!(after["State"], "Failed");
+    assert_eq!(after["DesiredState"], "Completed");
+    assert!(after["NextRestart"].is_null(), "{after}");
+    assert!(
+        history_events(&after).contains(&"StopRequested".to_string()),
+        "{after}"
+    );
+    let node_label = format!("cube.node={}", workers[0].name);
+    assert!(
+        running_containers_with_label(&node_label).is_empty(),
+        "nothing runs for the stopped task"
+    );
+}
