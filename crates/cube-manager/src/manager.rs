@@ -99,6 +99,14 @@ enum Outcome {
     Retry(String),
 }
 
+/// A task whose reconcile keeps failing.
+#[derive(Debug, Clone)]
+struct Retrying {
+    attempts: u32,
+    error: String,
+    next_attempt: DateTime<Utc>,
+}
+
 /// The writes one operation queued under the lock, to be waited for once it let go.
 #[derive(Default)]
 #[must_use = "queued writes must be waited for before anything is acknowledged"]
@@ -118,8 +126,11 @@ pub struct Manager {
     state: Mutex<Shared>,
     /// Task IDs to reconcile.
     queue: WorkQueue,
-    /// Consecutive failed reconciles per task, for the backoff. A `std` mutex: map access only.
-    failures: Mutex<HashMap<Uuid, u32>>,
+    /// Tasks whose reconcile keeps failing (a node that cannot be reached, a store error):
+    /// the attempts for the backoff, the last error and the next attempt, which the API shows
+    /// on the task (`DispatchError`, `NextAttempt`). Not stored: it describes this process's
+    /// attempts. A `std` mutex: map access only.
+    failures: Mutex<HashMap<Uuid, Retrying>>,
     /// Tasks this process has handed to their worker, so that a task is not sent again on
     /// every reconcile while it starts. Forgotten on restart: sending again is harmless.
     dispatched: Mutex<HashSet<Uuid>>,
@@ -271,17 +282,39 @@ impl Manager {
     }
 
     pub fn task(&self, id: Uuid) -> Result<Arc<Task>, ManagerError> {
-        lock(&self.state)
+        let task = lock(&self.state)
             .cache
             .shared(&id)
-            .ok_or(ManagerError::NotFound(id))
+            .ok_or(ManagerError::NotFound(id))?;
+        Ok(self.with_attempts(task, &lock(&self.failures)))
     }
 
     /// Every task, oldest first. Taken under the lock as shared references, sorted after.
     pub fn tasks(&self) -> Vec<Arc<Task>> {
         let mut tasks = lock(&self.state).cache.snapshot();
         tasks.sort_by_key(|task| (task.created_time, task.id));
+        let failures = lock(&self.failures);
+        if failures.is_empty() {
+            return tasks;
+        }
         tasks
+            .into_iter()
+            .map(|task| self.with_attempts(task, &failures))
+            .collect()
+    }
+
+    /// The task with the manager's failing attempts to act on it, if any: what keeps it
+    /// `Scheduled` (or stopping) is shown with it, not only in the manager's log.
+    fn with_attempts(&self, task: Arc<Task>, failures: &HashMap<Uuid, Retrying>) -> Arc<Task> {
+        match failures.get(&task.id) {
+            Some(retrying) if !task.state.is_terminal() || task.next_restart.is_some() => {
+                let mut shown = (*task).clone();
+                shown.dispatch_error = Some(retrying.error.clone());
+                shown.next_attempt = Some(retrying.next_attempt);
+                Arc::new(shown)
+            }
+            _ => task,
+        }
     }
 
     pub fn nodes(&self) -> Vec<Node> {
@@ -357,14 +390,7 @@ impl Manager {
         }
         if effect.more_room {
             // A node that is back may have stops to deliver and lost tasks to report.
-            let placed_here: Vec<Uuid> = lock(&self.state)
-                .cache
-                .load(&name)
-                .map(|load| load.tasks.iter().copied().collect())
-                .unwrap_or_default();
-            for id in placed_here {
-                self.queue.push(id);
-            }
+            self.push_node_tasks(&name);
             self.push_waiting();
         }
         Ok(view)
@@ -459,6 +485,18 @@ impl Manager {
 
     // ----- the controller -----
 
+    /// Queues every task placed on `node`.
+    fn push_node_tasks(&self, node: &str) {
+        let placed_here: Vec<Uuid> = lock(&self.state)
+            .cache
+            .load(node)
+            .map(|load| load.tasks.iter().copied().collect())
+            .unwrap_or_default();
+        for id in placed_here {
+            self.queue.push(id);
+        }
+    }
+
     /// Queues every task that waits for room on a node.
     fn push_waiting(&self) {
         let waiting: Vec<Uuid> = lock(&self.state).cache.waiting().collect();
@@ -513,15 +551,24 @@ impl Manager {
                 self.push_after(id, wait);
             }
             Outcome::Retry(reason) => {
-                let attempts = {
+                let (attempts, delay) = {
                     let mut failures = lock(&self.failures);
-                    let attempts = failures.entry(id).or_default();
-                    *attempts += 1;
-                    *attempts
+                    let attempts = failures.get(&id).map_or(0, |r| r.attempts) + 1;
+                    let delay = RETRY_FIRST
+                        .saturating_mul(1 << attempts.min(16).saturating_sub(1))
+                        .min(RETRY_CAP);
+                    let next_attempt = Utc::now()
+                        + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
+                    failures.insert(
+                        id,
+                        Retrying {
+                            attempts,
+                            error: reason.clone(),
+                            next_attempt,
+                        },
+                    );
+                    (attempts, delay)
                 };
-                let delay = RETRY_FIRST
-                    .saturating_mul(1 << attempts.min(16).saturating_sub(1))
-                    .min(RETRY_CAP);
                 tracing::warn!(task = %id, %reason, attempts, retry_in = ?delay, "reconcile did not converge");
                 self.push_after(id, delay);
             }
@@ -1097,6 +1144,12 @@ impl Manager {
                     if !reachable {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
+                        let back = lock(&self.state).nodes.set_unreachable(&name, None);
+                        if back {
+                            // It can take work again, and what waits to be sent there can go.
+                            self.push_node_tasks(&name);
+                            self.push_waiting();
+                        }
                     }
                     for stray in self.observe(&name, tasks, complete).await {
                         // Another run replaced this one while the node was away: stop it,
@@ -1121,6 +1174,11 @@ impl Manager {
                         tracing::warn!(node = %name, error = %err, "cannot follow the node's tasks; retrying");
                         reachable = false;
                     }
+                    // Not `Ready` while it cannot be reached: nothing placed there could be
+                    // sent, and `cube node` says why.
+                    lock(&self.state)
+                        .nodes
+                        .set_unreachable(&name, Some(unreachable_reason(&err)));
                     index = 0;
                     Some(FOLLOW_RETRY)
                 }
@@ -1171,6 +1229,20 @@ impl Manager {
                 Err(_) => {}
             }
         }
+    }
+}
+
+/// What the manager saw when it could not reach a node, in a few words: the innermost cause
+/// ("Connection refused (os error 111)"), not reqwest's chain that repeats the URL.
+fn unreachable_reason(err: &ClientError) -> String {
+    match err {
+        ClientError::Unreachable { reason, .. } => reason
+            .rsplit(": ")
+            .find(|part| !part.trim().is_empty())
+            .unwrap_or(reason)
+            .trim()
+            .to_string(),
+        other => other.to_string(),
     }
 }
 

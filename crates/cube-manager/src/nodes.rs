@@ -53,6 +53,9 @@ pub struct NodeEntry {
     /// Whether the manager has declared the node `Down` (and its tasks `Lost`) since it last
     /// reported, so that it does so once per silence.
     pub marked_down: bool,
+    /// Why the manager cannot reach the node's API, while it cannot (set and cleared by the
+    /// node's follower). A node that reports but cannot be reached takes no work.
+    pub unreachable: Option<String>,
 }
 
 /// What changed when a report came in.
@@ -100,6 +103,7 @@ impl NodeRegistry {
                 // A node loaded from the store has not reported to this process yet; its
                 // tasks are not lost before the grace period has passed since the start.
                 marked_down: false,
+                unreachable: None,
             },
         );
     }
@@ -117,7 +121,8 @@ impl NodeRegistry {
         let wall = Utc::now();
         match self.nodes.get_mut(&report.name) {
             Some(entry) => {
-                let was_ready = entry.is_ready(now, grace);
+                // Back from silence, not back from unreachable: the follower says that.
+                let was_ready = entry.is_fresh(now, grace);
                 let moved = entry.address != report.address;
                 let bigger = report.capacity.cpu > entry.capacity.cpu
                     || report.capacity.memory > entry.capacity.memory
@@ -126,6 +131,8 @@ impl NodeRegistry {
                 if moved {
                     entry.address = report.address;
                     entry.client = client();
+                    // A new address is tried afresh by the node's new follower.
+                    entry.unreachable = None;
                 }
                 entry.capacity = report.capacity;
                 entry.source = source;
@@ -150,6 +157,7 @@ impl NodeRegistry {
                     last_seen: Some(now),
                     client: client(),
                     marked_down: false,
+                    unreachable: None,
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {
@@ -163,6 +171,22 @@ impl NodeRegistry {
 }
 
 impl NodeRegistry {
+    /// Records whether the manager can reach the node's API (`None`: it can); returns whether
+    /// that changed.
+    pub fn set_unreachable(&mut self, name: &str, why: Option<String>) -> bool {
+        match self.nodes.get_mut(name) {
+            Some(entry) if entry.unreachable.is_some() != why.is_some() => {
+                entry.unreachable = why;
+                true
+            }
+            Some(entry) => {
+                entry.unreachable = why;
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Marks every node silent for longer than `grace` as `Down`, once per silence; returns
     /// the names of those newly down. A node never heard from by this process counts from
     /// `started`, the first call.
@@ -181,9 +205,24 @@ impl NodeRegistry {
 }
 
 impl NodeEntry {
+    /// Whether the node takes work: it reported within the grace period and the manager can
+    /// reach it.
     pub fn is_ready(&self, now: Instant, grace: Duration) -> bool {
+        self.status(now, grace) == NodeStatus::Ready
+    }
+
+    /// Whether the node reported within the grace period.
+    pub fn is_fresh(&self, now: Instant, grace: Duration) -> bool {
         self.last_seen
             .is_some_and(|seen| now.saturating_duration_since(seen) <= grace)
+    }
+
+    pub fn status(&self, now: Instant, grace: Duration) -> NodeStatus {
+        match (self.is_fresh(now, grace), &self.unreachable) {
+            (false, _) => NodeStatus::Down,
+            (true, Some(_)) => NodeStatus::Unreachable,
+            (true, None) => NodeStatus::Ready,
+        }
     }
 
     /// The node as the API shows it, with what the cache says is placed there.
@@ -192,11 +231,11 @@ impl NodeEntry {
         Node {
             name: self.name.clone(),
             address: self.address.clone(),
-            status: if self.is_ready(now, grace) {
-                NodeStatus::Ready
-            } else {
-                NodeStatus::Down
-            },
+            status: self.status(now, grace),
+            status_reason: self
+                .unreachable
+                .as_ref()
+                .map(|why| format!("cannot reach {}: {why}", self.address)),
             capacity: self.capacity,
             allocated: load.map(|load| load.allocated).unwrap_or_default(),
             task_count: load.map(|load| load.tasks.len()).unwrap_or(0),

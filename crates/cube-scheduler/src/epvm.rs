@@ -626,7 +626,7 @@ mod tests {
         let decision = Epvm::new().place(&memory_request(2 * GIB), &cluster);
         assert_eq!(
             decision.to_string(),
-            "w1: node is Down; w2: needs 2.0 GiB memory, 1.0 GiB free"
+            "w1: node is not Ready; w2: needs 2.0 GiB memory, 1.0 GiB free"
         );
     }
 

@@ -439,7 +439,7 @@ mod tests {
         let task = memory_request(2 * GIB);
         let mut scheduler = EpvmSampled::new().with_sample_size(1);
         let expected = "w000: needs 2.0 GiB memory, 1.0 GiB free; \
-                        w001: needs 2.0 GiB memory, 0 B free; w002: node is Down";
+                        w001: needs 2.0 GiB memory, 0 B free; w002: node is not Ready";
         let (candidates, reasons) = scheduler.select_candidate_nodes(&task, &nodes);
         assert!(candidates.is_empty());
         assert_eq!(crate::describe_rejections(&reasons), expected);

@@ -139,7 +139,7 @@ impl Filter for ReadyFilter {
     }
 
     fn reason(&self, _task: &TaskRequest, _node: &NodeView) -> String {
-        "node is Down".to_string()
+        "node is not Ready".to_string()
     }
 }
 
@@ -287,7 +287,7 @@ mod tests {
         down.ready = false;
         assert_eq!(
             ReadyFilter.check(&request(0.0, 0, 0), &down),
-            Err("node is Down".to_string())
+            Err("node is not Ready".to_string())
         );
         down.ready = true;
         assert_eq!(ReadyFilter.check(&request(0.0, 0, 0), &down), Ok(()));
@@ -413,7 +413,7 @@ mod tests {
         tight.ready = false;
         let chain = FilterChain::standard();
         let big = request(1.0, GIB, GIB);
-        assert_eq!(chain.check(&big, &tight), Err("node is Down".to_string()));
+        assert_eq!(chain.check(&big, &tight), Err("node is not Ready".to_string()));
         tight.ready = true;
         assert_eq!(
             chain.check(&big, &tight),

@@ -63,7 +63,7 @@ impl fmt::Display for Decision {
 }
 
 /// The reasons no node fits, one phrase per node:
-/// `"w1: needs 2.0 GiB memory, 1.1 GiB free; w2: port 7777 taken; w3: node is Down"`.
+/// `"w1: needs 2.0 GiB memory, 1.1 GiB free; w2: port 7777 taken; w3: node is not Ready"`.
 pub fn describe_rejections(reasons: &[Rejection]) -> String {
     if reasons.is_empty() {
         return "no nodes have joined the cluster".to_string();
@@ -191,11 +191,11 @@ mod tests {
         let reasons = [
             rejection("w1", "needs 2.0 GiB memory, 1.1 GiB free"),
             rejection("w2", "port 7777 taken"),
-            rejection("w3", "node is Down"),
+            rejection("w3", "node is not Ready"),
         ];
         assert_eq!(
             describe_rejections(&reasons),
-            "w1: needs 2.0 GiB memory, 1.1 GiB free; w2: port 7777 taken; w3: node is Down"
+            "w1: needs 2.0 GiB memory, 1.1 GiB free; w2: port 7777 taken; w3: node is not Ready"
         );
         assert_eq!(
             Decision::NoFit {

@@ -211,7 +211,7 @@ mod tests {
         let decision = RoundRobin::new().place(&web, &cluster);
         assert_eq!(
             decision.to_string(),
-            "w1: node is Down; w2: port 7777 taken"
+            "w1: node is not Ready; w2: port 7777 taken"
         );
     }
 

@@ -140,6 +140,7 @@ mod tests {
             name: "w1".into(),
             address: "http://w1:5556".into(),
             status: NodeStatus::Down,
+            status_reason: None,
             capacity: Resources {
                 cpu: 4.0,
                 memory: 8 << 30,

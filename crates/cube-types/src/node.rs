@@ -35,6 +35,10 @@ pub enum NodeStatus {
     Ready,
     /// Silent for longer than the grace period, or never reached.
     Down,
+    /// It reports, but the manager cannot reach its API at the address it advertised (a
+    /// wrong `--advertise`, a firewall): nothing can be sent to it, so it takes no work.
+    /// `StatusReason` says what the manager saw.
+    Unreachable,
 }
 
 impl fmt::Display for NodeStatus {
@@ -42,6 +46,7 @@ impl fmt::Display for NodeStatus {
         f.write_str(match self {
             NodeStatus::Ready => "Ready",
             NodeStatus::Down => "Down",
+            NodeStatus::Unreachable => "Unreachable",
         })
     }
 }
@@ -73,6 +78,14 @@ pub struct Node {
     pub address: String,
     #[serde(rename = "Status")]
     pub status: NodeStatus,
+    /// Why the node is not `Ready`, when the manager knows more than the status says (the
+    /// error met when reaching its address).
+    #[serde(
+        rename = "StatusReason",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub status_reason: Option<String>,
     #[serde(rename = "Capacity")]
     pub capacity: Resources,
     /// The sum of what the tasks placed here declared (`Cpu`, `Memory`, `Disk`).

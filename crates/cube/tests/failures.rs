@@ -472,3 +472,61 @@ async fn a_stop_during_the_restart_backoff_ends_the_task_for_good() {
         "nothing runs for the stopped task"
     );
 }
+
+#[tokio::test]
+async fn a_node_the_manager_cannot_reach_is_not_ready_and_a_stop_that_keeps_failing_says_why() {
+    let (manager, mut workers, _dir) = cluster("unreach", 1, "30s").await;
+    let client = manager.client();
+    let worker = workers.remove(0);
+    let (id, _) = client.run(&sleeper("unreach")).await;
+    // The worker dies, and something keeps reporting for it (as a worker whose advertised
+    // address is wrong does): the node is fresh, but nothing can be sent to it.
+    let report = worker.client().get("/node").await.body;
+    let name = worker.name.clone();
+    worker.kill_9();
+    let heartbeats = {
+        let http = reqwest::Client::new();
+        let url = format!("{}/nodes/{name}", manager.url);
+        let report = report.clone();
+        tokio::spawn(async move {
+            for _ in 0..300 {
+                let _ = http.put(&url).json(&report).send().await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let nodes = manager
+        .await_nodes("the node Unreachable", |nodes| {
+            nodes[0]["Status"] == "Unreachable"
+        })
+        .await;
+    let reason = nodes[0]["StatusReason"].as_str().unwrap_or_default();
+    assert!(reason.contains("cannot reach"), "{reason}");
+
+    // A stop it cannot deliver is shown with the error and the next attempt.
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    let stopping = client
+        .await_task(&id, "the failing stop shown", |task| {
+            task["DispatchError"].is_string() && task["NextAttempt"].is_string()
+        })
+        .await;
+    assert_eq!(stopping["DesiredState"], "Completed");
+
+    // Nothing new is placed on it.
+    let waiting = client.submit(&sleeper("unreach-new")).await;
+    let pending = client
+        .await_task(&waiting, "a reason to wait", |task| {
+            task["PendingReason"].is_string()
+        })
+        .await;
+    assert_eq!(pending["State"], "Pending");
+    assert!(
+        pending["PendingReason"]
+            .as_str()
+            .unwrap()
+            .contains("not Ready"),
+        "{pending}"
+    );
+    heartbeats.abort();
+    remove_node_containers(&name);
+}

@@ -199,6 +199,7 @@ mod tests {
             name: name.to_string(),
             address: "http://127.0.0.1:5556".to_string(),
             status,
+            status_reason: None,
             capacity: Resources {
                 cpu: 2.0,
                 memory: GIB,
