@@ -18,7 +18,7 @@ use chrono::Utc;
 use cube_api::{ApiError, parse_task_id, with_json_fallbacks};
 use cube_types::{Node, NodeReport, Submission, Task};
 
-use crate::manager::{Manager, ManagerError, Submitted};
+use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
 
 /// The one place a [`ManagerError`] becomes an HTTP status.
@@ -37,12 +37,14 @@ pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
         .route("/tasks", get(list_tasks).post(submit_task))
         .route("/tasks/{id}", get(get_task).delete(stop_task))
+        .route("/tasks/{id}/placement", get(get_placement))
         .route("/nodes", get(list_nodes))
         .route("/nodes/{name}", get(get_node).put(report_node))
         .with_state(manager);
     with_json_fallbacks(
         routes,
-        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /nodes, GET|PUT /nodes/{name}",
+        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, GET /nodes, \
+         GET|PUT /nodes/{name}",
     )
 }
 
@@ -68,6 +70,13 @@ async fn get_task(
     Path(id): Path<String>,
 ) -> Result<Json<Arc<Task>>, ApiError> {
     Ok(Json(manager.task(parse_task_id(&id)?)?))
+}
+
+async fn get_placement(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> Result<Json<Placement>, ApiError> {
+    Ok(Json(manager.placement(parse_task_id(&id)?)?))
 }
 
 async fn stop_task(

@@ -11,6 +11,7 @@
 
 pub mod api;
 mod cache;
+mod log_limit;
 mod manager;
 mod nodes;
 mod queue;

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, Changes, ClientError};
-use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, describe_rejections};
+use cube_scheduler::{
+    Decision, FilterChain, NodeView, Scheduler, TaskRequest, summarize_rejections,
+};
 use cube_store::{Commit, Store, StoreError};
 use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
 use tokio::task::JoinSet;
@@ -24,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cache::{TaskCache, holds_resources};
+use crate::log_limit::LogLimit;
 use crate::nodes::{NodeRegistry, NodeSource};
 use crate::queue::WorkQueue;
 use crate::reconcile::{Action, reconcile};
@@ -99,6 +102,34 @@ enum Outcome {
     Retry(String),
 }
 
+/// Where a task could go now: `GET /tasks/{id}/placement`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Placement {
+    #[serde(rename = "ID")]
+    pub id: Uuid,
+    #[serde(rename = "State")]
+    pub state: State,
+    /// The node it is placed on, if it is.
+    #[serde(rename = "NodeName")]
+    pub node_name: String,
+    /// When no node fits: the reasons, counted (what `PendingReason` says).
+    #[serde(rename = "Summary", skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Every node, whether it could take the task now, and why not.
+    #[serde(rename = "Nodes")]
+    pub nodes: Vec<NodePlacement>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodePlacement {
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Fits")]
+    pub fits: bool,
+    #[serde(rename = "Reason", skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// A task whose reconcile keeps failing.
 #[derive(Debug, Clone)]
 struct Retrying {
@@ -141,6 +172,8 @@ pub struct Manager {
     complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
     shutdown: CancellationToken,
+    /// "reconcile did not converge", written at most once every 5 s.
+    retry_warnings: LogLimit,
 }
 
 struct Shared {
@@ -192,6 +225,7 @@ impl Manager {
             followers: Mutex::new(HashMap::new()),
             complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
+            retry_warnings: LogLimit::new(Duration::from_secs(5)),
         }))
     }
 
@@ -569,7 +603,11 @@ impl Manager {
                     );
                     (attempts, delay)
                 };
-                tracing::warn!(task = %id, %reason, attempts, retry_in = ?delay, "reconcile did not converge");
+                if let Some(left_out) = self.retry_warnings.admit(Instant::now()) {
+                    tracing::warn!(task = %id, %reason, attempts, retry_in = ?delay, left_out, "reconcile did not converge (at most one such warning every 5 s; left_out counts the others)");
+                } else {
+                    tracing::debug!(task = %id, %reason, attempts, retry_in = ?delay, "reconcile did not converge");
+                }
                 self.push_after(id, delay);
             }
         }
@@ -659,24 +697,7 @@ impl Manager {
             return Ok(false);
         }
         let mut task = task.clone();
-        let now = Instant::now();
-        let views: Vec<NodeView> = state
-            .nodes
-            .entries()
-            .map(|entry| {
-                let load = state.cache.load(&entry.name);
-                NodeView {
-                    name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.config.heartbeat_grace),
-                    capacity: entry.capacity,
-                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
-                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
-                    host_ports_taken: load
-                        .map(|load| load.host_ports.keys().copied().collect())
-                        .unwrap_or_default(),
-                }
-            })
-            .collect();
+        let views = self.node_views(&state);
         let request = TaskRequest::for_task(&task);
         // A restarted task goes back to the node it ran on when that node is ready and has
         // room (its image is there, its data may be); otherwise the scheduler chooses.
@@ -709,7 +730,7 @@ impl Manager {
                 Ok(true)
             }
             Decision::NoFit { reasons } => {
-                let reason = describe_rejections(&reasons);
+                let reason = summarize_rejections(&request, &views, &reasons);
                 if task.pending_reason.as_deref() != Some(reason.as_str()) {
                     tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");
                     task.pending_reason = Some(reason);
@@ -718,6 +739,61 @@ impl Manager {
                 Ok(false)
             }
         }
+    }
+
+    /// The scheduler's snapshot of every node: what it offers, what is placed there.
+    fn node_views(&self, state: &Shared) -> Vec<NodeView> {
+        let now = Instant::now();
+        state
+            .nodes
+            .entries()
+            .map(|entry| {
+                let load = state.cache.load(&entry.name);
+                NodeView {
+                    name: entry.name.clone(),
+                    ready: entry.is_ready(now, self.config.heartbeat_grace),
+                    capacity: entry.capacity,
+                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
+                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
+                    host_ports_taken: load
+                        .map(|load| load.host_ports.keys().copied().collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect()
+    }
+
+    /// Where the task could go now, node by node: `GET /tasks/{id}/placement`, the long form
+    /// of a waiting task's `PendingReason`.
+    pub fn placement(&self, id: Uuid) -> Result<Placement, ManagerError> {
+        let state = lock(&self.state);
+        let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
+        let views = self.node_views(&state);
+        let request = TaskRequest::for_task(task);
+        let chain = FilterChain::standard();
+        let nodes = views
+            .iter()
+            .map(|view| {
+                let reason = chain.check(&request, view).err();
+                NodePlacement {
+                    name: view.name.clone(),
+                    fits: reason.is_none(),
+                    reason,
+                }
+            })
+            .collect();
+        let rejections = chain.rejections(&request, &views);
+        Ok(Placement {
+            id,
+            state: task.state,
+            node_name: task.node_name.clone(),
+            summary: if rejections.len() == views.len() {
+                Some(summarize_rejections(&request, &views, &rejections))
+            } else {
+                None
+            },
+            nodes,
+        })
     }
 
     /// Begins a new run of a task that ended or was lost: back to `Pending` (the one explicit

@@ -18,6 +18,7 @@ use std::fmt;
 
 pub mod epvm;
 pub mod epvm_sampled;
+pub mod explain;
 pub mod filter;
 pub mod rng;
 pub mod round_robin;
@@ -25,6 +26,7 @@ pub mod view;
 
 pub use epvm::Epvm;
 pub use epvm_sampled::EpvmSampled;
+pub use explain::summarize_rejections;
 pub use filter::{Filter, FilterChain};
 pub use round_robin::RoundRobin;
 pub use view::{NodeView, TaskRequest};

@@ -1,0 +1,247 @@
+//! Why a task fits nowhere, in words that stay short however large the cluster: a few nodes
+//! are named one by one; more are counted by reason ("599 nodes: 598 short of memory (most
+//! free 1.5 GiB), 1 with port 7777 taken"), and a request bigger than every node says so
+//! first. The per-node list stays available ([`crate::describe_rejections`]) for whoever
+//! asks for it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cube_types::size::format_size;
+
+use crate::Rejection;
+use crate::filter::{CpuFilter, DiskFilter, Filter, HostPortFilter, MemoryFilter, ReadyFilter};
+use crate::view::{NodeView, TaskRequest};
+
+/// Up to this many refused nodes are named one by one; more are counted.
+pub const NAMED_NODES_MAX: usize = 3;
+
+/// The reason a task waits, from the nodes it was refused by. `nodes` is the snapshot the
+/// rejections were made on (every node, refused or not).
+pub fn summarize_rejections(
+    task: &TaskRequest,
+    nodes: &[NodeView],
+    rejections: &[Rejection],
+) -> String {
+    if nodes.is_empty() {
+        return "no nodes have joined the cluster".to_string();
+    }
+    let body = if rejections.len() <= NAMED_NODES_MAX {
+        crate::describe_rejections(rejections)
+    } else {
+        counted(task, nodes, rejections)
+    };
+    match too_big_for_every_node(task, nodes) {
+        Some(why) => format!("{why}; {body}"),
+        None => body,
+    }
+}
+
+/// "no node could ever hold it: needs 16.0 TiB memory, the largest node has 8.0 GiB" when
+/// the request is bigger than every node's whole capacity (not only what is free now).
+pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<String> {
+    if nodes.is_empty() {
+        return None;
+    }
+    let largest_cpu = nodes.iter().map(|n| n.capacity.cpu).fold(0.0, f64::max);
+    let largest_memory = nodes.iter().map(|n| n.capacity.memory).max().unwrap_or(0);
+    let largest_disk = nodes.iter().map(|n| n.capacity.disk).max().unwrap_or(0);
+    let mut needs = Vec::new();
+    if task.cpu_cores() > largest_cpu + crate::filter::CPU_TOLERANCE_CORES {
+        needs.push(format!(
+            "needs {} CPU, the largest node has {largest_cpu}",
+            task.cpu_cores()
+        ));
+    }
+    if task.memory > largest_memory {
+        needs.push(format!(
+            "needs {} memory, the largest node has {}",
+            format_size(task.memory),
+            format_size(largest_memory)
+        ));
+    }
+    if task.disk > largest_disk {
+        needs.push(format!(
+            "needs {} disk, the largest node has {}",
+            format_size(task.disk),
+            format_size(largest_disk)
+        ));
+    }
+    if needs.is_empty() {
+        None
+    } else {
+        Some(format!("no node could ever hold it: {}", needs.join(", ")))
+    }
+}
+
+/// What kept one node out, for counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    NotReady,
+    Cpu,
+    Memory,
+    Disk,
+    Ports,
+    /// A filter this module does not know (a later constraint): its own words are kept.
+    Other,
+}
+
+fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> String {
+    let by_name: BTreeMap<&str, &NodeView> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let mut counts: BTreeMap<Kind, usize> = BTreeMap::new();
+    let mut most_free_cpu = 0.0f64;
+    let (mut most_free_memory, mut most_free_disk) = (0u64, 0u64);
+    let mut ports_taken = BTreeSet::new();
+    let mut others: BTreeMap<&str, usize> = BTreeMap::new();
+    for rejection in rejections {
+        let Some(node) = by_name.get(rejection.node.as_str()) else {
+            continue;
+        };
+        let kind = if !ReadyFilter.admits(task, node) {
+            Kind::NotReady
+        } else if !CpuFilter.admits(task, node) {
+            most_free_cpu = most_free_cpu.max(node.capacity.cpu - node.allocated.cpu);
+            Kind::Cpu
+        } else if !MemoryFilter.admits(task, node) {
+            most_free_memory =
+                most_free_memory.max(node.capacity.memory.saturating_sub(node.allocated.memory));
+            Kind::Memory
+        } else if !DiskFilter.admits(task, node) {
+            most_free_disk =
+                most_free_disk.max(node.capacity.disk.saturating_sub(node.allocated.disk));
+            Kind::Disk
+        } else if !HostPortFilter.admits(task, node) {
+            ports_taken.extend(task.host_ports.intersection(&node.host_ports_taken));
+            Kind::Ports
+        } else {
+            *others.entry(rejection.reason.as_str()).or_default() += 1;
+            Kind::Other
+        };
+        *counts.entry(kind).or_default() += 1;
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for (kind, count) in &counts {
+        let part = match kind {
+            Kind::NotReady => format!("{count} not Ready"),
+            Kind::Cpu => format!(
+                "{count} short of CPU (most free {:.1})",
+                most_free_cpu.max(0.0)
+            ),
+            Kind::Memory => format!(
+                "{count} short of memory (most free {})",
+                format_size(most_free_memory)
+            ),
+            Kind::Disk => format!(
+                "{count} short of disk (most free {})",
+                format_size(most_free_disk)
+            ),
+            Kind::Ports => {
+                let ports: Vec<String> = ports_taken.iter().map(u16::to_string).collect();
+                let word = if ports.len() == 1 { "port" } else { "ports" };
+                format!("{count} with {word} {} taken", ports.join(", "))
+            }
+            Kind::Other => continue,
+        };
+        parts.push(part);
+    }
+    parts.extend(
+        others
+            .iter()
+            .map(|(reason, count)| format!("{count}: {reason}")),
+    );
+    let total = nodes.len();
+    let word = if total == 1 { "node" } else { "nodes" };
+    format!("{total} {word}: {}", parts.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use cube_types::Resources;
+
+    use super::*;
+    use crate::FilterChain;
+
+    const GIB: u64 = 1 << 30;
+
+    fn node(name: &str, memory_gib: u64, used_gib: u64) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ready: true,
+            capacity: Resources {
+                cpu: 4.0,
+                memory: memory_gib * GIB,
+                disk: 100 * GIB,
+            },
+            allocated: Resources {
+                cpu: 0.0,
+                memory: used_gib * GIB,
+                disk: 0,
+            },
+            ..NodeView::default()
+        }
+    }
+
+    fn explain(task: &TaskRequest, nodes: &[NodeView]) -> String {
+        let rejections = FilterChain::standard().rejections(task, nodes);
+        summarize_rejections(task, nodes, &rejections)
+    }
+
+    #[test]
+    fn a_large_cluster_is_counted_by_reason_not_listed_node_by_node() {
+        let mut nodes: Vec<NodeView> = (0..598)
+            .map(|n| node(&format!("w{n:03}"), 4, if n == 7 { 2 } else { 3 }))
+            .collect();
+        let mut busy = node("w598", 8, 0);
+        busy.host_ports_taken.insert(7777);
+        nodes.push(busy);
+        let task = TaskRequest {
+            memory: 3 * GIB,
+            host_ports: [7777].into(),
+            ..TaskRequest::default()
+        };
+        let reason = explain(&task, &nodes);
+        assert_eq!(
+            reason,
+            "599 nodes: 598 short of memory (most free 2.0 GiB), 1 with port 7777 taken"
+        );
+        assert!(reason.len() < 120, "{reason}");
+    }
+
+    #[test]
+    fn a_few_nodes_are_named_one_by_one() {
+        let nodes = [node("w1", 4, 3), node("w2", 4, 0)];
+        let task = TaskRequest {
+            memory: 2 * GIB,
+            ..TaskRequest::default()
+        };
+        let mut nodes = nodes.to_vec();
+        nodes[1].ready = false;
+        assert_eq!(
+            explain(&task, &nodes),
+            "w1: needs 2.0 GiB memory, 1.0 GiB free; w2: node is not Ready"
+        );
+    }
+
+    #[test]
+    fn a_request_bigger_than_every_node_says_so_first() {
+        let nodes = [node("w1", 4, 0), node("w2", 8, 0)];
+        let task = TaskRequest {
+            memory: 16 * 1024 * GIB,
+            ..TaskRequest::default()
+        };
+        let reason = explain(&task, &nodes);
+        assert!(
+            reason.starts_with(
+                "no node could ever hold it: needs 16.0 TiB memory, the largest node has 8.0 GiB; "
+            ),
+            "{reason}"
+        );
+    }
+
+    #[test]
+    fn an_empty_cluster_says_no_node_has_joined() {
+        assert_eq!(
+            explain(&TaskRequest::default(), &[]),
+            "no nodes have joined the cluster"
+        );
+    }
+}
