@@ -8,9 +8,10 @@
 
 use std::sync::Arc;
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -48,8 +49,112 @@ pub fn router(manager: Arc<Manager>) -> Router {
     )
 }
 
-async fn list_tasks(State(manager): State<Arc<Manager>>) -> Json<Vec<Arc<Task>>> {
-    Json(manager.tasks())
+/// The response header that carries the token for the next page of a `GET /tasks?limit=N`.
+pub const NEXT_TOKEN_HEADER: &str = "X-Cube-Next-Token";
+
+/// The most tasks one page may hold.
+pub const PAGE_LIMIT_MAX: usize = 10_000;
+
+/// `GET /tasks` filters and paging. Every parameter is optional; without any, every task.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskQuery {
+    /// At most this many tasks (1..=10,000); the header `X-Cube-Next-Token` then says where
+    /// the next page starts, when there is one.
+    limit: Option<usize>,
+    /// The token a previous page gave: the ID of the first task of this page.
+    next: Option<String>,
+    /// Only tasks in this state (`Running`, `pending`, ...).
+    state: Option<String>,
+    /// Only tasks placed on this node.
+    node: Option<String>,
+    /// Only tasks with this exact name.
+    name: Option<String>,
+    /// `true`: each task without its `History`, the bulk of a task's JSON.
+    summary: Option<bool>,
+}
+
+async fn list_tasks(
+    State(manager): State<Arc<Manager>>,
+    query: Result<Query<TaskQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let state = match &query.state {
+        Some(text) => Some(
+            cube_types::state::ALL_STATES
+                .into_iter()
+                .find(|state| state.name().eq_ignore_ascii_case(text))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "state: {text:?} is not a task state; one of Pending, Scheduled, \
+                         Running, Completed, Failed, Lost"
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    if let Some(limit) = query.limit
+        && !(1..=PAGE_LIMIT_MAX).contains(&limit)
+    {
+        return Err(ApiError::bad_request(format!(
+            "limit: {limit} is out of range; a page holds 1 to {PAGE_LIMIT_MAX} tasks"
+        )));
+    }
+    let start = match &query.next {
+        Some(token) => Some(parse_task_id(token).map_err(|_| {
+            ApiError::bad_request(format!(
+                "next: {token:?} is not a page token; pass the {NEXT_TOKEN_HEADER} header of \
+                 the previous page"
+            ))
+        })?),
+        None => None,
+    };
+    let mut tasks = manager.tasks();
+    tasks.retain(|task| {
+        state.is_none_or(|state| task.state == state)
+            && query.node.as_ref().is_none_or(|node| &task.node_name == node)
+            && query.name.as_ref().is_none_or(|name| &task.name == name)
+    });
+    if let Some(start) = start {
+        match tasks.iter().position(|task| task.id == start) {
+            Some(index) => {
+                tasks.drain(..index);
+            }
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "next: no task {start} to start the page from (it was removed, or the \
+                     filters differ from the previous page's)"
+                )));
+            }
+        }
+    }
+    let next = match query.limit {
+        Some(limit) if tasks.len() > limit => {
+            let next = tasks[limit].id;
+            tasks.truncate(limit);
+            Some(next)
+        }
+        _ => None,
+    };
+    let mut response = if query.summary == Some(true) {
+        let summaries: Vec<Task> = tasks
+            .iter()
+            .map(|task| {
+                let mut summary = (**task).clone();
+                summary.history = Vec::new();
+                summary
+            })
+            .collect();
+        Json(summaries).into_response()
+    } else {
+        Json(tasks).into_response()
+    };
+    if let Some(next) = next
+        && let Ok(value) = HeaderValue::from_str(&next.to_string())
+    {
+        response.headers_mut().insert(NEXT_TOKEN_HEADER, value);
+    }
+    Ok(response)
 }
 
 async fn submit_task(

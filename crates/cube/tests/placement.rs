@@ -69,3 +69,71 @@ async fn a_waiting_task_in_a_large_cluster_says_why_in_one_counted_line() {
         .await;
     assert_eq!(unknown.status, 404);
 }
+
+#[tokio::test]
+async fn tasks_are_listed_in_pages_with_filters_and_a_summary_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let mut submitted = Vec::new();
+    for n in 0..25 {
+        let name = if n % 5 == 0 { "five".to_string() } else { format!("t{n}") };
+        submitted.push(
+            client
+                .submit(&json!({"Name": name, "Image": SAMPLE_IMAGE}))
+                .await,
+        );
+    }
+    let http = reqwest::Client::new();
+    let mut listed = Vec::new();
+    let mut next: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let mut url = format!("{}/tasks?limit=10&summary=true", manager.url);
+        if let Some(token) = &next {
+            url.push_str(&format!("&next={token}"));
+        }
+        let answer = http.get(&url).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+        next = answer
+            .headers()
+            .get("X-Cube-Next-Token")
+            .map(|value| value.to_str().unwrap().to_string());
+        let page: serde_json::Value = answer.json().await.unwrap();
+        let page = page.as_array().unwrap();
+        assert!(page.len() <= 10);
+        assert!(
+            page.iter().all(|task| task.get("History").is_none()),
+            "the summary form leaves the history out"
+        );
+        listed.extend(page.iter().map(|task| task["ID"].as_str().unwrap().to_string()));
+        pages += 1;
+        if next.is_none() {
+            break;
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(listed, submitted, "every task once, oldest first");
+
+    let named = client.get("/tasks?name=five&state=pending").await.body;
+    assert_eq!(named.as_array().unwrap().len(), 5);
+    let running = client.get("/tasks?state=Running").await.body;
+    assert_eq!(running.as_array().unwrap().len(), 0);
+    assert!(client.get("/tasks").await.body[0]["History"].is_array());
+
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=abc", "limit"),
+        ("state=Sleeping", "state"),
+        ("next=nonsense", "next"),
+        ("colour=red", "colour"),
+    ] {
+        let answer = client.get(&format!("/tasks?{query}")).await;
+        assert_eq!(answer.status, 400, "{query}: {}", answer.body);
+        assert!(
+            answer.message().contains(field),
+            "{query}: {}",
+            answer.message()
+        );
+    }
+}
