@@ -8,6 +8,7 @@ mod footprint;
 mod load;
 mod recovery;
 mod simulated;
+mod soak;
 mod start_latency;
 mod store;
 mod swarm;
@@ -107,6 +108,22 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// Reads and writes mixed on one manager for minutes: half the clients GET /tasks?limit=100,
+    /// half POST /tasks; p50/p99 of each, errors, and the manager's RSS over time.
+    Soak {
+        /// How long the mixed load runs, in seconds.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// How many clients (half read, half write).
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        /// How many tasks the manager holds before the soak.
+        #[arg(long, default_value_t = 5000)]
+        tasks: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -161,6 +178,12 @@ async fn main() -> anyhow::Result<()> {
             list_tasks,
             cube,
         } => store::store(runs, seconds, concurrency, &list_tasks, &cube_binary(cube)?).await,
+        Command::Soak {
+            seconds,
+            clients,
+            tasks,
+            cube,
+        } => soak::soak(seconds, clients, tasks, &cube_binary(cube)?).await,
         Command::SimWorkers {
             manager,
             count,
