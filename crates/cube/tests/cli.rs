@@ -387,15 +387,16 @@ fn a_manager_listening_on_every_interface_warns_that_anyone_can_drive_it() {
     );
 }
 
-/// A stand-in for the manager that knows one task and records the requests it gets: for a
-/// task state the real manager does not produce yet (a restart backoff's `NextRestart`).
+/// A stand-in for the manager that knows one task and records the requests it gets: for
+/// answers the real manager does not give yet (a restart backoff's `NextRestart`; a 409 for a
+/// changed resubmission). `POST /tasks` gets `conflict` as a 409 when one is given.
 struct FakeManager {
     address: String,
     requests: Arc<Mutex<Vec<String>>>,
 }
 
 impl FakeManager {
-    fn start(task: Value) -> FakeManager {
+    fn start(task: Value, conflict: Option<&'static str>) -> FakeManager {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap().to_string();
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -408,11 +409,19 @@ impl FakeManager {
                 if reader.read_line(&mut request_line).is_err() {
                     continue;
                 }
-                // The rest of the head; these requests have no body.
+                // The rest of the head, then the body, read so that the client's write ends.
                 let mut header = String::new();
+                let mut body_length = 0;
                 while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                    if let Some(length) =
+                        header.to_ascii_lowercase().strip_prefix("content-length:")
+                    {
+                        body_length = length.trim().parse().unwrap_or(0);
+                    }
                     header.clear();
                 }
+                let mut request_body = vec![0; body_length];
+                let _ = reader.read_exact(&mut request_body);
                 let request_line = request_line.trim().to_string();
                 seen.lock().unwrap().push(request_line.clone());
                 let (status, body) = if request_line.starts_with("GET /tasks ") {
@@ -421,6 +430,13 @@ impl FakeManager {
                     ("200 OK", task.to_string())
                 } else if request_line.starts_with("DELETE /tasks/") {
                     ("204 No Content", String::new())
+                } else if let (true, Some(message)) =
+                    (request_line.starts_with("POST /tasks "), conflict)
+                {
+                    (
+                        "409 Conflict",
+                        json!({"HTTPStatusCode": 409, "Message": message}).to_string(),
+                    )
                 } else {
                     (
                         "404 Not Found",
@@ -446,7 +462,8 @@ impl FakeManager {
 #[test]
 fn stopping_a_task_that_waits_to_restart_cancels_the_restart_and_says_so() {
     let id = "6a0e1cf4-5b7d-4f0e-9a43-2c8f1e6d3b21";
-    let manager = FakeManager::start(json!({
+    let manager = FakeManager::start(
+        json!({
         "ID": id,
         "Name": "flaky",
         "Image": SAMPLE_IMAGE,
@@ -456,7 +473,9 @@ fn stopping_a_task_that_waits_to_restart_cancels_the_restart_and_says_so() {
         "ExitCode": 3,
         "Error": "container exited with code 3",
         "NextRestart": "2099-01-01T00:00:00Z",
-    }));
+        }),
+        None,
+    );
     let (ok, stdout, stderr) = cube_cli(&manager.address, &["stop", "flaky"]);
     assert!(ok, "{stderr}");
     assert!(
@@ -493,4 +512,27 @@ async fn stopping_a_task_that_ended_for_good_says_so_and_succeeds() {
     let (ok, stdout, stderr) = cluster.cube(&["stop", "once"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("has already ended: Completed"), "{stdout}");
+}
+
+#[test]
+fn a_changed_file_sent_again_with_its_task_id_fails_with_the_differences_and_points_to_jobs() {
+    let id = "0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f";
+    let manager = FakeManager::start(
+        json!({"ID": id, "Image": SAMPLE_IMAGE}),
+        Some("task 0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f exists with other fields: Memory"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("changed.json");
+    std::fs::write(
+        &file,
+        json!({"ID": id, "Image": SAMPLE_IMAGE, "Memory": "64MiB"}).to_string(),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cube_cli(&manager.address, &["run", "-f", file.to_str().unwrap()]);
+    assert!(!ok, "{stdout}");
+    assert!(stdout.is_empty(), "no task ID for a refused task: {stdout}");
+    assert!(
+        stderr.contains("exists with other fields: Memory") && stderr.contains("use a job"),
+        "{stderr}"
+    );
 }
