@@ -26,11 +26,12 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     propagate_version = true,
     after_help = "Examples:\n  \
     cube dev                               # a manager and a worker in one process\n  \
-    cube run -p 7777 cube-sample:latest     # run an image, like docker run -d\n  \
+    cube run -p 7777 cube-sample:latest    # run an image, like docker run -d\n  \
     cube run -f examples/sample-task.yaml  # run a task file (JSON or YAML)\n  \
     cube status                            # list tasks, like docker ps\n  \
     cube node                              # list workers and what they hold\n  \
-    cube stop 3f2a                         # stop a task by a unique ID prefix\n\n\
+    cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
+    source <(cube completion bash)         # complete commands and flags in bash\n\n\
     Each command has its own --help."
 )]
 struct Cli {
