@@ -13,7 +13,7 @@ mod worker;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Cube: a small container orchestrator.
 ///
@@ -26,10 +26,12 @@ use clap::{Parser, Subcommand};
     propagate_version = true,
     after_help = "Examples:\n  \
     cube dev                               # a manager and a worker in one process\n  \
-    cube run -f examples/sample-task.json  # run a task\n  \
+    cube run -p 7777 cube-sample:latest    # run an image, like docker run -d\n  \
+    cube run -f examples/sample-task.yaml  # run a task file (JSON or YAML)\n  \
     cube status                            # list tasks, like docker ps\n  \
     cube node                              # list workers and what they hold\n  \
-    cube stop 3f2a                         # stop a task by a unique ID prefix\n\n\
+    cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
+    source <(cube completion bash)         # complete commands and flags in bash\n\n\
     Each command has its own --help."
 )]
 struct Cli {
@@ -46,6 +48,7 @@ enum Command {
     Stop(cli::StopArgs),
     Status(cli::StatusArgs),
     Node(cli::NodeArgs),
+    Completion(cli::CompletionArgs),
     SampleImage(sample_image::SampleImageArgs),
 }
 
@@ -61,11 +64,82 @@ async fn listen(
     let address = listener
         .local_addr()
         .context("reading the listening address")?;
+    if address.ip().is_unspecified() {
+        // The APIs have no authentication yet: on every interface, whoever reaches the port
+        // can run containers on this machine. Said once, at start, where the operator looks.
+        tracing::warn!(
+            %address,
+            "listening on every interface without authentication: anyone who can reach this \
+             port can drive the cluster (run and stop containers); bind to 127.0.0.1 (-H) or \
+             put the port behind a firewall until API tokens land"
+        );
+    }
     Ok((listener, address))
 }
 
+/// The command line, with a usage line that does not depend on what was typed. After a
+/// mistake clap prints a usage built from the flags the user gave, so `cube stop -m X ID
+/// --bad` showed `Usage: cube stop --manager <HOST:PORT> <ID>`, as if `--manager` were
+/// required. Each command's usage is fixed here to the plain one (`[OPTIONS]`), unless the
+/// command wrote its own.
+fn command_line() -> clap::Command {
+    let mut command = Cli::command();
+    command.build();
+    let names: Vec<String> = command
+        .get_subcommands()
+        .filter(|sub| sub.get_overridden_usage().is_none())
+        .map(|sub| sub.get_name().to_string())
+        .collect();
+    for name in names {
+        command = command.mut_subcommand(&name, |mut sub| {
+            let usage = sub.render_usage().to_string();
+            let usage = usage.trim().trim_start_matches("Usage:").trim().to_string();
+            sub.override_usage(usage)
+        });
+    }
+    command
+}
+
+/// A closed stdout (`cube status | head -1`) is a normal end for a command's output, as it is
+/// for `docker ps`: the command exits 0, quietly.
+///
+/// Rust ignores SIGPIPE, so a write to a closed pipe fails with `BrokenPipe` and `println!`
+/// panics on it. Restoring SIGPIPE's default would end the process on the write instead, but
+/// also on a write to a socket the manager closed (hyper's vectored writes do not ask the
+/// kernel to spare the process), which would turn a refused request into a silent death. So
+/// the failure is caught where it surfaces: the panic of a print to stdout or stderr here,
+/// and a `BrokenPipe` error returned by a command in [`main`].
+fn end_quietly_on_closed_output() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        // std's words for a failed print: "failed printing to stdout: Broken pipe (os error
+        // 32)". Nothing is left to tell a reader who has gone.
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        default_hook(info);
+    }));
+}
+
+/// Whether the error is a write to a closed pipe, somewhere in its chain.
+fn is_closed_output(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    end_quietly_on_closed_output();
+    let cli = Cli::from_arg_matches(&command_line().get_matches())
+        .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -93,11 +167,13 @@ fn main() -> ExitCode {
             Command::Stop(args) => cli::stop(args).await,
             Command::Status(args) => cli::status(args).await,
             Command::Node(args) => cli::node(args).await,
+            Command::Completion(args) => cli::completion(args, command_line()),
             Command::SampleImage(args) => sample_image::run(args).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if is_closed_output(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("cube: {err:#}");
             ExitCode::FAILURE

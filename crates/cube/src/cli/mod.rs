@@ -9,12 +9,15 @@
 //! Nothing here decides anything about tasks or nodes: the manager does. The commands only
 //! ask, and show the answer — including why a task waits or failed.
 
+mod completion;
+mod input;
 mod node;
 mod output;
 mod resolve;
 mod run;
 mod status;
 mod stop;
+mod wait;
 
 use std::time::Duration;
 
@@ -24,6 +27,7 @@ use cube_api::{ApiClient, ClientError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use completion::{CompletionArgs, completion};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};

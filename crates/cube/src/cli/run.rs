@@ -1,73 +1,406 @@
-//! `cube run -f FILE`: submits a task file to the manager.
+//! `cube run`: submits a task to the manager, from a task file or from flags as `docker run`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use chrono::Utc;
-use clap::Args;
-use cube_types::{Submission, Task};
+use clap::{Args, ValueEnum};
+use cube_api::ClientError;
+use cube_types::duration::parse_duration;
+use cube_types::task::canonical_port;
+use cube_types::{HealthCheckType, RestartPolicy, Submission, Task};
+use serde_json::Value;
 
+use super::input::{MAX_TASK_FILE_BYTES, read_task_file};
 use super::output::print_json;
+use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
-/// Run a task: send a task file to the manager, which places it on a worker.
+/// Run a task: an image with flags, as `docker run -d` does, or a task file.
 ///
-/// The file is JSON: a TaskEvent as in the book ({"ID", "State": 2, "Timestamp", "Task": {..}})
-/// or a bare Task ({"Name", "Image", "Cpu", "Memory", "ExposedPorts", "PortBindings", ..}).
-/// It is checked here first, so that a typo is named before anything is sent; then it is sent
-/// as written. Cpu is in cores, Memory and Disk in bytes or with a unit ("512MiB").
+/// With IMAGE, the task is built from the flags; the command after `--` replaces the image's.
+/// With -f, the file is JSON or YAML (by its extension, else by its first character): a
+/// TaskEvent as in the book ({"ID", "State": 2, "Timestamp", "Task": {..}}) or a bare Task
+/// ({"Name", "Image", "Cpu", "Memory", "ExposedPorts", "PortBindings", ..}); YAML uses the
+/// same field names. `-f -` reads stdin. Cpu is in cores, Memory and Disk in bytes or with a
+/// unit ("512MiB"). The task is checked here first, so that a typo is named (with its line
+/// in the file) before anything is sent.
 ///
 /// Prints the task's full ID on stdout (with -o json: the task as the manager stored it), and
 /// on stderr its state and how to follow it. Submitting a file again with the same task ID
-/// does not start a second task.
+/// does not start a second task; a changed file with the same ID is refused.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  \
-    cube run -f examples/sample-task.json\n  \
+#[command(
+    override_usage = "cube run [OPTIONS] IMAGE [-- CMD [ARG]...]\n       cube run [OPTIONS] -f FILE",
+    after_help = "Examples:\n  \
+    cube run cube-sample:latest                       # like docker run -d\n  \
+    cube run --name web -p 8080:7777 --memory 64MiB --cpus 500m cube-sample:latest\n  \
+    cube run --wait --restart on-failure busybox:latest -- sh -c 'sleep 60'\n  \
+    cube run -f examples/sample-task.yaml\n  \
     cube run -f web.json -m 10.0.0.5:5555\n  \
+    cat web.yaml | cube run -f -\n  \
     ID=$(cube run -f web.json) && cube status \"$ID\"\n  \
-    cube run -f web.json -o json | jq .State")]
+    cube run -f web.json -o json | jq .State"
+)]
 pub struct RunArgs {
-    /// The task file: a TaskEvent or a Task, as JSON.
-    #[arg(short, long, value_name = "FILE")]
-    file: PathBuf,
+    /// The task file: a TaskEvent or a Task, as JSON or YAML; `-` reads stdin.
+    #[arg(short, long, value_name = "FILE", conflicts_with = "task_flags")]
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    task: TaskFlags,
+    /// Wait until the task runs; fail with the task's error if it fails first.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits (e.g. 30s, 2m).
+    #[arg(long, default_value = "2m", value_parser = parse_duration, requires = "wait")]
+    timeout: Duration,
     #[command(flatten)]
     flags: ManagerFlags,
 }
 
-pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
-    let path = args.file.display().to_string();
-    // A blocking read is fine here: the command does nothing else while it waits.
-    let body = std::fs::read(&args.file).with_context(|| format!("cannot read {path}"))?;
-    // The manager checks the same way; checking first names the file and sends nothing bad.
-    Submission::parse(&body, Utc::now()).map_err(|err| anyhow!("{path}: {err}"))?;
-    // Sent as written: the file's own JSON value, not Cube's re-encoding of the task, so the
-    // manager sees what the user wrote (IDs it generates for a file without one included).
-    let document: serde_json::Value =
-        serde_json::from_slice(&body).with_context(|| format!("{path}: invalid JSON"))?;
+/// The task as flags, for `cube run IMAGE`.
+#[derive(Debug, Args)]
+#[group(id = "task_flags", multiple = true)]
+struct TaskFlags {
+    /// The image to run (instead of -f).
+    #[arg(value_name = "IMAGE")]
+    image: Option<String>,
+    /// The command and its arguments, after `--`, replacing the image's command.
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
+    /// The task's name [default: task-<short ID>].
+    #[arg(long)]
+    name: Option<String>,
+    /// Publish a port: HOST:CONTAINER, or CONTAINER alone to let Docker pick the host port;
+    /// CONTAINER may end in /tcp, /udp or /sctp. Repeatable.
+    #[arg(short, long = "publish", value_name = "[HOST:]CONTAINER[/PROTO]")]
+    publish: Vec<String>,
+    /// Set an environment variable, KEY=value, or KEY to pass this shell's value. Repeatable.
+    #[arg(short, long, value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// CPU cores: a number (0.5) or millicores (500m).
+    #[arg(long, value_parser = parse_cpus)]
+    cpus: Option<f64>,
+    /// Memory limit: bytes or a size (256MiB, 256Mi, 256m as Docker reads it).
+    #[arg(long, value_parser = parse_memory_flag)]
+    memory: Option<u64>,
+    /// Disk the task needs, for placement: bytes or a size (1GiB).
+    #[arg(long, value_parser = parse_memory_flag)]
+    disk: Option<u64>,
+    /// When Cube restarts the task after it ends.
+    #[arg(long, value_enum)]
+    restart: Option<RestartFlag>,
+    /// How many restarts at most [default: no limit].
+    #[arg(long, value_name = "N")]
+    max_restarts: Option<u32>,
+    /// An HTTP path probed on the first published port (e.g. /health); 200 is healthy.
+    #[arg(long, value_name = "PATH")]
+    health_check: Option<String>,
+    /// How the health check probes: http (the path) or tcp (a connection).
+    #[arg(long, value_enum, value_name = "TYPE")]
+    health_check_type: Option<HealthCheckFlag>,
+}
 
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum RestartFlag {
+    No,
+    OnFailure,
+    Always,
+    UnlessStopped,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum HealthCheckFlag {
+    Http,
+    Tcp,
+}
+
+pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
+    let (origin, document, submission) = match &args.file {
+        Some(path) => {
+            let file = read_task_file(path)?;
+            (file.origin, file.document, file.submission)
+        }
+        None => task_from_flags(&args.task)?,
+    };
     let manager = ManagerClient::connect(&args.flags)?;
-    let (status, task): (u16, Task) = manager.post("/tasks", &document).await?;
+    let (status, task): (u16, Task) = manager
+        .post("/tasks", &document)
+        .await
+        .map_err(|err| explain_refusal(err, &origin, &submission))?;
 
     match args.flags.output {
-        OutputFormat::Json => print_json(&task)?,
+        OutputFormat::Json if !args.wait => print_json(&task)?,
+        OutputFormat::Json => {}
         OutputFormat::Table => {
             println!("{}", task.id);
-            let what = if status == 200 {
-                "already exists"
-            } else {
-                "accepted"
-            };
             let short = task.short_id();
-            eprintln!(
-                "task {} ({short}) {what}: {}; see it with: cube status {short}{}",
-                task.name,
-                task.state,
-                args.flags.manager_hint()
-            );
-            if let Some(reason) = &task.pending_reason {
+            if status == 200 {
+                eprintln!(
+                    "task {} ({short}) already exists, unchanged: {}; see it with: cube status \
+                     {short}{}",
+                    task.id,
+                    task.state,
+                    args.flags.manager_hint()
+                );
+            } else {
+                eprintln!(
+                    "task {} ({short}) accepted: {}; see it with: cube status {short}{}",
+                    task.name,
+                    task.state,
+                    args.flags.manager_hint()
+                );
+            }
+            if let Some(reason) = &task.pending_reason
+                && !args.wait
+            {
                 eprintln!("waiting: {reason}");
             }
         }
     }
+    if args.wait {
+        let running = wait_for(&manager, task.id, Goal::Running, args.timeout).await?;
+        match args.flags.output {
+            OutputFormat::Json => print_json(&running)?,
+            OutputFormat::Table => eprintln!(
+                "task {} ({}) is {}{}",
+                running.name,
+                running.short_id(),
+                running.state,
+                if running.node_name.is_empty() {
+                    String::new()
+                } else {
+                    format!(" on {}", running.node_name)
+                }
+            ),
+        }
+    }
     Ok(())
+}
+
+/// The manager's refusal in the words of the command line: a 409 means the task ID is taken
+/// by a task with another spec, which `cube run` cannot change.
+fn explain_refusal(err: anyhow::Error, origin: &str, submission: &Submission) -> anyhow::Error {
+    match err.downcast_ref::<ClientError>() {
+        Some(ClientError::Status {
+            status, message, ..
+        }) if status.as_u16() == 409 => anyhow!(
+            "{origin}: {message}\nA task's spec does not change once submitted: stop task {} \
+             and run the file with another ID (or none), or use a job for updates",
+            submission.event.task.id
+        ),
+        _ => err,
+    }
+}
+
+/// The task that `cube run IMAGE` flags describe, checked as a file would be, and the JSON
+/// document to send.
+fn task_from_flags(flags: &TaskFlags) -> anyhow::Result<(String, Value, Submission)> {
+    let Some(image) = &flags.image else {
+        bail!("give an IMAGE to run, or a task file with -f FILE");
+    };
+    let mut task = Task::new(flags.name.clone().unwrap_or_default(), image.clone());
+    task.cmd = flags.command.clone();
+    task.cpu = flags.cpus.unwrap_or(0.0);
+    task.memory = flags.memory.unwrap_or(0);
+    task.disk = flags.disk.unwrap_or(0);
+    for entry in &flags.env {
+        task.env.push(env_entry(entry)?);
+    }
+    for publish in &flags.publish {
+        let (container, host) = parse_publish(publish)?;
+        task.exposed_ports.insert(container.clone());
+        task.port_bindings.insert(container, host);
+    }
+    if let Some(restart) = flags.restart {
+        task.restart_policy = match restart {
+            RestartFlag::No => RestartPolicy::No,
+            RestartFlag::OnFailure => RestartPolicy::OnFailure,
+            RestartFlag::Always => RestartPolicy::Always,
+            RestartFlag::UnlessStopped => RestartPolicy::UnlessStopped,
+        };
+    }
+    task.max_restarts = flags.max_restarts;
+    if let Some(path) = &flags.health_check {
+        task.health_check = path.clone();
+    }
+    task.health_check_type = flags.health_check_type.map(|kind| match kind {
+        HealthCheckFlag::Http => HealthCheckType::Http,
+        HealthCheckFlag::Tcp => HealthCheckType::Tcp,
+    });
+    let findings = task.validate();
+    if !findings.is_empty() {
+        bail!("invalid task: {}", findings.join("; "));
+    }
+    // Sent as the manager's own encoding of the task; the manager ignores the observed
+    // fields in it. The same check the manager runs (as for a file) comes first.
+    let document = serde_json::to_value(&task).context("cannot encode the task as JSON")?;
+    let encoded = serde_json::to_vec(&document).context("cannot encode the task as JSON")?;
+    if encoded.len() > MAX_TASK_FILE_BYTES {
+        bail!(
+            "the task is {} bytes, larger than the manager's limit of {MAX_TASK_FILE_BYTES} bytes",
+            encoded.len()
+        );
+    }
+    let submission =
+        Submission::parse(&encoded, Utc::now()).map_err(|err| anyhow!("invalid task: {err}"))?;
+    Ok((format!("image {image}"), document, submission))
+}
+
+/// `KEY=value` as given; `KEY` alone takes this shell's value, as `docker run -e KEY` does.
+fn env_entry(entry: &str) -> anyhow::Result<String> {
+    if entry.contains('=') {
+        return Ok(entry.to_string());
+    }
+    match std::env::var(entry) {
+        Ok(value) => Ok(format!("{entry}={value}")),
+        Err(_) => bail!("-e {entry}: no '=' and no variable {entry} in the environment to pass"),
+    }
+}
+
+/// `-p HOST:CONTAINER[/PROTO]` or `-p CONTAINER[/PROTO]` → (`"80/tcp"`, host port or `""` to
+/// let Docker choose).
+fn parse_publish(text: &str) -> anyhow::Result<(String, String)> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let (host, container) = match parts.as_slice() {
+        [container] => ("", *container),
+        [host, container] => (*host, *container),
+        _ => bail!(
+            "-p {text}: expected HOST:CONTAINER or CONTAINER (e.g. 8080:80, 80, 53:53/udp); \
+             Cube publishes on every host address, so a host IP cannot be given"
+        ),
+    };
+    let container = canonical_port(container).map_err(|why| anyhow!("-p {text}: {why}"))?;
+    let host = host.trim();
+    if !host.is_empty() && !matches!(host.parse::<u16>(), Ok(1..)) {
+        bail!("-p {text}: host port {host:?} is not a port number 1-65535");
+    }
+    Ok((container, host.to_string()))
+}
+
+/// `--cpus`: cores as a number (`0.5`, `2`) or millicores as Kubernetes writes them (`500m`).
+fn parse_cpus(text: &str) -> Result<f64, String> {
+    let trimmed = text.trim();
+    let cores = match trimmed.strip_suffix('m') {
+        Some(millis) => millis.parse::<f64>().map(|millis| millis / 1000.0),
+        None => trimmed.parse::<f64>(),
+    }
+    .map_err(|_| format!("{text:?} is not a number of cores (0.5) or millicores (500m)"))?;
+    if !cores.is_finite() || cores < 0.0 {
+        return Err(format!("{text:?} is not a number of cores >= 0"));
+    }
+    Ok(cores)
+}
+
+/// `--memory` and `--disk`: what [`cube_types::size::parse_size`] reads, plus the forms that
+/// users of the other tools type: Kubernetes' `Ki`/`Mi`/`Gi`/`Ti` and Docker's `k`/`m`/`g`
+/// (`docker run -m 256m` is 256 MiB). On a flag named for bytes, a lone `m` cannot mean milli.
+fn parse_memory_flag(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let binary = match unit.trim().to_ascii_lowercase().as_str() {
+        "k" | "ki" => Some("KiB"),
+        "m" | "mi" => Some("MiB"),
+        "g" | "gi" => Some("GiB"),
+        "t" | "ti" => Some("TiB"),
+        _ => None,
+    };
+    match binary {
+        Some(unit) => cube_types::size::parse_size(&format!("{number}{unit}")),
+        None => cube_types::size::parse_size(trimmed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_published_port_takes_docker_forms() {
+        assert_eq!(
+            parse_publish("8080:80").unwrap(),
+            ("80/tcp".to_string(), "8080".to_string())
+        );
+        assert_eq!(
+            parse_publish("7777").unwrap(),
+            ("7777/tcp".to_string(), String::new())
+        );
+        assert_eq!(
+            parse_publish("53:53/udp").unwrap(),
+            ("53/udp".to_string(), "53".to_string())
+        );
+        assert!(parse_publish("127.0.0.1:80:80").is_err());
+        assert!(parse_publish("99999:80").is_err());
+        assert!(parse_publish("http").is_err());
+    }
+
+    #[test]
+    fn cpus_are_cores_or_millicores() {
+        assert_eq!(parse_cpus("0.5"), Ok(0.5));
+        assert_eq!(parse_cpus("500m"), Ok(0.5));
+        assert_eq!(parse_cpus("2"), Ok(2.0));
+        assert!(parse_cpus("-1").is_err());
+        assert!(parse_cpus("lots").is_err());
+    }
+
+    #[test]
+    fn memory_takes_cube_kubernetes_and_docker_units() {
+        let mib = 1024 * 1024;
+        assert_eq!(parse_memory_flag("256MiB"), Ok(256 * mib));
+        assert_eq!(parse_memory_flag("256Mi"), Ok(256 * mib));
+        assert_eq!(parse_memory_flag("256m"), Ok(256 * mib));
+        assert_eq!(parse_memory_flag("1g"), Ok(1024 * mib));
+        assert_eq!(parse_memory_flag("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_memory_flag("1024"), Ok(1024));
+        assert!(parse_memory_flag("lots").is_err());
+    }
+
+    #[test]
+    fn flags_build_the_task_a_file_would_describe() {
+        let flags = TaskFlags {
+            image: Some("cube-sample:latest".to_string()),
+            command: vec!["sh".to_string(), "-c".to_string(), "exit 3".to_string()],
+            name: Some("web".to_string()),
+            publish: vec!["7777".to_string()],
+            env: vec!["A=1".to_string()],
+            cpus: Some(0.5),
+            memory: Some(64 * 1024 * 1024),
+            disk: None,
+            restart: Some(RestartFlag::OnFailure),
+            max_restarts: Some(2),
+            health_check: Some("/health".to_string()),
+            health_check_type: None,
+        };
+        let (_, _, submission) = task_from_flags(&flags).unwrap();
+        let task = submission.event.task;
+        assert_eq!(task.name, "web");
+        assert_eq!(task.port_bindings["7777/tcp"], "");
+        assert!(task.exposed_ports.contains("7777/tcp"));
+        assert_eq!(task.restart_policy, RestartPolicy::OnFailure);
+        assert_eq!(task.cmd, ["sh", "-c", "exit 3"]);
+    }
+
+    #[test]
+    fn a_health_check_without_a_port_is_refused_before_sending() {
+        let flags = TaskFlags {
+            image: Some("cube-sample:latest".to_string()),
+            command: Vec::new(),
+            name: None,
+            publish: Vec::new(),
+            env: Vec::new(),
+            cpus: None,
+            memory: None,
+            disk: None,
+            restart: None,
+            max_restarts: None,
+            health_check: Some("/health".to_string()),
+            health_check_type: None,
+        };
+        let err = task_from_flags(&flags).unwrap_err().to_string();
+        assert!(err.contains("HealthCheck"), "{err}");
+    }
 }

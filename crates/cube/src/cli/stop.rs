@@ -1,54 +1,117 @@
 //! `cube stop ID`: asks the manager to stop a task.
 
+use std::time::Duration;
+
 use clap::Args;
-use cube_types::Task;
+use cube_types::duration::parse_duration;
+use cube_types::{State, Task};
 
 use super::output::print_json;
 use super::resolve::find_task;
+use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
 /// Stop a task: the manager stops its container and marks it Completed.
 ///
 /// ID is the task's full ID, a prefix of it that no other task shares (like Docker's), or the
 /// task's exact name when no other task has that name. When it could mean several tasks,
-/// nothing is stopped and the candidates are listed. Stopping returns at once; the worker
-/// stops the container in the background (see `cube status`).
+/// nothing is stopped and the candidates are listed. A task that ended and waits out its
+/// restart backoff is stopped too: its restart is cancelled. Stopping returns at once; the
+/// worker stops the container in the background (see `cube status`), unless --wait.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube stop 3f2a                                   # a unique ID prefix\n  \
     cube stop bb1d59ef-9fc1-4e4b-a44d-db571eeed203   # a full ID\n  \
-    cube stop test-chapter-9.1                       # a unique task name")]
+    cube stop --wait test-chapter-9.1                # a unique task name; wait until it ended")]
 pub struct StopArgs {
     /// The task: a full ID, a unique ID prefix, or a unique exact name.
     #[arg(value_name = "ID")]
     task: String,
+    /// Wait until the task has stopped (Completed or Failed, its container gone).
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits (e.g. 30s, 2m).
+    #[arg(long, default_value = "2m", value_parser = parse_duration, requires = "wait")]
+    timeout: Duration,
     #[command(flatten)]
     flags: ManagerFlags,
+}
+
+/// What a stop request means for the task as it was found.
+#[derive(Debug, PartialEq, Eq)]
+enum StopKind {
+    /// It runs or is on its way to run: its container is stopped.
+    Running,
+    /// Its run ended and the manager waits to restart it: the restart is cancelled.
+    RestartPending,
+    /// It ended for good; nothing is left to stop.
+    Ended,
+}
+
+fn stop_kind(task: &Task) -> StopKind {
+    if !task.state.is_terminal() {
+        StopKind::Running
+    } else if task.next_restart.is_some() && task.desired_state == State::Running {
+        StopKind::RestartPending
+    } else {
+        StopKind::Ended
+    }
 }
 
 pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
     let task = find_task(&manager, &args.task).await?;
     let path = format!("/tasks/{}", task.id);
+    let kind = stop_kind(&task);
+    // Sent for an ended task too: the manager may have restarted it since it was read, and
+    // a stop of a task that ended for good changes nothing.
     manager.delete(&path).await?;
-    match args.flags.output {
-        OutputFormat::Json => {
-            // The task after the request, so that a script sees its new desired state.
-            let stopped: Task = manager.get(&path).await?;
-            print_json(&stopped)?;
-        }
-        OutputFormat::Table => {
-            if task.state.is_terminal() {
-                println!(
-                    "{} ({}) has already ended: {}",
-                    task.name,
-                    task.short_id(),
-                    task.state
-                );
-            } else {
-                println!("stopping {} ({})", task.name, task.short_id());
+    if args.flags.output == OutputFormat::Table {
+        let label = format!("{} ({})", task.name, task.short_id());
+        match kind {
+            StopKind::Running => println!("stopping {label}"),
+            StopKind::RestartPending => {
+                println!("stopped {label}: it was waiting to restart (restart cancelled)")
             }
+            StopKind::Ended => println!("{label} has already ended: {}", task.state),
         }
     }
+    let after: Task = if args.wait {
+        wait_for(&manager, task.id, Goal::Stopped, args.timeout).await?
+    } else if args.flags.output == OutputFormat::Json {
+        // The task after the request, so that a script sees its new desired state.
+        manager.get(&path).await?
+    } else {
+        return Ok(());
+    };
+    match args.flags.output {
+        OutputFormat::Json => print_json(&after)?,
+        OutputFormat::Table => println!("stopped {}: {}", after.short_id(), after.state),
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: State) -> Task {
+        let mut task = Task::new("web", "cube-sample:latest");
+        task.state = state;
+        task
+    }
+
+    #[test]
+    fn a_failed_task_waiting_to_restart_is_not_taken_for_ended() {
+        let mut waiting = task(State::Failed);
+        waiting.next_restart = Some(chrono::Utc::now());
+        assert_eq!(stop_kind(&waiting), StopKind::RestartPending);
+    }
+
+    #[test]
+    fn a_task_that_ended_for_good_is_ended_and_a_pending_one_runs() {
+        assert_eq!(stop_kind(&task(State::Failed)), StopKind::Ended);
+        assert_eq!(stop_kind(&task(State::Completed)), StopKind::Ended);
+        assert_eq!(stop_kind(&task(State::Pending)), StopKind::Running);
+    }
 }

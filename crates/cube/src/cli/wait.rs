@@ -1,0 +1,234 @@
+//! `--wait`: following a task until it runs or has stopped, with a spinner on a terminal.
+//!
+//! The manager offers no way yet to be told when one task changes, so this asks for the task
+//! (`GET /tasks/{id}`) every [`POLL_INTERVAL`], bounded by the user's `--timeout`. A blocking
+//! query on the task (the manager's `?index=` on `/tasks`) would replace the poll once it is
+//! offered per task.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use cube_types::{State, Task};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use uuid::Uuid;
+
+use super::ManagerClient;
+
+/// How often the task is asked for: quick enough that `--wait` returns within a blink of
+/// the change (Docker starts a container in ~220 ms), slow enough to cost the manager nothing.
+const POLL_INTERVAL: Duration = Duration::from_millis(150);
+
+/// What a wait is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Goal {
+    /// The task's container runs.
+    Running,
+    /// The task has ended and will not be restarted.
+    Stopped,
+}
+
+/// What one look at the task says about the goal.
+#[derive(Debug, PartialEq)]
+enum Progress {
+    /// Reached; the message (if any) says something worth knowing on the way.
+    Reached(Option<String>),
+    /// Not yet; the words describe where the task is now.
+    Waiting(String),
+    /// Can no longer be reached: the task failed.
+    Failed(String),
+}
+
+/// Waits until the task reaches `goal`, at most `timeout`; answers with the task as last seen.
+/// The error for a task that failed or did not get there in time carries the task's error.
+pub async fn wait_for(
+    manager: &ManagerClient,
+    id: Uuid,
+    goal: Goal,
+    timeout: Duration,
+) -> anyhow::Result<Task> {
+    let spinner = Spinner::start();
+    let path = format!("/tasks/{id}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut ticks = tokio::time::interval(POLL_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let task: Task = manager.get(&path).await?;
+        let label = format!("{} ({})", task.name, task.short_id());
+        match progress(&task, goal) {
+            Progress::Reached(note) => {
+                spinner.finish();
+                if let Some(note) = note {
+                    eprintln!("{label}: {note}");
+                }
+                return Ok(task);
+            }
+            Progress::Failed(why) => {
+                spinner.finish();
+                return Err(anyhow!("{label} {why}"));
+            }
+            Progress::Waiting(now) => {
+                if tokio::time::Instant::now() >= deadline {
+                    spinner.finish();
+                    let goal = match goal {
+                        Goal::Running => "running",
+                        Goal::Stopped => "stopped",
+                    };
+                    return Err(anyhow!(
+                        "{label} is not {goal} after {}: {now}",
+                        cube_types::duration::format_duration(timeout)
+                    ));
+                }
+                spinner.show(&format!("{label}: {now}"));
+            }
+        }
+    }
+}
+
+/// Where the task stands against the goal. Pure, so that each case has a test.
+fn progress(task: &Task, goal: Goal) -> Progress {
+    let ended = task.state.is_terminal();
+    let why = task
+        .error
+        .as_deref()
+        .map(|error| format!(": {error}"))
+        .unwrap_or_default();
+    let exit = task
+        .exit_code
+        .map(|code| format!(" (exit code {code})"))
+        .unwrap_or_default();
+    match goal {
+        Goal::Running => match task.state {
+            State::Running => Progress::Reached(None),
+            // Ran to its end before a look caught it running: what was asked happened.
+            State::Completed if task.desired_state == State::Running => {
+                Progress::Reached(Some(format!("ran and completed{exit}")))
+            }
+            _ if ended && task.next_restart.is_some() => Progress::Waiting(format!(
+                "{}{exit}{why}; restarting at {}",
+                task.state,
+                task.next_restart
+                    .map(|at| at.format("%H:%M:%S").to_string())
+                    .unwrap_or_default()
+            )),
+            State::Failed => Progress::Failed(format!("failed{exit}{why}")),
+            State::Completed => Progress::Failed("was stopped before it ran".to_string()),
+            _ => Progress::Waiting(describe(task)),
+        },
+        Goal::Stopped => {
+            if ended && task.next_restart.is_none() {
+                Progress::Reached(None)
+            } else {
+                Progress::Waiting(describe(task))
+            }
+        }
+    }
+}
+
+/// The task's state in a few words, with the reason it waits when there is one.
+fn describe(task: &Task) -> String {
+    match (&task.pending_reason, &task.dispatch_error) {
+        (Some(reason), _) => format!("{}: {reason}", task.state),
+        (None, Some(error)) => format!("{}: {error}", task.state),
+        (None, None) => task.state.to_string(),
+    }
+}
+
+/// A spinner on stderr while a person watches; nothing at all when stderr is not a terminal
+/// (a script's log should hold the answer, not a hundred redraws).
+struct Spinner {
+    bar: Option<ProgressBar>,
+}
+
+impl Spinner {
+    fn start() -> Spinner {
+        if !std::io::stderr().is_terminal() {
+            return Spinner { bar: None };
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Spinner { bar: Some(bar) }
+    }
+
+    fn show(&self, message: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(message.to_string());
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: State) -> Task {
+        let mut task = Task::new("web", "cube-sample:latest");
+        task.state = state;
+        task
+    }
+
+    #[test]
+    fn a_running_task_has_reached_running() {
+        assert_eq!(
+            progress(&task(State::Running), Goal::Running),
+            Progress::Reached(None)
+        );
+    }
+
+    #[test]
+    fn a_failed_task_fails_the_wait_with_its_exit_code_and_error() {
+        let mut failed = task(State::Failed);
+        failed.exit_code = Some(3);
+        failed.error = Some("container exited with code 3".to_string());
+        assert_eq!(
+            progress(&failed, Goal::Running),
+            Progress::Failed("failed (exit code 3): container exited with code 3".to_string())
+        );
+    }
+
+    #[test]
+    fn a_failed_task_waiting_to_restart_is_still_waited_for() {
+        let mut failed = task(State::Failed);
+        failed.next_restart = Some(chrono::Utc::now());
+        assert!(matches!(
+            progress(&failed, Goal::Running),
+            Progress::Waiting(_)
+        ));
+        assert!(matches!(
+            progress(&failed, Goal::Stopped),
+            Progress::Waiting(_)
+        ));
+    }
+
+    #[test]
+    fn a_pending_task_is_described_with_the_reason_it_waits() {
+        let mut pending = task(State::Pending);
+        pending.pending_reason = Some("1 node: short of memory".to_string());
+        assert_eq!(
+            progress(&pending, Goal::Running),
+            Progress::Waiting("Pending: 1 node: short of memory".to_string())
+        );
+    }
+
+    #[test]
+    fn an_ended_task_has_stopped_and_a_running_one_not() {
+        assert_eq!(
+            progress(&task(State::Completed), Goal::Stopped),
+            Progress::Reached(None)
+        );
+        assert!(matches!(
+            progress(&task(State::Running), Goal::Stopped),
+            Progress::Waiting(_)
+        ));
+    }
+}

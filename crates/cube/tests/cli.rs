@@ -1,0 +1,538 @@
+//! The `cube` command line as a new user meets it: `cube run IMAGE` with Docker's flags, task
+//! files in JSON or YAML (or on stdin), `--wait`, `cube stop`, shell completion, and the
+//! defects found by trying it: a closed stdout, an oversized file, a stop during a restart
+//! backoff, the usage line after a typo. Real `cube` processes, the real Docker engine.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use support::*;
+
+/// A manager (memory store) and one worker that joined it, Ready.
+struct Cluster {
+    manager: ManagerProcess,
+    _worker: WorkerProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(prefix: &str) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+        let worker = manager.join_worker(&unique_node(prefix), &[]);
+        manager.await_ready_nodes(1).await;
+        Cluster {
+            manager,
+            _worker: worker,
+            _dir: dir,
+        }
+    }
+
+    /// Runs `cube ARGS` against this cluster's manager.
+    fn cube(&self, args: &[&str]) -> (bool, String, String) {
+        cube_cli(&self.manager.address(), args)
+    }
+}
+
+/// Runs `cube ARGS` with `input` on its stdin; returns success, stdout and stderr.
+fn cube_with_stdin(manager: &str, args: &[&str], input: &str) -> (bool, String, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args(args)
+        .env("CUBE_MANAGER", manager)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cube");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
+
+/// The task ID `cube run` printed on stdout.
+fn printed_id(stdout: &str) -> String {
+    let id = stdout.trim().to_string();
+    assert!(
+        uuid::Uuid::parse_str(&id).is_ok(),
+        "not a task ID: {stdout:?}"
+    );
+    id
+}
+
+#[tokio::test]
+async fn cube_run_image_publishes_a_docker_chosen_port_that_answers_health_checks() {
+    let cluster = Cluster::start("run").await;
+    let (ok, stdout, stderr) = cluster.cube(&[
+        "run",
+        "--name",
+        "web",
+        "-p",
+        "7777",
+        "--memory",
+        "64Mi",
+        "--cpus",
+        "500m",
+        "-e",
+        "GREETING=hello",
+        SAMPLE_IMAGE,
+    ]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    assert!(stderr.contains("accepted"), "{stderr}");
+
+    let client = cluster.manager.client();
+    let running = client.await_state(&id, "Running").await;
+    assert_eq!(running["Name"], "web");
+    assert_eq!(running["Memory"], 64 * 1024 * 1024);
+    assert_eq!(running["Cpu"], 0.5);
+    assert_eq!(running["Env"], json!(["GREETING=hello"]));
+    assert_eq!(running["PortBindings"], json!({"7777/tcp": ""}));
+    let port = host_port(&running, "7777/tcp");
+    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn a_task_file_on_stdin_runs_and_a_yaml_file_runs_and_is_unchanged_when_sent_again() {
+    let cluster = Cluster::start("in").await;
+    let address = cluster.manager.address();
+    let json_task = web_task("from-stdin").to_string();
+    let (ok, stdout, stderr) = cube_with_stdin(&address, &["run", "-f", "-"], &json_task);
+    assert!(ok, "{stderr}");
+    let from_stdin = printed_id(&stdout);
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("web.yaml");
+    let id = uuid::Uuid::new_v4();
+    std::fs::write(
+        &yaml,
+        format!(
+            "# a web server\nID: {id}\nName: from-yaml\nImage: {SAMPLE_IMAGE}\nMemory: 64MiB\n\
+             PortBindings:\n  7777/tcp: \"\"\nHealthCheck: /health\n"
+        ),
+    )
+    .unwrap();
+    let yaml = yaml.to_str().unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", yaml]);
+    assert!(ok, "{stderr}");
+    assert_eq!(printed_id(&stdout), id.to_string());
+
+    let client = cluster.manager.client();
+    client.await_state(&from_stdin, "Running").await;
+    let running = client.await_state(&id.to_string(), "Running").await;
+    assert_eq!(running["Memory"], 64 * 1024 * 1024);
+
+    let (ok, _, stderr) = cluster.cube(&["run", "-f", yaml]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!("task {id}")) && stderr.contains("already exists, unchanged"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_yaml_mistake_is_reported_at_its_line_and_column_before_anything_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let unknown = dir.path().join("typo.yml");
+    std::fs::write(&unknown, "Task:\n  Image: x\n  Memmory: 64MiB\nState: 2\n").unwrap();
+    let (ok, _, stderr) = cube_cli("127.0.0.1:1", &["run", "-f", unknown.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("typo.yml:3:3: Task.Memmory: unknown field `Memmory`"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("cannot reach"), "{stderr}");
+
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, "Image: x\nCmd: [sh, -c\nName: y\n").unwrap();
+    let (ok, _, stderr) = cube_cli("127.0.0.1:1", &["run", "-f", broken.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("broken.yaml:") && stderr.contains("invalid YAML"),
+        "{stderr}"
+    );
+    let place: Vec<&str> = stderr
+        .split("broken.yaml:")
+        .nth(1)
+        .unwrap()
+        .splitn(3, ':')
+        .collect();
+    assert!(
+        place[0].parse::<u32>().is_ok() && place[1].parse::<u32>().is_ok(),
+        "no line:column in {stderr}"
+    );
+}
+
+#[tokio::test]
+async fn run_wait_returns_once_the_task_runs_and_fails_with_the_error_of_a_failing_command() {
+    let cluster = Cluster::start("wait").await;
+    let (ok, stdout, stderr) = cluster.cube(&["run", "--wait", "-p", "7777", SAMPLE_IMAGE]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    // No look at the manager before this one: --wait itself must have seen it running.
+    let task = cluster
+        .manager
+        .client()
+        .get(&format!("/tasks/{id}"))
+        .await
+        .body;
+    assert_eq!(task["State"], "Running", "{task}");
+    assert!(stderr.contains("is Running"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "a spinner was drawn on a stderr that is not a terminal: {stderr:?}"
+    );
+
+    let (ok, stdout, stderr) = cluster.cube(&[
+        "run",
+        "--wait",
+        "--timeout",
+        "30s",
+        SAMPLE_IMAGE,
+        "--",
+        "/bin/sh",
+        "-c",
+        "exit 3",
+    ]);
+    assert!(!ok, "a failing task must fail the wait: {stdout} {stderr}");
+    printed_id(&stdout);
+    assert!(stderr.contains("failed (exit code 3)"), "{stderr}");
+}
+
+#[tokio::test]
+async fn run_wait_gives_up_after_its_timeout_with_the_reason_the_task_waits() {
+    let cluster = Cluster::start("late").await;
+    let (ok, _, stderr) = cluster.cube(&[
+        "run",
+        "--wait",
+        "--timeout",
+        "1s",
+        "--memory",
+        "100TiB",
+        SAMPLE_IMAGE,
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("is not running after 1s: Pending"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn stop_wait_returns_once_the_task_ended_and_its_container_is_gone() {
+    let cluster = Cluster::start("stop").await;
+    let (ok, stdout, stderr) = cluster.cube(&["run", "--wait", "--name", "to-stop", SAMPLE_IMAGE]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+
+    let (ok, stdout, stderr) = cluster.cube(&["stop", "--wait", "to-stop"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("stopping to-stop"), "{stdout}");
+    assert!(stdout.contains("Completed"), "{stdout}");
+    let task = cluster
+        .manager
+        .client()
+        .get(&format!("/tasks/{id}"))
+        .await
+        .body;
+    assert_eq!(task["State"], "Completed", "{task}");
+    assert!(
+        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "the container outlived stop --wait"
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_task_file_is_refused_with_its_size_and_the_limit_not_as_an_unreachable_manager()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let big = dir.path().join("big.json");
+    let padding = vec!["x".repeat(100); 12_000];
+    let body = json!({"Image": SAMPLE_IMAGE, "Cmd": padding}).to_string();
+    std::fs::write(&big, &body).unwrap();
+    let (ok, _, stderr) = cube_cli(&manager.address(), &["run", "-f", big.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(!stderr.contains("cannot reach"), "{stderr}");
+    assert!(
+        stderr.contains("big.json")
+            && stderr.contains(&format!("{} bytes", body.len()))
+            && stderr.contains("1048576 bytes"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn status_through_a_pipe_closed_after_one_line_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    // With no worker every task waits, Pending: thousands of rows without one container, more
+    // than a pipe holds (64 KiB), so that `cube status` is still writing when the pipe closes.
+    for n in 0..2000 {
+        client
+            .submit(&json!({"Name": format!("pipe-{n:04}-a-name-long-enough-to-fill-the-pipe"), "Image": SAMPLE_IMAGE}))
+            .await;
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args(["status", "-m", &manager.address()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    {
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        reader.read_line(&mut first).unwrap();
+    }
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(first.contains("NAME"), "{first}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(status.code(), Some(0), "{status}: {stderr}");
+}
+
+#[test]
+fn the_bash_completion_loads_and_zsh_and_fish_scripts_name_cube() {
+    let bash = Command::new("bash")
+        .args([
+            "-c",
+            &format!(
+                "source <({} completion bash) && complete -p cube",
+                env!("CARGO_BIN_EXE_cube")
+            ),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        bash.status.success(),
+        "{}",
+        String::from_utf8_lossy(&bash.stderr)
+    );
+    assert!(String::from_utf8_lossy(&bash.stdout).contains("cube"));
+    for shell in ["zsh", "fish"] {
+        let (ok, stdout, stderr) = cube_cli("127.0.0.1:1", &["completion", shell]);
+        assert!(ok, "{stderr}");
+        assert!(
+            stdout.contains("cube") && stdout.contains("--manager"),
+            "{shell}: {stdout}"
+        );
+    }
+}
+
+#[test]
+fn the_usage_after_a_mistyped_flag_does_not_show_the_manager_flag_as_required() {
+    let (ok, _, stderr) = cube_cli(
+        "127.0.0.1:1",
+        &["stop", "-m", "127.0.0.1:1", "some-task", "--bogus"],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("Usage: cube stop [OPTIONS] <ID>"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("--manager <HOST:PORT> <ID>"), "{stderr}");
+}
+
+#[test]
+fn a_manager_listening_on_every_interface_warns_that_anyone_can_drive_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args([
+            "manager",
+            "-H",
+            "0.0.0.0",
+            "-p",
+            "0",
+            "-d",
+            "memory",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("0.0.0.0"), "{line}");
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("WARN") && stderr.contains("without authentication"),
+        "{stderr}"
+    );
+}
+
+/// A stand-in for the manager that knows one task and records the requests it gets: for
+/// answers the real manager does not give yet (a restart backoff's `NextRestart`; a 409 for a
+/// changed resubmission). `POST /tasks` gets `conflict` as a 409 when one is given.
+struct FakeManager {
+    address: String,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl FakeManager {
+    fn start(task: Value, conflict: Option<&'static str>) -> FakeManager {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    continue;
+                }
+                // The rest of the head, then the body, read so that the client's write ends.
+                let mut header = String::new();
+                let mut body_length = 0;
+                while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
+                    if let Some(length) =
+                        header.to_ascii_lowercase().strip_prefix("content-length:")
+                    {
+                        body_length = length.trim().parse().unwrap_or(0);
+                    }
+                    header.clear();
+                }
+                let mut request_body = vec![0; body_length];
+                let _ = reader.read_exact(&mut request_body);
+                let request_line = request_line.trim().to_string();
+                seen.lock().unwrap().push(request_line.clone());
+                let (status, body) = if request_line.starts_with("GET /tasks ") {
+                    ("200 OK", json!([task]).to_string())
+                } else if request_line.starts_with("GET /tasks/") {
+                    ("200 OK", task.to_string())
+                } else if request_line.starts_with("DELETE /tasks/") {
+                    ("204 No Content", String::new())
+                } else if let (true, Some(message)) =
+                    (request_line.starts_with("POST /tasks "), conflict)
+                {
+                    (
+                        "409 Conflict",
+                        json!({"HTTPStatusCode": 409, "Message": message}).to_string(),
+                    )
+                } else {
+                    (
+                        "404 Not Found",
+                        json!({"HTTPStatusCode": 404, "Message": "no such route"}).to_string(),
+                    )
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        FakeManager { address, requests }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+#[test]
+fn stopping_a_task_that_waits_to_restart_cancels_the_restart_and_says_so() {
+    let id = "6a0e1cf4-5b7d-4f0e-9a43-2c8f1e6d3b21";
+    let manager = FakeManager::start(
+        json!({
+        "ID": id,
+        "Name": "flaky",
+        "Image": SAMPLE_IMAGE,
+        "State": "Failed",
+        "DesiredState": "Running",
+        "RestartPolicy": "always",
+        "ExitCode": 3,
+        "Error": "container exited with code 3",
+        "NextRestart": "2099-01-01T00:00:00Z",
+        }),
+        None,
+    );
+    let (ok, stdout, stderr) = cube_cli(&manager.address, &["stop", "flaky"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("stopped flaky (6a0e1cf4): it was waiting to restart (restart cancelled)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("already ended"), "{stdout}");
+    assert!(
+        manager
+            .requests()
+            .contains(&format!("DELETE /tasks/{id} HTTP/1.1")),
+        "{:?}",
+        manager.requests()
+    );
+}
+
+#[tokio::test]
+async fn stopping_a_task_that_ended_for_good_says_so_and_succeeds() {
+    let cluster = Cluster::start("ended").await;
+    let (ok, stdout, stderr) = cluster.cube(&[
+        "run",
+        "--wait",
+        "--name",
+        "once",
+        SAMPLE_IMAGE,
+        "--",
+        "/bin/sh",
+        "-c",
+        "exit 0",
+    ]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    cluster.manager.client().await_state(&id, "Completed").await;
+    let (ok, stdout, stderr) = cluster.cube(&["stop", "once"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("has already ended: Completed"), "{stdout}");
+}
+
+#[test]
+fn a_changed_file_sent_again_with_its_task_id_fails_with_the_differences_and_points_to_jobs() {
+    let id = "0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f";
+    let manager = FakeManager::start(
+        json!({"ID": id, "Image": SAMPLE_IMAGE}),
+        Some("task 0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f exists with other fields: Memory"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("changed.json");
+    std::fs::write(
+        &file,
+        json!({"ID": id, "Image": SAMPLE_IMAGE, "Memory": "64MiB"}).to_string(),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cube_cli(&manager.address, &["run", "-f", file.to_str().unwrap()]);
+    assert!(!ok, "{stdout}");
+    assert!(stdout.is_empty(), "no task ID for a refused task: {stdout}");
+    assert!(
+        stderr.contains("exists with other fields: Memory") && stderr.contains("use a job"),
+        "{stderr}"
+    );
+}
