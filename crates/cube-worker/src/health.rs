@@ -188,6 +188,10 @@ mod tests {
         task.exposed_ports.insert("8080/tcp".into());
         assert_eq!(probe_port(&task), Some(8080));
         task.port_bindings.insert("9090".into(), "0".into());
-        assert_eq!(probe_port(&task), Some(9090), "a published port comes first");
+        assert_eq!(
+            probe_port(&task),
+            Some(9090),
+            "a published port comes first"
+        );
     }
 }

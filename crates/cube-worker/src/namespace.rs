@@ -83,14 +83,13 @@ fn probe_blocking(
     match kind {
         ProbeKind::Tcp => Ok(()),
         ProbeKind::Http { path } => {
-            let status = http_status(&mut stream, port, path, deadline).map_err(|err| match err
-                .kind()
-            {
-                ErrorKind::TimedOut | ErrorKind::WouldBlock => {
-                    format!("GET {path}: no answer within {timeout:?}")
-                }
-                _ => format!("GET {path}: {err}"),
-            })?;
+            let status =
+                http_status(&mut stream, port, path, deadline).map_err(|err| match err.kind() {
+                    ErrorKind::TimedOut | ErrorKind::WouldBlock => {
+                        format!("GET {path}: no answer within {timeout:?}")
+                    }
+                    _ => format!("GET {path}: {err}"),
+                })?;
             if (200..300).contains(&status) {
                 Ok(())
             } else {
@@ -106,14 +105,12 @@ fn enter_network_namespace(pid: u32) -> Result<(), String> {
     let namespace = std::fs::File::open(&path).map_err(|err| {
         format!("cannot open the container's network namespace {path}: {err} (has it exited?)")
     })?;
-    move_into_link_name_space(namespace.as_fd(), Some(LinkNameSpaceType::Network)).map_err(
-        |err| {
-            format!(
-                "cannot enter the container's network namespace {path}: {err} \
+    move_into_link_name_space(namespace.as_fd(), Some(LinkNameSpaceType::Network)).map_err(|err| {
+        format!(
+            "cannot enter the container's network namespace {path}: {err} \
                  (health checks need the worker to run as root)"
-            )
-        },
-    )
+        )
+    })
 }
 
 /// The time left until `deadline`, `None` when it has passed (a zero timeout is refused by
@@ -204,8 +201,14 @@ mod tests {
 
     #[test]
     fn the_status_comes_from_the_first_line_once_it_is_complete() {
-        assert_eq!(status_code(b"HTTP/1.0 200 OK\r\nContent-").unwrap(), Some(200));
-        assert_eq!(status_code(b"HTTP/1.1 404 Not Found\r\n").unwrap(), Some(404));
+        assert_eq!(
+            status_code(b"HTTP/1.0 200 OK\r\nContent-").unwrap(),
+            Some(200)
+        );
+        assert_eq!(
+            status_code(b"HTTP/1.1 404 Not Found\r\n").unwrap(),
+            Some(404)
+        );
         assert_eq!(status_code(b"HTTP/1.0 20").unwrap(), None);
         assert!(status_code(b"SSH-2.0-OpenSSH\r\n").is_err());
         assert!(status_code(&[b'x'; MAX_STATUS_LINE_BYTES + 1]).is_err());
@@ -227,8 +230,8 @@ mod tests {
     #[test]
     fn a_process_that_does_not_exist_is_named_in_the_error() {
         let now = Instant::now();
-        let err = probe_blocking(u32::MAX, 1, &ProbeKind::Tcp, Duration::from_secs(1), now)
-            .unwrap_err();
+        let err =
+            probe_blocking(u32::MAX, 1, &ProbeKind::Tcp, Duration::from_secs(1), now).unwrap_err();
         assert!(err.contains(&format!("/proc/{}/ns/net", u32::MAX)), "{err}");
     }
 }

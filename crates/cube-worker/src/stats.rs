@@ -97,12 +97,8 @@ impl StatsCollector {
             what: "the data directory's filesystem",
             reason: format!("{}: {err}", self.data_dir.display()),
         })?;
-        let space = DiskSpace::from_statvfs(
-            disk.f_blocks,
-            disk.f_bfree,
-            disk.f_bavail,
-            disk.f_frsize,
-        );
+        let space =
+            DiskSpace::from_statvfs(disk.f_blocks, disk.f_bfree, disk.f_bavail, disk.f_frsize);
         let cpu_usage = self
             .cpu
             .lock()

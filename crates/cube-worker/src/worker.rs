@@ -813,8 +813,7 @@ impl<R: Runtime> Worker<R> {
     /// to a task it was not made for, whatever its name).
     async fn find_container(&self, task: &Task) -> Result<Option<ContainerInfo>, RuntimeError> {
         let mine = |info: &ContainerInfo| {
-            info.node.as_deref() == Some(self.config.name.as_str())
-                && info.task_id == Some(task.id)
+            info.node.as_deref() == Some(self.config.name.as_str()) && info.task_id == Some(task.id)
         };
         if !task.container_id.is_empty()
             && let Some(info) = self.runtime.inspect(&task.container_id).await?
