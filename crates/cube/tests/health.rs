@@ -46,7 +46,10 @@ async fn a_tcp_check_of_a_container_that_listens_on_nothing_fails_it_though_its_
         "the reason names the check and the container port: {error}"
     );
     let container = running["ContainerID"].as_str().unwrap();
-    assert!(!container_running(container), "an unhealthy container is stopped");
+    assert!(
+        !container_running(container),
+        "an unhealthy container is stopped"
+    );
 }
 
 #[tokio::test]
@@ -108,6 +111,10 @@ async fn a_task_that_ended_shows_no_host_ports_on_the_worker_and_on_the_manager(
         assert_eq!(failed["HostPorts"], json!({}), "on the manager: {failed}");
         let on_worker = worker.client().get(&format!("/tasks/{id}")).await.body;
         assert_eq!(on_worker["State"], "Failed");
-        assert_eq!(on_worker["HostPorts"], json!({}), "on the worker: {on_worker}");
+        assert_eq!(
+            on_worker["HostPorts"],
+            json!({}),
+            "on the worker: {on_worker}"
+        );
     }
 }
