@@ -96,17 +96,23 @@ async fn a_task_that_ended_shows_no_host_ports_on_the_worker_and_on_the_manager(
     manager.await_ready_nodes(1).await;
     let client = manager.client();
 
-    // Fails by its health check (the worker stops the container)...
-    let unhealthy = client.submit(&deaf_task("ports-unhealthy")).await;
-    // ... and by its own exit code, with its port still published while it ran.
+    // Fails by its own exit code, with its port published while it ran...
     let exits = with(
         shell_task("ports-exit", "sleep 1; exit 3"),
         json!({"ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": ""}}),
     );
     let exited = client.submit(&exits).await;
-    for id in [&unhealthy, &exited] {
-        let running = client.await_state(id, "Running").await;
-        assert!(host_port(&running, "7777/tcp") > 0);
+    // ... and by its health check (the worker stops the container).
+    let unhealthy = client
+        .submit(&with(
+            web_task("ports-unhealthy"),
+            json!({"HealthCheck": "/healthfail", "HealthCheckInterval": "200ms",
+                   "HealthCheckRetries": 2}),
+        ))
+        .await;
+    let running = client.await_state(&exited, "Running").await;
+    assert!(host_port(&running, "7777/tcp") > 0);
+    for id in [&exited, &unhealthy] {
         let failed = client.await_state(id, "Failed").await;
         assert_eq!(failed["HostPorts"], json!({}), "on the manager: {failed}");
         let on_worker = worker.client().get(&format!("/tasks/{id}")).await.body;
