@@ -13,7 +13,8 @@ pub mod server;
 
 pub use client::{ApiClient, Changes, ClientError};
 pub use server::{
-    ApiError, INDEX_HEADER, MAX_BODY_BYTES, SINCE_HEADER, parse_task_id, with_json_fallbacks,
+    ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, SINCE_HEADER, parse_task_id,
+    with_json_fallbacks,
 };
 
 /// The `http://HOST:PORT` in the line `cube worker`, `cube manager` and `cube dev` print once

@@ -92,6 +92,7 @@ impl Runtime for SimulatedRuntime {
                 .and_then(|id| id.parse().ok()),
             node: spec.labels.get(LABEL_NODE).cloned(),
             running: false,
+            pid: None,
             exit_code: None,
             oom_killed: false,
             error: String::new(),

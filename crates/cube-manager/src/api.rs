@@ -9,14 +9,14 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
-use cube_api::{ApiError, parse_task_id, with_json_fallbacks};
+use cube_api::{ApiError, JsonPath, parse_task_id, with_json_fallbacks};
 use cube_types::{Node, NodeReport, Submission, Task};
 
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
@@ -172,21 +172,21 @@ async fn submit_task(
 
 async fn get_task(
     State(manager): State<Arc<Manager>>,
-    Path(id): Path<String>,
+    JsonPath(id): JsonPath<String>,
 ) -> Result<Json<Arc<Task>>, ApiError> {
     Ok(Json(manager.task(parse_task_id(&id)?)?))
 }
 
 async fn get_placement(
     State(manager): State<Arc<Manager>>,
-    Path(id): Path<String>,
+    JsonPath(id): JsonPath<String>,
 ) -> Result<Json<Placement>, ApiError> {
     Ok(Json(manager.placement(parse_task_id(&id)?)?))
 }
 
 async fn stop_task(
     State(manager): State<Arc<Manager>>,
-    Path(id): Path<String>,
+    JsonPath(id): JsonPath<String>,
 ) -> Result<StatusCode, ApiError> {
     manager.request_stop(parse_task_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -198,14 +198,14 @@ async fn list_nodes(State(manager): State<Arc<Manager>>) -> Json<Vec<Node>> {
 
 async fn get_node(
     State(manager): State<Arc<Manager>>,
-    Path(name): Path<String>,
+    JsonPath(name): JsonPath<String>,
 ) -> Result<Json<Node>, ApiError> {
     Ok(Json(manager.node(&name)?))
 }
 
 async fn report_node(
     State(manager): State<Arc<Manager>>,
-    Path(name): Path<String>,
+    JsonPath(name): JsonPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Node>, ApiError> {
     let body = body?;

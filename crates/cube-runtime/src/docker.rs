@@ -299,6 +299,11 @@ fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
             .and_then(|id| Uuid::parse_str(id).ok()),
         node: labels.get(LABEL_NODE).cloned(),
         running,
+        // The engine says 0 for a container that does not run.
+        pid: state
+            .pid
+            .and_then(|pid| u32::try_from(pid).ok())
+            .filter(|pid| *pid > 0),
         // A container that never ran has exit code 0 and no finish time: no exit yet.
         exit_code: if running || finished_at.is_none() {
             None

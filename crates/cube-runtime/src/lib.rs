@@ -40,6 +40,9 @@ pub struct ContainerInfo {
     /// From the `cube.node` label: the worker that created it.
     pub node: Option<String>,
     pub running: bool,
+    /// The host PID of the container's first process while it runs; `None` otherwise. Its
+    /// `/proc/<pid>/ns/net` is the container's network namespace, where health checks probe.
+    pub pid: Option<u32>,
     /// Set once the container has exited.
     pub exit_code: Option<i64>,
     pub oom_killed: bool,

@@ -46,8 +46,10 @@ impl ContainerSpec {
     }
 }
 
-/// `cube-<node>-<name>-<short id>` for a task's first run, `...-r<N>` for its N-th restart,
-/// with the characters Docker refuses in names replaced by `-`. The node is in the name
+/// `cube-<node>-<name>-<id>` for a task's first run, `...-r<N>` for its N-th restart, with
+/// the characters Docker refuses in names replaced by `-`. The ID is the task's whole ID (32
+/// hex digits): two tasks of the same name whose IDs share their first digits must never
+/// meet on one name, or the second would be handed the first's container. The node is in the name
 /// because several workers may share one Docker engine (a test machine, `cube dev` with extra
 /// workers): each must create its own container for a task, never find another worker's. The
 /// run is in the name so that a restart's container can be created while the last run's is
@@ -57,7 +59,7 @@ pub fn container_name(task: &Task, node: &str) -> String {
         "cube-{}-{}-{}",
         docker_safe(node),
         docker_safe(&task.name),
-        task.short_id()
+        task.id.simple()
     );
     if task.restart_count > 0 {
         name.push_str(&format!("-r{}", task.restart_count));
@@ -86,7 +88,20 @@ mod tests {
     fn container_names_are_docker_safe_and_unique_per_task() {
         let task = Task::new("my web/app 1", "busybox");
         let name = container_name(&task, "w 1");
-        assert_eq!(name, format!("cube-w-1-my-web-app-1-{}", task.short_id()));
+        assert_eq!(name, format!("cube-w-1-my-web-app-1-{}", task.id.simple()));
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        );
+    }
+
+    #[test]
+    fn two_tasks_whose_ids_share_a_prefix_never_share_a_container_name() {
+        let mut first = Task::new("web", "busybox");
+        first.id = uuid::Uuid::parse_str("fb4ec51b-0000-4000-8000-00000000000a").unwrap();
+        let mut second = first.clone();
+        second.id = uuid::Uuid::parse_str("fb4ec51b-0000-4000-8000-00000000000b").unwrap();
+        assert_ne!(container_name(&first, "w1"), container_name(&second, "w1"));
     }
 
     #[test]

@@ -12,14 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
-use cube_api::{ApiError, INDEX_HEADER, SINCE_HEADER, parse_task_id, with_json_fallbacks};
+use cube_api::{
+    ApiError, INDEX_HEADER, JsonPath, SINCE_HEADER, parse_task_id, with_json_fallbacks,
+};
 use cube_runtime::Runtime;
 use cube_types::duration::parse_duration;
 use cube_types::{NodeReport, Submission, Task};
@@ -120,14 +122,14 @@ async fn submit_task<R: Runtime>(
 
 async fn get_task<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
-    Path(id): Path<String>,
+    JsonPath(id): JsonPath<String>,
 ) -> Result<Json<Task>, ApiError> {
     Ok(Json(worker.task(parse_task_id(&id)?)?))
 }
 
 async fn stop_task<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
-    Path(id): Path<String>,
+    JsonPath(id): JsonPath<String>,
 ) -> Result<StatusCode, ApiError> {
     worker.request_stop(parse_task_id(&id)?).await?;
     Ok(StatusCode::NO_CONTENT)

@@ -1,5 +1,6 @@
-//! Health checks: each running task with a `HealthCheck` is probed on its published host port
-//! on this machine, every `HealthCheckInterval`. `HealthCheckRetries` failures in a row make it
+//! Health checks: each running task with a `HealthCheck` is probed on its container port,
+//! from inside the container's network namespace (`namespace.rs`), every
+//! `HealthCheckInterval`. `HealthCheckRetries` failures in a row make it
 //! unhealthy: the worker stops its container and records the task `Failed` with the reason.
 //! Whether it runs again is the manager's decision (its restart policy), not the worker's.
 
@@ -11,6 +12,8 @@ use cube_types::{HealthCheckType, Task};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use uuid::Uuid;
+
+use crate::namespace::{self, ProbeKind};
 
 /// The first probe of a task comes this soon after it starts (or its interval, if shorter):
 /// soon enough to report healthy quickly, late enough for a server to be listening.
@@ -89,45 +92,41 @@ impl HealthSchedule {
     }
 }
 
-/// What to probe for a task: the first published host port, on this machine.
-pub(crate) fn probe_target(task: &Task) -> Option<u16> {
-    task.host_ports
-        .values()
-        .flat_map(|bindings| bindings.iter())
-        .find_map(|binding| binding.host_port.parse::<u16>().ok())
+/// The container port a task's health is probed on: its first TCP port, published or only
+/// exposed (in the order of their names, published ones first). The probe goes to this port
+/// inside the container, not to the host port Docker publishes it on (see `namespace.rs`).
+pub(crate) fn probe_port(task: &Task) -> Option<u16> {
+    task.port_bindings
+        .keys()
+        .chain(task.exposed_ports.iter())
+        .find_map(|port| tcp_port_number(port))
 }
 
-/// One probe: `Ok` when healthy, else what went wrong, in words.
-pub(crate) async fn probe(http: &reqwest::Client, task: &Task) -> Result<(), String> {
-    let Some(port) = probe_target(task) else {
-        return Err("the task has no published host port to probe".to_string());
-    };
-    let timeout = task.health_timeout();
-    match task.health_check_type.unwrap_or(HealthCheckType::Http) {
-        HealthCheckType::Tcp => {
-            match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(("127.0.0.1", port)))
-                .await
-            {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(err)) => Err(format!("TCP connect to port {port}: {err}")),
-                Err(_) => Err(format!(
-                    "TCP connect to port {port}: no answer within {timeout:?}"
-                )),
-            }
-        }
-        HealthCheckType::Http => {
-            let path = task.health_check.trim();
-            let url = format!("http://127.0.0.1:{port}{path}");
-            match http.get(&url).timeout(timeout).send().await {
-                Ok(answer) if answer.status().is_success() => Ok(()),
-                Ok(answer) => Err(format!("GET {path} answered {}", answer.status().as_u16())),
-                Err(err) if err.is_timeout() => {
-                    Err(format!("GET {path}: no answer within {timeout:?}"))
-                }
-                Err(err) => Err(format!("GET {path}: {err}")),
-            }
-        }
+/// `"7777/tcp"` or `"7777"` → 7777; a UDP or SCTP port, or no number, → `None`.
+fn tcp_port_number(port: &str) -> Option<u16> {
+    let (number, protocol) = port.split_once('/').unwrap_or((port, "tcp"));
+    if !protocol.trim().eq_ignore_ascii_case("tcp") {
+        return None;
     }
+    number.trim().parse().ok().filter(|number| *number > 0)
+}
+
+/// One probe of the task whose container's first process is `pid` (`None`: the container
+/// does not run): `Ok` when healthy, else what went wrong, in words.
+pub(crate) async fn probe(task: &Task, pid: Option<u32>) -> Result<(), String> {
+    let Some(port) = probe_port(task) else {
+        return Err("the task exposes no TCP port to probe".to_string());
+    };
+    let Some(pid) = pid else {
+        return Err("the container is not running".to_string());
+    };
+    let kind = match task.health_check_type.unwrap_or(HealthCheckType::Http) {
+        HealthCheckType::Tcp => ProbeKind::Tcp,
+        HealthCheckType::Http => ProbeKind::Http {
+            path: task.health_check.trim().to_string(),
+        },
+    };
+    namespace::probe(pid, port, kind, task.health_timeout()).await
 }
 
 #[cfg(test)]
@@ -174,8 +173,25 @@ mod tests {
     }
 
     #[test]
-    fn the_probe_goes_to_the_first_published_host_port() {
-        assert_eq!(probe_target(&running_with_check()), Some(49153));
-        assert_eq!(probe_target(&Task::new("t", "img")), None);
+    fn the_probe_goes_to_the_container_port_not_the_host_port() {
+        let mut task = running_with_check();
+        task.port_bindings.insert("7777/tcp".into(), String::new());
+        assert_eq!(probe_port(&task), Some(7777));
+        assert_eq!(probe_port(&Task::new("t", "img")), None);
+    }
+
+    #[test]
+    fn an_exposed_port_is_enough_to_probe_and_udp_ports_are_skipped() {
+        let mut task = Task::new("t", "img");
+        task.exposed_ports.insert("53/udp".into());
+        assert_eq!(probe_port(&task), None);
+        task.exposed_ports.insert("8080/tcp".into());
+        assert_eq!(probe_port(&task), Some(8080));
+        task.port_bindings.insert("9090".into(), "0".into());
+        assert_eq!(
+            probe_port(&task),
+            Some(9090),
+            "a published port comes first"
+        );
     }
 }

@@ -11,6 +11,7 @@
 pub mod api;
 mod health;
 mod heartbeat;
+mod namespace;
 pub mod stats;
 mod worker;
 

@@ -67,18 +67,20 @@ impl StatsCollector {
         cpu.0 = Some(now);
     }
 
-    /// The metrics now; `task_count` is supplied by the caller, who knows the tasks.
-    /// The machine's size: every core online, all memory, the data directory's filesystem.
-    /// A worker offers this to tasks unless its operator sets less.
+    /// What the machine can give tasks: every core online, all memory, and the disk space
+    /// free for unprivileged use on the data directory's filesystem now (not its size: what
+    /// the system, other programs and earlier runs already hold there is not Cube's to
+    /// offer). A worker offers this to tasks unless its operator says otherwise.
     pub fn machine_capacity(&self) -> Result<cube_types::Resources, StatsError> {
         let stats = self.collect(0)?;
         Ok(cube_types::Resources {
             cpu: f64::from(stats.cpu_count),
             memory: stats.mem_total_kb * 1024,
-            disk: stats.disk_total,
+            disk: stats.disk_free,
         })
     }
 
+    /// The metrics now; `task_count` is supplied by the caller, who knows the tasks.
     pub fn collect(&self, task_count: usize) -> Result<Stats, StatsError> {
         let meminfo = procfs::Meminfo::current().map_err(|err| StatsError::Read {
             what: "/proc/meminfo",
@@ -95,7 +97,8 @@ impl StatsCollector {
             what: "the data directory's filesystem",
             reason: format!("{}: {err}", self.data_dir.display()),
         })?;
-        let block = disk.f_frsize;
+        let space =
+            DiskSpace::from_statvfs(disk.f_blocks, disk.f_bfree, disk.f_bavail, disk.f_frsize);
         let cpu_usage = self
             .cpu
             .lock()
@@ -110,9 +113,9 @@ impl StatsCollector {
             } else {
                 mem_used_kb as f64 * 100.0 / mem_total_kb as f64
             },
-            disk_total: disk.f_blocks * block,
-            disk_free: disk.f_bavail * block,
-            disk_used: disk.f_blocks.saturating_sub(disk.f_bfree) * block,
+            disk_total: space.total,
+            disk_free: space.available,
+            disk_used: space.used,
             cpu_usage,
             cpu_count: std::thread::available_parallelism()
                 .map(|n| n.get() as u32)
@@ -124,6 +127,30 @@ impl StatsCollector {
             },
             task_count,
         })
+    }
+}
+
+/// A filesystem's space in bytes, from statvfs's block counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DiskSpace {
+    /// The filesystem's size.
+    total: u64,
+    /// What an unprivileged writer may still use (`f_bavail`): the blocks reserved for root
+    /// are not counted, because containers and Cube's files should not eat into them.
+    available: u64,
+    /// What is written already (`f_blocks - f_bfree`), reserved blocks excluded.
+    used: u64,
+}
+
+impl DiskSpace {
+    /// Block counts are in units of the fragment size (`f_frsize`), not `f_bsize`. The
+    /// products saturate: a filesystem that claims more than 16 EiB is not worth a panic.
+    fn from_statvfs(blocks: u64, free: u64, available: u64, fragment_size: u64) -> DiskSpace {
+        DiskSpace {
+            total: blocks.saturating_mul(fragment_size),
+            available: available.saturating_mul(fragment_size),
+            used: blocks.saturating_sub(free).saturating_mul(fragment_size),
+        }
     }
 }
 
@@ -175,6 +202,38 @@ mod tests {
         };
         assert_eq!(usage_between(boot_heavy, later), 0.25);
         assert_eq!(usage_between(later, later), 0.0);
+    }
+
+    #[test]
+    fn disk_space_counts_fragments_and_leaves_out_the_blocks_reserved_for_root() {
+        // 1,000 blocks of 4 KiB: 300 in use, 700 free of which 50 are reserved for root.
+        let space = DiskSpace::from_statvfs(1_000, 700, 650, 4096);
+        assert_eq!(space.total, 4_096_000);
+        assert_eq!(space.available, 650 * 4096);
+        assert_eq!(space.used, 300 * 4096);
+        let absurd = DiskSpace::from_statvfs(u64::MAX, 0, u64::MAX, 4096);
+        assert_eq!(absurd.available, u64::MAX);
+    }
+
+    #[test]
+    fn the_disk_offered_to_tasks_is_what_is_free_not_the_filesystem_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let collector = StatsCollector::new(dir.path());
+        let before = collector.collect(0).unwrap();
+        let offered = collector.machine_capacity().unwrap().disk;
+        let after = collector.collect(0).unwrap();
+        // Other programs write and delete meanwhile: allow the offer some room around the
+        // two readings taken on either side of it.
+        let slack = 256 * 1024 * 1024;
+        let low = before.disk_free.min(after.disk_free).saturating_sub(slack);
+        let high = before.disk_free.max(after.disk_free) + slack;
+        assert!(
+            (low..=high).contains(&offered),
+            "offered {offered}, free {} then {}, filesystem {}",
+            before.disk_free,
+            after.disk_free,
+            before.disk_total
+        );
     }
 
     #[test]

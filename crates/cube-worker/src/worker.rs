@@ -146,8 +146,6 @@ pub struct Worker<R> {
     changes: watch::Sender<u64>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
-    /// The client for HTTP health probes (connections to this machine's published ports).
-    probes: reqwest::Client,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -187,7 +185,6 @@ impl<R: Runtime> Worker<R> {
             }),
             changes: watch::Sender::new(index),
             health: HealthSchedule::default(),
-            probes: reqwest::Client::new(),
         };
         (Arc::new(worker), receiver)
     }
@@ -521,7 +518,18 @@ impl<R: Runtime> Worker<R> {
                 return;
             }
         };
-        let result = health::probe(&self.probes, &task).await;
+        // The container's process, whose network namespace the probe enters; asked now, as
+        // the process of a container that was restarted outside Cube is another.
+        let pid = match self.runtime.inspect(&task.container_id).await {
+            Ok(info) => info.and_then(|info| info.pid),
+            Err(err) => {
+                tracing::warn!(task = %id, error = %err, "cannot inspect a container to probe it");
+                self.health
+                    .reschedule(id, tokio::time::Instant::now() + health::RETRY_AFTER_ERROR);
+                return;
+            }
+        };
+        let result = health::probe(&task, pid).await;
         self.health
             .reschedule(id, tokio::time::Instant::now() + task.health_interval());
         if let Err(err) = self.record_probe(id, &task.container_id, result).await {
@@ -800,10 +808,13 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// The task's container: by the ID recorded, else by the name derived from the task and
-    /// this node, and only if it carries this node's label (another worker on the same
-    /// Docker engine may run a copy of the task).
+    /// this node, and only if its labels say it is this task's on this node (another worker
+    /// on the same Docker engine may run a copy of the task, and a container is never handed
+    /// to a task it was not made for, whatever its name).
     async fn find_container(&self, task: &Task) -> Result<Option<ContainerInfo>, RuntimeError> {
-        let mine = |info: &ContainerInfo| info.node.as_deref() == Some(self.config.name.as_str());
+        let mine = |info: &ContainerInfo| {
+            info.node.as_deref() == Some(self.config.name.as_str()) && info.task_id == Some(task.id)
+        };
         if !task.container_id.is_empty()
             && let Some(info) = self.runtime.inspect(&task.container_id).await?
             && mine(&info)
@@ -830,16 +841,22 @@ impl<R: Runtime> Worker<R> {
             tracing::debug!(task = %task.id, %transition, "observation ignored");
             return Ok(());
         }
-        let changed = task.state != next
-            || task.container_id != info.id
-            || task.host_ports != info.host_ports;
+        // An ended run's ports are no longer bound, whatever the engine still lists for the
+        // stopped container: a task that ended shows none.
+        let host_ports = if next == State::Running {
+            info.host_ports.clone()
+        } else {
+            Default::default()
+        };
+        let changed =
+            task.state != next || task.container_id != info.id || task.host_ports != host_ports;
         if next == State::Running && task.has_health_check() && task.health.is_none() {
             // Not healthy until a probe says so.
             task.health = Some(Health::Starting);
         }
         task.state = next;
         task.container_id = info.id.clone();
-        task.host_ports = info.host_ports.clone();
+        task.host_ports = host_ports;
         task.start_time = info.started_at.or(task.start_time);
         if next != State::Running {
             task.exit_code = info.exit_code;
@@ -862,6 +879,8 @@ impl<R: Runtime> Worker<R> {
         task.state = State::Failed;
         task.finish_time = Some(Utc::now());
         task.error = Some(reason);
+        // The run is over (or never began): no port of it stays bound.
+        task.host_ports.clear();
         self.save(&task)?;
         Ok(())
     }

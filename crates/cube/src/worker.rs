@@ -59,7 +59,8 @@ pub struct WorkerArgs {
     /// Memory offered to tasks, in bytes or with a unit (512MiB, 2GiB) [default: all of it].
     #[arg(long, value_parser = parse_size)]
     memory: Option<u64>,
-    /// Disk offered to tasks, in bytes or with a unit [default: the data directory's filesystem].
+    /// Disk offered to tasks, in bytes or with a unit [default: the space free on the data
+    /// directory's filesystem when the worker starts].
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
     /// How long a stopped container may take to exit before it is killed (e.g. 10s, 500ms).

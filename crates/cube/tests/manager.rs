@@ -371,3 +371,39 @@ async fn workers_on_the_managers_list_join_without_registering() {
     names.sort_by_key(|node| node.to_string());
     assert_eq!(placed, names, "one task on each listed worker");
 }
+
+#[tokio::test]
+async fn two_tasks_of_one_name_whose_ids_share_a_prefix_run_in_two_containers_through_a_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("roundrobin", "memory", dir.path(), 0);
+    let _worker = manager.join_worker(&unique_node("twins"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let prefix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let ids = [
+        format!("{prefix}-0000-4000-8000-00000000000a"),
+        format!("{prefix}-0000-4000-8000-00000000000b"),
+    ];
+    let mut containers = Vec::new();
+    for id in &ids {
+        let task = json!({"ID": id, "Name": "web", "Image": SAMPLE_IMAGE,
+                          "Cmd": ["/bin/sleep", "3600"]});
+        let (_, running) = client.run(&task).await;
+        containers.push(running["ContainerID"].as_str().unwrap().to_string());
+    }
+    assert_ne!(containers[0], containers[1], "one container for two tasks");
+
+    assert_eq!(
+        client.delete(&format!("/tasks/{}", ids[1])).await.status,
+        204
+    );
+    client.await_state(&ids[1], "Completed").await;
+    assert!(
+        container_running(&containers[0]),
+        "stopping the second task stopped the first's container"
+    );
+    assert_eq!(
+        client.get(&format!("/tasks/{}", ids[0])).await.body["State"],
+        "Running"
+    );
+}

@@ -503,3 +503,72 @@ async fn a_follower_is_sent_only_what_changed_since_its_index() {
     );
     assert_eq!(all.len(), 2);
 }
+
+/// Two task IDs that share their first 8 hex digits (what a short ID shows), fresh per test.
+fn twin_ids() -> (String, String) {
+    let prefix = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    (
+        format!("{prefix}-0000-4000-8000-00000000000a"),
+        format!("{prefix}-0000-4000-8000-00000000000b"),
+    )
+}
+
+#[tokio::test]
+async fn two_tasks_of_one_name_whose_ids_share_a_prefix_get_containers_of_their_own() {
+    let worker = WorkerProcess::fresh("twins");
+    let client = worker.client();
+    let (first_id, second_id) = twin_ids();
+    let task = |id: &str| json!({"ID": id, "Name": "web", "Image": SAMPLE_IMAGE, "Cmd": ["/bin/sleep", "3600"]});
+    let (_, first) = client.run(&task(&first_id)).await;
+    let (_, second) = client.run(&task(&second_id)).await;
+    let first_container = first["ContainerID"].as_str().unwrap();
+    let second_container = second["ContainerID"].as_str().unwrap();
+    assert_ne!(
+        first_container, second_container,
+        "one container for two tasks"
+    );
+    assert!(container_running(first_container) && container_running(second_container));
+
+    assert_eq!(
+        client.delete(&format!("/tasks/{second_id}")).await.status,
+        204
+    );
+    client.await_state(&second_id, "Completed").await;
+    assert!(
+        container_running(first_container),
+        "stopping the second task stopped the first's container"
+    );
+    assert_eq!(
+        client.get(&format!("/tasks/{first_id}")).await.body["State"],
+        "Running"
+    );
+}
+
+#[tokio::test]
+async fn the_disk_a_worker_offers_is_what_is_free_on_its_filesystem_not_its_size() {
+    let available = || {
+        let dir = tempfile::tempdir().unwrap();
+        let output = std::process::Command::new("df")
+            .args(["-B1", "--output=avail,size"])
+            .arg(dir.path())
+            .output()
+            .expect("df");
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let numbers: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect();
+        (numbers[0], numbers[1])
+    };
+    let (before, size) = available();
+    let worker = WorkerProcess::fresh("disk");
+    let node = worker.client().get("/node").await.body;
+    let (after, _) = available();
+    let offered = node["Capacity"]["Disk"].as_u64().unwrap();
+    // Other programs write and delete meanwhile: some room around the two readings.
+    let slack = 256 * 1024 * 1024;
+    assert!(
+        offered <= before.max(after) + slack && offered + slack >= before.min(after),
+        "offered {offered} bytes; free {before} then {after}; filesystem {size}"
+    );
+}
