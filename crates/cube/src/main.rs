@@ -46,6 +46,7 @@ enum Command {
     Stop(cli::StopArgs),
     Status(cli::StatusArgs),
     Node(cli::NodeArgs),
+    Config(cli::ConfigArgs),
     SampleImage(sample_image::SampleImageArgs),
 }
 
@@ -65,7 +66,7 @@ async fn listen(
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(cli::manager_flags_after_command(std::env::args_os()));
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -93,6 +94,7 @@ fn main() -> ExitCode {
             Command::Stop(args) => cli::stop(args).await,
             Command::Status(args) => cli::status(args).await,
             Command::Node(args) => cli::node(args).await,
+            Command::Config(args) => cli::config(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
         }
     });
