@@ -82,6 +82,17 @@ impl ManagerTarget {
             TargetSource::Flag | TargetSource::Default => String::new(),
         }
     }
+
+    /// `the manager`, or `the manager of cluster "prod"` when a config file chose it.
+    pub fn described(&self) -> String {
+        match &self.source {
+            TargetSource::Cluster(name) => format!("the manager of cluster {name:?}"),
+            TargetSource::Current(name) => {
+                format!("the manager of the current cluster {name:?}")
+            }
+            TargetSource::Flag | TargetSource::Default => "the manager".to_string(),
+        }
+    }
 }
 
 /// The manager the flags, `CUBE_MANAGER` or the config file name; see the module's doc for

@@ -62,10 +62,14 @@ pub struct ClusterFlags {
 impl ClusterFlags {
     /// ` -m HOST:PORT` or ` --cluster NAME` when the manager is not the one a bare command
     /// reaches, so that a printed hint to run another command reaches the same manager; empty
-    /// otherwise.
+    /// otherwise (an address from `CUBE_MANAGER` reaches the next command too).
     fn hint(&self) -> String {
+        let from_environment =
+            |manager: &String| std::env::var("CUBE_MANAGER").is_ok_and(|value| &value == manager);
         match (&self.manager, &self.cluster) {
-            (Some(manager), _) if manager != DEFAULT_MANAGER => format!(" -m {manager}"),
+            (Some(manager), _) if manager != DEFAULT_MANAGER && !from_environment(manager) => {
+                format!(" -m {manager}")
+            }
             (Some(_), _) => String::new(),
             (None, Some(cluster)) => format!(" --cluster {cluster}"),
             (None, None) => String::new(),
@@ -210,7 +214,8 @@ fn leading_flag(arg: &str) -> LeadingFlag {
 /// to do about it, most of all when no manager answers.
 struct ManagerClient {
     api: ApiClient,
-    /// Which manager this is, for errors: its URL, and the cluster it came from, if any.
+    /// Which manager this is, for errors: "the manager at URL", with the cluster it came
+    /// from, if any.
     described: String,
 }
 
@@ -228,7 +233,7 @@ impl ManagerClient {
                 target.origin()
             )
         })?;
-        let described = format!("{}{}", api.base(), target.origin());
+        let described = format!("{} at {}", target.described(), api.base());
         Ok(ManagerClient { api, described })
     }
 
@@ -260,13 +265,13 @@ impl ManagerClient {
     }
 }
 
-/// A client error in words: an unreachable manager is named (`described`: its URL, and the
-/// cluster it came from) with the way to point at one; an error answer keeps the server's
-/// message, which names the field or ID at fault.
+/// A client error in words: an unreachable manager is named (`described`: "the manager at
+/// URL", with the cluster it came from) with the way to point at one; an error answer keeps
+/// the server's message, which names the field or ID at fault.
 fn explain(described: &str, err: ClientError) -> anyhow::Error {
     match err {
         ClientError::Unreachable { reason, .. } => anyhow!(
-            "cannot reach the manager at {described} ({}); is it running? Start one with \
+            "cannot reach {described} ({}); is it running? Start one with \
              'cube dev' or pass -m HOST:PORT / set CUBE_MANAGER / --cluster NAME",
             innermost_cause(&reason)
         ),
@@ -291,7 +296,7 @@ mod tests {
     #[test]
     fn an_unreachable_manager_is_named_with_the_way_to_point_at_one() {
         let err = explain(
-            "http://127.0.0.1:5555",
+            "the manager at http://127.0.0.1:5555",
             ClientError::Unreachable {
                 url: "http://127.0.0.1:5555/tasks".to_string(),
                 reason: "error sending request for url (http://127.0.0.1:5555/tasks): client \
