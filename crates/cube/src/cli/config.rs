@@ -1,6 +1,7 @@
 //! `cube config`: named clusters in a config file, and which manager a command reaches.
 //!
-//! The file (`$CUBE_CONFIG`, or `~/.config/cube/config.yaml`) names clusters and says which
+//! The file (`$CUBE_CONFIG`, or `~/.config/cube/config.yaml`, `$XDG_CONFIG_HOME/cube/` when
+//! that is set) names clusters and says which
 //! one is current, as kubectl's contexts do:
 //!
 //! ```yaml
@@ -264,7 +265,8 @@ fn save(path: &Path, config: &CubeConfig) -> anyhow::Result<()> {
 
 /// Name the clusters `cube` reaches: add one, pick the current one, list them.
 ///
-/// The config file is $CUBE_CONFIG, or ~/.config/cube/config.yaml. A command reaches the
+/// The config file is $CUBE_CONFIG, or ~/.config/cube/config.yaml ($XDG_CONFIG_HOME/cube/
+/// config.yaml when XDG_CONFIG_HOME is set). A command reaches the
 /// manager given by the first of: -m, CUBE_MANAGER, --cluster NAME, the config file's current
 /// cluster, 127.0.0.1:5555.
 #[derive(Debug, Args)]

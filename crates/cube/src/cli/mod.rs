@@ -52,7 +52,8 @@ pub struct ClusterFlags {
     pub manager: Option<String>,
     /// A cluster named in the config file, for this command only.
     ///
-    /// The config file is $CUBE_CONFIG, or ~/.config/cube/config.yaml; add a cluster with
+    /// The config file is $CUBE_CONFIG, or ~/.config/cube/config.yaml (under $XDG_CONFIG_HOME
+    /// when that is set); add a cluster with
     /// `cube config set-cluster NAME --manager HOST:PORT`. -m and CUBE_MANAGER take
     /// precedence over it.
     #[arg(long, value_name = "NAME")]
