@@ -49,6 +49,7 @@ enum Command {
     Status(cli::StatusArgs),
     Node(cli::NodeArgs),
     Completion(cli::CompletionArgs),
+    Config(cli::ConfigArgs),
     SampleImage(sample_image::SampleImageArgs),
 }
 
@@ -138,7 +139,8 @@ fn is_closed_output(err: &anyhow::Error) -> bool {
 
 fn main() -> ExitCode {
     end_quietly_on_closed_output();
-    let cli = Cli::from_arg_matches(&command_line().get_matches())
+    let arguments = cli::manager_flags_after_command(std::env::args_os());
+    let cli = Cli::from_arg_matches(&command_line().get_matches_from(arguments))
         .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -168,6 +170,7 @@ fn main() -> ExitCode {
             Command::Status(args) => cli::status(args).await,
             Command::Node(args) => cli::node(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),
+            Command::Config(args) => cli::config(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
         }
     });

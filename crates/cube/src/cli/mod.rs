@@ -1,16 +1,18 @@
 //! The commands that drive a cluster through the manager's API: `cube run`, `cube stop`,
-//! `cube status`, `cube node`.
+//! `cube status`, `cube node`; and `cube config`, which names the clusters they reach.
 //!
 //! One file per command: it reads its flags, asks the manager over HTTP and prints the answer
-//! as a table for people or as JSON for programs. What they share is here (the manager flags
-//! and the words for a manager that cannot be reached), in [`output`] (tables, times, JSON)
-//! and in [`resolve`] (finding a task by ID, ID prefix or name).
+//! as a table for people or as JSON or YAML for programs. What they share is here (the manager
+//! and output flags, and the words for a manager that cannot be reached), in [`output`]
+//! (tables, times, JSON, YAML), in [`config`] (which manager a command reaches) and in
+//! [`resolve`] (finding a task by ID, ID prefix or name).
 //!
 //! Nothing here decides anything about tasks or nodes: the manager does. The commands only
 //! ask, and show the answer — including why a task waits or failed.
 
 mod completion;
 mod input;
+mod config;
 mod node;
 mod output;
 mod resolve;
@@ -19,6 +21,7 @@ mod status;
 mod stop;
 mod wait;
 
+use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::anyhow;
@@ -28,43 +31,71 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use completion::{CompletionArgs, completion};
+pub use config::{ConfigArgs, config};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};
 pub use stop::{StopArgs, stop};
 
-/// Where the commands look for a manager when neither `-m` nor `CUBE_MANAGER` says.
+/// Where the commands look for a manager when neither the flags, `CUBE_MANAGER` nor the config
+/// file say.
 const DEFAULT_MANAGER: &str = "127.0.0.1:5555";
 
 /// How long one request to the manager may take before the command gives up.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The flags every command that talks to the manager shares.
+/// Which manager a command talks to. Every command that talks to one has these flags, before
+/// or after its name (`cube --cluster prod status` is `cube status --cluster prod`).
+#[derive(Debug, Clone, Args)]
+pub struct ClusterFlags {
+    /// The manager's API address.
+    ///
+    /// The manager a command reaches is the first of: -m, CUBE_MANAGER, --cluster, the config
+    /// file's current cluster, 127.0.0.1:5555.
+    #[arg(short, long, env = "CUBE_MANAGER", value_name = "HOST:PORT")]
+    pub manager: Option<String>,
+    /// A cluster named in the config file, for this command only.
+    ///
+    /// The config file is $CUBE_CONFIG, or ~/.config/cube/config.yaml (under $XDG_CONFIG_HOME
+    /// when that is set); add a cluster with
+    /// `cube config set-cluster NAME --manager HOST:PORT`. -m and CUBE_MANAGER take
+    /// precedence over it.
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+}
+
+impl ClusterFlags {
+    /// ` -m HOST:PORT` or ` --cluster NAME` when the manager is not the one a bare command
+    /// reaches, so that a printed hint to run another command reaches the same manager; empty
+    /// otherwise (an address from `CUBE_MANAGER` reaches the next command too).
+    fn hint(&self) -> String {
+        let from_environment =
+            |manager: &String| std::env::var("CUBE_MANAGER").is_ok_and(|value| &value == manager);
+        match (&self.manager, &self.cluster) {
+            (Some(manager), _) if manager != DEFAULT_MANAGER && !from_environment(manager) => {
+                format!(" -m {manager}")
+            }
+            (Some(_), _) => String::new(),
+            (None, Some(cluster)) => format!(" --cluster {cluster}"),
+            (None, None) => String::new(),
+        }
+    }
+}
+
+/// The flags of a command that talks to the manager and prints one answer.
 #[derive(Debug, Clone, Args)]
 pub struct ManagerFlags {
-    /// The manager's API address.
-    #[arg(
-        short,
-        long,
-        env = "CUBE_MANAGER",
-        default_value = DEFAULT_MANAGER,
-        value_name = "HOST:PORT"
-    )]
-    pub manager: String,
+    #[command(flatten)]
+    pub target: ClusterFlags,
     /// How to print the answer: a table for people, or JSON (the API's objects) for scripts.
     #[arg(short, long, value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
 }
 
 impl ManagerFlags {
-    /// ` -m HOST:PORT` when the manager is not the default one, so that a printed hint to
-    /// run another command reaches the same manager; empty otherwise.
+    /// See [`ClusterFlags::hint`].
     fn manager_hint(&self) -> String {
-        if self.manager == DEFAULT_MANAGER {
-            String::new()
-        } else {
-            format!(" -m {}", self.manager)
-        }
+        self.target.hint()
     }
 }
 
@@ -76,17 +107,139 @@ pub enum OutputFormat {
     Json,
 }
 
+/// The flags of a listing (`cube status`, `cube node`): which manager, and how to print.
+#[derive(Debug, Clone, Args)]
+pub struct ListFlags {
+    #[command(flatten)]
+    pub target: ClusterFlags,
+    /// How to print: a table, a wider table, the API's objects as JSON or YAML, or names.
+    #[arg(short, long, value_enum, default_value_t = ListFormat::Table)]
+    pub output: ListFormat,
+    /// Print only the IDs (of nodes: the names), one per line.
+    #[arg(short, long, conflicts_with = "output")]
+    pub quiet: bool,
+}
+
+impl ListFlags {
+    /// What to print, `-q` included.
+    fn format(&self) -> ListFormat {
+        if self.quiet {
+            ListFormat::Ids
+        } else {
+            self.output
+        }
+    }
+}
+
+/// How a listing prints, as `kubectl get -o` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ListFormat {
+    /// Aligned columns and `key: value` lines.
+    Table,
+    /// The table with more columns.
+    Wide,
+    /// The API's objects as pretty-printed JSON, and nothing else on stdout.
+    Json,
+    /// The same objects as YAML.
+    Yaml,
+    /// One name per line.
+    Name,
+    /// One ID per line (`-q`).
+    #[value(skip)]
+    Ids,
+}
+
+/// `cube -o json status` read as `cube status -o json`: the manager flags (`-o`, `-m`,
+/// `--cluster`) given before the command's name are moved to just after it, where the command
+/// defines them. Other arguments, and a line with nothing after the flags, are left as they
+/// are, for clap to judge.
+///
+/// Why not clap's `global` flags: they would also reach `cube worker`, whose own `-m` means
+/// the manager to register with, and `cube manager` and `cube dev`, which print nothing.
+pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    let mut leading = Vec::new();
+    let mut index = 1;
+    while let Some(arg) = args.get(index).and_then(|arg| arg.to_str()) {
+        match leading_flag(arg) {
+            LeadingFlag::ValueNext if index + 1 < args.len() => {
+                leading.extend_from_slice(&args[index..index + 2]);
+                index += 2;
+            }
+            LeadingFlag::ValueJoined => {
+                leading.push(args[index].clone());
+                index += 1;
+            }
+            LeadingFlag::ValueNext | LeadingFlag::Other => break,
+        }
+    }
+    let command_follows = args
+        .get(index)
+        .is_some_and(|arg| !arg.to_string_lossy().starts_with('-'));
+    if leading.is_empty() || !command_follows {
+        return args;
+    }
+    let mut moved = Vec::with_capacity(args.len());
+    moved.extend_from_slice(&args[..1]);
+    moved.push(args[index].clone());
+    moved.extend(leading);
+    moved.extend_from_slice(&args[index + 1..]);
+    moved
+}
+
+enum LeadingFlag {
+    /// `-o` or `--output`: the value is the next argument.
+    ValueNext,
+    /// `-ojson` or `--output=json`.
+    ValueJoined,
+    Other,
+}
+
+fn leading_flag(arg: &str) -> LeadingFlag {
+    const LONG: [&str; 3] = ["--output", "--manager", "--cluster"];
+    const SHORT: [&str; 2] = ["-o", "-m"];
+    if LONG.contains(&arg) || SHORT.contains(&arg) {
+        return LeadingFlag::ValueNext;
+    }
+    let joined_long = LONG.iter().any(|flag| {
+        arg.strip_prefix(flag)
+            .is_some_and(|rest| rest.starts_with('='))
+    });
+    let joined_short = SHORT
+        .iter()
+        .any(|flag| arg.starts_with(flag) && !arg.starts_with("--"));
+    if joined_long || joined_short {
+        LeadingFlag::ValueJoined
+    } else {
+        LeadingFlag::Other
+    }
+}
+
 /// The manager's API as the commands use it: every failure becomes an error that says what
 /// to do about it, most of all when no manager answers.
 struct ManagerClient {
     api: ApiClient,
+    /// Which manager this is, for errors: "the manager at URL", with the cluster it came
+    /// from, if any.
+    described: String,
 }
 
 impl ManagerClient {
     fn connect(flags: &ManagerFlags) -> anyhow::Result<ManagerClient> {
-        let api = ApiClient::new(&flags.manager, REQUEST_TIMEOUT)
-            .map_err(|err| anyhow!("{err}; set the manager with -m HOST:PORT or CUBE_MANAGER"))?;
-        Ok(ManagerClient { api })
+        ManagerClient::connect_to(&flags.target)
+    }
+
+    /// A client for the manager the flags, `CUBE_MANAGER` or the config file name.
+    fn connect_to(flags: &ClusterFlags) -> anyhow::Result<ManagerClient> {
+        let target = config::resolve_manager(flags)?;
+        let api = ApiClient::new(&target.address, REQUEST_TIMEOUT).map_err(|err| {
+            anyhow!(
+                "{err}{}; set the manager with -m HOST:PORT, CUBE_MANAGER or --cluster NAME",
+                target.origin()
+            )
+        })?;
+        let described = format!("{} at {}", target.described(), api.base());
+        Ok(ManagerClient { api, described })
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
@@ -113,17 +266,18 @@ impl ManagerClient {
 
     /// A client error in words for the user of the command line.
     fn explain(&self, err: ClientError) -> anyhow::Error {
-        explain(self.api.base(), err)
+        explain(&self.described, err)
     }
 }
 
-/// A client error in words: an unreachable manager is named with the way to point at one;
-/// an error answer keeps the server's message, which names the field or ID at fault.
-fn explain(base: &str, err: ClientError) -> anyhow::Error {
+/// A client error in words: an unreachable manager is named (`described`: "the manager at
+/// URL", with the cluster it came from) with the way to point at one; an error answer keeps
+/// the server's message, which names the field or ID at fault.
+fn explain(described: &str, err: ClientError) -> anyhow::Error {
     match err {
         ClientError::Unreachable { reason, .. } => anyhow!(
-            "cannot reach the manager at {base} ({}); is it running? Start one with \
-             'cube dev' or pass -m HOST:PORT / set CUBE_MANAGER",
+            "cannot reach {described} ({}); is it running? Start one with \
+             'cube dev' or pass -m HOST:PORT / set CUBE_MANAGER / --cluster NAME",
             innermost_cause(&reason)
         ),
         other => anyhow!(other),
@@ -147,7 +301,7 @@ mod tests {
     #[test]
     fn an_unreachable_manager_is_named_with_the_way_to_point_at_one() {
         let err = explain(
-            "http://127.0.0.1:5555",
+            "the manager at http://127.0.0.1:5555",
             ClientError::Unreachable {
                 url: "http://127.0.0.1:5555/tasks".to_string(),
                 reason: "error sending request for url (http://127.0.0.1:5555/tasks): client \
@@ -159,7 +313,7 @@ mod tests {
             err.to_string(),
             "cannot reach the manager at http://127.0.0.1:5555 (Connection refused (os error \
              111)); is it running? Start one with 'cube dev' or pass -m HOST:PORT / set \
-             CUBE_MANAGER"
+             CUBE_MANAGER / --cluster NAME"
         );
     }
 
@@ -176,6 +330,62 @@ mod tests {
         assert!(
             err.to_string().contains("Task.Memmory: unknown field"),
             "{err}"
+        );
+    }
+
+    fn moved(args: &[&str]) -> Vec<String> {
+        manager_flags_after_command(args.iter().map(OsString::from))
+            .into_iter()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn manager_flags_before_the_command_move_to_just_after_it() {
+        assert_eq!(
+            moved(&["cube", "-o", "json", "status", "3f2a"]),
+            vec!["cube", "status", "-o", "json", "3f2a"]
+        );
+        assert_eq!(
+            moved(&["cube", "--cluster", "prod", "-ojson", "node", "-q"]),
+            vec!["cube", "node", "--cluster", "prod", "-ojson", "-q"]
+        );
+        assert_eq!(
+            moved(&["cube", "--output=yaml", "-m", "10.0.0.1:5555", "status"]),
+            vec!["cube", "status", "--output=yaml", "-m", "10.0.0.1:5555"]
+        );
+    }
+
+    #[test]
+    fn other_arguments_are_left_for_clap_to_judge() {
+        for args in [
+            vec!["cube", "status", "-o", "json"],
+            vec!["cube", "-o", "json"],
+            vec!["cube", "-o"],
+            vec!["cube", "-o", "json", "--help"],
+            vec!["cube", "--verbose", "-o", "json", "status"],
+            vec!["cube"],
+        ] {
+            assert_eq!(moved(&args), args, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn the_hint_reaches_the_same_manager() {
+        let flags = |manager: Option<&str>, cluster: Option<&str>| ClusterFlags {
+            manager: manager.map(String::from),
+            cluster: cluster.map(String::from),
+        };
+        assert_eq!(flags(None, None).hint(), "");
+        assert_eq!(flags(Some(DEFAULT_MANAGER), None).hint(), "");
+        assert_eq!(
+            flags(Some("10.0.0.1:5555"), None).hint(),
+            " -m 10.0.0.1:5555"
+        );
+        assert_eq!(flags(None, Some("prod")).hint(), " --cluster prod");
+        assert_eq!(
+            flags(Some("10.0.0.1:5555"), Some("prod")).hint(),
+            " -m 10.0.0.1:5555"
         );
     }
 }

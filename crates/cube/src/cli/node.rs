@@ -6,21 +6,26 @@ use clap::Args;
 use cube_types::size::format_size;
 use cube_types::{Node, Stats};
 
-use super::output::{format_cores, key_values, print_json, print_lines, table, time_with_age};
-use super::{ManagerClient, ManagerFlags, OutputFormat};
+use super::output::{
+    format_cores, key_values, print_json, print_lines, print_yaml, table, time_ago, time_with_age,
+};
+use super::{ListFlags, ListFormat, ManagerClient};
 
 /// Show nodes: every worker as a table, or one in detail.
 ///
 /// The table has a line per node: NAME, STATUS (Ready, or Down after missed heartbeats), CPU,
 /// MEMORY and DISK as allocated/capacity (what placed tasks declared, against what the worker
-/// offers), TASKS (tasks holding resources there) and ADDRESS.
+/// offers) and TASKS (tasks holding resources there); -o wide adds ADDRESS, SOURCE
+/// (registered, or static from the manager's -w) and HEARTBEAT (when it last reported).
 ///
 /// With NAME it shows that node's fields one per line, with its last heartbeat and the
 /// machine's stats as the worker last reported them (memory and disk used, CPU usage, load).
-/// With -o json it prints the manager's JSON: an array of nodes, or the one node.
+/// -o json and -o yaml print the manager's objects: an array of nodes, or the one node; -o
+/// name and -q the names.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube node                 # every node\n  \
+    cube node -o wide         # with ADDRESS, SOURCE, HEARTBEAT\n  \
     cube node local           # one node in detail, with its stats\n  \
     cube node -o json | jq '.[] | select(.Status == \"Ready\") | .Name'")]
 pub struct NodeArgs {
@@ -28,12 +33,13 @@ pub struct NodeArgs {
     #[arg(value_name = "NAME")]
     name: Option<String>,
     #[command(flatten)]
-    flags: ManagerFlags,
+    flags: ListFlags,
 }
 
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
-    let manager = ManagerClient::connect(&args.flags)?;
+    let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
+    let format = args.flags.format();
     match &args.name {
         Some(name) => {
             let path = format!("/nodes/{}", encode_path_segment(name));
@@ -42,44 +48,60 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
                 Err(err) if err.status().is_some_and(|status| status.as_u16() == 404) => {
                     return Err(anyhow!(
                         "no node named {name:?}; list the nodes with: cube node{}",
-                        args.flags.manager_hint()
+                        args.flags.target.hint()
                     ));
                 }
                 Err(err) => return Err(manager.explain(err)),
             };
-            match args.flags.output {
-                OutputFormat::Json => print_json(&node)?,
-                OutputFormat::Table => print_lines(&node_details(&node, now)),
+            match format {
+                ListFormat::Table | ListFormat::Wide => print_lines(&node_details(&node, now)),
+                ListFormat::Json => print_json(&node)?,
+                ListFormat::Yaml => print_yaml(&node)?,
+                ListFormat::Name | ListFormat::Ids => println!("{}", node.name),
             }
         }
         None => {
-            let nodes: Vec<Node> = manager.get("/nodes").await?;
-            match args.flags.output {
-                OutputFormat::Json => print_json(&nodes)?,
-                OutputFormat::Table => print_lines(&node_table(nodes)),
+            let mut nodes: Vec<Node> = manager.get("/nodes").await?;
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            match format {
+                ListFormat::Table => print_lines(&node_table(&nodes, now, false)),
+                ListFormat::Wide => print_lines(&node_table(&nodes, now, true)),
+                ListFormat::Json => print_json(&nodes)?,
+                ListFormat::Yaml => print_yaml(&nodes)?,
+                // A node's name is its ID.
+                ListFormat::Name | ListFormat::Ids => {
+                    print_lines(&nodes.iter().map(|n| n.name.clone()).collect::<Vec<_>>())
+                }
             }
         }
     }
     Ok(())
 }
 
-/// The node table, by name.
-fn node_table(mut nodes: Vec<Node>) -> Vec<String> {
-    nodes.sort_by(|a, b| a.name.cmp(&b.name));
-    let header = [
-        "NAME", "STATUS", "CPU", "MEMORY", "DISK", "TASKS", "ADDRESS",
-    ];
-    let mut rows = vec![header.map(String::from).to_vec()];
+/// The node table, in the order given; `wide` adds ADDRESS, SOURCE and HEARTBEAT.
+fn node_table(nodes: &[Node], now: DateTime<Utc>, wide: bool) -> Vec<String> {
+    let mut header = vec!["NAME", "STATUS", "CPU", "MEMORY", "DISK", "TASKS"];
+    if wide {
+        header.extend(["ADDRESS", "SOURCE", "HEARTBEAT"]);
+    }
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
     rows.extend(nodes.iter().map(|node| {
-        vec![
+        let mut row = vec![
             node.name.clone(),
             node.status.to_string(),
             cpu_cell(node),
             sizes(node.allocated.memory, node.capacity.memory),
             sizes(node.allocated.disk, node.capacity.disk),
             node.task_count.to_string(),
-            node.address.clone(),
-        ]
+        ];
+        if wide {
+            row.extend([
+                node.address.clone(),
+                node.source.clone(),
+                time_ago(node.last_heartbeat, now),
+            ]);
+        }
+        row
     }));
     table(&rows)
 }
@@ -218,17 +240,29 @@ mod tests {
     }
 
     #[test]
-    fn the_node_table_shows_allocated_of_capacity_by_name() {
-        let lines = node_table(vec![
-            node("w2", NodeStatus::Down),
-            node("w1", NodeStatus::Ready),
-        ]);
+    fn the_node_table_shows_allocated_of_capacity() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let nodes = [node("w1", NodeStatus::Ready), node("w2", NodeStatus::Down)];
         assert_eq!(
-            lines,
+            node_table(&nodes, now, false),
             vec![
-                "NAME   STATUS   CPU     MEMORY              DISK           TASKS   ADDRESS",
-                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556",
-                "w2     Down     0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556",
+                "NAME   STATUS   CPU     MEMORY              DISK           TASKS",
+                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1",
+                "w2     Down     0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_wide_node_table_adds_address_source_and_heartbeat() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let mut w1 = node("w1", NodeStatus::Ready);
+        w1.last_heartbeat = Some(now - chrono::Duration::seconds(2));
+        assert_eq!(
+            node_table(&[w1], now, true),
+            vec![
+                "NAME   STATUS   CPU     MEMORY              DISK           TASKS   ADDRESS                 SOURCE       HEARTBEAT",
+                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556   registered   2 seconds ago",
             ]
         );
     }

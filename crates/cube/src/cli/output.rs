@@ -1,5 +1,5 @@
 //! How the commands print: padded tables like `docker ps`, `key: value` blocks, relative
-//! times and JSON. Pure functions that return lines, so that tests read them without a
+//! times, JSON and YAML. Pure functions that return lines, so that tests read them without a
 //! terminal; the commands print what they return.
 
 use chrono::{DateTime, Utc};
@@ -93,6 +93,21 @@ pub fn time_with_age(time: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String 
     }
 }
 
+/// How long until `then`, for what is due: "in 6s", "in 2m5s", "in 1h3m"; "now" once it is
+/// due. Seconds are rounded up, so that a wait of 5.2 s never reads as 5 s.
+pub fn time_until(then: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let millis = (then - now).num_milliseconds();
+    if millis <= 0 {
+        return "now".to_string();
+    }
+    let seconds = (millis + 999) / 1000;
+    match seconds {
+        0..60 => format!("in {seconds}s"),
+        60..3_600 => format!("in {}m{}s", seconds / 60, seconds % 60),
+        _ => format!("in {}h{}m", seconds / 3_600, seconds % 3_600 / 60),
+    }
+}
+
 /// CPU cores without noise: `2`, `0.5`, `1.25` (two decimals at most).
 pub fn format_cores(cores: f64) -> String {
     let rounded = (cores * 100.0).round() / 100.0;
@@ -107,6 +122,13 @@ pub fn format_cores(cores: f64) -> String {
 pub fn print_json<T: Serialize>(value: &T) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(value)?;
     println!("{text}");
+    Ok(())
+}
+
+/// Prints a value as YAML on stdout: the same objects `-o json` prints.
+pub fn print_yaml<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let text = serde_norway::to_string(value)?;
+    print!("{text}");
     Ok(())
 }
 
@@ -209,6 +231,18 @@ mod tests {
             time_with_age(Some(now - chrono::Duration::seconds(90)), now),
             "2024-05-01T11:58:30Z (1 minute ago)"
         );
+    }
+
+    #[test]
+    fn a_time_to_come_reads_as_how_long_until_it() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let after = |millis: i64| time_until(now + chrono::Duration::milliseconds(millis), now);
+        assert_eq!(after(5_200), "in 6s");
+        assert_eq!(after(6_000), "in 6s");
+        assert_eq!(after(125_000), "in 2m5s");
+        assert_eq!(after(3_780_000), "in 1h3m");
+        assert_eq!(after(0), "now");
+        assert_eq!(after(-3_000), "now");
     }
 
     #[test]

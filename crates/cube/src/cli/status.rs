@@ -7,78 +7,160 @@ use std::net::Ipv4Addr;
 
 use chrono::{DateTime, Utc};
 use clap::Args;
+use cube_types::size::format_size;
 use cube_types::{Health, HostBinding, RestartPolicy, State, Task};
 
-use super::output::{key_values, print_json, print_lines, table, time_ago, time_with_age};
+use super::output::{
+    format_cores, key_values, print_json, print_lines, print_yaml, table, time_ago, time_until,
+    time_with_age,
+};
 use super::resolve::find_task;
-use super::{ManagerClient, ManagerFlags, OutputFormat};
+use super::{ListFlags, ListFormat, ManagerClient};
 
-/// Show tasks: every task as a table (newest first), or one task in detail.
+/// Show tasks: the tasks that run or will run as a table (newest first), or one task in
+/// detail.
 ///
 /// The table has a line per task: ID (short), NAME, CREATED, STATE, NODE, IMAGE and PORTS
-/// (host address -> container port). Under it, each task that waits for a node says why,
-/// and each failed task says what went wrong.
+/// (host address -> container port); -o wide adds CPU, MEMORY, RESTARTS and HEALTH. Under it,
+/// each task that waits says why (no node fits; its node cannot be reached), each failed task
+/// says what went wrong, and a task waiting out its restart backoff says when it restarts.
+///
+/// Ended tasks (Completed, Failed or Lost, with no restart to come) are left out, as
+/// `docker ps` leaves out stopped containers; --all shows them. `cube status ID` finds ended
+/// tasks too.
 ///
 /// With ID (a full ID, a unique ID prefix, or a unique exact name, as for `cube stop`) it
-/// shows that task's fields one per line. With -o json it prints the manager's JSON: an
-/// array of tasks, or the one task.
+/// shows that task's fields one per line. -o json and -o yaml print the manager's objects: an
+/// array of tasks, or the one task; -o name the names, -q the IDs.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
-    cube status                     # every task, like docker ps\n  \
+    cube status                     # the tasks that run or will, like docker ps\n  \
+    cube status --all               # ... and the ended ones\n  \
+    cube status -o wide             # with CPU, MEMORY, RESTARTS, HEALTH\n  \
     cube status 3f2a                # one task in detail, by ID prefix\n  \
     cube status test-chapter-9.1    # ... or by its name\n  \
+    cube status -q | xargs -n1 cube stop\n  \
     cube status -o json | jq '.[] | select(.State == \"Running\") | .ID'")]
 pub struct StatusArgs {
     /// Show only this task, in detail: a full ID, a unique ID prefix, or a unique exact name.
     #[arg(value_name = "ID")]
     task: Option<String>,
+    /// Show ended tasks too (Completed, Failed or Lost, with no restart to come).
+    #[arg(short, long)]
+    all: bool,
     #[command(flatten)]
-    flags: ManagerFlags,
+    flags: ListFlags,
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let manager = ManagerClient::connect(&args.flags)?;
+    let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
-    match &args.task {
-        Some(query) => {
-            let task = find_task(&manager, query).await?;
-            match args.flags.output {
-                OutputFormat::Json => print_json(&task)?,
-                OutputFormat::Table => print_lines(&task_details(&task, now)),
+    let format = args.flags.format();
+    if let Some(query) = &args.task {
+        let task = find_task(&manager, query).await?;
+        return match format {
+            ListFormat::Table | ListFormat::Wide => {
+                print_lines(&task_details(&task, now));
+                Ok(())
             }
-        }
-        None => {
-            let tasks: Vec<Task> = manager.get("/tasks").await?;
-            match args.flags.output {
-                OutputFormat::Json => print_json(&tasks)?,
-                OutputFormat::Table => print_lines(&task_table(tasks, now)),
+            ListFormat::Json => print_json(&task),
+            ListFormat::Yaml => print_yaml(&task),
+            ListFormat::Name => {
+                println!("{}", task.name);
+                Ok(())
             }
+            ListFormat::Ids => {
+                println!("{}", task.id);
+                Ok(())
+            }
+        };
+    }
+    let tasks: Vec<Task> = manager.get("/tasks").await?;
+    let (tasks, hidden) = listed(tasks, args.all);
+    match format {
+        ListFormat::Table | ListFormat::Wide => {
+            let mut lines = task_table(&tasks, now, format == ListFormat::Wide);
+            if let Some(footer) = hidden_footer(hidden, &args.flags.target.hint()) {
+                lines.extend([String::new(), footer]);
+            }
+            print_lines(&lines);
         }
+        ListFormat::Json => print_json(&tasks)?,
+        ListFormat::Yaml => print_yaml(&tasks)?,
+        ListFormat::Name => print_lines(&tasks.iter().map(|t| t.name.clone()).collect::<Vec<_>>()),
+        ListFormat::Ids => print_lines(&tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>()),
     }
     Ok(())
 }
 
-/// The task table, newest first, then a note for each task that waits or failed, so that
-/// "why is my task not placed?" and "why did it fail?" are answered on the same screen.
-fn task_table(mut tasks: Vec<Task>, now: DateTime<Utc>) -> Vec<String> {
-    // Newest first, as `docker ps`; tasks without a creation time last. The sort is stable,
-    // so the manager's order breaks ties.
+/// The tasks to list, newest first (as `docker ps`; tasks without a creation time last, the
+/// manager's order breaking ties), without the ended ones unless `all`; and how many were
+/// left out.
+fn listed(mut tasks: Vec<Task>, all: bool) -> (Vec<Task>, usize) {
     tasks.sort_by_key(|task| Reverse(task.created_time));
-    let header = ["ID", "NAME", "CREATED", "STATE", "NODE", "IMAGE", "PORTS"];
-    let mut rows = vec![header.map(String::from).to_vec()];
+    if all {
+        return (tasks, 0);
+    }
+    let before = tasks.len();
+    tasks.retain(|task| !is_ended(task));
+    let hidden = before - tasks.len();
+    (tasks, hidden)
+}
+
+/// A task whose run is over and that will not run again by itself: Completed, Failed or Lost
+/// with no restart to come. `cube status` leaves these out unless asked.
+fn is_ended(task: &Task) -> bool {
+    matches!(task.state, State::Completed | State::Failed | State::Lost)
+        && task.next_restart.is_none()
+}
+
+/// `3 ended tasks not shown; cube status --all`, when some were left out.
+fn hidden_footer(hidden: usize, manager_hint: &str) -> Option<String> {
+    let tasks = match hidden {
+        0 => return None,
+        1 => "1 ended task".to_string(),
+        n => format!("{n} ended tasks"),
+    };
+    Some(format!(
+        "{tasks} not shown; cube status --all{manager_hint}"
+    ))
+}
+
+/// The task table, in the order given, then a note for each task that waits, failed or
+/// restarts, so that "why is my task not running?" is answered on the same screen. `wide`
+/// adds CPU, MEMORY, RESTARTS and HEALTH.
+fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
+    let mut header = vec!["ID", "NAME", "CREATED", "STATE", "NODE", "IMAGE"];
+    if wide {
+        header.extend(["CPU", "MEMORY", "RESTARTS", "HEALTH"]);
+    }
+    header.push("PORTS");
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
     rows.extend(tasks.iter().map(|task| {
-        vec![
+        let mut row = vec![
             task.short_id(),
             task.name.clone(),
             time_ago(task.created_time, now),
-            task.state.name().to_string(),
+            state_cell(task),
             or_dash(&task.node_name),
             task.image.clone(),
-            format_ports(&task.host_ports),
-        ]
+        ];
+        if wide {
+            row.extend([
+                limit_or_dash(task.cpu > 0.0, || format_cores(task.cpu)),
+                limit_or_dash(task.memory > 0, || format_size(task.memory)),
+                restarts(task),
+                or_dash(health_name(task)),
+            ]);
+        }
+        row.push(bound_ports(task));
+        row
     }));
     let mut lines = table(&rows);
-    let notes: Vec<String> = tasks.iter().filter_map(task_note).collect();
+    let notes: Vec<String> = tasks
+        .iter()
+        .filter_map(|task| task_note(task, now))
+        .collect();
     if !notes.is_empty() {
         lines.push(String::new());
         lines.extend(notes);
@@ -86,31 +168,126 @@ fn task_table(mut tasks: Vec<Task>, now: DateTime<Utc>) -> Vec<String> {
     lines
 }
 
-/// `3f2a9c1e  waiting: w1: needs 2.0 GiB memory, 1.1 GiB free` for a task that waits for a
-/// node, `3f2a9c1e  failed: exit code 1` for one that failed (or was lost) with an error.
-fn task_note(task: &Task) -> Option<String> {
-    let (label, text) = match task.state {
-        State::Pending => ("waiting", task.pending_reason.as_deref()?),
-        State::Failed | State::Lost => (task.state.name(), task.error.as_deref()?),
-        _ => return None,
+/// The state's name, or `Restarting` while the task waits out its restart backoff: between
+/// two runs a task must not look like one that failed for good.
+fn state_cell(task: &Task) -> String {
+    if task.next_restart.is_some() {
+        "Restarting".to_string()
+    } else {
+        task.state.name().to_string()
+    }
+}
+
+/// One note per task that needs one:
+/// - `3f2a9c1e  waiting: w1: needs 2.0 GiB memory, 1.1 GiB free` (no node fits);
+/// - `3f2a9c1e  waiting: cannot reach w1 (next attempt in 3s)` (its node cannot be reached);
+/// - `3f2a9c1e  restarting in 6s (attempt 3 of 5); failed: exit code 1` (restart backoff);
+/// - `3f2a9c1e  failed: exit code 1` (failed, or lost, with an error).
+fn task_note(task: &Task, now: DateTime<Utc>) -> Option<String> {
+    let text = if let Some(restart) = restart_phrase(task, now) {
+        match last_error(task) {
+            Some(error) => format!("{}; {error}", lowercase_first(&restart)),
+            None => lowercase_first(&restart),
+        }
+    } else if let Some(waiting) = waiting_phrase(task, now) {
+        format!("waiting: {waiting}")
+    } else if task.state == State::Pending {
+        format!("waiting: {}", task.pending_reason.as_deref()?.trim())
+    } else {
+        last_error(task)?
     };
+    Some(format!("{}  {text}", task.short_id()))
+}
+
+/// `failed: exit code 1` for a failed or lost task with an error.
+fn last_error(task: &Task) -> Option<String> {
+    match task.state {
+        State::Failed | State::Lost => Some(format!(
+            "{}: {}",
+            task.state.name().to_ascii_lowercase(),
+            task.error.as_deref()?.trim()
+        )),
+        _ => None,
+    }
+}
+
+/// `Restarting in 6s (attempt 3 of 5)` while the task waits out its restart backoff: the
+/// coming run is restart number `RestartCount + 1`, of `MaxRestarts` when there is a limit.
+fn restart_phrase(task: &Task, now: DateTime<Utc>) -> Option<String> {
+    let at = task.next_restart?;
+    let attempt = task.restart_count.saturating_add(1);
+    let limit = task
+        .max_restarts
+        .map(|max| format!(" of {max}"))
+        .unwrap_or_default();
     Some(format!(
-        "{}  {}: {}",
-        task.short_id(),
-        label.to_ascii_lowercase(),
-        text.trim()
+        "Restarting {} (attempt {attempt}{limit})",
+        time_until(at, now)
     ))
+}
+
+/// `cannot reach w1 (next attempt in 3s)` while the manager cannot hand the task to its node
+/// (or stop it there) and keeps trying.
+fn waiting_phrase(task: &Task, now: DateTime<Utc>) -> Option<String> {
+    let error = task.dispatch_error.as_deref()?.trim();
+    Some(match task.next_attempt {
+        Some(at) => format!("{error} (next attempt {})", time_until(at, now)),
+        None => error.to_string(),
+    })
+}
+
+fn lowercase_first(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
 }
 
 /// One task's fields, one per line.
 fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
-    key_values(&[
+    let state = match restart_phrase(task, now) {
+        Some(restart) => format!("{}; {restart}", task.state.name()),
+        None => task.state.name().to_string(),
+    };
+    let mut pairs = vec![
         ("ID", task.id.to_string()),
         ("Name", task.name.clone()),
-        ("State", task.state.name().to_string()),
-        ("Desired", task.desired_state.name().to_string()),
+        ("State", state),
+    ];
+    if let Some(desired) = desired(task) {
+        pairs.push(("Desired", desired));
+    }
+    let waiting: Vec<String> = task
+        .pending_reason
+        .iter()
+        .map(|reason| reason.trim().to_string())
+        .chain(waiting_phrase(task, now))
+        .collect();
+    pairs.extend([
         ("Node", task.node_name.clone()),
         ("Image", task.image.clone()),
+        ("Cmd", command_line(&task.cmd)),
+        ("Env", task.env.join("\n")),
+        (
+            "Cpu",
+            limit_or_none(task.cpu > 0.0, || {
+                format!("{} cores", format_cores(task.cpu))
+            }),
+        ),
+        (
+            "Memory",
+            limit_or_none(task.memory > 0, || format_size(task.memory)),
+        ),
+        (
+            "Disk",
+            if task.disk > 0 {
+                format_size(task.disk)
+            } else {
+                String::new()
+            },
+        ),
+        ("Container", short_container(&task.container_id)),
         ("Created", time_with_age(task.created_time, now)),
         ("Started", time_with_age(task.start_time, now)),
         ("Finished", time_with_age(task.finish_time, now)),
@@ -128,11 +305,60 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
                 .unwrap_or_default(),
         ),
         ("Error", task.error.clone().unwrap_or_default()),
-        ("Waiting", task.pending_reason.clone().unwrap_or_default()),
-    ])
-    .into_iter()
-    .chain(history(task, now))
-    .collect()
+        ("Waiting", waiting.join("\n")),
+    ]);
+    key_values(&pairs)
+        .into_iter()
+        .chain(history(task, now))
+        .collect()
+}
+
+/// The desired state when it says something the state does not: `Completed` while a task is
+/// being stopped, `Running` while a failed task waits to restart. Not for a task that runs as
+/// asked, nor for one that ended (what it was asked no longer matters).
+fn desired(task: &Task) -> Option<String> {
+    if is_ended(task) {
+        return None;
+    }
+    let as_asked = task.desired_state == State::Running
+        && matches!(
+            task.state,
+            State::Pending | State::Scheduled | State::Running
+        );
+    (!as_asked).then(|| task.desired_state.name().to_string())
+}
+
+/// The command as a shell would take it: words with spaces or quotes are quoted.
+fn command_line(cmd: &[String]) -> String {
+    cmd.iter()
+        .map(|word| {
+            let plain = !word.is_empty()
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+            if plain {
+                word.clone()
+            } else {
+                format!("'{}'", word.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The first 12 characters of a container ID, as `docker ps` shows it.
+fn short_container(id: &str) -> String {
+    id.chars().take(12).collect()
+}
+
+/// A limit's value, or `-` in a table when the task has none.
+fn limit_or_dash(set: bool, value: impl FnOnce() -> String) -> String {
+    if set { value() } else { "-".to_string() }
+}
+
+/// A limit's value, or `no limit` in a details block.
+fn limit_or_none(set: bool, value: impl FnOnce() -> String) -> String {
+    if set { value() } else { "no limit".to_string() }
 }
 
 /// `2` or `2 of 5` when the task has a restart limit.
@@ -152,16 +378,22 @@ fn restart_policy_name(policy: RestartPolicy) -> &'static str {
     }
 }
 
+/// `Healthy`, `Starting` or `Unhealthy`, or empty for a task without a health check.
+fn health_name(task: &Task) -> &'static str {
+    match task.health {
+        None => "",
+        Some(Health::Starting) => "Starting",
+        Some(Health::Healthy) => "Healthy",
+        Some(Health::Unhealthy) => "Unhealthy",
+    }
+}
+
 /// `Healthy`, `Starting (2 failed probes)`, or empty for a task without a health check.
 fn health(task: &Task) -> String {
-    let Some(health) = task.health else {
+    let name = health_name(task);
+    if name.is_empty() {
         return String::new();
-    };
-    let name = match health {
-        Health::Starting => "Starting",
-        Health::Healthy => "Healthy",
-        Health::Unhealthy => "Unhealthy",
-    };
+    }
     match task.health_failures {
         0 => name.to_string(),
         1 => format!("{name} (1 failed probe)"),
@@ -190,10 +422,28 @@ fn history(task: &Task, now: DateTime<Utc>) -> Vec<String> {
     lines
 }
 
-/// The bound ports once Docker bound them; before that, the ports the task asked for.
+/// What Docker bound for the task's run; nothing once the run is over (or between two runs),
+/// since its ports are then free for others.
+fn bound_ports(task: &Task) -> String {
+    if run_is_over(task) {
+        String::new()
+    } else {
+        format_ports(&task.host_ports)
+    }
+}
+
+/// Whether the task's last run ended: its host ports, if a report still carries them, are
+/// stale.
+fn run_is_over(task: &Task) -> bool {
+    matches!(task.state, State::Completed | State::Failed | State::Lost)
+}
+
+/// The bound ports once Docker bound them; before that (or after the run), the ports the task
+/// asks for.
 fn detail_ports(task: &Task) -> String {
-    if !task.host_ports.is_empty() || task.port_bindings.is_empty() {
-        return format_ports(&task.host_ports);
+    let bound = bound_ports(task);
+    if !bound.is_empty() || task.port_bindings.is_empty() {
+        return bound;
     }
     let requested: Vec<String> = sorted_ports(task.port_bindings.iter())
         .into_iter()
@@ -342,7 +592,9 @@ mod tests {
         failed.node_name = "w1".to_string();
         failed.error = Some("exited with code 1".to_string());
 
-        let lines = task_table(vec![failed, running, waiting], now());
+        let (tasks, hidden) = listed(vec![failed, running, waiting], true);
+        assert_eq!(hidden, 0);
+        let lines = task_table(&tasks, now(), false);
         assert_eq!(
             lines,
             vec![
@@ -360,7 +612,7 @@ mod tests {
     #[test]
     fn an_empty_cluster_shows_the_header_only() {
         assert_eq!(
-            task_table(Vec::new(), now()),
+            task_table(&[], now(), false),
             vec!["ID   NAME   CREATED   STATE   NODE   IMAGE   PORTS"]
         );
     }
@@ -382,23 +634,259 @@ mod tests {
         assert_eq!(
             lines,
             vec![
-                "ID:       3f2a9c1e-0000-4000-8000-000000000001",
-                "Name:     big",
-                "State:    Pending",
-                "Desired:  Running",
-                "Node:     -",
-                "Image:    cube-sample:latest",
-                "Created:  2024-05-01T11:59:55Z (5 seconds ago)",
-                "Started:  -",
-                "Finished: -",
-                "Restarts: 0",
-                "Policy:   no",
-                "Health:   -",
-                "Ports:    7777->7777/tcp, any->8080/tcp (requested)",
-                "ExitCode: -",
-                "Error:    -",
-                "Waiting:  no nodes have joined the cluster",
+                "ID:        3f2a9c1e-0000-4000-8000-000000000001",
+                "Name:      big",
+                "State:     Pending",
+                "Node:      -",
+                "Image:     cube-sample:latest",
+                "Cmd:       -",
+                "Env:       -",
+                "Cpu:       no limit",
+                "Memory:    no limit",
+                "Disk:      -",
+                "Container: -",
+                "Created:   2024-05-01T11:59:55Z (5 seconds ago)",
+                "Started:   -",
+                "Finished:  -",
+                "Restarts:  0",
+                "Policy:    no",
+                "Health:    -",
+                "Ports:     7777->7777/tcp, any->8080/tcp (requested)",
+                "ExitCode:  -",
+                "Error:     -",
+                "Waiting:   no nodes have joined the cluster",
             ]
         );
+    }
+
+    /// A task that failed and waits out its restart backoff: its third restart of at most five
+    /// is due in 5.2 s.
+    fn restarting() -> Task {
+        let mut task = task(
+            "c0ffee00-0000-4000-8000-000000000004",
+            "crash",
+            State::Failed,
+            60,
+        );
+        task.node_name = "w1".to_string();
+        task.error = Some("exited with code 1".to_string());
+        task.restart_count = 2;
+        task.max_restarts = Some(5);
+        task.restart_policy = RestartPolicy::OnFailure;
+        task.next_restart = Some(now() + chrono::Duration::milliseconds(5_200));
+        task
+    }
+
+    #[test]
+    fn a_task_waiting_to_restart_says_when_and_which_attempt() {
+        let task = restarting();
+        assert_eq!(
+            restart_phrase(&task, now()).as_deref(),
+            Some("Restarting in 6s (attempt 3 of 5)")
+        );
+        let lines = task_table(std::slice::from_ref(&task), now(), false);
+        assert_eq!(
+            lines,
+            vec![
+                "ID         NAME    CREATED        STATE        NODE   IMAGE                PORTS",
+                "c0ffee00   crash   1 minute ago   Restarting   w1     cube-sample:latest",
+                "",
+                "c0ffee00  restarting in 6s (attempt 3 of 5); failed: exited with code 1",
+            ]
+        );
+        let details = task_details(&task, now());
+        assert!(
+            details.contains(&"State:     Failed; Restarting in 6s (attempt 3 of 5)".to_string()),
+            "{details:#?}"
+        );
+        assert!(
+            details.contains(&"Desired:   Running".to_string()),
+            "{details:#?}"
+        );
+
+        let mut unlimited = restarting();
+        unlimited.max_restarts = None;
+        assert_eq!(
+            restart_phrase(&unlimited, now()).as_deref(),
+            Some("Restarting in 6s (attempt 3)")
+        );
+    }
+
+    #[test]
+    fn a_task_whose_node_cannot_be_reached_says_why_and_when_it_tries_again() {
+        let mut task = task(
+            "3f2a9c1e-0000-4000-8000-000000000001",
+            "web",
+            State::Scheduled,
+            10,
+        );
+        task.node_name = "w1".to_string();
+        task.dispatch_error =
+            Some("cannot reach w1 at http://10.0.0.9:5556: connection refused".to_string());
+        task.next_attempt = Some(now() + chrono::Duration::seconds(3));
+        let lines = task_table(std::slice::from_ref(&task), now(), false);
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some(
+                "3f2a9c1e  waiting: cannot reach w1 at http://10.0.0.9:5556: connection refused \
+                 (next attempt in 3s)"
+            )
+        );
+        let details = task_details(&task, now());
+        assert!(
+            details.contains(
+                &"Waiting:   cannot reach w1 at http://10.0.0.9:5556: connection refused (next \
+                  attempt in 3s)"
+                    .to_string()
+            ),
+            "{details:#?}"
+        );
+    }
+
+    #[test]
+    fn ended_tasks_are_left_out_and_counted_unless_all_are_asked_for() {
+        let running = task(
+            "bb1d59ef-9fc1-4e4b-a44d-db571eeed203",
+            "web",
+            State::Running,
+            10,
+        );
+        let completed = task(
+            "d00d0000-0000-4000-8000-000000000005",
+            "done",
+            State::Completed,
+            20,
+        );
+        let failed = task(
+            "e0000000-0000-4000-8000-000000000006",
+            "broke",
+            State::Failed,
+            30,
+        );
+        let lost = task(
+            "f0000000-0000-4000-8000-000000000007",
+            "gone",
+            State::Lost,
+            40,
+        );
+        let all = vec![lost, failed, restarting(), completed, running];
+
+        let (shown, hidden) = listed(all.clone(), false);
+        let names: Vec<&str> = shown.iter().map(|task| task.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["web", "crash"],
+            "a task waiting to restart stays"
+        );
+        assert_eq!(hidden, 3);
+        assert_eq!(
+            hidden_footer(hidden, "").as_deref(),
+            Some("3 ended tasks not shown; cube status --all")
+        );
+        assert_eq!(
+            hidden_footer(1, " -m 10.0.0.1:5555").as_deref(),
+            Some("1 ended task not shown; cube status --all -m 10.0.0.1:5555")
+        );
+        assert_eq!(hidden_footer(0, ""), None);
+
+        let (shown, hidden) = listed(all, true);
+        assert_eq!(shown.len(), 5);
+        assert_eq!(hidden, 0);
+    }
+
+    #[test]
+    fn the_wide_table_adds_cpu_memory_restarts_and_health() {
+        let mut web = task(
+            "bb1d59ef-9fc1-4e4b-a44d-db571eeed203",
+            "web",
+            State::Running,
+            180,
+        );
+        web.node_name = "w1".to_string();
+        web.cpu = 0.5;
+        web.memory = 256 * 1024 * 1024;
+        web.restart_count = 1;
+        web.max_restarts = Some(3);
+        web.health = Some(Health::Healthy);
+        web.host_ports =
+            BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
+        let plain = task(
+            "3f2a9c1e-0000-4000-8000-000000000001",
+            "plain",
+            State::Running,
+            200,
+        );
+        assert_eq!(
+            task_table(&[web, plain], now(), true),
+            vec![
+                "ID         NAME    CREATED         STATE     NODE   IMAGE                CPU   MEMORY      RESTARTS   HEALTH    PORTS",
+                "bb1d59ef   web     3 minutes ago   Running   w1     cube-sample:latest   0.5   256.0 MiB   1 of 3     Healthy   0.0.0.0:49155->7777/tcp",
+                "3f2a9c1e   plain   3 minutes ago   Running   -      cube-sample:latest   -     -           0          -",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_ended_task_shows_no_ports_and_no_desired_state() {
+        let mut failed = task(
+            "c0ffee00-0000-4000-8000-000000000004",
+            "crash",
+            State::Failed,
+            60,
+        );
+        failed.host_ports =
+            BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
+        assert_eq!(bound_ports(&failed), "");
+        let details = task_details(&failed, now());
+        assert!(
+            !details.iter().any(|line| line.starts_with("Desired:")),
+            "{details:#?}"
+        );
+        assert!(
+            details.contains(&"Ports:     -".to_string()),
+            "{details:#?}"
+        );
+
+        let mut stopping = task(
+            "bb1d59ef-9fc1-4e4b-a44d-db571eeed203",
+            "web",
+            State::Running,
+            60,
+        );
+        stopping.desired_state = State::Completed;
+        assert_eq!(desired(&stopping).as_deref(), Some("Completed"));
+        stopping.desired_state = State::Running;
+        assert_eq!(desired(&stopping), None, "a task that runs as asked");
+    }
+
+    #[test]
+    fn details_show_the_command_environment_limits_and_container() {
+        let mut web = task(
+            "bb1d59ef-9fc1-4e4b-a44d-db571eeed203",
+            "web",
+            State::Running,
+            60,
+        );
+        web.cmd = vec!["sh".into(), "-c".into(), "echo 'hi' && sleep 600".into()];
+        web.env = vec!["A=1".into(), "B=two words".into()];
+        web.cpu = 1.5;
+        web.memory = 512 * 1024 * 1024;
+        web.disk = 1024 * 1024 * 1024;
+        web.container_id = "4f9d1c2b3a4e5f60718293a4b5c6d7e8f9".to_string();
+        let details = task_details(&web, now());
+        for expected in [
+            r#"Cmd:       sh -c 'echo '\''hi'\'' && sleep 600'"#,
+            "Env:       A=1",
+            "           B=two words",
+            "Cpu:       1.5 cores",
+            "Memory:    512.0 MiB",
+            "Disk:      1.0 GiB",
+            "Container: 4f9d1c2b3a4e",
+        ] {
+            assert!(
+                details.iter().any(|line| line == expected),
+                "{expected:?} not in {details:#?}"
+            );
+        }
     }
 }

@@ -550,3 +550,23 @@ pub fn host_port(task: &Value, port: &str) -> u16 {
         .parse()
         .unwrap()
 }
+
+/// Runs the `cube` command line with `args` and only the environment `env` adds to this
+/// process's, without `CUBE_MANAGER` or `CUBE_CONFIG` unless `env` sets them: for the tests of
+/// which manager a command reaches. Returns the exit status's success, stdout and stderr.
+pub fn cube_cli_env(env: &[(&str, &str)], args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(cube_binary());
+    command
+        .args(args)
+        .env_remove("CUBE_MANAGER")
+        .env_remove("CUBE_CONFIG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.output().expect("run cube");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
