@@ -7,7 +7,8 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, Visitor};
 
-const ACCEPTED_FORMS: &str = r#"write cores as a number (0.5, 2) or a string ("0.5", "2", or "500m" for millicores)"#;
+const ACCEPTED_FORMS: &str =
+    r#"write cores as a number (0.5, 2) or a string ("0.5", "2", or "500m" for millicores)"#;
 
 /// Parses `"0.5"`, `"2"` or `"500m"` into cores.
 pub fn parse_cpu(text: &str) -> Result<f64, String> {
@@ -16,13 +17,13 @@ pub fn parse_cpu(text: &str) -> Result<f64, String> {
         return millis
             .parse::<u64>()
             .map(|millis| millis as f64 / 1000.0)
-            .map_err(|_| {
-                format!("{text:?} is not a number of millicores: {ACCEPTED_FORMS}")
-            });
+            .map_err(|_| format!("{text:?} is not a number of millicores: {ACCEPTED_FORMS}"));
     }
     match trimmed.parse::<f64>() {
         Ok(cores) if cores.is_finite() => Ok(cores),
-        _ => Err(format!("{text:?} is not a number of cores: {ACCEPTED_FORMS}")),
+        _ => Err(format!(
+            "{text:?} is not a number of cores: {ACCEPTED_FORMS}"
+        )),
     }
 }
 

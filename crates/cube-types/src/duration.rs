@@ -17,10 +17,15 @@ pub const MAX_TASK_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
 /// [`MAX_TASK_DURATION`] as the messages write it.
 pub const MAX_TASK_DURATION_TEXT: &str = "24h";
 
+/// What [`parse_duration`] says of a duration too long for any clock; a task's field adds
+/// its own limit to it.
+const OUT_OF_RANGE: &str = "is out of range";
+
 /// The forms a duration is written in, for messages.
 const ACCEPTED_FORMS: &str = r#""500ms", "5s", "1.5s", "2m", "1h""#;
 
-/// Parses a number followed by `ms`, `s`, `m` or `h`. A bare `0` is zero.
+/// Parses a number followed by `ms`, `s`, `m` or `h`, to the nearest millisecond. A bare `0`
+/// is zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {
@@ -49,8 +54,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ));
         }
     };
-    Duration::try_from_secs_f64(value * seconds_per_unit)
-        .map_err(|_| format!("{text:?} is out of range: far longer than any wait Cube can keep"))
+    // Rounded to whole milliseconds, the precision `format_duration` writes: a duration then
+    // reads back the same after the manager sends it to a worker (`"0.3m"` is 18s, not
+    // 17.999999999s), and one too short to count (`"0.1ms"`) is plainly 0.
+    let millis = (value * seconds_per_unit * 1000.0).round();
+    if !millis.is_finite() || millis >= u64::MAX as f64 {
+        return Err(format!(
+            "{text:?} {OUT_OF_RANGE}: far longer than any wait Cube can keep"
+        ));
+    }
+    Ok(Duration::from_millis(millis as u64))
 }
 
 /// A duration for people and for [`parse_duration`]: `"500ms"`, `"2s"`, `"1.5s"`, `"0s"`.
@@ -71,8 +84,8 @@ pub mod optional {
     use std::fmt;
     use std::time::Duration;
 
-    use serde::de::{self, Deserializer, Visitor};
     use serde::Serializer;
+    use serde::de::{self, Deserializer, Visitor};
 
     pub fn serialize<S: Serializer>(
         value: &Option<Duration>,
@@ -118,7 +131,16 @@ pub mod optional {
             if text.is_empty() {
                 return Ok(None);
             }
-            super::parse_duration(text).map(Some).map_err(E::custom)
+            super::parse_duration(text).map(Some).map_err(|why| {
+                if why.contains(super::OUT_OF_RANGE) {
+                    E::custom(format!(
+                        "{why}; the limit is {}",
+                        super::MAX_TASK_DURATION_TEXT
+                    ))
+                } else {
+                    E::custom(why)
+                }
+            })
         }
 
         fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
@@ -153,6 +175,15 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_are_counted_in_whole_milliseconds() {
+        assert_eq!(parse_duration("0.3m"), Ok(Duration::from_secs(18)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("0.1ms"), Ok(Duration::ZERO));
+        let read_back = parse_duration(&format_duration(parse_duration("0.0015s").unwrap()));
+        assert_eq!(read_back, parse_duration("0.0015s"));
     }
 
     #[test]
@@ -210,7 +241,10 @@ mod tests {
 
     #[test]
     fn strings_null_and_empty_read_as_durations_or_unset() {
-        assert_eq!(read(r#"{"wait": "2m"}"#), Ok(Some(Duration::from_secs(120))));
+        assert_eq!(
+            read(r#"{"wait": "2m"}"#),
+            Ok(Some(Duration::from_secs(120)))
+        );
         assert_eq!(read(r#"{"wait": "0s"}"#), Ok(Some(Duration::ZERO)));
         assert_eq!(read(r#"{"wait": null}"#), Ok(None));
         assert_eq!(read(r#"{"wait": ""}"#), Ok(None));
@@ -224,5 +258,10 @@ mod tests {
         let err = parse_duration("99999999999999999999999999h").unwrap_err();
         assert!(err.contains("out of range"), "{err}");
         assert!(!err.contains("float"), "{err}");
+        let err = read(r#"{"wait": "3000000000000000h"}"#).unwrap_err();
+        assert!(
+            err.contains("out of range") && err.contains("the limit is 24h"),
+            "{err}"
+        );
     }
 }

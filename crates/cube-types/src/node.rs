@@ -201,13 +201,18 @@ mod tests {
 
     #[test]
     fn a_negative_or_absurd_capacity_is_named_with_its_limit() {
-        let findings = report(r#"{"Cpu": -1, "Memory": "2Gi"}"#).validate().join("\n");
+        let findings = report(r#"{"Cpu": -1, "Memory": "2Gi"}"#)
+            .validate()
+            .join("\n");
         assert!(findings.contains("Capacity.Cpu: -1 is not"), "{findings}");
         let findings = report(r#"{"Cpu": 1e308, "Memory": "2Pi", "Disk": "5Pi"}"#)
             .validate()
             .join("\n");
         assert!(findings.contains("Capacity.Cpu: "), "{findings}");
-        assert!(findings.contains("1e308 cores is more than the limit of 1024 cores"), "{findings}");
+        assert!(
+            findings.contains("1e308 cores is more than the limit of 1024 cores"),
+            "{findings}"
+        );
         assert!(findings.contains("Capacity.Memory: "), "{findings}");
         assert!(findings.contains("Capacity.Disk: "), "{findings}");
     }
@@ -215,7 +220,10 @@ mod tests {
     #[test]
     fn an_all_zero_capacity_is_refused() {
         let findings = report("{}").validate().join("\n");
-        assert!(findings.contains("Capacity: a node must offer"), "{findings}");
+        assert!(
+            findings.contains("Capacity: a node must offer"),
+            "{findings}"
+        );
     }
 
     #[test]
@@ -224,6 +232,10 @@ mod tests {
         bad.name = "w\u{7}1".into();
         assert!(bad.validate()[0].contains("U+0007"), "{:?}", bad.validate());
         bad.name = "w".repeat(300);
-        assert!(bad.validate()[0].contains("limit of 255"), "{:?}", bad.validate());
+        assert!(
+            bad.validate()[0].contains("limit of 255"),
+            "{:?}",
+            bad.validate()
+        );
     }
 }

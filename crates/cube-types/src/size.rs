@@ -43,7 +43,9 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} has an unknown unit {unit:?}: {ACCEPTED_UNITS}"))?;
     let bytes = value * multiplier;
     if !bytes.is_finite() || bytes >= U64_LIMIT {
-        return Err(format!("{text:?} is too large: more bytes than a size can hold"));
+        return Err(format!(
+            "{text:?} is too large: more bytes than a size can hold"
+        ));
     }
     if unit.is_empty() && number.contains('.') {
         return Err(format!("{text:?}: a number of bytes must be whole"));
@@ -206,7 +208,11 @@ mod tests {
 
     #[test]
     fn a_size_beyond_what_a_u64_holds_is_refused_not_saturated() {
-        assert!(parse_size("99999999999999999999999").unwrap_err().contains("too large"));
+        assert!(
+            parse_size("99999999999999999999999")
+                .unwrap_err()
+                .contains("too large")
+        );
         assert!(parse_size("20000000t").unwrap_err().contains("too large"));
     }
 
