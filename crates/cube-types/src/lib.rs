@@ -27,4 +27,4 @@ pub use event::{Submission, SubmissionError, TaskEvent};
 pub use node::{Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
-pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, RestartPolicy, Task};
+pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, Receiver, RestartPolicy, Task};
