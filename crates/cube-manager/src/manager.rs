@@ -20,7 +20,7 @@ use cube_scheduler::{
     Decision, FilterChain, NodeView, Scheduler, TaskRequest, summarize_rejections,
 };
 use cube_store::{Commit, Store, StoreError};
-use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
+use cube_types::{Health, Node, NodeReport, Receiver, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -262,14 +262,10 @@ impl Manager {
                 return Ok(Submitted::Existing(existing.clone()));
             }
             // The manager owns placement and observation: whatever the submission said
-            // about them is not the manager's to believe.
+            // about them (state, restarts, history, ...) is not the manager's to believe.
             let task = &mut event.task;
-            task.state = State::Pending;
-            task.desired_state = State::Running;
-            task.node_name.clear();
-            task.clear_observed();
+            task.clear_status(Receiver::Manager);
             task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
-            task.history.clear();
             task.record(Utc::now(), "Submitted", "");
             writes.push(
                 id,
@@ -378,8 +374,12 @@ impl Manager {
         report: NodeReport,
         source: NodeSource,
     ) -> Result<Node, ManagerError> {
-        if report.name.trim().is_empty() {
-            return Err(ManagerError::BadRequest("Name: a node needs a name".into()));
+        let findings = report.validate();
+        if !findings.is_empty() {
+            return Err(ManagerError::BadRequest(format!(
+                "invalid node report: {}",
+                findings.join("; ")
+            )));
         }
         let client = ApiClient::new(&report.address, self.config.request_timeout)
             .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;

@@ -1,8 +1,31 @@
 //! Durations as people write them: `"500ms"`, `"10s"`, `"1.5s"`, `"2m"`, `"1h"`.
+//!
+//! In a task (`HealthCheckInterval`, `HealthCheckTimeout`, `RestartDelay`, `RestartDelayMax`) a
+//! duration is a string with a unit. A bare JSON number is refused: Go's `time.Duration` would
+//! read `5` as five nanoseconds, a person means five seconds, and guessing either way runs a
+//! task that is not the one asked for. Cube writes durations as strings itself
+//! ([`format_duration`]), so the tasks a manager sends its workers never carry a bare number.
+//! Each of those fields is at most [`MAX_TASK_DURATION`] (`Task::validate` says so).
 
 use std::time::Duration;
 
-/// Parses a number followed by `ms`, `s`, `m` or `h`. A bare `0` is zero.
+/// The longest duration a task may set for a health-check interval or timeout, or a restart
+/// delay: a day. Longer waits are a slip of the unit, and far longer ones (`"3000000000000000h"`)
+/// overflow the clock arithmetic that schedules probes and restarts.
+pub const MAX_TASK_DURATION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// [`MAX_TASK_DURATION`] as the messages write it.
+pub const MAX_TASK_DURATION_TEXT: &str = "24h";
+
+/// What [`parse_duration`] says of a duration too long for any clock; a task's field adds
+/// its own limit to it.
+const OUT_OF_RANGE: &str = "is out of range";
+
+/// The forms a duration is written in, for messages.
+const ACCEPTED_FORMS: &str = r#""500ms", "5s", "1.5s", "2m", "1h""#;
+
+/// Parses a number followed by `ms`, `s`, `m` or `h`, to the nearest millisecond. A bare `0`
+/// is zero.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {
@@ -12,9 +35,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration: expected a number and a unit, e.g. \"500ms\", \"10s\", \"2m\""))?;
+    let value: f64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a duration: expected a number and a unit: {ACCEPTED_FORMS}")
+    })?;
     let seconds_per_unit = match unit {
         "ms" => 0.001,
         "s" => 1.0,
@@ -22,7 +45,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => 3600.0,
         "" => {
             return Err(format!(
-                "{text:?} has no unit: write e.g. \"{text}s\" for seconds"
+                "{text:?} has no unit: write e.g. \"{text}s\" for seconds ({ACCEPTED_FORMS})"
             ));
         }
         other => {
@@ -31,8 +54,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             ));
         }
     };
-    Duration::try_from_secs_f64(value * seconds_per_unit)
-        .map_err(|err| format!("{text:?} is out of range: {err}"))
+    // Rounded to whole milliseconds, the precision `format_duration` writes: a duration then
+    // reads back the same after the manager sends it to a worker (`"0.3m"` is 18s, not
+    // 17.999999999s), and one too short to count (`"0.1ms"`) is plainly 0.
+    let millis = (value * seconds_per_unit * 1000.0).round();
+    if !millis.is_finite() || millis >= u64::MAX as f64 {
+        return Err(format!(
+            "{text:?} {OUT_OF_RANGE}: far longer than any wait Cube can keep"
+        ));
+    }
+    Ok(Duration::from_millis(millis as u64))
 }
 
 /// A duration for people and for [`parse_duration`]: `"500ms"`, `"2s"`, `"1.5s"`, `"0s"`.
@@ -47,12 +78,14 @@ pub fn format_duration(duration: Duration) -> String {
     }
 }
 
-/// Serde helpers for `Option<Duration>` fields: written as `"500ms"`, read as such a string or
-/// as Go's `time.Duration` integer of nanoseconds; `null` is unset.
+/// Serde helpers for `Option<Duration>` fields: written as `"500ms"`, read as such a string;
+/// `null` and `""` are unset, a bare number is refused.
 pub mod optional {
+    use std::fmt;
     use std::time::Duration;
 
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::Serializer;
+    use serde::de::{self, Deserializer, Visitor};
 
     pub fn serialize<S: Serializer>(
         value: &Option<Duration>,
@@ -64,23 +97,70 @@ pub mod optional {
         }
     }
 
+    /// Reads a string with a unit; `null` and `""` are unset. A number is refused with the
+    /// forms that are accepted (see the module's doc).
     pub fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<Option<Duration>, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Written {
-            Text(String),
-            Nanoseconds(u64),
+        deserializer.deserialize_option(DurationVisitor)
+    }
+
+    /// A visitor rather than an untagged enum, so that every refusal is in Cube's words.
+    struct DurationVisitor;
+
+    impl<'de> Visitor<'de> for DurationVisitor {
+        type Value = Option<Duration>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a duration with a unit: {}", super::ACCEPTED_FORMS)
         }
-        Ok(match Option::<Written>::deserialize(deserializer)? {
-            None => None,
-            Some(Written::Nanoseconds(nanos)) => Some(Duration::from_nanos(nanos)),
-            Some(Written::Text(text)) if text.is_empty() => None,
-            Some(Written::Text(text)) => {
-                Some(super::parse_duration(&text).map_err(serde::de::Error::custom)?)
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_any(self)
+        }
+
+        fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            if text.is_empty() {
+                return Ok(None);
             }
-        })
+            super::parse_duration(text).map(Some).map_err(|why| {
+                if why.contains(super::OUT_OF_RANGE) {
+                    E::custom(format!(
+                        "{why}; the limit is {}",
+                        super::MAX_TASK_DURATION_TEXT
+                    ))
+                } else {
+                    E::custom(why)
+                }
+            })
+        }
+
+        fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+            Err(bare_number(value))
+        }
+
+        fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+            Err(bare_number(value))
+        }
+
+        fn visit_f64<E: de::Error>(self, value: f64) -> Result<Self::Value, E> {
+            Err(bare_number(value))
+        }
+    }
+
+    fn bare_number<E: de::Error>(value: impl fmt::Display) -> E {
+        E::custom(format!(
+            "{value} is a bare number; write a duration with a unit: {}",
+            super::ACCEPTED_FORMS
+        ))
     }
 }
 
@@ -95,6 +175,15 @@ mod tests {
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+    }
+
+    #[test]
+    fn durations_are_counted_in_whole_milliseconds() {
+        assert_eq!(parse_duration("0.3m"), Ok(Duration::from_secs(18)));
+        assert_eq!(parse_duration("1.5ms"), Ok(Duration::from_millis(2)));
+        assert_eq!(parse_duration("0.1ms"), Ok(Duration::ZERO));
+        let read_back = parse_duration(&format_duration(parse_duration("0.0015s").unwrap()));
+        assert_eq!(read_back, parse_duration("0.0015s"));
     }
 
     #[test]
@@ -117,6 +206,62 @@ mod tests {
             parse_duration("soon")
                 .unwrap_err()
                 .contains("not a duration")
+        );
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Holder {
+        #[serde(default, with = "optional")]
+        wait: Option<Duration>,
+    }
+
+    fn read(json: &str) -> Result<Option<Duration>, String> {
+        serde_json::from_str::<Holder>(json)
+            .map(|holder| holder.wait)
+            .map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn a_bare_integer_is_refused_with_the_accepted_forms() {
+        let err = read(r#"{"wait": 5}"#).unwrap_err();
+        assert!(
+            err.starts_with("5 is a bare number; write a duration with a unit: \"500ms\""),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bare_float_is_refused_in_cubes_words_not_serdes() {
+        let err = read(r#"{"wait": 1.5}"#).unwrap_err();
+        assert!(err.starts_with("1.5 is a bare number"), "{err}");
+        assert!(!err.contains("untagged"), "{err}");
+        let err = read(r#"{"wait": -3}"#).unwrap_err();
+        assert!(err.starts_with("-3 is a bare number"), "{err}");
+    }
+
+    #[test]
+    fn strings_null_and_empty_read_as_durations_or_unset() {
+        assert_eq!(
+            read(r#"{"wait": "2m"}"#),
+            Ok(Some(Duration::from_secs(120)))
+        );
+        assert_eq!(read(r#"{"wait": "0s"}"#), Ok(Some(Duration::ZERO)));
+        assert_eq!(read(r#"{"wait": null}"#), Ok(None));
+        assert_eq!(read(r#"{"wait": ""}"#), Ok(None));
+        assert_eq!(read(r#"{}"#), Ok(None));
+        let err = read(r#"{"wait": true}"#).unwrap_err();
+        assert!(err.contains("a duration with a unit"), "{err}");
+    }
+
+    #[test]
+    fn a_duration_too_long_for_any_clock_is_refused_in_cubes_words() {
+        let err = parse_duration("99999999999999999999999999h").unwrap_err();
+        assert!(err.contains("out of range"), "{err}");
+        assert!(!err.contains("float"), "{err}");
+        let err = read(r#"{"wait": "3000000000000000h"}"#).unwrap_err();
+        assert!(
+            err.contains("out of range") && err.contains("the limit is 24h"),
+            "{err}"
         );
     }
 }

@@ -42,8 +42,11 @@ pub struct Submission {
 
 impl Submission {
     /// Reads a `POST /tasks` body: a `TaskEvent` as in the book (`{"ID", "State", "Task"}`)
-    /// or a bare `Task`. The task is normalized ([`Task::normalize`]) and validated; the
-    /// event's and the task's IDs are generated when missing, and its time set when missing.
+    /// or a bare `Task`. The task is validated ([`Task::validate`]) and normalized
+    /// ([`Task::normalize`]); the event's and the task's IDs are generated when missing, and
+    /// its time set when missing. A stop (`State` 3, `Completed`) needs the task's ID and
+    /// nothing else. Status fields in the task (`State`, `RestartCount`, `History`, ...) are
+    /// read and left for the receiver to clear ([`Task::clear_status`]).
     pub fn parse(body: &[u8], now: DateTime<Utc>) -> Result<Submission, SubmissionError> {
         let probe: serde_json::Value =
             serde_json::from_slice(body).map_err(|err| SubmissionError::Syntax(err.to_string()))?;
@@ -64,9 +67,21 @@ impl Submission {
                 task,
             }
         };
-        let findings = event.task.validate();
-        if !findings.is_empty() {
-            return Err(SubmissionError::Invalid(findings));
+        if event.state == State::Completed {
+            // A stop names a task that exists; nothing else of the `Task` is read, so it is
+            // not validated, and an ID generated here would name no task at all.
+            if event.task.id.is_nil() {
+                return Err(SubmissionError::Field(
+                    "Task.ID: a TaskEvent with State 3 (Completed) stops a task and needs the \
+                     task's ID"
+                        .to_string(),
+                ));
+            }
+        } else {
+            let findings = event.task.validate();
+            if !findings.is_empty() {
+                return Err(SubmissionError::Invalid(findings));
+            }
         }
         event.task.normalize();
         if event.id.is_nil() {
@@ -83,12 +98,65 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SubmissionEr
     serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
+        let message = suggest_field(&inner.to_string());
         if path == "." || path.is_empty() {
-            SubmissionError::Field(inner.to_string())
+            SubmissionError::Field(message)
         } else {
-            SubmissionError::Field(format!("{path}: {inner}"))
+            SubmissionError::Field(format!("{path}: {message}"))
         }
     })
+}
+
+/// Serde's "unknown field `image`, expected one of `ID`, `Image`, ..." with the list replaced
+/// by the field the writer most likely meant, when there is one: the same name in another
+/// case, or one within two edits (`Memmory` → `Memory`). Any other message is returned as it
+/// is.
+fn suggest_field(message: &str) -> String {
+    let Some(rest) = message.strip_prefix("unknown field `") else {
+        return message.to_string();
+    };
+    let Some((unknown, rest)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let Some(expected_at) = rest.find("expected") else {
+        return message.to_string();
+    };
+    let (expected, location) = match rest.rfind(" at line ") {
+        Some(at) if at > expected_at => (&rest[expected_at..at], &rest[at..]),
+        _ => (&rest[expected_at..], ""),
+    };
+    let known: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+    let lower = unknown.to_lowercase();
+    let same_but_case = known.iter().find(|name| name.to_lowercase() == lower);
+    let nearest = || {
+        known
+            .iter()
+            .map(|name| (edit_distance(&name.to_lowercase(), &lower), name))
+            .filter(|(distance, _)| *distance <= 2)
+            .min_by_key(|(distance, _)| *distance)
+            .map(|(_, name)| name)
+    };
+    match same_but_case.or_else(nearest) {
+        Some(suggestion) => {
+            format!("unknown field `{unknown}`; did you mean `{suggestion}`?{location}")
+        }
+        None => message.to_string(),
+    }
+}
+
+/// Levenshtein distance: the fewest insertions, deletions and substitutions from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
 }
 
 fn json_kind(value: &serde_json::Value) -> &'static str {
@@ -171,5 +239,66 @@ mod tests {
         ));
         let err = parse("[1, 2]").unwrap_err();
         assert!(err.to_string().contains("found an array"), "{err}");
+    }
+
+    #[test]
+    fn a_field_in_the_wrong_case_suggests_the_right_one() {
+        let err = parse(r#"{"State": 2, "Task": {"image": "x"}}"#).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("Task.image: unknown field `image`; did you mean `Image`?"),
+            "{text}"
+        );
+        assert!(!text.contains("expected one of"), "{text}");
+    }
+
+    #[test]
+    fn a_misspelt_field_suggests_the_nearest_one() {
+        let err = parse(r#"{"Image": "x", "Memmory": "1Gi"}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("Memmory: unknown field `Memmory`; did you mean `Memory`?"),
+            "{err}"
+        );
+        let err = parse(r#"{"image": "x", "HealthCheckIntervall": "1s"}"#).unwrap_err();
+        assert!(err.to_string().contains("did you mean `Image`?"), "{err}");
+        let err = parse(r#"{"Image": "x", "Colour": "red"}"#).unwrap_err();
+        assert!(err.to_string().contains("expected one of"), "{err}");
+    }
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("memory", "memmory"), 1);
+        assert_eq!(edit_distance("cpu", "cpus"), 1);
+        assert_eq!(edit_distance("env", "cmd"), 3);
+        assert_eq!(edit_distance("", "ab"), 2);
+    }
+
+    #[test]
+    fn a_stop_without_a_task_id_says_that_a_stop_needs_one() {
+        let err = parse(r#"{"State": 3, "Task": {"Image": "x"}}"#).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("Task.ID: a TaskEvent with State 3 (Completed) stops a task"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_stop_with_an_id_needs_nothing_else() {
+        let id = Uuid::new_v4();
+        let event = parse(&format!(r#"{{"State": 3, "Task": {{"ID": "{id}"}}}}"#)).unwrap();
+        assert_eq!(event.state, State::Completed);
+        assert_eq!(event.task.id, id);
+    }
+
+    #[test]
+    fn status_fields_in_a_submission_are_read_not_refused() {
+        let event = parse(
+            r#"{"Image": "x", "State": "Failed", "RestartCount": 7, "FailureStreak": 3,
+                "History": [{"Time": "2026-01-01T00:00:00Z", "Event": "Running"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(event.task.restart_count, 7);
     }
 }

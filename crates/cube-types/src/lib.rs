@@ -3,13 +3,15 @@
 //! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
 //! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker),
 //! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
-//! [`size`] (byte sizes with units), [`error`] (the error body every API returns),
+//! [`size`] (byte sizes with units), [`cpu`] (cores, also as millicores), [`duration`]
+//! (durations with units), [`error`] (the error body every API returns),
 //! [`time`] (RFC 3339 times where the Go zero time means "unset").
 //!
 //! This crate does no IO. It knows the JSON field names (`PascalCase`, after the book and
 //! Nomad's API) so that every API crate agrees on them; the validation of submitted tasks lives
 //! here too, so that a manager and a worker reject the same input with the same words.
 
+pub mod cpu;
 pub mod duration;
 pub mod error;
 pub mod event;
@@ -25,4 +27,4 @@ pub use event::{Submission, SubmissionError, TaskEvent};
 pub use node::{Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
-pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, RestartPolicy, Task};
+pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, Receiver, RestartPolicy, Task};

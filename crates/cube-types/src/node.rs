@@ -7,12 +7,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::stats::Stats;
 
+/// The most CPU a task may ask for or a node offer: 1,024 cores, more than any one machine
+/// has. The limit is there to refuse a slip (`1e300`), not to size machines.
+pub const MAX_CPU_CORES: f64 = 1024.0;
+/// The most memory a task may ask for or a node offer: 1 PiB (2^50 bytes), far above any one
+/// machine, and far below where sums of many tasks' memory could overflow a `u64`.
+pub const MAX_MEMORY_BYTES: u64 = 1 << 50;
+/// The most disk a task may ask for or a node offer: 1 PiB (2^50 bytes), for the same reasons.
+pub const MAX_DISK_BYTES: u64 = 1 << 50;
+
 /// An amount of each resource the scheduler counts: CPU in cores, memory and disk in bytes.
-/// Sizes also read as strings with units (`"2GiB"`).
+/// Sizes also read as strings with units (`"2GiB"`, see [`crate::size`]), CPU as `"500m"`
+/// (see [`crate::cpu`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Resources {
-    #[serde(rename = "Cpu", default)]
+    #[serde(
+        rename = "Cpu",
+        default,
+        deserialize_with = "crate::cpu::deserialize_cpu"
+    )]
     pub cpu: f64,
     #[serde(
         rename = "Memory",
@@ -26,6 +40,46 @@ pub struct Resources {
         deserialize_with = "crate::size::deserialize_size"
     )]
     pub disk: u64,
+}
+
+impl Resources {
+    /// What is out of range, each finding naming its field after `prefix` (`"Capacity."` for a
+    /// node, `""` for a task): CPU finite and 0 to [`MAX_CPU_CORES`], memory and disk at most
+    /// [`MAX_MEMORY_BYTES`] and [`MAX_DISK_BYTES`].
+    pub fn findings(&self, prefix: &str) -> Vec<String> {
+        let mut findings = Vec::new();
+        if !self.cpu.is_finite() || self.cpu < 0.0 {
+            findings.push(format!(
+                "{prefix}Cpu: {} is not a number of cores >= 0",
+                show_number(self.cpu)
+            ));
+        } else if self.cpu > MAX_CPU_CORES {
+            findings.push(format!(
+                "{prefix}Cpu: {} cores is more than the limit of {MAX_CPU_CORES} cores",
+                show_number(self.cpu)
+            ));
+        }
+        for (field, bytes, limit) in [
+            ("Memory", self.memory, MAX_MEMORY_BYTES),
+            ("Disk", self.disk, MAX_DISK_BYTES),
+        ] {
+            if bytes > limit {
+                findings.push(format!(
+                    "{prefix}{field}: {bytes} bytes is more than the limit of {limit} bytes (1 PiB)"
+                ));
+            }
+        }
+        findings
+    }
+}
+
+/// A number as a message shows it: `1e300` rather than its 301 digits.
+pub(crate) fn show_number(value: f64) -> String {
+    if value.abs() >= 1e9 {
+        format!("{value:e}")
+    } else {
+        value.to_string()
+    }
 }
 
 /// Whether the scheduler may place work on a node.
@@ -68,6 +122,43 @@ pub struct NodeReport {
     pub stats: Option<Stats>,
 }
 
+/// The longest node name the manager takes.
+pub const MAX_NODE_NAME_CHARS: usize = 255;
+
+impl NodeReport {
+    /// Everything wrong with the report, each finding naming its field: a name (at most
+    /// [`MAX_NODE_NAME_CHARS`], no control characters), an address, and a capacity in range
+    /// that offers something (a node with no CPU, memory or disk at all can run nothing, and
+    /// is more likely a worker that could not read its machine than one meant to be empty).
+    pub fn validate(&self) -> Vec<String> {
+        let mut findings = Vec::new();
+        if self.name.trim().is_empty() {
+            findings.push("Name: a node needs a name".to_string());
+        } else if self.name.chars().count() > MAX_NODE_NAME_CHARS {
+            findings.push(format!(
+                "Name: {} characters is more than the limit of {MAX_NODE_NAME_CHARS}",
+                self.name.chars().count()
+            ));
+        } else if let Some(control) = self.name.chars().find(|c| c.is_control()) {
+            findings.push(format!(
+                "Name: contains a control character (U+{:04X})",
+                u32::from(control)
+            ));
+        }
+        if self.address.trim().is_empty() {
+            findings.push("Address: a node needs the address of its API".to_string());
+        }
+        findings.extend(self.capacity.findings("Capacity."));
+        let capacity = self.capacity;
+        if capacity.cpu == 0.0 && capacity.memory == 0 && capacity.disk == 0 {
+            findings.push(
+                "Capacity: a node must offer some Cpu, Memory or Disk; all three are 0".to_string(),
+            );
+        }
+        findings
+    }
+}
+
 /// The manager's view of a node, as `GET /nodes` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,4 +193,62 @@ pub struct Node {
     /// How the node joined: `registered` (it called in) or `static` (the manager's `-w`).
     #[serde(rename = "Source", default)]
     pub source: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(capacity: &str) -> NodeReport {
+        serde_json::from_str(&format!(
+            r#"{{"Name": "w1", "Address": "http://127.0.0.1:1", "Capacity": {capacity}}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_reasonable_report_has_no_findings() {
+        let findings = report(r#"{"Cpu": "500m", "Memory": "2Gi", "Disk": "100G"}"#).validate();
+        assert!(findings.is_empty(), "{findings:?}");
+    }
+
+    #[test]
+    fn a_negative_or_absurd_capacity_is_named_with_its_limit() {
+        let findings = report(r#"{"Cpu": -1, "Memory": "2Gi"}"#)
+            .validate()
+            .join("\n");
+        assert!(findings.contains("Capacity.Cpu: -1 is not"), "{findings}");
+        let findings = report(r#"{"Cpu": 1e308, "Memory": "2Pi", "Disk": "5Pi"}"#)
+            .validate()
+            .join("\n");
+        assert!(findings.contains("Capacity.Cpu: "), "{findings}");
+        assert!(
+            findings.contains("1e308 cores is more than the limit of 1024 cores"),
+            "{findings}"
+        );
+        assert!(findings.contains("Capacity.Memory: "), "{findings}");
+        assert!(findings.contains("Capacity.Disk: "), "{findings}");
+    }
+
+    #[test]
+    fn an_all_zero_capacity_is_refused() {
+        let findings = report("{}").validate().join("\n");
+        assert!(
+            findings.contains("Capacity: a node must offer"),
+            "{findings}"
+        );
+    }
+
+    #[test]
+    fn a_node_name_with_a_control_character_or_too_long_is_refused() {
+        let mut bad = report(r#"{"Cpu": 1}"#);
+        bad.name = "w\u{7}1".into();
+        assert!(bad.validate()[0].contains("U+0007"), "{:?}", bad.validate());
+        bad.name = "w".repeat(300);
+        assert!(
+            bad.validate()[0].contains("limit of 255"),
+            "{:?}",
+            bad.validate()
+        );
+    }
 }

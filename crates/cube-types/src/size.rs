@@ -1,13 +1,34 @@
 //! Sizes as people write them: plain bytes (`536870912`) or a number and a unit (`512MiB`,
-//! `2GiB`, `1.5GB`). Binary units (`KiB`, `MiB`, `GiB`, `TiB`) count in 1024s, decimal ones
-//! (`KB`, `MB`, `GB`, `TB`) in 1000s, as Docker and Kubernetes do; `B` is bytes.
+//! `2Gi`, `512m`, `1.5GB`). Docker and Kubernetes disagree on what a single letter means, so
+//! Cube reads each spelling as the tool that uses it does:
+//!
+//! | written | means | as in |
+//! |---|---|---|
+//! | `B`, `b`, or no unit | bytes | |
+//! | `b` `k` `m` `g` `t` `p` (lowercase letter) | powers of 1024 | Docker: `docker run -m 512m` |
+//! | `Ki` `Mi` `Gi` `Ti` `Pi` | powers of 1024 | Kubernetes: `memory: 512Mi` |
+//! | `K` `M` `G` `T` `P` (uppercase letter) | powers of 1000 | Kubernetes: `memory: 512M` |
+//! | `KiB` `MiB` `GiB` `TiB` `PiB` | powers of 1024 | IEC |
+//! | `KB` `MB` `GB` `TB` `PB` | powers of 1000 | SI |
+//!
+//! Only the single letters are case-sensitive (`mib`, `MiB` and `MIB` all mean 2^20; `mb` and
+//! `MB` both 10^6). Kubernetes' lowercase `m` means *milli*, which no one means of bytes, so
+//! `512m` is Docker's 512 MiB; and `512M` is Kubernetes' 512 x 10^6 bytes, about 5% less than
+//! Docker's reading of the same text. Sizes are bytes in a `u64`; how large a task or node may
+//! declare is checked by validation (`node::MAX_MEMORY_BYTES`, `node::MAX_DISK_BYTES`).
 
 use std::fmt;
 
 use serde::de::{self, Deserializer, Visitor};
 
-/// Parses a size into bytes. Units are case-sensitive only where it matters to nobody: `mib`,
-/// `MiB` and `MIB` all mean 2^20; `k`/`m`/`g` alone are refused as ambiguous.
+/// 2^64 as a float: the first value a `u64` cannot hold (`u64::MAX as f64` rounds up to it).
+const U64_LIMIT: f64 = 18_446_744_073_709_551_616.0;
+
+const ACCEPTED_UNITS: &str = "use bytes, Docker's b, k, m, g, t (powers of 1024), \
+     Kubernetes' Ki, Mi, Gi, Ti (powers of 1024) or K, M, G, T (powers of 1000), \
+     or KiB, MiB, GiB, TiB (1024) and KB, MB, GB, TB (1000)";
+
+/// Parses a size into bytes, with the units in the module's table.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
     let split = trimmed
@@ -16,33 +37,53 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let (number, unit) = trimmed.split_at(split);
     let unit = unit.trim();
     let value: f64 = number.parse().map_err(|_| {
-        format!("{text:?} is not a size: expected bytes or a number and a unit, e.g. \"512MiB\", \"2GiB\", \"1.5GB\"")
+        format!("{text:?} is not a size: expected bytes or a number and a unit, e.g. \"512MiB\", \"512Mi\", \"512m\", \"2GiB\"")
     })?;
-    let multiplier: f64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
-        _ => {
-            return Err(format!(
-                "{text:?} has an unknown unit {unit:?}: use B, KB, MB, GB, TB (powers of 1000) \
-                 or KiB, MiB, GiB, TiB (powers of 1024)"
-            ));
-        }
-    };
+    let multiplier = unit_multiplier(unit)
+        .ok_or_else(|| format!("{text:?} has an unknown unit {unit:?}: {ACCEPTED_UNITS}"))?;
     let bytes = value * multiplier;
-    if !bytes.is_finite() || bytes >= u64::MAX as f64 {
-        return Err(format!("{text:?} is too large"));
+    if !bytes.is_finite() || bytes >= U64_LIMIT {
+        return Err(format!(
+            "{text:?} is too large: more bytes than a size can hold"
+        ));
     }
     if unit.is_empty() && number.contains('.') {
         return Err(format!("{text:?}: a number of bytes must be whole"));
     }
     Ok(bytes.round() as u64)
+}
+
+/// Bytes per unit, after the module's table; `None` for a unit Cube does not know.
+fn unit_multiplier(unit: &str) -> Option<f64> {
+    const POWERS: [char; 5] = ['k', 'm', 'g', 't', 'p'];
+    let power_of = |letter: char| {
+        POWERS
+            .iter()
+            .position(|known| *known == letter.to_ascii_lowercase())
+            .map(|index| index as i32 + 1)
+    };
+    let mut chars = unit.chars();
+    match (chars.next(), chars.next(), chars.next(), chars.next()) {
+        (None, ..) => Some(1.0),
+        (Some('b' | 'B'), None, ..) => Some(1.0),
+        // One letter: lowercase is Docker's (binary), uppercase Kubernetes' (decimal).
+        (Some(letter), None, ..) => {
+            let power = power_of(letter)?;
+            Some(if letter.is_ascii_lowercase() {
+                1024f64.powi(power)
+            } else {
+                1000f64.powi(power)
+            })
+        }
+        // `Ki`, `Mi`, ...: Kubernetes' binary units; `KB`, `MB`, ...: decimal.
+        (Some(letter), Some('i' | 'I'), None, ..) => Some(1024f64.powi(power_of(letter)?)),
+        (Some(letter), Some('b' | 'B'), None, ..) => Some(1000f64.powi(power_of(letter)?)),
+        // `KiB`, `MiB`, ...: binary.
+        (Some(letter), Some('i' | 'I'), Some('b' | 'B'), None) => {
+            Some(1024f64.powi(power_of(letter)?))
+        }
+        _ => None,
+    }
 }
 
 /// A size for people: `512.0 MiB`, `2.0 GiB`, `900 B`.
@@ -78,7 +119,13 @@ pub fn deserialize_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u6
                 .map_err(|_| E::custom(format!("{value} is negative; a size is bytes >= 0")))
         }
         fn visit_f64<E: de::Error>(self, value: f64) -> Result<u64, E> {
-            if value.is_finite() && value >= 0.0 && value.fract() == 0.0 {
+            // serde_json reads an integer too large for a u64 as a float: refuse it rather
+            // than let `as` saturate it to 2^64 - 1.
+            if value >= U64_LIMIT {
+                Err(E::custom(format!(
+                    "{value} is too large: more bytes than a size can hold"
+                )))
+            } else if value.is_finite() && value >= 0.0 && value.fract() == 0.0 {
                 Ok(value as u64)
             } else {
                 Err(E::custom(format!("{value} is not a whole number of bytes")))
@@ -104,6 +151,8 @@ pub fn deserialize_size<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u6
 mod tests {
     use super::*;
 
+    const MIB: u64 = 1024 * 1024;
+
     #[test]
     fn sizes_read_as_bytes_or_with_units() {
         assert_eq!(parse_size("536870912"), Ok(536_870_912));
@@ -117,9 +166,54 @@ mod tests {
     #[test]
     fn bad_sizes_say_what_is_wrong() {
         assert!(parse_size("lots").unwrap_err().contains("not a size"));
-        assert!(parse_size("5M").unwrap_err().contains("unknown unit \"M\""));
+        assert!(parse_size("5X").unwrap_err().contains("unknown unit \"X\""));
+        assert!(parse_size("5Mx").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("5Bi").unwrap_err().contains("unknown unit"));
         assert!(parse_size("1.5").unwrap_err().contains("whole"));
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn dockers_lowercase_letters_are_powers_of_1024() {
+        assert_eq!(parse_size("1b"), Ok(1));
+        assert_eq!(parse_size("100k"), Ok(100 * 1024));
+        assert_eq!(parse_size("512m"), Ok(512 * MIB));
+        assert_eq!(parse_size("1g"), Ok(1024 * MIB));
+        assert_eq!(parse_size("1t"), Ok(1024 * 1024 * MIB));
+    }
+
+    #[test]
+    fn kubernetes_binary_units_are_powers_of_1024() {
+        assert_eq!(parse_size("1Ki"), Ok(1024));
+        assert_eq!(parse_size("512Mi"), Ok(512 * MIB));
+        assert_eq!(parse_size("2Gi"), Ok(2048 * MIB));
+        assert_eq!(parse_size("1Ti"), Ok(1024 * 1024 * MIB));
+    }
+
+    #[test]
+    fn kubernetes_uppercase_letters_are_powers_of_1000() {
+        assert_eq!(parse_size("512M"), Ok(512_000_000));
+        assert_eq!(parse_size("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_size("2K"), Ok(2000));
+        assert_eq!(parse_size("1T"), Ok(1_000_000_000_000));
+    }
+
+    #[test]
+    fn spelled_out_units_keep_their_meaning_in_any_case() {
+        assert_eq!(parse_size("512MB"), Ok(512_000_000));
+        assert_eq!(parse_size("512mb"), Ok(512_000_000));
+        assert_eq!(parse_size("512MIB"), Ok(512 * MIB));
+        assert_eq!(parse_size("1.5GiB"), Ok(1536 * MIB));
+    }
+
+    #[test]
+    fn a_size_beyond_what_a_u64_holds_is_refused_not_saturated() {
+        assert!(
+            parse_size("99999999999999999999999")
+                .unwrap_err()
+                .contains("too large")
+        );
+        assert!(parse_size("20000000t").unwrap_err().contains("too large"));
     }
 
     #[test]
@@ -147,5 +241,8 @@ mod tests {
                 .contains("negative")
         );
         assert!(read(r#"{"size": "9 parsecs"}"#).is_err());
+        assert_eq!(read(r#"{"size": 5e9}"#).unwrap(), 5_000_000_000);
+        let err = read(r#"{"size": 99999999999999999999999}"#).unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
     }
 }

@@ -11,14 +11,30 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::duration::{MAX_TASK_DURATION, MAX_TASK_DURATION_TEXT, format_duration};
+use crate::node::Resources;
 use crate::state::State;
 
 /// Docker refuses a memory limit under 6 MiB; Cube says so before accepting the task.
 pub const MIN_MEMORY_BYTES: u64 = 6 * 1024 * 1024;
 
+/// The longest task name Cube takes (it becomes part of a container's name).
+pub const MAX_NAME_CHARS: usize = 255;
+
+/// Docker's longest image name (the repository, without tag or digest).
+pub const MAX_IMAGE_NAME_CHARS: usize = 255;
+
 /// A task. Field names on the wire are the book's (`PascalCase`); `NodeName`, `DesiredState`,
-/// `ExitCode` and `Error` are Cube's. Units: `Cpu` in cores, `Memory` and `Disk` in bytes (also
-/// read as strings with units, `"512MiB"`).
+/// `ExitCode` and `Error` are Cube's. Units: `Cpu` in cores (also `"500m"`), `Memory` and `Disk`
+/// in bytes (also read as strings with units, `"512MiB"`, `"512Mi"`, `"512m"`: see
+/// [`crate::size`]), durations as strings with a unit (`"5s"`: see [`crate::duration`]).
+///
+/// The fields are of two kinds, listed in one place, [`Task::clear_status`]: the **spec**, what
+/// the user asked for (compared by [`Task::spec_differences`]), and the **status**, what Cube
+/// observed or decided (`State`, `ContainerID`, `HostPorts`, times, `ExitCode`, `Error`,
+/// `Health`, `HealthFailures`, `NodeName`, `RestartCount`, `FailureStreak`, `PendingReason`,
+/// `History`). A submission may carry status fields (the book's files carry `State` and zero
+/// values), and they are read, then ignored: the receiver clears them.
 ///
 /// Collections and strings also accept `null` (what Go writes for an empty slice or map), so
 /// that a task written by the book's Go code reads unchanged.
@@ -39,7 +55,11 @@ pub struct Task {
     #[serde(rename = "Image", default, deserialize_with = "null_as_default")]
     pub image: String,
     /// CPU cores the container may use (Docker's `NanoCpus` / 1e9); 0 means no limit.
-    #[serde(rename = "Cpu", default, deserialize_with = "null_as_default")]
+    #[serde(
+        rename = "Cpu",
+        default,
+        deserialize_with = "crate::cpu::deserialize_cpu"
+    )]
     pub cpu: f64,
     /// Memory limit in bytes; 0 means no limit.
     #[serde(
@@ -314,6 +334,16 @@ pub struct HostBinding {
     pub host_port: String,
 }
 
+/// Who takes a submitted task, for [`Task::clear_status`]: each believes a different part
+/// of what it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Receiver {
+    /// The manager, sent a task by a user: only the spec is the user's to say.
+    Manager,
+    /// A worker, sent a task by the manager: the run number is the manager's to say too.
+    Worker,
+}
+
 /// Docker's restart vocabulary. Cube, not Docker, carries it out: Docker's own restart policy
 /// is never set on a container. The empty string (the book's default) means `no`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -430,9 +460,9 @@ impl Task {
         }
     }
 
-    /// Forgets what was observed of the task (container, ports, times, exit, errors): what a
-    /// manager or a worker does with a submitted task, whose observed state is not the
-    /// submitter's to say.
+    /// Forgets what a worker observed of the task's last run (container, ports, times, exit,
+    /// error, health; the manager's reason for not placing it): what a restart starts from.
+    /// Part of [`Task::clear_status`], which lists every field.
     pub fn clear_observed(&mut self) {
         self.container_id.clear();
         self.host_ports.clear();
@@ -446,6 +476,156 @@ impl Task {
         self.next_restart = None;
         self.dispatch_error = None;
         self.next_attempt = None;
+    }
+
+    /// Keeps only what a submitter may say of a task: the spec. Whatever status the
+    /// submission carried is ignored, not refused (the book's task files carry `State` and
+    /// zero values), by resetting it here. This is the one list of which field is whose.
+    ///
+    /// The manager clears every status field. A worker is sent tasks by the manager, and
+    /// keeps what the manager owns and the worker needs: `RestartCount`, the run number that
+    /// tells a new run from the last, and `CreatedTime`. It drops the manager's `History`,
+    /// `FailureStreak` and `PendingReason`: the manager keeps them and never reads a worker's
+    /// copy back, so a copy there would only go stale. `NodeName` the worker writes itself.
+    pub fn clear_status(&mut self, receiver: Receiver) {
+        // Every field, by whose it is. The pattern has no `..`: a new field does not compile
+        // until it is placed here (and, if it is spec, in `spec_differences`).
+        let Task {
+            // The spec: the user's. Kept.
+            id: _,
+            name: _,
+            image: _,
+            cpu: _,
+            memory: _,
+            disk: _,
+            env: _,
+            cmd: _,
+            exposed_ports: _,
+            port_bindings: _,
+            restart_policy: _,
+            health_check: _,
+            health_check_type: _,
+            health_check_interval: _,
+            health_check_timeout: _,
+            health_check_retries: _,
+            max_restarts: _,
+            restart_delay: _,
+            restart_delay_max: _,
+            // What a worker observes of one run: `clear_observed`.
+            container_id: _,
+            host_ports: _,
+            start_time: _,
+            finish_time: _,
+            exit_code: _,
+            error: _,
+            health: _,
+            health_failures: _,
+            pending_reason: _,
+            // What the manager decides and records.
+            state: _,
+            desired_state: _,
+            node_name: _,
+            failure_streak: _,
+            history: _,
+            // The manager's, and kept by a worker.
+            restart_count: _,
+            created_time: _,
+        } = self;
+        self.clear_observed();
+        self.state = State::Pending;
+        self.desired_state = State::Running;
+        self.node_name.clear();
+        self.failure_streak = 0;
+        self.history.clear();
+        if receiver == Receiver::Manager {
+            self.restart_count = 0;
+            self.created_time = None;
+        }
+    }
+
+    /// The wire names of the spec fields in which `other` differs from `self`, in the order
+    /// of the task's fields; empty when they ask for the same thing. Compare tasks as
+    /// submissions are stored, both normalized ([`Task::normalize`]): `"7777"` and
+    /// `"7777/tcp"` are the same port only once written one way. The ID is not compared.
+    pub fn spec_differences(&self, other: &Task) -> Vec<&'static str> {
+        // No `..`: a new spec field does not compile until it is compared here.
+        let Task {
+            id: _,
+            name,
+            image,
+            cpu,
+            memory,
+            disk,
+            env,
+            cmd,
+            exposed_ports,
+            port_bindings,
+            restart_policy,
+            health_check,
+            health_check_type,
+            health_check_interval,
+            health_check_timeout,
+            health_check_retries,
+            max_restarts,
+            restart_delay,
+            restart_delay_max,
+            container_id: _,
+            host_ports: _,
+            start_time: _,
+            finish_time: _,
+            exit_code: _,
+            error: _,
+            health: _,
+            health_failures: _,
+            pending_reason: _,
+            state: _,
+            desired_state: _,
+            node_name: _,
+            failure_streak: _,
+            history: _,
+            restart_count: _,
+            created_time: _,
+        } = self;
+        let compared = [
+            ("Name", *name == other.name),
+            ("Image", *image == other.image),
+            ("Cpu", *cpu == other.cpu),
+            ("Memory", *memory == other.memory),
+            ("Disk", *disk == other.disk),
+            ("Env", *env == other.env),
+            ("Cmd", *cmd == other.cmd),
+            ("ExposedPorts", *exposed_ports == other.exposed_ports),
+            ("PortBindings", *port_bindings == other.port_bindings),
+            ("RestartPolicy", *restart_policy == other.restart_policy),
+            ("HealthCheck", *health_check == other.health_check),
+            (
+                "HealthCheckType",
+                *health_check_type == other.health_check_type,
+            ),
+            (
+                "HealthCheckInterval",
+                *health_check_interval == other.health_check_interval,
+            ),
+            (
+                "HealthCheckTimeout",
+                *health_check_timeout == other.health_check_timeout,
+            ),
+            (
+                "HealthCheckRetries",
+                *health_check_retries == other.health_check_retries,
+            ),
+            ("MaxRestarts", *max_restarts == other.max_restarts),
+            ("RestartDelay", *restart_delay == other.restart_delay),
+            (
+                "RestartDelayMax",
+                *restart_delay_max == other.restart_delay_max,
+            ),
+        ];
+        compared
+            .into_iter()
+            .filter(|(_, same)| !same)
+            .map(|(field, _)| field)
+            .collect()
     }
 
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
@@ -481,17 +661,21 @@ impl Task {
         self.exposed_ports.extend(bound);
     }
 
-    /// Everything wrong with the task as submitted, each finding naming its field.
+    /// Everything wrong with the task as submitted, each finding naming its field (and the
+    /// index in a list, `Cmd[1]`) and, for a number out of range, the limit. The one
+    /// validation of a submission: the CLI, the manager and the worker all run it (through
+    /// [`crate::Submission::parse`]), so all three refuse the same task with the same words.
     pub fn validate(&self) -> Vec<String> {
         let mut findings = Vec::new();
-        if self.image.trim().is_empty() {
-            findings.push("Image: missing image name".to_string());
-        } else if self.image.chars().any(char::is_whitespace) {
-            findings.push(format!("Image: {:?} contains white space", self.image));
-        }
-        if !self.cpu.is_finite() || self.cpu < 0.0 {
-            findings.push(format!("Cpu: {} is not a number of cores >= 0", self.cpu));
-        }
+        self.validate_strings(&mut findings);
+        findings.extend(
+            Resources {
+                cpu: self.cpu,
+                memory: self.memory,
+                disk: self.disk,
+            }
+            .findings(""),
+        );
         if self.memory != 0 && self.memory < MIN_MEMORY_BYTES {
             findings.push(format!(
                 "Memory: {} bytes is below Docker's minimum of {MIN_MEMORY_BYTES} bytes (6 MiB); \
@@ -499,6 +683,53 @@ impl Task {
                 self.memory
             ));
         }
+        self.validate_ports(&mut findings);
+        self.validate_health_and_restarts(&mut findings);
+        findings
+    }
+
+    /// `Name`, `Image`, `Env` and `Cmd`: what fuzzing found reaches Docker (or a terminal)
+    /// unchecked otherwise.
+    fn validate_strings(&self, findings: &mut Vec<String>) {
+        let name_chars = self.name.chars().count();
+        if name_chars > MAX_NAME_CHARS {
+            findings.push(format!(
+                "Name: {name_chars} characters is more than the limit of {MAX_NAME_CHARS}"
+            ));
+        } else if let Some(control) = self.name.chars().find(|c| c.is_control()) {
+            findings.push(format!("Name: {}", control_character(control)));
+        }
+        if self.image.trim().is_empty() {
+            findings.push("Image: missing image name".to_string());
+        } else if let Err(why) = check_image_reference(&self.image) {
+            findings.push(format!(
+                "Image: {:?} is not a valid image reference: {why}",
+                self.image
+            ));
+        }
+        for (index, entry) in self.env.iter().enumerate() {
+            match entry.split_once('=') {
+                None => findings.push(format!("Env[{index}]: {entry:?} is not KEY=value")),
+                Some(("", _)) => findings.push(format!(
+                    "Env[{index}]: {entry:?} has no name before '='; write KEY=value"
+                )),
+                Some((key, value)) => {
+                    if let Some(control) = key.chars().find(|c| c.is_control()) {
+                        findings.push(format!("Env[{index}]: {}", control_character(control)));
+                    } else if let Some(control) = value.chars().find(|c| forbidden_in_text(*c)) {
+                        findings.push(format!("Env[{index}]: {}", control_character(control)));
+                    }
+                }
+            }
+        }
+        for (index, argument) in self.cmd.iter().enumerate() {
+            if let Some(control) = argument.chars().find(|c| forbidden_in_text(*c)) {
+                findings.push(format!("Cmd[{index}]: {}", control_character(control)));
+            }
+        }
+    }
+
+    fn validate_ports(&self, findings: &mut Vec<String>) {
         for port in &self.exposed_ports {
             if let Err(why) = canonical_port(port) {
                 findings.push(format!("ExposedPorts: {why}"));
@@ -516,12 +747,19 @@ impl Task {
                 ));
             }
         }
+    }
+
+    /// The health check and the restart settings. Durations are checked whether or not the
+    /// task has a health check, so that the same value gets the same answer everywhere.
+    fn validate_health_and_restarts(&self, findings: &mut Vec<String>) {
         if self.has_health_check() {
             let path = self.health_check.trim();
             if self.health_check_type != Some(HealthCheckType::Tcp) && !path.starts_with('/') {
                 findings.push(format!(
                     "HealthCheck: {path:?} is not an HTTP path such as \"/health\""
                 ));
+            } else if let Some(control) = path.chars().find(|c| c.is_control()) {
+                findings.push(format!("HealthCheck: {}", control_character(control)));
             }
             if self.exposed_ports.is_empty() && self.port_bindings.is_empty() {
                 findings.push(
@@ -530,19 +768,186 @@ impl Task {
                         .to_string(),
                 );
             }
-            if self.health_check_interval.is_some_and(|d| d.is_zero()) {
-                findings.push("HealthCheckInterval: must be longer than 0".to_string());
-            }
-            if self.health_check_timeout.is_some_and(|d| d.is_zero()) {
-                findings.push("HealthCheckTimeout: must be longer than 0".to_string());
+        }
+        let durations = [
+            ("HealthCheckInterval", self.health_check_interval, true),
+            ("HealthCheckTimeout", self.health_check_timeout, true),
+            ("RestartDelay", self.restart_delay, false),
+            ("RestartDelayMax", self.restart_delay_max, false),
+        ];
+        for (field, duration, positive) in durations {
+            let Some(duration) = duration else { continue };
+            if positive && duration.is_zero() {
+                findings.push(format!(
+                    "{field}: must be longer than 0 (a probe needs time to run and to wait \
+                     between runs); durations count whole milliseconds, e.g. \"500ms\""
+                ));
+            } else if duration > MAX_TASK_DURATION {
+                findings.push(format!(
+                    "{field}: {} is more than the limit of {MAX_TASK_DURATION_TEXT}",
+                    format_duration(duration)
+                ));
             }
         }
-        for entry in &self.env {
-            if entry.is_empty() || entry.starts_with('=') {
-                findings.push(format!("Env: {entry:?} is not KEY=value"));
-            }
+        if self.health_check_retries == Some(0) {
+            findings.push(
+                "HealthCheckRetries: must be at least 1 (the failed probes in a row that make \
+                 a task unhealthy)"
+                    .to_string(),
+            );
         }
-        findings
+    }
+}
+
+/// Whether a character is refused in `Cmd` and in `Env` values: every control character but
+/// tab, line feed and carriage return, which multi-line scripts (`sh -c`) and values such as
+/// certificates carry. A NUL cannot reach a process at all: `execve` ends a string there.
+fn forbidden_in_text(c: char) -> bool {
+    c.is_control() && !matches!(c, '\t' | '\n' | '\r')
+}
+
+fn control_character(c: char) -> String {
+    format!("contains a control character (U+{:04X})", u32::from(c))
+}
+
+/// Checks an image reference roughly as Docker's grammar (`distribution/reference`) does:
+/// `[host[:port]/]path[:tag][@sha256:digest]`, where each path component is lowercase letters
+/// and digits separated by `.`, `_`, `__` or dashes, the name (host and path) is at most
+/// [`MAX_IMAGE_NAME_CHARS`], and a tag is 1-128 of letters, digits, `_`, `.` and `-`, not
+/// starting with `.` or `-`. The first component is a host when it has a `.` or `:`, is
+/// `localhost`, or has an uppercase letter (as Docker splits it).
+pub fn check_image_reference(image: &str) -> Result<(), String> {
+    let (rest, digest) = match image.split_once('@') {
+        Some((rest, digest)) => (rest, Some(digest)),
+        None => (image, None),
+    };
+    if let Some(digest) = digest {
+        let valid = digest.strip_prefix("sha256:").is_some_and(|hex| {
+            hex.len() == 64 && hex.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f'))
+        });
+        if !valid {
+            return Err(format!(
+                "the digest {digest:?} is not \"sha256:\" and 64 lowercase hex digits"
+            ));
+        }
+    }
+    let after_last_slash = rest.rfind('/').map_or(0, |slash| slash + 1);
+    let (name, tag) = match rest[after_last_slash..].rfind(':') {
+        Some(colon) => {
+            let colon = after_last_slash + colon;
+            (&rest[..colon], Some(&rest[colon + 1..]))
+        }
+        None => (rest, None),
+    };
+    if let Some(tag) = tag {
+        let mut chars = tag.chars();
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if !(first_ok && rest_ok && tag.len() <= 128) {
+            return Err(format!(
+                "the tag {tag:?} is not 1-128 letters, digits, '_', '.' or '-' \
+                 (not starting with '.' or '-')"
+            ));
+        }
+    }
+    if name.is_empty() {
+        return Err("there is no repository name".to_string());
+    }
+    let name_chars = name.chars().count();
+    if name_chars > MAX_IMAGE_NAME_CHARS {
+        return Err(format!(
+            "the name is {name_chars} characters; the limit is {MAX_IMAGE_NAME_CHARS}"
+        ));
+    }
+    let mut components: Vec<&str> = name.split('/').collect();
+    if components.len() > 1 {
+        let first = components[0];
+        let is_host = first.contains(['.', ':'])
+            || first == "localhost"
+            || first.chars().any(|c| c.is_ascii_uppercase());
+        if is_host {
+            check_registry_host(first)?;
+            components.remove(0);
+        }
+    }
+    for component in components {
+        if !is_path_component(component) {
+            if is_path_component(&component.to_ascii_lowercase()) {
+                return Err(format!(
+                    "repository names must be lowercase ({component:?})"
+                ));
+            }
+            return Err(format!(
+                "{component:?} is not a name component: lowercase letters and digits, \
+                 separated by '.', '_', '__' or '-'"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
+fn is_path_component(component: &str) -> bool {
+    let bytes = component.as_bytes();
+    let alphanumeric = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    if !(bytes.first().is_some_and(|b| alphanumeric(*b))
+        && bytes.last().is_some_and(|b| alphanumeric(*b)))
+    {
+        return false;
+    }
+    let mut index = 0;
+    while index < bytes.len() {
+        if alphanumeric(bytes[index]) {
+            index += 1;
+            continue;
+        }
+        let start = index;
+        while index < bytes.len() && !alphanumeric(bytes[index]) {
+            index += 1;
+        }
+        let separator = &component[start..index];
+        let valid = matches!(separator, "." | "_" | "__") || separator.bytes().all(|b| b == b'-');
+        if !valid {
+            return false;
+        }
+    }
+    true
+}
+
+/// `host[:port]`: DNS labels of letters, digits and inner dashes separated by dots (or an
+/// IPv6 address in brackets), and an optional port number.
+fn check_registry_host(host: &str) -> Result<(), String> {
+    let (name, port) = if let Some(end) = host.strip_prefix('[').and_then(|h| h.find(']')) {
+        let address = &host[1..=end];
+        let after = &host[end + 2..];
+        let port = after.strip_prefix(':');
+        if !address.chars().all(|c| c.is_ascii_hexdigit() || c == ':')
+            || !(after.is_empty() || port.is_some())
+        {
+            return Err(format!("{host:?} is not a registry host[:port]"));
+        }
+        (None, port)
+    } else {
+        match host.split_once(':') {
+            Some((name, port)) => (Some(name), Some(port)),
+            None => (Some(host), None),
+        }
+    };
+    let label_ok = |label: &str| {
+        !label.is_empty()
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    };
+    let name_ok = name.is_none_or(|name| name.split('.').all(label_ok));
+    let port_ok =
+        port.is_none_or(|port| !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()));
+    if name_ok && port_ok {
+        Ok(())
+    } else {
+        Err(format!("{host:?} is not a registry host[:port]"))
     }
 }
 
@@ -678,7 +1083,7 @@ mod tests {
             "Memory: 1000 bytes",
             "ExposedPorts: \"http\"",
             "99999",
-            "Env:",
+            "Env[0]:",
         ] {
             assert!(findings.contains(field), "{field} not in {findings}");
         }
@@ -775,6 +1180,291 @@ mod tests {
     fn unknown_fields_are_refused_by_name() {
         let err = serde_json::from_str::<Task>(r#"{"Image": "x", "Memmory": 5}"#).unwrap_err();
         assert!(err.to_string().contains("unknown field `Memmory`"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::*;
+
+    fn findings_for(json: &str) -> String {
+        let task: Task = serde_json::from_str(json).unwrap();
+        task.validate().join("\n")
+    }
+
+    #[test]
+    fn control_characters_are_refused_naming_the_field_and_index() {
+        let findings = findings_for(
+            r#"{"Image": "x", "Name": "a\u0007b", "Cmd": ["sh", "a\u0000b"], "Env": ["A=1", "B=\u001b[31m"]}"#,
+        );
+        assert!(
+            findings.contains("Name: contains a control character (U+0007)"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("Cmd[1]: contains a control character (U+0000)"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("Env[1]: contains a control character (U+001B)"),
+            "{findings}"
+        );
+    }
+
+    #[test]
+    fn scripts_and_values_may_span_lines() {
+        let findings = findings_for(
+            r#"{"Image": "x", "Cmd": ["sh", "-c", "echo a\n\techo b\r\n"], "Env": ["PEM=a\nb"]}"#,
+        );
+        assert_eq!(findings, "");
+    }
+
+    #[test]
+    fn env_entries_need_a_name_and_an_equals_sign() {
+        let findings = findings_for(r#"{"Image": "x", "Env": ["A=1", "JUSTKEY", "=v", "EMPTY="]}"#);
+        assert!(
+            findings.contains("Env[1]: \"JUSTKEY\" is not KEY=value"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("Env[2]: \"=v\" has no name"),
+            "{findings}"
+        );
+        assert!(
+            !findings.contains("Env[0]") && !findings.contains("Env[3]"),
+            "{findings}"
+        );
+    }
+
+    #[test]
+    fn a_name_longer_than_the_limit_is_refused_with_the_limit() {
+        let mut task = Task::new("x".repeat(5000), "busybox");
+        let findings = task.validate().join("\n");
+        assert!(
+            findings.contains("Name: 5000 characters is more than the limit of 255"),
+            "{findings}"
+        );
+        task.name = "x".repeat(255);
+        assert!(task.validate().is_empty());
+    }
+
+    #[test]
+    fn image_references_follow_dockers_grammar() {
+        for valid in [
+            "busybox",
+            "x",
+            "0x10",
+            "cube-sample:latest",
+            "timboring/echo-server:latest",
+            "library/busybox:1.36.1-musl",
+            "127.0.0.1:9/cube/missing:1",
+            "localhost/app",
+            "registry.example.com:5000/team/app_v2__x:v1",
+            "Registry.Example.com/app",
+            "[::1]:5000/app",
+            "my--image",
+            "busybox@sha256:3fbc632167424a6d997e74f52b878d7cc478225cffac6bc977eedfe51c7f4e79",
+            "busybox:1@sha256:3fbc632167424a6d997e74f52b878d7cc478225cffac6bc977eedfe51c7f4e79",
+        ] {
+            assert_eq!(check_image_reference(valid), Ok(()), "{valid}");
+        }
+        for (invalid, why) in [
+            ("Running", "must be lowercase"),
+            ("team/App", "must be lowercase"),
+            (&"x".repeat(300), "the limit is 255"),
+            ("busy box", "not a name component"),
+            ("a..b", "not a name component"),
+            ("-a", "not a name component"),
+            ("a/", "not a name component"),
+            ("busybox:", "the tag"),
+            ("busybox:.x", "the tag"),
+            (&format!("busybox:{}", "t".repeat(129)), "the tag"),
+            ("busybox@sha256:abc", "the digest"),
+            (":latest", "no repository name"),
+            ("a\u{0}b", "not a name component"),
+            ("bad_host:port/x", "not a registry host"),
+        ] {
+            let err = check_image_reference(invalid).expect_err(invalid);
+            assert!(err.contains(why), "{invalid}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_image_is_refused_naming_image() {
+        let findings = findings_for(r#"{"Image": "Running"}"#);
+        assert_eq!(
+            findings,
+            "Image: \"Running\" is not a valid image reference: repository names must be lowercase (\"Running\")"
+        );
+    }
+
+    #[test]
+    fn zero_health_durations_are_refused_with_a_reason_with_or_without_a_check() {
+        let findings = findings_for(
+            r#"{"Image": "x", "HealthCheckInterval": "0s", "HealthCheckTimeout": "0.1ms"}"#,
+        );
+        assert!(
+            findings.contains("HealthCheckInterval: must be longer than 0"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("HealthCheckTimeout: must be longer than 0"),
+            "{findings}"
+        );
+        assert_eq!(findings_for(r#"{"Image": "x", "RestartDelay": "0s"}"#), "");
+    }
+
+    #[test]
+    fn durations_beyond_a_day_are_refused_with_the_limit() {
+        for field in [
+            "HealthCheckInterval",
+            "HealthCheckTimeout",
+            "RestartDelay",
+            "RestartDelayMax",
+        ] {
+            let findings = findings_for(&format!(r#"{{"Image": "x", "{field}": "3000000000h"}}"#));
+            assert!(findings.starts_with(&format!("{field}: ")), "{findings}");
+            assert!(
+                findings.contains("more than the limit of 24h"),
+                "{findings}"
+            );
+            assert_eq!(
+                findings_for(&format!(r#"{{"Image": "x", "{field}": "24h"}}"#)),
+                ""
+            );
+        }
+    }
+
+    #[test]
+    fn zero_health_check_retries_are_refused() {
+        let findings = findings_for(r#"{"Image": "x", "HealthCheckRetries": 0}"#);
+        assert!(
+            findings.starts_with("HealthCheckRetries: must be at least 1"),
+            "{findings}"
+        );
+    }
+
+    #[test]
+    fn out_of_range_resources_are_refused_with_the_limit() {
+        let findings =
+            findings_for(r#"{"Image": "x", "Cpu": 1e300, "Memory": "2Pi", "Disk": "1.5Pi"}"#);
+        assert!(
+            findings.contains("Cpu: 1e300 cores is more than the limit of 1024 cores"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("Memory: 2251799813685248 bytes is more than the limit"),
+            "{findings}"
+        );
+        assert!(findings.contains("Disk: "), "{findings}");
+        assert!(findings.contains("(1 PiB)"), "{findings}");
+        assert_eq!(
+            findings_for(r#"{"Image": "x", "Cpu": "500m", "Memory": "1Pi", "Disk": "1Pi"}"#),
+            ""
+        );
+        let err =
+            serde_json::from_str::<Task>(r#"{"Image": "x", "Memory": 99999999999999999999999}"#)
+                .unwrap_err();
+        assert!(err.to_string().contains("too large"), "{err}");
+    }
+
+    #[test]
+    fn cpu_reads_as_millicores_and_writes_as_a_number() {
+        let task: Task = serde_json::from_str(r#"{"Image": "x", "Cpu": "250m"}"#).unwrap();
+        assert_eq!(task.cpu, 0.25);
+        assert_eq!(serde_json::to_value(&task).unwrap()["Cpu"], 0.25);
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    /// A task whose every status field is set, as a careless or hostile submission would be.
+    fn with_status() -> Task {
+        let mut task = Task::new("t", "img");
+        task.state = State::Running;
+        task.desired_state = State::Completed;
+        task.container_id = "abc".into();
+        task.host_ports.insert(
+            "80/tcp".into(),
+            vec![HostBinding {
+                host_ip: String::new(),
+                host_port: "1".into(),
+            }],
+        );
+        task.start_time = Some(Utc::now());
+        task.finish_time = Some(Utc::now());
+        task.exit_code = Some(3);
+        task.error = Some("boom".into());
+        task.health = Some(Health::Unhealthy);
+        task.health_failures = 4;
+        task.pending_reason = Some("full".into());
+        task.node_name = "w9".into();
+        task.restart_count = 7;
+        task.failure_streak = 3;
+        task.created_time = Some(Utc::now());
+        task.record(Utc::now(), "Running", "made up");
+        task
+    }
+
+    #[test]
+    fn the_manager_clears_every_status_field_and_keeps_the_spec() {
+        let submitted = with_status();
+        let mut task = submitted.clone();
+        task.clear_status(Receiver::Manager);
+        let mut expected = Task::new("t", "img");
+        expected.id = submitted.id;
+        assert_eq!(task, expected);
+        assert!(task.spec_differences(&submitted).is_empty());
+    }
+
+    #[test]
+    fn a_worker_keeps_the_managers_run_number_and_creation_time() {
+        let submitted = with_status();
+        let mut task = submitted.clone();
+        task.clear_status(Receiver::Worker);
+        assert_eq!(task.restart_count, 7);
+        assert_eq!(task.created_time, submitted.created_time);
+        assert_eq!(task.state, State::Pending);
+        assert!(task.history.is_empty() && task.failure_streak == 0 && task.node_name.is_empty());
+        assert!(task.container_id.is_empty() && task.exit_code.is_none() && task.health.is_none());
+    }
+
+    #[test]
+    fn spec_differences_names_each_changed_spec_field() {
+        let task = Task::new("t", "img");
+        let mut other = task.clone();
+        assert!(task.spec_differences(&other).is_empty());
+        other.image = "img:2".into();
+        other.memory = 64 << 20;
+        other.cmd = vec!["sleep".into()];
+        other.port_bindings.insert("80/tcp".into(), String::new());
+        other.health_check_interval = Some(Duration::from_secs(1));
+        other.restart_delay_max = Some(Duration::from_secs(9));
+        assert_eq!(
+            task.spec_differences(&other),
+            vec![
+                "Image",
+                "Memory",
+                "Cmd",
+                "PortBindings",
+                "HealthCheckInterval",
+                "RestartDelayMax"
+            ]
+        );
+    }
+
+    #[test]
+    fn spec_differences_ignore_the_status() {
+        let task = Task::new("t", "img");
+        let mut other = with_status();
+        other.id = task.id;
+        other.name = task.name.clone();
+        assert!(task.spec_differences(&other).is_empty());
+        other.name = "renamed".into();
+        other.cpu = 0.5;
+        assert_eq!(task.spec_differences(&other), vec!["Name", "Cpu"]);
     }
 }
 

@@ -15,7 +15,7 @@ use cube_runtime::{
     ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
 };
 use cube_store::{Store, StoreError};
-use cube_types::{Health, NodeReport, Resources, State, Task, TaskEvent, Transition};
+use cube_types::{Health, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition};
 use futures_util::StreamExt;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -237,12 +237,12 @@ impl<R: Runtime> Worker<R> {
                 })?;
             tracing::info!(task = %task.id, restart = task.restart_count, "a new run of a task that ended here");
         }
-        task.state = checked_transition(&task, State::Scheduled)?;
         // The worker owns what it observes: whatever the submission said about a container
-        // is not this worker's to believe.
-        task.desired_state = State::Running;
+        // (or the manager's own records) is not this worker's to believe or keep; the run
+        // number is the manager's and is kept.
+        task.clear_status(Receiver::Worker);
+        task.state = checked_transition(&task, State::Scheduled)?;
         task.node_name = self.config.name.clone();
-        task.clear_observed();
         if task.created_time.is_none() {
             task.created_time = Some(Utc::now());
         }
