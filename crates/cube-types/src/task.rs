@@ -521,6 +521,10 @@ impl Task {
             health: _,
             health_failures: _,
             pending_reason: _,
+            // The manager's account of what comes next (a restart, another attempt).
+            next_restart: _,
+            dispatch_error: _,
+            next_attempt: _,
             // What the manager decides and records.
             state: _,
             desired_state: _,
@@ -578,6 +582,9 @@ impl Task {
             health: _,
             health_failures: _,
             pending_reason: _,
+            next_restart: _,
+            dispatch_error: _,
+            next_attempt: _,
             state: _,
             desired_state: _,
             node_name: _,

@@ -80,13 +80,13 @@ struct TaskFlags {
     #[arg(short, long, value_name = "KEY=VALUE")]
     env: Vec<String>,
     /// CPU cores: a number (0.5) or millicores (500m).
-    #[arg(long, value_parser = parse_cpus)]
+    #[arg(long, value_parser = cube_types::cpu::parse_cpu)]
     cpus: Option<f64>,
     /// Memory limit: bytes or a size (256MiB, 256Mi, 256m as Docker reads it).
-    #[arg(long, value_parser = parse_memory_flag)]
+    #[arg(long, value_parser = cube_types::size::parse_size)]
     memory: Option<u64>,
     /// Disk the task needs, for placement: bytes or a size (1GiB).
-    #[arg(long, value_parser = parse_memory_flag)]
+    #[arg(long, value_parser = cube_types::size::parse_size)]
     disk: Option<u64>,
     /// When Cube restarts the task after it ends.
     #[arg(long, value_enum)]
@@ -279,42 +279,6 @@ fn parse_publish(text: &str) -> anyhow::Result<(String, String)> {
     Ok((container, host.to_string()))
 }
 
-/// `--cpus`: cores as a number (`0.5`, `2`) or millicores as Kubernetes writes them (`500m`).
-fn parse_cpus(text: &str) -> Result<f64, String> {
-    let trimmed = text.trim();
-    let cores = match trimmed.strip_suffix('m') {
-        Some(millis) => millis.parse::<f64>().map(|millis| millis / 1000.0),
-        None => trimmed.parse::<f64>(),
-    }
-    .map_err(|_| format!("{text:?} is not a number of cores (0.5) or millicores (500m)"))?;
-    if !cores.is_finite() || cores < 0.0 {
-        return Err(format!("{text:?} is not a number of cores >= 0"));
-    }
-    Ok(cores)
-}
-
-/// `--memory` and `--disk`: what [`cube_types::size::parse_size`] reads, plus the forms that
-/// users of the other tools type: Kubernetes' `Ki`/`Mi`/`Gi`/`Ti` and Docker's `k`/`m`/`g`
-/// (`docker run -m 256m` is 256 MiB). On a flag named for bytes, a lone `m` cannot mean milli.
-fn parse_memory_flag(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let binary = match unit.trim().to_ascii_lowercase().as_str() {
-        "k" | "ki" => Some("KiB"),
-        "m" | "mi" => Some("MiB"),
-        "g" | "gi" => Some("GiB"),
-        "t" | "ti" => Some("TiB"),
-        _ => None,
-    };
-    match binary {
-        Some(unit) => cube_types::size::parse_size(&format!("{number}{unit}")),
-        None => cube_types::size::parse_size(trimmed),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,23 +304,22 @@ mod tests {
 
     #[test]
     fn cpus_are_cores_or_millicores() {
-        assert_eq!(parse_cpus("0.5"), Ok(0.5));
-        assert_eq!(parse_cpus("500m"), Ok(0.5));
-        assert_eq!(parse_cpus("2"), Ok(2.0));
-        assert!(parse_cpus("-1").is_err());
-        assert!(parse_cpus("lots").is_err());
+        assert_eq!(cube_types::cpu::parse_cpu("0.5"), Ok(0.5));
+        assert_eq!(cube_types::cpu::parse_cpu("500m"), Ok(0.5));
+        assert_eq!(cube_types::cpu::parse_cpu("2"), Ok(2.0));
+        assert!(cube_types::cpu::parse_cpu("lots").is_err());
     }
 
     #[test]
     fn memory_takes_cube_kubernetes_and_docker_units() {
         let mib = 1024 * 1024;
-        assert_eq!(parse_memory_flag("256MiB"), Ok(256 * mib));
-        assert_eq!(parse_memory_flag("256Mi"), Ok(256 * mib));
-        assert_eq!(parse_memory_flag("256m"), Ok(256 * mib));
-        assert_eq!(parse_memory_flag("1g"), Ok(1024 * mib));
-        assert_eq!(parse_memory_flag("1GB"), Ok(1_000_000_000));
-        assert_eq!(parse_memory_flag("1024"), Ok(1024));
-        assert!(parse_memory_flag("lots").is_err());
+        assert_eq!(cube_types::size::parse_size("256MiB"), Ok(256 * mib));
+        assert_eq!(cube_types::size::parse_size("256Mi"), Ok(256 * mib));
+        assert_eq!(cube_types::size::parse_size("256m"), Ok(256 * mib));
+        assert_eq!(cube_types::size::parse_size("1g"), Ok(1024 * mib));
+        assert_eq!(cube_types::size::parse_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(cube_types::size::parse_size("1024"), Ok(1024));
+        assert!(cube_types::size::parse_size("lots").is_err());
     }
 
     #[test]
