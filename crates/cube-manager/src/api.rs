@@ -28,6 +28,7 @@ impl From<ManagerError> for ApiError {
         let status = match &err {
             ManagerError::NotFound(_) | ManagerError::NodeNotFound(_) => StatusCode::NOT_FOUND,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, err.to_string())

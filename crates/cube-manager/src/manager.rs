@@ -82,6 +82,9 @@ pub enum ManagerError {
     NodeNotFound(String),
     #[error("{0}")]
     BadRequest(String),
+    /// The request contradicts what is stored (a task ID resubmitted with another spec).
+    #[error("{0}")]
+    Conflict(String),
     #[error("store failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -259,7 +262,17 @@ impl Manager {
         {
             let mut state = lock(&self.state);
             if let Some(existing) = state.cache.get(&id) {
-                return Ok(Submitted::Existing(existing.clone()));
+                // The same submission again is a no-op; a changed one is not an update.
+                let differences = existing.spec_differences(&event.task);
+                if differences.is_empty() {
+                    return Ok(Submitted::Existing(existing.clone()));
+                }
+                return Err(ManagerError::Conflict(format!(
+                    "task {id} exists and this submission differs from it in {}; a task's spec \
+                     does not change once submitted: stop it and submit the new spec without an \
+                     ID (or with a new one); jobs, when they land, will carry updates",
+                    differences.join(", ")
+                )));
             }
             // The manager owns placement and observation: whatever the submission said
             // about them (state, restarts, history, ...) is not the manager's to believe.

@@ -137,3 +137,28 @@ async fn tasks_are_listed_in_pages_with_filters_and_a_summary_form() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_task_id_sent_again_with_another_spec_is_a_conflict_naming_the_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let task = json!({"ID": "5eb1a7e0-0000-4000-8000-000000000001", "Name": "same",
+                      "Image": SAMPLE_IMAGE, "Memory": "64MiB"});
+    assert_eq!(client.post(&task).await.status, 201);
+    // Identical: a no-op, whatever the port or size spelling.
+    let again = client.post(&task).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let mut changed = task.clone();
+    changed["Memory"] = json!("128MiB");
+    changed["Image"] = json!("cube-sample:other");
+    let refused = client.post(&changed).await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    let message = refused.message();
+    assert!(message.contains("Image, Memory"), "{message}");
+    let stored = client
+        .get("/tasks/5eb1a7e0-0000-4000-8000-000000000001")
+        .await
+        .body;
+    assert_eq!(stored["Memory"], 64 << 20, "the stored spec is unchanged");
+}
