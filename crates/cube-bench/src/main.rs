@@ -120,6 +120,9 @@ enum Command {
         /// How many tasks the manager holds before the soak.
         #[arg(long, default_value_t = 5000)]
         tasks: usize,
+        /// Requests per second each client sends (0: as fast as it can).
+        #[arg(long, default_value_t = 5.0)]
+        rate: f64,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -182,8 +185,9 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             clients,
             tasks,
+            rate,
             cube,
-        } => soak::soak(seconds, clients, tasks, &cube_binary(cube)?).await,
+        } => soak::soak(seconds, clients, tasks, rate, &cube_binary(cube)?).await,
         Command::SimWorkers {
             manager,
             count,

@@ -2,9 +2,13 @@
 //! API sees them. A `cube manager` on the persistent store with 10 simulated workers is
 //! loaded with `--tasks` tasks (Running); then `--clients` clients for `--seconds` seconds,
 //! half of them `GET /tasks?limit=100` (one page, the way a dashboard or `cube status` on a
-//! large cluster reads), half `POST /tasks` of a new small task. Every request is timed; the
-//! manager's RSS is sampled every 10 s. Before the soak, one client times `GET /tasks` of
-//! every task in full, in the summary form (no history), and one page of 100.
+//! large cluster reads), half `POST /tasks` of a new small task, each client at `--rate`
+//! requests per second (0: as fast as it can, which measures saturation, not latency). Every
+//! request is timed; the manager's RSS is sampled every 10 s. Every write adds a task (nothing
+//! is collected yet), so the RSS grows with the tasks during the mixed phase; a read-only
+//! phase of a quarter of `--seconds` follows, where nothing is added and the RSS must stay
+//! flat. Before the soak, one client times `GET /tasks` of every task in full, in the summary
+//! form (no history), and one page of 100.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -30,6 +34,7 @@ pub(crate) async fn soak(
     seconds: u64,
     clients: usize,
     tasks: usize,
+    rate: f64,
     cube: &Path,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(clients >= 2, "--clients must be at least 2 (readers and writers)");
@@ -74,14 +79,32 @@ pub(crate) async fn soak(
     println!();
 
     let stopped = Arc::new(AtomicBool::new(false));
+    // Writers stop at the end of the mixed phase; readers go on through the read-only one.
+    let writers_stopped = Arc::new(AtomicBool::new(false));
+    let pace = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
     let mut running = JoinSet::new();
     for client in 0..clients {
-        let (http, base, stopped) = (http.clone(), base.clone(), stopped.clone());
         let reader = client % 2 == 0;
+        let (http, base) = (http.clone(), base.clone());
+        let stopped = if reader {
+            stopped.clone()
+        } else {
+            writers_stopped.clone()
+        };
         running.spawn(async move {
             let mut seen = Seen::default();
             let mut number = 0u64;
+            // Clients start spread over one period, not all at once.
+            let mut ticks = pace.map(|pace| {
+                let offset = pace.mul_f64(client as f64 / clients as f64);
+                let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, pace);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ticks
+            });
             while !stopped.load(Ordering::Relaxed) {
+                if let Some(ticks) = ticks.as_mut() {
+                    ticks.tick().await;
+                }
                 let started = Instant::now();
                 let ok = if reader {
                     match http.get(format!("{base}/tasks?limit=100")).send().await {
@@ -105,17 +128,25 @@ pub(crate) async fn soak(
         });
     }
     let started = Instant::now();
+    let read_only = seconds / 4;
     let mut rss = Vec::new();
-    while started.elapsed() < Duration::from_secs(seconds) {
+    let mut writing = true;
+    while started.elapsed() < Duration::from_secs(seconds + read_only) {
         tokio::time::sleep(RSS_EVERY).await;
+        if writing && started.elapsed() >= Duration::from_secs(seconds) {
+            writers_stopped.store(true, Ordering::Relaxed);
+            writing = false;
+        }
         let (mb, _) = load::memory_mb(manager.pid).context("the manager's RSS")?;
-        let held = load::tasks(&http, &base).await.map(|t| t.len()).unwrap_or(0);
+        let held = count_tasks(&http, &base).await.unwrap_or(0);
         eprintln!(
-            "{:>4.0} s: manager RSS {mb:.1} MB, {held} tasks",
-            started.elapsed().as_secs_f64()
+            "{:>4.0} s: manager RSS {mb:.1} MB, {held} tasks{}",
+            started.elapsed().as_secs_f64(),
+            if writing { "" } else { " (reads only)" }
         );
-        rss.push((started.elapsed().as_secs_f64(), mb, held));
+        rss.push((started.elapsed().as_secs_f64(), mb, held, writing));
     }
+    writers_stopped.store(true, Ordering::Relaxed);
     stopped.store(true, Ordering::Relaxed);
     let (mut reads, mut writes) = (Seen::default(), Seen::default());
     while let Some(done) = running.join_next().await {
@@ -127,16 +158,22 @@ pub(crate) async fn soak(
     sim.stop().await?;
     manager.kill().await?;
 
+    let pace_text = if rate > 0.0 {
+        format!("each at {rate} requests/s")
+    } else {
+        "each as fast as it can".to_string()
+    };
     println!(
-        "soak: {clients} clients for {seconds} s on a manager (persistent store, \
+        "soak: {clients} clients ({pace_text}) for {seconds} s, half reading and half writing, \
+         then the readers alone for {read_only} s, on a manager (persistent store, \
          {SIM_WORKERS} sim-workers) that held {tasks} tasks at the start"
     );
     println!();
     println!("| requests | count | per s | p50 ms | p99 ms | max ms | errors |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (what, seen) in [
-        ("GET /tasks?limit=100", &mut reads),
-        ("POST /tasks", &mut writes),
+    for (what, seen, span) in [
+        ("GET /tasks?limit=100", &mut reads, seconds + read_only),
+        ("POST /tasks", &mut writes, seconds),
     ] {
         let count = seen.times_ms.len();
         anyhow::ensure!(count > 0, "no {what} finished");
@@ -144,7 +181,7 @@ pub(crate) async fn soak(
         let at = |fraction: f64| seen.times_ms[((count - 1) as f64 * fraction).round() as usize];
         println!(
             "| {what} | {count} | {:.0} | {:.1} | {:.1} | {:.1} | {} |",
-            count as f64 / seconds as f64,
+            count as f64 / span as f64,
             at(0.5),
             at(0.99),
             at(1.0),
@@ -152,25 +189,42 @@ pub(crate) async fn soak(
         );
     }
     println!();
-    // RSS over the second half of the soak: flat means no leak beyond the tasks added.
-    let half: Vec<&(f64, f64, usize)> = rss
+    // While tasks are added the RSS grows with them; the figure for a leak is the RSS over
+    // the read-only phase, and over the second half of the mixed phase per task held.
+    let mixed: Vec<&(f64, f64, usize, bool)> = rss
         .iter()
-        .filter(|(at, _, _)| *at >= seconds as f64 / 2.0)
+        .filter(|(at, _, _, writing)| *writing && *at >= seconds as f64 / 2.0)
         .collect();
-    if let (Some(first), Some(last)) = (half.first(), half.last()) {
-        let low = half.iter().map(|s| s.1).fold(f64::MAX, f64::min);
-        let high = half.iter().map(|s| s.1).fold(0.0, f64::max);
+    if let (Some(first), Some(last)) = (mixed.first(), mixed.last()) {
+        let per_task_kb = (last.1 - first.1) * 1024.0 / (last.2 as f64 - first.2 as f64).max(1.0);
         println!(
-            "manager RSS over the second half: {:.1} MB at {:.0} s ({} tasks) to {:.1} MB at \
-             {:.0} s ({} tasks); min {low:.1}, max {high:.1}: spread {:.1} %",
-            first.1,
-            first.0,
-            first.2,
-            last.1,
-            last.0,
-            last.2,
+            "manager RSS, second half of the mixed phase: {:.1} MB ({} tasks) to {:.1} MB ({} \
+             tasks): {per_task_kb:.2} KB per task added",
+            first.1, first.2, last.1, last.2
+        );
+    }
+    let reads: Vec<f64> = rss
+        .iter()
+        .filter(|sample| !sample.3)
+        .map(|sample| sample.1)
+        .collect();
+    if let (Some(first), Some(last)) = (reads.first(), reads.last()) {
+        let low = reads.iter().copied().fold(f64::MAX, f64::min);
+        let high = reads.iter().copied().fold(0.0, f64::max);
+        println!(
+            "manager RSS, read-only phase ({} samples): {first:.1} MB to {last:.1} MB; min \
+             {low:.1}, max {high:.1}: spread {:.1} %",
+            reads.len(),
             (high - low) / low * 100.0
         );
     }
     Ok(())
+}
+
+/// How many tasks the manager holds, read a page of one at a time is not possible: the summary
+/// form of the whole list, counted (the bench's own GET, not part of the measured load).
+async fn count_tasks(http: &reqwest::Client, base: &str) -> anyhow::Result<usize> {
+    let tasks: Vec<serde_json::Value> =
+        crate::get_json(http, &format!("{base}/tasks?summary=true")).await?;
+    Ok(tasks.len())
 }
