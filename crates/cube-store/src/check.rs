@@ -182,8 +182,9 @@ fn damaged(path: &str, reason: &str) -> StoreError {
 fn open_error(path: &str, err: DatabaseError) -> StoreError {
     let reason = match err {
         DatabaseError::DatabaseAlreadyOpen => {
-            "it is in use by another process (is another Cube process using the same data directory?)"
-                .to_string()
+            return StoreError::InUse {
+                path: path.to_string(),
+            };
         }
         // redb says "not a redb database" as an I/O error of kind `InvalidData`.
         DatabaseError::Storage(redb::StorageError::Io(err))

@@ -73,6 +73,11 @@ pub trait Store<V>: Send + Sync {
 pub enum StoreError {
     #[error("cannot open the data file {path}: {reason}")]
     Open { path: String, reason: String },
+    /// Another process has the file open (redb locks it).
+    #[error(
+        "cannot open the data file {path}: it is in use by another process (is another Cube process using the same data directory?)"
+    )]
+    InUse { path: String },
     /// The file exists but is not a sound store; nothing in it is served.
     #[error("the store file {path} is damaged: {reason}")]
     Damaged { path: String, reason: String },
