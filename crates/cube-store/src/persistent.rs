@@ -71,6 +71,15 @@ impl PersistentDb {
         })
     }
 
+    /// [`PersistentDb::open`] of a file that exists; `None` when there is none (nothing is
+    /// created).
+    pub fn open_existing(path: &Path) -> Result<Option<PersistentDb>, StoreError> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        PersistentDb::open(path).map(Some)
+    }
+
     /// Checks the store file at `path` as [`PersistentDb::open`] does (it must exist), and
     /// closes it again: for a file about to replace a store.
     pub fn check(path: &Path) -> Result<(), StoreError> {

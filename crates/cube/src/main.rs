@@ -8,6 +8,7 @@ mod dev;
 mod manager;
 mod sample_image;
 mod shutdown;
+mod store_cmd;
 mod stores;
 mod worker;
 
@@ -47,6 +48,7 @@ enum Command {
     Status(cli::StatusArgs),
     Node(cli::NodeArgs),
     SampleImage(sample_image::SampleImageArgs),
+    Store(store_cmd::StoreCommandArgs),
 }
 
 /// Binds the API's listener; port 0 picks a free port, and the address says which.
@@ -94,6 +96,7 @@ fn main() -> ExitCode {
             Command::Status(args) => cli::status(args).await,
             Command::Node(args) => cli::node(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
+            Command::Store(args) => store_cmd::run(args).await,
         }
     });
     match result {
