@@ -230,7 +230,7 @@ fn without_panics<T>(
         Err(damaged(
             path,
             &format!(
-                "reading it panicked inside redb: {}",
+                "redb stopped on an internal error while reading it ({})",
                 panic_message(&*panic)
             ),
         ))
