@@ -292,6 +292,65 @@ async fn a_damaged_backup_is_not_restored_and_nothing_changes() {
     assert_eq!(listed_ids(&manager).await, ids);
 }
 
+/// A crash is not damage: a manager killed (SIGKILL) while writes stream in starts again on
+/// its file, three times over, with every task it acknowledged.
+#[tokio::test]
+async fn a_manager_killed_while_writing_starts_again_with_every_acknowledged_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut acknowledged: Vec<String> = Vec::new();
+    for round in 0..3 {
+        let manager = ManagerProcess::try_start(dir.path())
+            .unwrap_or_else(|refusal| panic!("round {round}: refused after a crash: {refusal:?}"));
+        let listed = listed_ids(&manager).await;
+        for id in &acknowledged {
+            assert!(listed.contains(id), "round {round}: task {id} lost");
+        }
+        // Writers keep submitting; the kill lands while some are in flight.
+        let client = std::sync::Arc::new(manager.client());
+        let writers: Vec<_> = (0..4)
+            .map(|writer| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut ids = Vec::new();
+                    for n in 0.. {
+                        let body = json!({"Name": format!("r{round}-w{writer}-{n}"), "Image": "cube-sample:latest"});
+                        match client.http.post(format!("{}/tasks", client.base)).body(body.to_string()).send().await {
+                            Ok(response) if response.status() == 201 => {
+                                if let Ok(task) = response.json::<serde_json::Value>().await {
+                                    ids.push(task["ID"].as_str().unwrap_or_default().to_string());
+                                }
+                            }
+                            _ => return ids,
+                        }
+                    }
+                    ids
+                })
+            })
+            .collect();
+        while manager
+            .client()
+            .get("/tasks")
+            .await
+            .body
+            .as_array()
+            .unwrap()
+            .len()
+            < listed.len() + 40
+        {
+            tokio::task::yield_now().await;
+        }
+        manager.kill_9();
+        for writer in writers {
+            acknowledged.extend(writer.await.unwrap());
+        }
+    }
+    let manager = ManagerProcess::try_start(dir.path()).expect("starts after the last crash");
+    let listed = listed_ids(&manager).await;
+    for id in &acknowledged {
+        assert!(listed.contains(id), "task {id} lost");
+    }
+}
+
 /// The seeded generator that picks pages and garbage, so every run damages the same bytes.
 struct SplitMix64(u64);
 
