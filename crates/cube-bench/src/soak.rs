@@ -37,7 +37,10 @@ pub(crate) async fn soak(
     rate: f64,
     cube: &Path,
 ) -> anyhow::Result<()> {
-    anyhow::ensure!(clients >= 2, "--clients must be at least 2 (readers and writers)");
+    anyhow::ensure!(
+        clients >= 2,
+        "--clients must be at least 2 (readers and writers)"
+    );
     anyhow::ensure!(seconds >= 20, "--seconds must be at least 20");
     let data_dir = tempfile::tempdir()?;
     let manager = ManagerProcess::start(cube, data_dir.path(), DbType::Persistent).await?;
@@ -97,7 +100,8 @@ pub(crate) async fn soak(
             // Clients start spread over one period, not all at once.
             let mut ticks = pace.map(|pace| {
                 let offset = pace.mul_f64(client as f64 / clients as f64);
-                let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + offset, pace);
+                let mut ticks =
+                    tokio::time::interval_at(tokio::time::Instant::now() + offset, pace);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 ticks
             });

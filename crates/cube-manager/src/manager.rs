@@ -236,6 +236,19 @@ impl Manager {
         lock(&self.state).scheduler.name()
     }
 
+    /// `Ok` while the stores take writes; once one has failed, the error every write gets.
+    pub fn store_health(&self) -> Result<(), ManagerError> {
+        self.stores.tasks.health()?;
+        self.stores.events.health()?;
+        self.stores.nodes.health()?;
+        Ok(())
+    }
+
+    /// A consistent copy of the manager's store file (its tables share one file), to read.
+    pub fn backup_store(&self) -> Result<std::fs::File, ManagerError> {
+        Ok(self.stores.tasks.backup()?)
+    }
+
     // ----- requests from the API -----
 
     /// Takes a `TaskEvent`: `Running` (or `Scheduled`) asks for a task to run, `Completed`

@@ -413,7 +413,10 @@ mod tests {
         tight.ready = false;
         let chain = FilterChain::standard();
         let big = request(1.0, GIB, GIB);
-        assert_eq!(chain.check(&big, &tight), Err("node is not Ready".to_string()));
+        assert_eq!(
+            chain.check(&big, &tight),
+            Err("node is not Ready".to_string())
+        );
         tight.ready = true;
         assert_eq!(
             chain.check(&big, &tight),

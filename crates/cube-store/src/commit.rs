@@ -15,8 +15,16 @@
 //! Writes are applied in the order they were queued, so a caller that queues two writes of
 //! the same key (under its own lock) knows the later one wins, even without waiting for the
 //! first.
+//!
+//! A commit that panics (inside redb) or fails in the storage itself (an I/O error, a damaged
+//! page) *fails the store*: every write of that commit, every write waiting, and every later
+//! write is answered with [`StoreError::Failed`], and whoever watches
+//! [`Committer::failed`] learns the cause. redb refuses further writes after such an error
+//! until the file is opened again, so a store that carried on would only be a process that
+//! answers reads and silently loses every write.
 
 use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
 use redb::{Database, ReadableTable, TableDefinition};
@@ -46,24 +54,42 @@ pub(crate) struct Write {
     pub(crate) slot: Arc<Slot>,
 }
 
+/// Why a write was not committed.
+#[derive(Debug, Clone)]
+enum Refused {
+    /// This commit failed; the store goes on.
+    Commit(String),
+    /// The store failed (see the module comment): this write and every later one are refused.
+    StoreFailed { path: String, cause: String },
+}
+
+impl From<Refused> for StoreError {
+    fn from(refused: Refused) -> StoreError {
+        match refused {
+            Refused::Commit(reason) => StoreError::Commit(reason),
+            Refused::StoreFailed { path, cause } => StoreError::Failed { path, cause },
+        }
+    }
+}
+
 /// Where the committer leaves a write's outcome, for a thread that blocks on it or a task
 /// that awaits it.
 #[derive(Default)]
 pub(crate) struct Slot {
-    outcome: Mutex<Option<Result<Written, String>>>,
+    outcome: Mutex<Option<Result<Written, Refused>>>,
     filled: Condvar,
     notify: tokio::sync::Notify,
 }
 
 impl Slot {
-    fn fill(&self, outcome: Result<Written, String>) {
+    fn fill(&self, outcome: Result<Written, Refused>) {
         *lock(&self.outcome) = Some(outcome);
         self.filled.notify_all();
         // `notify_one` keeps a permit when nobody awaits yet, so no wake-up is lost.
         self.notify.notify_one();
     }
 
-    fn take(&self) -> Option<Result<Written, String>> {
+    fn take(&self) -> Option<Result<Written, Refused>> {
         lock(&self.outcome).take()
     }
 
@@ -71,7 +97,7 @@ impl Slot {
     pub(crate) fn wait(&self, committer: &Committer) -> Result<Written, StoreError> {
         loop {
             if let Some(outcome) = self.take() {
-                return outcome.map_err(StoreError::Commit);
+                return outcome.map_err(StoreError::from);
             }
             if committer.commit_if_free() {
                 continue;
@@ -92,7 +118,7 @@ impl Slot {
     async fn durable(&self, committer: &Committer) -> Result<Written, StoreError> {
         loop {
             if let Some(outcome) = self.take() {
-                return outcome.map_err(StoreError::Commit);
+                return outcome.map_err(StoreError::from);
             }
             if committer.commit_if_free() {
                 continue;
@@ -167,27 +193,76 @@ impl Commit {
 /// The queue of writes of one database, and the right to commit them.
 pub(crate) struct Committer {
     db: Arc<Database>,
+    /// The file, for the errors that name it.
+    path: String,
     queue: Mutex<Queue>,
     /// Signalled when a write is queued or the queue closes; the background thread waits here.
     queued: Condvar,
     /// Held by whoever takes a batch off the queue and commits it, so commits keep the
     /// queue's order.
     committing: Mutex<()>,
+    /// The cause once the store has failed, for those who wait for that to happen (the
+    /// process that serves the store stops on it); `None` while it is sound.
+    failure: tokio::sync::watch::Sender<Option<String>>,
+    /// Makes the next commit panic, as a bug or a damaged page inside redb would.
+    #[cfg(test)]
+    pub(crate) panic_next_commit: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
 struct Queue {
     writes: VecDeque<Write>,
     closed: bool,
+    /// Why the store failed: set once, never cleared. Kept under the queue's lock so that no
+    /// write can be queued after the failure and never be answered.
+    failed: Option<String>,
 }
 
 impl Committer {
-    pub(crate) fn new(db: Arc<Database>) -> Committer {
+    pub(crate) fn new(db: Arc<Database>, path: String) -> Committer {
         Committer {
             db,
+            path,
             queue: Mutex::new(Queue::default()),
             queued: Condvar::new(),
             committing: Mutex::new(()),
+            failure: tokio::sync::watch::Sender::new(None),
+            #[cfg(test)]
+            panic_next_commit: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The error every write gets once the store has failed; `Ok` while it is sound.
+    pub(crate) fn health(&self) -> Result<(), StoreError> {
+        match &lock(&self.queue).failed {
+            None => Ok(()),
+            Some(cause) => Err(self.failed_error(cause)),
+        }
+    }
+
+    /// Resolves with the cause when the store fails (at once if it has).
+    pub(crate) async fn failed(&self) -> String {
+        let mut failure = self.failure.subscribe();
+        // The guard `wait_for` returns is not `Send`: the cause is copied out at once.
+        let cause = failure
+            .wait_for(Option::is_some)
+            .await
+            .map(|cause| cause.clone());
+        match cause {
+            Ok(cause) => cause.unwrap_or_default(),
+            // The sender lives as long as `self`, which the caller borrows.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    fn failed_error(&self, cause: &str) -> StoreError {
+        StoreError::Failed {
+            path: self.path.clone(),
+            cause: cause.to_string(),
         }
     }
 
@@ -198,6 +273,9 @@ impl Committer {
     /// Queues a write behind every write queued before it.
     pub(crate) fn queue(&self, write: Write) -> Result<(), StoreError> {
         let mut queue = lock(&self.queue);
+        if let Some(cause) = &queue.failed {
+            return Err(self.failed_error(cause));
+        }
         if queue.closed {
             return Err(StoreError::Commit("the store is closing".to_string()));
         }
@@ -229,19 +307,60 @@ impl Committer {
         if batch.is_empty() {
             return;
         }
-        match apply(&self.db, &batch) {
-            Ok(outcomes) => {
+        // A panic is caught here, in whichever thread commits, so that it can neither end the
+        // background thread silently nor unwind into a caller that only wanted its write.
+        let applied = catch_unwind(AssertUnwindSafe(|| {
+            #[cfg(test)]
+            if self
+                .panic_next_commit
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("a test asked this commit to panic");
+            }
+            apply(&self.db, &batch)
+        }));
+        match applied {
+            Ok(Ok(outcomes)) => {
                 for (write, outcome) in batch.iter().zip(outcomes) {
                     write.slot.fill(Ok(outcome));
                 }
             }
-            Err(err) => {
+            Ok(Err(err)) if fails_the_store(&err) => {
+                self.fail(format!("a commit failed: {err}"), batch);
+            }
+            Ok(Err(err)) => {
                 let reason = err.to_string();
                 for write in &batch {
-                    write.slot.fill(Err(reason.clone()));
+                    write.slot.fill(Err(Refused::Commit(reason.clone())));
                 }
             }
+            Err(panic) => {
+                let message = crate::check::panic_message(&*panic);
+                self.fail(format!("a commit panicked: {message}"), batch);
+            }
         }
+    }
+
+    /// Marks the store failed with `cause` and refuses `batch`, every write still queued, and
+    /// (in [`Committer::queue`]) every later one.
+    fn fail(&self, cause: String, batch: Vec<Write>) {
+        let waiting: Vec<Write> = {
+            let mut queue = lock(&self.queue);
+            queue.failed.get_or_insert_with(|| cause.clone());
+            queue.writes.drain(..).collect()
+        };
+        let refused = Refused::StoreFailed {
+            path: self.path.clone(),
+            cause: cause.clone(),
+        };
+        for write in batch.iter().chain(&waiting) {
+            write.slot.fill(Err(refused.clone()));
+        }
+        self.failure.send_if_modified(|failure| {
+            let first = failure.is_none();
+            failure.get_or_insert(cause);
+            first
+        });
     }
 
     /// The background thread: commits whatever is queued, until the queue is closed and
@@ -270,6 +389,20 @@ impl Committer {
         lock(&self.queue).closed = true;
         self.queued.notify_all();
     }
+}
+
+/// Whether `err` comes from the storage under redb rather than from one commit: after an
+/// I/O error redb takes no more writes until the file is opened again, and a damaged page
+/// stays damaged.
+fn fails_the_store(err: &redb::Error) -> bool {
+    matches!(
+        err,
+        redb::Error::Io(_)
+            | redb::Error::Corrupted(_)
+            | redb::Error::PreviousIo
+            | redb::Error::LockPoisoned(_)
+            | redb::Error::DatabaseClosed
+    )
 }
 
 /// Applies `batch` in order in one transaction, bumping each table's index once per change,

@@ -10,8 +10,16 @@
 //! writes can queue the write under the lock ([`Store::put_queued`]) and wait for it after
 //! letting go: writes keep their order, and concurrent ones share one commit.
 //!
+//! A store file is never served as if it were fine when it is not: [`PersistentDb::open`]
+//! refuses an existing file that is empty, is not a redb store, fails redb's integrity check
+//! or holds a record that does not read back ([`StoreError::Damaged`]), and only a missing
+//! file becomes a new store. While running, a commit that panics or fails in the storage
+//! fails the store ([`StoreError::Failed`]): every write is refused from then on, and
+//! [`PersistentDb::failed`] tells the process, which stops.
+//!
 //! This crate knows nothing of tasks or HTTP; values are stored as JSON.
 
+mod check;
 mod commit;
 mod memory;
 mod persistent;
@@ -50,12 +58,34 @@ pub trait Store<V>: Send + Sync {
     fn delete(&self, key: &str) -> Result<bool, StoreError>;
     /// Grows by one with every `put` and every `delete` that removed something.
     fn index(&self) -> Result<u64, StoreError>;
+    /// `Ok` while the store takes writes; the error every write gets once it has failed.
+    fn health(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// A consistent copy of the whole store file this store lives in (every table, as of one
+    /// commit), as an open file to read from; the copy has no name on disk any more.
+    fn backup(&self) -> Result<std::fs::File, StoreError> {
+        Err(StoreError::InMemory)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("cannot open the data file {path}: {reason}")]
     Open { path: String, reason: String },
+    /// Another process has the file open (redb locks it).
+    #[error(
+        "cannot open the data file {path}: it is in use by another process (is another Cube process using the same data directory?)"
+    )]
+    InUse { path: String },
+    /// The file exists but is not a sound store; nothing in it is served.
+    #[error("the store file {path} is damaged: {reason}")]
+    Damaged { path: String, reason: String },
+    /// The store failed while running and takes no more writes (see [`PersistentDb::failed`]).
+    #[error("the store file {path} failed and takes no more writes: {cause}")]
+    Failed { path: String, cause: String },
+    #[error("the store is kept in memory: there is no store file to copy")]
+    InMemory,
     #[error("data file error: {0}")]
     Persistent(#[from] redb::Error),
     #[error("data file commit failed: {0}")]
@@ -66,8 +96,9 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("the stored value under key {key:?} is unreadable: {source}")]
+    #[error("the stored value under key {key:?} in {path} is unreadable: {source}")]
     Decode {
+        path: String,
         key: String,
         #[source]
         source: serde_json::Error,

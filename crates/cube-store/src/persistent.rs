@@ -2,7 +2,7 @@
 //! writes from concurrent callers sharing commits (see [`crate::commit`]).
 
 use std::marker::PhantomData;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -10,6 +10,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::check;
 use crate::commit::{Commit, Committer, META, Slot, Write};
 use crate::{Store, StoreError};
 
@@ -28,6 +29,7 @@ pub struct PersistentDb {
 
 struct DbInner {
     committer: Arc<Committer>,
+    path: PathBuf,
     /// The thread that commits what nobody waits for.
     background: Option<JoinHandle<()>>,
 }
@@ -44,22 +46,12 @@ impl Drop for DbInner {
 }
 
 impl PersistentDb {
-    /// Opens the file, creating it (not its directory) when missing.
+    /// Opens the file, creating it (not its directory) only when missing. An existing file is
+    /// checked first (redb's integrity check, then every record read once) and refused with
+    /// [`StoreError::Damaged`] when it is empty, not a store, or damaged.
     pub fn open(path: &Path) -> Result<PersistentDb, StoreError> {
-        let db = Database::builder()
-            .set_cache_size(CACHE_BYTES)
-            .create(path)
-            .map_err(|err| StoreError::Open {
-            path: path.display().to_string(),
-            reason: match err {
-                redb::DatabaseError::DatabaseAlreadyOpen => {
-                    "it is in use by another process (is another Cube process using the same data directory?)"
-                        .to_string()
-                }
-                other => other.to_string(),
-            },
-        })?;
-        let committer = Arc::new(Committer::new(Arc::new(db)));
+        let db = check::open_checked(path, CACHE_BYTES)?;
+        let committer = Arc::new(Committer::new(Arc::new(db), path.display().to_string()));
         let background = std::thread::Builder::new()
             .name("cube-store-commit".to_string())
             .spawn({
@@ -73,9 +65,66 @@ impl PersistentDb {
         Ok(PersistentDb {
             inner: Arc::new(DbInner {
                 committer,
+                path: path.to_path_buf(),
                 background: Some(background),
             }),
         })
+    }
+
+    /// [`PersistentDb::open`] of a file that exists; `None` when there is none (nothing is
+    /// created).
+    pub fn open_existing(path: &Path) -> Result<Option<PersistentDb>, StoreError> {
+        if !path.exists() {
+            return Ok(None);
+        }
+        PersistentDb::open(path).map(Some)
+    }
+
+    /// Checks the store file at `path` as [`PersistentDb::open`] does (it must exist), and
+    /// closes it again: for a file about to replace a store.
+    pub fn check(path: &Path) -> Result<(), StoreError> {
+        check::check_file(path)
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// `Ok` while the store takes writes; once it has failed, the error every write gets.
+    pub fn health(&self) -> Result<(), StoreError> {
+        self.inner.committer.health()
+    }
+
+    /// Resolves with the cause once the store has failed (a commit panicked, or the storage
+    /// failed under it): nothing written after that is kept, and the process should stop.
+    pub async fn failed(&self) -> String {
+        self.inner.committer.failed().await
+    }
+
+    /// Writes a consistent copy of the whole file (every table as of one commit) to a new
+    /// store file at `destination`, which must not exist. Writes go on meanwhile.
+    pub fn backup_to(&self, destination: &Path) -> Result<(), StoreError> {
+        check::copy_database(self.inner.committer.database(), destination)
+    }
+
+    /// [`PersistentDb::backup_to`] a file next to the store, opened for reading and then
+    /// removed, so that nothing is left behind however the reader ends.
+    pub fn backup(&self) -> Result<std::fs::File, StoreError> {
+        static BACKUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let number = BACKUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut name = self.inner.path.as_os_str().to_owned();
+        name.push(format!(".backup-{}-{number}", std::process::id()));
+        let temporary = PathBuf::from(name);
+        let opened = self.backup_to(&temporary).and_then(|()| {
+            std::fs::File::open(&temporary).map_err(|err| StoreError::Open {
+                path: temporary.display().to_string(),
+                reason: err.to_string(),
+            })
+        });
+        // Removed whether the copy succeeded or not (it may not exist: nothing to report).
+        let _ = std::fs::remove_file(&temporary);
+        opened
     }
 
     /// Queues a write; its [`Commit`] says when it is durable.
@@ -119,6 +168,14 @@ impl<V> PersistentStore<V> {
         self.db.inner.committer.database()
     }
 
+    fn decode_error(&self, key: &str, source: serde_json::Error) -> StoreError {
+        StoreError::Decode {
+            path: self.db.inner.committer.path().to_string(),
+            key: key.to_string(),
+            source,
+        }
+    }
+
     fn definition(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
         TableDefinition::new(&self.table)
     }
@@ -141,10 +198,7 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
         match table.get(key).map_err(redb::Error::from)? {
             Some(bytes) => serde_json::from_slice(bytes.value())
                 .map(Some)
-                .map_err(|source| StoreError::Decode {
-                    key: key.to_string(),
-                    source,
-                }),
+                .map_err(|source| self.decode_error(key, source)),
             None => Ok(None),
         }
     }
@@ -162,11 +216,8 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
             .map_err(redb::Error::from)?;
         for entry in table.iter().map_err(redb::Error::from)? {
             let (key, bytes) = entry.map_err(redb::Error::from)?;
-            let value =
-                serde_json::from_slice(bytes.value()).map_err(|source| StoreError::Decode {
-                    key: key.value().to_string(),
-                    source,
-                })?;
+            let value = serde_json::from_slice(bytes.value())
+                .map_err(|source| self.decode_error(key.value(), source))?;
             visit(value);
         }
         Ok(())
@@ -196,6 +247,14 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
             .map_err(redb::Error::from)?
             .map(|v| v.value())
             .unwrap_or(0))
+    }
+
+    fn health(&self) -> Result<(), StoreError> {
+        self.db.health()
+    }
+
+    fn backup(&self) -> Result<std::fs::File, StoreError> {
+        self.db.backup()
     }
 }
 
@@ -288,6 +347,113 @@ mod group_commit {
         let store = store(&dir);
         assert_eq!(store.count().unwrap(), 400);
         assert_eq!(store.index().unwrap(), 400);
+    }
+
+    fn make_the_next_commit_panic(store: &PersistentStore<u32>) {
+        store
+            .db
+            .inner
+            .committer
+            .panic_next_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    #[test]
+    fn a_commit_that_panics_fails_the_store_and_every_write_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        store.put("before", &1).unwrap();
+        make_the_next_commit_panic(&store);
+
+        let err = store.put("during", &2).unwrap_err();
+        assert!(matches!(err, StoreError::Failed { .. }), "{err}");
+        assert!(
+            err.to_string().contains("cube.redb"),
+            "names the file: {err}"
+        );
+        assert!(err.to_string().contains("panicked"), "says why: {err}");
+
+        let later = store.put_queued("after", &3).err().unwrap();
+        assert!(matches!(later, StoreError::Failed { .. }), "{later}");
+        assert!(matches!(
+            store.delete("before"),
+            Err(StoreError::Failed { .. })
+        ));
+        assert!(matches!(store.health(), Err(StoreError::Failed { .. })));
+        assert_eq!(store.get("before").unwrap(), Some(1), "reads still answer");
+    }
+
+    #[test]
+    fn writes_waiting_when_the_store_fails_are_all_answered_with_the_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        make_the_next_commit_panic(&store);
+        let commits: Vec<Commit> = (0..50)
+            .map(|n| store.put_queued(&n.to_string(), &n).unwrap())
+            .collect();
+        for commit in commits {
+            assert!(matches!(commit.wait(), Err(StoreError::Failed { .. })));
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_failure_is_announced_to_whoever_watches_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        let store = PersistentStore::<u32>::new(db.clone(), "tasks").unwrap();
+        assert!(db.health().is_ok());
+        let watcher = tokio::spawn({
+            let db = db.clone();
+            async move { db.failed().await }
+        });
+        make_the_next_commit_panic(&store);
+        // Nobody waits for this write: the background thread commits it, and must not die
+        // silently when the commit panics.
+        let _unwaited = store.put_queued("a", &1).unwrap();
+        let cause = tokio::time::timeout(std::time::Duration::from_secs(10), watcher)
+            .await
+            .expect("the failure is announced")
+            .unwrap();
+        assert!(cause.contains("panicked"), "{cause}");
+        assert!(db.health().is_err());
+    }
+
+    #[test]
+    fn a_backup_holds_every_table_and_passes_the_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        let tasks = PersistentStore::<u32>::new(db.clone(), "tasks").unwrap();
+        let nodes = PersistentStore::<u32>::new(db.clone(), "nodes").unwrap();
+        for n in 0..100 {
+            tasks.put(&format!("t{n}"), &n).unwrap();
+        }
+        nodes.put("w1", &7).unwrap();
+        let copy = dir.path().join("copy.redb");
+        db.backup_to(&copy).unwrap();
+        tasks.put("written-after", &1000).unwrap();
+
+        PersistentDb::check(&copy).unwrap();
+        let restored = PersistentDb::open(&copy).unwrap();
+        let tasks = PersistentStore::<u32>::new(restored.clone(), "tasks").unwrap();
+        let nodes = PersistentStore::<u32>::new(restored, "nodes").unwrap();
+        assert_eq!(tasks.count().unwrap(), 100);
+        assert_eq!((tasks.index().unwrap(), nodes.index().unwrap()), (100, 1));
+        assert_eq!(nodes.get("w1").unwrap(), Some(7));
+    }
+
+    #[test]
+    fn a_backup_file_is_readable_and_leaves_nothing_behind() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir);
+        store.put("a", &1).unwrap();
+        let mut bytes = Vec::new();
+        store.backup().unwrap().read_to_end(&mut bytes).unwrap();
+        let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(files.len(), 1, "only the store itself: {files:?}");
+        let copy = dir.path().join("copy.redb");
+        std::fs::write(&copy, bytes).unwrap();
+        PersistentDb::check(&copy).unwrap();
     }
 
     #[tokio::test(flavor = "current_thread")]

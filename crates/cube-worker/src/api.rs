@@ -4,8 +4,9 @@
 //! of state changes as they happen; with `&changes=true` it answers only the tasks that
 //! changed after N, and says so in [`SINCE_HEADER`]), `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a
 //! new task, 200 when it was already there), `GET /tasks/{id}`, `DELETE /tasks/{id}` (204),
-//! `GET /stats`, `GET /node` (name, address, capacity and stats).
-//! Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
+//! `GET /stats`, `GET /node` (name, address, capacity and stats), `GET /health` (200
+//! `{"Status": "ok"}`, or 503 with the cause once the task store has failed; every write
+//! answers 503 then too). Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use cube_api::{
     ApiError, INDEX_HEADER, JsonPath, SINCE_HEADER, parse_task_id, with_json_fallbacks,
 };
 use cube_runtime::Runtime;
+use cube_store::StoreError;
 use cube_types::duration::parse_duration;
 use cube_types::{NodeReport, Submission, Task};
 use serde::Deserialize;
@@ -37,6 +39,9 @@ impl From<WorkerError> for ApiError {
             WorkerError::Conflict { .. } => StatusCode::CONFLICT,
             WorkerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             WorkerError::ShuttingDown | WorkerError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // A failed store takes no more writes until the worker is started again (and it
+            // stops itself): the service is unavailable.
+            WorkerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
             WorkerError::Store(_) | WorkerError::Stats(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, err.to_string())
@@ -50,11 +55,21 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
         .route("/stats", get(stats::<R>))
         .route("/node", get(node::<R>))
+        .route("/health", get(health::<R>))
         .with_state(worker);
     with_json_fallbacks(
         routes,
-        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /stats, GET /node",
+        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /stats, GET /node, GET /health",
     )
+}
+
+/// 200 `{"Status": "ok"}` while the worker can keep what it is told; 503 with the cause once
+/// its store has failed.
+async fn health<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    worker.store_health()?;
+    Ok(Json(serde_json::json!({"Status": "ok"})))
 }
 
 /// `?index=N&wait=30s` makes `GET /tasks` a blocking query: it answers once a task changed
@@ -152,4 +167,24 @@ async fn node<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
 ) -> Result<Json<NodeReport>, ApiError> {
     Ok(Json(worker.node_report()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_store_answers_503_with_the_file_and_the_cause() {
+        let err = ApiError::from(WorkerError::Store(StoreError::Failed {
+            path: "/data/worker-w1.redb".to_string(),
+            cause: "a commit failed: I/O error".to_string(),
+        }));
+        assert_eq!(err.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            err.message.contains("/data/worker-w1.redb"),
+            "{}",
+            err.message
+        );
+        assert!(err.message.contains("I/O error"), "{}", err.message);
+    }
 }

@@ -193,6 +193,11 @@ impl<R: Runtime> Worker<R> {
         &self.config.name
     }
 
+    /// `Ok` while the task store takes writes; once it has failed, the error every write gets.
+    pub fn store_health(&self) -> Result<(), WorkerError> {
+        Ok(self.tasks.health()?)
+    }
+
     pub fn stats(&self) -> &StatsCollector {
         &self.stats
     }

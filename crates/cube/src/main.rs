@@ -8,6 +8,7 @@ mod dev;
 mod manager;
 mod sample_image;
 mod shutdown;
+mod store_cmd;
 mod stores;
 mod worker;
 
@@ -51,6 +52,7 @@ enum Command {
     Completion(cli::CompletionArgs),
     Config(cli::ConfigArgs),
     SampleImage(sample_image::SampleImageArgs),
+    Store(store_cmd::StoreCommandArgs),
 }
 
 /// Binds the API's listener; port 0 picks a free port, and the address says which.
@@ -172,6 +174,7 @@ fn main() -> ExitCode {
             Command::Completion(args) => cli::completion(args, command_line()),
             Command::Config(args) => cli::config(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
+            Command::Store(args) => store_cmd::run(args).await,
         }
     });
     match result {

@@ -9,7 +9,7 @@ use cube_types::duration::parse_duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::stores::StoreArgs;
+use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 
 /// Run a manager: it accepts tasks (POST /tasks), places them on workers with the chosen
 /// scheduler, sends them there and follows their state.
@@ -66,6 +66,8 @@ impl ManagerArgs {
 pub struct PreparedManager {
     manager: std::sync::Arc<Manager>,
     listener: TcpListener,
+    /// Watched while serving: a store that fails stops the manager with an error.
+    stores: OpenedStores,
     pub listening_line: String,
     pub address: std::net::SocketAddr,
 }
@@ -86,7 +88,7 @@ pub async fn prepare(
     );
 
     // 2. Build: stores, manager, listener.
-    let stores = args.store.open("manager")?;
+    let stores = args.store.open(StoreOwner::Manager)?;
     let manager_stores = ManagerStores {
         tasks: stores.table("tasks")?,
         events: stores.table("events")?,
@@ -108,6 +110,7 @@ pub async fn prepare(
     Ok(PreparedManager {
         manager,
         listener,
+        stores,
         listening_line,
         address,
     })
@@ -115,9 +118,12 @@ pub async fn prepare(
 
 impl PreparedManager {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        cube_manager::run(self.manager, self.listener, shutdown)
-            .await
-            .context("serving the manager API")
+        let serving = async {
+            cube_manager::run(self.manager, self.listener, shutdown.clone())
+                .await
+                .context("serving the manager API")
+        };
+        self.stores.unless_failed(serving, &shutdown).await
     }
 }
 

@@ -1,14 +1,54 @@
 //! Where `cube manager`, `cube worker` and `cube dev` keep their state: the `--dbtype` and
-//! `--data-dir` flags they share, and the stores opened from them.
+//! `--data-dir` flags they share, the stores opened from them, and the names of the store
+//! files (`cube store` finds them the same way).
+//!
+//! A store file that is damaged is refused at start with what to do; a store that fails while
+//! the process runs stops the process with an error ([`OpenedStores::unless_failed`]).
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use cube_store::{MemoryStore, PersistentDb, PersistentStore, Store};
+use cube_store::{MemoryStore, PersistentDb, PersistentStore, Store, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+/// Whose store a file is; the file's name follows from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreOwner {
+    Manager,
+    /// A worker, by its node name.
+    Worker(String),
+}
+
+impl StoreOwner {
+    /// The store file's name in the data directory.
+    pub fn file_name(&self) -> String {
+        match self {
+            StoreOwner::Manager => "manager.redb".to_string(),
+            StoreOwner::Worker(name) => format!("worker-{name}.redb"),
+        }
+    }
+
+    /// What to give `cube store` (after `--data-dir DIR`) to name this store.
+    pub fn flags(&self) -> String {
+        match self {
+            StoreOwner::Manager => String::new(),
+            StoreOwner::Worker(name) => format!(" --role worker --name {name}"),
+        }
+    }
+
+    /// "manager" or "worker", for messages.
+    pub fn role(&self) -> &'static str {
+        match self {
+            StoreOwner::Manager => "manager",
+            StoreOwner::Worker(_) => "worker",
+        }
+    }
+}
 
 /// Where a process keeps its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -35,23 +75,43 @@ pub struct OpenedStores {
     db: Option<PersistentDb>,
     /// For the listening line: `memory`, or `persistent, PATH`.
     pub description: String,
+    /// Whose store it is, for the messages that say what to do.
+    owner: StoreOwner,
+    data_dir: PathBuf,
 }
 
 impl StoreArgs {
-    /// Creates the data directory and opens `FILE_STEM.redb` in it (or nothing, in memory).
-    pub fn open(&self, file_stem: &str) -> anyhow::Result<OpenedStores> {
+    /// Creates the data directory and opens `owner`'s store file in it (or nothing, in
+    /// memory). A file that exists but is not a sound store is refused, with what to do.
+    pub fn open(&self, owner: StoreOwner) -> anyhow::Result<OpenedStores> {
         std::fs::create_dir_all(&self.data_dir)
             .with_context(|| format!("creating the data directory {}", self.data_dir.display()))?;
         Ok(match self.dbtype {
             DbType::Memory => OpenedStores {
                 db: None,
                 description: "memory".to_string(),
+                owner,
+                data_dir: self.data_dir.clone(),
             },
             DbType::Persistent => {
-                let path = self.data_dir.join(format!("{file_stem}.redb"));
+                let path = self.data_dir.join(owner.file_name());
+                let db = match PersistentDb::open(&path) {
+                    Ok(db) => db,
+                    Err(err @ StoreError::Damaged { .. }) => anyhow::bail!(
+                        "{err}. The {role} does not start on it: restore a backup with `cube \
+                         store restore BACKUP --data-dir {dir}{flags}`, or move the file away \
+                         to start with an empty store",
+                        role = owner.role(),
+                        dir = self.data_dir.display(),
+                        flags = owner.flags(),
+                    ),
+                    Err(err) => return Err(err.into()),
+                };
                 OpenedStores {
-                    db: Some(PersistentDb::open(&path)?),
+                    db: Some(db),
                     description: format!("persistent, {}", path.display()),
+                    owner,
+                    data_dir: self.data_dir.clone(),
                 }
             }
         })
@@ -63,6 +123,41 @@ impl StoreArgs {
 }
 
 impl OpenedStores {
+    /// Runs `serving` to its end, unless the store fails first (a commit panicked, or the disk
+    /// failed under it): then every loop is asked to stop, `serving` is let finish, and the
+    /// failure is the error, so the process exits non-zero instead of living on without a
+    /// store.
+    pub async fn unless_failed(
+        &self,
+        serving: impl Future<Output = anyhow::Result<()>>,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<()> {
+        let Some(db) = &self.db else {
+            return serving.await;
+        };
+        tokio::pin!(serving);
+        tokio::select! {
+            result = &mut serving => result,
+            cause = db.failed() => {
+                tracing::error!(store = %db.path().display(), %cause, "the store failed; stopping");
+                shutdown.cancel();
+                if let Err(err) = serving.await {
+                    tracing::warn!(error = %err, "while stopping");
+                }
+                anyhow::bail!(
+                    "the store file {path} failed and takes no more writes ({cause}); the \
+                     {role} stopped. Start it again once the disk is sound (the file is checked \
+                     at start), or restore a backup with `cube store restore BACKUP --data-dir \
+                     {dir}{flags}`",
+                    path = db.path().display(),
+                    role = self.owner.role(),
+                    dir = self.data_dir.display(),
+                    flags = self.owner.flags(),
+                )
+            }
+        }
+    }
+
     /// The store for one table of values.
     pub fn table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
     where

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::stores::StoreArgs;
+use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 
 /// Run a worker: the agent that runs tasks as Docker containers on this machine.
 ///
@@ -106,6 +106,8 @@ pub struct PreparedWorker {
     commands: mpsc::Receiver<Command>,
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
+    /// Watched while serving: a store that fails stops the worker with an error.
+    stores: OpenedStores,
     /// What `cube worker` prints once it listens.
     pub listening_line: String,
 }
@@ -126,7 +128,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         .context("--manager")?;
 
     // 2. Build: store, Docker, listener.
-    let stores = args.store.open(&format!("worker-{name}"))?;
+    let stores = args.store.open(StoreOwner::Worker(name.clone()))?;
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
     let (listener, address) = crate::listen(&args.host, args.port).await?;
@@ -157,21 +159,25 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
             interval: args.heartbeat_interval,
         }),
         listening_line: cube_worker::listening_line(&name, address, &stores.description),
+        stores,
     })
 }
 
 impl PreparedWorker {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        cube_worker::run(
-            self.worker,
-            self.commands,
-            self.listener,
-            self.heartbeat,
-            shutdown,
-        )
-        .await
-        .context("serving the worker API")
+        let serving = async {
+            cube_worker::run(
+                self.worker,
+                self.commands,
+                self.listener,
+                self.heartbeat,
+                shutdown.clone(),
+            )
+            .await
+            .context("serving the worker API")
+        };
+        self.stores.unless_failed(serving, &shutdown).await
     }
 }
 

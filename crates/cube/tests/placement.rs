@@ -45,7 +45,9 @@ async fn a_waiting_task_in_a_large_cluster_says_why_in_one_counted_line() {
     let reason = task["PendingReason"].as_str().unwrap();
     assert!(reason.len() < 200, "one short line: {reason}");
     assert!(
-        reason.contains("no node could ever hold it: needs 1.0 GiB memory, the largest node has 512.0 MiB"),
+        reason.contains(
+            "no node could ever hold it: needs 1.0 GiB memory, the largest node has 512.0 MiB"
+        ),
         "{reason}"
     );
 
@@ -77,7 +79,11 @@ async fn tasks_are_listed_in_pages_with_filters_and_a_summary_form() {
     let client = manager.client();
     let mut submitted = Vec::new();
     for n in 0..25 {
-        let name = if n % 5 == 0 { "five".to_string() } else { format!("t{n}") };
+        let name = if n % 5 == 0 {
+            "five".to_string()
+        } else {
+            format!("t{n}")
+        };
         submitted.push(
             client
                 .submit(&json!({"Name": name, "Image": SAMPLE_IMAGE}))
@@ -106,7 +112,10 @@ async fn tasks_are_listed_in_pages_with_filters_and_a_summary_form() {
             page.iter().all(|task| task.get("History").is_none()),
             "the summary form leaves the history out"
         );
-        listed.extend(page.iter().map(|task| task["ID"].as_str().unwrap().to_string()));
+        listed.extend(
+            page.iter()
+                .map(|task| task["ID"].as_str().unwrap().to_string()),
+        );
         pages += 1;
         if next.is_none() {
             break;

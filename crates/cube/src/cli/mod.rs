@@ -11,8 +11,8 @@
 //! ask, and show the answer — including why a task waits or failed.
 
 mod completion;
-mod input;
 mod config;
+mod input;
 mod node;
 mod output;
 mod resolve;

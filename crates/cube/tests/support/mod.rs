@@ -570,3 +570,87 @@ pub fn cube_cli_env(env: &[(&str, &str)], args: &[&str]) -> (bool, String, Strin
         String::from_utf8_lossy(&output.stderr).to_string(),
     )
 }
+
+/// How a `cube` process that was expected to refuse to start ended.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: std::process::ExitStatus,
+    pub stderr: String,
+}
+
+impl ManagerProcess {
+    /// Starts a persistent-store manager on port 0 under `data_dir`, or, when it does not
+    /// start, waits (up to [`STATE_BOUND`]) for it to exit and says how it ended.
+    pub fn try_start(data_dir: &Path) -> Result<ManagerProcess, Refusal> {
+        let args = ["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"];
+        let (mut child, line, stderr_path) = spawn_cube_for_a_line(&args, data_dir, "manager");
+        match cube_api::address_in_listening_line(&line) {
+            Some(url) => Ok(ManagerProcess {
+                url: url.to_string(),
+                port: url.rsplit(':').next().unwrap().parse().unwrap(),
+                data_dir: data_dir.to_path_buf(),
+                child,
+                stderr_path,
+            }),
+            None => Err(wait_for_refusal(&mut child, &stderr_path)),
+        }
+    }
+}
+
+/// Starts `cube ARGS --data-dir DIR` and returns the first line it prints (empty when it
+/// printed none before closing its output).
+fn spawn_cube_for_a_line(
+    args: &[&str],
+    data_dir: &Path,
+    log_name: &str,
+) -> (Child, String, PathBuf) {
+    let stderr_path = data_dir.join(format!("{log_name}.stderr"));
+    std::fs::create_dir_all(data_dir).unwrap();
+    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let mut child = Command::new(cube_binary())
+        .args(args)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn cube");
+    let mut line = String::new();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    (child, line, stderr_path)
+}
+
+/// Waits up to [`STATE_BOUND`] for a process that printed no address to exit; a process that
+/// neither listens nor exits is a test failure.
+fn wait_for_refusal(child: &mut Child, stderr_path: &Path) -> Refusal {
+    let deadline = Instant::now() + STATE_BOUND;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Refusal {
+                status,
+                stderr: std::fs::read_to_string(stderr_path).unwrap_or_default(),
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("cube neither listened nor exited within {STATE_BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Runs `cube ARGS` to its end; returns its exit status and stderr, with stdout.
+pub fn cube_command(args: &[&str]) -> (std::process::ExitStatus, String, String) {
+    let output = Command::new(cube_binary())
+        .args(args)
+        .output()
+        .expect("run cube");
+    (
+        output.status,
+        String::from_utf8_lossy(&output.stdout).to_string(),
+        String::from_utf8_lossy(&output.stderr).to_string(),
+    )
+}
