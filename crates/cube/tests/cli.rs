@@ -13,26 +13,9 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Value, json};
 use support::*;
 
-/// A manager (memory store) and one worker that joined it, Ready.
-struct Cluster {
-    manager: ManagerProcess,
-    _worker: WorkerProcess,
-    _dir: tempfile::TempDir,
-}
+type Cluster = OneNodeCluster;
 
-impl Cluster {
-    async fn start(prefix: &str) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
-        let worker = manager.join_worker(&unique_node(prefix), &[]);
-        manager.await_ready_nodes(1).await;
-        Cluster {
-            manager,
-            _worker: worker,
-            _dir: dir,
-        }
-    }
-
+impl OneNodeCluster {
     /// Runs `cube ARGS` against this cluster's manager.
     fn cube(&self, args: &[&str]) -> (bool, String, String) {
         cube_cli(&self.manager.address(), args)

@@ -8,26 +8,9 @@ mod support;
 use serde_json::Value;
 use support::*;
 
-/// A manager (memory store) with one worker that joined it.
-struct Cluster {
-    manager: ManagerProcess,
-    worker: WorkerProcess,
-    _dir: tempfile::TempDir,
-}
+type Cluster = OneNodeCluster;
 
-impl Cluster {
-    async fn start(prefix: &str) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
-        let worker = manager.join_worker(&unique_node(prefix), &[]);
-        manager.await_ready_nodes(1).await;
-        Cluster {
-            manager,
-            worker,
-            _dir: dir,
-        }
-    }
-
+impl OneNodeCluster {
     /// `cube ARGS` against this cluster's manager; fails the test when the command fails.
     fn cli(&self, args: &[&str]) -> String {
         let (ok, stdout, stderr) = cube_cli(&self.manager.address(), args);

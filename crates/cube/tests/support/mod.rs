@@ -159,27 +159,8 @@ impl Drop for WorkerProcess {
 /// Starts `cube ARGS --data-dir DIR`, logging to `DIR/LOG_NAME.stderr`, and reads the
 /// `http://` address from the first line it prints.
 fn spawn_cube(args: &[&str], data_dir: &Path, log_name: &str) -> (Child, String, PathBuf) {
-    let stderr_path = data_dir.join(format!("{log_name}.stderr"));
-    std::fs::create_dir_all(data_dir).unwrap();
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&stderr_path)
-        .unwrap();
-    let mut child = Command::new(cube_binary())
-        .args(args)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn cube");
-    let mut line = String::new();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    stdout.read_line(&mut line).unwrap();
-    // Keep reading what else it prints, so that it never writes to a closed pipe.
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    // A process started again on the same directory adds to its log.
+    let (mut child, line, stderr_path) = spawn_cube_for_a_line(args, data_dir, log_name, true);
     let Some(url) = cube_api::address_in_listening_line(&line) else {
         let _ = child.kill();
         panic!(
@@ -583,7 +564,8 @@ impl ManagerProcess {
     /// start, waits (up to [`STATE_BOUND`]) for it to exit and says how it ended.
     pub fn try_start(data_dir: &Path) -> Result<ManagerProcess, Refusal> {
         let args = ["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"];
-        let (mut child, line, stderr_path) = spawn_cube_for_a_line(&args, data_dir, "manager");
+        let (mut child, line, stderr_path) =
+            spawn_cube_for_a_line(&args, data_dir, "manager", false);
         match cube_api::address_in_listening_line(&line) {
             Some(url) => Ok(ManagerProcess {
                 url: url.to_string(),
@@ -598,15 +580,23 @@ impl ManagerProcess {
 }
 
 /// Starts `cube ARGS --data-dir DIR` and returns the first line it prints (empty when it
-/// printed none before closing its output).
+/// printed none before closing its output); its stderr goes to `DIR/LOG_NAME.stderr`, added to
+/// what is there (`append`) or written anew.
 fn spawn_cube_for_a_line(
     args: &[&str],
     data_dir: &Path,
     log_name: &str,
+    append: bool,
 ) -> (Child, String, PathBuf) {
     let stderr_path = data_dir.join(format!("{log_name}.stderr"));
     std::fs::create_dir_all(data_dir).unwrap();
-    let stderr = std::fs::File::create(&stderr_path).unwrap();
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(&stderr_path)
+        .unwrap();
     let mut child = Command::new(cube_binary())
         .args(args)
         .arg("--data-dir")
@@ -619,6 +609,7 @@ fn spawn_cube_for_a_line(
     let mut line = String::new();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     stdout.read_line(&mut line).unwrap();
+    // Keep reading what else it prints, so that it never writes to a closed pipe.
     std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
     (child, line, stderr_path)
 }
@@ -653,4 +644,27 @@ pub fn cube_command(args: &[&str]) -> (std::process::ExitStatus, String, String)
         String::from_utf8_lossy(&output.stdout).to_string(),
         String::from_utf8_lossy(&output.stderr).to_string(),
     )
+}
+
+/// A manager (memory store) and one worker that joined it, `Ready`: the cluster most command
+/// line tests need.
+pub struct OneNodeCluster {
+    pub manager: ManagerProcess,
+    pub worker: WorkerProcess,
+    _dir: tempfile::TempDir,
+}
+
+impl OneNodeCluster {
+    /// Starts it, with a unique node name starting with `prefix`.
+    pub async fn start(prefix: &str) -> OneNodeCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+        let worker = manager.join_worker(&unique_node(prefix), &[]);
+        manager.await_ready_nodes(1).await;
+        OneNodeCluster {
+            manager,
+            worker,
+            _dir: dir,
+        }
+    }
 }
