@@ -6,9 +6,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use support::*;
@@ -370,109 +368,41 @@ fn a_manager_listening_on_every_interface_warns_that_anyone_can_drive_it() {
     );
 }
 
-/// A stand-in for the manager that knows one task and records the requests it gets: for
-/// answers the real manager does not give yet (a restart backoff's `NextRestart`; a 409 for a
-/// changed resubmission). `POST /tasks` gets `conflict` as a 409 when one is given.
-struct FakeManager {
-    address: String,
-    requests: Arc<Mutex<Vec<String>>>,
-}
-
-impl FakeManager {
-    fn start(task: Value, conflict: Option<&'static str>) -> FakeManager {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let seen = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut request_line = String::new();
-                if reader.read_line(&mut request_line).is_err() {
-                    continue;
-                }
-                // The rest of the head, then the body, read so that the client's write ends.
-                let mut header = String::new();
-                let mut body_length = 0;
-                while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
-                    if let Some(length) =
-                        header.to_ascii_lowercase().strip_prefix("content-length:")
-                    {
-                        body_length = length.trim().parse().unwrap_or(0);
-                    }
-                    header.clear();
-                }
-                let mut request_body = vec![0; body_length];
-                let _ = reader.read_exact(&mut request_body);
-                let request_line = request_line.trim().to_string();
-                seen.lock().unwrap().push(request_line.clone());
-                let (status, body) = if request_line.starts_with("GET /tasks ") {
-                    ("200 OK", json!([task]).to_string())
-                } else if request_line.starts_with("GET /tasks/") {
-                    ("200 OK", task.to_string())
-                } else if request_line.starts_with("DELETE /tasks/") {
-                    ("204 No Content", String::new())
-                } else if let (true, Some(message)) =
-                    (request_line.starts_with("POST /tasks "), conflict)
-                {
-                    (
-                        "409 Conflict",
-                        json!({"HTTPStatusCode": 409, "Message": message}).to_string(),
-                    )
-                } else {
-                    (
-                        "404 Not Found",
-                        json!({"HTTPStatusCode": 404, "Message": "no such route"}).to_string(),
-                    )
-                };
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            }
-        });
-        FakeManager { address, requests }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
-    }
-}
-
-#[test]
-fn stopping_a_task_that_waits_to_restart_cancels_the_restart_and_says_so() {
-    let id = "6a0e1cf4-5b7d-4f0e-9a43-2c8f1e6d3b21";
-    let manager = FakeManager::start(
-        json!({
-        "ID": id,
-        "Name": "flaky",
-        "Image": SAMPLE_IMAGE,
-        "State": "Failed",
-        "DesiredState": "Running",
-        "RestartPolicy": "always",
-        "ExitCode": 3,
-        "Error": "container exited with code 3",
-        "NextRestart": "2099-01-01T00:00:00Z",
-        }),
-        None,
-    );
-    let (ok, stdout, stderr) = cube_cli(&manager.address, &["stop", "flaky"]);
+#[tokio::test]
+async fn stopping_a_task_that_waits_to_restart_cancels_the_restart_and_says_so() {
+    let cluster = Cluster::start("flaky").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("flaky.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "Name: flaky\nImage: {SAMPLE_IMAGE}\nCmd: [/bin/sh, -c, 'exit 3']\n\
+             RestartPolicy: on-failure\nRestartDelay: 30s\n"
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let id = stdout.lines().next().unwrap().trim().to_string();
+    let client = cluster.manager.client();
+    client
+        .await_task(&id, "Failed, waiting to restart", |task| {
+            task["State"] == "Failed" && task["NextRestart"].is_string()
+        })
+        .await;
+    let (ok, stdout, stderr) = cluster.cube(&["stop", "flaky"]);
     assert!(ok, "{stderr}");
     assert!(
-        stdout.contains("stopped flaky (6a0e1cf4): it was waiting to restart (restart cancelled)"),
+        stdout.contains(&format!(
+            "stopped flaky ({}): it was waiting to restart (restart cancelled)",
+            &id[..8]
+        )),
         "{stdout}"
     );
     assert!(!stdout.contains("already ended"), "{stdout}");
-    assert!(
-        manager
-            .requests()
-            .contains(&format!("DELETE /tasks/{id} HTTP/1.1")),
-        "{:?}",
-        manager.requests()
-    );
+    let after = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(after["DesiredState"], "Completed", "{after}");
+    assert!(after["NextRestart"].is_null(), "{after}");
 }
 
 #[tokio::test]
@@ -497,25 +427,29 @@ async fn stopping_a_task_that_ended_for_good_says_so_and_succeeds() {
     assert!(stdout.contains("has already ended: Completed"), "{stdout}");
 }
 
-#[test]
-fn a_changed_file_sent_again_with_its_task_id_fails_with_the_differences_and_points_to_jobs() {
-    let id = "0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f";
-    let manager = FakeManager::start(
-        json!({"ID": id, "Image": SAMPLE_IMAGE}),
-        Some("task 0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f exists with other fields: Memory"),
-    );
+#[tokio::test]
+async fn a_changed_file_sent_again_with_its_task_id_fails_with_the_differences() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("changed.json");
-    std::fs::write(
-        &file,
-        json!({"ID": id, "Image": SAMPLE_IMAGE, "Memory": "64MiB"}).to_string(),
-    )
-    .unwrap();
-    let (ok, stdout, stderr) = cube_cli(&manager.address, &["run", "-f", file.to_str().unwrap()]);
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let id = "0f5b3c2e-8d1a-4c6b-9e7f-1a2b3c4d5e6f";
+    let file = dir.path().join("task.json");
+    let write = |task: Value| std::fs::write(&file, task.to_string()).unwrap();
+    write(json!({"ID": id, "Image": SAMPLE_IMAGE}));
+    let run = || cube_cli(&manager.address(), &["run", "-f", file.to_str().unwrap()]);
+    let (ok, _, stderr) = run();
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = run();
+    assert!(ok, "the same file again: {stderr}");
+    assert!(
+        format!("{stdout}{stderr}").contains("already exists, unchanged"),
+        "{stdout}{stderr}"
+    );
+    write(json!({"ID": id, "Image": SAMPLE_IMAGE, "Memory": "64MiB"}));
+    let (ok, stdout, stderr) = run();
     assert!(!ok, "{stdout}");
     assert!(stdout.is_empty(), "no task ID for a refused task: {stdout}");
     assert!(
-        stderr.contains("exists with other fields: Memory") && stderr.contains("use a job"),
+        stderr.contains("differs from it in Memory") && stderr.contains("stop it"),
         "{stderr}"
     );
 }

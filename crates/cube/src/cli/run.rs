@@ -117,7 +117,9 @@ enum HealthCheckFlag {
 }
 
 pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
-    let (origin, document, submission) = match &args.file {
+    // The submission is parsed (and so validated) here, as the manager will; what is sent is
+    // the document as written.
+    let (origin, document, _submission) = match &args.file {
         Some(path) => {
             let file = read_task_file(path)?;
             (file.origin, file.document, file.submission)
@@ -128,7 +130,7 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
     let (status, task): (u16, Task) = manager
         .post("/tasks", &document)
         .await
-        .map_err(|err| explain_refusal(err, &origin, &submission))?;
+        .map_err(|err| explain_refusal(err, &origin))?;
 
     match args.flags.output {
         OutputFormat::Json if !args.wait => print_json(&task)?,
@@ -180,16 +182,13 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// The manager's refusal in the words of the command line: a 409 means the task ID is taken
-/// by a task with another spec, which `cube run` cannot change.
-fn explain_refusal(err: anyhow::Error, origin: &str, submission: &Submission) -> anyhow::Error {
+/// by a task with another spec, which `cube run` cannot change (the manager's message names
+/// the fields and what to do); it is said with the file it came from.
+fn explain_refusal(err: anyhow::Error, origin: &str) -> anyhow::Error {
     match err.downcast_ref::<ClientError>() {
         Some(ClientError::Status {
             status, message, ..
-        }) if status.as_u16() == 409 => anyhow!(
-            "{origin}: {message}\nA task's spec does not change once submitted: stop task {} \
-             and run the file with another ID (or none), or use a job for updates",
-            submission.event.task.id
-        ),
+        }) if status.as_u16() == 409 => anyhow!("{origin}: {message}"),
         _ => err,
     }
 }
