@@ -11,6 +11,7 @@
 
 pub mod api;
 mod cache;
+mod jobs;
 mod log_limit;
 mod manager;
 mod nodes;

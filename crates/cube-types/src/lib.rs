@@ -1,7 +1,8 @@
 //! Cube's domain types and their JSON wire format.
 //!
 //! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
-//! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker),
+//! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker), [`job`] (a job:
+//! groups of copies of a task template, and the constraints on their nodes),
 //! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
 //! [`size`] (byte sizes with units), [`cpu`] (cores, also as millicores), [`duration`]
 //! (durations with units), [`error`] (the error body every API returns),
@@ -15,6 +16,7 @@ pub mod cpu;
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod job;
 pub mod node;
 pub mod size;
 pub mod state;
@@ -24,6 +26,7 @@ pub mod time;
 
 pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};
+pub use job::{Constraint, Group, Job, JobType, Operator};
 pub use node::{Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};

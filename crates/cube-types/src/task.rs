@@ -202,6 +202,24 @@ pub struct Task {
     /// What happened to the task, oldest first, the last [`HISTORY_LIMIT`] entries.
     #[serde(rename = "History", default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// Where the task may run: each constraint must hold on its node (`label.zone = eu`).
+    /// A job's tasks carry the job's and the group's constraints.
+    #[serde(
+        rename = "Constraints",
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub constraints: Vec<crate::job::Constraint>,
+    /// The job that owns the task (set by the job controller; empty for a bare task).
+    #[serde(rename = "Job", default, skip_serializing_if = "String::is_empty")]
+    pub job: String,
+    /// The job's group the task is a copy of.
+    #[serde(rename = "Group", default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// Which copy of its group the task is (0-based); the task is named `job.group[index]`.
+    #[serde(rename = "Index", default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
     /// When the manager restarts the task, while it waits out its restart backoff (the run
     /// ended and the policy wants another). Unset otherwise.
     #[serde(
@@ -398,6 +416,10 @@ impl Task {
             error: None,
             pending_reason: None,
             history: Vec::new(),
+            constraints: Vec::new(),
+            job: String::new(),
+            group: String::new(),
+            index: None,
             next_restart: None,
             dispatch_error: None,
             next_attempt: None,
@@ -511,6 +533,11 @@ impl Task {
             max_restarts: _,
             restart_delay: _,
             restart_delay_max: _,
+            constraints: _,
+            // Which job, group and copy the task is: the job controller's, part of the spec.
+            job: _,
+            group: _,
+            index: _,
             // What a worker observes of one run: `clear_observed`.
             container_id: _,
             host_ports: _,
@@ -573,6 +600,10 @@ impl Task {
             max_restarts,
             restart_delay,
             restart_delay_max,
+            constraints,
+            job,
+            group,
+            index,
             container_id: _,
             host_ports: _,
             start_time: _,
@@ -627,6 +658,10 @@ impl Task {
                 "RestartDelayMax",
                 *restart_delay_max == other.restart_delay_max,
             ),
+            ("Constraints", *constraints == other.constraints),
+            ("Job", *job == other.job),
+            ("Group", *group == other.group),
+            ("Index", *index == other.index),
         ];
         compared
             .into_iter()
@@ -692,6 +727,9 @@ impl Task {
         }
         self.validate_ports(&mut findings);
         self.validate_health_and_restarts(&mut findings);
+        for (n, constraint) in self.constraints.iter().enumerate() {
+            findings.extend(constraint.findings(&format!("Constraints[{n}]")));
+        }
         findings
     }
 
