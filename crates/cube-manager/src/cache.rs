@@ -36,6 +36,8 @@ pub struct TaskCache {
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
     /// let the scheduler place.
     waiting: BTreeSet<Uuid>,
+    /// The tasks each job owns (its `Job` field), for the job controller.
+    by_job: HashMap<String, BTreeSet<Uuid>>,
 }
 
 /// A task holds its declared resources on its node from placement until it ends; a `Lost`
@@ -87,8 +89,15 @@ impl TaskCache {
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
             self.release(old);
+            self.unown(old);
         }
         self.hold(&task);
+        if !task.job.is_empty() {
+            self.by_job
+                .entry(task.job.clone())
+                .or_default()
+                .insert(task.id);
+        }
         if task.state == State::Pending && task.desired_state == State::Running {
             self.waiting.insert(task.id);
         } else {
@@ -102,8 +111,31 @@ impl TaskCache {
     pub fn remove(&mut self, id: &Uuid) -> Option<Arc<Task>> {
         let task = self.tasks.remove(id)?;
         self.release(&task);
+        self.unown(&task);
         self.waiting.remove(id);
         Some(task)
+    }
+
+    /// The tasks a job owns, shared.
+    pub fn of_job(&self, job: &str) -> Vec<Arc<Task>> {
+        self.by_job
+            .get(job)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.tasks.get(id).cloned())
+            .collect()
+    }
+
+    fn unown(&mut self, task: &Task) {
+        if task.job.is_empty() {
+            return;
+        }
+        if let Some(owned) = self.by_job.get_mut(&task.job) {
+            owned.remove(&task.id);
+            if owned.is_empty() {
+                self.by_job.remove(&task.job);
+            }
+        }
     }
 
     fn hold(&mut self, task: &Task) {
