@@ -196,36 +196,23 @@ async fn list_tasks(
         })?),
         None => None,
     };
-    let mut tasks = manager.tasks();
-    tasks.retain(|task| {
+    let keep = |task: &Task| {
         state.is_none_or(|state| task.state == state)
             && query
                 .node
                 .as_ref()
                 .is_none_or(|node| &task.node_name == node)
             && query.name.as_ref().is_none_or(|name| &task.name == name)
-    });
-    if let Some(start) = start {
-        match tasks.iter().position(|task| task.id == start) {
-            Some(index) => {
-                tasks.drain(..index);
-            }
-            None => {
-                return Err(ApiError::bad_request(format!(
-                    "next: no task {start} to start the page from (it was removed, or the \
-                     filters differ from the previous page's)"
-                )));
-            }
-        }
-    }
-    let next = match query.limit {
-        Some(limit) if tasks.len() > limit => {
-            let next = tasks[limit].id;
-            tasks.truncate(limit);
-            Some(next)
-        }
-        _ => None,
     };
+    // Without a limit, every task that matches (in one page).
+    let (tasks, next) = manager
+        .tasks_page(start, query.limit.unwrap_or(usize::MAX), keep)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "next: no task {} to start the page from (it was removed since)",
+                start.map(|id| id.to_string()).unwrap_or_default()
+            ))
+        })?;
     let mut response = if query.summary == Some(true) {
         let summaries: Vec<Task> = tasks
             .iter()

@@ -373,6 +373,23 @@ impl Manager {
             .collect()
     }
 
+    /// A page of tasks, oldest first (see `TaskCache::page`), and where the next one starts.
+    /// `None` when `start` names no task.
+    pub fn tasks_page(
+        &self,
+        start: Option<Uuid>,
+        limit: usize,
+        keep: impl Fn(&Task) -> bool,
+    ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
+        let (page, next) = lock(&self.state).cache.page(start, limit, keep)?;
+        let failures = lock(&self.failures);
+        let page = page
+            .into_iter()
+            .map(|task| self.with_attempts(task, &failures))
+            .collect();
+        Some((page, next))
+    }
+
     /// The task with the manager's failing attempts to act on it, if any: what keeps it
     /// `Scheduled` (or stopping) is shown with it, not only in the manager's log.
     fn with_attempts(&self, task: Arc<Task>, failures: &HashMap<Uuid, Retrying>) -> Arc<Task> {
