@@ -9,7 +9,7 @@ use cube_runtime::sample_image::SAMPLE_IMAGE;
 
 use crate::manager::{self, ManagerArgs};
 use crate::stores::StoreArgs;
-use crate::worker::{self, WorkerArgs};
+use crate::worker::{self, LabelArgs, WorkerArgs};
 
 /// Run a local cluster in one process: a manager and one worker, with the persistent store
 /// under --data-dir, and the sample image built if it is missing.
@@ -39,6 +39,8 @@ pub struct DevArgs {
     scheduler: String,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -54,6 +56,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.worker_port,
         manager_address.clone(),
         args.store,
+        args.labels,
     ))
     .await?;
     // A new user's first task uses the sample image; build it now rather than fail later.
