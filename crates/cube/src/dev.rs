@@ -16,6 +16,7 @@ use crate::worker::{self, LabelArgs, WorkerArgs};
 ///
 /// The worker registers with the manager over loopback like any other worker, so everything
 /// `cube run`, `cube status`, `cube stop` and `cube node` do works as on a real cluster.
+/// --label KEY=VALUE labels the worker as `cube worker --label` does.
 /// More workers can join with `cube worker --manager 127.0.0.1:5555`. SIGINT or SIGTERM stop
 /// both; the containers keep running and are re-adopted on the next start.
 #[derive(Debug, Args)]

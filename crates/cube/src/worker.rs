@@ -24,7 +24,8 @@ use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 /// The worker serves its API (POST/GET /tasks, GET/DELETE /tasks/{id}, GET /stats, GET /node)
 /// on HOST:PORT. With --manager it registers with that manager and sends it a heartbeat with
 /// its stats every --heartbeat-interval; without, a manager can list it with -w. It offers
-/// the whole machine to tasks unless --cpus, --memory or --disk say less. Containers keep
+/// the whole machine to tasks unless --cpus, --memory or --disk say less; --label KEY=VALUE
+/// (repeatable) labels the node for task constraints (`label.zone = eu`). Containers keep
 /// running when the worker stops; a worker started again with the persistent store re-adopts
 /// them. SIGINT or SIGTERM stop it cleanly.
 #[derive(Debug, Args)]
