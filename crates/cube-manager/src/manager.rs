@@ -820,6 +820,7 @@ impl Manager {
                     host_ports_taken: load
                         .map(|load| load.host_ports.keys().copied().collect())
                         .unwrap_or_default(),
+                    labels: entry.labels.clone(),
                 }
             })
             .collect()
