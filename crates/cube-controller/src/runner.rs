@@ -822,4 +822,79 @@ mod tests {
         handle.await.unwrap();
         assert_eq!(finished.load(Ordering::SeqCst), 1);
     }
+
+    /// Gives a key up after two failures in a row.
+    struct TwoStrikes;
+    impl<K, E> ErrorPolicy<K, E> for TwoStrikes {
+        fn on_failure(&self, _key: &K, _failure: &Failure<E>, attempts: u32) -> Action {
+            if attempts >= 2 {
+                Action::Done
+            } else {
+                Action::RequeueAfter(ms(100))
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_error_policy_decides_retries_and_may_give_a_key_up() {
+        let runner: Runner<&'static str> = Runner::default();
+        let calls = Calls::default();
+        let start = Instant::now();
+        let shutdown = CancellationToken::new();
+        let reconcile = {
+            let calls = calls.clone();
+            move |key| {
+                record(&calls, key, start);
+                async { Err::<Action, _>("always fails") }
+            }
+        };
+        runner.push("a");
+        let handle = tokio::spawn({
+            let (runner, stop) = (runner.clone(), shutdown.clone());
+            async move {
+                runner
+                    .run(reconcile, TwoStrikes, ReadyGate::open(), stop)
+                    .await
+            }
+        });
+        tokio::time::sleep(ms(1000)).await;
+        assert_eq!(runner.pending_len(), 0);
+        assert_eq!(runner.failures(&"a"), 0, "a key given up keeps no count");
+        shutdown.cancel();
+        handle.await.unwrap();
+        assert_eq!(*calls.lock().unwrap(), [("a", ms(0)), ("a", ms(100))]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_aborts_reconciles_that_outlast_the_grace() {
+        let config = RunnerConfig {
+            shutdown_grace: ms(500),
+            ..RunnerConfig::default()
+        };
+        let runner: Runner<&'static str> = Runner::new(config);
+        let shutdown = CancellationToken::new();
+        let reconcile = |_key| async {
+            std::future::pending::<()>().await;
+            Ok::<_, String>(Action::Done)
+        };
+        runner.push("a");
+        let handle = tokio::spawn({
+            let (runner, stop) = (runner.clone(), shutdown.clone());
+            async move {
+                runner
+                    .run(
+                        reconcile,
+                        ExponentialBackoff::default(),
+                        ReadyGate::open(),
+                        stop,
+                    )
+                    .await
+            }
+        });
+        tokio::time::sleep(ms(100)).await;
+        let cancelled_at = Instant::now();
+        shutdown.cancel();
+        handle.await.unwrap();
+        assert_eq!(cancelled_at.elapsed(), ms(500));
+    }
 }

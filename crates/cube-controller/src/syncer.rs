@@ -23,6 +23,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -191,13 +192,23 @@ impl<K: Ord + Clone, I: PartialEq> Plan<K, I> {
                     .push(action);
             }
         }
+        // After a re-sync every planned key is queued: an action skipped while out of sync
+        // may be planned again unchanged, and would otherwise wait for an unrelated change.
         let changed = grouped
             .iter()
-            .filter(|(key, actions)| self.actions.get(*key) != Some(*actions))
+            .filter(|(key, actions)| touched.is_none() || self.actions.get(*key) != Some(*actions))
             .map(|(key, _)| key.clone())
             .collect();
         self.actions = grouped;
         changed
+    }
+
+    /// When the first settling key stops waiting for its item.
+    fn next_expiry(&self, settle_timeout: Duration) -> Option<Instant> {
+        self.settling
+            .values()
+            .min()
+            .map(|since| *since + settle_timeout)
     }
 
     /// `executed` succeeded: if it is still the plan for `key`, the key settles.
@@ -222,6 +233,8 @@ struct Shared<K, D, I, O, R, X> {
     config: SyncerConfig,
     /// A `std` mutex: planning and lookups never await.
     plan: Mutex<Plan<K, I>>,
+    /// Wakes the plan loop when a key settles, so it can wake again when the key's wait ends.
+    settled: Notify,
     runner: Runner<K>,
 }
 
@@ -252,6 +265,7 @@ where
                     actions: BTreeMap::new(),
                     settling: BTreeMap::new(),
                 }),
+                settled: Notify::new(),
                 runner: Runner::new(config.runner),
             }),
         }
@@ -313,12 +327,22 @@ where
             } else {
                 planned_at = None;
             }
+            let expiry = self.plan().next_expiry(self.config.settle_timeout);
+            let settled = async {
+                match expiry {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 // The stores' senders live as long as `self`: these cannot fail.
                 _ = desired_index.changed() => {}
                 _ = observed_index.changed() => {}
                 () = gate.changed() => {}
+                // A key waited long enough for its item: plan it again.
+                () = settled => {}
+                () = self.settled.notified() => {}
             }
         }
     }
@@ -399,6 +423,7 @@ where
             }
         }
         self.plan().completed(&key, &actions, Instant::now());
+        self.settled.notify_one();
         Ok(Action::Done)
     }
 }
@@ -539,6 +564,8 @@ mod tests {
         calls: Mutex<Vec<String>>,
         failures: Mutex<u32>,
         next_id: Mutex<u32>,
+        /// Creates succeed but never reach the observed store (a lost report).
+        creates_lost: std::sync::atomic::AtomicBool,
     }
 
     impl Executor<char, u32, u32, Item> for Arc<World> {
@@ -550,7 +577,9 @@ mod tests {
                 *next += 1;
                 *next
             };
-            self.observed.apply(Change::put(id, item(key, *desired)));
+            if !self.creates_lost.load(std::sync::atomic::Ordering::SeqCst) {
+                self.observed.apply(Change::put(id, item(key, *desired)));
+            }
             Ok(())
         }
         async fn update(
@@ -580,6 +609,11 @@ mod tests {
                 return Err(format!("{call} failed"));
             }
             Ok(())
+        }
+
+        fn lose_creates(&self) {
+            self.creates_lost
+                .store(true, std::sync::atomic::Ordering::SeqCst);
         }
 
         fn calls(&self) -> Vec<String> {
@@ -616,6 +650,7 @@ mod tests {
             calls: Mutex::default(),
             failures: Mutex::new(failures),
             next_id: Mutex::new(100),
+            creates_lost: Default::default(),
         });
         let syncer = Syncer::new(
             desired.clone(),
@@ -680,6 +715,26 @@ mod tests {
             ["delete 101"],
             "only the fresh diff: the duplicate"
         );
+        f.shutdown.cancel();
+        f.handle.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_create_the_store_never_sees_is_planned_again_after_the_settle_timeout() {
+        let f = start(0);
+        f.world.lose_creates();
+        f.desired.apply(Change::put('a', 1));
+        f.desired.set_synced(true);
+        f.observed.set_synced(true);
+        settle().await;
+        assert_eq!(f.world.calls(), ["create a"]);
+        tokio::time::sleep(Duration::from_secs(29)).await;
+        assert!(
+            f.world.calls().is_empty(),
+            "waiting for the store to see it"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(f.world.calls(), ["create a"]);
         f.shutdown.cancel();
         f.handle.await.unwrap();
     }
