@@ -515,6 +515,60 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Carrying out a diff leaves exactly one owned item, as desired, per desired key, no
+        /// owned item for any other key, every item not owned untouched, and nothing to do.
+        #[test]
+        fn carrying_out_a_diff_converges_and_spares_what_is_not_owned(
+            desired in proptest::collection::btree_map(0u8..6, 0u32..3, 0..6),
+            observed in proptest::collection::btree_map(
+                0u32..40,
+                (0u8..8, 0u32..3, proptest::bool::weighted(0.8)),
+                0..12,
+            ),
+        ) {
+            let keys = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'];
+            let desired: BTreeMap<char, u32> =
+                desired.into_iter().map(|(k, v)| (keys[k as usize], v)).collect();
+            let mut world: BTreeMap<u32, Item> = observed
+                .into_iter()
+                .map(|(id, (k, value, ours))| (id, Item { key: keys[k as usize], value, ours }))
+                .collect();
+            let before = world.clone();
+            let mut next_id = 1000;
+            for action in compare(&desired, &world) {
+                match action {
+                    Create(key) => {
+                        next_id += 1;
+                        world.insert(next_id, item(key, desired[&key]));
+                    }
+                    Update(key, id) => {
+                        proptest::prop_assert!(world[&id].ours);
+                        world.get_mut(&id).unwrap().value = desired[&key];
+                    }
+                    Delete(_, id) => {
+                        proptest::prop_assert!(world[&id].ours);
+                        world.remove(&id);
+                    }
+                }
+            }
+            for (key, value) in &desired {
+                let answering: Vec<_> =
+                    world.values().filter(|i| i.ours && i.key == *key).collect();
+                proptest::prop_assert_eq!(answering.len(), 1);
+                proptest::prop_assert_eq!(answering[0].value, *value);
+            }
+            for item in world.values().filter(|i| i.ours) {
+                proptest::prop_assert!(desired.contains_key(&item.key));
+            }
+            let foreign = |w: &BTreeMap<u32, Item>| {
+                w.iter().filter(|(_, i)| !i.ours).map(|(id, i)| (*id, i.clone())).collect::<Vec<_>>()
+            };
+            proptest::prop_assert_eq!(foreign(&before), foreign(&world));
+            proptest::prop_assert!(compare(&desired, &world).is_empty());
+        }
+    }
+
     #[test]
     fn diff_by_key_is_diff_with_one_key() {
         let desired = BTreeMap::from([('a', 1), ('b', 2)]);
