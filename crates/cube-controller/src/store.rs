@@ -238,6 +238,16 @@ impl<K: Ord + Clone, V: PartialEq> ObservedStore<K, V> {
         Ok(state.log.range(newer..).cloned().collect())
     }
 
+    /// The changes after `since`, waiting while there are none (a blocking query; bound the
+    /// wait with `tokio::time::timeout`).
+    pub async fn wait_changes_since(&self, since: u64) -> Result<Vec<Delta<K, V>>, StoreError> {
+        let mut index = self.subscribe();
+        // The sender lives in `self`, so the wait cannot fail while `self` is borrowed; an
+        // index that stops short of `since` is answered by `changes_since` below.
+        let _ = index.wait_for(|index| *index != since).await;
+        self.changes_since(since)
+    }
+
     /// A receiver of the index, woken whenever it moves.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.shared.index.subscribe()
@@ -413,6 +423,26 @@ mod tests {
         store.apply(Change::put("a", 1));
         store.replace_all([("a", Arc::new(1))]);
         assert!(!index.has_changed().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_blocking_query_answers_when_a_change_comes() {
+        let store = ObservedStore::default();
+        store.apply(Change::put("a", 1));
+        let query = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait_changes_since(1).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        assert!(!query.is_finished(), "no change after 1 yet");
+        store.apply(Change::put("a", 2));
+        let changes = query.await.unwrap().unwrap();
+        assert_eq!(keys(&changes), [(2, "a", Some(1), Some(2))]);
+        assert_eq!(
+            store.wait_changes_since(9).await,
+            Err(StoreError::Ahead { since: 9, index: 2 }),
+            "an index from another life answers at once"
+        );
     }
 
     #[tokio::test]
