@@ -356,7 +356,7 @@ where
             let desired_changes = self.desired.changes_since(desired_at).ok()?;
             let observed_changes = self.observed.changes_since(observed_at).ok()?;
             let mut keys: BTreeSet<K> = desired_changes.into_iter().map(|d| d.key).collect();
-            keys.extend(observed_changes.iter().filter_map(|d| self.answers_to(d)));
+            keys.extend(observed_changes.iter().flat_map(|d| self.answers_to(d)));
             Some(keys)
         });
         let rules = &self.rules;
@@ -384,10 +384,13 @@ where
         (desired.index, observed.index)
     }
 
-    /// The desired key an observed change is about.
-    fn answers_to(&self, delta: &Delta<I, O>) -> Option<K> {
-        let item = delta.after.as_ref().or(delta.before.as_ref())?;
-        Some(self.rules.key_of(&delta.key, item))
+    /// The desired keys an observed change is about: the item's before and after (an item
+    /// may come to answer to another key).
+    fn answers_to(&self, delta: &Delta<I, O>) -> impl Iterator<Item = K> {
+        [&delta.before, &delta.after]
+            .into_iter()
+            .flatten()
+            .map(|item| self.rules.key_of(&delta.key, item))
     }
 
     /// Executes the plan of `key` as it is now: nothing if it has none or a store is out of
