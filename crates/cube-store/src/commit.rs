@@ -39,7 +39,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::StoreError;
 use crate::revision::{Conflict, Expected};
-use crate::watch::{Change, ChangeHub};
+use crate::watch::{Change, ChangeHub, HISTORY_BYTES};
 
 /// Each store's index, under the store's table name, and the file's revision under
 /// [`REVISION_KEY`].
@@ -333,7 +333,8 @@ impl Committer {
             return Ok(hub.clone());
         }
         let revision = read_revision(&self.db)?;
-        let hub: TableHub = Arc::new(Mutex::new(ChangeHub::new(revision)));
+        let hub = ChangeHub::new(revision).weighing(|value: &Arc<[u8]>| value.len(), HISTORY_BYTES);
+        let hub: TableHub = Arc::new(Mutex::new(hub));
         if lock(&self.queue).failed.is_some() {
             lock(&hub).close();
         }
@@ -453,12 +454,13 @@ impl Committer {
             path: self.path.clone(),
             cause: cause.clone(),
         };
-        for write in batch.iter().chain(&waiting) {
-            write.slot.fill(Err(refused.clone()));
-        }
-        // Nothing more will be committed: the watchers are told so.
+        // Nothing more will be committed: the watchers are told so, before the writers (as a
+        // change reaches watchers before its writer is answered).
         for hub in lock(&self.hubs).values() {
             lock(hub).close();
+        }
+        for write in batch.iter().chain(&waiting) {
+            write.slot.fill(Err(refused.clone()));
         }
         self.failure.send_if_modified(|failure| {
             let first = failure.is_none();

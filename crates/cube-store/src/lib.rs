@@ -28,7 +28,8 @@
 //! writers racing on one revision cannot both win, and the loser gets a [`Conflict`] (a
 //! value, not an error). [`Store::watch`] gives every change of the keys under a prefix after
 //! a revision, in order, then each one as it commits ([`Watch::next`] is async). The last
-//! 10,000 changes of each store are kept in memory for watches that start in the past; an
+//! 10,000 changes of each store (at most 8 MiB of them in a store file's table) are kept in
+//! memory for watches that start in the past; an
 //! older start, or a watcher that lets 1,024 changes pile up unread, gets a
 //! [`WatchError`] that [`needs_relist`](WatchError::needs_relist): list again, watch from the
 //! list's revision. A watch never holds up a commit, and no fsync or redb write runs on an
@@ -113,8 +114,9 @@ pub trait Store<V>: Send + Sync {
     ) -> Result<ConditionalCommit, StoreError>;
     /// Every committed change of the keys starting with `prefix` made after
     /// `from_revision`, in order, then each one as it commits. A start older than the
-    /// changes the store keeps in memory (the last 10,000 per store, none from before it was
-    /// opened) and a watcher that falls behind get [`WatchError::needs_relist`]: list again
+    /// changes the store keeps in memory (the last 10,000 per store, at most 8 MiB of them
+    /// in a store file, none from before it was opened) and a watcher that falls more than
+    /// 1,024 changes behind get [`WatchError::needs_relist`]: list again
     /// with [`list_with_revision`](Store::list_with_revision) and watch from its revision.
     /// A watch never holds up a commit.
     fn watch(&self, prefix: &str, from_revision: u64) -> Result<Watch<V>, StoreError>;

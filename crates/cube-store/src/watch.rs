@@ -25,6 +25,10 @@ use tokio::sync::mpsc::error::TrySendError;
 /// How many recent changes a store keeps for watches that start in the past.
 pub(crate) const HISTORY: usize = 10_000;
 
+/// How many bytes of keys and values that history may hold, where the store can weigh its
+/// values (a store file's JSON): 10,000 large tasks would otherwise sit in memory twice.
+pub(crate) const HISTORY_BYTES: usize = 8 * 1024 * 1024;
+
 /// How many changes may wait for one watcher before it is dropped as lagging.
 pub(crate) const CHANNEL: usize = 1024;
 
@@ -116,9 +120,14 @@ const CLOSED: u8 = 2;
 /// The recent changes of one store and the watchers of it. Not locked itself: the store
 /// keeps it under the lock that orders its commits' publication.
 pub(crate) struct ChangeHub<T> {
-    /// The last changes, oldest first, at most `history_capacity`.
+    /// The last changes, oldest first, at most `history_capacity` and, past the newest,
+    /// at most `max_history_bytes`.
     history: VecDeque<Change<T>>,
     history_capacity: usize,
+    history_bytes: usize,
+    max_history_bytes: usize,
+    /// The bytes a value holds (0 where the store cannot tell).
+    weigh: fn(&T) -> usize,
     /// Every change after this revision is in `history` (or still to come); a watch may
     /// start here or later.
     oldest: u64,
@@ -150,6 +159,9 @@ impl<T> ChangeHub<T> {
         ChangeHub {
             history: VecDeque::new(),
             history_capacity: history_capacity.max(1),
+            history_bytes: 0,
+            max_history_bytes: usize::MAX,
+            weigh: |_| 0,
             oldest: revision,
             watchers: Vec::new(),
             channel_capacity: channel_capacity.max(1),
@@ -158,6 +170,22 @@ impl<T> ChangeHub<T> {
 }
 
 impl<T: Clone> ChangeHub<T> {
+    /// The same hub, its history also bounded by the bytes `weigh` counts in its values.
+    pub(crate) fn weighing(self, weigh: fn(&T) -> usize, max_history_bytes: usize) -> Self {
+        ChangeHub {
+            weigh,
+            max_history_bytes,
+            ..self
+        }
+    }
+
+    fn weight(&self, change: &Change<T>) -> usize {
+        match change {
+            Change::Put { key, value, .. } => key.len() + (self.weigh)(value),
+            Change::Delete { key, .. } => key.len(),
+        }
+    }
+
     /// Hands a committed change to every watcher that wants it and keeps it in the history.
     /// Never waits: a watcher whose channel is full is dropped, told it lagged.
     pub(crate) fn publish(&mut self, change: Change<T>) {
@@ -176,12 +204,17 @@ impl<T: Clone> ChangeHub<T> {
                 Err(TrySendError::Closed(_)) => false,
             }
         });
-        if self.history.len() == self.history_capacity
-            && let Some(dropped) = self.history.pop_front()
+        self.history_bytes += self.weight(&change);
+        self.history.push_back(change);
+        while self.history.len() > self.history_capacity
+            || (self.history_bytes > self.max_history_bytes && self.history.len() > 1)
         {
+            let Some(dropped) = self.history.pop_front() else {
+                break;
+            };
+            self.history_bytes -= self.weight(&dropped);
             self.oldest = dropped.revision();
         }
-        self.history.push_back(change);
     }
 
     /// A watch of the keys starting with `prefix`, from the first change after `from`.
@@ -198,6 +231,7 @@ impl<T: Clone> ChangeHub<T> {
             .filter(|change| change.revision() > from && change.key().starts_with(prefix))
             .cloned()
             .collect();
+        self.watchers.retain(|watcher| !watcher.sender.is_closed());
         let (sender, receiver) = mpsc::channel(self.channel_capacity);
         let end = Arc::new(AtomicU8::new(LIVE));
         let from = self
@@ -413,6 +447,29 @@ mod tests {
         );
         assert!(err.needs_relist());
         assert_eq!(revisions(&mut watch(&mut hub, "", 2)), vec![3, 4, 5]);
+    }
+
+    #[test]
+    fn the_history_is_bounded_by_bytes_where_values_can_be_weighed() {
+        let mut hub: ChangeHub<Vec<u8>> =
+            ChangeHub::new(0).weighing(|value: &Vec<u8>| value.len(), 250);
+        for revision in 1..=5 {
+            hub.publish(Change::Put {
+                key: "k".to_string(),
+                value: vec![0; 99],
+                revision,
+            });
+        }
+        assert_eq!(hub.history.len(), 2, "two of 100 bytes fit in 250");
+        assert_eq!(hub.history_bytes, 200);
+        let compacted = Watch::new(hub.subscribe("", 2), |_, value| Ok(value)).try_next();
+        assert_eq!(
+            compacted.unwrap().unwrap_err(),
+            WatchError::Compacted {
+                requested: 2,
+                oldest: 3
+            }
+        );
     }
 
     #[test]
