@@ -71,11 +71,12 @@ pub fn router(manager: Arc<Manager>) -> Router {
     )
 }
 
-/// 200 `{"Status": "ok"}` while the manager can keep what it is told; 503 with the cause
-/// once its store has failed.
+/// 200 `{"Status": "ok", "Revision": N}` while the manager can keep what it is told (N moves
+/// with every write to its store); 503 with the cause once its store has failed.
 async fn health(State(manager): State<Arc<Manager>>) -> Result<Json<serde_json::Value>, ApiError> {
     manager.store_health()?;
-    Ok(Json(serde_json::json!({"Status": "ok"})))
+    let revision = manager.store_revision()?;
+    Ok(Json(serde_json::json!({"Status": "ok", "Revision": revision})))
 }
 
 /// How much of the backup is read from disk at a time, and how many such chunks may wait for

@@ -258,7 +258,19 @@ impl Manager {
         self.stores.tasks.health()?;
         self.stores.events.health()?;
         self.stores.nodes.health()?;
+        self.stores.jobs.health()?;
         Ok(())
+    }
+
+    /// A number that moves with every write to the manager's stores, and only then: the sum
+    /// of their revisions (the tables of one store file share one revision, so there the sum
+    /// moves by four per write; it is a witness of writes, not a count). A test of a quiet
+    /// cluster reads it.
+    pub fn store_revision(&self) -> Result<u64, ManagerError> {
+        Ok(self.stores.tasks.revision()?
+            + self.stores.jobs.revision()?
+            + self.stores.nodes.revision()?
+            + self.stores.events.revision()?)
     }
 
     /// A consistent copy of the manager's store file (its tables share one file), to read.

@@ -297,3 +297,30 @@ async fn a_system_job_runs_on_every_matching_node_including_one_that_joins_later
     let view = client.get("/jobs").await.body;
     assert_eq!(view[0]["Status"], "running", "{view}");
 }
+
+#[tokio::test]
+async fn a_converged_job_writes_nothing_while_nothing_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    let _worker = manager.join_worker(&unique_node("quiet"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let created = post_job(&client, "/jobs", &service("quiet", 2)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    await_job(&client, "quiet", "2 running and healthy", |job| {
+        running(job) == 2
+            && live_tasks(job)
+                .iter()
+                .all(|task| task["Health"] == "Healthy")
+    })
+    .await;
+    // Let the last reports land, then count writes over several heartbeats, health probes
+    // and job looks (the same file submitted again is one more look).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let revision = |health: Value| health["Revision"].as_u64().expect("a revision");
+    let before = revision(client.get("/health").await.body);
+    assert_eq!(post_job(&client, "/jobs", &service("quiet", 2)).await.status, 200);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = revision(client.get("/health").await.body);
+    assert_eq!(before, after, "a converged cluster wrote to its store");
+}
