@@ -13,6 +13,8 @@
 mod completion;
 mod config;
 mod input;
+mod job;
+mod job_output;
 mod node;
 mod output;
 mod resolve;
@@ -32,6 +34,7 @@ use serde::de::DeserializeOwned;
 
 pub use completion::{CompletionArgs, completion};
 pub use config::{ConfigArgs, config};
+pub use job::{JobArgs, job};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};
