@@ -175,14 +175,9 @@ async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (ok, stdout, _) = cluster.cube(&["job", "status"]);
-    assert!(ok);
-    assert!(
-        stdout
-            .lines()
-            .any(|line| line.starts_with("web ") && line.contains("stopped")),
-        "{stdout}"
-    );
+    let (ok, stdout, stderr) = cluster.cube(&["job", "status", "web"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Status:      stopped"), "{stdout}");
 }
 
 #[test]

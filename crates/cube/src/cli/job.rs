@@ -266,7 +266,7 @@ async fn wait_until_converged(
     name: &str,
     timeout: Duration,
 ) -> anyhow::Result<(Value, JobView)> {
-    let progress = Spinner::start();
+    let spinner = Spinner::start();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -275,16 +275,16 @@ async fn wait_until_converged(
         let (raw, view) = get_job(manager, name).await?;
         match convergence(&view) {
             Convergence::Converged => {
-                progress.finish();
+                spinner.finish();
                 return Ok((raw, view));
             }
             Convergence::Failed(why) => {
-                progress.finish();
+                spinner.finish();
                 bail!("{why}");
             }
             Convergence::Waiting(now) => {
                 if tokio::time::Instant::now() >= deadline {
-                    progress.finish();
+                    spinner.finish();
                     let mut why = vec![now];
                     why.extend(failed_copies(&view));
                     why.extend(waiting_copies(&view));
@@ -294,40 +294,48 @@ async fn wait_until_converged(
                         why.join("; ")
                     );
                 }
-                progress.show(&now);
+                spinner.show(&now);
             }
         }
     }
 }
 
-/// Waits until no copy of the job is on its way or running, after a stop.
+/// How many copies of the job are on their way or running; none for a job the manager no
+/// longer has.
+fn live_copies(view: Option<&JobView>) -> usize {
+    view.map_or(0, |view| {
+        view.tasks
+            .iter()
+            .filter(|task| !task.state.is_terminal())
+            .count()
+    })
+}
+
+/// Waits until no copy of the job is on its way or running, after a stop; answers with the
+/// job as last seen (`None`: the manager no longer has it).
 async fn wait_until_stopped(
     manager: &ManagerClient,
     name: &str,
     timeout: Duration,
-) -> anyhow::Result<(Value, JobView)> {
-    let progress = Spinner::start();
+) -> anyhow::Result<Option<(Value, JobView)>> {
+    let spinner = Spinner::start();
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let (raw, view) = get_job(manager, name).await?;
-        let live = view
-            .tasks
-            .iter()
-            .filter(|task| !task.state.is_terminal())
-            .count();
+        let found = find_job(manager, name).await?;
+        let live = live_copies(found.as_ref().map(|(_, view)| view));
         if live == 0 {
-            progress.finish();
-            return Ok((raw, view));
+            spinner.finish();
+            return Ok(found);
         }
         let now = format!("{live} copies still running");
         if tokio::time::Instant::now() >= deadline {
-            progress.finish();
+            spinner.finish();
             bail!(
                 "job {name} is not stopped after {}: {now}",
                 format_duration(timeout)
             );
         }
-        progress.show(&now);
+        spinner.show(&now);
         tokio::time::sleep(POLL_INTERVAL).await;
     }
 }
@@ -398,25 +406,20 @@ async fn stop(args: JobStopArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
     let path = job_path(&args.job)?;
     manager.delete(&path).await?;
-    let (raw, view) = if args.wait {
+    let found = if args.wait {
         wait_until_stopped(&manager, &args.job, args.timeout).await?
     } else {
-        get_job(&manager, &args.job).await?
+        find_job(&manager, &args.job).await?
     };
     match args.flags.output {
-        OutputFormat::Json => print_json(&raw)?,
-        OutputFormat::Table => {
-            let live = view
-                .tasks
-                .iter()
-                .filter(|task| !task.state.is_terminal())
-                .count();
-            if live == 0 {
-                println!("job {}: stopped", args.job);
-            } else {
-                println!("job {}: stopping ({live} copies still running)", args.job);
-            }
-        }
+        OutputFormat::Json => match &found {
+            Some((raw, _)) => print_json(raw)?,
+            None => print_json(&Value::Null)?,
+        },
+        OutputFormat::Table => match live_copies(found.as_ref().map(|(_, view)| view)) {
+            0 => println!("job {}: stopped", args.job),
+            live => println!("job {}: stopping ({live} copies still running)", args.job),
+        },
     }
     Ok(())
 }
