@@ -206,6 +206,7 @@ pub(crate) async fn sim_workers(
             capacity: SIM_CAPACITY,
             stop_timeout: Duration::from_secs(10),
             max_concurrent_operations: 8,
+            labels: Default::default(),
         };
         let (worker, commands) = Worker::new(
             config,

@@ -17,14 +17,16 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{ApiError, JsonPath, parse_task_id, with_json_fallbacks};
 use cube_store::StoreError;
+use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
 
+use crate::job_controller::{JobSubmitted, JobView, PlanView};
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
 
@@ -32,7 +34,9 @@ use crate::nodes::NodeSource;
 impl From<ManagerError> for ApiError {
     fn from(err: ManagerError) -> ApiError {
         let status = match &err {
-            ManagerError::NotFound(_) | ManagerError::NodeNotFound(_) => StatusCode::NOT_FOUND,
+            ManagerError::NotFound(_)
+            | ManagerError::NodeNotFound(_)
+            | ManagerError::JobNotFound(_) => StatusCode::NOT_FOUND,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             // A failed store takes no more writes until the manager is started again (and
@@ -52,12 +56,17 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/tasks/{id}/placement", get(get_placement))
         .route("/nodes", get(list_nodes))
         .route("/nodes/{name}", get(get_node).put(report_node))
+        .route("/jobs", get(list_jobs).post(submit_job))
+        .route("/jobs/plan", post(plan_job))
+        .route("/jobs/{name}", get(get_job).delete(stop_job))
+        .route("/jobs/{name}/scale", post(scale_job))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
         .with_state(manager);
     with_json_fallbacks(
         routes,
-        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, GET /nodes, \
+        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, GET|POST /jobs, \
+         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, GET /nodes, \
          GET|PUT /nodes/{name}, GET /health, GET /store/backup",
     )
 }
@@ -187,36 +196,23 @@ async fn list_tasks(
         })?),
         None => None,
     };
-    let mut tasks = manager.tasks();
-    tasks.retain(|task| {
+    let keep = |task: &Task| {
         state.is_none_or(|state| task.state == state)
             && query
                 .node
                 .as_ref()
                 .is_none_or(|node| &task.node_name == node)
             && query.name.as_ref().is_none_or(|name| &task.name == name)
-    });
-    if let Some(start) = start {
-        match tasks.iter().position(|task| task.id == start) {
-            Some(index) => {
-                tasks.drain(..index);
-            }
-            None => {
-                return Err(ApiError::bad_request(format!(
-                    "next: no task {start} to start the page from (it was removed, or the \
-                     filters differ from the previous page's)"
-                )));
-            }
-        }
-    }
-    let next = match query.limit {
-        Some(limit) if tasks.len() > limit => {
-            let next = tasks[limit].id;
-            tasks.truncate(limit);
-            Some(next)
-        }
-        _ => None,
     };
+    // Without a limit, every task that matches (in one page).
+    let (tasks, next) = manager
+        .tasks_page(start, query.limit.unwrap_or(usize::MAX), keep)
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "next: no task {} to start the page from (it was removed since)",
+                start.map(|id| id.to_string()).unwrap_or_default()
+            ))
+        })?;
     let mut response = if query.summary == Some(true) {
         let summaries: Vec<Task> = tasks
             .iter()
@@ -249,6 +245,72 @@ async fn submit_task(
         Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
         Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),
     }
+}
+
+/// Reads a job from a request body: its fields named at fault, validated by the manager.
+fn job_from(body: &[u8]) -> Result<Job, ApiError> {
+    cube_types::event::decode::<Job>(body).map_err(|err| ApiError::bad_request(err.to_string()))
+}
+
+async fn submit_job(
+    State(manager): State<Arc<Manager>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<JobView>), ApiError> {
+    let job = job_from(&body?)?;
+    let (outcome, view) = manager.submit_job(job).await?;
+    let status = match outcome {
+        JobSubmitted::Created => StatusCode::CREATED,
+        JobSubmitted::Changed | JobSubmitted::Unchanged => StatusCode::OK,
+    };
+    Ok((status, Json(view)))
+}
+
+async fn plan_job(
+    State(manager): State<Arc<Manager>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<PlanView>, ApiError> {
+    let job = job_from(&body?)?;
+    Ok(Json(manager.plan_job(job)?))
+}
+
+async fn list_jobs(State(manager): State<Arc<Manager>>) -> Json<Vec<JobView>> {
+    Json(manager.jobs())
+}
+
+async fn get_job(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(manager.job(&name)?))
+}
+
+async fn stop_job(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(manager.stop_job(&name).await?))
+}
+
+/// The body of `POST /jobs/{name}/scale`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Scale {
+    #[serde(rename = "Group")]
+    group: String,
+    #[serde(rename = "Count")]
+    count: u32,
+}
+
+async fn scale_job(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<JobView>, ApiError> {
+    let scale: Scale =
+        cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
+    Ok(Json(
+        manager.scale_job(&name, &scale.group, scale.count).await?,
+    ))
 }
 
 async fn get_task(

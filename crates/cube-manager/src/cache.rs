@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use cube_types::{Resources, State, Task};
 use uuid::Uuid;
 
@@ -36,6 +37,11 @@ pub struct TaskCache {
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
     /// let the scheduler place.
     waiting: BTreeSet<Uuid>,
+    /// The tasks each job owns (its `Job` field), for the job controller.
+    by_job: HashMap<String, BTreeSet<Uuid>>,
+    /// Every task in the order lists show them, oldest first: a page of `GET /tasks` is a
+    /// range of it, not a sort of every task.
+    order: BTreeSet<(Option<DateTime<Utc>>, Uuid)>,
 }
 
 /// A task holds its declared resources on its node from placement until it ends; a `Lost`
@@ -87,8 +93,17 @@ impl TaskCache {
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
             self.release(old);
+            self.unown(old);
+            self.order.remove(&(old.created_time, old.id));
         }
+        self.order.insert((task.created_time, task.id));
         self.hold(&task);
+        if !task.job.is_empty() {
+            self.by_job
+                .entry(task.job.clone())
+                .or_default()
+                .insert(task.id);
+        }
         if task.state == State::Pending && task.desired_state == State::Running {
             self.waiting.insert(task.id);
         } else {
@@ -102,8 +117,67 @@ impl TaskCache {
     pub fn remove(&mut self, id: &Uuid) -> Option<Arc<Task>> {
         let task = self.tasks.remove(id)?;
         self.release(&task);
+        self.unown(&task);
+        self.order.remove(&(task.created_time, task.id));
         self.waiting.remove(id);
         Some(task)
+    }
+
+    /// Up to `limit` tasks that `keep` admits, oldest first, from the task `start` on (from
+    /// the first without one), and the ID of the next one `keep` admits, if any. `None` when
+    /// `start` names no task. Costs the tasks looked at, not every task.
+    pub fn page(
+        &self,
+        start: Option<Uuid>,
+        limit: usize,
+        keep: impl Fn(&Task) -> bool,
+    ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
+        let from = match start {
+            Some(id) => {
+                let task = self.tasks.get(&id)?;
+                (task.created_time, id)
+            }
+            None => match self.order.first() {
+                Some(first) => *first,
+                None => return Some((Vec::new(), None)),
+            },
+        };
+        let mut page = Vec::new();
+        for (_, id) in self.order.range(from..) {
+            let Some(task) = self.tasks.get(id) else {
+                continue;
+            };
+            if !keep(task) {
+                continue;
+            }
+            if page.len() == limit {
+                return Some((page, Some(*id)));
+            }
+            page.push(task.clone());
+        }
+        Some((page, None))
+    }
+
+    /// The tasks a job owns, shared.
+    pub fn of_job(&self, job: &str) -> Vec<Arc<Task>> {
+        self.by_job
+            .get(job)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.tasks.get(id).cloned())
+            .collect()
+    }
+
+    fn unown(&mut self, task: &Task) {
+        if task.job.is_empty() {
+            return;
+        }
+        if let Some(owned) = self.by_job.get_mut(&task.job) {
+            owned.remove(&task.id);
+            if owned.is_empty() {
+                self.by_job.remove(&task.job);
+            }
+        }
     }
 
     fn hold(&mut self, task: &Task) {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cube_types::job::{Constraint, JobRecord, JobType, Operator, task_name};
 use cube_types::{State, Task};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::reconcile::policy_restarts;
@@ -136,7 +136,10 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
     let group_names: BTreeSet<&str> = job.groups.iter().map(|g| g.name.as_str()).collect();
     for task in owned.iter().filter(|task| is_live(task)) {
         if !group_names.contains(task.group.as_str()) {
-            stop(task, format!("group {:?} is no longer in the job", task.group));
+            stop(
+                task,
+                format!("group {:?} is no longer in the job", task.group),
+            );
         }
     }
     let mut keep = Vec::new();
@@ -149,10 +152,23 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
             .filter(|task| task.group == group.name)
             .collect();
         match job.job_type {
-            JobType::System => plan_system(record, group_index, nodes, &mine, &mut keep, &mut create, &mut stops),
-            JobType::Service | JobType::Batch => {
-                plan_counted(record, group_index, &mine, &mut keep, &mut create, &mut stops)
-            }
+            JobType::System => plan_system(
+                record,
+                group_index,
+                nodes,
+                &mine,
+                &mut keep,
+                &mut create,
+                &mut stops,
+            ),
+            JobType::Service | JobType::Batch => plan_counted(
+                record,
+                group_index,
+                &mine,
+                &mut keep,
+                &mut create,
+                &mut stops,
+            ),
         }
     }
     for (task, reason) in stops {
@@ -233,7 +249,13 @@ fn plan_counted<'a>(
         if has_current_spec(task, &wanted) {
             keep.push(task.id);
         } else {
-            stops.push((task, format!("job {} version {} changed its spec", record.job.name, record.version)));
+            stops.push((
+                task,
+                format!(
+                    "job {} version {} changed its spec",
+                    record.job.name, record.version
+                ),
+            ));
             create.push(copy_with_name(wanted, task));
         }
     }
@@ -276,14 +298,15 @@ fn plan_system<'a>(
     let mut covered = BTreeSet::new();
     let mut live: Vec<&Task> = mine.iter().copied().filter(|task| is_live(task)).collect();
     live.sort_by_key(|task| (task.created_time, task.id));
-    let mut used: BTreeSet<u32> = live.iter().filter_map(|task| task.index).collect();
+    let used: BTreeSet<u32> = live.iter().filter_map(|task| task.index).collect();
     for task in live {
         let node = pinned_node(task).unwrap_or_default();
         match by_name.get(node) {
             None => stops.push((task, format!("node {node:?} left the cluster"))),
-            Some(facts) if !matches(facts) => {
-                stops.push((task, format!("node {node} no longer matches the job's constraints")))
-            }
+            Some(facts) if !matches(facts) => stops.push((
+                task,
+                format!("node {node} no longer matches the job's constraints"),
+            )),
             Some(_) if !covered.insert(node.to_string()) => {
                 stops.push((task, format!("a second copy on node {node}")))
             }
@@ -292,7 +315,13 @@ fn plan_system<'a>(
                 if has_current_spec(task, &wanted) {
                     keep.push(task.id);
                 } else {
-                    stops.push((task, format!("job {} version {} changed its spec", job.name, record.version)));
+                    stops.push((
+                        task,
+                        format!(
+                            "job {} version {} changed its spec",
+                            job.name, record.version
+                        ),
+                    ));
                     create.push(copy_with_name(wanted, task));
                 }
             }
@@ -304,13 +333,12 @@ fn plan_system<'a>(
             continue;
         }
         let Some(index) = free.next() else { break };
-        used.insert(index);
         create.push(copy_of(record, group_index, index, Some(&node.name)));
     }
 }
 
 /// How a job's copies are doing, per group, as `nomad job status` counts them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupSummary {
     #[serde(rename = "Pending")]
     pub pending: usize,
@@ -438,8 +466,15 @@ mod tests {
     fn a_new_service_job_creates_count_copies_named_by_index() {
         let job = record(JobType::Service, Some(3));
         let plan = plan(&job, &[], &[]);
-        assert_eq!(names(&plan.create), ["web.api[0]", "web.api[1]", "web.api[2]"]);
-        assert!(plan.create.iter().all(|task| task.job == "web" && task.group == "api"));
+        assert_eq!(
+            names(&plan.create),
+            ["web.api[0]", "web.api[1]", "web.api[2]"]
+        );
+        assert!(
+            plan.create
+                .iter()
+                .all(|task| task.job == "web" && task.group == "api")
+        );
         assert!(plan.stop.is_empty());
     }
 
@@ -480,9 +515,9 @@ mod tests {
 
     #[test]
     fn a_copy_waiting_to_restart_is_kept_not_replaced() {
-        let job = record(JobType::Service, Some(1));
-        let mut failed = copy(&job, 0, State::Failed);
-        failed.restart_policy = cube_types::RestartPolicy::OnFailure;
+        let mut job = record(JobType::Service, Some(1));
+        job.job.groups[0].task.restart_policy = cube_types::RestartPolicy::OnFailure;
+        let failed = copy(&job, 0, State::Failed);
         let plan = plan(&job, &[], &[&failed]);
         assert!(plan.is_empty(), "{plan:?}");
     }
@@ -496,7 +531,10 @@ mod tests {
         let mut failed = copy(&job, 1, State::Failed);
         failed.restart_policy = cube_types::RestartPolicy::No;
         let plan = plan(&job, &[], &[&done, &failed]);
-        assert!(plan.is_empty(), "a failed batch copy is not created again: {plan:?}");
+        assert!(
+            plan.is_empty(),
+            "a failed batch copy is not created again: {plan:?}"
+        );
         assert_eq!(status_word(&job, &[&done, &failed], true), "failed");
         let finished = copy(&job, 1, State::Completed);
         assert_eq!(status_word(&job, &[&done, &finished], true), "complete");
@@ -542,14 +580,22 @@ mod tests {
             operator: Operator::Equal,
             value: "eu".into(),
         });
-        let nodes = [node("w1", true, "eu"), node("w2", true, "us"), node("w3", false, "eu")];
+        let nodes = [
+            node("w1", true, "eu"),
+            node("w2", true, "us"),
+            node("w3", false, "eu"),
+        ];
         let plan1 = plan(&job, &nodes, &[]);
         assert_eq!(plan1.create.len(), 1);
         assert_eq!(pinned_node(&plan1.create[0]), Some("w1"));
         // w3 becomes ready: it gets its copy; w1's stays.
         let mut on_w1 = plan1.create[0].clone();
         on_w1.state = State::Running;
-        let nodes = [node("w1", true, "eu"), node("w2", true, "us"), node("w3", true, "eu")];
+        let nodes = [
+            node("w1", true, "eu"),
+            node("w2", true, "us"),
+            node("w3", true, "eu"),
+        ];
         let plan2 = plan(&job, &nodes, &[&on_w1]);
         assert_eq!(plan2.keep, [on_w1.id]);
         assert_eq!(plan2.create.len(), 1);
@@ -559,6 +605,9 @@ mod tests {
         let nodes = [node("w1", true, "us")];
         let plan3 = plan(&job, &nodes, &[&on_w1]);
         assert_eq!(plan3.stop.len(), 1);
-        assert!(plan3.stop[0].reason.contains("no longer matches"), "{plan3:?}");
+        assert!(
+            plan3.stop[0].reason.contains("no longer matches"),
+            "{plan3:?}"
+        );
     }
 }

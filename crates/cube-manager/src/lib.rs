@@ -11,6 +11,7 @@
 
 pub mod api;
 mod cache;
+mod job_controller;
 mod jobs;
 mod log_limit;
 mod manager;
@@ -24,6 +25,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use job_controller::{JobSubmitted, JobView, PlanView};
 pub use manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Submitted};
 pub use nodes::NodeSource;
 

@@ -10,7 +10,7 @@
 //! a worker before it is durable. Concurrent writes share one commit. Calls to workers are
 //! made outside the lock.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,8 @@ use cube_scheduler::{
     Decision, FilterChain, NodeView, Scheduler, TaskRequest, summarize_rejections,
 };
 use cube_store::{Commit, Store, StoreError};
-use cube_types::{Health, Node, NodeReport, Receiver, State, Task, TaskEvent};
+use cube_types::job::JobRecord;
+use cube_types::{Health, Node, NodeReport, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -71,6 +72,7 @@ pub struct ManagerStores {
     pub tasks: Arc<dyn Store<Task>>,
     pub events: Arc<dyn Store<TaskEvent>>,
     pub nodes: Arc<dyn Store<Node>>,
+    pub jobs: Arc<dyn Store<JobRecord>>,
 }
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
@@ -80,6 +82,8 @@ pub enum ManagerError {
     NotFound(Uuid),
     #[error("no node named {0:?}")]
     NodeNotFound(String),
+    #[error("no job named {0:?}")]
+    JobNotFound(String),
     #[error("{0}")]
     BadRequest(String),
     /// The request contradicts what is stored (a task ID resubmitted with another spec).
@@ -144,22 +148,22 @@ struct Retrying {
 /// The writes one operation queued under the lock, to be waited for once it let go.
 #[derive(Default)]
 #[must_use = "queued writes must be waited for before anything is acknowledged"]
-struct Writes(Vec<(Uuid, Commit)>);
+pub(crate) struct Writes(Vec<(Uuid, Commit)>);
 
 impl Writes {
-    fn push(&mut self, id: Uuid, commit: Commit) {
+    pub(crate) fn push(&mut self, id: Uuid, commit: Commit) {
         self.0.push((id, commit));
     }
 }
 
 /// The manager.
 pub struct Manager {
-    config: ManagerConfig,
-    stores: ManagerStores,
+    pub(crate) config: ManagerConfig,
+    pub(crate) stores: ManagerStores,
     /// The task cache, the node registry and the scheduler; see the module comment.
-    state: Mutex<Shared>,
+    pub(crate) state: Mutex<Shared>,
     /// Task IDs to reconcile.
-    queue: WorkQueue,
+    pub(crate) queue: WorkQueue,
     /// Tasks whose reconcile keeps failing (a node that cannot be reached, a store error):
     /// the attempts for the backoff, the last error and the next attempt, which the API shows
     /// on the task (`DispatchError`, `NextAttempt`). Not stored: it describes this process's
@@ -174,18 +178,24 @@ pub struct Manager {
     /// come back to, would otherwise hold every node's list in memory at once.
     complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
-    shutdown: CancellationToken,
+    pub(crate) shutdown: CancellationToken,
     /// "reconcile did not converge", written at most once every 5 s.
     retry_warnings: LogLimit,
+    /// Jobs to look at again (their spec, their tasks or the nodes changed), and the wake-up
+    /// of the job controller (`job_controller.rs`). A `std` mutex: set operations only.
+    pub(crate) jobs_dirty: Mutex<BTreeSet<String>>,
+    pub(crate) jobs_wake: tokio::sync::Notify,
 }
 
-struct Shared {
-    cache: TaskCache,
-    nodes: NodeRegistry,
-    scheduler: Box<dyn Scheduler>,
+pub(crate) struct Shared {
+    pub(crate) cache: TaskCache,
+    pub(crate) nodes: NodeRegistry,
+    pub(crate) scheduler: Box<dyn Scheduler>,
+    /// Every job by name, as stored.
+    pub(crate) jobs: BTreeMap<String, Arc<JobRecord>>,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Each critical section updates the store before the cache, and the cache in one call,
     // so a panic inside one leaves nothing half-written that a later reader could trip on.
     mutex
@@ -205,6 +215,10 @@ impl Manager {
         stores.tasks.scan(&mut |task| {
             cache.insert(task);
         })?;
+        let mut jobs = BTreeMap::new();
+        stores.jobs.scan(&mut |record: JobRecord| {
+            jobs.insert(record.job.name.clone(), Arc::new(record));
+        })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
             match ApiClient::new(&node.address, config.request_timeout) {
@@ -221,7 +235,10 @@ impl Manager {
                 cache,
                 nodes,
                 scheduler,
+                jobs,
             }),
+            jobs_dirty: Mutex::new(BTreeSet::new()),
+            jobs_wake: tokio::sync::Notify::new(),
             queue: WorkQueue::default(),
             failures: Mutex::new(HashMap::new()),
             dispatched: Mutex::new(HashSet::new()),
@@ -254,7 +271,7 @@ impl Manager {
     /// Takes a `TaskEvent`: `Running` (or `Scheduled`) asks for a task to run, `Completed`
     /// for it to stop. A new task is stored `Pending` (durably, with the persistent store)
     /// before this returns, and queued for placement.
-    pub async fn submit(&self, mut event: TaskEvent) -> Result<Submitted, ManagerError> {
+    pub async fn submit(&self, event: TaskEvent) -> Result<Submitted, ManagerError> {
         match event.state {
             State::Running | State::Scheduled => {}
             State::Completed => {
@@ -271,9 +288,8 @@ impl Manager {
             }
         }
         let id = event.task.id;
-        let mut writes = Writes::default();
         {
-            let mut state = lock(&self.state);
+            let state = lock(&self.state);
             if let Some(existing) = state.cache.get(&id) {
                 // The same submission again is a no-op; a changed one is not an update.
                 let differences = existing.spec_differences(&event.task);
@@ -283,27 +299,25 @@ impl Manager {
                 return Err(ManagerError::Conflict(format!(
                     "task {id} exists and this submission differs from it in {}; a task's spec \
                      does not change once submitted: stop it and submit the new spec without an \
-                     ID (or with a new one); jobs, when they land, will carry updates",
+                     ID (or with a new one), or run it as a job (cube job run), whose spec \
+                     may change",
                     differences.join(", ")
                 )));
             }
-            // The manager owns placement and observation: whatever the submission said
-            // about them (state, restarts, history, ...) is not the manager's to believe.
-            let task = &mut event.task;
-            task.clear_status(Receiver::Manager);
-            task.created_time = Some(event.timestamp.unwrap_or_else(Utc::now));
-            task.record(Utc::now(), "Submitted", "");
-            writes.push(
-                id,
-                self.stores
-                    .events
-                    .put_queued(&event.id.to_string(), &event)?,
-            );
-            self.save(&mut state, &mut writes, event.task.clone())?;
         }
-        self.settle(writes).await?;
-        self.queue.push(id);
-        Ok(Submitted::Created(event.task))
+        if !event.task.job.is_empty() || !event.task.group.is_empty() || event.task.index.is_some()
+        {
+            return Err(ManagerError::BadRequest(
+                "Job, Group, Index: set by Cube on the tasks of a job; submit a job with POST \
+                 /jobs (cube job run) instead"
+                    .to_string(),
+            ));
+        }
+        // The manager owns placement and observation: whatever the submission said about
+        // them (state, restarts, history, ...) is not the manager's to believe.
+        let task = event.task.clone();
+        let task = self.accept_task(task, Some(&event)).await?;
+        Ok(Submitted::Created(task))
     }
 
     /// Records that the user wants the task stopped and queues the stop.
@@ -357,6 +371,23 @@ impl Manager {
             .into_iter()
             .map(|task| self.with_attempts(task, &failures))
             .collect()
+    }
+
+    /// A page of tasks, oldest first (see `TaskCache::page`), and where the next one starts.
+    /// `None` when `start` names no task.
+    pub fn tasks_page(
+        &self,
+        start: Option<Uuid>,
+        limit: usize,
+        keep: impl Fn(&Task) -> bool,
+    ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
+        let (page, next) = lock(&self.state).cache.page(start, limit, keep)?;
+        let failures = lock(&self.failures);
+        let page = page
+            .into_iter()
+            .map(|task| self.with_attempts(task, &failures))
+            .collect();
+        Some((page, next))
     }
 
     /// The task with the manager's failing attempts to act on it, if any: what keeps it
@@ -452,6 +483,11 @@ impl Manager {
             // A node that is back may have stops to deliver and lost tasks to report.
             self.push_node_tasks(&name);
             self.push_waiting();
+        }
+        if effect.more_room || effect.changed {
+            // A node joined, came back or changed: system jobs may want a copy there, or no
+            // longer want the one they have.
+            self.mark_system_jobs_dirty();
         }
         Ok(view)
     }
@@ -784,6 +820,7 @@ impl Manager {
                     host_ports_taken: load
                         .map(|load| load.host_ports.keys().copied().collect())
                         .unwrap_or_default(),
+                    labels: entry.labels.clone(),
                 }
             })
             .collect()
@@ -1041,7 +1078,12 @@ impl Manager {
     /// Queues the write of a task to the store (into `writes`, to be waited for once the
     /// lock is let go) and applies it to the cache. A task the store cannot even encode is
     /// not applied.
-    fn save(&self, state: &mut Shared, writes: &mut Writes, task: Task) -> Result<(), StoreError> {
+    pub(crate) fn save(
+        &self,
+        state: &mut Shared,
+        writes: &mut Writes,
+        task: Task,
+    ) -> Result<(), StoreError> {
         writes.push(
             task.id,
             self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
@@ -1049,6 +1091,11 @@ impl Manager {
         if task.state != State::Scheduled {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
+        }
+        if !task.job.is_empty() {
+            // Its job looks again: a copy changed state (level-triggered: a look that finds
+            // nothing to do writes nothing).
+            self.mark_job_dirty(&task.job);
         }
         state.cache.insert(task);
         Ok(())
@@ -1073,7 +1120,7 @@ impl Manager {
     /// puts the store's version of its task back in the cache (or forgets a task the store
     /// never had), so that nothing is shown or acted on that a restart would not know. Returns
     /// the first error.
-    async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
+    pub(crate) async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
         let mut first_error = None;
         for (id, commit) in writes.0 {
             if let Err(err) = commit.durable().await {
@@ -1109,6 +1156,7 @@ impl Manager {
     pub fn start(self: &Arc<Self>) -> JoinSet<()> {
         let mut loops = JoinSet::new();
         loops.spawn(self.clone().run_controller());
+        loops.spawn(self.clone().run_job_controller());
         loops.spawn(self.clone().run_resync());
         loops.spawn(self.clone().run_liveness());
         for address in self.config.static_workers.clone() {
@@ -1191,7 +1239,10 @@ impl Manager {
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
                 // The first tick is at once: a restarted manager resumes every task.
-                _ = ticks.tick() => self.push_unfinished(),
+                _ = ticks.tick() => {
+                    self.push_unfinished();
+                    self.mark_all_jobs_dirty();
+                }
             }
         }
     }
@@ -1251,6 +1302,7 @@ impl Manager {
                             // It can take work again, and what waits to be sent there can go.
                             self.push_node_tasks(&name);
                             self.push_waiting();
+                            self.mark_system_jobs_dirty();
                         }
                     }
                     for stray in self.observe(&name, tasks, complete).await {

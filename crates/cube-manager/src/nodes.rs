@@ -2,11 +2,12 @@
 //! said something.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::ApiClient;
-use cube_types::{Node, NodeReport, NodeStatus, Resources, Stats};
+use cube_types::{Labels, Node, NodeReport, NodeStatus, Resources, Stats};
 
 use crate::cache::TaskCache;
 
@@ -42,6 +43,9 @@ pub struct NodeEntry {
     pub name: String,
     pub address: String,
     pub capacity: Resources,
+    /// The labels the node last reported, shared with every scheduler snapshot
+    /// ([`cube_scheduler::NodeView::labels`]) so that building one copies no map.
+    pub labels: Arc<Labels>,
     pub source: NodeSource,
     pub stats: Option<Stats>,
     pub last_heartbeat: Option<DateTime<Utc>>,
@@ -56,16 +60,19 @@ pub struct NodeEntry {
     /// Why the manager cannot reach the node's API, while it cannot (set and cleared by the
     /// node's follower). A node that reports but cannot be reached takes no work.
     pub unreachable: Option<String>,
+    /// The node's labels (`zone=eu`), which constraints read.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// What changed when a report came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReportEffect {
-    /// Name, address, capacity or source changed: store the node again.
+    /// Name, address, capacity, labels or source changed: store the node again.
     pub changed: bool,
     /// The address changed (or the node is new): (re)start following it.
     pub moved: bool,
-    /// The node can take work it could not before (new, back from `Down`, or bigger).
+    /// The node can take work it could not before (new, back from `Down`, bigger, or with
+    /// other labels, which may meet a waiting task's constraints).
     pub more_room: bool,
 }
 
@@ -95,6 +102,7 @@ impl NodeRegistry {
                 name: node.name.clone(),
                 address: node.address.clone(),
                 capacity: node.capacity,
+                labels: Arc::new(node.labels.clone()),
                 source: NodeSource::parse(&node.source),
                 stats: None,
                 last_heartbeat: node.last_heartbeat,
@@ -104,6 +112,7 @@ impl NodeRegistry {
                 // tasks are not lost before the grace period has passed since the start.
                 marked_down: false,
                 unreachable: None,
+                labels: Default::default(),
             },
         );
     }
@@ -127,7 +136,11 @@ impl NodeRegistry {
                 let bigger = report.capacity.cpu > entry.capacity.cpu
                     || report.capacity.memory > entry.capacity.memory
                     || report.capacity.disk > entry.capacity.disk;
-                let changed = moved || entry.capacity != report.capacity || entry.source != source;
+                let relabelled = *entry.labels != report.labels;
+                let changed = moved
+                    || relabelled
+                    || entry.capacity != report.capacity
+                    || entry.source != source;
                 if moved {
                     entry.address = report.address;
                     entry.client = client();
@@ -135,6 +148,9 @@ impl NodeRegistry {
                     entry.unreachable = None;
                 }
                 entry.capacity = report.capacity;
+                if relabelled {
+                    entry.labels = Arc::new(report.labels);
+                }
                 entry.source = source;
                 entry.stats = report.stats;
                 entry.last_heartbeat = Some(wall);
@@ -143,7 +159,7 @@ impl NodeRegistry {
                 ReportEffect {
                     changed,
                     moved,
-                    more_room: !was_ready || bigger,
+                    more_room: !was_ready || bigger || relabelled,
                 }
             }
             None => {
@@ -151,6 +167,7 @@ impl NodeRegistry {
                     name: report.name.clone(),
                     address: report.address,
                     capacity: report.capacity,
+                    labels: Arc::new(report.labels),
                     source,
                     stats: report.stats,
                     last_heartbeat: Some(wall),
@@ -158,6 +175,7 @@ impl NodeRegistry {
                     client: client(),
                     marked_down: false,
                     unreachable: None,
+                    labels: Default::default(),
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {
@@ -242,6 +260,68 @@ impl NodeEntry {
             stats: self.stats.clone(),
             last_heartbeat: self.last_heartbeat,
             source: self.source.as_str().to_string(),
+            labels: (*self.labels).clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(labels: &[(&str, &str)]) -> NodeReport {
+        NodeReport {
+            name: "w1".into(),
+            address: "http://127.0.0.1:1".into(),
+            capacity: Resources {
+                cpu: 1.0,
+                memory: 1 << 30,
+                disk: 0,
+            },
+            stats: None,
+            labels: labels
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        }
+    }
+
+    fn client() -> ApiClient {
+        ApiClient::new("127.0.0.1:1", Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn a_label_change_is_stored_and_counts_as_more_room() {
+        let mut registry = NodeRegistry::default();
+        let grace = Duration::from_secs(10);
+        let now = Instant::now();
+        let joined = registry.report(
+            report(&[("zone", "us")]),
+            NodeSource::Registered,
+            client,
+            now,
+            grace,
+        );
+        assert!(joined.changed && joined.more_room);
+        let same = registry.report(
+            report(&[("zone", "us")]),
+            NodeSource::Registered,
+            client,
+            now,
+            grace,
+        );
+        assert_eq!(same, ReportEffect::default());
+        let relabelled = registry.report(
+            report(&[("zone", "eu")]),
+            NodeSource::Registered,
+            client,
+            now,
+            grace,
+        );
+        assert!(relabelled.changed && relabelled.more_room && !relabelled.moved);
+        let entry = registry.get("w1").unwrap();
+        assert_eq!(entry.labels.get("zone").map(String::as_str), Some("eu"));
+        let cache = TaskCache::default();
+        assert_eq!(entry.view(&cache, now, grace).labels, *entry.labels);
     }
 }

@@ -320,6 +320,7 @@ fn cluster(node_count: usize, placements: usize, seed: u64) -> Vec<NodeView> {
                 allocated: Resources::default(),
                 task_count: 0,
                 host_ports_taken: BTreeSet::new(),
+                labels: Default::default(),
             }
         })
         .collect()
@@ -346,6 +347,7 @@ impl TaskStream {
             memory: memory_steps * 64 * MIB,
             disk: 0,
             host_ports: BTreeSet::new(),
+            constraints: Vec::new(),
         }
     }
 }

@@ -439,6 +439,7 @@ mod tests {
             },
             task_count,
             host_ports_taken: BTreeSet::new(),
+            labels: Default::default(),
         }
     }
 

@@ -353,6 +353,7 @@ mod tests {
                 },
                 task_count: 0,
                 host_ports_taken: BTreeSet::new(),
+                labels: Default::default(),
             })
             .collect()
     }

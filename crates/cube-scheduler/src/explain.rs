@@ -7,9 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cube_types::size::format_size;
+use cube_types::{Constraint, Operator};
 
 use crate::Rejection;
-use crate::filter::{CpuFilter, DiskFilter, Filter, HostPortFilter, MemoryFilter, ReadyFilter};
+use crate::filter::{
+    ConstraintFilter, CpuFilter, DiskFilter, Filter, HostPortFilter, MemoryFilter, ReadyFilter,
+};
 use crate::view::{NodeView, TaskRequest};
 
 /// Up to this many refused nodes are named one by one; more are counted.
@@ -77,6 +80,8 @@ pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     NotReady,
+    /// The first unmet constraint is the task's constraint number `.0`.
+    Constraint(usize),
     Cpu,
     Memory,
     Disk,
@@ -98,6 +103,8 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
         };
         let kind = if !ReadyFilter.admits(task, node) {
             Kind::NotReady
+        } else if let Some((index, _)) = ConstraintFilter::first_unmet(task, node) {
+            Kind::Constraint(index)
         } else if !CpuFilter.admits(task, node) {
             most_free_cpu = most_free_cpu.max(node.capacity.cpu - node.allocated.cpu);
             Kind::Cpu
@@ -122,6 +129,12 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
     for (kind, count) in &counts {
         let part = match kind {
             Kind::NotReady => format!("{count} not Ready"),
+            Kind::Constraint(index) => {
+                format!(
+                    "{count} not matching {}",
+                    describe(&task.constraints[*index])
+                )
+            }
             Kind::Cpu => format!(
                 "{count} short of CPU (most free {:.1})",
                 most_free_cpu.max(0.0)
@@ -151,6 +164,19 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
     let total = nodes.len();
     let word = if total == 1 { "node" } else { "nodes" };
     format!("{total} {word}: {}", parts.join(", "))
+}
+
+/// A constraint as the user wrote it: `label.zone = eu`, `label.disk exists`.
+fn describe(constraint: &Constraint) -> String {
+    match constraint.operator {
+        Operator::Exists => format!("{} exists", constraint.attribute),
+        operator => format!(
+            "{} {} {}",
+            constraint.attribute,
+            operator.symbol(),
+            constraint.value
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +260,61 @@ mod tests {
                 "no node could ever hold it: needs 16.0 TiB memory, the largest node has 8.0 GiB; "
             ),
             "{reason}"
+        );
+    }
+
+    #[test]
+    fn nodes_refused_by_a_constraint_are_counted_under_it() {
+        let mut nodes: Vec<NodeView> = (0..5).map(|n| node(&format!("w{n}"), 4, 0)).collect();
+        for (index, node) in nodes.iter_mut().enumerate() {
+            let zone = if index < 3 { "us" } else { "eu" };
+            node.labels = std::sync::Arc::new([("zone".to_string(), zone.to_string())].into());
+        }
+        nodes[4].allocated.memory = 4 * GIB;
+        let task = TaskRequest {
+            memory: GIB,
+            constraints: vec![
+                Constraint {
+                    attribute: "label.zone".into(),
+                    operator: Operator::Equal,
+                    value: "eu".into(),
+                },
+                Constraint {
+                    attribute: "node.name".into(),
+                    operator: Operator::NotEqual,
+                    value: "w3".into(),
+                },
+            ],
+            ..TaskRequest::default()
+        };
+        assert_eq!(
+            explain(&task, &nodes),
+            "5 nodes: 3 not matching label.zone = eu, 1 not matching node.name != w3, \
+             1 short of memory (most free 0 B)"
+        );
+        let exists = Constraint {
+            attribute: "label.gpu".into(),
+            operator: Operator::Exists,
+            value: String::new(),
+        };
+        assert_eq!(describe(&exists), "label.gpu exists");
+    }
+
+    #[test]
+    fn a_few_nodes_refused_by_a_constraint_name_it() {
+        let mut nodes = vec![node("w1", 4, 0), node("w2", 4, 0)];
+        nodes[1].labels = std::sync::Arc::new([("zone".to_string(), "us".to_string())].into());
+        let task = TaskRequest {
+            constraints: vec![Constraint {
+                attribute: "label.zone".into(),
+                operator: Operator::Equal,
+                value: "ap".into(),
+            }],
+            ..TaskRequest::default()
+        };
+        assert_eq!(
+            explain(&task, &nodes),
+            r#"w1: label.zone is not set, wants "ap"; w2: label.zone is "us", wants "ap""#
         );
     }
 

@@ -74,6 +74,7 @@ impl FilterChain {
     pub fn standard() -> FilterChain {
         FilterChain::new(
             ReadyFilter
+                .then(ConstraintFilter)
                 .then(CpuFilter)
                 .then(MemoryFilter)
                 .then(DiskFilter)
@@ -140,6 +141,38 @@ impl Filter for ReadyFilter {
 
     fn reason(&self, _task: &TaskRequest, _node: &NodeView) -> String {
         "node is not Ready".to_string()
+    }
+}
+
+/// Do the node's name and labels satisfy every constraint of the task (`label.zone = eu`)?
+pub struct ConstraintFilter;
+
+impl ConstraintFilter {
+    /// The first of the task's constraints the node does not satisfy, with its index.
+    pub fn first_unmet<'a>(
+        task: &'a TaskRequest,
+        node: &NodeView,
+    ) -> Option<(usize, &'a cube_types::Constraint)> {
+        task.constraints
+            .iter()
+            .enumerate()
+            .find(|(_, constraint)| !constraint.admits(&node.name, &node.labels))
+    }
+}
+
+impl Filter for ConstraintFilter {
+    fn admits(&self, task: &TaskRequest, node: &NodeView) -> bool {
+        task.constraints
+            .iter()
+            .all(|constraint| constraint.admits(&node.name, &node.labels))
+    }
+
+    /// The first unmet constraint's own words: `label.zone is "us", wants "eu"`.
+    fn reason(&self, task: &TaskRequest, node: &NodeView) -> String {
+        match ConstraintFilter::first_unmet(task, node) {
+            Some((_, constraint)) => constraint.reason(&node.name, &node.labels),
+            None => "constraints met".to_string(),
+        }
     }
 }
 
@@ -250,7 +283,7 @@ fn distinct_cores(needed: f64, free: f64) -> (String, String) {
 mod tests {
     use std::collections::BTreeSet;
 
-    use cube_types::Resources;
+    use cube_types::{Constraint, Operator, Resources};
 
     use super::*;
 
@@ -265,6 +298,7 @@ mod tests {
             allocated,
             task_count: 0,
             host_ports_taken: BTreeSet::new(),
+            labels: Default::default(),
         }
     }
 
@@ -278,7 +312,139 @@ mod tests {
             memory,
             disk,
             host_ports: BTreeSet::new(),
+            constraints: Vec::new(),
         }
+    }
+
+    fn constrained(attribute: &str, operator: Operator, value: &str) -> TaskRequest {
+        TaskRequest {
+            constraints: vec![Constraint {
+                attribute: attribute.into(),
+                operator,
+                value: value.into(),
+            }],
+            ..TaskRequest::default()
+        }
+    }
+
+    fn labelled(name: &str, labels: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            ready: true,
+            labels: std::sync::Arc::new(
+                labels
+                    .iter()
+                    .map(|(key, value)| (key.to_string(), value.to_string()))
+                    .collect(),
+            ),
+            ..NodeView::default()
+        }
+    }
+
+    #[test]
+    fn equal_admits_only_the_node_with_that_label_value() {
+        let task = constrained("label.zone", Operator::Equal, "eu");
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w1", &[("zone", "eu")])),
+            Ok(())
+        );
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w2", &[("zone", "us")])),
+            Err(r#"label.zone is "us", wants "eu""#.to_string())
+        );
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w3", &[])),
+            Err(r#"label.zone is not set, wants "eu""#.to_string())
+        );
+    }
+
+    #[test]
+    fn not_equal_admits_every_other_value_and_a_missing_label() {
+        let task = constrained("label.zone", Operator::NotEqual, "eu");
+        assert!(ConstraintFilter.admits(&task, &labelled("w2", &[("zone", "us")])));
+        assert!(ConstraintFilter.admits(&task, &labelled("w3", &[])));
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w1", &[("zone", "eu")])),
+            Err(r#"label.zone is "eu", wants anything but "eu""#.to_string())
+        );
+    }
+
+    #[test]
+    fn in_admits_any_value_of_the_list() {
+        let task = constrained("label.zone", Operator::In, "eu, ap");
+        assert!(ConstraintFilter.admits(&task, &labelled("w1", &[("zone", "eu")])));
+        assert!(ConstraintFilter.admits(&task, &labelled("w2", &[("zone", "ap")])));
+        assert!(!ConstraintFilter.admits(&task, &labelled("w4", &[])));
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w3", &[("zone", "us")])),
+            Err(r#"label.zone is "us", wants one of eu, ap"#.to_string())
+        );
+    }
+
+    #[test]
+    fn not_in_refuses_every_value_of_the_list() {
+        let task = constrained("label.zone", Operator::NotIn, "eu,ap");
+        assert!(ConstraintFilter.admits(&task, &labelled("w3", &[("zone", "us")])));
+        assert!(ConstraintFilter.admits(&task, &labelled("w4", &[])));
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w2", &[("zone", "ap")])),
+            Err(r#"label.zone is "ap", wants none of eu,ap"#.to_string())
+        );
+    }
+
+    #[test]
+    fn exists_asks_only_for_the_label() {
+        let task = constrained("label.disk", Operator::Exists, "");
+        assert!(ConstraintFilter.admits(&task, &labelled("w1", &[("disk", "")])));
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w2", &[("zone", "eu")])),
+            Err("label.disk is not set, wants it set".to_string())
+        );
+    }
+
+    #[test]
+    fn node_name_pins_a_task_to_one_node() {
+        let task = constrained("node.name", Operator::Equal, "w2");
+        assert!(ConstraintFilter.admits(&task, &labelled("w2", &[])));
+        assert_eq!(
+            ConstraintFilter.check(&task, &labelled("w1", &[("zone", "eu")])),
+            Err(r#"node.name is "w1", wants "w2""#.to_string())
+        );
+    }
+
+    #[test]
+    fn the_first_unmet_constraint_gives_the_reason_and_none_admits_all() {
+        let mut task = constrained("label.zone", Operator::Equal, "eu");
+        task.constraints.push(Constraint {
+            attribute: "label.disk".into(),
+            operator: Operator::Equal,
+            value: "ssd".into(),
+        });
+        let node = labelled("w1", &[("zone", "eu"), ("disk", "hdd")]);
+        assert_eq!(
+            ConstraintFilter.check(&task, &node),
+            Err(r#"label.disk is "hdd", wants "ssd""#.to_string())
+        );
+        assert_eq!(
+            ConstraintFilter.check(&TaskRequest::default(), &node),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_standard_chain_asks_constraints_after_readiness() {
+        let chain = FilterChain::standard();
+        let task = constrained("label.zone", Operator::Equal, "eu");
+        let mut us = labelled("w2", &[("zone", "us")]);
+        assert_eq!(
+            chain.check(&task, &us),
+            Err(r#"label.zone is "us", wants "eu""#.to_string())
+        );
+        us.ready = false;
+        assert_eq!(
+            chain.check(&task, &us),
+            Err("node is not Ready".to_string())
+        );
     }
 
     #[test]

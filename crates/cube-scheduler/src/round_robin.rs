@@ -136,6 +136,7 @@ mod tests {
                 allocated: Resources::default(),
                 task_count: 0,
                 host_ports_taken: BTreeSet::new(),
+                labels: Default::default(),
             })
             .collect()
     }

@@ -2,8 +2,9 @@
 //! Both are plain data built by the manager; the scheduler never changes them.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use cube_types::{Node, NodeStatus, Resources, Task};
+use cube_types::{Constraint, Labels, Node, NodeStatus, Resources, Task};
 
 /// An immutable snapshot of one node, built by the manager from its cached node state.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -19,6 +20,9 @@ pub struct NodeView {
     pub task_count: usize,
     /// Host ports that tasks placed on the node have bound.
     pub host_ports_taken: BTreeSet<u16>,
+    /// The node's labels, shared with the manager's registry: a snapshot is built for every
+    /// placement, and copying a pointer costs less than copying the map.
+    pub labels: Arc<Labels>,
 }
 
 impl NodeView {
@@ -32,6 +36,7 @@ impl NodeView {
             allocated: node.allocated,
             task_count: node.task_count,
             host_ports_taken,
+            labels: Arc::new(node.labels.clone()),
         }
     }
 
@@ -58,11 +63,13 @@ pub struct TaskRequest {
     pub disk: u64,
     /// Host ports the task binds explicitly; they must be free on the node.
     pub host_ports: BTreeSet<u16>,
+    /// What the node's name and labels must satisfy, every one of them.
+    pub constraints: Vec<Constraint>,
 }
 
 impl TaskRequest {
-    /// The request of a task: its declared `Cpu`, `Memory` and `Disk`, and the host ports of
-    /// its `PortBindings`. A binding with an empty host port (Docker chooses one), a host port
+    /// The request of a task: its declared `Cpu`, `Memory` and `Disk`, the host ports of its
+    /// `PortBindings` and its `Constraints`. A binding with an empty host port (Docker chooses one), a host port
     /// of 0 (the same thing) or one that is not a port number claims no port.
     pub fn for_task(task: &Task) -> TaskRequest {
         let host_ports = task
@@ -76,6 +83,7 @@ impl TaskRequest {
             memory: task.memory,
             disk: task.disk,
             host_ports,
+            constraints: task.constraints.clone(),
         }
     }
 
@@ -102,11 +110,17 @@ mod tests {
         task.port_bindings.insert("9090/tcp".into(), "0".into());
         task.port_bindings
             .insert("53/udp".into(), "not-a-port".into());
+        task.constraints = vec![Constraint {
+            attribute: "label.zone".into(),
+            operator: cube_types::Operator::Equal,
+            value: "eu".into(),
+        }];
         let request = TaskRequest::for_task(&task);
         assert_eq!(request.cpu, 0.5);
         assert_eq!(request.memory, 64 << 20);
         assert_eq!(request.disk, 1 << 30);
         assert_eq!(request.host_ports, BTreeSet::from([7777]));
+        assert_eq!(request.constraints, task.constraints);
     }
 
     #[test]
@@ -121,6 +135,7 @@ mod tests {
             memory: 100,
             disk: 200,
             host_ports: BTreeSet::from([80]),
+            ..TaskRequest::default()
         };
         node.add_task(&request);
         node.add_task(&TaskRequest {
@@ -151,6 +166,7 @@ mod tests {
             stats: None,
             last_heartbeat: None,
             source: "registered".into(),
+            labels: Labels::from([("zone".to_string(), "eu".to_string())]),
         };
         assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);
         node.status = NodeStatus::Ready;
@@ -159,5 +175,6 @@ mod tests {
         assert_eq!(view.task_count, 3);
         assert_eq!(view.capacity, node.capacity);
         assert_eq!(view.host_ports_taken, BTreeSet::from([7777]));
+        assert_eq!(*view.labels, node.labels);
     }
 }

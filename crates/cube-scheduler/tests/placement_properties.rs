@@ -54,6 +54,7 @@ fn node() -> impl Strategy<Value = NodeView> {
                     },
                     task_count,
                     host_ports_taken: ports,
+                    labels: Default::default(),
                 }
             },
         )
@@ -75,6 +76,7 @@ fn task() -> impl Strategy<Value = TaskRequest> {
             memory: memory_mib * MIB,
             disk: disk_mib * MIB,
             host_ports,
+            constraints: Vec::new(),
         },
     )
 }

@@ -92,8 +92,10 @@ impl Submission {
     }
 }
 
-/// Decodes with the path of the field at fault in the message (`Task.ID: …`).
-fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SubmissionError> {
+/// Decodes a JSON body with the path of the field at fault in the message (`Task.ID: …`)
+/// and, for an unknown field, the field most likely meant. Used for every JSON Cube reads
+/// from users: tasks, and jobs.
+pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SubmissionError> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();

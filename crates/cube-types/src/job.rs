@@ -100,7 +100,9 @@ pub struct Constraint {
     pub value: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
 pub enum Operator {
     #[default]
     #[serde(rename = "=", alias = "==")]
@@ -130,7 +132,11 @@ impl Operator {
 impl Constraint {
     /// The node's value of the attribute: its name, or one of its labels (`None`: no such
     /// label).
-    fn value_on<'a>(&self, node_name: &'a str, labels: &'a BTreeMap<String, String>) -> Option<&'a str> {
+    fn value_on<'a>(
+        &self,
+        node_name: &'a str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> Option<&'a str> {
         if self.attribute == "node.name" {
             return Some(node_name);
         }
@@ -141,7 +147,10 @@ impl Constraint {
     }
 
     fn values(&self) -> impl Iterator<Item = &str> {
-        self.value.split(',').map(str::trim).filter(|v| !v.is_empty())
+        self.value
+            .split(',')
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
     }
 
     /// Whether a node with this name and these labels satisfies the constraint.
@@ -188,9 +197,12 @@ impl Constraint {
         }
         match self.operator {
             Operator::Exists => {}
-            Operator::In | Operator::NotIn if self.values().next().is_none() => findings.push(
-                format!("{path}.Value: {} needs a comma-separated list of values", self.operator.symbol()),
-            ),
+            Operator::In | Operator::NotIn if self.values().next().is_none() => {
+                findings.push(format!(
+                    "{path}.Value: {} needs a comma-separated list of values",
+                    self.operator.symbol()
+                ))
+            }
             _ => {}
         }
         if self.value.chars().any(char::is_control) {
@@ -207,7 +219,9 @@ pub fn label_char(c: char) -> bool {
 
 fn name_findings(path: &str, name: &str) -> Vec<String> {
     if name.is_empty() {
-        return vec![format!("{path}: missing; a name of letters, digits, '_' and '-'")];
+        return vec![format!(
+            "{path}: missing; a name of letters, digits, '_' and '-'"
+        )];
     }
     let mut findings = Vec::new();
     if name.chars().count() > MAX_NAME_LEN {
@@ -216,7 +230,10 @@ fn name_findings(path: &str, name: &str) -> Vec<String> {
             name.chars().count()
         ));
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-')) {
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+    {
         findings.push(format!(
             "{path}: {name:?} may hold only letters, digits, '_' and '-'"
         ));
@@ -249,7 +266,10 @@ impl Job {
             let path = format!("Groups[{n}]");
             findings.extend(name_findings(&format!("{path}.Name"), &group.name));
             if !seen.insert(group.name.as_str()) {
-                findings.push(format!("{path}.Name: {:?} is used by an earlier group", group.name));
+                findings.push(format!(
+                    "{path}.Name: {:?} is used by an earlier group",
+                    group.name
+                ));
             }
             match (self.job_type, group.count) {
                 (JobType::System, Some(_)) => findings.push(format!(
@@ -364,17 +384,24 @@ mod tests {
             "Groups[1].Name: \"api\" is used by an earlier group",
             "Groups[1].Task.Cpu:",
         ] {
-            assert!(findings.contains(expected), "{expected} not in:\n{findings}");
+            assert!(
+                findings.contains(expected),
+                "{expected} not in:\n{findings}"
+            );
         }
         let service: Job = serde_json::from_str(
             r#"{"Name": "w", "Groups": [{"Name": "g", "Task": {"Image": "x"}}]}"#,
         )
         .unwrap();
-        assert!(service.validate().join("\n").contains("Groups[0].Count: missing"));
-        let bad_type = serde_json::from_str::<Job>(
-            r#"{"Name": "w", "Type": "sometimes", "Groups": []}"#,
-        )
-        .unwrap_err();
+        assert!(
+            service
+                .validate()
+                .join("\n")
+                .contains("Groups[0].Count: missing")
+        );
+        let bad_type =
+            serde_json::from_str::<Job>(r#"{"Name": "w", "Type": "sometimes", "Groups": []}"#)
+                .unwrap_err();
         assert!(bad_type.to_string().contains("sometimes"), "{bad_type}");
     }
 

@@ -27,7 +27,7 @@ pub mod time;
 pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};
 pub use job::{Constraint, Group, Job, JobType, Operator};
-pub use node::{Node, NodeReport, NodeStatus, Resources};
+pub use node::{Labels, Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, Receiver, RestartPolicy, Task};

@@ -1,11 +1,22 @@
 //! A node: a worker as the manager knows it, and what a worker says about itself.
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::job::label_char;
 use crate::stats::Stats;
+
+/// A node's labels, `{"zone": "eu", "disk": "ssd"}`: what constraints (`label.zone = eu`)
+/// are asked about. Set by the worker's operator (`cube worker --label zone=eu`).
+pub type Labels = BTreeMap<String, String>;
+
+/// The most labels one node may carry.
+pub const MAX_LABELS: usize = 64;
+/// The longest label key, and the longest label value, in characters.
+pub const MAX_LABEL_CHARS: usize = 63;
 
 /// The most CPU a task may ask for or a node offer: 1,024 cores, more than any one machine
 /// has. The limit is there to refuse a slip (`1e300`), not to size machines.
@@ -120,6 +131,43 @@ pub struct NodeReport {
     pub capacity: Resources,
     #[serde(rename = "Stats", default)]
     pub stats: Option<Stats>,
+    /// The operator's labels for the node (`cube worker --label zone=eu`).
+    #[serde(rename = "Labels", default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
+}
+
+/// What is wrong with one label, without naming it: a key of 1 to [`MAX_LABEL_CHARS`]
+/// characters and a value of at most as many, both of letters, digits, `.`, `_`, `-` and `/`
+/// (the value may be empty).
+pub fn label_problem(key: &str, value: &str) -> Option<String> {
+    if key.is_empty() {
+        return Some("a label needs a key".to_string());
+    }
+    for (what, text) in [("key", key), ("value", value)] {
+        let chars = text.chars().count();
+        if chars > MAX_LABEL_CHARS {
+            return Some(format!(
+                "the {what} has {chars} characters; at most {MAX_LABEL_CHARS}"
+            ));
+        }
+        if let Some(bad) = text.chars().find(|&c| !label_char(c)) {
+            return Some(format!(
+                "the {what} {text:?} contains {bad:?}; use letters, digits, '.', '_', '-' and '/'"
+            ));
+        }
+    }
+    None
+}
+
+/// A label as the command line gives it, `KEY=VALUE`, checked as a report's labels are.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = text.split_once('=') else {
+        return Err(format!("{text:?} is not KEY=VALUE (e.g. zone=eu)"));
+    };
+    match label_problem(key, value) {
+        Some(problem) => Err(format!("{text:?}: {problem}")),
+        None => Ok((key.to_string(), value.to_string())),
+    }
 }
 
 /// The longest node name the manager takes.
@@ -149,6 +197,17 @@ impl NodeReport {
             findings.push("Address: a node needs the address of its API".to_string());
         }
         findings.extend(self.capacity.findings("Capacity."));
+        if self.labels.len() > MAX_LABELS {
+            findings.push(format!(
+                "Labels: {} labels; at most {MAX_LABELS}",
+                self.labels.len()
+            ));
+        }
+        for (key, value) in &self.labels {
+            if let Some(problem) = label_problem(key, value) {
+                findings.push(format!("Labels.{key}: {problem}"));
+            }
+        }
         let capacity = self.capacity;
         if capacity.cpu == 0.0 && capacity.memory == 0 && capacity.disk == 0 {
             findings.push(
@@ -193,6 +252,9 @@ pub struct Node {
     /// How the node joined: `registered` (it called in) or `static` (the manager's `-w`).
     #[serde(rename = "Source", default)]
     pub source: String,
+    /// The labels the worker last reported.
+    #[serde(rename = "Labels", default, skip_serializing_if = "Labels::is_empty")]
+    pub labels: Labels,
 }
 
 #[cfg(test)]
@@ -249,6 +311,84 @@ mod tests {
             bad.validate()[0].contains("limit of 255"),
             "{:?}",
             bad.validate()
+        );
+    }
+
+    #[test]
+    fn labels_read_as_an_object_and_are_left_out_when_empty() {
+        let mut with_labels = report(r#"{"Cpu": 1}"#);
+        assert!(with_labels.labels.is_empty());
+        assert!(
+            !serde_json::to_string(&with_labels)
+                .unwrap()
+                .contains("Labels")
+        );
+        with_labels.labels.insert("zone".into(), "eu".into());
+        let json = serde_json::to_value(&with_labels).unwrap();
+        assert_eq!(json["Labels"], serde_json::json!({"zone": "eu"}));
+        let back: NodeReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, with_labels);
+        assert!(
+            with_labels.validate().is_empty(),
+            "{:?}",
+            with_labels.validate()
+        );
+    }
+
+    #[test]
+    fn bad_labels_are_named_by_their_key() {
+        let mut bad = report(r#"{"Cpu": 1}"#);
+        bad.labels.insert("zone".into(), "eu west".into());
+        bad.labels.insert("".into(), "x".into());
+        bad.labels.insert("k".repeat(64), "x".into());
+        bad.labels.insert("disk".into(), "ssd".into());
+        bad.labels.insert("empty".into(), String::new());
+        let findings = bad.validate().join("\n");
+        assert!(
+            findings.contains("Labels.zone: the value \"eu west\" contains ' '"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("Labels.: a label needs a key"),
+            "{findings}"
+        );
+        assert!(
+            findings.contains("the key has 64 characters; at most 63"),
+            "{findings}"
+        );
+        assert!(
+            !findings.contains("Labels.disk") && !findings.contains("Labels.empty"),
+            "{findings}"
+        );
+        bad.labels = (0..65)
+            .map(|n| (format!("k{n}"), "v".to_string()))
+            .collect();
+        assert_eq!(
+            bad.validate(),
+            vec!["Labels: 65 labels; at most 64".to_string()]
+        );
+    }
+
+    #[test]
+    fn a_command_line_label_is_key_equals_value() {
+        assert_eq!(parse_label("zone=eu"), Ok(("zone".into(), "eu".into())));
+        assert_eq!(
+            parse_label("team=a=b").unwrap_err(),
+            "\"team=a=b\": the value \"a=b\" contains '='; use letters, digits, '.', '_', '-' and '/'"
+        );
+        assert_eq!(
+            parse_label("disk=").unwrap(),
+            ("disk".into(), String::new())
+        );
+        assert!(
+            parse_label("zone")
+                .unwrap_err()
+                .contains("is not KEY=VALUE")
+        );
+        assert!(
+            parse_label("=eu")
+                .unwrap_err()
+                .contains("a label needs a key")
         );
     }
 }

@@ -15,7 +15,9 @@ use cube_runtime::{
     ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
 };
 use cube_store::{Store, StoreError};
-use cube_types::{Health, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition};
+use cube_types::{
+    Health, Labels, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition,
+};
 use futures_util::StreamExt;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
@@ -71,6 +73,8 @@ pub struct WorkerConfig {
     pub stop_timeout: Duration,
     /// How many tasks may be started or stopped at once.
     pub max_concurrent_operations: usize,
+    /// The operator's labels for this node (`--label zone=eu`), sent with every report.
+    pub labels: Labels,
 }
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
@@ -342,6 +346,7 @@ impl<R: Runtime> Worker<R> {
             address: self.config.address.clone(),
             capacity: self.config.capacity,
             stats: Some(stats),
+            labels: self.config.labels.clone(),
         })
     }
 

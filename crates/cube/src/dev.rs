@@ -9,13 +9,14 @@ use cube_runtime::sample_image::SAMPLE_IMAGE;
 
 use crate::manager::{self, ManagerArgs};
 use crate::stores::StoreArgs;
-use crate::worker::{self, WorkerArgs};
+use crate::worker::{self, LabelArgs, WorkerArgs};
 
 /// Run a local cluster in one process: a manager and one worker, with the persistent store
 /// under --data-dir, and the sample image built if it is missing.
 ///
 /// The worker registers with the manager over loopback like any other worker, so everything
 /// `cube run`, `cube status`, `cube stop` and `cube node` do works as on a real cluster.
+/// --label KEY=VALUE labels the worker as `cube worker --label` does.
 /// More workers can join with `cube worker --manager 127.0.0.1:5555`. SIGINT or SIGTERM stop
 /// both; the containers keep running and are re-adopted on the next start.
 #[derive(Debug, Args)]
@@ -39,6 +40,8 @@ pub struct DevArgs {
     scheduler: String,
     #[command(flatten)]
     store: StoreArgs,
+    #[command(flatten)]
+    labels: LabelArgs,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -54,6 +57,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.worker_port,
         manager_address.clone(),
         args.store,
+        args.labels,
     ))
     .await?;
     // A new user's first task uses the sample image; build it now rather than fail later.

@@ -93,6 +93,7 @@ pub async fn prepare(
         tasks: stores.table("tasks")?,
         events: stores.table("events")?,
         nodes: stores.table("nodes")?,
+        jobs: stores.table("jobs")?,
     };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,

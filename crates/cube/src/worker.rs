@@ -9,8 +9,9 @@ use clap::Args;
 use cube_api::ApiClient;
 use cube_runtime::DockerRuntime;
 use cube_types::duration::parse_duration;
+use cube_types::node::parse_label;
 use cube_types::size::parse_size;
-use cube_types::{Resources, Task};
+use cube_types::{Labels, Resources, Task};
 use cube_worker::{Command, Heartbeat, StatsCollector, Worker, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -23,13 +24,15 @@ use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 /// The worker serves its API (POST/GET /tasks, GET/DELETE /tasks/{id}, GET /stats, GET /node)
 /// on HOST:PORT. With --manager it registers with that manager and sends it a heartbeat with
 /// its stats every --heartbeat-interval; without, a manager can list it with -w. It offers
-/// the whole machine to tasks unless --cpus, --memory or --disk say less. Containers keep
+/// the whole machine to tasks unless --cpus, --memory or --disk say less; --label KEY=VALUE
+/// (repeatable) labels the node for task constraints (`label.zone = eu`). Containers keep
 /// running when the worker stops; a worker started again with the persistent store re-adopts
 /// them. SIGINT or SIGTERM stop it cleanly.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube worker -n w1 -p 5556 --manager 127.0.0.1:5555\n  \
     cube worker -n small -p 5557 --manager 127.0.0.1:5555 --cpus 1 --memory 512MiB\n  \
+    cube worker -n eu1 -p 5558 --manager 127.0.0.1:5555 --label zone=eu --label disk=ssd\n  \
     cube worker -n w1 -p 5556 -d memory       # then: cube manager -w 127.0.0.1:5556")]
 pub struct WorkerArgs {
     /// Address to listen on.
@@ -69,11 +72,48 @@ pub struct WorkerArgs {
     /// How many tasks may be started or stopped at the same time.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     parallelism: u16,
+    #[command(flatten)]
+    labels: LabelArgs,
+}
+
+/// `--label KEY=VALUE`, shared by `cube worker` and `cube dev`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct LabelArgs {
+    /// A label for this node, KEY=VALUE (repeatable): what task constraints such as
+    /// `label.zone = eu` are asked about. Keys and values: letters, digits, '.', '_', '-', '/',
+    /// at most 63 characters each; at most 64 labels.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+impl LabelArgs {
+    /// The labels as a map; a key given twice is refused rather than silently overwritten.
+    fn into_labels(self) -> anyhow::Result<Labels> {
+        let mut labels = Labels::new();
+        for (key, value) in self.labels {
+            if let Some(earlier) = labels.insert(key.clone(), value) {
+                anyhow::bail!("--label {key}: given twice (first {key}={earlier})");
+            }
+        }
+        anyhow::ensure!(
+            labels.len() <= cube_types::node::MAX_LABELS,
+            "--label: {} labels; at most {}",
+            labels.len(),
+            cube_types::node::MAX_LABELS
+        );
+        Ok(labels)
+    }
 }
 
 impl WorkerArgs {
     /// The settings `cube dev` uses for its worker.
-    pub fn for_dev(name: String, port: u16, manager: String, store: StoreArgs) -> WorkerArgs {
+    pub fn for_dev(
+        name: String,
+        port: u16,
+        manager: String,
+        store: StoreArgs,
+        labels: LabelArgs,
+    ) -> WorkerArgs {
         WorkerArgs {
             host: "127.0.0.1".to_string(),
             port,
@@ -87,6 +127,7 @@ impl WorkerArgs {
             disk: None,
             stop_timeout: Duration::from_secs(10),
             parallelism: 8,
+            labels,
         }
     }
 }
@@ -120,6 +161,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         Some(name) => name,
         None => host_name()?,
     };
+    let labels = args.labels.into_labels()?;
     let manager = args
         .manager
         .as_deref()
@@ -148,6 +190,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         capacity,
         stop_timeout: args.stop_timeout,
         max_concurrent_operations: usize::from(args.parallelism),
+        labels,
     };
     let (worker, commands) = Worker::new(config, tasks, runtime, stats);
     Ok(PreparedWorker {

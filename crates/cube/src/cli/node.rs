@@ -16,16 +16,18 @@ use super::{ListFlags, ListFormat, ManagerClient};
 /// The table has a line per node: NAME, STATUS (Ready, or Down after missed heartbeats), CPU,
 /// MEMORY and DISK as allocated/capacity (what placed tasks declared, against what the worker
 /// offers) and TASKS (tasks holding resources there); -o wide adds ADDRESS, SOURCE
-/// (registered, or static from the manager's -w) and HEARTBEAT (when it last reported).
+/// (registered, or static from the manager's -w), HEARTBEAT (when it last reported) and
+/// LABELS (the worker's --label flags, key=value, comma-separated).
 ///
-/// With NAME it shows that node's fields one per line, with its last heartbeat and the
+/// With NAME it shows that node's fields one per line, its labels among them, with its last
+/// heartbeat and the
 /// machine's stats as the worker last reported them (memory and disk used, CPU usage, load).
 /// -o json and -o yaml print the manager's objects: an array of nodes, or the one node; -o
 /// name and -q the names.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube node                 # every node\n  \
-    cube node -o wide         # with ADDRESS, SOURCE, HEARTBEAT\n  \
+    cube node -o wide         # with ADDRESS, SOURCE, HEARTBEAT, LABELS\n  \
     cube node local           # one node in detail, with its stats\n  \
     cube node -o json | jq '.[] | select(.Status == \"Ready\") | .Name'")]
 pub struct NodeArgs {
@@ -78,11 +80,11 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node table, in the order given; `wide` adds ADDRESS, SOURCE and HEARTBEAT.
+/// The node table, in the order given; `wide` adds ADDRESS, SOURCE, HEARTBEAT and LABELS.
 fn node_table(nodes: &[Node], now: DateTime<Utc>, wide: bool) -> Vec<String> {
     let mut header = vec!["NAME", "STATUS", "CPU", "MEMORY", "DISK", "TASKS"];
     if wide {
-        header.extend(["ADDRESS", "SOURCE", "HEARTBEAT"]);
+        header.extend(["ADDRESS", "SOURCE", "HEARTBEAT", "LABELS"]);
     }
     let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
     rows.extend(nodes.iter().map(|node| {
@@ -99,6 +101,7 @@ fn node_table(nodes: &[Node], now: DateTime<Utc>, wide: bool) -> Vec<String> {
                 node.address.clone(),
                 node.source.clone(),
                 time_ago(node.last_heartbeat, now),
+                labels_cell(node),
             ]);
         }
         row
@@ -113,6 +116,7 @@ fn node_details(node: &Node, now: DateTime<Utc>) -> Vec<String> {
         ("Address", node.address.clone()),
         ("Status", node.status.to_string()),
         ("Source", node.source.clone()),
+        ("Labels", labels_cell(node)),
         ("Tasks", node.task_count.to_string()),
         ("CPU", format!("{} cores allocated", cpu_cell(node))),
         (
@@ -179,6 +183,18 @@ fn stats_pairs(stats: &Stats) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// `disk=ssd,zone=eu`, or `-` for a node without labels.
+fn labels_cell(node: &Node) -> String {
+    if node.labels.is_empty() {
+        return "-".to_string();
+    }
+    node.labels
+        .iter()
+        .map(|(key, value)| format!("{key}={value}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// `0.5/2`: cores allocated to tasks, of the cores offered.
 fn cpu_cell(node: &Node) -> String {
     format!(
@@ -236,6 +252,7 @@ mod tests {
             stats: None,
             last_heartbeat: None,
             source: "registered".to_string(),
+            labels: Default::default(),
         }
     }
 
@@ -258,11 +275,15 @@ mod tests {
         let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
         let mut w1 = node("w1", NodeStatus::Ready);
         w1.last_heartbeat = Some(now - chrono::Duration::seconds(2));
+        w1.labels.insert("zone".into(), "eu".into());
+        w1.labels.insert("disk".into(), "ssd".into());
+        let w2 = node("w2", NodeStatus::Ready);
         assert_eq!(
-            node_table(&[w1], now, true),
+            node_table(&[w1, w2], now, true),
             vec![
-                "NAME   STATUS   CPU     MEMORY              DISK           TASKS   ADDRESS                 SOURCE       HEARTBEAT",
-                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556   registered   2 seconds ago",
+                "NAME   STATUS   CPU     MEMORY              DISK           TASKS   ADDRESS                 SOURCE       HEARTBEAT       LABELS",
+                "w1     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556   registered   2 seconds ago   disk=ssd,zone=eu",
+                "w2     Ready    0.5/2   512.0 MiB/1.0 GiB   0 B/10.0 GiB   1       http://127.0.0.1:5556   registered   -               -",
             ]
         );
     }
@@ -272,6 +293,7 @@ mod tests {
         let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
         let mut node = node("w1", NodeStatus::Ready);
         node.last_heartbeat = Some(now - chrono::Duration::seconds(2));
+        node.labels.insert("zone".into(), "eu".into());
         node.stats = Some(Stats {
             mem_total_kb: 4 * 1024 * 1024,
             mem_available_kb: 3 * 1024 * 1024,
@@ -292,6 +314,7 @@ mod tests {
         let lines = node_details(&node, now);
         for expected in [
             "Status:        Ready",
+            "Labels:        zone=eu",
             "CPU:           0.5/2 cores allocated",
             "LastHeartbeat: 2024-05-01T11:59:58Z (2 seconds ago)",
             "MemoryUsed:    25.0% (1.0 GiB of 4.0 GiB, 3.0 GiB available)",
@@ -312,6 +335,7 @@ mod tests {
         let lines = node_details(&node("w1", NodeStatus::Down), now);
         assert!(lines.contains(&"Stats:         none reported yet".to_string()));
         assert!(lines.contains(&"LastHeartbeat: -".to_string()));
+        assert!(lines.contains(&"Labels:        -".to_string()));
     }
 
     #[test]

@@ -1,0 +1,425 @@
+//! The job controller: keeps each job's copies what the job asks for.
+//!
+//! A job is looked at again ("dirty") when it is submitted, scaled or stopped, when one of its
+//! tasks is written (`Manager::save`), when a node joins, leaves or changes (system jobs), and
+//! at every resync. A look reads the job, its tasks and the nodes under the manager's lock,
+//! asks the pure transformer ([`crate::jobs::plan`]) what to create and stop, and carries that
+//! out through the task operations every task goes through (`accept_task`, `request_stop`):
+//! placement, dispatch, restarts and liveness stay the task controller's. A look that finds
+//! nothing to do writes nothing, so a converged cluster is quiet.
+//!
+//! The API's side is here too: submitting, scaling, stopping and planning a job, and the
+//! views of jobs the API answers with.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use chrono::Utc;
+use cube_types::job::{Job, JobRecord, JobType};
+use cube_types::{Receiver, Task};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::jobs::{GroupSummary, JobPlan, NodeFacts, PlannedStop, plan, status_word, summarize};
+use crate::manager::{Manager, ManagerError, Writes, lock};
+
+/// A job as the API shows it: the stored record, its status in a word, a summary per group,
+/// and (for one job) its tasks.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobView {
+    #[serde(rename = "Job")]
+    pub job: Job,
+    #[serde(rename = "Version")]
+    pub version: u64,
+    #[serde(rename = "SubmitTime", with = "cube_types::time::optional", default)]
+    pub submit_time: Option<chrono::DateTime<Utc>>,
+    #[serde(rename = "Stopped")]
+    pub stopped: bool,
+    #[serde(rename = "Status")]
+    pub status: String,
+    #[serde(rename = "Summary")]
+    pub summary: BTreeMap<String, GroupSummary>,
+    #[serde(rename = "Tasks", default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<Task>>,
+}
+
+/// What `POST /jobs/plan` answers: the version the job would get, whether its spec changed,
+/// and the plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanView {
+    #[serde(rename = "Version")]
+    pub version: u64,
+    #[serde(rename = "Changed")]
+    pub changed: bool,
+    #[serde(rename = "Create")]
+    pub create: Vec<Task>,
+    #[serde(rename = "Stop")]
+    pub stop: Vec<PlannedStop>,
+    #[serde(rename = "Keep")]
+    pub keep: Vec<Uuid>,
+}
+
+/// What the job transformer reads for one job: the record, every node's facts, the tasks
+/// the job owns.
+struct JobInputs {
+    record: Arc<JobRecord>,
+    nodes: Vec<NodeFacts>,
+    tasks: Vec<Arc<Task>>,
+}
+
+/// How a job submission went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobSubmitted {
+    Created,
+    Changed,
+    Unchanged,
+}
+
+impl Manager {
+    /// Marks a job to be looked at again and wakes the job controller.
+    pub(crate) fn mark_job_dirty(&self, name: &str) {
+        let added = lock(&self.jobs_dirty).insert(name.to_string());
+        if added {
+            self.jobs_wake.notify_one();
+        }
+    }
+
+    /// Marks every system job (a node joined, left, came back or changed its labels).
+    pub(crate) fn mark_system_jobs_dirty(&self) {
+        let names: Vec<String> = lock(&self.state)
+            .jobs
+            .values()
+            .filter(|record| record.job.job_type == JobType::System && !record.stopped)
+            .map(|record| record.job.name.clone())
+            .collect();
+        for name in names {
+            self.mark_job_dirty(&name);
+        }
+    }
+
+    /// Marks every job (at start and at each resync).
+    pub(crate) fn mark_all_jobs_dirty(&self) {
+        let names: Vec<String> = lock(&self.state).jobs.keys().cloned().collect();
+        for name in names {
+            self.mark_job_dirty(&name);
+        }
+    }
+
+    /// Looks at dirty jobs, one at a time, until shutdown. One job's look is a few map reads
+    /// and, when something is missing, a few task submissions; jobs are few next to tasks.
+    pub(crate) async fn run_job_controller(self: Arc<Self>) {
+        self.mark_all_jobs_dirty();
+        loop {
+            let next = lock(&self.jobs_dirty).pop_first();
+            let Some(name) = next else {
+                tokio::select! {
+                    _ = self.shutdown.cancelled() => return,
+                    _ = self.jobs_wake.notified() => continue,
+                }
+            };
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            if let Err(err) = self.converge_job(&name).await {
+                tracing::warn!(job = %name, error = %err, "a job did not converge; looking again at the next change or resync");
+            }
+        }
+    }
+
+    /// The transformer's inputs for one job. They are read in three short holds of the lock;
+    /// a change between them makes the job dirty again, and the next look sees it.
+    fn job_inputs(&self, name: &str) -> Option<JobInputs> {
+        let record = lock(&self.state).jobs.get(name)?.clone();
+        let nodes = self.node_facts();
+        let tasks = lock(&self.state).cache.of_job(name);
+        Some(JobInputs {
+            record,
+            nodes,
+            tasks,
+        })
+    }
+
+    async fn converge_job(&self, name: &str) -> Result<(), ManagerError> {
+        let Some(JobInputs {
+            record,
+            nodes,
+            tasks,
+        }) = self.job_inputs(name)
+        else {
+            return Ok(());
+        };
+        let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+        let planned = plan(&record, &nodes, &owned);
+        if planned.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(job = %name, create = planned.create.len(), stop = planned.stop.len(), "converging a job");
+        for stop in &planned.stop {
+            tracing::info!(job = %name, task = %stop.id, name = %stop.name, reason = %stop.reason, "stopping a copy");
+            match self.request_stop(stop.id).await {
+                Ok(_) | Err(ManagerError::NotFound(_)) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        for task in planned.create {
+            self.accept_task(task, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Stores a new task `Pending` (durably) and queues it for placement: what a submission
+    /// does, and what the job controller does for a copy. `event` is the `TaskEvent` a
+    /// submission came in, kept in the events table.
+    pub(crate) async fn accept_task(
+        &self,
+        mut task: Task,
+        event: Option<&cube_types::TaskEvent>,
+    ) -> Result<Task, ManagerError> {
+        let id = task.id;
+        let mut writes = Writes::default();
+        {
+            let mut state = lock(&self.state);
+            if state.cache.get(&id).is_some() {
+                // Two submissions of one new ID raced; the first one won.
+                return Err(ManagerError::Conflict(format!("task {id} exists already")));
+            }
+            task.clear_status(Receiver::Manager);
+            task.created_time = Some(
+                event
+                    .and_then(|event| event.timestamp)
+                    .unwrap_or_else(Utc::now),
+            );
+            let why = if task.job.is_empty() {
+                String::new()
+            } else {
+                format!("by job {}", task.job)
+            };
+            task.record(Utc::now(), "Submitted", why);
+            if let Some(event) = event {
+                writes.push(
+                    id,
+                    self.stores
+                        .events
+                        .put_queued(&event.id.to_string(), event)?,
+                );
+            }
+            self.save(&mut state, &mut writes, task.clone())?;
+        }
+        self.settle(writes).await?;
+        self.queue.push(id);
+        Ok(task)
+    }
+
+    // ----- the API's side -----
+
+    /// `POST /jobs`: a new job, a changed one (its version goes up; a stopped job submitted
+    /// again runs again), or the same one again (nothing happens).
+    pub async fn submit_job(&self, job: Job) -> Result<(JobSubmitted, JobView), ManagerError> {
+        let findings = job.validate();
+        if !findings.is_empty() {
+            return Err(ManagerError::BadRequest(findings.join("; ")));
+        }
+        let name = job.name.clone();
+        let (outcome, record) = {
+            let state = lock(&self.state);
+            match state.jobs.get(&name) {
+                None => (
+                    JobSubmitted::Created,
+                    JobRecord {
+                        job,
+                        version: 1,
+                        submit_time: Some(Utc::now()),
+                        stopped: false,
+                    },
+                ),
+                Some(known) if known.job == job && !known.stopped => {
+                    (JobSubmitted::Unchanged, (**known).clone())
+                }
+                Some(known) => (
+                    JobSubmitted::Changed,
+                    JobRecord {
+                        job,
+                        version: known.version + 1,
+                        submit_time: Some(Utc::now()),
+                        stopped: false,
+                    },
+                ),
+            }
+        };
+        if outcome != JobSubmitted::Unchanged {
+            self.store_job(record).await?;
+        }
+        Ok((outcome, self.job(&name)?))
+    }
+
+    /// Stores a job record durably, then keeps it and marks it dirty.
+    async fn store_job(&self, record: JobRecord) -> Result<(), ManagerError> {
+        let name = record.job.name.clone();
+        let commit = self.stores.jobs.put_queued(&name, &record)?;
+        commit.durable().await?;
+        lock(&self.state)
+            .jobs
+            .insert(name.clone(), Arc::new(record));
+        self.mark_job_dirty(&name);
+        Ok(())
+    }
+
+    /// `DELETE /jobs/{name}`: every copy is stopped; the job stays, `Stopped`.
+    pub async fn stop_job(&self, name: &str) -> Result<JobView, ManagerError> {
+        let known = self.known_job(name)?;
+        if !known.stopped {
+            let mut record = (*known).clone();
+            record.stopped = true;
+            self.store_job(record).await?;
+        }
+        self.job(name)
+    }
+
+    /// `POST /jobs/{name}/scale`: a group's count (not a new version).
+    pub async fn scale_job(
+        &self,
+        name: &str,
+        group: &str,
+        count: u32,
+    ) -> Result<JobView, ManagerError> {
+        let known = self.known_job(name)?;
+        let mut record = (*known).clone();
+        if record.job.job_type == JobType::System {
+            return Err(ManagerError::BadRequest(format!(
+                "job {name} is a system job: it runs one copy on every matching node and has no \
+                 count to scale"
+            )));
+        }
+        let Some(target) = record.job.groups.iter_mut().find(|g| g.name == group) else {
+            let groups: Vec<&str> = known.job.groups.iter().map(|g| g.name.as_str()).collect();
+            return Err(ManagerError::BadRequest(format!(
+                "Group: job {name} has no group {group:?}; its groups are {}",
+                groups.join(", ")
+            )));
+        };
+        if count > cube_types::job::MAX_COUNT {
+            return Err(ManagerError::BadRequest(format!(
+                "Count: {count} is more than {}",
+                cube_types::job::MAX_COUNT
+            )));
+        }
+        if target.count != Some(count) {
+            target.count = Some(count);
+            self.store_job(record).await?;
+        }
+        self.job(name)
+    }
+
+    /// `POST /jobs/plan`: what submitting `job` would do now, computed by the same transformer
+    /// the controller runs. Nothing changes.
+    pub fn plan_job(&self, job: Job) -> Result<PlanView, ManagerError> {
+        let findings = job.validate();
+        if !findings.is_empty() {
+            return Err(ManagerError::BadRequest(findings.join("; ")));
+        }
+        let name = job.name.clone();
+        let (known, nodes, tasks) = match self.job_inputs(&name) {
+            Some(inputs) => (Some(inputs.record), inputs.nodes, inputs.tasks),
+            None => (None, self.node_facts(), Vec::new()),
+        };
+        let changed = known
+            .as_ref()
+            .is_none_or(|known| known.job != job || known.stopped);
+        let record = JobRecord {
+            version: match &known {
+                Some(known) if !changed => known.version,
+                Some(known) => known.version + 1,
+                None => 1,
+            },
+            job,
+            submit_time: Some(Utc::now()),
+            stopped: false,
+        };
+        let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+        let JobPlan { create, stop, keep } = plan(&record, &nodes, &owned);
+        Ok(PlanView {
+            version: record.version,
+            changed,
+            create,
+            stop,
+            keep,
+        })
+    }
+
+    fn node_facts(&self) -> Vec<NodeFacts> {
+        let state = lock(&self.state);
+        let now = Instant::now();
+        state
+            .nodes
+            .entries()
+            .map(|entry| NodeFacts {
+                name: entry.name.clone(),
+                ready: entry.is_ready(now, self.config.heartbeat_grace),
+                labels: entry.labels.clone(),
+            })
+            .collect()
+    }
+
+    fn known_job(&self, name: &str) -> Result<Arc<JobRecord>, ManagerError> {
+        lock(&self.state)
+            .jobs
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ManagerError::JobNotFound(name.to_string()))
+    }
+
+    /// One job with its tasks (oldest first).
+    pub fn job(&self, name: &str) -> Result<JobView, ManagerError> {
+        let (record, tasks) = {
+            let state = lock(&self.state);
+            let record = state
+                .jobs
+                .get(name)
+                .cloned()
+                .ok_or_else(|| ManagerError::JobNotFound(name.to_string()))?;
+            (record, state.cache.of_job(name))
+        };
+        let mut view = view_of(&record, &tasks);
+        let mut listed: Vec<Task> = tasks.iter().map(|task| (**task).clone()).collect();
+        listed.sort_by_key(|task| (task.created_time, task.id));
+        for task in &mut listed {
+            task.history.clear();
+        }
+        view.tasks = Some(listed);
+        Ok(view)
+    }
+
+    /// Every job, by name, without its tasks.
+    pub fn jobs(&self) -> Vec<JobView> {
+        let records: Vec<(Arc<JobRecord>, Vec<Arc<Task>>)> = {
+            let state = lock(&self.state);
+            state
+                .jobs
+                .values()
+                .map(|record| (record.clone(), state.cache.of_job(&record.job.name)))
+                .collect()
+        };
+        records
+            .iter()
+            .map(|(record, tasks)| view_of(record, tasks))
+            .collect()
+    }
+}
+
+fn view_of(record: &JobRecord, tasks: &[Arc<Task>]) -> JobView {
+    let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+    // The status says `running` for a system job only when nothing is left to do; the plan
+    // for that needs the nodes, which a view does not read: a system job is `running` when
+    // none of its copies waits.
+    let status = status_word(record, &owned, true);
+    JobView {
+        job: record.job.clone(),
+        version: record.version,
+        submit_time: record.submit_time,
+        stopped: record.stopped,
+        status: status.to_string(),
+        summary: summarize(record, &owned),
+        tasks: None,
+    }
+}

@@ -1,0 +1,257 @@
+//! Jobs as a user meets them through the manager's API: a service job converges to its
+//! count of running containers, scales both ways, replaces a copy removed behind Cube's back,
+//! stops everything when deleted; a batch job completes after a retry; a plan changes
+//! nothing. Real `cube` processes and the real Docker engine.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+fn service(name: &str, count: u32) -> Value {
+    json!({"Name": name, "Type": "service",
+           "Groups": [{"Name": "api", "Count": count,
+                       "Task": {"Image": SAMPLE_IMAGE, "Memory": "32MiB",
+                                "ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": ""},
+                                "HealthCheck": "/health", "HealthCheckInterval": "500ms"}}]})
+}
+
+async fn post_job(client: &Client, path: &str, body: &Value) -> Answer {
+    client.post_raw(path, body.to_string()).await
+}
+
+/// Polls `GET /jobs/{name}` until `done` holds, up to `bound`.
+async fn await_job(
+    client: &Client,
+    name: &str,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let bound = Duration::from_secs(60);
+    let deadline = Instant::now() + bound;
+    loop {
+        let job = client.get(&format!("/jobs/{name}")).await.body;
+        if done(&job) {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job {name}: not {what} within {bound:?}: {job}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn running(job: &Value) -> u64 {
+    job["Summary"]["api"]["Running"].as_u64().unwrap_or(0)
+}
+
+fn live_tasks(job: &Value) -> Vec<Value> {
+    job["Tasks"]
+        .as_array()
+        .map(|tasks| {
+            tasks
+                .iter()
+                .filter(|task| {
+                    task["DesiredState"] == "Running"
+                        && task["State"] != "Failed"
+                        && task["State"] != "Completed"
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_service_job_converges_scales_replaces_a_removed_copy_and_stops_cleanly() {
+    let cluster = OneNodeCluster::start("jobs").await;
+    let client = cluster.manager.client();
+    let node_label = format!("cube.node={}", cluster.worker.name);
+
+    let created = post_job(&client, "/jobs", &service("web", 3)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    assert_eq!(created.body["Version"], 1);
+    let job = await_job(&client, "web", "3 running", |job| running(job) == 3).await;
+    let mut names: Vec<String> = live_tasks(&job)
+        .iter()
+        .map(|task| task["Name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["web.api[0]", "web.api[1]", "web.api[2]"]);
+    assert_eq!(running_containers_with_label(&node_label).len(), 3);
+
+    // The same file again changes nothing.
+    let again = post_job(&client, "/jobs", &service("web", 3)).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body["Version"], 1);
+
+    // A plan for 5 says what would change, and changes nothing.
+    let plan = post_job(&client, "/jobs/plan", &service("web", 5)).await;
+    assert_eq!(plan.status, 200, "{}", plan.body);
+    assert_eq!(plan.body["Create"].as_array().unwrap().len(), 2);
+    assert_eq!(plan.body["Stop"].as_array().unwrap().len(), 0);
+    assert_eq!(plan.body["Changed"], true);
+    assert_eq!(client.get("/jobs/web").await.body["Version"], 1);
+
+    // Scale up, then down: the highest indexes go.
+    let scaled = post_job(
+        &client,
+        "/jobs/web/scale",
+        &json!({"Group": "api", "Count": 5}),
+    )
+    .await;
+    assert_eq!(scaled.status, 200, "{}", scaled.body);
+    await_job(&client, "web", "5 running", |job| running(job) == 5).await;
+    post_job(
+        &client,
+        "/jobs/web/scale",
+        &json!({"Group": "api", "Count": 1}),
+    )
+    .await;
+    let one = await_job(&client, "web", "1 running", |job| {
+        running(job) == 1 && live_tasks(job).len() == 1
+    })
+    .await;
+    assert_eq!(live_tasks(&one)[0]["Name"], "web.api[0]");
+    await_containers(&node_label, 1).await;
+
+    // A copy removed behind Cube's back is replaced.
+    let container = live_tasks(&one)[0]["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f", &container])
+        .output()
+        .unwrap();
+    assert!(removed.status.success());
+    await_job(&client, "web", "a running copy again", |job| {
+        running(job) == 1
+            && live_tasks(job)
+                .iter()
+                .any(|task| task["State"] == "Running" && task["ContainerID"] != container.as_str())
+    })
+    .await;
+
+    // Deleting the job stops every copy and leaves no container.
+    let stopped = client.delete("/jobs/web").await;
+    assert_eq!(stopped.status, 200, "{}", stopped.body);
+    await_job(&client, "web", "stopped with nothing live", |job| {
+        job["Status"] == "stopped" && live_tasks(job).is_empty()
+    })
+    .await;
+    await_containers(&node_label, 0).await;
+    assert_eq!(client.delete("/jobs/nothing").await.status, 404);
+}
+
+/// Waits until the node runs `count` containers.
+async fn await_containers(label: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let running = running_containers_with_label(label).len();
+        if running == count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{running} containers run, not {count}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_batch_job_completes_after_a_copy_is_retried() {
+    let cluster = OneNodeCluster::start("batch").await;
+    let client = cluster.manager.client();
+    // Every copy exits 1 until a deadline 5 s away, and 0 after it: each copy's first run
+    // fails and is retried by its policy (after 1 s, 2 s, 4 s) until a run passes it, and
+    // the job ends complete.
+    let deadline = chrono::Utc::now().timestamp() + 5;
+    let job = json!({"Name": "crunch", "Type": "batch",
+        "Groups": [{"Name": "api", "Count": 4,
+                    "Task": {"Image": SAMPLE_IMAGE, "RestartPolicy": "on-failure",
+                             "RestartDelay": "1s",
+                             "Cmd": ["sh", "-c", format!("[ $(date +%s) -ge {deadline} ]")]}}]});
+    let created = post_job(&client, "/jobs", &job).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let done = await_job(&client, "crunch", "complete", |job| {
+        job["Status"] == "complete"
+    })
+    .await;
+    assert_eq!(done["Summary"]["api"]["Complete"], 4, "{done}");
+    let tasks = done["Tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 4, "retried by policy, not replaced: {done}");
+    assert!(
+        tasks.iter().all(|task| task["RestartCount"]
+            .as_u64()
+            .is_some_and(|count| count >= 1)),
+        "each copy failed and was retried: {done}"
+    );
+
+    // A copy that fails every time gives up after its restarts: the job fails.
+    let flaky = json!({"Name": "flaky", "Type": "batch",
+        "Groups": [{"Name": "api", "Count": 1,
+                    "Task": {"Image": SAMPLE_IMAGE, "RestartPolicy": "on-failure",
+                             "RestartDelay": "0s", "MaxRestarts": 2,
+                             "Cmd": ["sh", "-c", "exit 1"]}}]});
+    post_job(&client, "/jobs", &flaky).await;
+    let failed = await_job(&client, "flaky", "failed", |job| job["Status"] == "failed").await;
+    let task = &failed["Tasks"][0];
+    assert_eq!(
+        task["RestartCount"], 2,
+        "retried by its policy first: {failed}"
+    );
+}
+
+#[tokio::test]
+async fn bad_jobs_are_refused_with_the_field_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    for (job, field) in [
+        (
+            json!({"Name": "w", "Type": "sometimes", "Groups": []}),
+            "sometimes",
+        ),
+        (
+            json!({"Name": "w", "Groups": [{"Name": "g", "Count": 1, "Task": {"Image": ""}}]}),
+            "Groups[0].Task.Image",
+        ),
+        (
+            json!({"Name": "w", "Groups": [{"Name": "g", "Task": {"Image": "x"}}]}),
+            "Groups[0].Count",
+        ),
+        (
+            json!({"Name": "w", "Groups": [{"Name": "g", "Count": 1, "Task": {"Image": "x"}, "Cuont": 2}]}),
+            "did you mean `Count`",
+        ),
+    ] {
+        let answer = post_job(&client, "/jobs", &job).await;
+        assert_eq!(answer.status, 400, "{job}: {}", answer.body);
+        assert!(
+            answer.message().contains(field),
+            "{field}: {}",
+            answer.message()
+        );
+    }
+    let bare = client
+        .post(&json!({"Image": SAMPLE_IMAGE, "Job": "web"}))
+        .await;
+    assert_eq!(
+        bare.status, 400,
+        "a bare task cannot claim a job: {}",
+        bare.body
+    );
+    assert_eq!(client.get("/jobs/none").await.status, 404);
+    let scale = post_job(
+        &client,
+        "/jobs/none/scale",
+        &json!({"Group": "g", "Count": 1}),
+    )
+    .await;
+    assert_eq!(scale.status, 404);
+}
