@@ -113,7 +113,7 @@ pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Submissi
 /// by the field the writer most likely meant, when there is one: the same name in another
 /// case, or one within two edits (`Memmory` → `Memory`). Any other message is returned as it
 /// is.
-pub fn suggest_field(message: &str) -> String {
+fn suggest_field(message: &str) -> String {
     let Some(rest) = message.strip_prefix("unknown field `") else {
         return message.to_string();
     };

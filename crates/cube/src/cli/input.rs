@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
 use chrono::Utc;
-use cube_types::event::suggest_field;
+use cube_types::event::decode;
 use cube_types::{Job, Submission, SubmissionError};
 use serde_json::Value;
 
@@ -178,9 +178,10 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
     }
 }
 
-/// A job file into the job it spells. JSON is decoded from the bytes as written, so that an
-/// error keeps serde's line and column; YAML is decoded from the JSON value it spells, and an
-/// error's field path is looked up in the YAML text. Then [`Job::validate`], each finding
+/// A job file into the job it spells, decoded as the manager decodes `POST /jobs` ([`decode`]:
+/// the field's path, and the field most likely meant for an unknown one). JSON is decoded from
+/// the bytes as written, so that an error keeps serde's line and column; YAML from the JSON it
+/// spells, and an error's field path is looked up in the YAML text. Then [`Job::validate`], each finding
 /// with its place when the file shows it.
 fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDocument> {
     let (document, job, yaml) = match format {
@@ -192,9 +193,7 @@ fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDo
                     None
                 ))
             })?;
-            let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-            let job: Job = serde_path_to_error::deserialize(&mut deserializer)
-                .map_err(|err| anyhow!(located(origin, &job_decode_error(err), None)))?;
+            let job: Job = decode(bytes).map_err(|err| anyhow!(located(origin, &err, None)))?;
             (document, job, None)
         }
         Format::Yaml => {
@@ -204,8 +203,8 @@ fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDo
             let encoded = serde_json::to_vec(&document)
                 .with_context(|| format!("{origin}: cannot encode the job as JSON"))?;
             refuse_oversized(origin, encoded.len() as u64, Kind::Job)?;
-            let job: Job = serde_path_to_error::deserialize(&document)
-                .map_err(|err| anyhow!(located(origin, &job_decode_error(err), Some(text))))?;
+            let job: Job =
+                decode(&encoded).map_err(|err| anyhow!(located(origin, &err, Some(text))))?;
             (document, job, Some(text))
         }
     };
@@ -222,18 +221,6 @@ fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDo
         document,
         job,
     })
-}
-
-/// A decoding error as `PATH: message`, with the field the writer most likely meant for an
-/// unknown one (the same words `POST /tasks` uses).
-fn job_decode_error<E: std::fmt::Display>(err: serde_path_to_error::Error<E>) -> SubmissionError {
-    let path = err.path().to_string();
-    let message = suggest_field(&err.into_inner().to_string());
-    if path == "." || path.is_empty() {
-        SubmissionError::Field(message)
-    } else {
-        SubmissionError::Field(format!("{path}: {message}"))
-    }
 }
 
 /// Reads YAML into the JSON value it spells. Keys that YAML reads as numbers or booleans
