@@ -21,7 +21,8 @@ use crate::reconcile::policy_restarts;
 pub struct NodeFacts {
     pub name: String,
     pub ready: bool,
-    pub labels: BTreeMap<String, String>,
+    /// Shared with the node registry: a look copies a pointer, not the map.
+    pub labels: std::sync::Arc<BTreeMap<String, String>>,
 }
 
 /// What a job's copies need, as a dry run would say it.
@@ -568,7 +569,7 @@ mod tests {
         NodeFacts {
             name: name.into(),
             ready,
-            labels: [("zone".to_string(), zone.to_string())].into(),
+            labels: std::sync::Arc::new([("zone".to_string(), zone.to_string())].into()),
         }
     }
 

@@ -60,8 +60,6 @@ pub struct NodeEntry {
     /// Why the manager cannot reach the node's API, while it cannot (set and cleared by the
     /// node's follower). A node that reports but cannot be reached takes no work.
     pub unreachable: Option<String>,
-    /// The node's labels (`zone=eu`), which constraints read.
-    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// What changed when a report came in.
@@ -112,7 +110,6 @@ impl NodeRegistry {
                 // tasks are not lost before the grace period has passed since the start.
                 marked_down: false,
                 unreachable: None,
-                labels: Default::default(),
             },
         );
     }
@@ -175,7 +172,6 @@ impl NodeRegistry {
                     client: client(),
                     marked_down: false,
                     unreachable: None,
-                    labels: Default::default(),
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {

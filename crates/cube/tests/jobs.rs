@@ -255,3 +255,45 @@ async fn bad_jobs_are_refused_with_the_field_named() {
     .await;
     assert_eq!(scale.status, 404);
 }
+
+#[tokio::test]
+async fn a_system_job_runs_on_every_matching_node_including_one_that_joins_later() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let eu = manager.join_worker(&unique_node("sys-eu"), &["--label", "zone=eu"]);
+    let us = manager.join_worker(&unique_node("sys-us"), &["--label", "zone=us"]);
+    manager.await_ready_nodes(2).await;
+    let agent = json!({"Name": "agent", "Type": "system",
+        "Constraints": [{"Attribute": "label.zone", "Operator": "=", "Value": "eu"}],
+        "Groups": [{"Name": "api", "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB",
+                                            "Cmd": ["sleep", "3600"]}}]});
+    let created = post_job(&client, "/jobs", &agent).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let on_eu = |job: &Value, node: &str| {
+        live_tasks(job)
+            .iter()
+            .any(|task| task["NodeName"] == node && task["State"] == "Running")
+    };
+    await_job(&client, "agent", "running on the eu node", |job| {
+        on_eu(job, &eu.name)
+    })
+    .await;
+
+    // A second eu node joins later: it gets its copy; the us node never gets one.
+    let eu2 = manager.join_worker(&unique_node("sys-eu2"), &["--label", "zone=eu"]);
+    let job = await_job(&client, "agent", "running on both eu nodes", |job| {
+        on_eu(job, &eu.name) && on_eu(job, &eu2.name)
+    })
+    .await;
+    assert_eq!(live_tasks(&job).len(), 2, "{job}");
+    assert!(
+        live_tasks(&job)
+            .iter()
+            .all(|task| task["NodeName"] != us.name.as_str()),
+        "{job}"
+    );
+    assert!(running_containers_with_label(&format!("cube.node={}", us.name)).is_empty());
+    let view = client.get("/jobs").await.body;
+    assert_eq!(view[0]["Status"], "running", "{view}");
+}
