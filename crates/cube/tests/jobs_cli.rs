@@ -215,3 +215,42 @@ fn a_mistake_in_a_yaml_job_file_is_reported_at_its_line_before_anything_is_sent(
         "{stderr}"
     );
 }
+
+/// A batch job of `count` copies of the sample image's shell running `script`.
+fn batch_job(dir: &std::path::Path, name: &str, count: u32, script: &str) -> String {
+    let file = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            "Name: {name}\nType: batch\nGroups:\n  - Name: work\n    Count: {count}\n    Task:\n      \
+             Image: {SAMPLE_IMAGE}\n      Cmd: [sh, -c, \"{script}\"]\n"
+        ),
+    )
+    .unwrap();
+    file.to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_batch_job_run_returns_once_every_copy_completed_and_fails_with_a_failed_copys_error() {
+    let cluster = OneNodeCluster::start("job-batch").await;
+    let dir = tempfile::tempdir().unwrap();
+    let done = batch_job(dir.path(), "report", 2, "exit 0");
+    let (ok, stdout, stderr) = cluster.cube(&["job", "run", "--timeout", "60s", &done]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("job report: complete (work: 2/2 complete)"),
+        "{stdout}"
+    );
+
+    let failing = batch_job(dir.path(), "broken", 1, "exit 3");
+    let (ok, stdout, stderr) = cluster.cube(&["job", "run", "--timeout", "60s", &failing]);
+    assert!(
+        !ok,
+        "a failed copy must fail the command: {stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("job broken failed: broken.work[0]")
+            && stderr.contains("failed (exit code 3)"),
+        "{stderr}"
+    );
+}
