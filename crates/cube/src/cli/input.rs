@@ -212,7 +212,16 @@ fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDo
     if !findings.is_empty() {
         let lines: Vec<String> = findings
             .iter()
-            .map(|finding| located(origin, &SubmissionError::Field(finding.clone()), yaml))
+            .map(|finding| {
+                let place = finding.split_once(": ").and_then(|(path, _)| match yaml {
+                    Some(text) => yaml_line_of(text, path),
+                    None => json_line_of(bytes, path),
+                });
+                match place {
+                    Some((line, column)) => format!("{origin}:{line}:{column}: {finding}"),
+                    None => format!("{origin}: {finding}"),
+                }
+            })
             .collect();
         bail!("{}", lines.join("\n"));
     }
@@ -456,6 +465,157 @@ impl YamlScope {
     }
 }
 
+/// Where a field path (`Groups[1].Count`) is in a JSON document: the line and column of the
+/// key (or of the list element, for `[N]`); when the path goes on past what the document holds
+/// (a missing field), the place of the last part found. The document is known to be valid
+/// JSON (it was decoded), so the walk only needs to skip what is off the path.
+fn json_line_of(bytes: &[u8], path: &str) -> Option<(usize, usize)> {
+    let mut steps = Vec::new();
+    for segment in path.split('.').filter(|segment| !segment.is_empty()) {
+        let mut parts = segment.split('[');
+        let key = parts.next().unwrap_or_default();
+        if !key.is_empty() {
+            steps.push(JsonStep::Key(key));
+        }
+        for index in parts {
+            steps.push(JsonStep::Index(index.trim_end_matches(']').parse().ok()?));
+        }
+    }
+    let mut walk = JsonWalk {
+        bytes,
+        at: 0,
+        found: None,
+    };
+    walk.value(Some(&steps));
+    let offset = walk.found?;
+    let before = &bytes[..offset];
+    let line = before.iter().filter(|byte| **byte == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .map_or(0, |newline| newline + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    Some((line, column))
+}
+
+#[derive(Debug, PartialEq)]
+enum JsonStep<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// A walk through a JSON text along a path, remembering where the deepest part found starts.
+struct JsonWalk<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    found: Option<usize>,
+}
+
+impl JsonWalk<'_> {
+    fn skip_space(&mut self) {
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    /// A value; `path` is what is left of the path when the value is on it.
+    fn value(&mut self, path: Option<&[JsonStep]>) {
+        self.skip_space();
+        match self.bytes.get(self.at) {
+            Some(b'{') => self.object(path),
+            Some(b'[') => self.array(path),
+            Some(b'"') => {
+                self.string();
+            }
+            Some(_) => {
+                while self.bytes.get(self.at).is_some_and(|byte| {
+                    !matches!(byte, b',' | b'}' | b']') && !byte.is_ascii_whitespace()
+                }) {
+                    self.at += 1;
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// A string's raw content (escapes left as written), the cursor after its closing quote.
+    fn string(&mut self) -> &[u8] {
+        self.at += 1;
+        let start = self.at;
+        while let Some(byte) = self.bytes.get(self.at) {
+            match byte {
+                b'\\' => self.at += 2,
+                b'"' => break,
+                _ => self.at += 1,
+            }
+        }
+        let end = self.at.min(self.bytes.len());
+        self.at += 1;
+        &self.bytes[start..end]
+    }
+
+    fn object(&mut self, path: Option<&[JsonStep]>) {
+        self.at += 1;
+        loop {
+            self.skip_space();
+            match self.bytes.get(self.at) {
+                Some(b'"') => {}
+                Some(b',') => {
+                    self.at += 1;
+                    continue;
+                }
+                _ => {
+                    self.at += 1;
+                    return;
+                }
+            }
+            let key_start = self.at;
+            let key = self.string().to_vec();
+            let rest = match path {
+                Some([JsonStep::Key(wanted), rest @ ..]) if wanted.as_bytes() == key => {
+                    self.found = Some(key_start);
+                    Some(rest)
+                }
+                _ => None,
+            };
+            self.skip_space();
+            self.at += 1; // the colon
+            self.value(rest);
+        }
+    }
+
+    fn array(&mut self, path: Option<&[JsonStep]>) {
+        self.at += 1;
+        let mut index = 0;
+        loop {
+            self.skip_space();
+            match self.bytes.get(self.at) {
+                Some(b']') | None => {
+                    self.at += 1;
+                    return;
+                }
+                Some(b',') => {
+                    self.at += 1;
+                    index += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            let rest = match path {
+                Some([JsonStep::Index(wanted), rest @ ..]) if *wanted == index => {
+                    self.found = Some(self.at);
+                    Some(rest)
+                }
+                _ => None,
+            };
+            self.value(rest);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -649,7 +809,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(
-            err.starts_with("web.json: Groups[0].Count: a system job"),
+            err.starts_with("web.json:1:62: Groups[0].Count: a system job"),
             "{err}"
         );
     }
@@ -660,5 +820,21 @@ mod tests {
         assert_eq!(yaml_line_of(text, "Groups[1].Name"), Some((5, 5)));
         assert_eq!(yaml_line_of(text, "Groups[0].Task.Image"), Some((4, 7)));
         assert_eq!(yaml_line_of(text, "Groups[2].Name"), Some((1, 1)));
+    }
+
+    #[test]
+    fn a_json_path_is_found_at_its_key_or_its_list_element() {
+        let text = br#"{"Name": "web",
+  "Groups": [
+    {"Name": "api", "Count": 2, "Task": {"Image": "x, ]}"}},
+    {"Name": "db",
+     "Task": {"Image": "y"}}
+  ]}"#;
+        assert_eq!(json_line_of(text, "Groups[1].Task.Image"), Some((5, 15)));
+        assert_eq!(json_line_of(text, "Groups[0].Count"), Some((3, 21)));
+        // Missing: the place of the group.
+        assert_eq!(json_line_of(text, "Groups[1].Count"), Some((4, 5)));
+        assert_eq!(json_line_of(text, "Name"), Some((1, 2)));
+        assert_eq!(json_line_of(text, "Other"), None);
     }
 }
