@@ -113,12 +113,19 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
     task
 }
 
-/// Whether a running copy still has the spec the job asks for now (a changed template
-/// replaces it).
-fn has_current_spec(task: &Task, wanted: &Task) -> bool {
-    task.spec_differences(wanted)
-        .iter()
-        .all(|field| matches!(*field, "Name" | "Index"))
+/// Whether a copy still has the spec the job asks for now (a changed template replaces it).
+/// `template` is the group's copy as [`copy_of`] makes it without a pin, made once per group:
+/// a copy differs from it only in its name, its index and (system) the pin to its node.
+fn has_current_spec(task: &Task, template: &Task) -> bool {
+    let constraints = match pinned_node(task) {
+        Some(_) => &task.constraints[..task.constraints.len().saturating_sub(1)],
+        None => &task.constraints[..],
+    };
+    constraints == template.constraints.as_slice()
+        && task
+            .spec_differences(template)
+            .iter()
+            .all(|field| matches!(*field, "Name" | "Index" | "Constraints"))
 }
 
 /// The plan for one job, given every task it owns (`owned`: tasks whose `Job` is its name).
@@ -242,14 +249,15 @@ fn plan_counted<'a>(
         }
     }
     let used: BTreeSet<u32> = kept.iter().filter_map(|task| task.index).collect();
+    let template = copy_of(record, group_index, 0, None);
     for task in kept {
         if is_complete(task) {
             continue;
         }
-        let wanted = copy_of(record, group_index, task.index.unwrap_or(0), None);
-        if has_current_spec(task, &wanted) {
+        if has_current_spec(task, &template) {
             keep.push(task.id);
         } else {
+            let wanted = copy_of(record, group_index, task.index.unwrap_or(0), None);
             stops.push((
                 task,
                 format!(
@@ -296,6 +304,7 @@ fn plan_system<'a>(
             .all(|constraint| constraint.admits(&node.name, &node.labels))
     };
     let by_name: BTreeMap<&str, &NodeFacts> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let template = copy_of(record, group_index, 0, None);
     let mut covered = BTreeSet::new();
     let mut live: Vec<&Task> = mine.iter().copied().filter(|task| is_live(task)).collect();
     live.sort_by_key(|task| (task.created_time, task.id));
@@ -312,10 +321,10 @@ fn plan_system<'a>(
                 stops.push((task, format!("a second copy on node {node}")))
             }
             Some(_) => {
-                let wanted = copy_of(record, group_index, task.index.unwrap_or(0), Some(node));
-                if has_current_spec(task, &wanted) {
+                if has_current_spec(task, &template) {
                     keep.push(task.id);
                 } else {
+                    let wanted = copy_of(record, group_index, task.index.unwrap_or(0), Some(node));
                     stops.push((
                         task,
                         format!(

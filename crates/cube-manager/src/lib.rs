@@ -12,7 +12,7 @@
 pub mod api;
 mod cache;
 mod job_controller;
-mod jobs;
+pub mod jobs;
 mod log_limit;
 mod manager;
 mod nodes;

@@ -19,9 +19,10 @@ use redb::{
 use serde::de::IgnoredAny;
 
 use crate::StoreError;
-use crate::commit::META;
+use crate::commit::{META, REVISIONS};
 
-/// Every table a Cube store file holds, except [`META`]: string keys, JSON values.
+/// Every table a Cube store file holds, except [`META`] and [`REVISIONS`]: string keys,
+/// JSON values.
 fn values_table(name: &str) -> TableDefinition<'_, &'static str, &'static [u8]> {
     TableDefinition::new(name)
 }
@@ -104,6 +105,13 @@ fn read_every_record(db: &Database) -> Result<(), String> {
             }
             continue;
         }
+        if name == REVISIONS.name() {
+            let revisions = txn.open_table(REVISIONS).map_err(|err| err.to_string())?;
+            for entry in revisions.iter().map_err(|err| err.to_string())? {
+                entry.map_err(|err| format!("table {name}: {err}"))?;
+            }
+            continue;
+        }
         let table = txn
             .open_table(values_table(&name))
             .map_err(|err| err.to_string())?;
@@ -148,6 +156,16 @@ pub(crate) fn copy_database(source: &Database, destination: &Path) -> Result<(),
         if name == META.name() {
             let from = read.open_table(META).map_err(redb::Error::from)?;
             let mut to = write.open_table(META).map_err(redb::Error::from)?;
+            for entry in from.iter().map_err(redb::Error::from)? {
+                let (key, value) = entry.map_err(redb::Error::from)?;
+                to.insert(key.value(), value.value())
+                    .map_err(redb::Error::from)?;
+            }
+            continue;
+        }
+        if name == REVISIONS.name() {
+            let from = read.open_table(REVISIONS).map_err(redb::Error::from)?;
+            let mut to = write.open_table(REVISIONS).map_err(redb::Error::from)?;
             for entry in from.iter().map_err(redb::Error::from)? {
                 let (key, value) = entry.map_err(redb::Error::from)?;
                 to.insert(key.value(), value.value())

@@ -7,10 +7,18 @@
 //! can be lost; what is shared is the fsync, which costs the same for one write or a
 //! thousand.
 //!
-//! Who commits: a caller waiting for its write commits the queue itself when nobody else is
-//! committing (so a lone write costs what a direct commit costs, with no hand-off to another
-//! thread); when someone is, it waits, and the writes queued meanwhile go into the next
-//! commit. A background thread commits whatever is queued and not waited for.
+//! Who commits: a thread blocked on its write ([`Commit::wait`]) commits the queue itself
+//! when nobody else is committing (so a lone write costs what a direct commit costs, with no
+//! hand-off to another thread); when someone is, it waits, and the writes queued meanwhile go
+//! into the next commit. A background thread commits whatever is queued and not waited for,
+//! and whatever is awaited ([`Commit::durable`]): an async task never commits, so no fsync
+//! runs on a runtime's thread.
+//!
+//! Each change also moves the file's revision (in [`META`]) and records the key's revision
+//! (in [`REVISIONS`]); a conditional write is checked against the key inside the same
+//! transaction, after the writes queued before it. Once committed, the changes are published
+//! to their table's [`ChangeHub`] (for watchers) before any writer is answered, by the holder
+//! of the right to commit, so watchers see them in revision order.
 //!
 //! Writes are applied in the order they were queued, so a caller that queues two writes of
 //! the same key (under its own lock) knows the later one wins, even without waiting for the
@@ -23,16 +31,32 @@
 //! until the file is opened again, so a store that carried on would only be a process that
 //! answers reads and silently loses every write.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, TryLockError};
 
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::StoreError;
+use crate::revision::{Conflict, Expected};
+use crate::watch::{Change, ChangeHub, HISTORY_BYTES};
 
-/// Each store's index, under the store's table name.
+/// Each store's index, under the store's table name, and the file's revision under
+/// [`REVISION_KEY`].
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("cube_meta");
+
+/// The key in [`META`] of the file's revision: one counter for every table, moved by one
+/// with every change, as etcd's revision is. No table name starts with a NUL.
+pub(crate) const REVISION_KEY: &str = "\u{0}revision";
+
+/// The revision of each key's last change (its `mod_revision`), under (table, key). A key
+/// written before revisions were kept has none here, and counts as changed at revision 0.
+pub(crate) const REVISIONS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("cube_revisions");
+
+/// The changes of one table, for its watchers; a `std` mutex because it is held only to
+/// copy a change into bounded channels, never across an await.
+pub(crate) type TableHub = Arc<Mutex<ChangeHub<Arc<[u8]>>>>;
 
 /// The most writes one commit takes; more wait for the next.
 const MAX_BATCH: usize = 4096;
@@ -40,17 +64,34 @@ const MAX_BATCH: usize = 4096;
 /// What one write did once committed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Written {
-    /// A put always changes; a delete only when the key was there.
+    /// A put always changes (unless its condition failed); a delete only when the key was
+    /// there.
     pub(crate) changed: bool,
     /// The store's index after this write.
     pub(crate) index: u64,
+    /// The file's revision after this write: the write's own when it changed something.
+    pub(crate) revision: u64,
+    /// Set when the write had a condition that the key did not meet: nothing was written.
+    pub(crate) conflict: Option<Conflict>,
 }
 
-/// One write waiting for the committer: `value` `None` deletes the key.
+impl Written {
+    /// What a conditional write answers: its revision, or the conflict.
+    pub(crate) fn decided(self) -> Result<u64, Conflict> {
+        match self.conflict {
+            Some(conflict) => Err(conflict),
+            None => Ok(self.revision),
+        }
+    }
+}
+
+/// One write waiting for the committer: `value` `None` deletes the key; with `expected`,
+/// the write happens only if the key is as expected when its transaction reads it.
 pub(crate) struct Write {
     pub(crate) table: String,
     pub(crate) key: String,
-    pub(crate) value: Option<Vec<u8>>,
+    pub(crate) value: Option<Arc<[u8]>>,
+    pub(crate) expected: Option<Expected>,
     pub(crate) slot: Arc<Slot>,
 }
 
@@ -114,14 +155,12 @@ impl Slot {
         }
     }
 
-    /// The same without blocking the thread while someone else commits.
-    async fn durable(&self, committer: &Committer) -> Result<Written, StoreError> {
+    /// The same without blocking the thread: the background thread (woken when the write
+    /// was queued) commits it, so no fsync happens on an async runtime's thread.
+    async fn durable(&self) -> Result<Written, StoreError> {
         loop {
             if let Some(outcome) = self.take() {
                 return outcome.map_err(StoreError::from);
-            }
-            if committer.commit_if_free() {
-                continue;
             }
             self.notify.notified().await;
         }
@@ -173,19 +212,30 @@ impl Commit {
             Inner::Done(index) => Ok(Written {
                 changed: true,
                 index,
+                revision: index,
+                conflict: None,
             }),
             Inner::Queued(committer, slot) => slot.wait(&committer),
         }
     }
 
     /// Waits, without blocking the thread, until the write is durable; the store's index
-    /// after it.
+    /// after it. The commit itself happens on the store's commit thread.
     pub async fn durable(self) -> Result<u64, StoreError> {
+        self.durable_written().await.map(|written| written.index)
+    }
+
+    /// Waits, without blocking the thread, until the write is durable; what it did.
+    pub(crate) async fn durable_written(self) -> Result<Written, StoreError> {
         match self.inner {
-            Inner::Done(index) => Ok(index),
-            Inner::Queued(committer, slot) => {
-                slot.durable(&committer).await.map(|written| written.index)
-            }
+            Inner::Done(index) => Ok(Written {
+                changed: true,
+                index,
+                revision: index,
+                conflict: None,
+            }),
+            // The committer is kept alive until the write is answered.
+            Inner::Queued(_committer, slot) => slot.durable().await,
         }
     }
 }
@@ -204,6 +254,9 @@ pub(crate) struct Committer {
     /// The cause once the store has failed, for those who wait for that to happen (the
     /// process that serves the store stops on it); `None` while it is sound.
     failure: tokio::sync::watch::Sender<Option<String>>,
+    /// The watched tables' changes, by table name; each is published to under `committing`,
+    /// so in revision order. A table gets its hub when its first store is made.
+    hubs: Mutex<HashMap<String, TableHub>>,
     /// Makes the next commit panic, as a bug or a damaged page inside redb would.
     #[cfg(test)]
     pub(crate) panic_next_commit: std::sync::atomic::AtomicBool,
@@ -227,6 +280,7 @@ impl Committer {
             queued: Condvar::new(),
             committing: Mutex::new(()),
             failure: tokio::sync::watch::Sender::new(None),
+            hubs: Mutex::new(HashMap::new()),
             #[cfg(test)]
             panic_next_commit: std::sync::atomic::AtomicBool::new(false),
         }
@@ -268,6 +322,50 @@ impl Committer {
 
     pub(crate) fn database(&self) -> &Database {
         &self.db
+    }
+
+    /// The hub of `table`'s changes, made on first use: it knows every change committed from
+    /// then on. Made while nobody commits, so that its start is exactly the file's revision.
+    pub(crate) fn hub(&self, table: &str) -> Result<TableHub, StoreError> {
+        let _committing = lock(&self.committing);
+        let mut hubs = lock(&self.hubs);
+        if let Some(hub) = hubs.get(table) {
+            return Ok(hub.clone());
+        }
+        let revision = read_revision(&self.db)?;
+        let hub = ChangeHub::new(revision).weighing(|value: &Arc<[u8]>| value.len(), HISTORY_BYTES);
+        let hub: TableHub = Arc::new(Mutex::new(hub));
+        if lock(&self.queue).failed.is_some() {
+            lock(&hub).close();
+        }
+        hubs.insert(table.to_string(), hub.clone());
+        Ok(hub)
+    }
+
+    /// Hands each change of a committed batch to its table's watchers, in the batch's
+    /// order; the caller holds the right to commit, so batches are published in order too.
+    fn publish(&self, batch: &[Write], outcomes: &[Written]) {
+        let hubs = lock(&self.hubs);
+        for (write, written) in batch.iter().zip(outcomes) {
+            if !written.changed {
+                continue;
+            }
+            let Some(hub) = hubs.get(&write.table) else {
+                continue;
+            };
+            let change = match &write.value {
+                Some(value) => Change::Put {
+                    key: write.key.clone(),
+                    value: value.clone(),
+                    revision: written.revision,
+                },
+                None => Change::Delete {
+                    key: write.key.clone(),
+                    revision: written.revision,
+                },
+            };
+            lock(hub).publish(change);
+        }
     }
 
     /// Queues a write behind every write queued before it.
@@ -321,6 +419,9 @@ impl Committer {
         }));
         match applied {
             Ok(Ok(outcomes)) => {
+                // Watchers hear of a change before its writer is answered: whoever the
+                // writer tells next may start a watch and must not miss it.
+                self.publish(&batch, &outcomes);
                 for (write, outcome) in batch.iter().zip(outcomes) {
                     write.slot.fill(Ok(outcome));
                 }
@@ -353,6 +454,11 @@ impl Committer {
             path: self.path.clone(),
             cause: cause.clone(),
         };
+        // Nothing more will be committed: the watchers are told so, before the writers (as a
+        // change reaches watchers before its writer is answered).
+        for hub in lock(&self.hubs).values() {
+            lock(hub).close();
+        }
         for write in batch.iter().chain(&waiting) {
             write.slot.fill(Err(refused.clone()));
         }
@@ -405,41 +511,93 @@ fn fails_the_store(err: &redb::Error) -> bool {
     )
 }
 
-/// Applies `batch` in order in one transaction, bumping each table's index once per change,
-/// and commits durably.
+/// One table of values, open for writing.
+type ValuesTable<'txn> = redb::Table<'txn, &'static str, &'static [u8]>;
+
+/// The file's revision as of the last commit.
+pub(crate) fn read_revision(db: &Database) -> Result<u64, StoreError> {
+    let txn = db.begin_read().map_err(redb::Error::from)?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(err) => return Err(redb::Error::from(err).into()),
+    };
+    Ok(meta
+        .get(REVISION_KEY)
+        .map_err(redb::Error::from)?
+        .map_or(0, |stored| stored.value()))
+}
+
+/// Applies `batch` in queue order in one transaction: each change moves its table's index
+/// and the file's revision by one and records the key's revision; a conditional write whose
+/// key is not as expected changes nothing. Commits durably.
 fn apply(db: &Database, batch: &[Write]) -> Result<Vec<Written>, redb::Error> {
     let txn = db.begin_write()?;
-    let mut outcomes = vec![Written::default(); batch.len()];
+    let mut outcomes = Vec::with_capacity(batch.len());
     {
-        let mut tables: Vec<&str> = Vec::new();
-        for write in batch {
-            if !tables.contains(&write.table.as_str()) {
-                tables.push(&write.table);
-            }
-        }
         let mut meta = txn.open_table(META)?;
-        for name in tables {
-            let mut table = txn.open_table(TableDefinition::<&str, &[u8]>::new(name))?;
-            let mut index = meta.get(name)?.map(|stored| stored.value()).unwrap_or(0);
-            for (at, write) in batch
-                .iter()
-                .enumerate()
-                .filter(|(_, write)| write.table == name)
-            {
-                let changed = match &write.value {
-                    Some(bytes) => {
-                        table.insert(write.key.as_str(), bytes.as_slice())?;
-                        true
-                    }
-                    None => table.remove(write.key.as_str())?.is_some(),
-                };
-                if changed {
-                    index += 1;
+        let mut revisions = txn.open_table(REVISIONS)?;
+        let mut revision = meta.get(REVISION_KEY)?.map_or(0, |stored| stored.value());
+        // The tables this batch writes, open at once, each with its index.
+        let mut tables: Vec<(&str, ValuesTable<'_>, u64)> = Vec::new();
+        for write in batch {
+            let name = write.table.as_str();
+            let at = match tables.iter().position(|(open, ..)| *open == name) {
+                Some(at) => at,
+                None => {
+                    let table = txn.open_table(TableDefinition::<&str, &[u8]>::new(name))?;
+                    let index = meta.get(name)?.map_or(0, |stored| stored.value());
+                    tables.push((name, table, index));
+                    tables.len() - 1
                 }
-                outcomes[at] = Written { changed, index };
+            };
+            let (_, table, index) = &mut tables[at];
+            let key = write.key.as_str();
+            if let Some(expected) = write.expected {
+                let current = match table.get(key)? {
+                    None => None,
+                    Some(_) => Some(
+                        revisions
+                            .get((name, key))?
+                            .map_or(0, |stored| stored.value()),
+                    ),
+                };
+                if !expected.is_met_by(current) {
+                    outcomes.push(Written {
+                        changed: false,
+                        index: *index,
+                        revision,
+                        conflict: Some(Conflict { current }),
+                    });
+                    continue;
+                }
             }
-            meta.insert(name, index)?;
+            let changed = match &write.value {
+                Some(bytes) => {
+                    table.insert(key, &**bytes)?;
+                    revisions.insert((name, key), revision + 1)?;
+                    true
+                }
+                None => {
+                    revisions.remove((name, key))?;
+                    table.remove(key)?.is_some()
+                }
+            };
+            if changed {
+                *index += 1;
+                revision += 1;
+            }
+            outcomes.push(Written {
+                changed,
+                index: *index,
+                revision,
+                conflict: None,
+            });
         }
+        for (name, _, index) in &tables {
+            meta.insert(*name, *index)?;
+        }
+        meta.insert(REVISION_KEY, revision)?;
     }
     txn.commit()?;
     Ok(outcomes)

@@ -17,16 +17,39 @@
 //! fails the store ([`StoreError::Failed`]): every write is refused from then on, and
 //! [`PersistentDb::failed`] tells the process, which stops.
 //!
+//! **Revisions and watches**, as etcd has them, so that a controller written against this
+//! trait can later run on an etcd store unchanged. Every committed change (a put, or a
+//! delete that removed something) gets the next [`revision`](Store::revision) of its store:
+//! one counter per [`MemoryStore`], one per store file for the [`PersistentStore`]s in it
+//! (kept in the file, so it survives restarts and never goes back). Each key remembers the
+//! revision of its last change ([`Store::get_with_revision`], [`Store::list_with_revision`]).
+//! [`Store::put_if`] writes only if the key is [`Expected::Absent`] or still at
+//! [`Expected::Revision`]; the check is made inside the committing transaction, so two
+//! writers racing on one revision cannot both win, and the loser gets a [`Conflict`] (a
+//! value, not an error). [`Store::watch`] gives every change of the keys under a prefix after
+//! a revision, in order, then each one as it commits ([`Watch::next`] is async). The last
+//! 10,000 changes of each store (at most 8 MiB of them in a store file's table) are kept in
+//! memory for watches that start in the past; an
+//! older start, or a watcher that lets 1,024 changes pile up unread, gets a
+//! [`WatchError`] that [`needs_relist`](WatchError::needs_relist): list again, watch from the
+//! list's revision. A watch never holds up a commit, and no fsync or redb write runs on an
+//! async runtime's thread when a commit is awaited ([`Commit::durable`],
+//! [`ConditionalCommit::durable`]): the store's commit thread does it.
+//!
 //! This crate knows nothing of tasks or HTTP; values are stored as JSON.
 
 mod check;
 mod commit;
 mod memory;
 mod persistent;
+mod revision;
+mod watch;
 
 pub use commit::Commit;
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};
+pub use revision::{ConditionalCommit, Conflict, Expected, Listing};
+pub use watch::{Change, Watch, WatchError};
 
 /// A store of values of type `V` under string keys.
 ///
@@ -58,6 +81,45 @@ pub trait Store<V>: Send + Sync {
     fn delete(&self, key: &str) -> Result<bool, StoreError>;
     /// Grows by one with every `put` and every `delete` that removed something.
     fn index(&self) -> Result<u64, StoreError>;
+
+    /// The store's revision: moved by one with every committed change (a put, or a delete
+    /// that removed something) of any store in the same file, never back, kept across
+    /// restarts. Each change is known by the revision it made.
+    fn revision(&self) -> Result<u64, StoreError>;
+    /// The value under `key` and the revision of the key's last change (its
+    /// `mod_revision`; 0 for a key written before revisions were kept).
+    fn get_with_revision(&self, key: &str) -> Result<Option<(V, u64)>, StoreError>;
+    /// Every value with its key and `mod_revision`, in key order, and the store's revision
+    /// as of the same moment: a [`watch`](Store::watch) from it misses nothing.
+    fn list_with_revision(&self) -> Result<Listing<V>, StoreError>;
+    /// Puts `value` under `key` only if the key is as `expected` when the write commits
+    /// (the check is made inside the committing transaction, so of two racing writers
+    /// expecting the same revision one wins); waits until it is durable. The revision of the
+    /// write, or the [`Conflict`] that stopped it.
+    fn put_if(
+        &self,
+        key: &str,
+        value: &V,
+        expected: Expected,
+    ) -> Result<Result<u64, Conflict>, StoreError> {
+        self.put_if_queued(key, value, expected)?.wait()
+    }
+    /// [`put_if`](Store::put_if), queued: decided and durable once the
+    /// [`ConditionalCommit`] answers.
+    fn put_if_queued(
+        &self,
+        key: &str,
+        value: &V,
+        expected: Expected,
+    ) -> Result<ConditionalCommit, StoreError>;
+    /// Every committed change of the keys starting with `prefix` made after
+    /// `from_revision`, in order, then each one as it commits. A start older than the
+    /// changes the store keeps in memory (the last 10,000 per store, at most 8 MiB of them
+    /// in a store file, none from before it was opened) and a watcher that falls more than
+    /// 1,024 changes behind get [`WatchError::needs_relist`]: list again
+    /// with [`list_with_revision`](Store::list_with_revision) and watch from its revision.
+    /// A watch never holds up a commit.
+    fn watch(&self, prefix: &str, from_revision: u64) -> Result<Watch<V>, StoreError>;
     /// `Ok` while the store takes writes; the error every write gets once it has failed.
     fn health(&self) -> Result<(), StoreError> {
         Ok(())
@@ -139,15 +201,260 @@ mod contract {
         assert_eq!(store.list().unwrap(), vec!["two".to_string()]);
     }
 
+    fn text(value: &str) -> String {
+        value.to_string()
+    }
+
+    fn next_now(watch: &mut Watch<String>) -> Change<String> {
+        watch
+            .try_next()
+            .expect("a change is there now")
+            .expect("the watch goes on")
+    }
+
+    fn put_of(key: &str, value: &str, revision: u64) -> Change<String> {
+        Change::Put {
+            key: text(key),
+            value: text(value),
+            revision,
+        }
+    }
+
+    /// Revisions, compare-and-put and watches, on a new, empty store.
+    pub fn keeps_revisions_and_can_be_watched(store: &dyn Store<String>) {
+        assert_eq!(store.revision().unwrap(), 0);
+        let mut from_start = store.watch("", 0).unwrap();
+        assert!(from_start.try_next().is_none(), "nothing yet");
+
+        let first = store.put("tasks/a", &text("one")).unwrap();
+        assert_eq!(store.revision().unwrap(), 1, "index {first}");
+        store.put("nodes/w1", &text("ready")).unwrap();
+        store.put("tasks/b", &text("two")).unwrap();
+        assert!(store.delete("tasks/a").unwrap());
+        assert!(!store.delete("tasks/a").unwrap());
+        assert_eq!(
+            store.revision().unwrap(),
+            4,
+            "a put and a delete each move the revision, a delete of nothing does not"
+        );
+        assert_eq!(
+            store.get_with_revision("tasks/b").unwrap(),
+            Some((text("two"), 3))
+        );
+        assert_eq!(store.get_with_revision("tasks/a").unwrap(), None);
+        assert_eq!(
+            store.list_with_revision().unwrap(),
+            Listing {
+                entries: vec![
+                    (text("nodes/w1"), text("ready"), 2),
+                    (text("tasks/b"), text("two"), 3)
+                ],
+                revision: 4,
+            }
+        );
+
+        // Compare-and-put.
+        assert_eq!(
+            store
+                .put_if("tasks/b", &text("stale"), Expected::Revision(1))
+                .unwrap(),
+            Err(Conflict { current: Some(3) })
+        );
+        assert_eq!(
+            store
+                .put_if("tasks/b", &text("new"), Expected::Absent)
+                .unwrap(),
+            Err(Conflict { current: Some(3) })
+        );
+        assert_eq!(
+            store
+                .put_if("tasks/a", &text("again"), Expected::Revision(1))
+                .unwrap(),
+            Err(Conflict { current: None }),
+            "a deleted key has no revision"
+        );
+        assert_eq!(store.revision().unwrap(), 4, "a conflict changes nothing");
+        assert_eq!(
+            store
+                .put_if("tasks/b", &text("three"), Expected::Revision(3))
+                .unwrap(),
+            Ok(5)
+        );
+        assert_eq!(
+            store
+                .put_if("tasks/c", &text("new"), Expected::Absent)
+                .unwrap(),
+            Ok(6)
+        );
+        assert_eq!(store.get("tasks/b").unwrap(), Some(text("three")));
+
+        // The watch from 0 saw every change, in order, and goes on with live ones.
+        let seen: Vec<Change<String>> = (0..6).map(|_| next_now(&mut from_start)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                put_of("tasks/a", "one", 1),
+                put_of("nodes/w1", "ready", 2),
+                put_of("tasks/b", "two", 3),
+                Change::Delete {
+                    key: text("tasks/a"),
+                    revision: 4
+                },
+                put_of("tasks/b", "three", 5),
+                put_of("tasks/c", "new", 6),
+            ]
+        );
+        assert!(from_start.try_next().is_none());
+        store.put("tasks/d", &text("live")).unwrap();
+        assert_eq!(next_now(&mut from_start), put_of("tasks/d", "live", 7));
+
+        // From the middle: only the later changes; with a prefix: only its keys.
+        let mut from_middle = store.watch("", 4).unwrap();
+        let later: Vec<u64> = (0..3)
+            .map(|_| next_now(&mut from_middle).revision())
+            .collect();
+        assert_eq!(later, vec![5, 6, 7]);
+        assert!(from_middle.try_next().is_none());
+        let mut nodes = store.watch("nodes/", 0).unwrap();
+        assert_eq!(next_now(&mut nodes), put_of("nodes/w1", "ready", 2));
+        assert!(nodes.try_next().is_none());
+        store.put("tasks/e", &text("not a node")).unwrap();
+        assert!(store.delete("nodes/w1").unwrap());
+        assert_eq!(
+            next_now(&mut nodes),
+            Change::Delete {
+                key: text("nodes/w1"),
+                revision: 9
+            }
+        );
+    }
+
+    /// Eight threads increment one counter by compare-and-put: each revision is won by one.
+    pub fn racing_put_ifs_win_once_per_revision(store: &dyn Store<String>) {
+        store.put("counter", &text("0")).unwrap();
+        let wins_per_thread = 25;
+        let won: Vec<(u64, u64)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut won = Vec::new();
+                        while won.len() < wins_per_thread {
+                            let (value, expected) =
+                                store.get_with_revision("counter").unwrap().unwrap();
+                            let next = (value.parse::<u64>().unwrap() + 1).to_string();
+                            if let Ok(revision) = store
+                                .put_if("counter", &next, Expected::Revision(expected))
+                                .unwrap()
+                            {
+                                won.push((expected, revision));
+                            }
+                        }
+                        won
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .flat_map(|thread| thread.join().unwrap())
+                .collect()
+        });
+        let total = 8 * wins_per_thread;
+        let mut expected: Vec<u64> = won.iter().map(|(expected, _)| *expected).collect();
+        expected.sort_unstable();
+        expected.dedup();
+        assert_eq!(expected.len(), total, "no revision was won twice");
+        assert_eq!(store.get("counter").unwrap(), Some(total.to_string()));
+    }
+
+    /// A watcher that reads nothing does not hold up commits; it is told it lagged.
+    pub fn a_slow_watcher_is_dropped_not_waited_for(store: &dyn Store<String>) {
+        let mut slow = store.watch("", store.revision().unwrap()).unwrap();
+        let commits: Vec<Commit> = (0..watch::CHANNEL + 10)
+            .map(|n| store.put_queued(&format!("k{n}"), &n.to_string()).unwrap())
+            .collect();
+        for commit in commits {
+            commit.wait().unwrap();
+        }
+        let mut prompt = store.watch("", store.revision().unwrap()).unwrap();
+        store.put("after", &text("more")).unwrap();
+        assert_eq!(next_now(&mut prompt).key(), "after");
+        let lagged = slow.try_next().unwrap().unwrap_err();
+        assert!(matches!(lagged, WatchError::Lagged { .. }), "{lagged}");
+        assert!(lagged.needs_relist());
+        assert_eq!(slow.try_next().unwrap(), Err(lagged), "said again");
+    }
+
+    fn persistent(dir: &tempfile::TempDir) -> PersistentStore<String> {
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        PersistentStore::<String>::new(db, "things").unwrap()
+    }
+
     #[test]
     fn memory_store_keeps_the_contract() {
         behaves_like_a_store(&MemoryStore::<String>::new());
+        keeps_revisions_and_can_be_watched(&MemoryStore::<String>::new());
+        racing_put_ifs_win_once_per_revision(&MemoryStore::<String>::new());
+        a_slow_watcher_is_dropped_not_waited_for(&MemoryStore::<String>::new());
     }
 
     #[test]
     fn persistent_store_keeps_the_contract() {
+        behaves_like_a_store(&persistent(&tempfile::tempdir().unwrap()));
+        keeps_revisions_and_can_be_watched(&persistent(&tempfile::tempdir().unwrap()));
+    }
+
+    #[test]
+    fn persistent_put_ifs_racing_from_eight_threads_win_once_per_revision() {
+        racing_put_ifs_win_once_per_revision(&persistent(&tempfile::tempdir().unwrap()));
+    }
+
+    #[test]
+    fn a_slow_watcher_of_a_persistent_store_does_not_block_its_commits() {
+        a_slow_watcher_is_dropped_not_waited_for(&persistent(&tempfile::tempdir().unwrap()));
+    }
+
+    #[test]
+    fn a_watch_older_than_the_kept_changes_says_relist() {
+        let store = MemoryStore::<String>::with_watch_limits(3, 16);
+        for n in 1..=5 {
+            store.put("k", &n.to_string()).unwrap();
+        }
+        let err = store.watch("", 1).unwrap().try_next().unwrap().unwrap_err();
+        assert_eq!(
+            err,
+            WatchError::Compacted {
+                requested: 1,
+                oldest: 2
+            }
+        );
+        let listing = store.list_with_revision().unwrap();
+        let mut relisted = store.watch("", listing.revision).unwrap();
+        store.put("k", &text("6")).unwrap();
+        assert_eq!(next_now(&mut relisted).revision(), 6);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_watch_waits_for_the_next_commit_without_blocking_the_runtime() {
         let dir = tempfile::tempdir().unwrap();
-        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
-        behaves_like_a_store(&PersistentStore::<String>::new(db, "things").unwrap());
+        let store = std::sync::Arc::new(persistent(&dir));
+        let mut watch = store.watch("", 0).unwrap();
+        let writer = std::thread::spawn({
+            let store = store.clone();
+            move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                store.put("late", &text("value")).unwrap()
+            }
+        });
+        let change = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+            .await
+            .expect("the change arrives")
+            .unwrap();
+        assert_eq!(change, put_of("late", "value", 1));
+        writer.join().unwrap();
+        let conditional = store
+            .put_if_queued("late", &text("newer"), Expected::Revision(1))
+            .unwrap();
+        assert_eq!(conditional.durable().await.unwrap(), Ok(2));
+        assert_eq!(watch.next().await.unwrap().revision(), 2);
     }
 }

@@ -11,7 +11,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::check;
-use crate::commit::{Commit, Committer, META, Slot, Write};
+use crate::commit::{Commit, Committer, META, REVISION_KEY, REVISIONS, Slot, TableHub, Write};
+use crate::revision::{ConditionalCommit, Expected, Listing};
+use crate::watch::Watch;
 use crate::{Store, StoreError};
 
 /// What redb may keep of the file in memory (its default is 1 GiB). Cube reads its stores
@@ -127,13 +129,21 @@ impl PersistentDb {
         opened
     }
 
-    /// Queues a write; its [`Commit`] says when it is durable.
-    fn queue(&self, table: &str, key: &str, value: Option<Vec<u8>>) -> Result<Commit, StoreError> {
+    /// Queues a write, done only if the key is as `expected` when it commits; its
+    /// [`Commit`] says when it is durable.
+    fn queue(
+        &self,
+        table: &str,
+        key: &str,
+        value: Option<Vec<u8>>,
+        expected: Option<Expected>,
+    ) -> Result<Commit, StoreError> {
         let slot = Arc::new(Slot::default());
         let write = Write {
             table: table.to_string(),
             key: key.to_string(),
-            value,
+            value: value.map(Arc::from),
+            expected,
             slot: slot.clone(),
         };
         self.inner.committer.queue(write)?;
@@ -145,23 +155,32 @@ impl PersistentDb {
 pub struct PersistentStore<V> {
     db: PersistentDb,
     table: String,
+    /// The table's changes for its watchers, shared by every store of the table.
+    hub: TableHub,
     _values: PhantomData<fn() -> V>,
 }
 
 impl<V> PersistentStore<V> {
     /// A store over the table `table`, created now so that reads of an empty store succeed.
     pub fn new(db: PersistentDb, table: &str) -> Result<PersistentStore<V>, StoreError> {
-        let store = PersistentStore {
-            db,
-            table: table.to_string(),
-            _values: PhantomData,
-        };
-        let txn = store.database().begin_write().map_err(redb::Error::from)?;
-        txn.open_table(store.definition())
+        let txn = db
+            .inner
+            .committer
+            .database()
+            .begin_write()
+            .map_err(redb::Error::from)?;
+        txn.open_table(TableDefinition::<&str, &[u8]>::new(table))
             .map_err(redb::Error::from)?;
         txn.open_table(META).map_err(redb::Error::from)?;
+        txn.open_table(REVISIONS).map_err(redb::Error::from)?;
         txn.commit().map_err(redb::Error::from)?;
-        Ok(store)
+        let hub = db.inner.committer.hub(table)?;
+        Ok(PersistentStore {
+            db,
+            table: table.to_string(),
+            hub,
+            _values: PhantomData,
+        })
     }
 
     fn database(&self) -> &Database {
@@ -181,13 +200,94 @@ impl<V> PersistentStore<V> {
     }
 }
 
-impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
-    fn put_queued(&self, key: &str, value: &V) -> Result<Commit, StoreError> {
-        let bytes = serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+impl<V: Serialize> PersistentStore<V> {
+    fn encode(key: &str, value: &V) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(value).map_err(|source| StoreError::Encode {
             key: key.to_string(),
             source,
-        })?;
-        self.db.queue(&self.table, key, Some(bytes))
+        })
+    }
+}
+
+impl<V: Serialize + DeserializeOwned + Send + 'static> Store<V> for PersistentStore<V> {
+    fn put_queued(&self, key: &str, value: &V) -> Result<Commit, StoreError> {
+        let bytes = Self::encode(key, value)?;
+        self.db.queue(&self.table, key, Some(bytes), None)
+    }
+
+    fn put_if_queued(
+        &self,
+        key: &str,
+        value: &V,
+        expected: Expected,
+    ) -> Result<ConditionalCommit, StoreError> {
+        let bytes = Self::encode(key, value)?;
+        let commit = self
+            .db
+            .queue(&self.table, key, Some(bytes), Some(expected))?;
+        Ok(ConditionalCommit::queued(commit))
+    }
+
+    fn revision(&self) -> Result<u64, StoreError> {
+        crate::commit::read_revision(self.database())
+    }
+
+    fn get_with_revision(&self, key: &str) -> Result<Option<(V, u64)>, StoreError> {
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
+        let table = txn
+            .open_table(self.definition())
+            .map_err(redb::Error::from)?;
+        let Some(bytes) = table.get(key).map_err(redb::Error::from)? else {
+            return Ok(None);
+        };
+        let value = serde_json::from_slice(bytes.value())
+            .map_err(|source| self.decode_error(key, source))?;
+        let revisions = txn.open_table(REVISIONS).map_err(redb::Error::from)?;
+        let revision = revisions
+            .get((self.table.as_str(), key))
+            .map_err(redb::Error::from)?
+            .map_or(0, |stored| stored.value());
+        Ok(Some((value, revision)))
+    }
+
+    fn list_with_revision(&self) -> Result<Listing<V>, StoreError> {
+        // One read transaction: the values, their revisions and the file's revision are
+        // of one commit.
+        let txn = self.database().begin_read().map_err(redb::Error::from)?;
+        let table = txn
+            .open_table(self.definition())
+            .map_err(redb::Error::from)?;
+        let revisions = txn.open_table(REVISIONS).map_err(redb::Error::from)?;
+        let meta = txn.open_table(META).map_err(redb::Error::from)?;
+        let revision = meta
+            .get(REVISION_KEY)
+            .map_err(redb::Error::from)?
+            .map_or(0, |stored| stored.value());
+        let mut entries = Vec::new();
+        for entry in table.iter().map_err(redb::Error::from)? {
+            let (key, bytes) = entry.map_err(redb::Error::from)?;
+            let key = key.value();
+            let value = serde_json::from_slice(bytes.value())
+                .map_err(|source| self.decode_error(key, source))?;
+            let changed_at = revisions
+                .get((self.table.as_str(), key))
+                .map_err(redb::Error::from)?
+                .map_or(0, |stored| stored.value());
+            entries.push((key.to_string(), value, changed_at));
+        }
+        Ok(Listing { entries, revision })
+    }
+
+    fn watch(&self, prefix: &str, from_revision: u64) -> Result<Watch<V>, StoreError> {
+        // A `std` mutex held only to copy the history's matching changes.
+        let subscription = self
+            .hub
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .subscribe(prefix, from_revision);
+        Ok(Watch::new(subscription, |_key, bytes: Arc<[u8]>| {
+            serde_json::from_slice(&bytes).map_err(|err| err.to_string())
+        }))
     }
 
     fn get(&self, key: &str) -> Result<Option<V>, StoreError> {
@@ -234,7 +334,7 @@ impl<V: Serialize + DeserializeOwned + Send> Store<V> for PersistentStore<V> {
     fn delete(&self, key: &str) -> Result<bool, StoreError> {
         Ok(self
             .db
-            .queue(&self.table, key, None)?
+            .queue(&self.table, key, None, None)?
             .wait_written()?
             .changed)
     }
@@ -297,6 +397,142 @@ mod tests {
         events.put("a", &9).unwrap();
         assert_eq!((tasks.index().unwrap(), events.index().unwrap()), (2, 1));
         assert_eq!(events.list().unwrap(), vec![9]);
+    }
+}
+
+#[cfg(test)]
+mod revisions {
+    use super::*;
+    use crate::{Change, Conflict, WatchError};
+
+    fn open(path: &Path, table: &str) -> PersistentStore<String> {
+        PersistentStore::new(PersistentDb::open(path).unwrap(), table).unwrap()
+    }
+
+    #[test]
+    fn revisions_and_key_revisions_survive_reopening_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cube.redb");
+        {
+            let store = open(&path, "tasks");
+            store.put("a", &"one".to_string()).unwrap();
+            store.put("b", &"two".to_string()).unwrap();
+            assert!(store.delete("a").unwrap());
+            assert_eq!(store.revision().unwrap(), 3);
+        }
+        let store = open(&path, "tasks");
+        assert_eq!(store.revision().unwrap(), 3);
+        assert_eq!(
+            store.get_with_revision("b").unwrap(),
+            Some(("two".to_string(), 2))
+        );
+        assert_eq!(
+            store
+                .put_if("b", &"stale".to_string(), Expected::Revision(1))
+                .unwrap(),
+            Err(Conflict { current: Some(2) })
+        );
+        assert_eq!(
+            store.put("c", &"three".to_string()).unwrap(),
+            4,
+            "the index"
+        );
+        assert_eq!(store.revision().unwrap(), 4, "goes on from where it was");
+    }
+
+    #[test]
+    fn one_revision_counts_the_changes_of_every_table_in_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        let tasks = PersistentStore::<u32>::new(db.clone(), "tasks").unwrap();
+        let nodes = PersistentStore::<u32>::new(db, "nodes").unwrap();
+        let mut task_watch = tasks.watch("", 0).unwrap();
+        tasks.put("t", &1).unwrap();
+        nodes.put("n", &2).unwrap();
+        tasks.put("t", &3).unwrap();
+        assert_eq!(
+            (tasks.revision().unwrap(), nodes.revision().unwrap()),
+            (3, 3)
+        );
+        assert_eq!((tasks.index().unwrap(), nodes.index().unwrap()), (2, 1));
+        assert_eq!(nodes.get_with_revision("n").unwrap(), Some((2, 2)));
+        let seen: Vec<u64> = std::iter::from_fn(|| task_watch.try_next())
+            .map(|change| change.unwrap().revision())
+            .collect();
+        assert_eq!(seen, vec![1, 3], "a table's watch sees its own changes");
+    }
+
+    #[test]
+    fn a_watch_from_before_the_file_was_opened_says_relist() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cube.redb");
+        open(&path, "tasks").put("a", &"one".to_string()).unwrap();
+        let store = open(&path, "tasks");
+        let err = store.watch("", 0).unwrap().try_next().unwrap().unwrap_err();
+        assert_eq!(
+            err,
+            WatchError::Compacted {
+                requested: 0,
+                oldest: 1
+            }
+        );
+        let listing = store.list_with_revision().unwrap();
+        assert_eq!(listing.revision, 1);
+        let mut watch = store.watch("", listing.revision).unwrap();
+        store.put("b", &"two".to_string()).unwrap();
+        assert_eq!(
+            watch.try_next().unwrap().unwrap(),
+            Change::Put {
+                key: "b".to_string(),
+                value: "two".to_string(),
+                revision: 2
+            }
+        );
+    }
+
+    #[test]
+    fn a_conditional_write_in_a_shared_commit_sees_the_writes_queued_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir.path().join("cube.redb"), "tasks");
+        let first = store.put_queued("k", &"first".to_string()).unwrap();
+        let created = store
+            .put_if_queued("k", &"second".to_string(), Expected::Absent)
+            .unwrap();
+        assert_eq!(first.wait().unwrap(), 1);
+        assert_eq!(created.wait().unwrap(), Err(Conflict { current: Some(1) }));
+        assert_eq!(store.index().unwrap(), 1, "a conflict moves nothing");
+    }
+
+    #[test]
+    fn a_failed_store_ends_its_watches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir.path().join("cube.redb"), "tasks");
+        let mut watch = store.watch("", 0).unwrap();
+        store
+            .db
+            .inner
+            .committer
+            .panic_next_commit
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(store.put("a", &"one".to_string()).is_err());
+        assert_eq!(watch.try_next().unwrap(), Err(WatchError::Closed));
+    }
+
+    #[test]
+    fn a_backup_keeps_the_revisions() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir.path().join("cube.redb"), "tasks");
+        store.put("a", &"one".to_string()).unwrap();
+        store.put("a", &"two".to_string()).unwrap();
+        let copy = dir.path().join("copy.redb");
+        store.db.backup_to(&copy).unwrap();
+        PersistentDb::check(&copy).unwrap();
+        let restored = open(&copy, "tasks");
+        assert_eq!(restored.revision().unwrap(), 2);
+        assert_eq!(
+            restored.get_with_revision("a").unwrap(),
+            Some(("two".to_string(), 2))
+        );
     }
 }
 

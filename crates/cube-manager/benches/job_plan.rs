@@ -1,0 +1,104 @@
+//! The job transformer alone, in process, no IO: a service job of 10,000 copies on 1,000
+//! nodes planned from nothing, then the same job planned again with all 10,000 copies running
+//! (nothing to do), and a system job over the 1,000 nodes, the same two ways. The no-change
+//! pass is what a converged cluster pays at each resync and each event of the job; it must
+//! find nothing to create or stop (so nothing is written).
+//!
+//! ```text
+//! cargo bench -p cube-manager --bench job_plan
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cube_manager::jobs::{NodeFacts, plan};
+use cube_types::job::{Group, Job, JobRecord, JobType};
+use cube_types::{State, Task};
+
+const NODES: usize = 1_000;
+const COPIES: u32 = 10_000;
+const RUNS: usize = 5;
+
+fn record(job_type: JobType, count: Option<u32>) -> JobRecord {
+    JobRecord {
+        job: Job {
+            name: "web".into(),
+            job_type,
+            priority: 50,
+            constraints: Vec::new(),
+            groups: vec![Group {
+                name: "api".into(),
+                count,
+                constraints: Vec::new(),
+                task: Task::new("", "cube-sample:latest"),
+            }],
+        },
+        version: 1,
+        submit_time: None,
+        stopped: false,
+    }
+}
+
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    let labels = Arc::new(BTreeMap::from([("zone".to_string(), "eu".to_string())]));
+    let nodes: Vec<NodeFacts> = (0..NODES)
+        .map(|n| NodeFacts {
+            name: format!("w{n:04}"),
+            ready: true,
+            labels: labels.clone(),
+        })
+        .collect();
+    println!("| job | pass | copies | median ms | creates | stops |");
+    println!("|---|---|---:|---:|---:|---:|");
+    for (what, job) in [
+        ("service ×10,000", record(JobType::Service, Some(COPIES))),
+        ("system ×1,000 nodes", record(JobType::System, None)),
+    ] {
+        let mut first = Vec::new();
+        let mut created = Vec::new();
+        for _ in 0..RUNS {
+            let started = Instant::now();
+            let planned = plan(&job, &nodes, &[]);
+            first.push(started.elapsed().as_secs_f64() * 1000.0);
+            created = planned.create;
+        }
+        let copies = created.len();
+        println!(
+            "| {what} | from nothing | {copies} | {:.2} | {copies} | 0 |",
+            median(first)
+        );
+        // The same job with every copy placed and running: nothing to do.
+        let running: Vec<Task> = created
+            .into_iter()
+            .enumerate()
+            .map(|(n, mut task)| {
+                task.state = State::Running;
+                task.node_name = nodes[n % NODES].name.clone();
+                task
+            })
+            .collect();
+        let owned: Vec<&Task> = running.iter().collect();
+        let mut again = Vec::new();
+        let mut last = None;
+        for _ in 0..RUNS {
+            let started = Instant::now();
+            let planned = plan(&job, &nodes, &owned);
+            again.push(started.elapsed().as_secs_f64() * 1000.0);
+            last = Some(planned);
+        }
+        let last = last.expect("at least one run");
+        println!(
+            "| {what} | nothing changed | {copies} | {:.2} | {} | {} |",
+            median(again),
+            last.create.len(),
+            last.stop.len()
+        );
+        assert!(last.is_empty(), "a converged job planned work");
+    }
+}
