@@ -32,6 +32,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     cube status                            # list tasks, like docker ps\n  \
     cube node                              # list workers and what they hold\n  \
     cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
+    cube job run examples/job-web.yaml     # run a job: 3 copies kept running\n  \
     source <(cube completion bash)         # complete commands and flags in bash\n\n\
     Each command has its own --help."
 )]
@@ -47,6 +48,7 @@ enum Command {
     Worker(worker::WorkerArgs),
     Run(cli::RunArgs),
     Stop(cli::StopArgs),
+    Job(cli::JobArgs),
     Status(cli::StatusArgs),
     Node(cli::NodeArgs),
     Completion(cli::CompletionArgs),
@@ -169,6 +171,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Run(args) => cli::run_task(args).await,
             Command::Stop(args) => cli::stop(args).await,
+            Command::Job(args) => cli::job(args).await,
             Command::Status(args) => cli::status(args).await,
             Command::Node(args) => cli::node(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),

@@ -1,22 +1,24 @@
-//! Task files as people write them: JSON or YAML, from a file or from stdin, read into the
-//! one JSON document the manager takes, with errors that point at the line and column of the
-//! file as written.
+//! Task and job files as people write them: JSON or YAML, from a file or from stdin, read into
+//! the one JSON document the manager takes, with errors that point at the line and column of
+//! the file as written.
 //!
 //! YAML is only another spelling of the same document: it mirrors the JSON field names
-//! (`Image:`, `PortBindings:`), is turned into a JSON value, and then goes through the very
-//! check the manager runs ([`Submission::parse`]), so a file means the same in both forms.
+//! (`Image:`, `PortBindings:`, `Groups:`), is turned into a JSON value, and then goes through
+//! the very check the manager runs ([`Submission::parse`] for a task; the `Job` decoding and
+//! [`Job::validate`] for a job), so a file means the same in both forms.
 
 use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, anyhow, bail};
 use chrono::Utc;
-use cube_types::{Submission, SubmissionError};
+use cube_types::event::decode;
+use cube_types::{Job, Submission, SubmissionError};
 use serde_json::Value;
 
-/// The largest task file the CLI sends: the manager's request body limit. The manager closes
-/// the connection on a larger body without reading it, so the client would only see a broken
-/// connection; refusing here names the file and its size instead.
+/// The largest task or job file the CLI sends: the manager's request body limit. The manager
+/// closes the connection on a larger body without reading it, so the client would only see a
+/// broken connection; refusing here names the file and its size instead.
 pub const MAX_TASK_FILE_BYTES: usize = cube_api::MAX_BODY_BYTES;
 
 /// A task file read and checked: what to send, and the name to use for it in messages.
@@ -31,16 +33,60 @@ pub struct TaskDocument {
     pub submission: Submission,
 }
 
-/// How a task file is written.
+/// A job file read and checked ([`Job::validate`] found nothing): what to send, and the job.
+#[derive(Debug)]
+pub struct JobDocument {
+    /// The file's path as given, or `stdin`.
+    pub origin: String,
+    /// The document to send, as written, so that the manager sees what the user wrote.
+    pub document: Value,
+    /// The job the document spells.
+    pub job: Job,
+}
+
+/// How a task or job file is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     Json,
     Yaml,
 }
 
+/// What a file holds, for the words of a message ("the task is larger than ...").
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Task,
+    Job,
+}
+
+impl Kind {
+    fn noun(self) -> &'static str {
+        match self {
+            Kind::Task => "task",
+            Kind::Job => "job",
+        }
+    }
+}
+
 /// Reads a task file, or stdin for `-`; refuses one larger than the manager takes.
 pub fn read_task_file(path: &Path) -> anyhow::Result<TaskDocument> {
-    let (origin, bytes) = if path.as_os_str() == "-" {
+    let (origin, bytes) = read_source(path, Kind::Task)?;
+    let format = format_of(path, &bytes);
+    parse_task(&origin, format, &bytes)
+}
+
+/// Reads a job file, or stdin for `-`, and checks it as the manager will: every mistake is
+/// named with its field and, where it can be found, its line and column.
+pub fn read_job_file(path: &Path) -> anyhow::Result<JobDocument> {
+    let (origin, bytes) = read_source(path, Kind::Job)?;
+    let format = format_of(path, &bytes);
+    parse_job(&origin, format, &bytes)
+}
+
+/// The bytes of a file, or of stdin for `-`, and the name to use for it in messages; a file
+/// larger than the manager takes is refused before it is read.
+fn read_source(path: &Path, kind: Kind) -> anyhow::Result<(String, Vec<u8>)> {
+    let noun = kind.noun();
+    if path.as_os_str() == "-" {
         let mut bytes = Vec::new();
         // One byte more than the limit tells "too large" apart from "exactly the limit"
         // without reading an endless stream to its end.
@@ -48,39 +94,37 @@ pub fn read_task_file(path: &Path) -> anyhow::Result<TaskDocument> {
             .lock()
             .take(MAX_TASK_FILE_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
-            .context("cannot read the task from stdin")?;
+            .with_context(|| format!("cannot read the {noun} from stdin"))?;
         if bytes.len() > MAX_TASK_FILE_BYTES {
             bail!(
-                "stdin: the task is larger than the manager's limit of {} ({MAX_TASK_FILE_BYTES} \
-                 bytes)",
+                "stdin: the {noun} is larger than the manager's limit of {} \
+                 ({MAX_TASK_FILE_BYTES} bytes)",
                 cube_types::size::format_size(MAX_TASK_FILE_BYTES as u64)
             );
         }
-        ("stdin".to_string(), bytes)
-    } else {
-        let origin = path.display().to_string();
-        // Asked before reading, so that a huge file is refused without loading it.
-        let size = std::fs::metadata(path)
-            .with_context(|| format!("cannot read {origin}"))?
-            .len();
-        refuse_oversized(&origin, size)?;
-        // A blocking read is fine here: the command does nothing else while it waits.
-        let bytes = std::fs::read(path).with_context(|| format!("cannot read {origin}"))?;
-        refuse_oversized(&origin, bytes.len() as u64)?;
-        (origin, bytes)
-    };
-    let format = format_of(path, &bytes);
-    parse_task(&origin, format, &bytes)
+        return Ok(("stdin".to_string(), bytes));
+    }
+    let origin = path.display().to_string();
+    // Asked before reading, so that a huge file is refused without loading it.
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {origin}"))?
+        .len();
+    refuse_oversized(&origin, size, kind)?;
+    // A blocking read is fine here: the command does nothing else while it waits.
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {origin}"))?;
+    refuse_oversized(&origin, bytes.len() as u64, kind)?;
+    Ok((origin, bytes))
 }
 
 /// An error naming the file, its size and the limit when the file is over the limit.
-fn refuse_oversized(origin: &str, size: u64) -> anyhow::Result<()> {
+fn refuse_oversized(origin: &str, size: u64, kind: Kind) -> anyhow::Result<()> {
     if size > MAX_TASK_FILE_BYTES as u64 {
         bail!(
             "{origin} is {size} bytes ({}), larger than the manager's limit of {} \
-             ({MAX_TASK_FILE_BYTES} bytes) for a task",
+             ({MAX_TASK_FILE_BYTES} bytes) for a {}",
             cube_types::size::format_size(size),
-            cube_types::size::format_size(MAX_TASK_FILE_BYTES as u64)
+            cube_types::size::format_size(MAX_TASK_FILE_BYTES as u64),
+            kind.noun()
         );
     }
     Ok(())
@@ -122,7 +166,7 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
             let document = yaml_to_json(origin, text)?;
             let encoded = serde_json::to_vec(&document)
                 .with_context(|| format!("{origin}: cannot encode the task as JSON"))?;
-            refuse_oversized(origin, encoded.len() as u64)?;
+            refuse_oversized(origin, encoded.len() as u64, Kind::Task)?;
             let submission = Submission::parse(&encoded, Utc::now())
                 .map_err(|err| anyhow!(located(origin, &err, Some(text))))?;
             Ok(TaskDocument {
@@ -132,6 +176,60 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
             })
         }
     }
+}
+
+/// A job file into the job it spells, decoded as the manager decodes `POST /jobs` ([`decode`]:
+/// the field's path, and the field most likely meant for an unknown one). JSON is decoded from
+/// the bytes as written, so that an error keeps serde's line and column; YAML from the JSON it
+/// spells, and an error's field path is looked up in the YAML text. Then [`Job::validate`], each finding
+/// with its place when the file shows it.
+fn parse_job(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<JobDocument> {
+    let (document, job, yaml) = match format {
+        Format::Json => {
+            let document: Value = serde_json::from_slice(bytes).map_err(|err| {
+                anyhow!(located(
+                    origin,
+                    &SubmissionError::Syntax(err.to_string()),
+                    None
+                ))
+            })?;
+            let job: Job = decode(bytes).map_err(|err| anyhow!(located(origin, &err, None)))?;
+            (document, job, None)
+        }
+        Format::Yaml => {
+            let text = std::str::from_utf8(bytes)
+                .map_err(|err| anyhow!("{origin}: the YAML is not UTF-8 text: {err}"))?;
+            let document = yaml_to_json(origin, text)?;
+            let encoded = serde_json::to_vec(&document)
+                .with_context(|| format!("{origin}: cannot encode the job as JSON"))?;
+            refuse_oversized(origin, encoded.len() as u64, Kind::Job)?;
+            let job: Job =
+                decode(&encoded).map_err(|err| anyhow!(located(origin, &err, Some(text))))?;
+            (document, job, Some(text))
+        }
+    };
+    let findings = job.validate();
+    if !findings.is_empty() {
+        let lines: Vec<String> = findings
+            .iter()
+            .map(|finding| {
+                let place = finding.split_once(": ").and_then(|(path, _)| match yaml {
+                    Some(text) => yaml_line_of(text, path),
+                    None => json_line_of(bytes, path),
+                });
+                match place {
+                    Some((line, column)) => format!("{origin}:{line}:{column}: {finding}"),
+                    None => format!("{origin}: {finding}"),
+                }
+            })
+            .collect();
+        bail!("{}", lines.join("\n"));
+    }
+    Ok(JobDocument {
+        origin: origin.to_string(),
+        document,
+        job,
+    })
 }
 
 /// Reads YAML into the JSON value it spells. Keys that YAML reads as numbers or booleans
@@ -250,48 +348,272 @@ fn json_location_tail(place: &str) -> bool {
     })
 }
 
-/// Where a field path (`Task.PortBindings.7777/tcp`) is in block-style YAML: each key is
-/// searched for on a later line, indented deeper than its parent. Best effort: a path through
-/// a list, or flow style (`{Image: x}`), gives the last key found, or nothing.
+/// Where a field path (`Task.PortBindings.7777/tcp`, `Groups[1].Task.Memmory`) is in
+/// block-style YAML: each key is searched for on a later line inside its parent's block, and
+/// `[N]` picks the parent's N-th list item (`- Name: api`). Best effort: when a key is not
+/// there (a missing field, flow style such as `{Image: x}`) the place of the last part found
+/// is given; when not even the first is found, nothing.
 fn yaml_line_of(text: &str, path: &str) -> Option<(usize, usize)> {
-    let keys: Vec<&str> = path
-        .split('.')
-        .map(|key| key.split('[').next().unwrap_or(key))
-        .filter(|key| !key.is_empty())
-        .collect();
     let lines: Vec<&str> = text.lines().collect();
     let mut found: Option<(usize, usize)> = None;
-    let mut next_line = 0;
-    let mut parent_indent: Option<usize> = None;
-    for key in keys {
-        let mut hit = None;
-        for (index, line) in lines.iter().enumerate().skip(next_line) {
-            let content = line.trim_start_matches([' ', '-']);
-            let indent = line.len() - content.len();
-            if parent_indent.is_some_and(|parent| indent <= parent) && !content.is_empty() {
-                // Left the parent's block without finding the key.
-                if !content.starts_with('#') {
-                    break;
-                }
-            }
-            let written_as_key = [key.to_string(), format!("\"{key}\""), format!("'{key}'")]
-                .iter()
-                .any(|spelling| {
-                    content
-                        .strip_prefix(spelling.as_str())
-                        .is_some_and(|rest| rest.trim_start().starts_with(':'))
-                });
-            if written_as_key {
-                hit = Some((index, indent));
-                break;
-            }
+    let mut scope = YamlScope {
+        start: 0,
+        limit: None,
+        starts_on_item: false,
+    };
+    for segment in path.split('.').filter(|segment| !segment.is_empty()) {
+        let (key, index) = match segment.split_once('[') {
+            Some((key, rest)) => (key, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (segment, None),
+        };
+        if !key.is_empty() {
+            let Some((line, indent)) = scope.find_key(&lines, key) else {
+                return found;
+            };
+            found = Some((line + 1, indent + 1));
+            scope = YamlScope {
+                start: line + 1,
+                limit: Some(indent),
+                starts_on_item: false,
+            };
         }
-        let (index, indent) = hit?;
-        found = Some((index + 1, indent + 1));
-        next_line = index + 1;
-        parent_indent = Some(indent);
+        if let Some(index) = index {
+            let Some((line, dash)) = scope.find_item(&lines, index) else {
+                return found;
+            };
+            found = Some((line + 1, dash + 1));
+            scope = YamlScope {
+                start: line,
+                limit: Some(dash),
+                starts_on_item: true,
+            };
+        }
     }
     found
+}
+
+/// A block of YAML lines to search in: from `start` until a line indented no deeper than
+/// `limit` (spaces before anything else), except the first line when it is the list item
+/// (`- Name: api`) the block belongs to.
+struct YamlScope {
+    start: usize,
+    limit: Option<usize>,
+    starts_on_item: bool,
+}
+
+impl YamlScope {
+    /// The lines of the block that hold something, with their number and their indentation.
+    fn lines<'a>(&self, lines: &'a [&'a str]) -> impl Iterator<Item = (usize, &'a str, usize)> {
+        let limit = self.limit;
+        let first = self.start;
+        let starts_on_item = self.starts_on_item;
+        lines
+            .iter()
+            .enumerate()
+            .skip(self.start)
+            .filter(|(_, line)| {
+                let content = line.trim_start();
+                !content.is_empty() && !content.starts_with('#')
+            })
+            .map(|(number, line)| {
+                (
+                    number,
+                    *line,
+                    line.len() - line.trim_start_matches(' ').len(),
+                )
+            })
+            .take_while(move |(number, _, spaces)| {
+                (starts_on_item && *number == first) || limit.is_none_or(|limit| *spaces > limit)
+            })
+    }
+
+    /// The line of `key:` in the block, and the column of the key (0-based).
+    fn find_key(&self, lines: &[&str], key: &str) -> Option<(usize, usize)> {
+        let spellings = [key.to_string(), format!("\"{key}\""), format!("'{key}'")];
+        self.lines(lines).find_map(|(number, line, _)| {
+            let content = line.trim_start_matches([' ', '-']);
+            let written_as_key = spellings.iter().any(|spelling| {
+                content
+                    .strip_prefix(spelling.as_str())
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            });
+            written_as_key.then(|| (number, line.len() - content.len()))
+        })
+    }
+
+    /// The line of the `index`-th item (`- ...`) of the list that the block opens with, and
+    /// the column of its dash. A list may be indented as deep as its key (`Groups:` then
+    /// `- Name: api` under it), so the search starts one column shallower.
+    fn find_item(&self, lines: &[&str], index: usize) -> Option<(usize, usize)> {
+        let widened = YamlScope {
+            start: self.start,
+            limit: self.limit.and_then(|limit| limit.checked_sub(1)),
+            starts_on_item: self.starts_on_item,
+        };
+        let is_item = |line: &str| line.trim_start().starts_with('-');
+        let mut items = widened.lines(lines).peekable();
+        let (_, first, dash) = *items.peek()?;
+        if !is_item(first) {
+            return None;
+        }
+        // The list ends at the first line as shallow as its dashes that is not an item.
+        items
+            .take_while(|(_, line, spaces)| *spaces > dash || (*spaces == dash && is_item(line)))
+            .filter(|(_, line, spaces)| *spaces == dash && is_item(line))
+            .nth(index)
+            .map(|(number, _, _)| (number, dash))
+    }
+}
+
+/// Where a field path (`Groups[1].Count`) is in a JSON document: the line and column of the
+/// key (or of the list element, for `[N]`); when the path goes on past what the document holds
+/// (a missing field), the place of the last part found. The document is known to be valid
+/// JSON (it was decoded), so the walk only needs to skip what is off the path.
+fn json_line_of(bytes: &[u8], path: &str) -> Option<(usize, usize)> {
+    let mut steps = Vec::new();
+    for segment in path.split('.').filter(|segment| !segment.is_empty()) {
+        let mut parts = segment.split('[');
+        let key = parts.next().unwrap_or_default();
+        if !key.is_empty() {
+            steps.push(JsonStep::Key(key));
+        }
+        for index in parts {
+            steps.push(JsonStep::Index(index.trim_end_matches(']').parse().ok()?));
+        }
+    }
+    let mut walk = JsonWalk {
+        bytes,
+        at: 0,
+        found: None,
+    };
+    walk.value(Some(&steps));
+    let offset = walk.found?;
+    let before = &bytes[..offset];
+    let line = before.iter().filter(|byte| **byte == b'\n').count() + 1;
+    let line_start = before
+        .iter()
+        .rposition(|byte| *byte == b'\n')
+        .map_or(0, |newline| newline + 1);
+    let column = String::from_utf8_lossy(&before[line_start..])
+        .chars()
+        .count()
+        + 1;
+    Some((line, column))
+}
+
+#[derive(Debug, PartialEq)]
+enum JsonStep<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+/// A walk through a JSON text along a path, remembering where the deepest part found starts.
+struct JsonWalk<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    found: Option<usize>,
+}
+
+impl JsonWalk<'_> {
+    fn skip_space(&mut self) {
+        while self.bytes.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+
+    /// A value; `path` is what is left of the path when the value is on it.
+    fn value(&mut self, path: Option<&[JsonStep]>) {
+        self.skip_space();
+        match self.bytes.get(self.at) {
+            Some(b'{') => self.object(path),
+            Some(b'[') => self.array(path),
+            Some(b'"') => {
+                self.string();
+            }
+            Some(_) => {
+                while self.bytes.get(self.at).is_some_and(|byte| {
+                    !matches!(byte, b',' | b'}' | b']') && !byte.is_ascii_whitespace()
+                }) {
+                    self.at += 1;
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// A string's raw content (escapes left as written), the cursor after its closing quote.
+    fn string(&mut self) -> &[u8] {
+        self.at += 1;
+        let start = self.at;
+        while let Some(byte) = self.bytes.get(self.at) {
+            match byte {
+                b'\\' => self.at += 2,
+                b'"' => break,
+                _ => self.at += 1,
+            }
+        }
+        let end = self.at.min(self.bytes.len());
+        self.at += 1;
+        &self.bytes[start..end]
+    }
+
+    fn object(&mut self, path: Option<&[JsonStep]>) {
+        self.at += 1;
+        loop {
+            self.skip_space();
+            match self.bytes.get(self.at) {
+                Some(b'"') => {}
+                Some(b',') => {
+                    self.at += 1;
+                    continue;
+                }
+                _ => {
+                    self.at += 1;
+                    return;
+                }
+            }
+            let key_start = self.at;
+            let key = self.string().to_vec();
+            let rest = match path {
+                Some([JsonStep::Key(wanted), rest @ ..]) if wanted.as_bytes() == key => {
+                    self.found = Some(key_start);
+                    Some(rest)
+                }
+                _ => None,
+            };
+            self.skip_space();
+            self.at += 1; // the colon
+            self.value(rest);
+        }
+    }
+
+    fn array(&mut self, path: Option<&[JsonStep]>) {
+        self.at += 1;
+        let mut index = 0;
+        loop {
+            self.skip_space();
+            match self.bytes.get(self.at) {
+                Some(b']') | None => {
+                    self.at += 1;
+                    return;
+                }
+                Some(b',') => {
+                    self.at += 1;
+                    index += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            let rest = match path {
+                Some([JsonStep::Index(wanted), rest @ ..]) if *wanted == index => {
+                    self.found = Some(self.at);
+                    Some(rest)
+                }
+                _ => None,
+            };
+            self.value(rest);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -386,7 +708,133 @@ mod tests {
     #[test]
     fn a_key_is_found_only_inside_its_parents_block() {
         let text = "Task:\n  Image: x\nOther:\n  Memmory: 1\n";
-        assert_eq!(yaml_line_of(text, "Task.Memmory"), None);
+        assert_eq!(yaml_line_of(text, "Task.Memmory"), Some((1, 1)));
+        assert_eq!(yaml_line_of(text, "Missing.Memmory"), None);
         assert_eq!(yaml_line_of(text, "Other.Memmory"), Some((4, 3)));
+    }
+
+    fn parse_job_text(name: &str, text: &str) -> anyhow::Result<JobDocument> {
+        parse_job(
+            name,
+            format_of(Path::new(name), text.as_bytes()),
+            text.as_bytes(),
+        )
+    }
+
+    #[test]
+    fn the_example_job_reads_the_same_as_json_and_as_yaml() {
+        let yaml = parse_job_text(
+            "job-web.yaml",
+            include_str!("../../../../examples/job-web.yaml"),
+        )
+        .unwrap();
+        let json = parse_job_text(
+            "job-web.json",
+            include_str!("../../../../examples/job-web.json"),
+        )
+        .unwrap();
+        assert_eq!(yaml.job, json.job);
+        assert_eq!(yaml.document, json.document);
+        assert_eq!(yaml.job.name, "web");
+        assert_eq!(yaml.job.groups[0].count, Some(3));
+        assert_eq!(yaml.job.groups[0].task.port_bindings["7777/tcp"], "");
+    }
+
+    const TWO_GROUPS: &str = "Name: web\nGroups:\n- Name: api\n  Count: 2\n  Task:\n    Image: x\n\
+                              - Name: db\n  Count: 1\n  Task:\n    Image: y\n";
+
+    #[test]
+    fn an_unknown_field_in_a_jobs_second_group_is_found_on_its_line_with_a_suggestion() {
+        let text = TWO_GROUPS.replace("    Image: y\n", "    Image: y\n    Memmory: 64MiB\n");
+        let err = parse_job_text("web.yaml", &text).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "web.yaml:11:5: Groups[1].Task.Memmory: unknown field `Memmory`; did you mean \
+                 `Memory`?"
+            ),
+            "{err}"
+        );
+        let err = parse_job_text("web.yaml", &TWO_GROUPS.replace("  Count: 1", "  Cuont: 1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "web.yaml:8:3: Groups[1].Cuont: unknown field `Cuont`; did you mean `Count`?"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn validation_findings_are_named_and_placed_at_the_group_they_concern() {
+        let text = TWO_GROUPS.replace("  Count: 1\n", "");
+        let err = parse_job_text("web.yaml", &text).unwrap_err().to_string();
+        // Count is missing: the place is the group's item.
+        assert!(
+            err.starts_with("web.yaml:7:1: Groups[1].Count: missing"),
+            "{err}"
+        );
+        let text = TWO_GROUPS
+            .replace("Name: web", "Name: web app")
+            .replace("Image: x", "Image: \"\"");
+        let err = parse_job_text("web.yaml", &text).unwrap_err().to_string();
+        let lines: Vec<&str> = err.lines().collect();
+        assert!(
+            lines[0].starts_with("web.yaml:1:1: Name: \"web app\""),
+            "{err}"
+        );
+        assert!(
+            lines[1].starts_with("web.yaml:6:5: Groups[0].Task.Image:"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_json_job_error_is_reported_at_its_line_and_column() {
+        let err = parse_job_text(
+            "web.json",
+            "{\"Name\": \"web\",\n \"Groups\": [{\"Name\": \"api\", \"Count\": 1,\n  \"Task\": {\"image\": \"x\"}}]}",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("web.json:3:"), "{err}");
+        assert!(
+            err.contains("Groups[0].Task.image: unknown field `image`; did you mean `Image`?"),
+            "{err}"
+        );
+        let err = parse_job_text(
+            "web.json",
+            r#"{"Name": "web", "Type": "system", "Groups": [{"Name": "api", "Count": 2, "Task": {"Image": "x"}}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("web.json:1:62: Groups[0].Count: a system job"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn list_items_are_counted_at_their_own_depth() {
+        let text = "Groups:\n  - Name: a\n    Task:\n      Image: x\n  - Name: b\nOther:\n- c\n";
+        assert_eq!(yaml_line_of(text, "Groups[1].Name"), Some((5, 5)));
+        assert_eq!(yaml_line_of(text, "Groups[0].Task.Image"), Some((4, 7)));
+        assert_eq!(yaml_line_of(text, "Groups[2].Name"), Some((1, 1)));
+    }
+
+    #[test]
+    fn a_json_path_is_found_at_its_key_or_its_list_element() {
+        let text = br#"{"Name": "web",
+  "Groups": [
+    {"Name": "api", "Count": 2, "Task": {"Image": "x, ]}"}},
+    {"Name": "db",
+     "Task": {"Image": "y"}}
+  ]}"#;
+        assert_eq!(json_line_of(text, "Groups[1].Task.Image"), Some((5, 15)));
+        assert_eq!(json_line_of(text, "Groups[0].Count"), Some((3, 21)));
+        // Missing: the place of the group.
+        assert_eq!(json_line_of(text, "Groups[1].Count"), Some((4, 5)));
+        assert_eq!(json_line_of(text, "Name"), Some((1, 2)));
+        assert_eq!(json_line_of(text, "Other"), None);
     }
 }

@@ -1,5 +1,5 @@
 //! The commands that drive a cluster through the manager's API: `cube run`, `cube stop`,
-//! `cube status`, `cube node`; and `cube config`, which names the clusters they reach.
+//! `cube status`, `cube node`, `cube job`; and `cube config`, which names the clusters they reach.
 //!
 //! One file per command: it reads its flags, asks the manager over HTTP and prints the answer
 //! as a table for people or as JSON or YAML for programs. What they share is here (the manager
@@ -13,6 +13,8 @@
 mod completion;
 mod config;
 mod input;
+mod job;
+mod job_output;
 mod node;
 mod output;
 mod resolve;
@@ -32,6 +34,7 @@ use serde::de::DeserializeOwned;
 
 pub use completion::{CompletionArgs, completion};
 pub use config::{ConfigArgs, config};
+pub use job::{JobArgs, job};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};
@@ -179,11 +182,18 @@ pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> 
     if leading.is_empty() || !command_follows {
         return args;
     }
+    // A command with subcommands (`cube -o json job status`) takes the flags after its
+    // subcommand, where they are defined.
+    let mut command_end = index;
+    let is_action = |arg: &OsString| !arg.to_string_lossy().starts_with('-');
+    if args[index] == "job" && args.get(index + 1).is_some_and(is_action) {
+        command_end += 1;
+    }
     let mut moved = Vec::with_capacity(args.len());
     moved.extend_from_slice(&args[..1]);
-    moved.push(args[index].clone());
+    moved.extend_from_slice(&args[index..=command_end]);
     moved.extend(leading);
-    moved.extend_from_slice(&args[index + 1..]);
+    moved.extend_from_slice(&args[command_end + 1..]);
     moved
 }
 
@@ -353,6 +363,14 @@ mod tests {
         assert_eq!(
             moved(&["cube", "--output=yaml", "-m", "10.0.0.1:5555", "status"]),
             vec!["cube", "status", "--output=yaml", "-m", "10.0.0.1:5555"]
+        );
+        assert_eq!(
+            moved(&["cube", "-o", "json", "job", "status", "web"]),
+            vec!["cube", "job", "status", "-o", "json", "web"]
+        );
+        assert_eq!(
+            moved(&["cube", "-o", "json", "job", "--help"]),
+            vec!["cube", "job", "-o", "json", "--help"]
         );
     }
 

@@ -137,12 +137,12 @@ fn describe(task: &Task) -> String {
 
 /// A spinner on stderr while a person watches; nothing at all when stderr is not a terminal
 /// (a script's log should hold the answer, not a hundred redraws).
-struct Spinner {
+pub(super) struct Spinner {
     bar: Option<ProgressBar>,
 }
 
 impl Spinner {
-    fn start() -> Spinner {
+    pub(super) fn start() -> Spinner {
         if !std::io::stderr().is_terminal() {
             return Spinner { bar: None };
         }
@@ -154,13 +154,13 @@ impl Spinner {
         Spinner { bar: Some(bar) }
     }
 
-    fn show(&self, message: &str) {
+    pub(super) fn show(&self, message: &str) {
         if let Some(bar) = &self.bar {
             bar.set_message(message.to_string());
         }
     }
 
-    fn finish(&self) {
+    pub(super) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }

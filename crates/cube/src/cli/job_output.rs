@@ -1,0 +1,661 @@
+//! What the manager's jobs API answers, as the `cube job` commands read it, and how they print
+//! it: the job table, one job in detail (a group summary as `nomad job status` gives it, and
+//! the copies), a plan, and where a job stands against "converged". Pure functions that return
+//! lines or values, so that tests read them without a manager or a terminal.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use cube_types::{Job, JobType, State, Task};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::output::{key_values, table, time_ago, time_with_age};
+
+/// A job as `POST /jobs`, `GET /jobs[/{name}]`, `DELETE /jobs/{name}` and the scale answer
+/// show it. Fields the CLI does not know are ignored, so that an older CLI still reads a newer
+/// manager.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView {
+    #[serde(rename = "Job")]
+    pub job: Job,
+    /// One more for every change of the spec; a scale is not one.
+    #[serde(rename = "Version")]
+    pub version: u64,
+    #[serde(rename = "SubmitTime", default, with = "cube_types::time::optional")]
+    pub submit_time: Option<DateTime<Utc>>,
+    #[serde(rename = "Stopped", default)]
+    pub stopped: bool,
+    /// `pending`, `running`, `complete`, `failed` or `stopped`: the manager's word.
+    #[serde(rename = "Status", default)]
+    pub status: String,
+    /// Per group, how its current copies are doing.
+    #[serde(rename = "Summary", default)]
+    pub summary: BTreeMap<String, GroupCounts>,
+    /// The job's tasks; only in the answer about one job.
+    #[serde(rename = "Tasks", default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<Task>,
+}
+
+/// A group's copies by state, as `nomad job status` counts allocations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupCounts {
+    #[serde(rename = "Pending", default)]
+    pub pending: u64,
+    /// Placed and sent to their node, not yet running.
+    #[serde(rename = "Starting", default)]
+    pub starting: u64,
+    #[serde(rename = "Running", default)]
+    pub running: u64,
+    #[serde(rename = "Failed", default)]
+    pub failed: u64,
+    #[serde(rename = "Complete", default)]
+    pub complete: u64,
+    #[serde(rename = "Lost", default)]
+    pub lost: u64,
+}
+
+/// `POST /jobs/plan`: what submitting the job would do, nothing done.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanView {
+    /// The version the job would have.
+    #[serde(rename = "Version", default)]
+    pub version: u64,
+    /// Whether the spec differs from the one the manager holds.
+    #[serde(rename = "Changed", default)]
+    pub changed: bool,
+    #[serde(rename = "Create", default)]
+    pub create: Vec<Task>,
+    #[serde(rename = "Stop", default)]
+    pub stop: Vec<PlannedStop>,
+    #[serde(rename = "Keep", default)]
+    pub keep: Vec<Uuid>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedStop {
+    #[serde(rename = "ID")]
+    pub id: Uuid,
+    #[serde(rename = "Name", default)]
+    pub name: String,
+    #[serde(rename = "Reason", default)]
+    pub reason: String,
+}
+
+/// Where a job stands against what a `--wait` waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Convergence {
+    /// Every group is as the job asks: a service's copies run, a batch job's completed, a
+    /// system job has no copy waiting.
+    Converged,
+    /// Not yet; the words say where each group is.
+    Waiting(String),
+    /// It will not get there: a batch copy gave up, or the job was stopped.
+    Failed(String),
+}
+
+/// How many copies a group wants: its `Count`, or none for a system job's (one per node).
+fn wanted(view: &JobView, group: &str) -> Option<u64> {
+    view.job
+        .groups
+        .iter()
+        .find(|candidate| candidate.name == group)
+        .and_then(|group| group.count)
+        .map(u64::from)
+}
+
+/// The groups in the job's order, with their counts (zero when the summary has none yet).
+fn groups(view: &JobView) -> impl Iterator<Item = (&str, GroupCounts)> {
+    view.job.groups.iter().map(|group| {
+        let counts = view.summary.get(&group.name).copied().unwrap_or_default();
+        (group.name.as_str(), counts)
+    })
+}
+
+/// Each group in a few words, for a progress line: `api: 2/3 running` (service), `api: 1/3
+/// complete, 2 running` (batch), `api: 2 running, 1 pending` (system).
+pub fn progress_line(view: &JobView) -> String {
+    groups(view)
+        .map(|(name, counts)| {
+            let waiting = counts.pending + counts.starting;
+            let mut words = match (view.job.job_type, wanted(view, name)) {
+                (JobType::Batch, Some(count)) => {
+                    let mut words = format!("{name}: {}/{count} complete", counts.complete);
+                    if counts.running > 0 {
+                        words.push_str(&format!(", {} running", counts.running));
+                    }
+                    words
+                }
+                (_, Some(count)) => format!("{name}: {}/{count} running", counts.running),
+                (_, None) => format!("{name}: {} running", counts.running),
+            };
+            if waiting > 0 && view.job.job_type == JobType::System {
+                words.push_str(&format!(", {waiting} pending"));
+            }
+            if counts.failed > 0 {
+                words.push_str(&format!(", {} failed", counts.failed));
+            }
+            words
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether the job has converged: the manager's status word, and each group's counts against
+/// what it wants (a service scaled down is converged once the extra copies no longer run).
+pub fn convergence(view: &JobView) -> Convergence {
+    let name = &view.job.name;
+    if view.stopped || view.status == "stopped" {
+        return Convergence::Failed(format!("job {name} was stopped"));
+    }
+    if view.status == "failed" {
+        let why = failed_copies(view)
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "a copy failed".to_string());
+        return Convergence::Failed(format!("job {name} failed: {why}"));
+    }
+    let every_group = |done: &dyn Fn(GroupCounts, Option<u64>) -> bool| {
+        groups(view).all(|(group, counts)| done(counts, wanted(view, group)))
+    };
+    let converged = match view.job.job_type {
+        JobType::Service => {
+            view.status == "running" && every_group(&|counts, count| Some(counts.running) == count)
+        }
+        JobType::Batch => {
+            view.status == "complete"
+                && every_group(&|counts, count| count.is_some_and(|n| counts.complete >= n))
+        }
+        JobType::System => {
+            view.status == "running"
+                && every_group(&|counts, _| counts.pending + counts.starting == 0)
+        }
+    };
+    if converged {
+        Convergence::Converged
+    } else {
+        Convergence::Waiting(progress_line(view))
+    }
+}
+
+/// `web.api[1] (3f2a9c1e) failed (exit code 3): container exited with code 3`, for each copy
+/// that failed while meant to run.
+pub fn failed_copies(view: &JobView) -> Vec<String> {
+    view.tasks
+        .iter()
+        .filter(|task| task.state == State::Failed && task.desired_state == State::Running)
+        .map(|task| {
+            let exit = task
+                .exit_code
+                .map(|code| format!(" (exit code {code})"))
+                .unwrap_or_default();
+            let error = task
+                .error
+                .as_deref()
+                .map(|error| format!(": {}", error.trim()))
+                .unwrap_or_default();
+            format!("{} ({}) failed{exit}{error}", task.name, task.short_id())
+        })
+        .collect()
+}
+
+/// Why copies wait, one phrase each: `web.api[2]: 1 node: short of memory`.
+pub fn waiting_copies(view: &JobView) -> Vec<String> {
+    view.tasks
+        .iter()
+        .filter(|task| task.desired_state == State::Running && !task.state.is_terminal())
+        .filter_map(|task| {
+            let why = task
+                .pending_reason
+                .as_deref()
+                .or(task.dispatch_error.as_deref())?;
+            Some(format!("{}: {} ({})", task.name, task.state, why.trim()))
+        })
+        .collect()
+}
+
+/// The line after a submission: `job web: version 2 (changed)`; `(new)` for a job the manager
+/// did not have, `(unchanged)` when the spec was the same.
+pub fn submitted_line(view: &JobView, version_before: Option<u64>) -> String {
+    let what = match version_before {
+        None => "new",
+        Some(before) if before == view.version => "unchanged",
+        Some(_) => "changed",
+    };
+    format!("job {}: version {} ({what})", view.job.name, view.version)
+}
+
+/// The job table: NAME, TYPE, VERSION, STATUS, GROUPS (each group's `running/wanted`) and
+/// SUBMITTED.
+pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
+    let mut rows = vec![
+        ["NAME", "TYPE", "VERSION", "STATUS", "GROUPS", "SUBMITTED"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    rows.extend(views.iter().map(|view| {
+        vec![
+            view.job.name.clone(),
+            view.job.job_type.name().to_string(),
+            view.version.to_string(),
+            view.status.clone(),
+            group_cells(view),
+            time_ago(view.submit_time, now),
+        ]
+    }));
+    table(&rows)
+}
+
+/// `api 3/3, db 1/1`: each group's running copies of those it wants; a batch group counts its
+/// completed copies too (`batch 1/3 (2 complete)`), a system group only what runs.
+fn group_cells(view: &JobView) -> String {
+    groups(view)
+        .map(
+            |(name, counts)| match (view.job.job_type, wanted(view, name)) {
+                (JobType::Batch, Some(count)) if counts.complete > 0 => format!(
+                    "{name} {}/{count} ({} complete)",
+                    counts.running, counts.complete
+                ),
+                (_, Some(count)) => format!("{name} {}/{count}", counts.running),
+                (_, None) => format!("{name} {}", counts.running),
+            },
+        )
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// One job in detail: its fields, the summary of each group, and its copies (those stopped
+/// on purpose are counted, not listed), with why a copy waits or failed.
+pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
+    let job = &view.job;
+    let constraints = job
+        .constraints
+        .iter()
+        .map(|c| format!("{} {} {}", c.attribute, c.operator.symbol(), c.value))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut lines = key_values(&[
+        ("Name", job.name.clone()),
+        ("Type", job.job_type.name().to_string()),
+        ("Priority", job.priority.to_string()),
+        ("Version", view.version.to_string()),
+        ("Status", view.status.clone()),
+        ("Submitted", time_with_age(view.submit_time, now)),
+        ("Constraints", constraints),
+    ]);
+    lines.extend([String::new(), "Groups".to_string()]);
+    lines.extend(summary_table(view));
+
+    let (mut shown, stopped): (Vec<&Task>, Vec<&Task>) = view
+        .tasks
+        .iter()
+        .partition(|task| !(task.desired_state != State::Running && task.state.is_terminal()));
+    shown.sort_by(|a, b| {
+        (&a.group, a.index, a.created_time).cmp(&(&b.group, b.index, b.created_time))
+    });
+    lines.extend([String::new(), "Tasks".to_string()]);
+    if shown.is_empty() {
+        lines.push("none".to_string());
+    } else {
+        let mut rows = vec![["ID", "NAME", "STATE", "NODE"].map(String::from).to_vec()];
+        rows.extend(shown.iter().map(|task| {
+            vec![
+                task.short_id(),
+                task.name.clone(),
+                task.state.name().to_string(),
+                if task.node_name.is_empty() {
+                    "-".to_string()
+                } else {
+                    task.node_name.clone()
+                },
+            ]
+        }));
+        lines.extend(table(&rows));
+    }
+    let notes: Vec<String> = failed_copies(view)
+        .into_iter()
+        .chain(
+            waiting_copies(view)
+                .into_iter()
+                .map(|w| format!("waiting: {w}")),
+        )
+        .collect();
+    if !notes.is_empty() {
+        lines.push(String::new());
+        lines.extend(notes);
+    }
+    match stopped.len() {
+        0 => {}
+        1 => lines.extend([String::new(), "1 stopped copy not shown".to_string()]),
+        n => lines.extend([String::new(), format!("{n} stopped copies not shown")]),
+    }
+    lines
+}
+
+/// GROUP, WANTED, PENDING, STARTING, RUNNING, FAILED, COMPLETE, LOST: one row per group.
+fn summary_table(view: &JobView) -> Vec<String> {
+    let mut rows = vec![
+        [
+            "GROUP", "WANTED", "PENDING", "STARTING", "RUNNING", "FAILED", "COMPLETE", "LOST",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    rows.extend(groups(view).map(|(name, counts)| {
+        vec![
+            name.to_string(),
+            wanted(view, name).map_or_else(|| "-".to_string(), |count| count.to_string()),
+            counts.pending.to_string(),
+            counts.starting.to_string(),
+            counts.running.to_string(),
+            counts.failed.to_string(),
+            counts.complete.to_string(),
+            counts.lost.to_string(),
+        ]
+    }));
+    table(&rows)
+}
+
+/// What a plan would do: `+ web.api[3]` for each copy to create, `- web.api[1] (the group
+/// is scaled to 2)` for each to stop, `= 2 unchanged` for those kept, after a line that says
+/// whether the spec changed.
+pub fn plan_lines(job: &str, plan: &PlanView) -> Vec<String> {
+    let mut lines = vec![if plan.changed {
+        format!(
+            "job {job}: the spec changed; it would be version {}",
+            plan.version
+        )
+    } else {
+        format!(
+            "job {job}: the spec is unchanged (version {})",
+            plan.version
+        )
+    }];
+    lines.extend(plan.create.iter().map(|task| format!("+ {}", task.name)));
+    lines.extend(plan.stop.iter().map(|stop| {
+        if stop.reason.is_empty() {
+            format!("- {}", stop.name)
+        } else {
+            format!("- {} ({})", stop.name, stop.reason)
+        }
+    }));
+    if !plan.keep.is_empty() {
+        lines.push(format!("= {} unchanged", plan.keep.len()));
+    }
+    if plan.create.is_empty() && plan.stop.is_empty() {
+        lines.push("nothing to create or stop".to_string());
+    }
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+    use cube_types::Group;
+
+    use super::*;
+
+    fn view(job_type: JobType, count: Option<u32>, status: &str, counts: GroupCounts) -> JobView {
+        JobView {
+            job: Job {
+                name: "web".to_string(),
+                job_type,
+                priority: 50,
+                constraints: Vec::new(),
+                groups: vec![Group {
+                    name: "api".to_string(),
+                    count,
+                    constraints: Vec::new(),
+                    task: Task::new("", "cube-sample:latest"),
+                }],
+            },
+            version: 2,
+            submit_time: None,
+            stopped: false,
+            status: status.to_string(),
+            summary: BTreeMap::from([("api".to_string(), counts)]),
+            tasks: Vec::new(),
+        }
+    }
+
+    fn running(n: u64) -> GroupCounts {
+        GroupCounts {
+            running: n,
+            ..GroupCounts::default()
+        }
+    }
+
+    fn copy(index: u32, state: State, node: &str) -> Task {
+        let mut task = Task::new(format!("web.api[{index}]"), "cube-sample:latest");
+        task.id = Uuid::from_u128(0x3f2a9c1e_0000_0000_0000_000000000000 + u128::from(index));
+        task.group = "api".to_string();
+        task.index = Some(index);
+        task.state = state;
+        task.node_name = node.to_string();
+        task
+    }
+
+    #[test]
+    fn the_api_answer_reads_into_a_view() {
+        let view: JobView = serde_json::from_str(
+            r#"{"Job": {"Name": "web", "Type": "service", "Priority": 50,
+                        "Groups": [{"Name": "api", "Count": 3, "Task": {"Image": "x"}}]},
+                "Version": 3, "SubmitTime": "2026-01-01T00:00:00Z", "Stopped": false,
+                "Status": "running",
+                "Summary": {"api": {"Pending": 0, "Starting": 0, "Running": 3, "Failed": 0,
+                                    "Complete": 0, "Lost": 0}},
+                "Tasks": [{"ID": "3f2a9c1e-0000-0000-0000-000000000001", "Name": "web.api[0]",
+                           "State": "Running", "NodeName": "w1", "Group": "api", "Index": 0,
+                           "Image": "x"}],
+                "Later": "a field this CLI does not know"}"#,
+        )
+        .unwrap();
+        assert_eq!(view.version, 3);
+        assert_eq!(view.summary["api"].running, 3);
+        assert_eq!(view.tasks[0].node_name, "w1");
+        assert_eq!(convergence(&view), Convergence::Converged);
+    }
+
+    #[test]
+    fn a_service_converges_when_each_group_runs_what_it_wants() {
+        let waiting = view(JobType::Service, Some(3), "pending", running(2));
+        assert_eq!(
+            convergence(&waiting),
+            Convergence::Waiting("api: 2/3 running".to_string())
+        );
+        // Scaled down: the extra copies still run until they are stopped.
+        let shrinking = view(JobType::Service, Some(1), "running", running(3));
+        assert!(matches!(convergence(&shrinking), Convergence::Waiting(_)));
+        let done = view(JobType::Service, Some(3), "running", running(3));
+        assert_eq!(convergence(&done), Convergence::Converged);
+    }
+
+    #[test]
+    fn a_batch_job_converges_when_complete_and_fails_with_the_copys_error() {
+        let counts = GroupCounts {
+            complete: 1,
+            running: 2,
+            ..GroupCounts::default()
+        };
+        assert_eq!(
+            convergence(&view(JobType::Batch, Some(3), "pending", counts)),
+            Convergence::Waiting("api: 1/3 complete, 2 running".to_string())
+        );
+        let complete = GroupCounts {
+            complete: 3,
+            ..GroupCounts::default()
+        };
+        assert_eq!(
+            convergence(&view(JobType::Batch, Some(3), "complete", complete)),
+            Convergence::Converged
+        );
+        let mut failed = view(JobType::Batch, Some(3), "failed", counts);
+        let mut copy = copy(1, State::Failed, "w1");
+        copy.exit_code = Some(3);
+        copy.error = Some("container exited with code 3".to_string());
+        failed.tasks.push(copy);
+        assert_eq!(
+            convergence(&failed),
+            Convergence::Failed(
+                "job web failed: web.api[1] (3f2a9c1e) failed (exit code 3): container exited \
+                 with code 3"
+                    .to_string()
+            )
+        );
+    }
+
+    #[test]
+    fn a_system_job_converges_when_no_copy_waits() {
+        let waiting = GroupCounts {
+            running: 2,
+            pending: 1,
+            ..GroupCounts::default()
+        };
+        assert_eq!(
+            convergence(&view(JobType::System, None, "pending", waiting)),
+            Convergence::Waiting("api: 2 running, 1 pending".to_string())
+        );
+        assert_eq!(
+            convergence(&view(JobType::System, None, "running", running(2))),
+            Convergence::Converged
+        );
+    }
+
+    #[test]
+    fn a_stopped_job_will_not_converge() {
+        let mut stopped = view(JobType::Service, Some(3), "stopped", running(0));
+        stopped.stopped = true;
+        assert_eq!(
+            convergence(&stopped),
+            Convergence::Failed("job web was stopped".to_string())
+        );
+    }
+
+    #[test]
+    fn the_submission_says_whether_the_spec_changed() {
+        let view = view(JobType::Service, Some(3), "pending", running(0));
+        assert_eq!(submitted_line(&view, None), "job web: version 2 (new)");
+        assert_eq!(
+            submitted_line(&view, Some(1)),
+            "job web: version 2 (changed)"
+        );
+        assert_eq!(
+            submitted_line(&view, Some(2)),
+            "job web: version 2 (unchanged)"
+        );
+    }
+
+    #[test]
+    fn the_job_table_shows_each_groups_running_and_wanted_copies() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
+        let mut web = view(JobType::Service, Some(3), "running", running(3));
+        web.submit_time = Some(now - chrono::Duration::minutes(5));
+        let mut batch = view(
+            JobType::Batch,
+            Some(3),
+            "pending",
+            GroupCounts {
+                running: 1,
+                complete: 2,
+                ..GroupCounts::default()
+            },
+        );
+        batch.job.name = "report".to_string();
+        assert_eq!(
+            job_table(&[web, batch], now),
+            vec![
+                "NAME     TYPE      VERSION   STATUS    GROUPS                 SUBMITTED",
+                "web      service   2         running   api 3/3                5 minutes ago",
+                "report   batch     2         pending   api 1/3 (2 complete)   -",
+            ]
+        );
+    }
+
+    #[test]
+    fn one_job_shows_its_group_summary_and_its_copies() {
+        let now = Utc.with_ymd_and_hms(2026, 1, 1, 12, 0, 0).unwrap();
+        let mut web = view(
+            JobType::Service,
+            Some(3),
+            "pending",
+            GroupCounts {
+                running: 2,
+                pending: 1,
+                ..GroupCounts::default()
+            },
+        );
+        web.tasks = vec![copy(1, State::Running, "w1"), copy(0, State::Running, "w1")];
+        let mut waiting = copy(2, State::Pending, "");
+        waiting.pending_reason = Some("w1: needs 64.0 MiB memory".to_string());
+        web.tasks.push(waiting);
+        let mut stopped = copy(3, State::Completed, "w1");
+        stopped.desired_state = State::Completed;
+        web.tasks.push(stopped);
+        let lines = job_details(&web, now);
+        let text = lines.join("\n");
+        assert!(
+            text.starts_with("Name:        web\nType:        service\n"),
+            "{text}"
+        );
+        for expected in [
+            "GROUP   WANTED   PENDING   STARTING   RUNNING   FAILED   COMPLETE   LOST",
+            "api     3        1         0          2         0        0          0",
+            "ID         NAME         STATE     NODE",
+            "3f2a9c1e   web.api[0]   Running   w1",
+            "3f2a9c1e   web.api[1]   Running   w1",
+            "3f2a9c1e   web.api[2]   Pending   -",
+            "waiting: web.api[2]: Pending (w1: needs 64.0 MiB memory)",
+            "1 stopped copy not shown",
+        ] {
+            assert!(
+                lines.iter().any(|line| line == expected),
+                "{expected:?} not in:\n{text}"
+            );
+        }
+        let order: Vec<usize> = ["web.api[0]", "web.api[1]", "web.api[2]"]
+            .iter()
+            .map(|name| text.find(&format!("   {name}   ")).unwrap())
+            .collect();
+        assert!(order.windows(2).all(|pair| pair[0] < pair[1]), "{text}");
+        assert!(!text.contains("web.api[3]"), "{text}");
+    }
+
+    #[test]
+    fn a_plan_says_what_it_would_create_stop_and_keep() {
+        let plan = PlanView {
+            version: 3,
+            changed: true,
+            create: vec![copy(3, State::Pending, "")],
+            stop: vec![PlannedStop {
+                id: Uuid::nil(),
+                name: "web.api[1]".to_string(),
+                reason: "the group is scaled to 2".to_string(),
+            }],
+            keep: vec![Uuid::nil(), Uuid::nil()],
+        };
+        assert_eq!(
+            plan_lines("web", &plan),
+            vec![
+                "job web: the spec changed; it would be version 3",
+                "+ web.api[3]",
+                "- web.api[1] (the group is scaled to 2)",
+                "= 2 unchanged",
+            ]
+        );
+        let unchanged = PlanView {
+            version: 2,
+            changed: false,
+            create: Vec::new(),
+            stop: Vec::new(),
+            keep: vec![Uuid::nil()],
+        };
+        assert_eq!(
+            plan_lines("web", &unchanged),
+            vec![
+                "job web: the spec is unchanged (version 2)",
+                "= 1 unchanged",
+                "nothing to create or stop",
+            ]
+        );
+    }
+}
