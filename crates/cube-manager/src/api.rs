@@ -76,7 +76,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
 async fn health(State(manager): State<Arc<Manager>>) -> Result<Json<serde_json::Value>, ApiError> {
     manager.store_health()?;
     let revision = manager.store_revision()?;
-    Ok(Json(serde_json::json!({"Status": "ok", "Revision": revision})))
+    Ok(Json(
+        serde_json::json!({"Status": "ok", "Revision": revision}),
+    ))
 }
 
 /// How much of the backup is read from disk at a time, and how many such chunks may wait for

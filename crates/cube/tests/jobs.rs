@@ -319,7 +319,12 @@ async fn a_converged_job_writes_nothing_while_nothing_changes() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let revision = |health: Value| health["Revision"].as_u64().expect("a revision");
     let before = revision(client.get("/health").await.body);
-    assert_eq!(post_job(&client, "/jobs", &service("quiet", 2)).await.status, 200);
+    assert_eq!(
+        post_job(&client, "/jobs", &service("quiet", 2))
+            .await
+            .status,
+        200
+    );
     tokio::time::sleep(Duration::from_secs(4)).await;
     let after = revision(client.get("/health").await.body);
     assert_eq!(before, after, "a converged cluster wrote to its store");
