@@ -230,4 +230,3 @@ pub(crate) async fn soak(
     }
     Ok(())
 }
-

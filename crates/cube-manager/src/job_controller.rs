@@ -19,9 +19,8 @@ use chrono::Utc;
 use cube_types::job::{Job, JobRecord, JobType};
 use cube_types::{Receiver, Task};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
-use crate::jobs::{GroupSummary, JobPlan, NodeFacts, PlannedStop, plan, status_word, summarize};
+use crate::jobs::{GroupSummary, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
 
 /// A job as the API shows it: the stored record, its status in a word, a summary per group,
@@ -52,12 +51,9 @@ pub struct PlanView {
     pub version: u64,
     #[serde(rename = "Changed")]
     pub changed: bool,
-    #[serde(rename = "Create")]
-    pub create: Vec<Task>,
-    #[serde(rename = "Stop")]
-    pub stop: Vec<PlannedStop>,
-    #[serde(rename = "Keep")]
-    pub keep: Vec<Uuid>,
+    /// `Create`, `Stop` and `Keep`, as the controller would carry them out.
+    #[serde(flatten)]
+    pub plan: JobPlan,
 }
 
 /// What the job transformer reads for one job: the record, every node's facts, the tasks
@@ -337,13 +333,10 @@ impl Manager {
             stopped: false,
         };
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
-        let JobPlan { create, stop, keep } = plan(&record, &nodes, &owned);
         Ok(PlanView {
             version: record.version,
             changed,
-            create,
-            stop,
-            keep,
+            plan: plan(&record, &nodes, &owned),
         })
     }
 
