@@ -3,7 +3,9 @@
 //! --replicas 50`), the three taking turns within each run of one session.
 //!
 //! - Cube: 50 `POST /tasks` sent together; done when `GET /tasks` (polled every 10 ms) lists
-//!   all 50 `Running`. The worker starts at most [`PARALLELISM`] containers at a time.
+//!   all 50 `Running`. The worker starts at most [`PARALLELISM`] containers at a time. With
+//!   `--as-job`, one `POST /jobs` of a service job with `Count` 50 instead; done when
+//!   `GET /jobs/{name}` counts 50 running.
 //! - raw Docker: 50 bollard create + start, [`PARALLELISM`] at a time; done when the last
 //!   start returns (Docker reports a container running when start returns).
 //! - Swarm: from the `docker service create --detach` call until Docker lists 50 running
@@ -34,7 +36,12 @@ const SERVICE: &str = "cube-bench-burst";
 /// How long one burst may take before the run is abandoned.
 const BURST_BOUND: Duration = Duration::from_secs(180);
 
-pub(crate) async fn burst(runs: usize, tasks: usize, cube: &Path) -> anyhow::Result<()> {
+pub(crate) async fn burst(
+    runs: usize,
+    tasks: usize,
+    as_job: bool,
+    cube: &Path,
+) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     anyhow::ensure!(tasks > 0, "--tasks must be at least 1");
     let docker = Docker::connect_with_local_defaults()?
@@ -53,6 +60,7 @@ pub(crate) async fn burst(runs: usize, tasks: usize, cube: &Path) -> anyhow::Res
         let mut times = [0.0; 3];
         for side in (0..3).map(|offset| (run + offset) % 3) {
             times[side] = match side {
+                0 if as_job => cube_job_burst(&cluster, &runtime, tasks, run).await?,
                 0 => cube_burst(&cluster, &runtime, tasks, run).await?,
                 1 => raw_burst(&runtime, RAW_NODE, tasks, run).await?,
                 _ => swarm_burst(&docker, &swarm, tasks).await?,
@@ -80,10 +88,12 @@ pub(crate) async fn burst(runs: usize, tasks: usize, cube: &Path) -> anyhow::Res
     println!();
     println!("| path | median ms | p95 ms | min ms | max ms |");
     println!("|---|---:|---:|---:|---:|");
-    println!(
-        "| Cube: {tasks} × POST /tasks → all Running (manager + worker) | {} |",
-        Summary::of(&mut cube_ms)
-    );
+    let cube_path = if as_job {
+        format!("Cube: POST /jobs (a service of {tasks}) → {tasks} running (manager + worker)")
+    } else {
+        format!("Cube: {tasks} × POST /tasks → all Running (manager + worker)")
+    };
+    println!("| {cube_path} | {} |", Summary::of(&mut cube_ms));
     println!(
         "| raw Docker: {tasks} × bollard create + start, {PARALLELISM} at a time | {} |",
         Summary::of(&mut raw_ms)
@@ -154,6 +164,51 @@ async fn cube_burst(
             .send()
             .await?;
     }
+    await_no_containers(runtime, &cluster.node).await?;
+    Ok(elapsed.as_secs_f64() * 1000.0)
+}
+
+/// One service job of `tasks` copies; the time until the manager counts them all running,
+/// in ms.
+async fn cube_job_burst(
+    cluster: &BenchCluster,
+    runtime: &DockerRuntime,
+    tasks: usize,
+    run: usize,
+) -> anyhow::Result<f64> {
+    let name = format!("burst-{run}");
+    let job = json!({"Name": name, "Type": "service",
+                     "Groups": [{"Name": "api", "Count": tasks, "Task": {"Image": SAMPLE_IMAGE}}]});
+    let started = Instant::now();
+    let answer = cluster
+        .http
+        .post(format!("{}/jobs", cluster.base))
+        .json(&job)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        answer.status().as_u16() == 201,
+        "POST /jobs answered {}",
+        answer.status()
+    );
+    loop {
+        let view: serde_json::Value =
+            crate::get_json(&cluster.http, &format!("{}/jobs/{name}", cluster.base)).await?;
+        let running = view["Summary"]["api"]["Running"].as_u64().unwrap_or(0) as usize;
+        if running == tasks {
+            break;
+        }
+        if started.elapsed() > BURST_BOUND {
+            bail!("{running} of {tasks} copies running after {BURST_BOUND:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    cluster
+        .http
+        .delete(format!("{}/jobs/{name}", cluster.base))
+        .send()
+        .await?;
     await_no_containers(runtime, &cluster.node).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }

@@ -54,6 +54,9 @@ enum Command {
         /// How many tasks one burst asks for.
         #[arg(long, default_value_t = 50)]
         tasks: usize,
+        /// Ask Cube for them as one service job of that count, not as single tasks.
+        #[arg(long)]
+        as_job: bool,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -162,9 +165,12 @@ async fn main() -> anyhow::Result<()> {
             cube,
             through,
         } => start_latency::start_latency(runs, sets, &cube_binary(cube)?, through).await,
-        Command::Burst { runs, tasks, cube } => {
-            burst::burst(runs, tasks, &cube_binary(cube)?).await
-        }
+        Command::Burst {
+            runs,
+            tasks,
+            as_job,
+            cube,
+        } => burst::burst(runs, tasks, as_job, &cube_binary(cube)?).await,
         Command::Recovery { runs, sets, cube } => {
             recovery::recovery(runs, sets, &cube_binary(cube)?).await
         }
