@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use cube_types::{Resources, State, Task};
+use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
 /// What the tasks placed on one node hold there.
@@ -21,7 +21,7 @@ pub struct NodeLoad {
     pub tasks: BTreeSet<Uuid>,
     /// Fixed host ports bound by those tasks, with how many tasks ask for each (a port asked
     /// twice is a conflict the scheduler prevents, but the count keeps removal exact).
-    pub host_ports: BTreeMap<u16, u32>,
+    pub host_ports: BTreeMap<HostPort, u32>,
 }
 
 /// Every task by ID, the load per node, and the tasks waiting for a placement.
@@ -49,14 +49,6 @@ pub struct TaskCache {
 pub fn holds_resources(task: &Task) -> bool {
     !task.node_name.is_empty()
         && matches!(task.state, State::Scheduled | State::Running | State::Lost)
-}
-
-/// The fixed host ports a task binds (`PortBindings` values that are port numbers).
-pub fn fixed_host_ports(task: &Task) -> impl Iterator<Item = u16> + '_ {
-    task.port_bindings
-        .values()
-        .filter_map(|host| host.trim().parse::<u16>().ok())
-        .filter(|port| *port != 0)
 }
 
 impl TaskCache {
@@ -189,7 +181,7 @@ impl TaskCache {
         load.allocated.memory += task.memory;
         load.allocated.disk += task.disk;
         load.tasks.insert(task.id);
-        for port in fixed_host_ports(task) {
+        for port in task.fixed_host_ports() {
             *load.host_ports.entry(port).or_default() += 1;
         }
     }
@@ -209,7 +201,7 @@ impl TaskCache {
         if load.tasks.is_empty() {
             load.allocated = Resources::default();
         }
-        for port in fixed_host_ports(task) {
+        for port in task.fixed_host_ports() {
             if let Some(count) = load.host_ports.get_mut(&port) {
                 *count -= 1;
                 if *count == 0 {
@@ -244,7 +236,7 @@ mod tests {
         let load = cache.load("w1").unwrap();
         assert_eq!(load.allocated.memory, 100);
         assert_eq!(load.tasks.len(), 1);
-        assert!(load.host_ports.contains_key(&8080));
+        assert!(load.host_ports.contains_key(&HostPort::tcp(8080)));
 
         task.state = State::Running;
         cache.insert(task.clone());

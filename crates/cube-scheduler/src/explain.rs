@@ -95,7 +95,7 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
     let mut counts: BTreeMap<Kind, usize> = BTreeMap::new();
     let mut most_free_cpu = 0.0f64;
     let (mut most_free_memory, mut most_free_disk) = (0u64, 0u64);
-    let mut ports_taken = BTreeSet::new();
+    let mut ports_taken: BTreeSet<cube_types::HostPort> = BTreeSet::new();
     let mut others: BTreeMap<&str, usize> = BTreeMap::new();
     for rejection in rejections {
         let Some(node) = by_name.get(rejection.node.as_str()) else {
@@ -148,7 +148,7 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
                 format_size(most_free_disk)
             ),
             Kind::Ports => {
-                let ports: Vec<String> = ports_taken.iter().map(u16::to_string).collect();
+                let ports: Vec<String> = ports_taken.iter().map(ToString::to_string).collect();
                 let word = if ports.len() == 1 { "port" } else { "ports" };
                 format!("{count} with {word} {} taken", ports.join(", "))
             }
@@ -217,11 +217,12 @@ mod tests {
             .map(|n| node(&format!("w{n:03}"), 4, if n == 7 { 2 } else { 3 }))
             .collect();
         let mut busy = node("w598", 8, 0);
-        busy.host_ports_taken.insert(7777);
+        busy.host_ports_taken
+            .insert(cube_types::HostPort::tcp(7777));
         nodes.push(busy);
         let task = TaskRequest {
             memory: 3 * GIB,
-            host_ports: [7777].into(),
+            host_ports: [cube_types::HostPort::tcp(7777)].into(),
             ..TaskRequest::default()
         };
         let reason = explain(&task, &nodes);

@@ -237,7 +237,7 @@ impl Filter for HostPortFilter {
         let taken: Vec<String> = task
             .host_ports
             .intersection(&node.host_ports_taken)
-            .map(u16::to_string)
+            .map(ToString::to_string)
             .collect();
         match taken.as_slice() {
             [port] => format!("port {port} taken"),
@@ -283,7 +283,7 @@ fn distinct_cores(needed: f64, free: f64) -> (String, String) {
 mod tests {
     use std::collections::BTreeSet;
 
-    use cube_types::{Constraint, Operator, Resources};
+    use cube_types::{Constraint, HostPort, Operator, Resources};
 
     use super::*;
 
@@ -557,19 +557,19 @@ mod tests {
     #[test]
     fn host_ports_already_taken_are_listed() {
         let mut busy = node(Resources::default(), Resources::default());
-        busy.host_ports_taken = BTreeSet::from([80, 7777, 8080]);
+        busy.host_ports_taken = [80, 7777, 8080].map(HostPort::tcp).into();
         let mut web = request(0.0, 0, 0);
-        web.host_ports = BTreeSet::from([7777]);
+        web.host_ports = [7777].map(HostPort::tcp).into();
         assert_eq!(
             HostPortFilter.check(&web, &busy),
             Err("port 7777 taken".to_string())
         );
-        web.host_ports = BTreeSet::from([8080, 7777, 9000]);
+        web.host_ports = [8080, 7777, 9000].map(HostPort::tcp).into();
         assert_eq!(
             HostPortFilter.check(&web, &busy),
             Err("ports 7777, 8080 taken".to_string())
         );
-        web.host_ports = BTreeSet::from([9000]);
+        web.host_ports = [9000].map(HostPort::tcp).into();
         assert_eq!(HostPortFilter.check(&web, &busy), Ok(()));
     }
 

@@ -204,9 +204,11 @@ mod tests {
     fn no_fit_gives_every_node_its_reason() {
         let mut cluster = nodes(&["w1", "w2"]);
         cluster[0].ready = false;
-        cluster[1].host_ports_taken.insert(7777);
+        cluster[1]
+            .host_ports_taken
+            .insert(cube_types::HostPort::tcp(7777));
         let web = TaskRequest {
-            host_ports: BTreeSet::from([7777]),
+            host_ports: BTreeSet::from([cube_types::HostPort::tcp(7777)]),
             ..TaskRequest::default()
         };
         let decision = RoundRobin::new().place(&web, &cluster);

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cube_types::{Constraint, Labels, Node, NodeStatus, Resources, Task};
+use cube_types::{Constraint, HostPort, Labels, Node, NodeStatus, Resources, Task};
 
 /// An immutable snapshot of one node, built by the manager from its cached node state.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -19,7 +19,7 @@ pub struct NodeView {
     /// How many tasks are placed on the node (E-PVM's `k_m`).
     pub task_count: usize,
     /// Host ports that tasks placed on the node have bound.
-    pub host_ports_taken: BTreeSet<u16>,
+    pub host_ports_taken: BTreeSet<HostPort>,
     /// The node's labels, shared with the manager's registry: a snapshot is built for every
     /// placement, and copying a pointer costs less than copying the map.
     pub labels: Arc<Labels>,
@@ -28,7 +28,7 @@ pub struct NodeView {
 impl NodeView {
     /// The snapshot of a node as the manager knows it. The host ports are the manager's to
     /// collect, from the port bindings of the tasks placed on the node.
-    pub fn from_node(node: &Node, host_ports_taken: BTreeSet<u16>) -> NodeView {
+    pub fn from_node(node: &Node, host_ports_taken: BTreeSet<HostPort>) -> NodeView {
         NodeView {
             name: node.name.clone(),
             ready: node.status == NodeStatus::Ready,
@@ -62,7 +62,7 @@ pub struct TaskRequest {
     /// Disk in bytes.
     pub disk: u64,
     /// Host ports the task binds explicitly; they must be free on the node.
-    pub host_ports: BTreeSet<u16>,
+    pub host_ports: BTreeSet<HostPort>,
     /// What the node's name and labels must satisfy, every one of them.
     pub constraints: Vec<Constraint>,
 }
@@ -72,12 +72,7 @@ impl TaskRequest {
     /// `PortBindings` and its `Constraints`. A binding with an empty host port (Docker chooses one), a host port
     /// of 0 (the same thing) or one that is not a port number claims no port.
     pub fn for_task(task: &Task) -> TaskRequest {
-        let host_ports = task
-            .port_bindings
-            .values()
-            .filter_map(|host_port| host_port.trim().parse::<u16>().ok())
-            .filter(|&port| port != 0)
-            .collect();
+        let host_ports = task.fixed_host_ports().collect();
         TaskRequest {
             cpu: task.cpu,
             memory: task.memory,
@@ -110,6 +105,7 @@ mod tests {
         task.port_bindings.insert("9090/tcp".into(), "0".into());
         task.port_bindings
             .insert("53/udp".into(), "not-a-port".into());
+        task.port_bindings.insert("7777/udp".into(), "7777".into());
         task.constraints = vec![Constraint {
             attribute: "label.zone".into(),
             operator: cube_types::Operator::Equal,
@@ -119,7 +115,17 @@ mod tests {
         assert_eq!(request.cpu, 0.5);
         assert_eq!(request.memory, 64 << 20);
         assert_eq!(request.disk, 1 << 30);
-        assert_eq!(request.host_ports, BTreeSet::from([7777]));
+        assert_eq!(
+            request.host_ports,
+            BTreeSet::from([
+                HostPort::tcp(7777),
+                HostPort {
+                    port: 7777,
+                    protocol: cube_types::PortProtocol::Udp
+                }
+            ]),
+            "the same number over two protocols is two ports"
+        );
         assert_eq!(request.constraints, task.constraints);
     }
 
@@ -134,7 +140,7 @@ mod tests {
             cpu: 1.5,
             memory: 100,
             disk: 200,
-            host_ports: BTreeSet::from([80]),
+            host_ports: BTreeSet::from([HostPort::tcp(80)]),
             ..TaskRequest::default()
         };
         node.add_task(&request);
@@ -146,7 +152,7 @@ mod tests {
         assert_eq!(node.allocated.memory, 100);
         assert_eq!(node.allocated.disk, 200);
         assert_eq!(node.task_count, 2);
-        assert_eq!(node.host_ports_taken, BTreeSet::from([80]));
+        assert_eq!(node.host_ports_taken, BTreeSet::from([HostPort::tcp(80)]));
     }
 
     #[test]
@@ -170,11 +176,11 @@ mod tests {
         };
         assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);
         node.status = NodeStatus::Ready;
-        let view = NodeView::from_node(&node, BTreeSet::from([7777]));
+        let view = NodeView::from_node(&node, BTreeSet::from([HostPort::tcp(7777)]));
         assert!(view.ready);
         assert_eq!(view.task_count, 3);
         assert_eq!(view.capacity, node.capacity);
-        assert_eq!(view.host_ports_taken, BTreeSet::from([7777]));
+        assert_eq!(view.host_ports_taken, BTreeSet::from([HostPort::tcp(7777)]));
         assert_eq!(*view.labels, node.labels);
     }
 }

@@ -11,15 +11,16 @@ use cube_scheduler::{
     Decision, Epvm, EpvmSampled, NodeView, SCHEDULER_NAMES, Scheduler, TaskRequest,
     place_in_phases, scheduler_by_name,
 };
-use cube_types::Resources;
+use cube_types::{HostPort, Resources};
 use proptest::prelude::*;
 
 const MIB: u64 = 1 << 20;
 /// Few ports, so that tasks collide on them often.
 const PORTS: [u16; 4] = [80, 443, 7777, 8080];
 
-fn ports() -> impl Strategy<Value = BTreeSet<u16>> {
-    proptest::sample::subsequence(PORTS.to_vec(), 0..=2).prop_map(BTreeSet::from_iter)
+fn ports() -> impl Strategy<Value = BTreeSet<HostPort>> {
+    proptest::sample::subsequence(PORTS.to_vec(), 0..=2)
+        .prop_map(|ports| ports.into_iter().map(HostPort::tcp).collect())
 }
 
 /// A node with capacities in tenths of a core and in MiB (0 included, memory often 4 or 8 GiB), something already

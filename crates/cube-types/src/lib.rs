@@ -30,4 +30,7 @@ pub use job::{Constraint, Group, Job, JobType, Operator};
 pub use node::{Labels, Node, NodeReport, NodeStatus, Resources};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
-pub use task::{Health, HealthCheckType, HistoryEntry, HostBinding, Receiver, RestartPolicy, Task};
+pub use task::{
+    Health, HealthCheckType, HistoryEntry, HostBinding, HostPort, PortProtocol, Receiver,
+    RestartPolicy, Task,
+};

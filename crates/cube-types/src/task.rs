@@ -996,6 +996,61 @@ fn check_registry_host(host: &str) -> Result<(), String> {
     }
 }
 
+/// A host port a task claims on its node: a number and a protocol. The same number over two
+/// protocols is two ports (`53/tcp` and `53/udp` do not collide).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostPort {
+    pub port: u16,
+    pub protocol: PortProtocol,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PortProtocol {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+impl HostPort {
+    pub fn tcp(port: u16) -> HostPort {
+        HostPort {
+            port,
+            protocol: PortProtocol::Tcp,
+        }
+    }
+}
+
+/// `7777` for TCP, as people say it; `53/udp` otherwise.
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.protocol {
+            PortProtocol::Tcp => write!(f, "{}", self.port),
+            PortProtocol::Udp => write!(f, "{}/udp", self.port),
+            PortProtocol::Sctp => write!(f, "{}/sctp", self.port),
+        }
+    }
+}
+
+impl Task {
+    /// The host ports the task claims: each `PortBindings` entry whose host port is a number
+    /// (not `""` or `0`, which let Docker choose), with its container port's protocol. The one
+    /// place a claim is read; the scheduler and the manager's node loads both use it.
+    pub fn fixed_host_ports(&self) -> impl Iterator<Item = HostPort> + '_ {
+        self.port_bindings.iter().filter_map(|(container, host)| {
+            let port = host.trim().parse::<u16>().ok().filter(|port| *port != 0)?;
+            let protocol = match container
+                .split_once('/')
+                .map(|(_, p)| p.to_ascii_lowercase())
+            {
+                Some(p) if p == "udp" => PortProtocol::Udp,
+                Some(p) if p == "sctp" => PortProtocol::Sctp,
+                _ => PortProtocol::Tcp,
+            };
+            Some(HostPort { port, protocol })
+        })
+    }
+}
+
 /// `"7777"` or `"7777/tcp"` → `"7777/tcp"`; anything else is refused with the reason.
 pub fn canonical_port(port: &str) -> Result<String, String> {
     let (number, protocol) = port.split_once('/').unwrap_or((port, "tcp"));

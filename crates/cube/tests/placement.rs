@@ -171,3 +171,24 @@ async fn a_task_id_sent_again_with_another_spec_is_a_conflict_naming_the_fields(
         .body;
     assert_eq!(stored["Memory"], 64 << 20, "the stored spec is unchanged");
 }
+
+#[tokio::test]
+async fn the_same_host_port_over_tcp_and_udp_is_two_ports_not_a_conflict() {
+    let cluster = OneNodeCluster::start("proto").await;
+    let client = cluster.manager.client();
+    let port = free_port().to_string();
+    let task = |name: &str, protocol: &str| {
+        json!({"Name": name, "Image": SAMPLE_IMAGE, "Cmd": ["sleep", "600"],
+               "PortBindings": {format!("{port}/{protocol}"): port.clone()}})
+    };
+    let (_, tcp) = client.run(&task("dns-tcp", "tcp")).await;
+    let (_, udp) = client.run(&task("dns-udp", "udp")).await;
+    assert_eq!(tcp["NodeName"], udp["NodeName"]);
+    // A second claim of the same port and protocol waits, naming the port.
+    let third = client.submit(&task("dns-tcp-2", "tcp")).await;
+    let waiting = client
+        .await_task(&third, "a reason", |task| task["PendingReason"].is_string())
+        .await;
+    let reason = waiting["PendingReason"].as_str().unwrap();
+    assert!(reason.contains(&format!("port {port} taken")), "{reason}");
+}
