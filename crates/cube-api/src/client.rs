@@ -27,7 +27,26 @@ pub enum ClientError {
     Address(String),
 }
 
+/// The last cause of an error chain written as `outer: inner: innermost`.
+pub fn innermost_cause(reason: &str) -> &str {
+    reason
+        .rsplit(": ")
+        .find(|part| !part.trim().is_empty())
+        .unwrap_or(reason)
+        .trim()
+}
+
 impl ClientError {
+    /// What happened, in a few words: for a server that cannot be reached, the innermost cause
+    /// of reqwest's chain ("Connection refused (os error 111)"), whose outer layers repeat the
+    /// URL; otherwise the whole error.
+    pub fn cause(&self) -> String {
+        match self {
+            ClientError::Unreachable { reason, .. } => innermost_cause(reason).to_string(),
+            other => other.to_string(),
+        }
+    }
+
     /// The HTTP status of an error answer, if the server gave one.
     pub fn status(&self) -> Option<StatusCode> {
         match self {

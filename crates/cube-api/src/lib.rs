@@ -11,7 +11,7 @@
 pub mod client;
 pub mod server;
 
-pub use client::{ApiClient, Changes, ClientError};
+pub use client::{ApiClient, Changes, ClientError, innermost_cause};
 pub use server::{
     ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, SINCE_HEADER, parse_task_id,
     with_json_fallbacks,

@@ -26,7 +26,7 @@ pub struct NodeLoad {
 
 /// Every task by ID, the load per node, and the tasks waiting for a placement.
 ///
-/// Tasks are kept behind `Arc`s: a reader takes a [`TaskCache::snapshot`] under the manager's
+/// Tasks are kept behind `Arc`s: a reader takes a [`TaskCache::page`] under the manager's
 /// lock for the price of a reference count each, and serialises it after letting go. (The
 /// map's slots also stay small: a `Task` is about 500 bytes, and a map keeps up to a third of
 /// its slots empty.)
@@ -63,11 +63,6 @@ impl TaskCache {
 
     pub fn tasks(&self) -> impl Iterator<Item = &Task> {
         self.tasks.values().map(|task| &**task)
-    }
-
-    /// Every task, shared, in no particular order.
-    pub fn snapshot(&self) -> Vec<Arc<Task>> {
-        self.tasks.values().cloned().collect()
     }
 
     pub fn load(&self, node: &str) -> Option<&NodeLoad> {

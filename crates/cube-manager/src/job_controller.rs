@@ -217,32 +217,8 @@ impl Manager {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
         let name = job.name.clone();
-        let (outcome, record) = {
-            let state = lock(&self.state);
-            match state.jobs.get(&name) {
-                None => (
-                    JobSubmitted::Created,
-                    JobRecord {
-                        job,
-                        version: 1,
-                        submit_time: Some(Utc::now()),
-                        stopped: false,
-                    },
-                ),
-                Some(known) if known.job == job && !known.stopped => {
-                    (JobSubmitted::Unchanged, (**known).clone())
-                }
-                Some(known) => (
-                    JobSubmitted::Changed,
-                    JobRecord {
-                        job,
-                        version: known.version + 1,
-                        submit_time: Some(Utc::now()),
-                        stopped: false,
-                    },
-                ),
-            }
-        };
+        let known = lock(&self.state).jobs.get(&name).cloned();
+        let (outcome, record) = next_record(known.as_deref(), job);
         if outcome != JobSubmitted::Unchanged {
             self.store_job(record).await?;
         }
@@ -319,19 +295,8 @@ impl Manager {
             Some(inputs) => (Some(inputs.record), inputs.nodes, inputs.tasks),
             None => (None, self.node_facts(), Vec::new()),
         };
-        let changed = known
-            .as_ref()
-            .is_none_or(|known| known.job != job || known.stopped);
-        let record = JobRecord {
-            version: match &known {
-                Some(known) if !changed => known.version,
-                Some(known) => known.version + 1,
-                None => 1,
-            },
-            job,
-            submit_time: Some(Utc::now()),
-            stopped: false,
-        };
+        let (outcome, record) = next_record(known.as_deref(), job);
+        let changed = outcome != JobSubmitted::Unchanged;
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
         Ok(PlanView {
             version: record.version,
@@ -400,19 +365,37 @@ impl Manager {
     }
 }
 
+/// What submitting `job` makes of the stored record `known`: a new job is version 1; the same
+/// spec again (on a job that was not stopped) is unchanged; anything else is the next version,
+/// running again. `POST /jobs` stores it; `POST /jobs/plan` only plans with it.
+fn next_record(known: Option<&JobRecord>, job: Job) -> (JobSubmitted, JobRecord) {
+    let (outcome, version) = match known {
+        None => (JobSubmitted::Created, 1),
+        Some(known) if known.job == job && !known.stopped => {
+            return (JobSubmitted::Unchanged, known.clone());
+        }
+        Some(known) => (JobSubmitted::Changed, known.version + 1),
+    };
+    let record = JobRecord {
+        job,
+        version,
+        submit_time: Some(Utc::now()),
+        stopped: false,
+    };
+    (outcome, record)
+}
+
 fn view_of(record: &JobRecord, tasks: &[Arc<Task>]) -> JobView {
     let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
-    // The status says `running` for a system job only when nothing is left to do; the plan
-    // for that needs the nodes, which a view does not read: a system job is `running` when
-    // none of its copies waits.
-    let status = status_word(record, &owned, true);
+    let summary = summarize(record, &owned);
+    let status = status_word(record, &owned, &summary);
     JobView {
         job: record.job.clone(),
         version: record.version,
         submit_time: record.submit_time,
         stopped: record.stopped,
         status: status.to_string(),
-        summary: summarize(record, &owned),
+        summary,
         tasks: None,
     }
 }

@@ -406,12 +406,16 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
 
 /// A job's status in one word: `stopped`, `complete` (a batch job whose every copy
 /// completed), `failed` (a batch job with a copy that gave up), `running` (every copy of a
-/// service runs), or `pending`.
-pub fn status_word(record: &JobRecord, owned: &[&Task], plan_is_empty: bool) -> &'static str {
+/// service runs; for a system job, none of its copies waits), or `pending`. `summary` is
+/// [`summarize`]'s for the same tasks.
+pub fn status_word(
+    record: &JobRecord,
+    owned: &[&Task],
+    summary: &BTreeMap<String, GroupSummary>,
+) -> &'static str {
     if record.stopped {
         return "stopped";
     }
-    let summary = summarize(record, owned);
     let wanted: usize = record
         .job
         .groups
@@ -426,11 +430,7 @@ pub fn status_word(record: &JobRecord, owned: &[&Task], plan_is_empty: bool) -> 
         JobType::Service if summary.values().map(|g| g.running).sum::<usize>() >= wanted => {
             "running"
         }
-        JobType::System
-            if plan_is_empty && summary.values().all(|g| g.pending + g.starting == 0) =>
-        {
-            "running"
-        }
+        JobType::System if summary.values().all(|g| g.pending + g.starting == 0) => "running",
         _ => "pending",
     }
 }
@@ -545,9 +545,10 @@ mod tests {
             plan.is_empty(),
             "a failed batch copy is not created again: {plan:?}"
         );
-        assert_eq!(status_word(&job, &[&done, &failed], true), "failed");
+        let status = |owned: &[&Task]| status_word(&job, owned, &summarize(&job, owned));
+        assert_eq!(status(&[&done, &failed]), "failed");
         let finished = copy(&job, 1, State::Completed);
-        assert_eq!(status_word(&job, &[&done, &finished], true), "complete");
+        assert_eq!(status(&[&done, &finished]), "complete");
     }
 
     #[test]

@@ -371,20 +371,6 @@ impl Manager {
         Ok(self.with_attempts(task, &lock(&self.failures)))
     }
 
-    /// Every task, oldest first. Taken under the lock as shared references, sorted after.
-    pub fn tasks(&self) -> Vec<Arc<Task>> {
-        let mut tasks = lock(&self.state).cache.snapshot();
-        tasks.sort_by_key(|task| (task.created_time, task.id));
-        let failures = lock(&self.failures);
-        if failures.is_empty() {
-            return tasks;
-        }
-        tasks
-            .into_iter()
-            .map(|task| self.with_attempts(task, &failures))
-            .collect()
-    }
-
     /// A page of tasks, oldest first (see `TaskCache::page`), and where the next one starts.
     /// `None` when `start` names no task.
     pub fn tasks_page(
@@ -1344,7 +1330,7 @@ impl Manager {
                     // sent, and `cube node` says why.
                     lock(&self.state)
                         .nodes
-                        .set_unreachable(&name, Some(unreachable_reason(&err)));
+                        .set_unreachable(&name, Some(err.cause()));
                     index = 0;
                     Some(FOLLOW_RETRY)
                 }
@@ -1395,20 +1381,6 @@ impl Manager {
                 Err(_) => {}
             }
         }
-    }
-}
-
-/// What the manager saw when it could not reach a node, in a few words: the innermost cause
-/// ("Connection refused (os error 111)"), not reqwest's chain that repeats the URL.
-fn unreachable_reason(err: &ClientError) -> String {
-    match err {
-        ClientError::Unreachable { reason, .. } => reason
-            .rsplit(": ")
-            .find(|part| !part.trim().is_empty())
-            .unwrap_or(reason)
-            .trim()
-            .to_string(),
-        other => other.to_string(),
     }
 }
 

@@ -80,10 +80,7 @@ async fn cube_run_image_publishes_a_docker_chosen_port_that_answers_health_check
     assert_eq!(running["Env"], json!(["GREETING=hello"]));
     assert_eq!(running["PortBindings"], json!({"7777/tcp": ""}));
     let port = host_port(&running, "7777/tcp");
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    assert_eq!(get_published(port, "/health").await, 200);
 }
 
 #[tokio::test]

@@ -252,10 +252,7 @@ async fn the_books_task_file_runs_with_cube_run_and_shows_in_cube_status() {
     ] {
         assert!(row.contains(cell), "{cell} missing from {row:?}");
     }
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    assert_eq!(get_published(port, "/health").await, 200);
 
     let (ok, stdout, stderr) = cube_cli(&manager, &["stop", "bb1d"]);
     assert!(ok, "{stderr}");
@@ -330,10 +327,7 @@ async fn cube_dev_is_a_cluster_in_one_process_that_runs_a_task_and_stops_cleanly
     let client = dev.client();
     let (_, running) = client.run(&web_task("dev-web")).await;
     let port = host_port(&running, "7777/tcp");
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    assert_eq!(get_published(port, "/health").await, 200);
 
     let (ok, stdout, stderr) = cube_cli(&dev.address(), &["node"]);
     assert!(ok, "{stderr}");

@@ -40,10 +40,7 @@ async fn started_task_runs_and_its_host_port_answers() {
     assert!(task["StartTime"].is_string());
 
     let port = host_port(&task, "7777/tcp");
-    let health = reqwest::get(format!("http://127.0.0.1:{port}/health"))
-        .await
-        .unwrap();
-    assert_eq!(health.status(), 200);
+    assert_eq!(get_published(port, "/health").await, 200);
     let missing = reqwest::get(format!("http://127.0.0.1:{port}/healthfail"))
         .await
         .unwrap();

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::{Args, ValueEnum};
-use cube_api::{ApiClient, ClientError};
+use cube_api::{ApiClient, ClientError, innermost_cause};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -292,16 +292,6 @@ fn explain(described: &str, err: ClientError) -> anyhow::Error {
         ),
         other => anyhow!(other),
     }
-}
-
-/// The last cause of an error chain written as `outer: inner: innermost`. reqwest's outer
-/// layers repeat the URL; the innermost says what happened ("Connection refused").
-fn innermost_cause(reason: &str) -> &str {
-    reason
-        .rsplit(": ")
-        .find(|part| !part.trim().is_empty())
-        .unwrap_or(reason)
-        .trim()
 }
 
 #[cfg(test)]

@@ -668,3 +668,22 @@ impl OneNodeCluster {
         }
     }
 }
+
+/// `GET http://127.0.0.1:{port}{path}` on a task's published port, once its server answers: a
+/// container is `Running` as soon as Docker started it, a moment before the server in it
+/// listens, so a refused or reset connection is tried again (every 20 ms, up to
+/// [`STATE_BOUND`]). Returns the answer's status.
+pub async fn get_published(port: u16, path: &str) -> u16 {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let deadline = Instant::now() + STATE_BOUND;
+    loop {
+        match reqwest::get(&url).await {
+            Ok(answer) => return answer.status().as_u16(),
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "{url} did not answer within {STATE_BOUND:?}: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
