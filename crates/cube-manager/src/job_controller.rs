@@ -1,8 +1,10 @@
 //! The job controller: keeps each job's copies what the job asks for.
 //!
-//! A job is looked at again ("dirty") when it is submitted, scaled or stopped, when one of its
-//! tasks is written (`Manager::save`), when a node joins, leaves or changes (system jobs), and
-//! at every resync. A look reads the job, its tasks and the nodes under the manager's lock,
+//! A job is looked at again (pushed to the job controller's runner, keyed by job name) when
+//! it is submitted, scaled or stopped, when one of its tasks is written (`Manager::save`),
+//! when a node joins, leaves or changes (system jobs), and at every resync. The runner keeps
+//! one pending entry per job, never converges one job twice at once, and retries a job that
+//! did not converge with its backoff. A look reads the job, its tasks and the nodes under the manager's lock,
 //! asks the pure transformer ([`crate::jobs::plan`]) what to create and stop, and carries that
 //! out through the task operations every task goes through (`accept_task`, `request_stop`):
 //! placement, dispatch, restarts and liveness stay the task controller's. A look that finds
@@ -19,6 +21,8 @@ use chrono::Utc;
 use cube_types::job::{Job, JobRecord, JobType};
 use cube_types::{Receiver, Task};
 use serde::{Deserialize, Serialize};
+
+use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 
 use crate::jobs::{GroupSummary, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
@@ -73,12 +77,9 @@ pub enum JobSubmitted {
 }
 
 impl Manager {
-    /// Marks a job to be looked at again and wakes the job controller.
+    /// Asks the job controller to look at a job again.
     pub(crate) fn mark_job_dirty(&self, name: &str) {
-        let added = lock(&self.jobs_dirty).insert(name.to_string());
-        if added {
-            self.jobs_wake.notify_one();
-        }
+        self.jobs_runner.push(name.to_string());
     }
 
     /// Marks every system job (a node joined, left, came back or changed its labels).
@@ -102,25 +103,32 @@ impl Manager {
         }
     }
 
-    /// Looks at dirty jobs, one at a time, until shutdown. One job's look is a few map reads
-    /// and, when something is missing, a few task submissions; jobs are few next to tasks.
+    /// Converges the jobs pushed to [`Manager::jobs_runner`] until shutdown. One job's look
+    /// is a few map reads and, when something is missing, a few task submissions.
     pub(crate) async fn run_job_controller(self: Arc<Self>) {
         self.mark_all_jobs_dirty();
-        loop {
-            let next = lock(&self.jobs_dirty).pop_first();
-            let Some(name) = next else {
-                tokio::select! {
-                    _ = self.shutdown.cancelled() => return,
-                    _ = self.jobs_wake.notified() => continue,
-                }
-            };
-            if self.shutdown.is_cancelled() {
-                return;
+        let manager = self.clone();
+        let converge = move |name: String| {
+            let manager = manager.clone();
+            async move {
+                manager
+                    .converge_job(&name)
+                    .await
+                    .map(|()| Action::Done)
+                    .map_err(|err| {
+                        tracing::warn!(job = %name, error = %err, "a job did not converge; trying again");
+                        err.to_string()
+                    })
             }
-            if let Err(err) = self.converge_job(&name).await {
-                tracing::warn!(job = %name, error = %err, "a job did not converge; looking again at the next change or resync");
-            }
-        }
+        };
+        self.jobs_runner
+            .run(
+                converge,
+                ExponentialBackoff::default(),
+                ReadyGate::open(),
+                self.shutdown.clone(),
+            )
+            .await;
     }
 
     /// The transformer's inputs for one job. They are read in three short holds of the lock;
@@ -192,18 +200,10 @@ impl Manager {
                 format!("by job {}", task.job)
             };
             task.record(Utc::now(), "Submitted", why);
-            if let Some(event) = event {
-                writes.push(
-                    id,
-                    self.stores
-                        .events
-                        .put_queued(&event.id.to_string(), event)?,
-                );
-            }
             self.save(&mut state, &mut writes, task.clone())?;
         }
         self.settle(writes).await?;
-        self.queue.push(id);
+        self.push_waiting();
         Ok(task)
     }
 

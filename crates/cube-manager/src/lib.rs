@@ -2,22 +2,27 @@
 //! scheduler, sends them there, follows their state as the workers see it, and stops them
 //! where they run.
 //!
-//! [`Manager`] holds the state (tasks, events and nodes in [`cube_store`] stores, mirrored in
-//! memory) and the task controller (a work queue of task IDs, a pure [`reconcile`] decision
-//! per task, and the calls to workers that carry it out). [`api`] serves it over HTTP.
+//! [`Manager`] holds the state (tasks, nodes and jobs in [`cube_store`] stores, mirrored in
+//! memory) and runs its control loops on the controller framework ([`cube_controller`]): the
+//! task controller (a pure [`reconcile`] decision per task, and the calls to workers that
+//! carry it out), the placement pass, the job controller, node liveness and the followers of
+//! the workers. [`api`] serves it over HTTP.
 //!
 //! The manager never talks to Docker and never decides placement itself: it asks
 //! [`cube_scheduler`], which does no IO.
 
 pub mod api;
 mod cache;
+mod followers;
 mod job_controller;
 pub mod jobs;
+mod liveness;
 mod log_limit;
 mod manager;
 mod nodes;
-mod queue;
+mod placement;
 pub mod reconcile;
+mod task_controller;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -88,6 +88,23 @@ impl PersistentDb {
         check::check_file(path)
     }
 
+    /// Removes the table `table` and what it holds, if the file has it: for a table an older
+    /// Cube wrote that nothing reads any more. True when there was one. Call it before any
+    /// store is opened on that table.
+    pub fn drop_table(&self, table: &str) -> Result<bool, StoreError> {
+        let txn = self
+            .inner
+            .committer
+            .database()
+            .begin_write()
+            .map_err(redb::Error::from)?;
+        let dropped = txn
+            .delete_table(TableDefinition::<&str, &[u8]>::new(table))
+            .map_err(redb::Error::from)?;
+        txn.commit().map_err(redb::Error::from)?;
+        Ok(dropped)
+    }
+
     /// The store file.
     pub fn path(&self) -> &Path {
         &self.inner.path

@@ -28,7 +28,7 @@ pub struct Job {
     pub name: String,
     #[serde(rename = "Type", default)]
     pub job_type: JobType,
-    /// 0 (least) to 100 (most); 50 when unset. Orders the waiting list (a later issue).
+    /// 0 (least) to 100 (most); 50 when unset. Higher goes first in the placement pass.
     #[serde(rename = "Priority", default = "default_priority")]
     pub priority: u8,
     /// Constraints every group of the job has.
@@ -38,8 +38,11 @@ pub struct Job {
     pub groups: Vec<Group>,
 }
 
+/// A job's priority when unset, and a bare task's when waiting for a node.
+pub const DEFAULT_PRIORITY: u8 = 50;
+
 fn default_priority() -> u8 {
-    50
+    DEFAULT_PRIORITY
 }
 
 /// How a job's copies are kept.

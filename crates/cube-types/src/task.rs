@@ -464,6 +464,14 @@ impl Task {
         BACKOFF_RESET_AFTER.max(self.restart_delay_max.unwrap_or(DEFAULT_RESTART_DELAY_MAX))
     }
 
+    /// Moves the task to `next` if the transition table allows it (`State::transition`), and
+    /// leaves it as it is otherwise: the one way a manager or a worker changes a task's state
+    /// along the table. (`State::restart` is the one way back from an ended run.)
+    pub fn move_to(&mut self, next: State) -> Result<(), crate::state::Transition> {
+        self.state = self.state.transition(next)?;
+        Ok(())
+    }
+
     /// Adds an entry to the history, keeping the last [`HISTORY_LIMIT`].
     pub fn record(
         &mut self,

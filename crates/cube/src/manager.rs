@@ -89,9 +89,11 @@ pub async fn prepare(
 
     // 2. Build: stores, manager, listener.
     let stores = args.store.open(StoreOwner::Manager)?;
+    // Every submission's `TaskEvent` was once kept in an `events` table that nothing read
+    // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
+    stores.drop_unused_table("events")?;
     let manager_stores = ManagerStores {
         tasks: stores.table("tasks")?,
-        events: stores.table("events")?,
         nodes: stores.table("nodes")?,
         jobs: stores.table("jobs")?,
     };

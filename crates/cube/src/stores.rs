@@ -159,6 +159,16 @@ impl OpenedStores {
     }
 
     /// The store for one table of values.
+    /// Removes a table an older Cube wrote and nothing reads any more; says so in the log.
+    pub fn drop_unused_table(&self, name: &str) -> anyhow::Result<()> {
+        if let Some(db) = &self.db
+            && db.drop_table(name)?
+        {
+            tracing::info!(table = name, "removed a table nothing reads any more");
+        }
+        Ok(())
+    }
+
     pub fn table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
     where
         V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,

@@ -1,0 +1,396 @@
+//! The followers: how the manager sees what runs. Each node's task list is followed with
+//! blocking queries (`GET /tasks?index=N` on the worker answers the moment a task changes),
+//! and what a worker reports is merged into the manager's tasks along the state table. A run
+//! a worker still has that the manager replaced or ended (the node was away) is a stray, and
+//! is stopped there. Static (`-w`) workers are polled for their node report instead of
+//! reporting themselves.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use cube_api::{ApiClient, Changes};
+use cube_types::{Health, NodeReport, State, Task};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::cache::holds_resources;
+use crate::manager::{Manager, Writes, lock};
+use crate::nodes::NodeSource;
+
+/// How long a blocking query to a worker waits before the worker answers anyway.
+const FOLLOW_WAIT: Duration = Duration::from_secs(30);
+
+/// How long to wait before following a worker again after its API could not be reached.
+const FOLLOW_RETRY: Duration = Duration::from_secs(1);
+
+impl Manager {
+    /// Applies a worker's task list: each task placed on `node` takes the state the worker
+    /// saw. When the list is `complete` (every task the worker has, not only those that
+    /// changed), a task the manager placed there that the worker does not list is sent again
+    /// when it was only `Scheduled`, and has failed when it was `Running` (the worker lost
+    /// its store).
+    ///
+    /// Returns the strays: runs the worker still has going that the manager has replaced or
+    /// ended (the node was lost and came back), for the caller to stop there.
+    pub(crate) async fn observe(
+        &self,
+        node: &str,
+        reported: Vec<Task>,
+        complete: bool,
+    ) -> Vec<Uuid> {
+        let mut writes = Writes::default();
+        let mut to_reconcile = Vec::new();
+        let mut strays = Vec::new();
+        let mut freed = false;
+        {
+            let mut state = lock(&self.state);
+            let mut listed = HashSet::with_capacity(reported.len());
+            for observed in reported {
+                listed.insert(observed.id);
+                let Some(known) = state.cache.get(&observed.id) else {
+                    continue;
+                };
+                if is_stray(known, &observed, node) {
+                    strays.push(observed.id);
+                    continue;
+                }
+                if known.node_name != node {
+                    continue;
+                }
+                let Some(merged) = merge_observation(known, &observed, Utc::now()) else {
+                    continue;
+                };
+                freed |= holds_resources(known) && !holds_resources(&merged);
+                tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.state, "task state changed");
+                if let Err(err) = self.save(&mut state, &mut writes, merged) {
+                    tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+                }
+                to_reconcile.push(observed.id);
+            }
+            let placed_here: Vec<Uuid> = if complete {
+                state
+                    .cache
+                    .load(node)
+                    .map(|load| load.tasks.iter().copied().collect())
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            for id in placed_here.into_iter().filter(|id| !listed.contains(id)) {
+                let Some(known) = state.cache.get(&id) else {
+                    continue;
+                };
+                match known.state {
+                    State::Scheduled => {
+                        lock(&self.dispatched).remove(&id);
+                        to_reconcile.push(id);
+                    }
+                    State::Running => {
+                        let mut failed = known.clone();
+                        if failed.move_to(State::Failed).is_err() {
+                            continue;
+                        }
+                        failed.finish_time = Some(Utc::now());
+                        failed.error = Some(format!(
+                            "worker {node} no longer has this task (its store was lost?)"
+                        ));
+                        tracing::warn!(task = %id, node, "the worker no longer has a running task");
+                        if let Err(err) = self.save(&mut state, &mut writes, failed) {
+                            tracing::error!(task = %id, error = %err, "cannot store a failure");
+                        }
+                        freed = true;
+                        to_reconcile.push(id);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Errors are logged, and the cache put back, by `settle`; the worker reports again.
+        let _ = self.settle(writes).await;
+        for id in to_reconcile {
+            self.tasks_runner.push(id);
+        }
+        if freed {
+            self.push_waiting();
+        }
+        strays
+    }
+
+    /// One task as a worker answered it (after a dispatch).
+    pub(crate) async fn observe_one(&self, node: &str, observed: Task) {
+        let mut writes = Writes::default();
+        {
+            let mut state = lock(&self.state);
+            let Some(known) = state.cache.get(&observed.id) else {
+                return;
+            };
+            if known.node_name != node {
+                return;
+            }
+            if let Some(merged) = merge_observation(known, &observed, Utc::now())
+                && let Err(err) = self.save(&mut state, &mut writes, merged)
+            {
+                tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+            }
+        }
+        let _ = self.settle(writes).await;
+    }
+
+    /// Follows a node's tasks with blocking queries, replacing any follower it had.
+    pub(crate) fn follow(self: &Arc<Self>, name: String, client: ApiClient) {
+        let stop = self.shutdown.child_token();
+        if let Some(previous) = lock(&self.followers).insert(name.clone(), stop.clone()) {
+            previous.cancel();
+        }
+        // In the tracker that shutdown waits for (`Manager::start`), not detached.
+        self.background
+            .spawn(self.clone().run_follower(name, client, stop));
+    }
+
+    /// Keeps a blocking `GET /tasks?index=N&changes=true` open on the worker: it answers the
+    /// moment a task changes there, with the tasks that changed since the last answer, so the
+    /// manager's view lags the container by one HTTP round trip and each change costs what
+    /// changed, not the worker's whole list. The first answer (index 0), and any after the
+    /// worker's store was replaced, hold every task.
+    async fn run_follower(
+        self: Arc<Self>,
+        name: String,
+        client: ApiClient,
+        stop: CancellationToken,
+    ) {
+        let mut index = 0;
+        let mut reachable = true;
+        loop {
+            // Index 0 asks for every task, at once (there is nothing to wait for): wait for a
+            // permit first, and keep it until they are applied.
+            let permit = if index == 0 {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    permit = self.complete_lists.acquire() => permit.ok(),
+                }
+            } else {
+                None
+            };
+            let answer = tokio::select! {
+                _ = stop.cancelled() => return,
+                answer = client.get_changes::<Vec<Task>>(
+                    "/tasks",
+                    index,
+                    if index == 0 { Duration::ZERO } else { FOLLOW_WAIT },
+                ) => answer,
+            };
+            let pause = match answer {
+                Ok(Changes {
+                    body: tasks,
+                    index: reported_index,
+                    complete,
+                }) => {
+                    if !reachable {
+                        tracing::info!(node = %name, "following the node's tasks again");
+                        reachable = true;
+                        let back = lock(&self.state).nodes.set_unreachable(&name, None);
+                        if back {
+                            // It can take work again, and what waits to be sent there can go.
+                            self.push_node_tasks(&name);
+                            self.push_waiting();
+                            self.mark_system_jobs_dirty();
+                        }
+                    }
+                    for stray in self.observe(&name, tasks, complete).await {
+                        // Another run replaced this one while the node was away: stop it,
+                        // so that the task does not run twice.
+                        tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
+                        if let Err(err) = client.delete(&format!("/tasks/{stray}")).await {
+                            tracing::warn!(task = %stray, node = %name, error = %err, "cannot stop a replaced run");
+                        }
+                    }
+                    match reported_index {
+                        Some(reported) => {
+                            index = reported;
+                            None
+                        }
+                        // A server that does not report an index cannot be followed by
+                        // blocking queries; ask again after a pause instead of spinning.
+                        None => Some(FOLLOW_RETRY),
+                    }
+                }
+                Err(err) => {
+                    if reachable {
+                        tracing::warn!(node = %name, error = %err, "cannot follow the node's tasks; retrying");
+                        reachable = false;
+                    }
+                    // Not `Ready` while it cannot be reached: nothing placed there could be
+                    // sent, and `cube node` says why.
+                    lock(&self.state)
+                        .nodes
+                        .set_unreachable(&name, Some(err.cause()));
+                    index = 0;
+                    Some(FOLLOW_RETRY)
+                }
+            };
+            // The permit is for reading one whole list: it is not kept across a failed request's
+            // pause (two dead nodes would otherwise keep every live one waiting).
+            drop(permit);
+            if let Some(pause) = pause {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+
+    /// Asks a static worker for its report every poll interval, as a registered worker would
+    /// send it. The worker is recorded under the address the manager reaches it at.
+    pub(crate) async fn poll_static_worker(self: Arc<Self>, address: String) {
+        let client = match ApiClient::new(&address, self.config.request_timeout) {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::error!(%address, error = %err, "cannot poll a static worker");
+                return;
+            }
+        };
+        let mut ticks = tokio::time::interval(self.config.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reachable = true;
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let answer = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                answer = client.get::<NodeReport>("/node") => answer,
+            };
+            match answer {
+                Ok(mut report) => {
+                    reachable = true;
+                    report.address = client.base().to_string();
+                    if let Err(err) = self.report_node(report, NodeSource::Static).await {
+                        tracing::warn!(%address, error = %err, "static worker's report refused");
+                    }
+                }
+                Err(err) if reachable => {
+                    tracing::warn!(%address, error = %err, "cannot reach a static worker");
+                    reachable = false;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Whether a run a worker reports is one the manager no longer wants there: it still runs,
+/// but the task was placed elsewhere, restarted since (a higher count), or ended.
+fn is_stray(known: &Task, observed: &Task, node: &str) -> bool {
+    matches!(observed.state, State::Scheduled | State::Running)
+        && (known.node_name != node
+            || observed.restart_count < known.restart_count
+            || known.state.is_terminal()
+            || known.state == State::Pending)
+}
+
+/// The manager's task with what a worker observed, or `None` when nothing changed, the
+/// report is of an earlier run (a lower restart count), or the change is not allowed by the
+/// transition table (an old report arriving late). What changed goes into the history.
+fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Option<Task> {
+    if observed.restart_count < known.restart_count {
+        return None;
+    }
+    let same = known.state == observed.state
+        && known.container_id == observed.container_id
+        && known.host_ports == observed.host_ports
+        && known.start_time == observed.start_time
+        && known.finish_time == observed.finish_time
+        && known.exit_code == observed.exit_code
+        && known.error == observed.error
+        && known.health == observed.health
+        && known.health_failures == observed.health_failures;
+    if same {
+        return None;
+    }
+    if let Err(transition) = known.state.transition(observed.state) {
+        tracing::debug!(task = %known.id, %transition, "observation ignored");
+        return None;
+    }
+    let mut merged = known.clone();
+    merged.state = observed.state;
+    merged.container_id = observed.container_id.clone();
+    merged.host_ports = observed.host_ports.clone();
+    merged.start_time = observed.start_time;
+    merged.finish_time = observed.finish_time;
+    merged.exit_code = observed.exit_code;
+    merged.error = observed.error.clone();
+    merged.health = observed.health;
+    merged.health_failures = observed.health_failures;
+    if known.state != observed.state {
+        let message = match (observed.state, &observed.error) {
+            (State::Failed, Some(error)) => error.clone(),
+            (State::Running, _) => format!("on {}", observed.node_name),
+            (_, _) => observed
+                .exit_code
+                .map(|code| format!("exit code {code}"))
+                .unwrap_or_default(),
+        };
+        merged.record(now, observed.state.to_string(), message);
+    } else if observed.health_failures > known.health_failures {
+        let message = observed.error.clone().unwrap_or_default();
+        merged.record(now, "Health", message);
+    }
+    if known.health != observed.health && observed.health == Some(Health::Healthy) {
+        merged.record(now, "Health", "healthy");
+    }
+    Some(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_observation_moves_a_task_only_along_the_table() {
+        let mut known = Task::new("t", "img");
+        known.state = State::Running;
+        known.node_name = "w1".into();
+        let mut observed = known.clone();
+        let now = Utc::now();
+        assert_eq!(
+            merge_observation(&known, &observed, now),
+            None,
+            "nothing new"
+        );
+
+        observed.state = State::Failed;
+        observed.exit_code = Some(137);
+        observed.error = Some("killed".into());
+        let merged = merge_observation(&known, &observed, now).unwrap();
+        assert_eq!((merged.state, merged.exit_code), (State::Failed, Some(137)));
+        let entry = merged.history.last().unwrap();
+        assert_eq!(
+            (&*entry.event, entry.message.as_str()),
+            ("Failed", "killed")
+        );
+
+        let mut late = known.clone();
+        late.state = State::Scheduled;
+        assert_eq!(
+            merge_observation(&merged, &late, now),
+            None,
+            "a late report cannot bring back an ended task"
+        );
+    }
+
+    #[test]
+    fn a_report_of_an_earlier_run_is_ignored() {
+        let mut known = Task::new("t", "img");
+        known.state = State::Scheduled;
+        known.node_name = "w1".into();
+        known.restart_count = 2;
+        let mut old_run = known.clone();
+        old_run.restart_count = 1;
+        old_run.state = State::Failed;
+        assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
+    }
+}

@@ -1,0 +1,91 @@
+//! Node liveness and the resync: a node silent for longer than the heartbeat grace is
+//! `Down` and its tasks `Lost` (the task controller replaces them by their restart policy);
+//! every resync interval every unfinished task and every job is looked at again, in case an
+//! event was missed (anti-entropy; a look that finds nothing to do writes nothing).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use cube_types::State;
+use uuid::Uuid;
+
+use crate::manager::{Manager, Writes, lock};
+
+impl Manager {
+    /// Watches the nodes' reports: a node silent for longer than the grace period is `Down`,
+    /// and its unfinished tasks are `Lost`, to be replaced according to their restart policy.
+    pub(crate) async fn run_liveness(self: Arc<Self>) {
+        let tick = (self.config.heartbeat_grace / 10)
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let mut writes = Writes::default();
+            let lost = self.mark_silent_nodes_down(Instant::now(), &mut writes);
+            let _ = self.settle(writes).await;
+            for id in lost {
+                self.tasks_runner.push(id);
+            }
+        }
+    }
+
+    /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
+    /// returns those tasks.
+    fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
+        let grace = self.config.heartbeat_grace;
+        let mut state = lock(&self.state);
+        let newly_down = state.nodes.mark_down(now, grace);
+        let mut lost = Vec::new();
+        for name in newly_down {
+            tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
+            let placed_here: Vec<Uuid> = state
+                .cache
+                .load(&name)
+                .map(|load| load.tasks.iter().copied().collect())
+                .unwrap_or_default();
+            for id in placed_here {
+                let Some(task) = state.cache.get(&id) else {
+                    continue;
+                };
+                let Ok(next) = task.state.transition(State::Lost) else {
+                    continue;
+                };
+                if next == task.state {
+                    continue;
+                }
+                let mut task = task.clone();
+                let message = format!("node {name} sent nothing for longer than {grace:?}");
+                if task.move_to(next).is_err() {
+                    continue;
+                }
+                task.error = Some(message.clone());
+                task.record(Utc::now(), "Lost", message);
+                if let Err(err) = self.save(&mut state, writes, task) {
+                    tracing::error!(task = %id, error = %err, "cannot store a lost task");
+                    continue;
+                }
+                lost.push(id);
+            }
+        }
+        lost
+    }
+
+    pub(crate) async fn run_resync(self: Arc<Self>) {
+        let mut ticks = tokio::time::interval(self.config.resync_interval);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                // The first tick is at once: a restarted manager resumes every task.
+                _ = ticks.tick() => {
+                    self.push_unfinished();
+                    self.mark_all_jobs_dirty();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! The task controller: each task's desired state against its observed state, on the
+//! controller framework's runner (one pending entry per task, never two reconciles of one
+//! task at once, restart backoffs as the runner's delays, one error policy).
+//!
+//! A reconcile reads the task, asks the pure decision ([`crate::reconcile::reconcile`]) what
+//! to do, and carries it out: restart a run that ended (back to `Pending`), give up at the
+//! restart limit, send a `Scheduled` task to its node, stop it there. Placement is not
+//! decided here: a `Pending` task is the placement pass's (`placement.rs`), which hands
+//! what it placed back to this runner for dispatch.
+
+use std::time::Instant;
+
+use chrono::{DateTime, Utc};
+use cube_api::{ApiClient, ClientError};
+use cube_controller::runner::{Action, ErrorPolicy, ExponentialBackoff, Failure, ReadyGate};
+use cube_store::StoreError;
+use cube_types::{State, Task, TaskEvent};
+use std::sync::Arc;
+use uuid::Uuid;
+
+use crate::cache::holds_resources;
+use crate::manager::{GAVE_UP, Manager, ManagerError, Retrying, Writes, lock};
+use crate::reconcile::{Action as Decision, reconcile};
+
+/// The task controller's error policy: the runner's exponential backoff (250 ms doubling up
+/// to 10 s), with the last error and the next attempt kept for the API to show on the task
+/// (`DispatchError`, `NextAttempt`) and a warning at most every 5 s.
+struct ShowRetries {
+    manager: Arc<Manager>,
+    backoff: ExponentialBackoff,
+}
+
+impl ErrorPolicy<Uuid, String> for ShowRetries {
+    fn on_failure(&self, id: &Uuid, failure: &Failure<String>, attempts: u32) -> Action {
+        let delay = self.backoff.delay(attempts);
+        let error = failure.to_string();
+        let next_attempt =
+            Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
+        lock(&self.manager.failures).insert(
+            *id,
+            Retrying {
+                error: error.clone(),
+                next_attempt,
+            },
+        );
+        if let Some(left_out) = self.manager.retry_warnings.admit(Instant::now()) {
+            tracing::warn!(task = %id, reason = %error, attempts, retry_in = ?delay, left_out, "reconcile did not converge (at most one such warning every 5 s; left_out counts the others)");
+        } else {
+            tracing::debug!(task = %id, reason = %error, attempts, retry_in = ?delay, "reconcile did not converge");
+        }
+        Action::RequeueAfter(delay)
+    }
+}
+
+impl Manager {
+    /// Runs the task controller until shutdown: every task pushed to [`Manager::tasks_runner`]
+    /// is reconciled, up to `max_concurrent_reconciles` at once.
+    pub(crate) async fn run_task_controller(self: Arc<Self>) {
+        let policy = ShowRetries {
+            manager: self.clone(),
+            backoff: ExponentialBackoff::default(),
+        };
+        let manager = self.clone();
+        let reconcile = move |id: Uuid| {
+            let manager = manager.clone();
+            async move {
+                let outcome = manager.reconcile_task(id).await;
+                if outcome.is_ok() {
+                    lock(&manager.failures).remove(&id);
+                }
+                outcome
+            }
+        };
+        self.tasks_runner
+            .run(reconcile, policy, ReadyGate::open(), self.shutdown.clone())
+            .await;
+    }
+
+    /// Queues every task placed on `node`.
+    pub(crate) fn push_node_tasks(&self, node: &str) {
+        let placed_here: Vec<Uuid> = lock(&self.state)
+            .cache
+            .load(node)
+            .map(|load| load.tasks.iter().copied().collect())
+            .unwrap_or_default();
+        for id in placed_here {
+            self.tasks_runner.push(id);
+        }
+    }
+
+    /// Asks for a placement pass: room appeared (a task ended, a node joined or came back)
+    /// or a task waits to be placed.
+    pub(crate) fn push_waiting(&self) {
+        self.placement_runner.push(());
+    }
+
+    /// Queues every task that has not ended, and a placement pass: at start, and every
+    /// resync interval.
+    pub(crate) fn push_unfinished(&self) {
+        let unfinished: Vec<Uuid> = lock(&self.state)
+            .cache
+            .tasks()
+            .filter(|task| !task.state.is_terminal())
+            .map(|task| task.id)
+            .collect();
+        for id in unfinished {
+            self.tasks_runner.push(id);
+        }
+        self.push_waiting();
+    }
+
+    /// One reconcile of one task: decide and act. An action that moves the task on to
+    /// another controller (a restart to the placement pass) hands it over; one that waits
+    /// (a restart's backoff) asks the runner for the delay.
+    async fn reconcile_task(&self, id: Uuid) -> Result<Action, String> {
+        let (task, client) = {
+            let state = lock(&self.state);
+            let Some(task) = state.cache.get(&id) else {
+                return Ok(Action::Done);
+            };
+            let client = state
+                .nodes
+                .get(&task.node_name)
+                .map(|node| node.client.clone());
+            (task.clone(), client)
+        };
+        let failed = |err: ManagerError| err.to_string();
+        match reconcile(&task, Utc::now()) {
+            Decision::Nothing => Ok(Action::Done),
+            Decision::GiveUp => self
+                .with_writes(|writes| self.give_up(id, writes))
+                .await
+                .map(|()| Action::Done)
+                .map_err(failed),
+            // The backoff is the runner's delay: one pending entry, no timer of its own.
+            Decision::Restart { wait, at, .. } if !wait.is_zero() => self
+                .with_writes(|writes| self.note_next_restart(id, at, writes))
+                .await
+                .map(|()| Action::RequeueAfter(wait))
+                .map_err(failed),
+            Decision::Restart { streak, .. } => {
+                match self
+                    .with_writes(|writes| self.restart(id, streak, writes))
+                    .await
+                {
+                    // Pending again: the placement pass takes it from here.
+                    Ok(true) => {
+                        self.placement_runner.push(());
+                        Ok(Action::Done)
+                    }
+                    Ok(false) => Ok(Action::Done),
+                    Err(err) => Err(failed(err)),
+                }
+            }
+            Decision::CompleteUnplaced => self
+                .with_writes(|writes| self.complete_unplaced(id, writes))
+                .await
+                .map(|()| Action::Done)
+                .map_err(failed),
+            // Placement is one pass over every waiting task, not a decision per task.
+            Decision::Place => {
+                self.placement_runner.push(());
+                Ok(Action::Done)
+            }
+            Decision::Dispatch => self.dispatch(task, client).await,
+            Decision::Stop => self.stop_on_node(task, client).await,
+        }
+    }
+
+    /// Begins a new run of a task that ended or was lost: back to `Pending` (the one explicit
+    /// way back, `State::restart`), one more restart counted, the node it ran on kept as the
+    /// first choice for the placement that follows at once.
+    fn restart(&self, id: Uuid, streak: u32, writes: &mut Writes) -> Result<bool, ManagerError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(false);
+        };
+        // Decided again under the lock: the task may have changed since.
+        if !matches!(reconcile(task, Utc::now()), Decision::Restart { wait, .. } if wait.is_zero())
+        {
+            return Ok(false);
+        }
+        let mut task = task.clone();
+        let Ok(pending) = task.state.restart() else {
+            return Ok(false);
+        };
+        let why = match (task.state, &task.error) {
+            (State::Lost, _) => format!("node {} was lost", task.node_name),
+            (_, Some(error)) => error.clone(),
+            (ended, None) => format!("it ended {ended}"),
+        };
+        let limit = task
+            .max_restarts
+            .map(|max| format!(" of {max}"))
+            .unwrap_or_default();
+        task.state = pending;
+        task.restart_count += 1;
+        task.failure_streak = streak;
+        task.clear_observed();
+        let message = format!("restart {}{limit}; the last run: {why}", task.restart_count);
+        tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
+        task.record(Utc::now(), "Restart", message);
+        self.save(&mut state, writes, task)?;
+        Ok(true)
+    }
+
+    /// Records when a task that waits out its restart backoff will be restarted, so that the
+    /// API shows a restart to come rather than a run that ended for good.
+    fn note_next_restart(
+        &self,
+        id: Uuid,
+        at: DateTime<Utc>,
+        writes: &mut Writes,
+    ) -> Result<(), StoreError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(());
+        };
+        if task.next_restart == Some(at) || task.desired_state != State::Running {
+            return Ok(());
+        }
+        let mut task = task.clone();
+        task.next_restart = Some(at);
+        self.save(&mut state, writes, task)
+    }
+
+    /// The restart limit is reached: the task keeps its state and last error; the history
+    /// says why nothing more happens (once).
+    fn give_up(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(());
+        };
+        if task
+            .history
+            .last()
+            .is_some_and(|entry| entry.event == GAVE_UP)
+        {
+            return Ok(());
+        }
+        let mut task = task.clone();
+        task.next_restart = None;
+        let message = format!(
+            "restart limit reached ({} restarts); the task stays {}",
+            task.restart_count, task.state
+        );
+        tracing::warn!(task = %id, name = %task.name, %message, "not restarting");
+        task.record(Utc::now(), GAVE_UP, message);
+        self.save(&mut state, writes, task)
+    }
+
+    fn complete_unplaced(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
+        let mut state = lock(&self.state);
+        let Some(task) = state.cache.get(&id) else {
+            return Ok(());
+        };
+        if task.state != State::Pending || task.desired_state != State::Completed {
+            return Ok(());
+        }
+        let mut task = task.clone();
+        if task.move_to(State::Completed).is_err() {
+            return Ok(());
+        }
+        task.finish_time = Some(Utc::now());
+        task.pending_reason = None;
+        self.save(&mut state, writes, task)
+    }
+
+    /// Sends a `Scheduled` task to its node, once per manager process unless the node is
+    /// seen to have lost it.
+    async fn dispatch(&self, task: Task, client: Option<ApiClient>) -> Result<Action, String> {
+        if lock(&self.dispatched).contains(&task.id) {
+            return Ok(Action::Done);
+        }
+        let Some(client) = client else {
+            return Err(format!("node {:?} is not known", task.node_name));
+        };
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: State::Running,
+            timestamp: Some(Utc::now()),
+            task: task.clone(),
+        };
+        match client.post::<_, Task>("/tasks", &event).await {
+            // The worker answers with the run it has. One of an earlier run (its node was lost
+            // and came back with that run still going) does not acknowledge this one: the
+            // follower stops that stray, and the dispatch is tried again until the worker
+            // takes the new run.
+            Ok((_, observed)) if observed.restart_count < task.restart_count => Err(format!(
+                "node {} still has run {} of this task, not run {}; waiting for it to end there",
+                task.node_name,
+                observed.restart_count + 1,
+                task.restart_count + 1
+            )),
+            Ok((_, observed)) => {
+                lock(&self.dispatched).insert(task.id);
+                self.observe_one(&task.node_name, observed).await;
+                Ok(Action::Done)
+            }
+            // The worker has the task and it already ended there: its report says how.
+            Err(ClientError::Status { status, .. }) if status.as_u16() == 409 => Ok(Action::Done),
+            Err(ClientError::Status {
+                status, message, ..
+            }) if status.is_client_error() => {
+                self.fail(
+                    task.id,
+                    format!("worker {} refused the task: {message}", task.node_name),
+                )
+                .await;
+                Ok(Action::Done)
+            }
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    /// Asks the task's node to stop it. The worker reports the end through the follower;
+    /// a worker that never had the task means nothing runs: the task is `Completed` here.
+    async fn stop_on_node(&self, task: Task, client: Option<ApiClient>) -> Result<Action, String> {
+        let Some(client) = client else {
+            return Err(format!("node {:?} is not known", task.node_name));
+        };
+        match client.delete(&format!("/tasks/{}", task.id)).await {
+            Ok(()) => Ok(Action::Done),
+            Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => {
+                let mut writes = Writes::default();
+                let stopped = {
+                    let mut state = lock(&self.state);
+                    match state.cache.get(&task.id) {
+                        Some(known) if !known.state.is_terminal() => {
+                            let mut stopped = known.clone();
+                            match stopped.move_to(State::Completed) {
+                                Ok(()) => {
+                                    stopped.finish_time = Some(Utc::now());
+                                    self.save(&mut state, &mut writes, stopped).map(|()| true)
+                                }
+                                Err(_) => Ok(false),
+                            }
+                        }
+                        _ => Ok(false),
+                    }
+                };
+                match (stopped, self.settle(writes).await) {
+                    (Err(err), _) | (_, Err(err)) => Err(err.to_string()),
+                    (Ok(stopped), Ok(())) => {
+                        if stopped {
+                            self.push_waiting();
+                        }
+                        Ok(Action::Done)
+                    }
+                }
+            }
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    async fn fail(&self, id: Uuid, reason: String) {
+        let mut writes = Writes::default();
+        let freed = {
+            let mut state = lock(&self.state);
+            let Some(known) = state.cache.get(&id) else {
+                return;
+            };
+            let mut failed = known.clone();
+            if failed.move_to(State::Failed).is_err() {
+                return;
+            }
+            tracing::warn!(task = %id, %reason, "task failed");
+            failed.finish_time = Some(Utc::now());
+            failed.error = Some(reason);
+            let freed = holds_resources(known);
+            if let Err(err) = self.save(&mut state, &mut writes, failed) {
+                tracing::error!(task = %id, error = %err, "cannot store a failure");
+            }
+            freed
+        };
+        let _ = self.settle(writes).await;
+        if freed {
+            self.push_waiting();
+        }
+    }
+}
