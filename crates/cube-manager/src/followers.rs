@@ -393,4 +393,39 @@ mod tests {
         old_run.state = State::Failed;
         assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
     }
+
+    #[tokio::test]
+    async fn followers_of_dead_nodes_do_not_keep_the_complete_list_permits_while_they_wait() {
+        // Two nodes whose address refuses every connection: each follower's request fails at
+        // once and it waits a second before the next. A live node that joins meanwhile must
+        // find the permits free, not held by the two that wait.
+        let manager = crate::manager::manager_for_tests();
+        for name in ["dead1", "dead2"] {
+            let report = NodeReport {
+                name: name.to_string(),
+                address: "127.0.0.1:9".to_string(),
+                capacity: cube_types::Resources {
+                    cpu: 1.0,
+                    memory: 1 << 30,
+                    disk: 0,
+                },
+                stats: None,
+                labels: Default::default(),
+            };
+            manager
+                .report_node(report, NodeSource::Registered)
+                .await
+                .unwrap();
+        }
+        let first_failures = tokio::time::Instant::now();
+        for at in [300, 500, 700] {
+            tokio::time::sleep_until(first_failures + Duration::from_millis(at)).await;
+            assert_eq!(
+                manager.complete_lists.available_permits(),
+                crate::manager::COMPLETE_LISTS_AT_ONCE,
+                "{at} ms in, while both followers wait to try again"
+            );
+        }
+        manager.shutdown.cancel();
+    }
 }

@@ -37,7 +37,7 @@ use crate::nodes::{NodeRegistry, NodeSource};
 pub const GAVE_UP: &str = "RestartLimit";
 
 /// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
-const COMPLETE_LISTS_AT_ONCE: usize = 2;
+pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
 
 /// How long a runner waits for its running reconciles at shutdown before it aborts them
 /// (they are idempotent: the next start does them again). Below `crate::SHUTDOWN_GRACE`.
@@ -628,4 +628,68 @@ fn lose_tasks_of_forgotten_node(
         cache.insert(lost);
     }
     Ok(())
+}
+
+/// A manager on memory stores, with no loop started, for the unit tests of its parts.
+#[cfg(test)]
+pub(crate) fn manager_for_tests() -> Arc<Manager> {
+    let stores = ManagerStores {
+        tasks: Arc::new(cube_store::MemoryStore::new()),
+        nodes: Arc::new(cube_store::MemoryStore::new()),
+        jobs: Arc::new(cube_store::MemoryStore::new()),
+    };
+    let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
+    Manager::open(test_config(), stores, scheduler, CancellationToken::new())
+        .expect("a manager on memory stores")
+}
+
+#[cfg(test)]
+fn test_config() -> ManagerConfig {
+    ManagerConfig {
+        heartbeat_grace: Duration::from_secs(60),
+        poll_interval: Duration::from_secs(60),
+        resync_interval: Duration::from_secs(60),
+        static_workers: Vec::new(),
+        request_timeout: Duration::from_millis(200),
+        max_concurrent_reconciles: 4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cube_store::MemoryStore;
+
+    #[test]
+    fn the_tasks_of_a_stored_node_whose_address_no_longer_parses_are_lost_at_start() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "Name": "gone", "Address": "not an address", "Status": "Ready",
+            "Capacity": {}, "Allocated": {}, "TaskCount": 1, "Source": "registered"
+        }))
+        .unwrap();
+        let mut task = Task::new("t", "cube-sample:latest");
+        task.state = State::Running;
+        task.node_name = "gone".to_string();
+        let stores = ManagerStores {
+            tasks: Arc::new(MemoryStore::new()),
+            nodes: Arc::new(MemoryStore::new()),
+            jobs: Arc::new(MemoryStore::new()),
+        };
+        stores.nodes.put("gone", &node).unwrap();
+        stores.tasks.put(&task.id.to_string(), &task).unwrap();
+        let scheduler = cube_scheduler::scheduler_by_name("roundrobin").unwrap();
+        let manager =
+            Manager::open(test_config(), stores.clone(), scheduler, CancellationToken::new())
+                .unwrap();
+        let lost = manager.task(task.id).unwrap();
+        assert_eq!(lost.state, State::Lost);
+        assert!(
+            lost.error.as_deref().unwrap_or_default().contains("not an address"),
+            "{:?}",
+            lost.error
+        );
+        let stored = stores.tasks.get(&task.id.to_string()).unwrap().unwrap();
+        assert_eq!(stored.state, State::Lost, "and so it is stored");
+        assert!(manager.node("gone").is_err());
+    }
 }

@@ -188,3 +188,95 @@ impl Manager {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cube_types::job::JobRecord;
+    use cube_types::{NodeReport, Resources, State, Task};
+
+    use crate::manager::{Manager, Writes, lock};
+    use crate::nodes::NodeSource;
+
+    const MIB: u64 = 1 << 20;
+
+    fn manager() -> Arc<Manager> {
+        crate::manager::manager_for_tests()
+    }
+
+    /// A node of 1 GiB of memory, at an address where nothing answers (nothing here is sent).
+    pub(crate) async fn one_node(manager: &Arc<Manager>) {
+        let report = NodeReport {
+            name: "w1".to_string(),
+            address: "127.0.0.1:9".to_string(),
+            capacity: Resources {
+                cpu: 2.0,
+                memory: 1024 * MIB,
+                disk: 0,
+            },
+            stats: None,
+            labels: Default::default(),
+        };
+        manager
+            .report_node(report, NodeSource::Registered)
+            .await
+            .unwrap();
+    }
+
+    async fn waiting(manager: &Arc<Manager>, name: &str, memory: u64, job: &str) -> Task {
+        let mut task = Task::new(name, "cube-sample:latest");
+        task.memory = memory;
+        task.job = job.to_string();
+        manager.accept_task(task, None).await.unwrap()
+    }
+
+    fn pass(manager: &Manager) -> Vec<uuid::Uuid> {
+        let mut writes = Writes::default();
+        let placed = manager.placement_pass(&mut writes).unwrap();
+        drop(writes);
+        placed
+    }
+
+    fn task(manager: &Manager, id: uuid::Uuid) -> Task {
+        lock(&manager.state).cache.get(&id).unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn one_pass_places_what_fits_counting_each_placement_it_made() {
+        let manager = manager();
+        let mut ids = Vec::new();
+        for n in 0..5 {
+            ids.push(waiting(&manager, &format!("t{n}"), 300 * MIB, "").await.id);
+        }
+        one_node(&manager).await;
+        let placed = pass(&manager);
+        assert_eq!(placed, ids[..3], "three of 300 MiB fit in 1 GiB, oldest first");
+        for id in &ids[3..] {
+            let left = task(&manager, *id);
+            assert_eq!(left.state, State::Pending);
+            let reason = left.pending_reason.unwrap_or_default();
+            assert!(reason.contains("memory"), "{reason}");
+        }
+        assert!(pass(&manager).is_empty(), "a second pass finds no more room");
+    }
+
+    #[tokio::test]
+    async fn a_higher_priority_job_goes_before_an_older_bare_task() {
+        let manager = manager();
+        let bare = waiting(&manager, "bare", 700 * MIB, "").await.id;
+        let record: JobRecord = serde_json::from_value(serde_json::json!({
+            "Job": {"Name": "urgent", "Type": "service", "Priority": 90,
+                    "Groups": [{"Name": "g", "Count": 1, "Task": {"Image": "cube-sample:latest"}}]},
+            "Version": 1
+        }))
+        .unwrap();
+        lock(&manager.state)
+            .jobs
+            .insert("urgent".to_string(), Arc::new(record));
+        let urgent = waiting(&manager, "urgent.g[0]", 700 * MIB, "urgent").await.id;
+        one_node(&manager).await;
+        assert_eq!(pass(&manager), vec![urgent]);
+        assert_eq!(task(&manager, bare).state, State::Pending);
+    }
+}

@@ -369,6 +369,51 @@ async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_the
 }
 
 #[tokio::test]
+async fn a_lone_worker_that_comes_back_runs_the_lost_task_anew_and_it_does_not_stay_scheduled() {
+    // The only node freezes: its task is Lost and restarted, but can go nowhere else. When the
+    // node answers again the new run is placed there, while the worker still has the old run
+    // going. The worker's answer to the dispatch is that old run; it must not be taken for the
+    // new one (the task stayed Scheduled for good before).
+    let (manager, workers, _dir) = cluster("lone", 1, "2s").await;
+    let client = manager.client();
+    let task = with(
+        sleeper("lone"),
+        json!({"RestartPolicy": "always", "RestartDelay": "0s"}),
+    );
+    let (id, _) = client.run(&task).await;
+    let worker = &workers[0];
+    worker.signal("-STOP");
+    client
+        .await_task(&id, "Lost, then waiting for a node", |task| {
+            task["RestartCount"] == 1 && task["State"] == "Pending"
+        })
+        .await;
+    worker.signal("-CONT");
+    let back = client
+        .await_task(&id, "the new run Running", |task| {
+            task["State"] == "Running" && task["RestartCount"] == 1
+        })
+        .await;
+    assert_eq!(back["NodeName"], worker.name.as_str());
+    let label = format!("cube.task-id={id}");
+    let started = Instant::now();
+    let bound = Duration::from_secs(10);
+    while running_containers_with_label(&label).len() != 1 {
+        assert!(
+            started.elapsed() < bound,
+            "two runs still go on after {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(
+        (now["State"].as_str(), now["ContainerID"].as_str()),
+        (Some("Running"), back["ContainerID"].as_str()),
+        "the new run stays"
+    );
+}
+
+#[tokio::test]
 async fn a_stop_asked_while_the_worker_was_unreachable_is_delivered_when_it_returns() {
     let (manager, workers, _dir) = cluster("late", 1, "30s").await;
     let client = manager.client();
