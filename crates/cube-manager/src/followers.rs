@@ -299,32 +299,16 @@ fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Optio
     if observed.restart_count < known.restart_count {
         return None;
     }
-    let same = known.state == observed.state
-        && known.container_id == observed.container_id
-        && known.host_ports == observed.host_ports
-        && known.start_time == observed.start_time
-        && known.finish_time == observed.finish_time
-        && known.exit_code == observed.exit_code
-        && known.error == observed.error
-        && known.health == observed.health
-        && known.health_failures == observed.health_failures;
-    if same {
-        return None;
-    }
-    if let Err(transition) = known.state.transition(observed.state) {
-        tracing::debug!(task = %known.id, %transition, "observation ignored");
+    let seen = observed.run_status();
+    if known.state == observed.state && known.run_status() == seen {
         return None;
     }
     let mut merged = known.clone();
-    merged.state = observed.state;
-    merged.container_id = observed.container_id.clone();
-    merged.host_ports = observed.host_ports.clone();
-    merged.start_time = observed.start_time;
-    merged.finish_time = observed.finish_time;
-    merged.exit_code = observed.exit_code;
-    merged.error = observed.error.clone();
-    merged.health = observed.health;
-    merged.health_failures = observed.health_failures;
+    if let Err(transition) = merged.move_to(observed.state) {
+        tracing::debug!(task = %known.id, %transition, "observation ignored");
+        return None;
+    }
+    merged.set_run_status(seen);
     if known.state != observed.state {
         let message = match (observed.state, &observed.error) {
             (State::Failed, Some(error)) => error.clone(),

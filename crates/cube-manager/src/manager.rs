@@ -678,13 +678,20 @@ mod tests {
         stores.nodes.put("gone", &node).unwrap();
         stores.tasks.put(&task.id.to_string(), &task).unwrap();
         let scheduler = cube_scheduler::scheduler_by_name("roundrobin").unwrap();
-        let manager =
-            Manager::open(test_config(), stores.clone(), scheduler, CancellationToken::new())
-                .unwrap();
+        let manager = Manager::open(
+            test_config(),
+            stores.clone(),
+            scheduler,
+            CancellationToken::new(),
+        )
+        .unwrap();
         let lost = manager.task(task.id).unwrap();
         assert_eq!(lost.state, State::Lost);
         assert!(
-            lost.error.as_deref().unwrap_or_default().contains("not an address"),
+            lost.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("not an address"),
             "{:?}",
             lost.error
         );

@@ -251,14 +251,21 @@ mod tests {
         }
         one_node(&manager).await;
         let placed = pass(&manager);
-        assert_eq!(placed, ids[..3], "three of 300 MiB fit in 1 GiB, oldest first");
+        assert_eq!(
+            placed,
+            ids[..3],
+            "three of 300 MiB fit in 1 GiB, oldest first"
+        );
         for id in &ids[3..] {
             let left = task(&manager, *id);
             assert_eq!(left.state, State::Pending);
             let reason = left.pending_reason.unwrap_or_default();
             assert!(reason.contains("memory"), "{reason}");
         }
-        assert!(pass(&manager).is_empty(), "a second pass finds no more room");
+        assert!(
+            pass(&manager).is_empty(),
+            "a second pass finds no more room"
+        );
     }
 
     #[tokio::test]
@@ -274,7 +281,9 @@ mod tests {
         lock(&manager.state)
             .jobs
             .insert("urgent".to_string(), Arc::new(record));
-        let urgent = waiting(&manager, "urgent.g[0]", 700 * MIB, "urgent").await.id;
+        let urgent = waiting(&manager, "urgent.g[0]", 700 * MIB, "urgent")
+            .await
+            .id;
         one_node(&manager).await;
         assert_eq!(pass(&manager), vec![urgent]);
         assert_eq!(task(&manager, bare).state, State::Pending);

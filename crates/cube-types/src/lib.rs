@@ -32,5 +32,5 @@ pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{
     Health, HealthCheckType, HistoryEntry, HostBinding, HostPort, PortProtocol, Receiver,
-    RestartPolicy, Task,
+    RestartPolicy, RunStatus, Task,
 };

@@ -247,6 +247,22 @@ pub struct Task {
     pub next_attempt: Option<DateTime<Utc>>,
 }
 
+/// What a worker observes of one run of a task, apart from its `State`: the container, the
+/// ports Docker bound, the times, how it ended, and its health. The worker writes these, the
+/// manager takes them from the worker's report as one value ([`Task::run_status`],
+/// [`Task::set_run_status`]) and clears them for a new run; no other list of them exists.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunStatus {
+    pub container_id: String,
+    pub host_ports: BTreeMap<String, Vec<HostBinding>>,
+    pub start_time: Option<DateTime<Utc>>,
+    pub finish_time: Option<DateTime<Utc>>,
+    pub exit_code: Option<i64>,
+    pub error: Option<String>,
+    pub health: Option<Health>,
+    pub health_failures: u32,
+}
+
 /// How many history entries a task keeps.
 pub const HISTORY_LIMIT: usize = 30;
 
@@ -490,19 +506,51 @@ impl Task {
         }
     }
 
-    /// Forgets what a worker observed of the task's last run (container, ports, times, exit,
-    /// error, health; the manager's reason for not placing it): what a restart starts from.
-    /// Part of [`Task::clear_status`], which lists every field.
+    /// What a worker observed of the task's current run: the fields of [`RunStatus`], which
+    /// are defined there once.
+    pub fn run_status(&self) -> RunStatus {
+        RunStatus {
+            container_id: self.container_id.clone(),
+            host_ports: self.host_ports.clone(),
+            start_time: self.start_time,
+            finish_time: self.finish_time,
+            exit_code: self.exit_code,
+            error: self.error.clone(),
+            health: self.health,
+            health_failures: self.health_failures,
+        }
+    }
+
+    /// Takes what a worker observed of the current run, every field of [`RunStatus`] at once
+    /// (the pattern lists them all: a field added there does not compile until it is here).
+    pub fn set_run_status(&mut self, run: RunStatus) {
+        let RunStatus {
+            container_id,
+            host_ports,
+            start_time,
+            finish_time,
+            exit_code,
+            error,
+            health,
+            health_failures,
+        } = run;
+        self.container_id = container_id;
+        self.host_ports = host_ports;
+        self.start_time = start_time;
+        self.finish_time = finish_time;
+        self.exit_code = exit_code;
+        self.error = error;
+        self.health = health;
+        self.health_failures = health_failures;
+    }
+
+    /// Forgets what a worker observed of the task's last run ([`RunStatus`]) and the
+    /// manager's account of what came next (its reason for not placing it, a restart to
+    /// come, a failing attempt): what a restart starts from. Part of [`Task::clear_status`],
+    /// which lists every field.
     pub fn clear_observed(&mut self) {
-        self.container_id.clear();
-        self.host_ports.clear();
-        self.start_time = None;
-        self.finish_time = None;
-        self.exit_code = None;
-        self.error = None;
+        self.set_run_status(RunStatus::default());
         self.pending_reason = None;
-        self.health = None;
-        self.health_failures = 0;
         self.next_restart = None;
         self.dispatch_error = None;
         self.next_attempt = None;
@@ -546,7 +594,7 @@ impl Task {
             job: _,
             group: _,
             index: _,
-            // What a worker observes of one run: `clear_observed`.
+            // What a worker observes of one run: `RunStatus`, cleared by `clear_observed`.
             container_id: _,
             host_ports: _,
             start_time: _,
@@ -1282,6 +1330,23 @@ mod tests {
         }
         assert_eq!(task.history.len(), HISTORY_LIMIT);
         assert_eq!(task.history[0].message, "5");
+    }
+
+    #[test]
+    fn a_runs_status_moves_as_one_value_and_a_restart_clears_it() {
+        let mut worker_side = Task::new("t", "img");
+        worker_side.container_id = "c1".into();
+        worker_side.start_time = Some(Utc::now());
+        worker_side.exit_code = Some(3);
+        worker_side.error = Some("exit 3".into());
+        worker_side.health = Some(Health::Unhealthy);
+        worker_side.health_failures = 2;
+        let mut manager_side = Task::new("t", "img");
+        manager_side.set_run_status(worker_side.run_status());
+        assert_eq!(manager_side.run_status(), worker_side.run_status());
+        assert_eq!(manager_side.container_id, "c1");
+        manager_side.clear_observed();
+        assert_eq!(manager_side.run_status(), RunStatus::default());
     }
 
     #[test]
