@@ -144,7 +144,7 @@ impl Manager {
         })
     }
 
-    async fn converge_job(&self, name: &str) -> Result<(), ManagerError> {
+    pub(crate) async fn converge_job(&self, name: &str) -> Result<(), ManagerError> {
         let Some(JobInputs {
             record,
             nodes,

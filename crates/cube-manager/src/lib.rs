@@ -12,6 +12,8 @@
 //! [`cube_scheduler`], which does no IO.
 
 pub mod api;
+#[doc(hidden)]
+pub mod bench_support;
 mod cache;
 mod followers;
 mod job_controller;

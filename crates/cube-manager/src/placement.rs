@@ -55,7 +55,7 @@ impl Manager {
 
     /// Decides every waiting task's placement under one hold of the lock and queues the
     /// writes; returns the tasks placed.
-    fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
+    pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
         let mut state = lock(&self.state);
         let mut waiting: Vec<_> = state
             .cache

@@ -1,0 +1,120 @@
+//! The controllers alone, in process, no Docker and no worker: a service job of 10,000
+//! copies on 1,000 nodes converged from nothing (the job controller creates every copy, one
+//! placement pass places them all, every write made), then one more look with nothing changed
+//! (the job controller and a placement pass, as at each event of the job and each resync),
+//! which must write nothing. Time, heap allocations and store writes of each.
+//!
+//! ```text
+//! cargo bench -p cube-manager --bench controller
+//! ```
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use cube_manager::bench_support::{converge, look_again, manager_with_nodes, scheduled};
+use cube_types::Task;
+use cube_types::job::{Group, Job, JobType};
+
+/// Counts heap allocations, to report them per pass.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` above with the same layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const NODES: usize = 1_000;
+const COPIES: u32 = 10_000;
+const RUNS: usize = 3;
+/// Looks with nothing changed, per run.
+const LOOKS: usize = 5;
+
+fn job() -> Job {
+    let mut template = Task::new("", "cube-sample:latest");
+    template.memory = 64 << 20;
+    template.cpu = 0.1;
+    template.id = uuid::Uuid::nil();
+    Job {
+        name: "web".into(),
+        job_type: JobType::Service,
+        priority: 50,
+        constraints: Vec::new(),
+        groups: vec![Group {
+            name: "api".into(),
+            count: Some(COPIES),
+            constraints: Vec::new(),
+            task: template,
+        }],
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut first, mut first_allocs, mut first_writes) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut again, mut again_allocs, mut again_writes) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..RUNS {
+        let manager = manager_with_nodes(NODES)?;
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+        let converged = runtime.block_on(converge(&manager, job()))?;
+        first_allocs.push((ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64);
+        assert_eq!(converged.placed, COPIES as usize, "every copy placed");
+        assert_eq!(scheduled(&manager, "web"), COPIES as usize);
+        first.push(converged.from_nothing.as_secs_f64() * 1e3);
+        first_writes.push(converged.writes as f64);
+
+        for _ in 0..LOOKS {
+            let revision = manager.store_revision()?;
+            let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+            let started = Instant::now();
+            let placed = runtime.block_on(look_again(&manager, "web"))?;
+            again.push(started.elapsed().as_secs_f64() * 1e3);
+            again_allocs.push((ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64);
+            again_writes.push((manager.store_revision()? - revision) as f64);
+            assert_eq!(placed, 0, "nothing left to place");
+        }
+    }
+    println!(
+        "{NODES} nodes, a service job of {COPIES} copies; median of {RUNS} runs, {LOOKS} looks \
+         each with nothing changed (memory store)"
+    );
+    println!("| pass | median ms | allocations | store writes |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| from nothing to all placed | {:.1} | {:.0} | {:.0} |",
+        median(first),
+        median(first_allocs),
+        median(first_writes)
+    );
+    println!(
+        "| again, nothing changed | {:.2} | {:.0} | {:.0} |",
+        median(again),
+        median(again_allocs),
+        median(again_writes)
+    );
+    Ok(())
+}

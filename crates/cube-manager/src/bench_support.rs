@@ -1,0 +1,107 @@
+//! The controller alone, for `cargo bench -p cube-manager --bench controller`: a manager on
+//! memory stores with nodes entered directly (nothing follows them, nothing is sent to
+//! them), a job submitted, and the job controller and the placement pass run by hand, so
+//! that what is timed is the controllers' own work: deciding, placing, and writing.
+//! Not part of Cube's interface.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cube_api::ApiClient;
+use cube_types::job::Job;
+use cube_types::{NodeReport, Resources, State};
+use tokio_util::sync::CancellationToken;
+
+use crate::manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Writes, lock};
+use crate::nodes::NodeSource;
+
+/// What one convergence measured.
+#[derive(Debug, Clone)]
+pub struct Convergence {
+    /// From the job submitted to every copy stored `Scheduled` on a node.
+    pub from_nothing: Duration,
+    /// Copies placed.
+    pub placed: usize,
+    /// Store writes the convergence made (task and job records).
+    pub writes: u64,
+}
+
+/// A manager on memory stores with `nodes` ready nodes of 8 cores and 32 GiB each.
+pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
+    let config = ManagerConfig {
+        heartbeat_grace: Duration::from_secs(3600),
+        poll_interval: Duration::from_secs(3600),
+        resync_interval: Duration::from_secs(3600),
+        static_workers: Vec::new(),
+        request_timeout: Duration::from_secs(1),
+        max_concurrent_reconciles: 64,
+    };
+    let stores = ManagerStores {
+        tasks: Arc::new(cube_store::MemoryStore::new()),
+        nodes: Arc::new(cube_store::MemoryStore::new()),
+        jobs: Arc::new(cube_store::MemoryStore::new()),
+    };
+    let scheduler = cube_scheduler::scheduler_by_name("epvm")
+        .ok_or_else(|| ManagerError::BadRequest("no scheduler epvm".to_string()))?;
+    let manager = Manager::open(config, stores, scheduler, CancellationToken::new())?;
+    let client = ApiClient::new("127.0.0.1:9", Duration::from_secs(1))
+        .map_err(|err| ManagerError::BadRequest(err.to_string()))?;
+    {
+        let mut state = lock(&manager.state);
+        for n in 0..nodes {
+            let report = NodeReport {
+                name: format!("w{n:04}"),
+                address: "127.0.0.1:9".to_string(),
+                capacity: Resources {
+                    cpu: 8.0,
+                    memory: 32 << 30,
+                    disk: 0,
+                },
+                stats: None,
+                labels: Default::default(),
+            };
+            state.nodes.report(
+                report,
+                NodeSource::Registered,
+                || client.clone(),
+                Instant::now(),
+                manager.config.heartbeat_grace,
+            );
+        }
+    }
+    Ok(manager)
+}
+
+/// Submits `job` and runs its controller and one placement pass, as the runners would.
+pub async fn converge(manager: &Manager, job: Job) -> Result<Convergence, ManagerError> {
+    let name = job.name.clone();
+    let before = manager.store_revision()?;
+    let started = Instant::now();
+    manager.submit_job(job).await?;
+    let placed = look_again(manager, &name).await?;
+    Ok(Convergence {
+        from_nothing: started.elapsed(),
+        placed,
+        writes: manager.store_revision()? - before,
+    })
+}
+
+/// One more look at a job and one more placement pass: what every event of the job and
+/// every resync costs. Returns the copies it placed.
+pub async fn look_again(manager: &Manager, name: &str) -> Result<usize, ManagerError> {
+    manager.converge_job(name).await?;
+    let mut writes = Writes::default();
+    let placed = manager.placement_pass(&mut writes);
+    manager.settle(writes).await?;
+    Ok(placed?.len())
+}
+
+/// How many of the job's copies are `Scheduled`.
+pub fn scheduled(manager: &Manager, name: &str) -> usize {
+    lock(&manager.state)
+        .cache
+        .of_job(name)
+        .iter()
+        .filter(|task| task.state == State::Scheduled)
+        .count()
+}
