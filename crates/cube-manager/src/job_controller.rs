@@ -23,9 +23,11 @@ use cube_types::{Receiver, Task};
 use serde::{Deserialize, Serialize};
 
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
+use cube_controller::watcher::Watcher;
 
 use crate::jobs::{GroupSummary, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
+use crate::store_source::TableSource;
 
 /// A job as the API shows it: the stored record, its status in a word, a summary per group,
 /// and (for one job) its tasks.
@@ -103,8 +105,41 @@ impl Manager {
         }
     }
 
-    /// Converges the jobs pushed to [`Manager::jobs_runner`] until shutdown. One job's look
-    /// is a few map reads and, when something is missing, a few task submissions.
+    /// Follows the jobs table through the store's watch (a listing, then every change) into
+    /// [`Manager::jobs_observed`], and pushes the name of every job that changed to the job
+    /// controller. When the watch is lost the watcher lists again and every job is looked at.
+    pub(crate) async fn run_jobs_watcher(self: Arc<Self>) {
+        let watcher = Watcher::new(
+            TableSource::new(self.stores.jobs.clone()),
+            self.jobs_observed.clone(),
+        );
+        let following = async {
+            let mut since = self.jobs_observed.index();
+            loop {
+                match self.jobs_observed.wait_changes_since(since).await {
+                    Ok(deltas) => {
+                        for delta in deltas {
+                            since = delta.index;
+                            self.mark_job_dirty(&delta.key);
+                        }
+                    }
+                    // Changes were missed: look at every job.
+                    Err(_) => {
+                        since = self.jobs_observed.index();
+                        self.mark_all_jobs_dirty();
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = watcher.run(self.shutdown.clone()) => {}
+            () = following => {}
+        }
+    }
+
+    /// Converges the jobs pushed to [`Manager::jobs_runner`] until shutdown, once the jobs
+    /// watcher is in sync. One job's look is a few map reads and, when something is missing,
+    /// a few task submissions.
     pub(crate) async fn run_job_controller(self: Arc<Self>) {
         self.mark_all_jobs_dirty();
         let manager = self.clone();
@@ -125,7 +160,7 @@ impl Manager {
             .run(
                 converge,
                 ExponentialBackoff::default(),
-                ReadyGate::open(),
+                ReadyGate::new([self.jobs_observed.synced()]),
                 self.shutdown.clone(),
             )
             .await;
@@ -225,15 +260,13 @@ impl Manager {
         Ok((outcome, self.job(&name)?))
     }
 
-    /// Stores a job record durably, then keeps it and marks it dirty.
+    /// Stores a job record durably, then keeps it for the API's reads. The job controller
+    /// hears of it from the store's watch (`run_jobs_watcher`), like of any other write.
     async fn store_job(&self, record: JobRecord) -> Result<(), ManagerError> {
         let name = record.job.name.clone();
         let commit = self.stores.jobs.put_queued(&name, &record)?;
         commit.durable().await?;
-        lock(&self.state)
-            .jobs
-            .insert(name.clone(), Arc::new(record));
-        self.mark_job_dirty(&name);
+        lock(&self.state).jobs.insert(name, Arc::new(record));
         Ok(())
     }
 

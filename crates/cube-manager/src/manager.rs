@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use cube_api::ApiClient;
 use cube_controller::runner::{Runner, RunnerConfig};
+use cube_controller::store::ObservedStore;
 use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
 use cube_types::job::JobRecord;
@@ -154,6 +155,10 @@ pub struct Manager {
     pub(crate) placement_runner: Runner<()>,
     /// The job controller's runner: job names to converge (`job_controller.rs`).
     pub(crate) jobs_runner: Runner<String>,
+    /// The jobs as the store's watch delivers them (`store_source.rs`): every change of a
+    /// job record, whoever wrote it, reaches the job controller through it, and the job
+    /// controller starts no look before it is in sync.
+    pub(crate) jobs_observed: ObservedStore<String, JobRecord>,
     /// Tasks whose reconcile keeps failing (a node that cannot be reached, a store error):
     /// the last error and the next attempt, which the API shows on the task
     /// (`DispatchError`, `NextAttempt`). Written by the task controller's error policy and
@@ -241,6 +246,7 @@ impl Manager {
             tasks_runner: Runner::new(runner(max_concurrent)),
             placement_runner: Runner::new(runner(1)),
             jobs_runner: Runner::new(runner(max_concurrent.min(4))),
+            jobs_observed: ObservedStore::default(),
             failures: Mutex::new(HashMap::new()),
             dispatched: Mutex::new(HashSet::new()),
             followers: Mutex::new(HashMap::new()),
@@ -577,6 +583,7 @@ impl Manager {
         loops.spawn(self.clone().run_task_controller());
         loops.spawn(self.clone().run_placement());
         loops.spawn(self.clone().run_job_controller());
+        loops.spawn(self.clone().run_jobs_watcher());
         loops.spawn(self.clone().run_resync());
         loops.spawn(self.clone().run_liveness());
         for address in self.config.static_workers.clone() {
