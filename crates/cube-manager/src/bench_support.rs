@@ -72,12 +72,23 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
     Ok(manager)
 }
 
+/// Follows the jobs table into the job controller's observed store, as `Manager::start`
+/// does; spawn it before [`converge`].
+pub async fn follow_jobs(manager: Arc<Manager>) {
+    manager.run_jobs_watcher().await;
+}
+
 /// Submits `job` and runs its controller and one placement pass, as the runners would.
 pub async fn converge(manager: &Manager, job: Job) -> Result<Convergence, ManagerError> {
     let name = job.name.clone();
     let before = manager.store_revision()?;
     let started = Instant::now();
     manager.submit_job(job).await?;
+    // The job controller reads the jobs as the store's watch delivers them.
+    while manager.jobs_observed.get(&name).is_none() {
+        let index = manager.jobs_observed.index();
+        let _ = manager.jobs_observed.wait_changes_since(index).await;
+    }
     let placed = look_again(manager, &name).await?;
     Ok(Convergence {
         from_nothing: started.elapsed(),

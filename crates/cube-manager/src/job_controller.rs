@@ -86,22 +86,18 @@ impl Manager {
 
     /// Marks every system job (a node joined, left, came back or changed its labels).
     pub(crate) fn mark_system_jobs_dirty(&self) {
-        let names: Vec<String> = lock(&self.state)
-            .jobs
-            .values()
-            .filter(|record| record.job.job_type == JobType::System && !record.stopped)
-            .map(|record| record.job.name.clone())
-            .collect();
-        for name in names {
-            self.mark_job_dirty(&name);
+        let jobs = self.jobs_observed.snapshot().items;
+        for record in jobs.values() {
+            if record.job.job_type == JobType::System && !record.stopped {
+                self.mark_job_dirty(&record.job.name);
+            }
         }
     }
 
     /// Marks every job (at start and at each resync).
     pub(crate) fn mark_all_jobs_dirty(&self) {
-        let names: Vec<String> = lock(&self.state).jobs.keys().cloned().collect();
-        for name in names {
-            self.mark_job_dirty(&name);
+        for name in self.jobs_observed.snapshot().items.keys() {
+            self.mark_job_dirty(name);
         }
     }
 
@@ -166,10 +162,13 @@ impl Manager {
             .await;
     }
 
-    /// The transformer's inputs for one job. They are read in three short holds of the lock;
-    /// a change between them makes the job dirty again, and the next look sees it.
+    /// The transformer's inputs for one job: the record as the jobs watcher has it (the job
+    /// controller reads its observed store, which the store's watch fills, not the API's copy,
+    /// which is written only once the write is durable and so can lag the watch), the nodes
+    /// and the job's tasks, each read in a short hold of a lock; a change between them makes
+    /// the job dirty again, and the next look sees it.
     fn job_inputs(&self, name: &str) -> Option<JobInputs> {
-        let record = lock(&self.state).jobs.get(name)?.clone();
+        let record = self.jobs_observed.get(&name.to_string())?;
         let nodes = self.node_facts();
         let tasks = lock(&self.state).cache.of_job(name);
         Some(JobInputs {
@@ -323,11 +322,10 @@ impl Manager {
         if !findings.is_empty() {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
-        let name = job.name.clone();
-        let (known, nodes, tasks) = match self.job_inputs(&name) {
-            Some(inputs) => (Some(inputs.record), inputs.nodes, inputs.tasks),
-            None => (None, self.node_facts(), Vec::new()),
-        };
+        // The job as the API last stored it (what a submission now would be compared with).
+        let known = lock(&self.state).jobs.get(&job.name).cloned();
+        let nodes = self.node_facts();
+        let tasks = lock(&self.state).cache.of_job(&job.name);
         let (outcome, record) = next_record(known.as_deref(), job);
         let changed = outcome != JobSubmitted::Unchanged;
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();

@@ -329,3 +329,109 @@ async fn a_converged_job_writes_nothing_while_nothing_changes() {
     let after = revision(client.get("/health").await.body);
     assert_eq!(before, after, "a converged cluster wrote to its store");
 }
+
+#[tokio::test]
+async fn a_manager_killed_and_restarted_keeps_a_converged_job_as_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let start = || {
+        ManagerProcess::start_with(
+            "epvm",
+            "persistent",
+            dir.path(),
+            port,
+            &["--heartbeat-grace", "2s"],
+        )
+    };
+    let manager = start();
+    let _worker = manager.join_worker(&unique_node("crashjob"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let created = post_job(&client, "/jobs", &service("crashjob", 3)).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let before = await_job(&client, "crashjob", "3 running and healthy", |job| {
+        running(job) == 3
+            && live_tasks(job)
+                .iter()
+                .all(|task| task["Health"] == "Healthy")
+    })
+    .await;
+    eprintln!(
+        "T converged {:?}\n{}",
+        std::time::SystemTime::now(),
+        manager.stderr()
+    );
+    manager.kill_9();
+
+    let manager = start();
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    // Longer than the grace period, and several job looks (one at start, one per report).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = client.get("/jobs/crashjob").await.body;
+    let ids = |job: &Value| {
+        let mut copies: Vec<(String, String, u64)> = job["Tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|task| {
+                (
+                    task["ID"].as_str().unwrap().to_string(),
+                    task["ContainerID"].as_str().unwrap().to_string(),
+                    task["RestartCount"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        copies.sort();
+        copies
+    };
+    assert_eq!(
+        ids(&after),
+        ids(&before),
+        "the same copies, containers and runs"
+    );
+    assert_eq!(running(&after), 3, "{after}");
+    assert_eq!(after["Version"], 1);
+}
+
+#[tokio::test]
+async fn a_job_that_fits_nowhere_waits_with_its_reasons_and_is_placed_when_a_node_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let _us = manager.join_worker(&unique_node("wait-us"), &["--label", "zone=us"]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let mut job = service("waiting", 2);
+    job["Constraints"] = json!([{"Attribute": "label.zone", "Operator": "=", "Value": "eu"}]);
+    let created = post_job(&client, "/jobs", &job).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let waiting = await_job(
+        &client,
+        "waiting",
+        "two copies waiting with a reason",
+        |job| {
+            let tasks = live_tasks(job);
+            tasks.len() == 2
+                && tasks.iter().all(|task| {
+                    task["State"] == "Pending"
+                        && task["PendingReason"]
+                            .as_str()
+                            .is_some_and(|reason| reason.contains("label.zone"))
+                })
+        },
+    )
+    .await;
+    assert_eq!(waiting["Summary"]["api"]["Pending"], 2, "{waiting}");
+
+    let eu = manager.join_worker(&unique_node("wait-eu"), &["--label", "zone=eu"]);
+    let placed = await_job(&client, "waiting", "both running on the eu node", |job| {
+        running(job) == 2
+    })
+    .await;
+    assert!(
+        live_tasks(&placed)
+            .iter()
+            .all(|task| task["NodeName"] == eu.name.as_str()),
+        "{placed}"
+    );
+}
