@@ -356,11 +356,6 @@ async fn a_manager_killed_and_restarted_keeps_a_converged_job_as_it_runs() {
                 .all(|task| task["Health"] == "Healthy")
     })
     .await;
-    eprintln!(
-        "T converged {:?}\n{}",
-        std::time::SystemTime::now(),
-        manager.stderr()
-    );
     manager.kill_9();
 
     let manager = start();
