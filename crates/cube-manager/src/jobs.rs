@@ -122,10 +122,7 @@ fn has_current_spec(task: &Task, template: &Task) -> bool {
         None => &task.constraints[..],
     };
     constraints == template.constraints.as_slice()
-        && task
-            .spec_differences(template)
-            .iter()
-            .all(|field| matches!(*field, "Name" | "Index" | "Constraints"))
+        && task.same_spec_except(template, &["Name", "Index", "Constraints"])
 }
 
 /// The plan for one job, given every task it owns (`owned`: tasks whose `Job` is its name).

@@ -635,6 +635,24 @@ impl Task {
     /// submissions are stored, both normalized ([`Task::normalize`]): `"7777"` and
     /// `"7777/tcp"` are the same port only once written one way. The ID is not compared.
     pub fn spec_differences(&self, other: &Task) -> Vec<&'static str> {
+        self.spec_comparison(other)
+            .into_iter()
+            .filter(|(_, same)| !same)
+            .map(|(field, _)| field)
+            .collect()
+    }
+
+    /// Whether `other` asks for the same thing as `self` except, perhaps, in the spec fields
+    /// named in `ignored` (wire names): [`Task::spec_differences`] without building a list,
+    /// for the job controller's look at every copy.
+    pub fn same_spec_except(&self, other: &Task, ignored: &[&str]) -> bool {
+        self.spec_comparison(other)
+            .iter()
+            .all(|(field, same)| *same || ignored.contains(field))
+    }
+
+    /// Each spec field's wire name, and whether `self` and `other` agree on it.
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 22] {
         // No `..`: a new spec field does not compile until it is compared here.
         let Task {
             id: _,
@@ -680,7 +698,7 @@ impl Task {
             restart_count: _,
             created_time: _,
         } = self;
-        let compared = [
+        [
             ("Name", *name == other.name),
             ("Image", *image == other.image),
             ("Cpu", *cpu == other.cpu),
@@ -718,12 +736,7 @@ impl Task {
             ("Job", *job == other.job),
             ("Group", *group == other.group),
             ("Index", *index == other.index),
-        ];
-        compared
-            .into_iter()
-            .filter(|(_, same)| !same)
-            .map(|(field, _)| field)
-            .collect()
+        ]
     }
 
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
