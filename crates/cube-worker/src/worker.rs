@@ -35,8 +35,10 @@ const QUEUE_CAPACITY: usize = 1024;
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How many changes the worker keeps for its followers: one that falls further behind (or
-/// asks with an index from before this run) is sent every task.
-const CHANGE_LOG_CAPACITY: usize = 4096;
+/// asks with an index from before this run) is sent every task. A follower asks again as soon
+/// as it is answered, so it is rarely more than a few changes behind; each kept change holds
+/// the task's version before it (about 1 KB), so the log is kept short.
+const CHANGE_LOG_CAPACITY: usize = 1024;
 
 /// How long to wait before reconnecting to Docker's event stream after it ended.
 const EVENTS_RECONNECT_DELAY: Duration = Duration::from_secs(1);
