@@ -85,6 +85,25 @@ impl<K, V> Clone for ObservedStore<K, V> {
     }
 }
 
+impl<K, V> std::fmt::Debug for ObservedStore<K, V> {
+    /// The index, the size and the in-sync flag: the items may be many.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (index, len) = {
+            let state = self
+                .shared
+                .state
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            (state.index, state.items.len())
+        };
+        f.debug_struct("ObservedStore")
+            .field("index", &index)
+            .field("len", &len)
+            .field("synced", &*self.shared.synced.borrow())
+            .finish()
+    }
+}
+
 struct Shared<K, V> {
     /// A `std` mutex: every operation is map work and never awaits.
     state: Mutex<State<K, V>>,
@@ -127,6 +146,31 @@ impl<K: Ord + Clone, V: PartialEq> ObservedStore<K, V> {
                     forgotten_through: 0,
                 }),
                 index: watch::Sender::new(0),
+                synced: watch::Sender::new(false),
+            }),
+        }
+    }
+
+    /// A store holding `items` at `index`, out of sync, that keeps the last `log_capacity`
+    /// changes from there on. For a collection whose index continues one kept elsewhere (a
+    /// worker's tasks, numbered from its task store's persisted index): no change at or
+    /// before `index` is kept, so a reader from before it lists again, and a reader at it is
+    /// told exactly what came after.
+    pub fn starting_at(
+        index: u64,
+        items: impl IntoIterator<Item = (K, Arc<V>)>,
+        log_capacity: usize,
+    ) -> Self {
+        ObservedStore {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    items: items.into_iter().collect(),
+                    index,
+                    log: VecDeque::new(),
+                    log_capacity,
+                    forgotten_through: index,
+                }),
+                index: watch::Sender::new(index),
                 synced: watch::Sender::new(false),
             }),
         }
@@ -285,7 +329,12 @@ impl<K: Ord + Clone, V: PartialEq> State<K, V> {
     fn apply(&mut self, change: Change<K, V>) -> Option<Delta<K, V>> {
         let (key, after) = match change {
             Change::Put(key, value) => {
-                if self.items.get(&key).is_some_and(|old| **old == *value) {
+                // The same `Arc` again is equal without looking inside.
+                if self
+                    .items
+                    .get(&key)
+                    .is_some_and(|old| Arc::ptr_eq(old, &value) || **old == *value)
+                {
                     return None;
                 }
                 (key, Some(value))
@@ -411,6 +460,28 @@ mod tests {
             "the same listing again"
         );
         assert_eq!(store.len(), 3);
+    }
+
+    #[test]
+    fn a_store_started_at_an_index_answers_exactly_from_there_and_lists_before_it() {
+        let store = ObservedStore::starting_at(7, [("a", Arc::new(1))], 16);
+        assert_eq!(store.index(), 7);
+        assert_eq!(store.get(&"a").as_deref(), Some(&1));
+        assert!(!store.is_synced(), "the caller says when it is in sync");
+        assert!(store.changes_since(7).unwrap().is_empty());
+        assert_eq!(
+            store.changes_since(6),
+            Err(StoreError::Expired {
+                since: 6,
+                forgotten_through: 7
+            }),
+            "what came before the start is not known"
+        );
+        store.apply(Change::put("a", 2));
+        assert_eq!(
+            keys(&store.changes_since(7).unwrap()),
+            [(8, "a", Some(1), Some(2))]
+        );
     }
 
     #[tokio::test]

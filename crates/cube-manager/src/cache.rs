@@ -4,11 +4,17 @@
 //! never decode the store. Every write is queued to the store and applied here under one
 //! lock (see `Manager::save`), and nothing is acknowledged or acted on before the write is
 //! durable; a write that fails puts the store's version back here.
+//!
+//! The tasks themselves are published in an [`ObservedStore`] (the framework's one
+//! implementation of items, an index per change, change notification and the in-sync flag),
+//! so that watchers and controllers can follow the cache's changes; the rest of the cache is
+//! indexes over the same `Arc`s.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use cube_controller::store::{Change, ObservedStore};
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
@@ -28,10 +34,17 @@ pub struct NodeLoad {
 ///
 /// Tasks are kept behind `Arc`s: a reader takes a [`TaskCache::page`] under the manager's
 /// lock for the price of a reference count each, and serialises it after letting go. (The
-/// map's slots also stay small: a `Task` is about 500 bytes, and a map keeps up to a third of
+/// maps' slots also stay small: a `Task` is about 500 bytes, and a map keeps up to a third of
 /// its slots empty.)
 #[derive(Debug, Default)]
 pub struct TaskCache {
+    /// Every task, numbered by change: what [`TaskCache::observed`] hands out. Only this
+    /// cache writes it, in step with the indexes below. It is out of sync until its owner
+    /// has loaded every task and says so (`observed().set_synced(true)`).
+    observed: ObservedStore<Uuid, Task>,
+    /// The same tasks by ID (the same `Arc`s), for reads that borrow a task under the
+    /// manager's lock ([`TaskCache::get`]), which the observed store, behind its own lock,
+    /// cannot lend.
     tasks: HashMap<Uuid, Arc<Task>>,
     loads: HashMap<String, NodeLoad>,
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
@@ -52,6 +65,12 @@ pub fn holds_resources(task: &Task) -> bool {
 }
 
 impl TaskCache {
+    /// A handle on the observed tasks: their index, their changes since an index (blocking
+    /// or not), and the in-sync flag.
+    pub fn observed(&self) -> ObservedStore<Uuid, Task> {
+        self.observed.clone()
+    }
+
     pub fn get(&self, id: &Uuid) -> Option<&Task> {
         self.tasks.get(id).map(|task| &**task)
     }
@@ -75,8 +94,13 @@ impl TaskCache {
     }
 
     /// Inserts or replaces a task, moving its resources between nodes as its placement or
-    /// state changed. Returns the task it replaced.
+    /// state changed. Returns the task it replaced. A task equal to the one held changes
+    /// nothing: the one held stays, and the observed index does not move.
     pub fn insert(&mut self, task: Task) -> Option<Arc<Task>> {
+        let task = Arc::new(task);
+        if !self.observed.apply(Change::Put(task.id, task.clone())) {
+            return self.tasks.get(&task.id).cloned();
+        }
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
             self.release(old);
@@ -96,13 +120,14 @@ impl TaskCache {
         } else {
             self.waiting.remove(&task.id);
         }
-        self.tasks.insert(task.id, Arc::new(task));
+        self.tasks.insert(task.id, task);
         previous
     }
 
     /// Forgets a task (one whose write never became durable); returns it.
     pub fn remove(&mut self, id: &Uuid) -> Option<Arc<Task>> {
         let task = self.tasks.remove(id)?;
+        self.observed.apply(Change::Delete(*id));
         self.release(&task);
         self.unown(&task);
         self.order.remove(&(task.created_time, task.id));
@@ -246,6 +271,46 @@ mod tests {
         let load = cache.load("w1").unwrap();
         assert_eq!(load.allocated, Resources::default());
         assert!(load.tasks.is_empty() && load.host_ports.is_empty());
+    }
+
+    #[test]
+    fn the_observed_index_moves_on_a_real_change_and_not_on_an_equal_put() {
+        let mut cache = TaskCache::default();
+        let observed = cache.observed();
+        let mut changes = observed.subscribe();
+        let mut task = placed("w1", State::Scheduled, 100, None);
+        assert!(cache.insert(task.clone()).is_none());
+        assert_eq!(observed.index(), 1);
+        assert!(changes.has_changed().unwrap());
+        changes.mark_unchanged();
+
+        let held = cache.shared(&task.id).unwrap();
+        let replaced = cache.insert(task.clone()).unwrap();
+        assert!(Arc::ptr_eq(&held, &replaced));
+        assert!(
+            Arc::ptr_eq(&held, &cache.shared(&task.id).unwrap()),
+            "an equal task keeps the one held"
+        );
+        assert_eq!(observed.index(), 1, "an equal put is no change");
+        assert!(!changes.has_changed().unwrap(), "and wakes nobody");
+
+        task.state = State::Running;
+        cache.insert(task.clone());
+        assert_eq!(observed.index(), 2);
+        let changed = observed.changes_since(1).unwrap();
+        assert_eq!(changed.len(), 1);
+        assert_eq!(
+            changed[0].before.as_ref().map(|task| task.state),
+            Some(State::Scheduled)
+        );
+        assert_eq!(changed[0].after.as_deref(), Some(&task));
+        assert_eq!(cache.load("w1").unwrap().allocated.memory, 100);
+
+        cache.remove(&task.id);
+        assert_eq!(observed.index(), 3);
+        assert!(observed.get(&task.id).is_none());
+        assert!(cache.get(&task.id).is_none());
+        assert!(cache.load("w1").unwrap().tasks.is_empty());
     }
 
     #[test]

@@ -71,8 +71,10 @@ impl Manager {
                 outcome
             }
         };
+        // No reconcile before the task cache holds every stored task.
+        let ready = ReadyGate::new([lock(&self.state).cache.observed().synced()]);
         self.tasks_runner
-            .run(reconcile, policy, ReadyGate::open(), self.shutdown.clone())
+            .run(reconcile, policy, ready, self.shutdown.clone())
             .await;
     }
 

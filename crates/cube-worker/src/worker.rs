@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
+use cube_controller::store::{Change, ObservedStore};
 use cube_runtime::{
     ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
 };
@@ -19,7 +20,7 @@ use cube_types::{
     Health, Labels, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition,
 };
 use futures_util::StreamExt;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -32,6 +33,12 @@ const QUEUE_CAPACITY: usize = 1024;
 
 /// How often the worker compares its tasks with Docker even when no event said anything.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// How many changes the worker keeps for its followers: one that falls further behind (or
+/// asks with an index from before this run) is sent every task. A follower asks again as soon
+/// as it is answered, so it is rarely more than a few changes behind; each kept change holds
+/// the task's version before it (about 1 KB), so the log is kept short.
+const CHANGE_LOG_CAPACITY: usize = 1024;
 
 /// How long to wait before reconnecting to Docker's event stream after it ended.
 const EVENTS_RECONNECT_DELAY: Duration = Duration::from_secs(1);
@@ -103,30 +110,13 @@ pub enum Submitted {
     Existing(Task),
 }
 
-/// The worker's change sequence: a counter that grows by one with every task saved, and the
-/// point at which each task last changed. It starts at the task store's index, which only
-/// grows, survives restarts and is never below the counter of an earlier run on the same
-/// store (each save bumps both); every task already stored counts as changed at the start.
-/// So "what changed after N" is exact for any N a manager got from this store, and
-/// everything when N is from before this run or from another store.
-///
-/// It also keeps which tasks are `Running`, so that a heartbeat counts them without reading
-/// every task back from the store.
-#[derive(Debug, Default)]
-struct ChangeLog {
-    start: u64,
-    current: u64,
-    at: HashMap<Uuid, u64>,
-    running: HashSet<Uuid>,
-}
-
 /// What a follower is sent: the tasks that changed after the index it gave, or all of them.
 #[derive(Debug)]
 pub enum TaskChanges {
-    /// Every task that changed after `since` (none that did not, perhaps some twice).
-    Since { since: u64, tasks: Vec<Task> },
+    /// Every task that changed after `since`, once each, as it is now (none that did not).
+    Since { since: u64, tasks: Vec<Arc<Task>> },
     /// Every task: the index asked for is not one this worker can answer changes after.
-    All(Vec<Task>),
+    All(Vec<Arc<Task>>),
 }
 
 /// One worker: its tasks, its container runtime and its command queue.
@@ -142,12 +132,18 @@ pub struct Worker<R> {
     /// interleave. Async mutexes because they are held across calls to Docker; the map
     /// itself is behind a `std` mutex held only to look a lock up.
     task_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
-    /// Which task changed at which point of the change sequence, so that a manager following
-    /// this worker is sent what changed since it last asked, not every task.
-    changed: Mutex<ChangeLog>,
-    /// The latest point of the change sequence, so that a blocking `GET /tasks` (how a
-    /// manager follows this worker) answers the moment a task changes.
-    changes: watch::Sender<u64>,
+    /// Every task as last saved, numbered by change, so that a manager following this worker
+    /// is sent what changed since it last asked (not every task), and a blocking `GET /tasks`
+    /// answers the moment a task changes. Its index starts at the task store's index, which
+    /// only grows, survives restarts and is never below the index of an earlier run on the
+    /// same store (each change here follows a write there); no change from before the start
+    /// is kept. So "what changed after N" is exact for any N a manager got from this store
+    /// in this run, and is every task when N is from before this run or from another store.
+    /// In sync once loaded from the task store.
+    observed: ObservedStore<Uuid, Task>,
+    /// The tasks that are `Running`, so that a heartbeat counts them without walking every
+    /// task. A `std` mutex: one set operation per save, never held across an await.
+    running: Mutex<HashSet<Uuid>>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
 }
@@ -162,18 +158,7 @@ impl<R: Runtime> Worker<R> {
         stats: StatsCollector,
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        let index = tasks.index().unwrap_or(0);
-        let running = match tasks.list() {
-            Ok(stored) => stored
-                .iter()
-                .filter(|task| task.state == State::Running)
-                .map(|task| task.id)
-                .collect(),
-            Err(err) => {
-                tracing::error!(error = %err, "cannot read the task store to count running tasks");
-                HashSet::new()
-            }
-        };
+        let (observed, running) = load_observed(tasks.as_ref());
         let worker = Worker {
             config,
             tasks,
@@ -181,13 +166,8 @@ impl<R: Runtime> Worker<R> {
             stats,
             commands,
             task_locks: Mutex::new(HashMap::new()),
-            changed: Mutex::new(ChangeLog {
-                start: index,
-                current: index,
-                at: HashMap::new(),
-                running,
-            }),
-            changes: watch::Sender::new(index),
+            observed,
+            running: Mutex::new(running),
             health: HealthSchedule::default(),
         };
         (Arc::new(worker), receiver)
@@ -288,54 +268,61 @@ impl<R: Runtime> Worker<R> {
         Ok(self.tasks.list()?)
     }
 
-    /// The latest point of the change sequence: it grows with every task saved.
+    /// The index of the last change: it grows with every task saved that changed.
     pub fn change_index(&self) -> u64 {
-        *self.changes.borrow()
+        self.observed.index()
     }
 
     /// The tasks that changed after `since`, and the change index they bring the caller to.
-    /// Index 0, an index from before this run and one this worker never reached (the caller
-    /// followed another store) get every task.
+    /// Index 0, an index from before this run or further back than the change log reaches,
+    /// and one this worker never reached (the caller followed another store) get every task.
     pub fn tasks_changed_since(&self, since: u64) -> Result<(TaskChanges, u64), WorkerError> {
-        let (index, changed) = {
-            let log = lock_log(&self.changed);
-            if since == 0 || since < log.start || since > log.current {
-                (log.current, None)
-            } else {
-                let ids: Vec<Uuid> = log
-                    .at
-                    .iter()
-                    .filter(|(_, at)| **at > since)
-                    .map(|(id, _)| *id)
-                    .collect();
-                (log.current, Some(ids))
-            }
+        if since == 0 {
+            return self.all_tasks();
+        }
+        // `Expired` and `Ahead` both mean the caller must take every task.
+        let Ok(deltas) = self.observed.changes_since(since) else {
+            return self.all_tasks();
         };
-        // Read after the log: a task saved since is at least as new as the log says.
-        let changes = match changed {
-            None => TaskChanges::All(self.tasks.list()?),
-            Some(ids) => {
-                let mut tasks = Vec::with_capacity(ids.len());
-                for id in ids {
-                    if let Some(task) = self.tasks.get(&id.to_string())? {
-                        tasks.push(task);
-                    }
-                }
-                TaskChanges::Since { since, tasks }
+        // Every change is in the log from `since` on, so the last one is the store's index.
+        let index = deltas.last().map_or(since, |delta| delta.index);
+        // A task changed twice is sent once, as it is now; the order is that of last changes.
+        let mut seen = HashSet::new();
+        let mut tasks = Vec::new();
+        for delta in deltas.iter().rev() {
+            if !seen.insert(delta.key) {
+                continue;
             }
-        };
-        Ok((changes, index))
+            match &delta.after {
+                Some(task) => tasks.push(task.clone()),
+                // A change list cannot say that a task is gone; the whole list can.
+                None => return self.all_tasks(),
+            }
+        }
+        tasks.reverse();
+        Ok((TaskChanges::Since { since, tasks }, index))
     }
 
-    /// Waits until the task store changed after `index`, or `wait` is over.
-    /// An index this worker never reached (the caller followed another store, or this
-    /// worker's store was replaced) is answered at once.
-    pub async fn wait_for_change(&self, index: u64, wait: Duration) {
-        let mut changes = self.changes.subscribe();
-        if index > *changes.borrow() {
-            return;
+    /// Every task and the index it is at. From the observed tasks once they are loaded (one
+    /// consistent snapshot); from the task store if they could not be loaded, reading the
+    /// index first so that a change in between is sent again rather than missed.
+    fn all_tasks(&self) -> Result<(TaskChanges, u64), WorkerError> {
+        if self.observed.is_synced() {
+            let snapshot = self.observed.snapshot();
+            let tasks = snapshot.items.into_values().collect();
+            return Ok((TaskChanges::All(tasks), snapshot.index));
         }
-        let _ = tokio::time::timeout(wait, changes.wait_for(|current| *current > index)).await;
+        let index = self.observed.index();
+        let tasks = self.tasks.list()?.into_iter().map(Arc::new).collect();
+        Ok((TaskChanges::All(tasks), index))
+    }
+
+    /// Waits until a task changed after `index`, or `wait` is over. An index this worker
+    /// never reached (the caller followed another store, or this worker's store was
+    /// replaced) is answered at once.
+    pub async fn wait_for_change(&self, index: u64, wait: Duration) {
+        let mut changes = self.observed.subscribe();
+        let _ = tokio::time::timeout(wait, changes.wait_for(|current| *current != index)).await;
     }
 
     /// What this worker says about itself in heartbeats and on `GET /node`.
@@ -350,35 +337,27 @@ impl<R: Runtime> Worker<R> {
         })
     }
 
-    /// Stores the task and wakes the blocking queries waiting for a change.
+    /// Stores the task, then records it as observed, which wakes the blocking queries
+    /// waiting for a change. Callers hold the task's lock, so the two happen in the same
+    /// order for one task.
     fn save(&self, task: &Task) -> Result<(), WorkerError> {
         self.tasks.put(&task.id.to_string(), task)?;
-        let index = {
-            let mut log = lock_log(&self.changed);
-            log.current += 1;
-            let index = log.current;
-            log.at.insert(task.id, index);
+        {
+            let mut running = lock_running(&self.running);
             if task.state == State::Running {
-                log.running.insert(task.id);
+                running.insert(task.id);
             } else {
-                log.running.remove(&task.id);
+                running.remove(&task.id);
             }
-            index
-        };
+        }
         self.health.track(task);
-        self.changes.send_if_modified(|current| {
-            let newer = index > *current;
-            if newer {
-                *current = index;
-            }
-            newer
-        });
+        self.observed.apply(Change::put(task.id, task.clone()));
         Ok(())
     }
 
     /// How many tasks are `Running`, as the worker last recorded them.
     pub fn running_task_count(&self) -> Result<usize, WorkerError> {
-        Ok(lock_log(&self.changed).running.len())
+        Ok(lock_running(&self.running).len())
     }
 
     async fn send(&self, command: Command) -> Result<(), WorkerError> {
@@ -904,12 +883,42 @@ impl<R: Runtime> Worker<R> {
     }
 }
 
-/// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
-fn lock_log(log: &Mutex<ChangeLog>) -> std::sync::MutexGuard<'_, ChangeLog> {
-    // Each critical section is a counter bump and one map insert, or a read.
-    log.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// The observed tasks, loaded from the task store and numbered from its index (see
+/// `Worker::observed`), and the ones that are `Running`. A store that cannot be read leaves
+/// them empty and out of sync: every-task answers then read the store itself.
+fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet<Uuid>) {
+    let index = tasks.index().unwrap_or(0);
+    let stored = match tasks.list() {
+        Ok(stored) => Some(stored),
+        Err(err) => {
+            tracing::error!(error = %err, "cannot read the task store to load the tasks");
+            None
+        }
+    };
+    let running = stored
+        .iter()
+        .flatten()
+        .filter(|task| task.state == State::Running)
+        .map(|task| task.id)
+        .collect();
+    let loaded = stored.is_some();
+    let items = stored
+        .into_iter()
+        .flatten()
+        .map(|task| (task.id, Arc::new(task)));
+    let observed = ObservedStore::starting_at(index, items, CHANGE_LOG_CAPACITY);
+    observed.set_synced(loaded);
+    (observed, running)
 }
 
+fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {
+    // Each critical section is one set operation, or a read of its size.
+    running
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
 fn checked_transition(task: &Task, next: State) -> Result<State, WorkerError> {
     task.state
         .transition(next)
@@ -937,4 +946,173 @@ fn exit_reason(info: &ContainerInfo, task: &Task) -> String {
         reason.push_str(&info.error);
     }
     reason
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use cube_runtime::ContainerSpec;
+    use cube_store::{PersistentDb, PersistentStore};
+    use futures_util::stream::BoxStream;
+
+    use super::*;
+
+    /// A runtime the tests below never reach: they only store tasks and queue commands.
+    struct NoRuntime;
+
+    fn unused() -> RuntimeError {
+        RuntimeError::Unavailable("no container runtime in this test".to_string())
+    }
+
+    impl Runtime for NoRuntime {
+        async fn ensure_image(&self, _image: &str) -> Result<(), RuntimeError> {
+            Err(unused())
+        }
+        async fn create(&self, _spec: &ContainerSpec) -> Result<String, RuntimeError> {
+            Err(unused())
+        }
+        async fn start(&self, _container_id: &str) -> Result<(), RuntimeError> {
+            Err(unused())
+        }
+        async fn stop(&self, _container_id: &str, _timeout: Duration) -> Result<(), RuntimeError> {
+            Err(unused())
+        }
+        async fn remove(&self, _container_id: &str) -> Result<(), RuntimeError> {
+            Err(unused())
+        }
+        async fn inspect(
+            &self,
+            _container_id: &str,
+        ) -> Result<Option<ContainerInfo>, RuntimeError> {
+            Err(unused())
+        }
+        async fn list_managed(&self, _node: &str) -> Result<Vec<ContainerInfo>, RuntimeError> {
+            Err(unused())
+        }
+        fn events_since(
+            &self,
+            _node: &str,
+            _since_unix_secs: i64,
+        ) -> BoxStream<'static, Result<RuntimeEvent, RuntimeError>> {
+            futures_util::stream::empty().boxed()
+        }
+    }
+
+    /// A worker on the redb file at `path`, and its command queue (kept so that commands can
+    /// be queued; nothing carries them out).
+    fn worker_on(path: &Path) -> (Arc<Worker<NoRuntime>>, mpsc::Receiver<Command>) {
+        let db = PersistentDb::open(path).unwrap();
+        let tasks = Arc::new(PersistentStore::<Task>::new(db, "tasks").unwrap());
+        let config = WorkerConfig {
+            name: "w1".to_string(),
+            address: "http://127.0.0.1:1".to_string(),
+            capacity: Resources::default(),
+            stop_timeout: Duration::from_secs(1),
+            max_concurrent_operations: 1,
+            labels: Labels::default(),
+        };
+        let data_dir = path.parent().unwrap_or(path);
+        Worker::new(config, tasks, NoRuntime, StatsCollector::new(data_dir))
+    }
+
+    async fn submit(worker: &Worker<NoRuntime>, name: &str) -> Uuid {
+        let task = Task::new(name, "img");
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: State::Running,
+            timestamp: None,
+            task: task.clone(),
+        };
+        worker.submit(event).await.unwrap();
+        task.id
+    }
+
+    fn since(worker: &Worker<NoRuntime>, index: u64) -> (Option<Vec<Uuid>>, u64) {
+        match worker.tasks_changed_since(index).unwrap() {
+            (TaskChanges::Since { tasks, .. }, index) => {
+                (Some(tasks.iter().map(|task| task.id).collect()), index)
+            }
+            (TaskChanges::All(_), index) => (None, index),
+        }
+    }
+
+    #[tokio::test]
+    async fn changes_after_an_index_stay_exact_across_a_restart_on_the_same_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("worker.redb");
+
+        let (worker, commands) = worker_on(&path);
+        assert!(worker.observed.is_synced());
+        let first = submit(&worker, "first").await;
+        let before_second = worker.change_index();
+        let second = submit(&worker, "second").await;
+        worker.request_stop(first).await.unwrap();
+        let (changed, last_index) = since(&worker, before_second);
+        assert_eq!(
+            changed,
+            Some(vec![second, first]),
+            "in the order they last changed"
+        );
+        assert_eq!(last_index, worker.change_index());
+        assert_eq!(since(&worker, last_index), (Some(vec![]), last_index));
+        drop((worker, commands));
+
+        let (worker, _commands) = worker_on(&path);
+        assert!(worker.observed.is_synced());
+        assert_eq!(worker.running_task_count().unwrap(), 0);
+        assert_eq!(
+            since(&worker, last_index),
+            (Some(vec![]), worker.change_index()),
+            "nothing changed after the last index of the run before"
+        );
+        assert_eq!(
+            since(&worker, before_second).0,
+            None,
+            "changes from before this run are not kept: every task"
+        );
+        let restarted_at = worker.change_index();
+        worker.request_stop(second).await.unwrap();
+        assert_eq!(
+            since(&worker, restarted_at),
+            (Some(vec![second]), restarted_at + 1)
+        );
+        assert_eq!(since(&worker, 0).0, None, "index 0 asks for every task");
+        assert_eq!(
+            since(&worker, restarted_at + 100).0,
+            None,
+            "an index this store never reached"
+        );
+        match worker.tasks_changed_since(0).unwrap().0 {
+            TaskChanges::All(tasks) => assert_eq!(tasks.len(), 2),
+            other => panic!("expected every task, got {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_blocking_query_answers_when_a_task_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (worker, _commands) = worker_on(&dir.path().join("worker.redb"));
+        let id = submit(&worker, "t").await;
+        let index = worker.change_index();
+        let started = tokio::time::Instant::now();
+        let query = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.wait_for_change(index, Duration::from_secs(60)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!query.is_finished(), "nothing changed after {index} yet");
+        worker.request_stop(id).await.unwrap();
+        query.await.unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "woken by the change"
+        );
+        let ahead = worker.change_index() + 5;
+        worker.wait_for_change(ahead, Duration::from_secs(60)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "an index never reached answers at once"
+        );
+    }
 }
