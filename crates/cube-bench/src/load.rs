@@ -271,12 +271,12 @@ pub(crate) async fn await_running(
 ) -> anyhow::Result<()> {
     await_count(total, "Running", Duration::from_secs(2), || async {
         let tasks = tasks(http, manager).await?;
-        if let Some(failed) = tasks.iter().find(|task| task.state == State::Failed) {
-            bail!("task {} failed: {:?}", failed.name, failed.error);
+        if let Some(failed) = tasks.iter().find(|task| task.status.state == State::Failed) {
+            bail!("task {} failed: {:?}", failed.name, failed.status.run.error);
         }
         Ok(tasks
             .iter()
-            .filter(|task| task.state == State::Running)
+            .filter(|task| task.status.state == State::Running)
             .count())
     })
     .await

@@ -150,7 +150,8 @@ async fn cube_once(
 /// The same container started straight through bollard; the time until start returns, in ms.
 async fn raw_once(docker: &DockerRuntime, node: &str, run: usize) -> anyhow::Result<f64> {
     let mut task = Task::new(format!("raw-{run}"), SAMPLE_IMAGE);
-    task.port_bindings
+    task.spec
+        .port_bindings
         .insert("7777/tcp".to_string(), String::new());
     task.normalize();
     let spec = ContainerSpec::for_task(&task, node);

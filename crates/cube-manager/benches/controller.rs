@@ -51,8 +51,8 @@ const LOOKS: usize = 5;
 
 fn job() -> Job {
     let mut template = Task::new("", "cube-sample:latest");
-    template.memory = 64 << 20;
-    template.cpu = 0.1;
+    template.spec.memory = 64 << 20;
+    template.spec.cpu = 0.1;
     template.id = uuid::Uuid::nil();
     Job {
         name: "web".into(),

@@ -78,8 +78,8 @@ fn main() {
             .into_iter()
             .enumerate()
             .map(|(n, mut task)| {
-                task.state = State::Running;
-                task.node_name = nodes[n % NODES].name.clone();
+                task.status.state = State::Running;
+                task.status.node_name = nodes[n % NODES].name.clone();
                 task
             })
             .collect();

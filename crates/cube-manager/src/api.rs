@@ -200,11 +200,11 @@ async fn list_tasks(
         None => None,
     };
     let keep = |task: &Task| {
-        state.is_none_or(|state| task.state == state)
+        state.is_none_or(|state| task.status.state == state)
             && query
                 .node
                 .as_ref()
-                .is_none_or(|node| &task.node_name == node)
+                .is_none_or(|node| &task.status.node_name == node)
             && query.name.as_ref().is_none_or(|name| &task.name == name)
     };
     // Without a limit, every task that matches (in one page).
@@ -221,7 +221,7 @@ async fn list_tasks(
             .iter()
             .map(|task| {
                 let mut summary = (**task).clone();
-                summary.history = Vec::new();
+                summary.status.history = Vec::new();
                 summary
             })
             .collect();

@@ -113,6 +113,6 @@ pub fn scheduled(manager: &Manager, name: &str) -> usize {
         .cache
         .of_job(name)
         .iter()
-        .filter(|task| task.state == State::Scheduled)
+        .filter(|task| task.status.state == State::Scheduled)
         .count()
 }

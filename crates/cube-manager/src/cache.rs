@@ -60,8 +60,11 @@ pub struct TaskCache {
 /// A task holds its declared resources on its node from placement until it ends; a `Lost`
 /// task still holds them, because nobody knows whether it still runs.
 pub fn holds_resources(task: &Task) -> bool {
-    !task.node_name.is_empty()
-        && matches!(task.state, State::Scheduled | State::Running | State::Lost)
+    !task.status.node_name.is_empty()
+        && matches!(
+            task.status.state,
+            State::Scheduled | State::Running | State::Lost
+        )
 }
 
 impl TaskCache {
@@ -105,17 +108,17 @@ impl TaskCache {
         if let Some(old) = &previous {
             self.release(old);
             self.unown(old);
-            self.order.remove(&(old.created_time, old.id));
+            self.order.remove(&(old.status.created_time, old.id));
         }
-        self.order.insert((task.created_time, task.id));
+        self.order.insert((task.status.created_time, task.id));
         self.hold(&task);
-        if !task.job.is_empty() {
+        if !task.spec.job.is_empty() {
             self.by_job
-                .entry(task.job.clone())
+                .entry(task.spec.job.clone())
                 .or_default()
                 .insert(task.id);
         }
-        if task.state == State::Pending && task.desired_state == State::Running {
+        if task.status.state == State::Pending && task.spec.desired_state == State::Running {
             self.waiting.insert(task.id);
         } else {
             self.waiting.remove(&task.id);
@@ -130,7 +133,7 @@ impl TaskCache {
         self.observed.apply(Change::Delete(*id));
         self.release(&task);
         self.unown(&task);
-        self.order.remove(&(task.created_time, task.id));
+        self.order.remove(&(task.status.created_time, task.id));
         self.waiting.remove(id);
         Some(task)
     }
@@ -147,7 +150,7 @@ impl TaskCache {
         let from = match start {
             Some(id) => {
                 let task = self.tasks.get(&id)?;
-                (task.created_time, id)
+                (task.status.created_time, id)
             }
             None => match self.order.first() {
                 Some(first) => *first,
@@ -181,13 +184,13 @@ impl TaskCache {
     }
 
     fn unown(&mut self, task: &Task) {
-        if task.job.is_empty() {
+        if task.spec.job.is_empty() {
             return;
         }
-        if let Some(owned) = self.by_job.get_mut(&task.job) {
+        if let Some(owned) = self.by_job.get_mut(&task.spec.job) {
             owned.remove(&task.id);
             if owned.is_empty() {
-                self.by_job.remove(&task.job);
+                self.by_job.remove(&task.spec.job);
             }
         }
     }
@@ -196,10 +199,10 @@ impl TaskCache {
         if !holds_resources(task) {
             return;
         }
-        let load = self.loads.entry(task.node_name.clone()).or_default();
-        load.allocated.cpu += task.cpu;
-        load.allocated.memory += task.memory;
-        load.allocated.disk += task.disk;
+        let load = self.loads.entry(task.status.node_name.clone()).or_default();
+        load.allocated.cpu += task.spec.cpu;
+        load.allocated.memory += task.spec.memory;
+        load.allocated.disk += task.spec.disk;
         load.tasks.insert(task.id);
         for port in task.fixed_host_ports() {
             *load.host_ports.entry(port).or_default() += 1;
@@ -210,13 +213,13 @@ impl TaskCache {
         if !holds_resources(task) {
             return;
         }
-        let Some(load) = self.loads.get_mut(&task.node_name) else {
+        let Some(load) = self.loads.get_mut(&task.status.node_name) else {
             return;
         };
         // Floating-point sums drift; a node with no tasks left holds exactly nothing.
-        load.allocated.cpu = (load.allocated.cpu - task.cpu).max(0.0);
-        load.allocated.memory = load.allocated.memory.saturating_sub(task.memory);
-        load.allocated.disk = load.allocated.disk.saturating_sub(task.disk);
+        load.allocated.cpu = (load.allocated.cpu - task.spec.cpu).max(0.0);
+        load.allocated.memory = load.allocated.memory.saturating_sub(task.spec.memory);
+        load.allocated.disk = load.allocated.disk.saturating_sub(task.spec.disk);
         load.tasks.remove(&task.id);
         if load.tasks.is_empty() {
             load.allocated = Resources::default();
@@ -238,12 +241,12 @@ mod tests {
 
     fn placed(node: &str, state: State, memory: u64, port: Option<&str>) -> Task {
         let mut task = Task::new("t", "img");
-        task.node_name = node.to_string();
-        task.state = state;
-        task.memory = memory;
-        task.cpu = 0.5;
+        task.status.node_name = node.to_string();
+        task.status.state = state;
+        task.spec.memory = memory;
+        task.spec.cpu = 0.5;
         if let Some(port) = port {
-            task.port_bindings.insert("80/tcp".into(), port.into());
+            task.spec.port_bindings.insert("80/tcp".into(), port.into());
         }
         task
     }
@@ -258,7 +261,7 @@ mod tests {
         assert_eq!(load.tasks.len(), 1);
         assert!(load.host_ports.contains_key(&HostPort::tcp(8080)));
 
-        task.state = State::Running;
+        task.status.state = State::Running;
         cache.insert(task.clone());
         assert_eq!(
             cache.load("w1").unwrap().allocated.memory,
@@ -266,7 +269,7 @@ mod tests {
             "counted once"
         );
 
-        task.state = State::Failed;
+        task.status.state = State::Failed;
         cache.insert(task);
         let load = cache.load("w1").unwrap();
         assert_eq!(load.allocated, Resources::default());
@@ -294,13 +297,13 @@ mod tests {
         assert_eq!(observed.index(), 1, "an equal put is no change");
         assert!(!changes.has_changed().unwrap(), "and wakes nobody");
 
-        task.state = State::Running;
+        task.status.state = State::Running;
         cache.insert(task.clone());
         assert_eq!(observed.index(), 2);
         let changed = observed.changes_since(1).unwrap();
         assert_eq!(changed.len(), 1);
         assert_eq!(
-            changed[0].before.as_ref().map(|task| task.state),
+            changed[0].before.as_ref().map(|task| task.status.state),
             Some(State::Scheduled)
         );
         assert_eq!(changed[0].after.as_deref(), Some(&task));
@@ -319,7 +322,7 @@ mod tests {
         let mut task = Task::new("t", "img");
         cache.insert(task.clone());
         assert_eq!(cache.waiting().collect::<Vec<_>>(), vec![task.id]);
-        task.desired_state = State::Completed;
+        task.spec.desired_state = State::Completed;
         cache.insert(task);
         assert_eq!(cache.waiting().count(), 0);
     }

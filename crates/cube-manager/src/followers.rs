@@ -56,14 +56,14 @@ impl Manager {
                     strays.push(observed.id);
                     continue;
                 }
-                if known.node_name != node {
+                if known.status.node_name != node {
                     continue;
                 }
                 let Some(merged) = merge_observation(known, &observed, Utc::now()) else {
                     continue;
                 };
                 freed |= holds_resources(known) && !holds_resources(&merged);
-                tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.state, "task state changed");
+                tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.status.state, "task state changed");
                 if let Err(err) = self.save(&mut state, &mut writes, merged) {
                     tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
                 }
@@ -82,7 +82,7 @@ impl Manager {
                 let Some(known) = state.cache.get(&id) else {
                     continue;
                 };
-                match known.state {
+                match known.status.state {
                     State::Scheduled => {
                         lock(&self.dispatched).remove(&id);
                         to_reconcile.push(id);
@@ -92,8 +92,8 @@ impl Manager {
                         if failed.move_to(State::Failed).is_err() {
                             continue;
                         }
-                        failed.finish_time = Some(Utc::now());
-                        failed.error = Some(format!(
+                        failed.status.run.finish_time = Some(Utc::now());
+                        failed.status.run.error = Some(format!(
                             "worker {node} no longer has this task (its store was lost?)"
                         ));
                         tracing::warn!(task = %id, node, "the worker no longer has a running task");
@@ -126,7 +126,7 @@ impl Manager {
             let Some(known) = state.cache.get(&observed.id) else {
                 return;
             };
-            if known.node_name != node {
+            if known.status.node_name != node {
                 return;
             }
             if let Some(merged) = merge_observation(known, &observed, Utc::now())
@@ -285,45 +285,48 @@ impl Manager {
 /// Whether a run a worker reports is one the manager no longer wants there: it still runs,
 /// but the task was placed elsewhere, restarted since (a higher count), or ended.
 fn is_stray(known: &Task, observed: &Task, node: &str) -> bool {
-    matches!(observed.state, State::Scheduled | State::Running)
-        && (known.node_name != node
-            || observed.restart_count < known.restart_count
-            || known.state.is_terminal()
-            || known.state == State::Pending)
+    matches!(observed.status.state, State::Scheduled | State::Running)
+        && (known.status.node_name != node
+            || observed.status.restart_count < known.status.restart_count
+            || known.status.state.is_terminal()
+            || known.status.state == State::Pending)
 }
 
 /// The manager's task with what a worker observed, or `None` when nothing changed, the
 /// report is of an earlier run (a lower restart count), or the change is not allowed by the
 /// transition table (an old report arriving late). What changed goes into the history.
 fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Option<Task> {
-    if observed.restart_count < known.restart_count {
+    if observed.status.restart_count < known.status.restart_count {
         return None;
     }
-    let seen = observed.run_status();
-    if known.state == observed.state && known.run_status() == seen {
+    if known.status.state == observed.status.state && known.status.run == observed.status.run {
         return None;
     }
     let mut merged = known.clone();
-    if let Err(transition) = merged.move_to(observed.state) {
+    if let Err(transition) = merged.move_to(observed.status.state) {
         tracing::debug!(task = %known.id, %transition, "observation ignored");
         return None;
     }
-    merged.set_run_status(seen);
-    if known.state != observed.state {
-        let message = match (observed.state, &observed.error) {
+    merged.status.run = observed.status.run.clone();
+    if known.status.state != observed.status.state {
+        let message = match (observed.status.state, &observed.status.run.error) {
             (State::Failed, Some(error)) => error.clone(),
-            (State::Running, _) => format!("on {}", observed.node_name),
+            (State::Running, _) => format!("on {}", observed.status.node_name),
             (_, _) => observed
+                .status
+                .run
                 .exit_code
                 .map(|code| format!("exit code {code}"))
                 .unwrap_or_default(),
         };
-        merged.record(now, observed.state.to_string(), message);
-    } else if observed.health_failures > known.health_failures {
-        let message = observed.error.clone().unwrap_or_default();
+        merged.record(now, observed.status.state.to_string(), message);
+    } else if observed.status.run.health_failures > known.status.run.health_failures {
+        let message = observed.status.run.error.clone().unwrap_or_default();
         merged.record(now, "Health", message);
     }
-    if known.health != observed.health && observed.health == Some(Health::Healthy) {
+    if known.status.run.health != observed.status.run.health
+        && observed.status.run.health == Some(Health::Healthy)
+    {
         merged.record(now, "Health", "healthy");
     }
     Some(merged)
@@ -336,8 +339,8 @@ mod tests {
     #[test]
     fn an_observation_moves_a_task_only_along_the_table() {
         let mut known = Task::new("t", "img");
-        known.state = State::Running;
-        known.node_name = "w1".into();
+        known.status.state = State::Running;
+        known.status.node_name = "w1".into();
         let mut observed = known.clone();
         let now = Utc::now();
         assert_eq!(
@@ -346,19 +349,22 @@ mod tests {
             "nothing new"
         );
 
-        observed.state = State::Failed;
-        observed.exit_code = Some(137);
-        observed.error = Some("killed".into());
+        observed.status.state = State::Failed;
+        observed.status.run.exit_code = Some(137);
+        observed.status.run.error = Some("killed".into());
         let merged = merge_observation(&known, &observed, now).unwrap();
-        assert_eq!((merged.state, merged.exit_code), (State::Failed, Some(137)));
-        let entry = merged.history.last().unwrap();
+        assert_eq!(
+            (merged.status.state, merged.status.run.exit_code),
+            (State::Failed, Some(137))
+        );
+        let entry = merged.status.history.last().unwrap();
         assert_eq!(
             (&*entry.event, entry.message.as_str()),
             ("Failed", "killed")
         );
 
         let mut late = known.clone();
-        late.state = State::Scheduled;
+        late.status.state = State::Scheduled;
         assert_eq!(
             merge_observation(&merged, &late, now),
             None,
@@ -369,12 +375,12 @@ mod tests {
     #[test]
     fn a_report_of_an_earlier_run_is_ignored() {
         let mut known = Task::new("t", "img");
-        known.state = State::Scheduled;
-        known.node_name = "w1".into();
-        known.restart_count = 2;
+        known.status.state = State::Scheduled;
+        known.status.node_name = "w1".into();
+        known.status.restart_count = 2;
         let mut old_run = known.clone();
-        old_run.restart_count = 1;
-        old_run.state = State::Failed;
+        old_run.status.restart_count = 1;
+        old_run.status.state = State::Failed;
         assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
     }
 

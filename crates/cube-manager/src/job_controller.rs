@@ -223,15 +223,15 @@ impl Manager {
                 return Err(ManagerError::Conflict(format!("task {id} exists already")));
             }
             task.clear_status(Receiver::Manager);
-            task.created_time = Some(
+            task.status.created_time = Some(
                 event
                     .and_then(|event| event.timestamp)
                     .unwrap_or_else(Utc::now),
             );
-            let why = if task.job.is_empty() {
+            let why = if task.spec.job.is_empty() {
                 String::new()
             } else {
-                format!("by job {}", task.job)
+                format!("by job {}", task.spec.job)
             };
             task.record(Utc::now(), "Submitted", why);
             self.save(&mut state, &mut writes, task.clone())?;
@@ -371,9 +371,9 @@ impl Manager {
         };
         let mut view = view_of(&record, &tasks);
         let mut listed: Vec<Task> = tasks.iter().map(|task| (**task).clone()).collect();
-        listed.sort_by_key(|task| (task.created_time, task.id));
+        listed.sort_by_key(|task| (task.status.created_time, task.id));
         for task in &mut listed {
-            task.history.clear();
+            task.status.history.clear();
         }
         view.tasks = Some(listed);
         Ok(view)

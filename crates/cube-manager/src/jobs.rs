@@ -58,32 +58,36 @@ impl JobPlan {
 /// Whether a copy is still meant to run: asked to run, and either not ended or ended with a
 /// restart to come (its policy restarts that end and the limit is not reached).
 pub fn is_live(task: &Task) -> bool {
-    if task.desired_state != State::Running {
+    if task.spec.desired_state != State::Running {
         return false;
     }
-    if !task.state.is_terminal() {
+    if !task.status.state.is_terminal() {
         return true;
     }
-    policy_restarts(task.restart_policy, task.state)
-        && task.max_restarts.is_none_or(|max| task.restart_count < max)
+    policy_restarts(task.spec.restart_policy, task.status.state)
+        && task
+            .spec
+            .max_restarts
+            .is_none_or(|max| task.status.restart_count < max)
 }
 
 /// A batch copy that finished its work.
 fn is_complete(task: &Task) -> bool {
-    task.state == State::Completed && task.desired_state == State::Running
+    task.status.state == State::Completed && task.spec.desired_state == State::Running
 }
 
 /// A copy that ended for good without finishing: failed (or lost) with no restart to come,
 /// and not stopped by anyone.
 pub fn gave_up(task: &Task) -> bool {
-    task.desired_state == State::Running
-        && matches!(task.state, State::Failed | State::Lost)
+    task.spec.desired_state == State::Running
+        && matches!(task.status.state, State::Failed | State::Lost)
         && !is_live(task)
 }
 
 /// The node a system copy is pinned to (its `node.name =` constraint).
 fn pinned_node(task: &Task) -> Option<&str> {
-    task.constraints
+    task.spec
+        .constraints
         .iter()
         .rev()
         .find(|c| c.attribute == "node.name" && c.operator == Operator::Equal)
@@ -98,12 +102,12 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
     let mut task = group.task.clone();
     task.id = Uuid::new_v4();
     task.name = task_name(&job.name, &group.name, index);
-    task.job = job.name.clone();
-    task.group = group.name.clone();
-    task.index = Some(index);
-    task.constraints = job.constraints_of(group).cloned().collect();
+    task.spec.job = job.name.clone();
+    task.spec.group = group.name.clone();
+    task.spec.index = Some(index);
+    task.spec.constraints = job.constraints_of(group).cloned().collect();
     if let Some(node) = pin {
-        task.constraints.push(Constraint {
+        task.spec.constraints.push(Constraint {
             attribute: "node.name".to_string(),
             operator: Operator::Equal,
             value: node.to_string(),
@@ -118,10 +122,10 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
 /// a copy differs from it only in its name, its index and (system) the pin to its node.
 fn has_current_spec(task: &Task, template: &Task) -> bool {
     let constraints = match pinned_node(task) {
-        Some(_) => &task.constraints[..task.constraints.len().saturating_sub(1)],
-        None => &task.constraints[..],
+        Some(_) => &task.spec.constraints[..task.spec.constraints.len().saturating_sub(1)],
+        None => &task.spec.constraints[..],
     };
-    constraints == template.constraints.as_slice()
+    constraints == template.spec.constraints.as_slice()
         && task.same_spec_except(template, &["Name", "Index", "Constraints"])
 }
 
@@ -140,10 +144,10 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
     }
     let group_names: BTreeSet<&str> = job.groups.iter().map(|g| g.name.as_str()).collect();
     for task in owned.iter().filter(|task| is_live(task)) {
-        if !group_names.contains(task.group.as_str()) {
+        if !group_names.contains(task.spec.group.as_str()) {
             stop(
                 task,
-                format!("group {:?} is no longer in the job", task.group),
+                format!("group {:?} is no longer in the job", task.spec.group),
             );
         }
     }
@@ -154,7 +158,7 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
         let mine: Vec<&Task> = owned
             .iter()
             .copied()
-            .filter(|task| task.group == group.name)
+            .filter(|task| task.spec.group == group.name)
             .collect();
         match job.job_type {
             JobType::System => plan_system(
@@ -215,11 +219,11 @@ fn plan_counted<'a>(
         .filter(|task| is_live(task) || (batch && is_complete(task)))
         .collect();
     // One copy per index: an extra one for an index is a duplicate (the later one goes).
-    counted.sort_by_key(|task| (task.index, task.created_time, task.id));
+    counted.sort_by_key(|task| (task.spec.index, task.status.created_time, task.id));
     let mut seen = BTreeSet::new();
     let mut unique = Vec::new();
     for task in counted {
-        if seen.insert(task.index) {
+        if seen.insert(task.spec.index) {
             unique.push(task);
         } else if is_live(task) {
             stops.push((task, format!("a second copy of {}", task.name)));
@@ -230,22 +234,22 @@ fn plan_counted<'a>(
     unique.sort_by_key(|task| {
         let rank = if is_complete(task) {
             0
-        } else if task.state == State::Running {
+        } else if task.status.state == State::Running {
             1
         } else {
             2
         };
-        (rank, task.index)
+        (rank, task.spec.index)
     });
     let (kept, extra) = unique.split_at(count.min(unique.len()));
     let mut extra: Vec<&Task> = extra.to_vec();
-    extra.sort_by_key(|task| std::cmp::Reverse(task.index));
+    extra.sort_by_key(|task| std::cmp::Reverse(task.spec.index));
     for task in extra {
         if is_live(task) {
             stops.push((task, format!("the group is scaled to {count}")));
         }
     }
-    let used: BTreeSet<u32> = kept.iter().filter_map(|task| task.index).collect();
+    let used: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
     let template = copy_of(record, group_index, 0, None);
     for task in kept {
         if is_complete(task) {
@@ -254,7 +258,7 @@ fn plan_counted<'a>(
         if has_current_spec(task, &template) {
             keep.push(task.id);
         } else {
-            let wanted = copy_of(record, group_index, task.index.unwrap_or(0), None);
+            let wanted = copy_of(record, group_index, task.spec.index.unwrap_or(0), None);
             stops.push((
                 task,
                 format!(
@@ -304,8 +308,8 @@ fn plan_system<'a>(
     let template = copy_of(record, group_index, 0, None);
     let mut covered = BTreeSet::new();
     let mut live: Vec<&Task> = mine.iter().copied().filter(|task| is_live(task)).collect();
-    live.sort_by_key(|task| (task.created_time, task.id));
-    let used: BTreeSet<u32> = live.iter().filter_map(|task| task.index).collect();
+    live.sort_by_key(|task| (task.status.created_time, task.id));
+    let used: BTreeSet<u32> = live.iter().filter_map(|task| task.spec.index).collect();
     for task in live {
         let node = pinned_node(task).unwrap_or_default();
         match by_name.get(node) {
@@ -321,7 +325,12 @@ fn plan_system<'a>(
                 if has_current_spec(task, &template) {
                     keep.push(task.id);
                 } else {
-                    let wanted = copy_of(record, group_index, task.index.unwrap_or(0), Some(node));
+                    let wanted = copy_of(
+                        record,
+                        group_index,
+                        task.spec.index.unwrap_or(0),
+                        Some(node),
+                    );
                     stops.push((
                         task,
                         format!(
@@ -374,22 +383,22 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
     // The newest copy of each (group, index) speaks for it.
     let mut newest: BTreeMap<(&str, Option<u32>, Option<&str>), &Task> = BTreeMap::new();
     for task in owned {
-        let key = (task.group.as_str(), task.index, pinned_node(task));
-        let replace = newest
-            .get(&key)
-            .is_none_or(|known| (known.created_time, known.id) < (task.created_time, task.id));
+        let key = (task.spec.group.as_str(), task.spec.index, pinned_node(task));
+        let replace = newest.get(&key).is_none_or(|known| {
+            (known.status.created_time, known.id) < (task.status.created_time, task.id)
+        });
         if replace {
             newest.insert(key, task);
         }
     }
     for task in newest.values() {
-        if task.desired_state != State::Running && task.state.is_terminal() {
+        if task.spec.desired_state != State::Running && task.status.state.is_terminal() {
             continue; // stopped by the user or the controller: no longer counted
         }
-        let Some(group) = summary.get_mut(&task.group) else {
+        let Some(group) = summary.get_mut(&task.spec.group) else {
             continue;
         };
-        match task.state {
+        match task.status.state {
             State::Pending => group.pending += 1,
             State::Scheduled => group.starting += 1,
             State::Running => group.running += 1,
@@ -461,7 +470,7 @@ mod tests {
     /// The copy the controller would have made, in the given state.
     fn copy(record: &JobRecord, index: u32, state: State) -> Task {
         let mut task = copy_of(record, 0, index, None);
-        task.state = state;
+        task.status.state = state;
         task
     }
 
@@ -480,7 +489,7 @@ mod tests {
         assert!(
             plan.create
                 .iter()
-                .all(|task| task.job == "web" && task.group == "api")
+                .all(|task| task.spec.job == "web" && task.spec.group == "api")
         );
         assert!(plan.stop.is_empty());
     }
@@ -515,7 +524,7 @@ mod tests {
     fn a_service_copy_that_gave_up_is_replaced_under_its_index() {
         let job = record(JobType::Service, Some(1));
         let mut dead = copy(&job, 0, State::Failed);
-        dead.restart_policy = cube_types::RestartPolicy::No;
+        dead.spec.restart_policy = cube_types::RestartPolicy::No;
         let plan = plan(&job, &[], &[&dead]);
         assert_eq!(names(&plan.create), ["web.api[0]"]);
     }
@@ -523,7 +532,7 @@ mod tests {
     #[test]
     fn a_copy_waiting_to_restart_is_kept_not_replaced() {
         let mut job = record(JobType::Service, Some(1));
-        job.job.groups[0].task.restart_policy = cube_types::RestartPolicy::OnFailure;
+        job.job.groups[0].task.spec.restart_policy = cube_types::RestartPolicy::OnFailure;
         let failed = copy(&job, 0, State::Failed);
         let plan = plan(&job, &[], &[&failed]);
         assert!(plan.is_empty(), "{plan:?}");
@@ -536,7 +545,7 @@ mod tests {
         let running = copy(&job, 1, State::Running);
         assert!(plan(&job, &[], &[&done, &running]).is_empty());
         let mut failed = copy(&job, 1, State::Failed);
-        failed.restart_policy = cube_types::RestartPolicy::No;
+        failed.spec.restart_policy = cube_types::RestartPolicy::No;
         let plan = plan(&job, &[], &[&done, &failed]);
         assert!(
             plan.is_empty(),
@@ -564,12 +573,12 @@ mod tests {
         let job = record(JobType::Service, Some(1));
         let old = copy(&job, 0, State::Running);
         let mut changed = job.clone();
-        changed.job.groups[0].task.memory = 64 << 20;
+        changed.job.groups[0].task.spec.memory = 64 << 20;
         changed.version = 2;
         let plan = plan(&changed, &[], &[&old]);
         assert_eq!(plan.stop.len(), 1);
         assert_eq!(names(&plan.create), ["web.api[0]"]);
-        assert_eq!(plan.create[0].memory, 64 << 20);
+        assert_eq!(plan.create[0].spec.memory, 64 << 20);
     }
 
     fn node(name: &str, ready: bool, zone: &str) -> NodeFacts {
@@ -598,7 +607,7 @@ mod tests {
         assert_eq!(pinned_node(&plan1.create[0]), Some("w1"));
         // w3 becomes ready: it gets its copy; w1's stays.
         let mut on_w1 = plan1.create[0].clone();
-        on_w1.state = State::Running;
+        on_w1.status.state = State::Running;
         let nodes = [
             node("w1", true, "eu"),
             node("w2", true, "us"),
@@ -608,7 +617,7 @@ mod tests {
         assert_eq!(plan2.keep, [on_w1.id]);
         assert_eq!(plan2.create.len(), 1);
         assert_eq!(pinned_node(&plan2.create[0]), Some("w3"));
-        assert_ne!(plan2.create[0].index, on_w1.index);
+        assert_ne!(plan2.create[0].spec.index, on_w1.spec.index);
         // w1's labels change: its copy goes.
         let nodes = [node("w1", true, "us")];
         let plan3 = plan(&job, &nodes, &[&on_w1]);

@@ -52,10 +52,10 @@ impl Manager {
                 let Some(task) = state.cache.get(&id) else {
                     continue;
                 };
-                let Ok(next) = task.state.transition(State::Lost) else {
+                let Ok(next) = task.status.state.transition(State::Lost) else {
                     continue;
                 };
-                if next == task.state {
+                if next == task.status.state {
                     continue;
                 }
                 let mut task = task.clone();
@@ -63,7 +63,7 @@ impl Manager {
                 if task.move_to(next).is_err() {
                     continue;
                 }
-                task.error = Some(message.clone());
+                task.status.run.error = Some(message.clone());
                 task.record(Utc::now(), "Lost", message);
                 if let Err(err) = self.save(&mut state, writes, task) {
                     tracing::error!(task = %id, error = %err, "cannot store a lost task");

@@ -325,7 +325,9 @@ impl Manager {
                 )));
             }
         }
-        if !event.task.job.is_empty() || !event.task.group.is_empty() || event.task.index.is_some()
+        if !event.task.spec.job.is_empty()
+            || !event.task.spec.group.is_empty()
+            || event.task.spec.index.is_some()
         {
             return Err(ManagerError::BadRequest(
                 "Job, Group, Index: set by Cube on the tasks of a job; submit a job with POST \
@@ -353,14 +355,14 @@ impl Manager {
             // A stop is final at any moment: also for a run that ended and waits out its
             // restart backoff, whose restart it cancels (the policy would restart it while
             // the desired state says Running).
-            if task.desired_state != State::Completed {
-                let message = if task.next_restart.is_some() {
+            if task.spec.desired_state != State::Completed {
+                let message = if task.status.next_restart.is_some() {
                     "the restart it waited for is cancelled"
                 } else {
                     ""
                 };
-                task.desired_state = State::Completed;
-                task.next_restart = None;
+                task.spec.desired_state = State::Completed;
+                task.status.next_restart = None;
                 task.record(Utc::now(), "StopRequested", message);
                 self.save(&mut state, &mut writes, task.clone())?;
             }
@@ -400,10 +402,12 @@ impl Manager {
     /// `Scheduled` (or stopping) is shown with it, not only in the manager's log.
     fn with_attempts(&self, task: Arc<Task>, failures: &HashMap<Uuid, Retrying>) -> Arc<Task> {
         match failures.get(&task.id) {
-            Some(retrying) if !task.state.is_terminal() || task.next_restart.is_some() => {
+            Some(retrying)
+                if !task.status.state.is_terminal() || task.status.next_restart.is_some() =>
+            {
                 let mut shown = (*task).clone();
-                shown.dispatch_error = Some(retrying.error.clone());
-                shown.next_attempt = Some(retrying.next_attempt);
+                shown.status.dispatch_error = Some(retrying.error.clone());
+                shown.status.next_attempt = Some(retrying.next_attempt);
                 Arc::new(shown)
             }
             _ => task,
@@ -513,14 +517,14 @@ impl Manager {
             task.id,
             self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
         );
-        if task.state != State::Scheduled {
+        if task.status.state != State::Scheduled {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
         }
-        if !task.job.is_empty() {
+        if !task.spec.job.is_empty() {
             // Its job looks again: a copy changed state (level-triggered: a look that finds
             // nothing to do writes nothing).
-            self.mark_job_dirty(&task.job);
+            self.mark_job_dirty(&task.spec.job);
         }
         state.cache.insert(task);
         Ok(())
@@ -631,7 +635,7 @@ fn lose_tasks_of_forgotten_node(
         if lost.move_to(State::Lost).is_err() {
             continue;
         }
-        lost.error = Some(reason.to_string());
+        lost.status.run.error = Some(reason.to_string());
         lost.record(Utc::now(), "Lost", reason);
         stores.tasks.put(&id.to_string(), &lost)?;
         cache.insert(lost);
@@ -677,8 +681,8 @@ mod tests {
         }))
         .unwrap();
         let mut task = Task::new("t", "cube-sample:latest");
-        task.state = State::Running;
-        task.node_name = "gone".to_string();
+        task.status.state = State::Running;
+        task.status.node_name = "gone".to_string();
         let stores = ManagerStores {
             tasks: Arc::new(MemoryStore::new()),
             nodes: Arc::new(MemoryStore::new()),
@@ -695,17 +699,19 @@ mod tests {
         )
         .unwrap();
         let lost = manager.task(task.id).unwrap();
-        assert_eq!(lost.state, State::Lost);
+        assert_eq!(lost.status.state, State::Lost);
         assert!(
-            lost.error
+            lost.status
+                .run
+                .error
                 .as_deref()
                 .unwrap_or_default()
                 .contains("not an address"),
             "{:?}",
-            lost.error
+            lost.status.run.error
         );
         let stored = stores.tasks.get(&task.id.to_string()).unwrap().unwrap();
-        assert_eq!(stored.state, State::Lost, "and so it is stored");
+        assert_eq!(stored.status.state, State::Lost, "and so it is stored");
         assert!(manager.node("gone").is_err());
     }
 }

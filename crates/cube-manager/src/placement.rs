@@ -61,13 +61,15 @@ impl Manager {
             .cache
             .waiting()
             .filter_map(|id| state.cache.get(&id))
-            .filter(|task| task.state == State::Pending && task.desired_state == State::Running)
+            .filter(|task| {
+                task.status.state == State::Pending && task.spec.desired_state == State::Running
+            })
             .map(|task| {
                 let priority = state
                     .jobs
-                    .get(&task.job)
+                    .get(&task.spec.job)
                     .map_or(DEFAULT_PRIORITY, |record| record.job.priority);
-                (Reverse(priority), task.created_time, task.id)
+                (Reverse(priority), task.status.created_time, task.id)
             })
             .collect();
         if waiting.is_empty() {
@@ -87,7 +89,7 @@ impl Manager {
             // has room (its image is there, its data may be); otherwise the scheduler chooses.
             let previous = views
                 .iter()
-                .position(|view| view.name == task.node_name)
+                .position(|view| view.name == task.status.node_name)
                 .filter(|index| {
                     let one = std::slice::from_ref(&views[*index]);
                     !state
@@ -111,16 +113,16 @@ impl Manager {
                     tracing::info!(task = %id, name = %task.name, node = %name, "task placed");
                     views[index].add_task(&request);
                     task.record(Utc::now(), "Placed", format!("on {name}"));
-                    task.node_name = name;
-                    task.pending_reason = None;
+                    task.status.node_name = name;
+                    task.status.pending_reason = None;
                     updates.push(task);
                     placed.push(id);
                 }
                 Decision::NoFit { reasons } => {
                     let reason = summarize_rejections(&request, &views, &reasons);
-                    if task.pending_reason.as_deref() != Some(reason.as_str()) {
+                    if task.status.pending_reason.as_deref() != Some(reason.as_str()) {
                         tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");
-                        task.pending_reason = Some(reason);
+                        task.status.pending_reason = Some(reason);
                         updates.push(task);
                     }
                 }
@@ -177,8 +179,8 @@ impl Manager {
         let rejections = chain.rejections(&request, &views);
         Ok(Placement {
             id,
-            state: task.state,
-            node_name: task.node_name.clone(),
+            state: task.status.state,
+            node_name: task.status.node_name.clone(),
             summary: if rejections.len() == views.len() {
                 Some(summarize_rejections(&request, &views, &rejections))
             } else {
@@ -226,8 +228,8 @@ mod tests {
 
     async fn waiting(manager: &Arc<Manager>, name: &str, memory: u64, job: &str) -> Task {
         let mut task = Task::new(name, "cube-sample:latest");
-        task.memory = memory;
-        task.job = job.to_string();
+        task.spec.memory = memory;
+        task.spec.job = job.to_string();
         manager.accept_task(task, None).await.unwrap()
     }
 
@@ -258,8 +260,8 @@ mod tests {
         );
         for id in &ids[3..] {
             let left = task(&manager, *id);
-            assert_eq!(left.state, State::Pending);
-            let reason = left.pending_reason.unwrap_or_default();
+            assert_eq!(left.status.state, State::Pending);
+            let reason = left.status.pending_reason.unwrap_or_default();
             assert!(reason.contains("memory"), "{reason}");
         }
         assert!(
@@ -286,6 +288,6 @@ mod tests {
             .id;
         one_node(&manager).await;
         assert_eq!(pass(&manager), vec![urgent]);
-        assert_eq!(task(&manager, bare).state, State::Pending);
+        assert_eq!(task(&manager, bare).status.state, State::Pending);
     }
 }

@@ -36,7 +36,7 @@ pub enum Action {
 }
 
 pub fn reconcile(task: &Task, now: DateTime<Utc>) -> Action {
-    match (task.desired_state, task.state) {
+    match (task.spec.desired_state, task.status.state) {
         (State::Completed, State::Pending) => Action::CompleteUnplaced,
         (State::Completed, State::Scheduled | State::Running | State::Lost) => Action::Stop,
         (State::Running, State::Pending) => Action::Place,
@@ -59,37 +59,38 @@ pub fn policy_restarts(policy: RestartPolicy, state: State) -> bool {
 }
 
 fn restart(task: &Task, now: DateTime<Utc>) -> Action {
-    if !policy_restarts(task.restart_policy, task.state) {
+    if !policy_restarts(task.spec.restart_policy, task.status.state) {
         return Action::Nothing;
     }
     if task
+        .spec
         .max_restarts
-        .is_some_and(|max| task.restart_count >= max)
+        .is_some_and(|max| task.status.restart_count >= max)
     {
         return Action::GiveUp;
     }
-    if task.state == State::Lost {
+    if task.status.state == State::Lost {
         // Its node is gone: replace it at once, elsewhere.
         return Action::Restart {
             wait: Duration::ZERO,
-            streak: task.failure_streak,
+            streak: task.status.failure_streak,
             at: now,
         };
     }
     // A run that stayed up long enough starts the backoff again.
-    let ran = match (task.start_time, task.finish_time) {
+    let ran = match (task.status.run.start_time, task.status.run.finish_time) {
         (Some(start), Some(finish)) => (finish - start).to_std().unwrap_or_default(),
         _ => Duration::ZERO,
     };
     let streak = if ran >= task.backoff_reset_after() {
         1
     } else {
-        task.failure_streak + 1
+        task.status.failure_streak + 1
     };
     let mut next = task.clone();
-    next.failure_streak = streak;
+    next.status.failure_streak = streak;
     let backoff = next.restart_backoff();
-    let ended = task.finish_time.unwrap_or(now);
+    let ended = task.status.run.finish_time.unwrap_or(now);
     let waited = (now - ended).to_std().unwrap_or_default();
     let wait = backoff.saturating_sub(waited);
     // The moment is derived from the end of the run, not from `now`, so that every
@@ -118,10 +119,12 @@ mod tests {
 
     fn ended(state: State, policy: RestartPolicy, ran_secs: i64, ago_ms: i64) -> Task {
         let mut task = Task::new("t", "img");
-        task.state = state;
-        task.restart_policy = policy;
-        task.finish_time = Some(now() - chrono::Duration::milliseconds(ago_ms));
-        task.start_time = task
+        task.status.state = state;
+        task.spec.restart_policy = policy;
+        task.status.run.finish_time = Some(now() - chrono::Duration::milliseconds(ago_ms));
+        task.status.run.start_time = task
+            .status
+            .run
             .finish_time
             .map(|end| end - chrono::Duration::seconds(ran_secs));
         task
@@ -131,10 +134,10 @@ mod tests {
     fn every_pair_of_desired_and_observed_state_has_one_action_without_restarts() {
         for observed in ALL_STATES {
             let mut task = Task::new("t", "img");
-            task.state = observed;
-            task.desired_state = State::Running;
+            task.status.state = observed;
+            task.spec.desired_state = State::Running;
             let run = reconcile(&task, now());
-            task.desired_state = State::Completed;
+            task.spec.desired_state = State::Completed;
             let stop = reconcile(&task, now());
             let expected = match observed {
                 State::Pending => (Action::Place, Action::CompleteUnplaced),
@@ -167,7 +170,7 @@ mod tests {
             RestartPolicy::OnFailure,
         ] {
             let mut task = ended(State::Completed, policy, 1, 0);
-            task.desired_state = State::Completed;
+            task.spec.desired_state = State::Completed;
             assert_eq!(reconcile(&task, now()), Action::Nothing, "{policy:?}");
         }
     }
@@ -175,8 +178,8 @@ mod tests {
     #[test]
     fn the_wait_is_the_backoff_less_the_time_since_the_end() {
         let mut task = ended(State::Failed, RestartPolicy::OnFailure, 1, 300);
-        task.restart_delay = Some(Duration::from_secs(1));
-        task.failure_streak = 1; // one quick failure before this one: this is the 2nd in a row
+        task.spec.restart_delay = Some(Duration::from_secs(1));
+        task.status.failure_streak = 1; // one quick failure before this one: this is the 2nd in a row
         assert_eq!(
             reconcile(&task, now()),
             Action::Restart {
@@ -190,8 +193,8 @@ mod tests {
     #[test]
     fn a_long_run_starts_the_backoff_over() {
         let mut task = ended(State::Failed, RestartPolicy::Always, 120, 0);
-        task.restart_delay = Some(Duration::from_millis(100));
-        task.failure_streak = 7;
+        task.spec.restart_delay = Some(Duration::from_millis(100));
+        task.status.failure_streak = 7;
         assert_eq!(
             reconcile(&task, now()),
             Action::Restart {
@@ -205,20 +208,20 @@ mod tests {
     #[test]
     fn the_restart_limit_gives_up() {
         let mut task = ended(State::Failed, RestartPolicy::OnFailure, 1, 0);
-        task.max_restarts = Some(2);
-        task.restart_count = 2;
+        task.spec.max_restarts = Some(2);
+        task.status.restart_count = 2;
         assert_eq!(reconcile(&task, now()), Action::GiveUp);
     }
 
     #[test]
     fn a_lost_task_is_replaced_at_once_unless_its_policy_is_no() {
         let mut task = ended(State::Lost, RestartPolicy::OnFailure, 1, 0);
-        task.restart_delay = Some(Duration::from_secs(30));
+        task.spec.restart_delay = Some(Duration::from_secs(30));
         assert!(matches!(
             reconcile(&task, now()),
             Action::Restart { wait, .. } if wait.is_zero()
         ));
-        task.restart_policy = RestartPolicy::No;
+        task.spec.restart_policy = RestartPolicy::No;
         assert_eq!(reconcile(&task, now()), Action::Nothing);
     }
 }

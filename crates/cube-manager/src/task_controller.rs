@@ -102,7 +102,7 @@ impl Manager {
         let unfinished: Vec<Uuid> = lock(&self.state)
             .cache
             .tasks()
-            .filter(|task| !task.state.is_terminal())
+            .filter(|task| !task.status.state.is_terminal())
             .map(|task| task.id)
             .collect();
         for id in unfinished {
@@ -122,7 +122,7 @@ impl Manager {
             };
             let client = state
                 .nodes
-                .get(&task.node_name)
+                .get(&task.status.node_name)
                 .map(|node| node.client.clone());
             (task.clone(), client)
         };
@@ -183,23 +183,27 @@ impl Manager {
             return Ok(false);
         }
         let mut task = task.clone();
-        let Ok(pending) = task.state.restart() else {
+        let Ok(pending) = task.status.state.restart() else {
             return Ok(false);
         };
-        let why = match (task.state, &task.error) {
-            (State::Lost, _) => format!("node {} was lost", task.node_name),
+        let why = match (task.status.state, &task.status.run.error) {
+            (State::Lost, _) => format!("node {} was lost", task.status.node_name),
             (_, Some(error)) => error.clone(),
             (ended, None) => format!("it ended {ended}"),
         };
         let limit = task
+            .spec
             .max_restarts
             .map(|max| format!(" of {max}"))
             .unwrap_or_default();
-        task.state = pending;
-        task.restart_count += 1;
-        task.failure_streak = streak;
+        task.status.state = pending;
+        task.status.restart_count += 1;
+        task.status.failure_streak = streak;
         task.clear_observed();
-        let message = format!("restart {}{limit}; the last run: {why}", task.restart_count);
+        let message = format!(
+            "restart {}{limit}; the last run: {why}",
+            task.status.restart_count
+        );
         tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
         task.record(Utc::now(), "Restart", message);
         self.save(&mut state, writes, task)?;
@@ -218,11 +222,11 @@ impl Manager {
         let Some(task) = state.cache.get(&id) else {
             return Ok(());
         };
-        if task.next_restart == Some(at) || task.desired_state != State::Running {
+        if task.status.next_restart == Some(at) || task.spec.desired_state != State::Running {
             return Ok(());
         }
         let mut task = task.clone();
-        task.next_restart = Some(at);
+        task.status.next_restart = Some(at);
         self.save(&mut state, writes, task)
     }
 
@@ -234,6 +238,7 @@ impl Manager {
             return Ok(());
         };
         if task
+            .status
             .history
             .last()
             .is_some_and(|entry| entry.event == GAVE_UP)
@@ -241,10 +246,10 @@ impl Manager {
             return Ok(());
         }
         let mut task = task.clone();
-        task.next_restart = None;
+        task.status.next_restart = None;
         let message = format!(
             "restart limit reached ({} restarts); the task stays {}",
-            task.restart_count, task.state
+            task.status.restart_count, task.status.state
         );
         tracing::warn!(task = %id, name = %task.name, %message, "not restarting");
         task.record(Utc::now(), GAVE_UP, message);
@@ -256,15 +261,15 @@ impl Manager {
         let Some(task) = state.cache.get(&id) else {
             return Ok(());
         };
-        if task.state != State::Pending || task.desired_state != State::Completed {
+        if task.status.state != State::Pending || task.spec.desired_state != State::Completed {
             return Ok(());
         }
         let mut task = task.clone();
         if task.move_to(State::Completed).is_err() {
             return Ok(());
         }
-        task.finish_time = Some(Utc::now());
-        task.pending_reason = None;
+        task.status.run.finish_time = Some(Utc::now());
+        task.status.pending_reason = None;
         self.save(&mut state, writes, task)
     }
 
@@ -275,7 +280,7 @@ impl Manager {
             return Ok(Action::Done);
         }
         let Some(client) = client else {
-            return Err(format!("node {:?} is not known", task.node_name));
+            return Err(format!("node {:?} is not known", task.status.node_name));
         };
         let event = TaskEvent {
             id: Uuid::new_v4(),
@@ -288,15 +293,17 @@ impl Manager {
             // and came back with that run still going) does not acknowledge this one: the
             // follower stops that stray, and the dispatch is tried again until the worker
             // takes the new run.
-            Ok((_, observed)) if observed.restart_count < task.restart_count => Err(format!(
-                "node {} still has run {} of this task, not run {}; waiting for it to end there",
-                task.node_name,
-                observed.restart_count + 1,
-                task.restart_count + 1
-            )),
+            Ok((_, observed)) if observed.status.restart_count < task.status.restart_count => {
+                Err(format!(
+                    "node {} still has run {} of this task, not run {}; waiting for it to end there",
+                    task.status.node_name,
+                    observed.status.restart_count + 1,
+                    task.status.restart_count + 1
+                ))
+            }
             Ok((_, observed)) => {
                 lock(&self.dispatched).insert(task.id);
-                self.observe_one(&task.node_name, observed).await;
+                self.observe_one(&task.status.node_name, observed).await;
                 Ok(Action::Done)
             }
             // The worker has the task and it already ended there: its report says how.
@@ -306,7 +313,10 @@ impl Manager {
             }) if status.is_client_error() => {
                 self.fail(
                     task.id,
-                    format!("worker {} refused the task: {message}", task.node_name),
+                    format!(
+                        "worker {} refused the task: {message}",
+                        task.status.node_name
+                    ),
                 )
                 .await;
                 Ok(Action::Done)
@@ -319,7 +329,7 @@ impl Manager {
     /// a worker that never had the task means nothing runs: the task is `Completed` here.
     async fn stop_on_node(&self, task: Task, client: Option<ApiClient>) -> Result<Action, String> {
         let Some(client) = client else {
-            return Err(format!("node {:?} is not known", task.node_name));
+            return Err(format!("node {:?} is not known", task.status.node_name));
         };
         match client.delete(&format!("/tasks/{}", task.id)).await {
             Ok(()) => Ok(Action::Done),
@@ -328,11 +338,11 @@ impl Manager {
                 let stopped = {
                     let mut state = lock(&self.state);
                     match state.cache.get(&task.id) {
-                        Some(known) if !known.state.is_terminal() => {
+                        Some(known) if !known.status.state.is_terminal() => {
                             let mut stopped = known.clone();
                             match stopped.move_to(State::Completed) {
                                 Ok(()) => {
-                                    stopped.finish_time = Some(Utc::now());
+                                    stopped.status.run.finish_time = Some(Utc::now());
                                     self.save(&mut state, &mut writes, stopped).map(|()| true)
                                 }
                                 Err(_) => Ok(false),
@@ -367,8 +377,8 @@ impl Manager {
                 return;
             }
             tracing::warn!(task = %id, %reason, "task failed");
-            failed.finish_time = Some(Utc::now());
-            failed.error = Some(reason);
+            failed.status.run.finish_time = Some(Utc::now());
+            failed.status.run.error = Some(reason);
             let freed = holds_resources(known);
             if let Err(err) = self.save(&mut state, &mut writes, failed) {
                 tracing::error!(task = %id, error = %err, "cannot store a failure");

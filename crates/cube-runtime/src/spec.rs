@@ -34,13 +34,13 @@ impl ContainerSpec {
         ]);
         ContainerSpec {
             name: container_name(task, node),
-            image: task.image.clone(),
-            cmd: task.cmd.clone(),
-            env: task.env.clone(),
-            cpu_cores: task.cpu,
-            memory_bytes: task.memory,
-            exposed_ports: task.exposed_ports.clone(),
-            port_bindings: task.port_bindings.clone(),
+            image: task.spec.image.clone(),
+            cmd: task.spec.cmd.clone(),
+            env: task.spec.env.clone(),
+            cpu_cores: task.spec.cpu,
+            memory_bytes: task.spec.memory,
+            exposed_ports: task.spec.exposed_ports.clone(),
+            port_bindings: task.spec.port_bindings.clone(),
             labels,
         }
     }
@@ -61,8 +61,8 @@ pub fn container_name(task: &Task, node: &str) -> String {
         docker_safe(&task.name),
         task.id.simple()
     );
-    if task.restart_count > 0 {
-        name.push_str(&format!("-r{}", task.restart_count));
+    if task.status.restart_count > 0 {
+        name.push_str(&format!("-r{}", task.status.restart_count));
     }
     name
 }
@@ -108,7 +108,7 @@ mod tests {
     fn each_restart_gets_a_container_name_of_its_own() {
         let mut task = Task::new("web", "busybox");
         let first = container_name(&task, "w1");
-        task.restart_count = 2;
+        task.status.restart_count = 2;
         assert_eq!(container_name(&task, "w1"), format!("{first}-r2"));
     }
 

@@ -74,11 +74,11 @@ impl TaskRequest {
     pub fn for_task(task: &Task) -> TaskRequest {
         let host_ports = task.fixed_host_ports().collect();
         TaskRequest {
-            cpu: task.cpu,
-            memory: task.memory,
-            disk: task.disk,
+            cpu: task.spec.cpu,
+            memory: task.spec.memory,
+            disk: task.spec.disk,
             host_ports,
-            constraints: task.constraints.clone(),
+            constraints: task.spec.constraints.clone(),
         }
     }
 
@@ -97,16 +97,23 @@ mod tests {
     #[test]
     fn a_request_claims_only_fixed_host_ports() {
         let mut task = Task::new("web", "busybox");
-        task.cpu = 0.5;
-        task.memory = 64 << 20;
-        task.disk = 1 << 30;
-        task.port_bindings.insert("7777/tcp".into(), "7777".into());
-        task.port_bindings.insert("8080/tcp".into(), "".into());
-        task.port_bindings.insert("9090/tcp".into(), "0".into());
-        task.port_bindings
+        task.spec.cpu = 0.5;
+        task.spec.memory = 64 << 20;
+        task.spec.disk = 1 << 30;
+        task.spec
+            .port_bindings
+            .insert("7777/tcp".into(), "7777".into());
+        task.spec.port_bindings.insert("8080/tcp".into(), "".into());
+        task.spec
+            .port_bindings
+            .insert("9090/tcp".into(), "0".into());
+        task.spec
+            .port_bindings
             .insert("53/udp".into(), "not-a-port".into());
-        task.port_bindings.insert("7777/udp".into(), "7777".into());
-        task.constraints = vec![Constraint {
+        task.spec
+            .port_bindings
+            .insert("7777/udp".into(), "7777".into());
+        task.spec.constraints = vec![Constraint {
             attribute: "label.zone".into(),
             operator: cube_types::Operator::Equal,
             value: "eu".into(),
@@ -126,7 +133,7 @@ mod tests {
             ]),
             "the same number over two protocols is two ports"
         );
-        assert_eq!(request.constraints, task.constraints);
+        assert_eq!(request.constraints, task.spec.constraints);
     }
 
     #[test]

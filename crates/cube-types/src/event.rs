@@ -191,16 +191,21 @@ mod tests {
         let event = parse(BOOK_EVENT).unwrap();
         assert_eq!(event.id.to_string(), "a7aa1d44-08f6-443e-9378-f5884311019e");
         assert_eq!(event.state, State::Running);
-        assert_eq!(event.task.state, State::Scheduled);
+        assert_eq!(event.task.status.state, State::Scheduled);
         assert_eq!(
             event.task.id.to_string(),
             "bb1d59ef-9fc1-4e4b-a44d-db571eeed203"
         );
         assert_eq!(
-            event.task.port_bindings.get("7777/tcp").map(String::as_str),
+            event
+                .task
+                .spec
+                .port_bindings
+                .get("7777/tcp")
+                .map(String::as_str),
             Some("7777")
         );
-        assert_eq!(event.task.health_check, "/health");
+        assert_eq!(event.task.spec.health_check, "/health");
         assert!(event.timestamp.is_some());
     }
 
@@ -301,6 +306,6 @@ mod tests {
                 "History": [{"Time": "2026-01-01T00:00:00Z", "Event": "Running"}]}"#,
         )
         .unwrap();
-        assert_eq!(event.task.restart_count, 7);
+        assert_eq!(event.task.status.restart_count, 7);
     }
 }

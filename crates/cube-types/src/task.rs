@@ -29,18 +29,106 @@ pub const MAX_IMAGE_NAME_CHARS: usize = 255;
 /// in bytes (also read as strings with units, `"512MiB"`, `"512Mi"`, `"512m"`: see
 /// [`crate::size`]), durations as strings with a unit (`"5s"`: see [`crate::duration`]).
 ///
-/// The fields are of two kinds, listed in one place, [`Task::clear_status`]: the **spec**, what
-/// the user asked for (compared by [`Task::spec_differences`]), and the **status**, what Cube
-/// observed or decided (`State`, `ContainerID`, `HostPorts`, times, `ExitCode`, `Error`,
-/// `Health`, `HealthFailures`, `NodeName`, `RestartCount`, `FailureStreak`, `PendingReason`,
-/// `History`). A submission may carry status fields (the book's files carry `State` and zero
-/// values), and they are read, then ignored: the receiver clears them.
+/// In memory a task is its identity (`ID`, `Name`), its **spec** ([`TaskSpec`]: what the user
+/// asked for, compared by [`Task::spec_differences`]) and its **status** ([`TaskStatus`]: what
+/// Cube observed or decided, with what a worker observes of the current run in one value,
+/// [`RunStatus`]). On the wire it is one flat object, as in the book: `TaskWire` is the one
+/// place the wire names are defined, and a task is read from and written as it. A submission
+/// may carry status fields (the book's files carry `State` and zero values), and they are
+/// read, then ignored: the receiver clears them ([`Task::clear_status`]).
 ///
 /// Collections and strings also accept `null` (what Go writes for an empty slice or map), so
 /// that a task written by the book's Go code reads unchanged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    from = "TaskWire",
+    into = "TaskWire",
+    expecting = "a task (a JSON object with the fields of a task)"
+)]
 pub struct Task {
+    /// Generated when the submission has none (or the nil UUID).
+    pub id: Uuid,
+    pub name: String,
+    /// What was asked for.
+    pub spec: TaskSpec,
+    /// What Cube observed and decided.
+    pub status: TaskStatus,
+}
+
+/// What was asked for: the image and what it runs with, the resources it declares, where it
+/// may run, its health check and restart policy, the job copy it is, and whether it should
+/// run at all (`DesiredState`). A submission's spec is kept as it came (normalized); only a
+/// job's new version or a stop changes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskSpec {
+    pub image: String,
+    /// CPU cores the container may use (Docker's `NanoCpus` / 1e9); 0 means no limit.
+    pub cpu: f64,
+    /// Memory limit in bytes; 0 means no limit.
+    pub memory: u64,
+    /// Disk the task declares it needs, in bytes. Used for placement, not enforced by Docker.
+    pub disk: u64,
+    /// `KEY=value` entries.
+    pub env: Vec<String>,
+    /// Overrides the image's command when not empty.
+    pub cmd: Vec<String>,
+    /// Container ports, `"7777/tcp"`.
+    pub exposed_ports: BTreeSet<String>,
+    /// Container port → host port; an empty host port lets Docker choose one.
+    pub port_bindings: BTreeMap<String, String>,
+    pub restart_policy: RestartPolicy,
+    /// The book's health check: an HTTP path such as `/health`.
+    pub health_check: String,
+    pub health_check_type: Option<HealthCheckType>,
+    pub health_check_interval: Option<Duration>,
+    pub health_check_timeout: Option<Duration>,
+    pub health_check_retries: Option<u32>,
+    pub max_restarts: Option<u32>,
+    pub restart_delay: Option<Duration>,
+    pub restart_delay_max: Option<Duration>,
+    /// Where the task may run.
+    pub constraints: Vec<crate::job::Constraint>,
+    /// The job that owns the task (empty for a bare task), its group, and which copy it is.
+    pub job: String,
+    pub group: String,
+    pub index: Option<u32>,
+    /// What the user asked for: `Running` to run it, `Completed` to stop it.
+    pub desired_state: State,
+}
+
+/// What Cube observed and decided: the state, the node, the run number and its backoff, the
+/// history, what the manager says of what comes next, and what a worker observed of the
+/// current run ([`RunStatus`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskStatus {
+    /// What Cube last saw (the observed state).
+    pub state: State,
+    /// The worker the task is placed on.
+    pub node_name: String,
+    pub restart_count: u32,
+    /// Failures in a row, each after a short run; sets the backoff before the next restart.
+    pub failure_streak: u32,
+    /// When Cube accepted the task.
+    pub created_time: Option<DateTime<Utc>>,
+    /// What happened to the task, oldest first, the last [`HISTORY_LIMIT`] entries.
+    pub history: Vec<HistoryEntry>,
+    /// Why the manager has not placed the task yet (only while `Pending`).
+    pub pending_reason: Option<String>,
+    /// When the manager restarts the task, while it waits out its restart backoff.
+    pub next_restart: Option<DateTime<Utc>>,
+    /// Why the manager could not reach the task's node, while it keeps trying.
+    pub dispatch_error: Option<String>,
+    /// When the manager tries again, while `dispatch_error` is set.
+    pub next_attempt: Option<DateTime<Utc>>,
+    /// What a worker observed of the current run.
+    pub run: RunStatus,
+}
+
+/// The wire form of a task: one flat object, the book's field names and Cube's. [`Task`] is
+/// read from and written as this, so the nesting of spec and status never reaches the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskWire {
     /// Generated when the submission has none (or the nil UUID).
     #[serde(rename = "ID", default)]
     pub id: Uuid,
@@ -247,10 +335,211 @@ pub struct Task {
     pub next_attempt: Option<DateTime<Utc>>,
 }
 
+impl From<TaskWire> for Task {
+    fn from(wire: TaskWire) -> Task {
+        let TaskWire {
+            id,
+            container_id,
+            name,
+            state,
+            image,
+            cpu,
+            memory,
+            disk,
+            env,
+            cmd,
+            exposed_ports,
+            port_bindings,
+            host_ports,
+            restart_policy,
+            created_time,
+            start_time,
+            finish_time,
+            health_check,
+            health_check_type,
+            health_check_interval,
+            health_check_timeout,
+            health_check_retries,
+            max_restarts,
+            restart_delay,
+            restart_delay_max,
+            restart_count,
+            failure_streak,
+            health,
+            health_failures,
+            node_name,
+            desired_state,
+            exit_code,
+            error,
+            pending_reason,
+            history,
+            constraints,
+            job,
+            group,
+            index,
+            next_restart,
+            dispatch_error,
+            next_attempt,
+        } = wire;
+        Task {
+            id,
+            name,
+            spec: TaskSpec {
+                image,
+                cpu,
+                memory,
+                disk,
+                env,
+                cmd,
+                exposed_ports,
+                port_bindings,
+                restart_policy,
+                health_check,
+                health_check_type,
+                health_check_interval,
+                health_check_timeout,
+                health_check_retries,
+                max_restarts,
+                restart_delay,
+                restart_delay_max,
+                constraints,
+                job,
+                group,
+                index,
+                desired_state,
+            },
+            status: TaskStatus {
+                state,
+                node_name,
+                restart_count,
+                failure_streak,
+                created_time,
+                history,
+                pending_reason,
+                next_restart,
+                dispatch_error,
+                next_attempt,
+                run: RunStatus {
+                    container_id,
+                    host_ports,
+                    start_time,
+                    finish_time,
+                    exit_code,
+                    error,
+                    health,
+                    health_failures,
+                },
+            },
+        }
+    }
+}
+
+impl From<Task> for TaskWire {
+    fn from(task: Task) -> TaskWire {
+        let Task {
+            id,
+            name,
+            spec:
+                TaskSpec {
+                    image,
+                    cpu,
+                    memory,
+                    disk,
+                    env,
+                    cmd,
+                    exposed_ports,
+                    port_bindings,
+                    restart_policy,
+                    health_check,
+                    health_check_type,
+                    health_check_interval,
+                    health_check_timeout,
+                    health_check_retries,
+                    max_restarts,
+                    restart_delay,
+                    restart_delay_max,
+                    constraints,
+                    job,
+                    group,
+                    index,
+                    desired_state,
+                },
+            status:
+                TaskStatus {
+                    state,
+                    node_name,
+                    restart_count,
+                    failure_streak,
+                    created_time,
+                    history,
+                    pending_reason,
+                    next_restart,
+                    dispatch_error,
+                    next_attempt,
+                    run:
+                        RunStatus {
+                            container_id,
+                            host_ports,
+                            start_time,
+                            finish_time,
+                            exit_code,
+                            error,
+                            health,
+                            health_failures,
+                        },
+                },
+        } = task;
+        TaskWire {
+            id,
+            container_id,
+            name,
+            state,
+            image,
+            cpu,
+            memory,
+            disk,
+            env,
+            cmd,
+            exposed_ports,
+            port_bindings,
+            host_ports,
+            restart_policy,
+            created_time,
+            start_time,
+            finish_time,
+            health_check,
+            health_check_type,
+            health_check_interval,
+            health_check_timeout,
+            health_check_retries,
+            max_restarts,
+            restart_delay,
+            restart_delay_max,
+            restart_count,
+            failure_streak,
+            health,
+            health_failures,
+            node_name,
+            desired_state,
+            exit_code,
+            error,
+            pending_reason,
+            history,
+            constraints,
+            job,
+            group,
+            index,
+            next_restart,
+            dispatch_error,
+            next_attempt,
+        }
+    }
+}
+
 /// What a worker observes of one run of a task, apart from its `State`: the container, the
-/// ports Docker bound, the times, how it ended, and its health. The worker writes these, the
-/// manager takes them from the worker's report as one value ([`Task::run_status`],
-/// [`Task::set_run_status`]) and clears them for a new run; no other list of them exists.
+/// ports Docker bound, the times, how it ended, and its health. Defined once, here: the worker
+/// writes it, the manager takes it from the worker's report as one value and clears it for a
+/// new run.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RunStatus {
     pub container_id: String,
@@ -398,66 +687,68 @@ impl Task {
     pub fn new(name: impl Into<String>, image: impl Into<String>) -> Task {
         Task {
             id: Uuid::new_v4(),
-            container_id: String::new(),
             name: name.into(),
-            state: State::Pending,
-            image: image.into(),
-            cpu: 0.0,
-            memory: 0,
-            disk: 0,
-            env: Vec::new(),
-            cmd: Vec::new(),
-            exposed_ports: BTreeSet::new(),
-            port_bindings: BTreeMap::new(),
-            host_ports: BTreeMap::new(),
-            restart_policy: RestartPolicy::No,
-            created_time: None,
-            start_time: None,
-            finish_time: None,
-            health_check: String::new(),
-            health_check_type: None,
-            health_check_interval: None,
-            health_check_timeout: None,
-            health_check_retries: None,
-            max_restarts: None,
-            restart_delay: None,
-            restart_delay_max: None,
-            restart_count: 0,
-            failure_streak: 0,
-            health: None,
-            health_failures: 0,
-            node_name: String::new(),
-            desired_state: State::Running,
-            exit_code: None,
-            error: None,
-            pending_reason: None,
-            history: Vec::new(),
-            constraints: Vec::new(),
-            job: String::new(),
-            group: String::new(),
-            index: None,
-            next_restart: None,
-            dispatch_error: None,
-            next_attempt: None,
+            spec: TaskSpec {
+                image: image.into(),
+                cpu: 0.0,
+                memory: 0,
+                disk: 0,
+                env: Vec::new(),
+                cmd: Vec::new(),
+                exposed_ports: BTreeSet::new(),
+                port_bindings: BTreeMap::new(),
+                restart_policy: RestartPolicy::No,
+                health_check: String::new(),
+                health_check_type: None,
+                health_check_interval: None,
+                health_check_timeout: None,
+                health_check_retries: None,
+                max_restarts: None,
+                restart_delay: None,
+                restart_delay_max: None,
+                constraints: Vec::new(),
+                job: String::new(),
+                group: String::new(),
+                index: None,
+                desired_state: State::Running,
+            },
+            status: TaskStatus {
+                state: State::Pending,
+                node_name: String::new(),
+                restart_count: 0,
+                failure_streak: 0,
+                created_time: None,
+                history: Vec::new(),
+                pending_reason: None,
+                next_restart: None,
+                dispatch_error: None,
+                next_attempt: None,
+                run: RunStatus::default(),
+            },
         }
     }
 
     /// Whether the task has a health check: a path, or the `tcp` type.
     pub fn has_health_check(&self) -> bool {
-        !self.health_check.trim().is_empty() || self.health_check_type == Some(HealthCheckType::Tcp)
+        !self.spec.health_check.trim().is_empty()
+            || self.spec.health_check_type == Some(HealthCheckType::Tcp)
     }
 
     pub fn health_interval(&self) -> Duration {
-        self.health_check_interval
+        self.spec
+            .health_check_interval
             .unwrap_or(DEFAULT_HEALTH_INTERVAL)
     }
 
     pub fn health_timeout(&self) -> Duration {
-        self.health_check_timeout.unwrap_or(DEFAULT_HEALTH_TIMEOUT)
+        self.spec
+            .health_check_timeout
+            .unwrap_or(DEFAULT_HEALTH_TIMEOUT)
     }
 
     pub fn health_retries(&self) -> u32 {
-        self.health_check_retries
+        self.spec
+            .health_check_retries
             .unwrap_or(DEFAULT_HEALTH_RETRIES)
             .max(1)
     }
@@ -465,26 +756,31 @@ impl Task {
     /// The wait before the next restart: `RestartDelay` doubled for each earlier quick failure
     /// in a row, at most `RestartDelayMax`.
     pub fn restart_backoff(&self) -> Duration {
-        let first = self.restart_delay.unwrap_or(DEFAULT_RESTART_DELAY);
+        let first = self.spec.restart_delay.unwrap_or(DEFAULT_RESTART_DELAY);
         let cap = self
+            .spec
             .restart_delay_max
             .unwrap_or(DEFAULT_RESTART_DELAY_MAX)
             .max(first);
-        let doublings = self.failure_streak.saturating_sub(1).min(20);
+        let doublings = self.status.failure_streak.saturating_sub(1).min(20);
         first.saturating_mul(1 << doublings).min(cap)
     }
 
     /// How long a run must stay up for the backoff to start over: [`BACKOFF_RESET_AFTER`],
     /// or `RestartDelayMax` if that is longer.
     pub fn backoff_reset_after(&self) -> Duration {
-        BACKOFF_RESET_AFTER.max(self.restart_delay_max.unwrap_or(DEFAULT_RESTART_DELAY_MAX))
+        BACKOFF_RESET_AFTER.max(
+            self.spec
+                .restart_delay_max
+                .unwrap_or(DEFAULT_RESTART_DELAY_MAX),
+        )
     }
 
     /// Moves the task to `next` if the transition table allows it (`State::transition`), and
     /// leaves it as it is otherwise: the one way a manager or a worker changes a task's state
     /// along the table. (`State::restart` is the one way back from an ended run.)
     pub fn move_to(&mut self, next: State) -> Result<(), crate::state::Transition> {
-        self.state = self.state.transition(next)?;
+        self.status.state = self.status.state.transition(next)?;
         Ok(())
     }
 
@@ -495,145 +791,77 @@ impl Task {
         event: impl Into<String>,
         message: impl Into<String>,
     ) {
-        self.history.push(HistoryEntry {
+        self.status.history.push(HistoryEntry {
             time,
             event: event_name(event.into()),
             message: message.into(),
         });
-        if self.history.len() > HISTORY_LIMIT {
-            let excess = self.history.len() - HISTORY_LIMIT;
-            self.history.drain(..excess);
+        if self.status.history.len() > HISTORY_LIMIT {
+            let excess = self.status.history.len() - HISTORY_LIMIT;
+            self.status.history.drain(..excess);
         }
-    }
-
-    /// What a worker observed of the task's current run: the fields of [`RunStatus`], which
-    /// are defined there once.
-    pub fn run_status(&self) -> RunStatus {
-        RunStatus {
-            container_id: self.container_id.clone(),
-            host_ports: self.host_ports.clone(),
-            start_time: self.start_time,
-            finish_time: self.finish_time,
-            exit_code: self.exit_code,
-            error: self.error.clone(),
-            health: self.health,
-            health_failures: self.health_failures,
-        }
-    }
-
-    /// Takes what a worker observed of the current run, every field of [`RunStatus`] at once
-    /// (the pattern lists them all: a field added there does not compile until it is here).
-    pub fn set_run_status(&mut self, run: RunStatus) {
-        let RunStatus {
-            container_id,
-            host_ports,
-            start_time,
-            finish_time,
-            exit_code,
-            error,
-            health,
-            health_failures,
-        } = run;
-        self.container_id = container_id;
-        self.host_ports = host_ports;
-        self.start_time = start_time;
-        self.finish_time = finish_time;
-        self.exit_code = exit_code;
-        self.error = error;
-        self.health = health;
-        self.health_failures = health_failures;
     }
 
     /// Forgets what a worker observed of the task's last run ([`RunStatus`]) and the
     /// manager's account of what came next (its reason for not placing it, a restart to
-    /// come, a failing attempt): what a restart starts from. Part of [`Task::clear_status`],
-    /// which lists every field.
+    /// come, a failing attempt): what a restart starts from. Part of [`Task::clear_status`].
     pub fn clear_observed(&mut self) {
-        self.set_run_status(RunStatus::default());
-        self.pending_reason = None;
-        self.next_restart = None;
-        self.dispatch_error = None;
-        self.next_attempt = None;
+        let status = &mut self.status;
+        status.run = RunStatus::default();
+        status.pending_reason = None;
+        status.next_restart = None;
+        status.dispatch_error = None;
+        status.next_attempt = None;
     }
 
     /// Keeps only what a submitter may say of a task: the spec. Whatever status the
     /// submission carried is ignored, not refused (the book's task files carry `State` and
-    /// zero values), by resetting it here. This is the one list of which field is whose.
+    /// zero values), by resetting it here.
     ///
     /// The manager clears every status field. A worker is sent tasks by the manager, and
     /// keeps what the manager owns and the worker needs: `RestartCount`, the run number that
     /// tells a new run from the last, and `CreatedTime`. It drops the manager's `History`,
     /// `FailureStreak` and `PendingReason`: the manager keeps them and never reads a worker's
     /// copy back, so a copy there would only go stale. `NodeName` the worker writes itself.
+    /// A submission's `DesiredState` is not believed either: submitting asks for a run.
     pub fn clear_status(&mut self, receiver: Receiver) {
-        // Every field, by whose it is. The pattern has no `..`: a new field does not compile
-        // until it is placed here (and, if it is spec, in `spec_differences`).
-        let Task {
-            // The spec: the user's. Kept.
-            id: _,
-            name: _,
-            image: _,
-            cpu: _,
-            memory: _,
-            disk: _,
-            env: _,
-            cmd: _,
-            exposed_ports: _,
-            port_bindings: _,
-            restart_policy: _,
-            health_check: _,
-            health_check_type: _,
-            health_check_interval: _,
-            health_check_timeout: _,
-            health_check_retries: _,
-            max_restarts: _,
-            restart_delay: _,
-            restart_delay_max: _,
-            constraints: _,
-            // Which job, group and copy the task is: the job controller's, part of the spec.
-            job: _,
-            group: _,
-            index: _,
-            // What a worker observes of one run: `RunStatus`, cleared by `clear_observed`.
-            container_id: _,
-            host_ports: _,
-            start_time: _,
-            finish_time: _,
-            exit_code: _,
-            error: _,
-            health: _,
-            health_failures: _,
+        // Every status field, by whose it is. The pattern has no `..`: a new field does not
+        // compile until it is placed here.
+        let TaskStatus {
+            // What a worker observes of one run, and the manager's account of what comes
+            // next (a restart, another attempt): `clear_observed`.
+            run: _,
             pending_reason: _,
-            // The manager's account of what comes next (a restart, another attempt).
             next_restart: _,
             dispatch_error: _,
             next_attempt: _,
             // What the manager decides and records.
             state: _,
-            desired_state: _,
             node_name: _,
             failure_streak: _,
             history: _,
             // The manager's, and kept by a worker.
             restart_count: _,
             created_time: _,
-        } = self;
+        } = &self.status;
         self.clear_observed();
-        self.state = State::Pending;
-        self.desired_state = State::Running;
-        self.node_name.clear();
-        self.failure_streak = 0;
-        self.history.clear();
+        self.spec.desired_state = State::Running;
+        let status = &mut self.status;
+        status.state = State::Pending;
+        status.node_name.clear();
+        status.failure_streak = 0;
+        status.history.clear();
         if receiver == Receiver::Manager {
-            self.restart_count = 0;
-            self.created_time = None;
+            status.restart_count = 0;
+            status.created_time = None;
         }
     }
 
-    /// The wire names of the spec fields in which `other` differs from `self`, in the order
-    /// of the task's fields; empty when they ask for the same thing. Compare tasks as
-    /// submissions are stored, both normalized ([`Task::normalize`]): `"7777"` and
-    /// `"7777/tcp"` are the same port only once written one way. The ID is not compared.
+    /// The wire names of the spec fields (and the name) in which `other` differs from `self`,
+    /// in the order of the task's fields; empty when they ask for the same thing. Compare
+    /// tasks as submissions are stored, both normalized ([`Task::normalize`]): `"7777"` and
+    /// `"7777/tcp"` are the same port only once written one way. The ID and the desired state
+    /// (which a stop changes) are not compared.
     pub fn spec_differences(&self, other: &Task) -> Vec<&'static str> {
         self.spec_comparison(other)
             .into_iter()
@@ -654,9 +882,7 @@ impl Task {
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
     fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 22] {
         // No `..`: a new spec field does not compile until it is compared here.
-        let Task {
-            id: _,
-            name,
+        let TaskSpec {
             image,
             cpu,
             memory,
@@ -678,64 +904,47 @@ impl Task {
             job,
             group,
             index,
-            container_id: _,
-            host_ports: _,
-            start_time: _,
-            finish_time: _,
-            exit_code: _,
-            error: _,
-            health: _,
-            health_failures: _,
-            pending_reason: _,
-            next_restart: _,
-            dispatch_error: _,
-            next_attempt: _,
-            state: _,
             desired_state: _,
-            node_name: _,
-            failure_streak: _,
-            history: _,
-            restart_count: _,
-            created_time: _,
-        } = self;
+        } = &self.spec;
+        let theirs = &other.spec;
         [
-            ("Name", *name == other.name),
-            ("Image", *image == other.image),
-            ("Cpu", *cpu == other.cpu),
-            ("Memory", *memory == other.memory),
-            ("Disk", *disk == other.disk),
-            ("Env", *env == other.env),
-            ("Cmd", *cmd == other.cmd),
-            ("ExposedPorts", *exposed_ports == other.exposed_ports),
-            ("PortBindings", *port_bindings == other.port_bindings),
-            ("RestartPolicy", *restart_policy == other.restart_policy),
-            ("HealthCheck", *health_check == other.health_check),
+            ("Name", self.name == other.name),
+            ("Image", *image == theirs.image),
+            ("Cpu", *cpu == theirs.cpu),
+            ("Memory", *memory == theirs.memory),
+            ("Disk", *disk == theirs.disk),
+            ("Env", *env == theirs.env),
+            ("Cmd", *cmd == theirs.cmd),
+            ("ExposedPorts", *exposed_ports == theirs.exposed_ports),
+            ("PortBindings", *port_bindings == theirs.port_bindings),
+            ("RestartPolicy", *restart_policy == theirs.restart_policy),
+            ("HealthCheck", *health_check == theirs.health_check),
             (
                 "HealthCheckType",
-                *health_check_type == other.health_check_type,
+                *health_check_type == theirs.health_check_type,
             ),
             (
                 "HealthCheckInterval",
-                *health_check_interval == other.health_check_interval,
+                *health_check_interval == theirs.health_check_interval,
             ),
             (
                 "HealthCheckTimeout",
-                *health_check_timeout == other.health_check_timeout,
+                *health_check_timeout == theirs.health_check_timeout,
             ),
             (
                 "HealthCheckRetries",
-                *health_check_retries == other.health_check_retries,
+                *health_check_retries == theirs.health_check_retries,
             ),
-            ("MaxRestarts", *max_restarts == other.max_restarts),
-            ("RestartDelay", *restart_delay == other.restart_delay),
+            ("MaxRestarts", *max_restarts == theirs.max_restarts),
+            ("RestartDelay", *restart_delay == theirs.restart_delay),
             (
                 "RestartDelayMax",
-                *restart_delay_max == other.restart_delay_max,
+                *restart_delay_max == theirs.restart_delay_max,
             ),
-            ("Constraints", *constraints == other.constraints),
-            ("Job", *job == other.job),
-            ("Group", *group == other.group),
-            ("Index", *index == other.index),
+            ("Constraints", *constraints == theirs.constraints),
+            ("Job", *job == theirs.job),
+            ("Group", *group == theirs.group),
+            ("Index", *index == theirs.index),
         ]
     }
 
@@ -755,11 +964,11 @@ impl Task {
         if self.name.trim().is_empty() {
             self.name = format!("task-{}", self.short_id());
         }
-        self.exposed_ports = std::mem::take(&mut self.exposed_ports)
+        self.spec.exposed_ports = std::mem::take(&mut self.spec.exposed_ports)
             .into_iter()
             .map(|port| canonical_port(&port).unwrap_or(port))
             .collect();
-        self.port_bindings = std::mem::take(&mut self.port_bindings)
+        self.spec.port_bindings = std::mem::take(&mut self.spec.port_bindings)
             .into_iter()
             .map(|(port, host)| {
                 (
@@ -768,8 +977,8 @@ impl Task {
                 )
             })
             .collect();
-        let bound: Vec<String> = self.port_bindings.keys().cloned().collect();
-        self.exposed_ports.extend(bound);
+        let bound: Vec<String> = self.spec.port_bindings.keys().cloned().collect();
+        self.spec.exposed_ports.extend(bound);
     }
 
     /// Everything wrong with the task as submitted, each finding naming its field (and the
@@ -781,22 +990,22 @@ impl Task {
         self.validate_strings(&mut findings);
         findings.extend(
             Resources {
-                cpu: self.cpu,
-                memory: self.memory,
-                disk: self.disk,
+                cpu: self.spec.cpu,
+                memory: self.spec.memory,
+                disk: self.spec.disk,
             }
             .findings(""),
         );
-        if self.memory != 0 && self.memory < MIN_MEMORY_BYTES {
+        if self.spec.memory != 0 && self.spec.memory < MIN_MEMORY_BYTES {
             findings.push(format!(
                 "Memory: {} bytes is below Docker's minimum of {MIN_MEMORY_BYTES} bytes (6 MiB); \
                  Memory is in bytes, or a string with a unit such as \"64MiB\"",
-                self.memory
+                self.spec.memory
             ));
         }
         self.validate_ports(&mut findings);
         self.validate_health_and_restarts(&mut findings);
-        for (n, constraint) in self.constraints.iter().enumerate() {
+        for (n, constraint) in self.spec.constraints.iter().enumerate() {
             findings.extend(constraint.findings(&format!("Constraints[{n}]")));
         }
         findings
@@ -813,15 +1022,15 @@ impl Task {
         } else if let Some(control) = self.name.chars().find(|c| c.is_control()) {
             findings.push(format!("Name: {}", control_character(control)));
         }
-        if self.image.trim().is_empty() {
+        if self.spec.image.trim().is_empty() {
             findings.push("Image: missing image name".to_string());
-        } else if let Err(why) = check_image_reference(&self.image) {
+        } else if let Err(why) = check_image_reference(&self.spec.image) {
             findings.push(format!(
                 "Image: {:?} is not a valid image reference: {why}",
-                self.image
+                self.spec.image
             ));
         }
-        for (index, entry) in self.env.iter().enumerate() {
+        for (index, entry) in self.spec.env.iter().enumerate() {
             match entry.split_once('=') {
                 None => findings.push(format!("Env[{index}]: {entry:?} is not KEY=value")),
                 Some(("", _)) => findings.push(format!(
@@ -836,7 +1045,7 @@ impl Task {
                 }
             }
         }
-        for (index, argument) in self.cmd.iter().enumerate() {
+        for (index, argument) in self.spec.cmd.iter().enumerate() {
             if let Some(control) = argument.chars().find(|c| forbidden_in_text(*c)) {
                 findings.push(format!("Cmd[{index}]: {}", control_character(control)));
             }
@@ -844,12 +1053,12 @@ impl Task {
     }
 
     fn validate_ports(&self, findings: &mut Vec<String>) {
-        for port in &self.exposed_ports {
+        for port in &self.spec.exposed_ports {
             if let Err(why) = canonical_port(port) {
                 findings.push(format!("ExposedPorts: {why}"));
             }
         }
-        for (port, host) in &self.port_bindings {
+        for (port, host) in &self.spec.port_bindings {
             if let Err(why) = canonical_port(port) {
                 findings.push(format!("PortBindings: {why}"));
             }
@@ -867,15 +1076,15 @@ impl Task {
     /// task has a health check, so that the same value gets the same answer everywhere.
     fn validate_health_and_restarts(&self, findings: &mut Vec<String>) {
         if self.has_health_check() {
-            let path = self.health_check.trim();
-            if self.health_check_type != Some(HealthCheckType::Tcp) && !path.starts_with('/') {
+            let path = self.spec.health_check.trim();
+            if self.spec.health_check_type != Some(HealthCheckType::Tcp) && !path.starts_with('/') {
                 findings.push(format!(
                     "HealthCheck: {path:?} is not an HTTP path such as \"/health\""
                 ));
             } else if let Some(control) = path.chars().find(|c| c.is_control()) {
                 findings.push(format!("HealthCheck: {}", control_character(control)));
             }
-            if self.exposed_ports.is_empty() && self.port_bindings.is_empty() {
+            if self.spec.exposed_ports.is_empty() && self.spec.port_bindings.is_empty() {
                 findings.push(
                     "HealthCheck: the task publishes no port to probe; add PortBindings \
                      (e.g. {\"7777/tcp\": \"\"})"
@@ -884,10 +1093,10 @@ impl Task {
             }
         }
         let durations = [
-            ("HealthCheckInterval", self.health_check_interval, true),
-            ("HealthCheckTimeout", self.health_check_timeout, true),
-            ("RestartDelay", self.restart_delay, false),
-            ("RestartDelayMax", self.restart_delay_max, false),
+            ("HealthCheckInterval", self.spec.health_check_interval, true),
+            ("HealthCheckTimeout", self.spec.health_check_timeout, true),
+            ("RestartDelay", self.spec.restart_delay, false),
+            ("RestartDelayMax", self.spec.restart_delay_max, false),
         ];
         for (field, duration, positive) in durations {
             let Some(duration) = duration else { continue };
@@ -903,7 +1112,7 @@ impl Task {
                 ));
             }
         }
-        if self.health_check_retries == Some(0) {
+        if self.spec.health_check_retries == Some(0) {
             findings.push(
                 "HealthCheckRetries: must be at least 1 (the failed probes in a row that make \
                  a task unhealthy)"
@@ -1105,18 +1314,21 @@ impl Task {
     /// (not `""` or `0`, which let Docker choose), with its container port's protocol. The one
     /// place a claim is read; the scheduler and the manager's node loads both use it.
     pub fn fixed_host_ports(&self) -> impl Iterator<Item = HostPort> + '_ {
-        self.port_bindings.iter().filter_map(|(container, host)| {
-            let port = host.trim().parse::<u16>().ok().filter(|port| *port != 0)?;
-            let protocol = match container
-                .split_once('/')
-                .map(|(_, p)| p.to_ascii_lowercase())
-            {
-                Some(p) if p == "udp" => PortProtocol::Udp,
-                Some(p) if p == "sctp" => PortProtocol::Sctp,
-                _ => PortProtocol::Tcp,
-            };
-            Some(HostPort { port, protocol })
-        })
+        self.spec
+            .port_bindings
+            .iter()
+            .filter_map(|(container, host)| {
+                let port = host.trim().parse::<u16>().ok().filter(|port| *port != 0)?;
+                let protocol = match container
+                    .split_once('/')
+                    .map(|(_, p)| p.to_ascii_lowercase())
+                {
+                    Some(p) if p == "udp" => PortProtocol::Udp,
+                    Some(p) if p == "sctp" => PortProtocol::Sctp,
+                    _ => PortProtocol::Tcp,
+                };
+                Some(HostPort { port, protocol })
+            })
     }
 }
 
@@ -1212,16 +1424,16 @@ mod tests {
     #[test]
     fn ports_are_written_one_way_and_bound_ports_are_exposed() {
         let mut task = Task::new("web", "busybox");
-        task.port_bindings.insert("8080".into(), " ".into());
-        task.exposed_ports.insert("7777/TCP".into());
+        task.spec.port_bindings.insert("8080".into(), " ".into());
+        task.spec.exposed_ports.insert("7777/TCP".into());
         assert!(task.validate().is_empty(), "{:?}", task.validate());
         task.normalize();
         assert_eq!(
-            task.exposed_ports,
+            task.spec.exposed_ports,
             BTreeSet::from(["7777/tcp".to_string(), "8080/tcp".to_string()])
         );
         assert_eq!(
-            task.port_bindings.get("8080/tcp").map(String::as_str),
+            task.spec.port_bindings.get("8080/tcp").map(String::as_str),
             Some("")
         );
     }
@@ -1233,18 +1445,20 @@ mod tests {
         task.normalize();
         assert!(!task.id.is_nil());
         assert_eq!(task.name, format!("task-{}", task.short_id()));
-        assert_eq!(task.state, State::Pending);
-        assert_eq!(task.desired_state, State::Running);
+        assert_eq!(task.status.state, State::Pending);
+        assert_eq!(task.spec.desired_state, State::Running);
     }
 
     #[test]
     fn validation_names_each_bad_field() {
         let mut task = Task::new("bad", " ");
-        task.cpu = -1.0;
-        task.memory = 1000;
-        task.exposed_ports.insert("http".into());
-        task.port_bindings.insert("80/tcp".into(), "99999".into());
-        task.env.push("=x".into());
+        task.spec.cpu = -1.0;
+        task.spec.memory = 1000;
+        task.spec.exposed_ports.insert("http".into());
+        task.spec
+            .port_bindings
+            .insert("80/tcp".into(), "99999".into());
+        task.spec.env.push("=x".into());
         let findings = task.validate().join("\n");
         for field in [
             "Image: missing image name",
@@ -1264,16 +1478,20 @@ mod tests {
             "PortBindings": null, "HostPorts": null, "RestartPolicy": "", "ContainerID": "",
             "StartTime": "0001-01-01T00:00:00Z", "Memory": 0, "Cpu": 0.5}"#;
         let task: Task = serde_json::from_str(json).unwrap();
-        assert!(task.env.is_empty() && task.cmd.is_empty() && task.exposed_ports.is_empty());
-        assert_eq!(task.restart_policy, RestartPolicy::No);
-        assert_eq!(task.start_time, None);
-        assert_eq!(task.cpu, 0.5);
+        assert!(
+            task.spec.env.is_empty()
+                && task.spec.cmd.is_empty()
+                && task.spec.exposed_ports.is_empty()
+        );
+        assert_eq!(task.spec.restart_policy, RestartPolicy::No);
+        assert_eq!(task.status.run.start_time, None);
+        assert_eq!(task.spec.cpu, 0.5);
     }
 
     #[test]
     fn exposed_ports_round_trip_as_an_object_of_empty_objects() {
         let mut task = Task::new("web", "busybox");
-        task.exposed_ports.insert("7777/tcp".into());
+        task.spec.exposed_ports.insert("7777/tcp".into());
         let json = serde_json::to_value(&task).unwrap();
         assert_eq!(json["ExposedPorts"], serde_json::json!({"7777/tcp": {}}));
         let back: Task = serde_json::from_value(json).unwrap();
@@ -1302,8 +1520,11 @@ mod tests {
         )
         .unwrap();
         assert!(task.validate().is_empty(), "{:?}", task.validate());
-        assert_eq!(task.health_check_interval, Some(Duration::from_millis(500)));
-        assert_eq!(task.restart_delay, Some(Duration::ZERO));
+        assert_eq!(
+            task.spec.health_check_interval,
+            Some(Duration::from_millis(500))
+        );
+        assert_eq!(task.spec.restart_delay, Some(Duration::ZERO));
         let json = serde_json::to_value(&task).unwrap();
         assert_eq!(json["HealthCheckInterval"], "500ms");
         assert_eq!(json["RestartDelay"], "0s");
@@ -1312,7 +1533,7 @@ mod tests {
     #[test]
     fn a_health_check_needs_a_path_and_a_port() {
         let mut task = Task::new("t", "img");
-        task.health_check = "health".into();
+        task.spec.health_check = "health".into();
         let findings = task.validate().join("\n");
         assert!(findings.contains("not an HTTP path"), "{findings}");
         assert!(findings.contains("publishes no port"), "{findings}");
@@ -1321,17 +1542,17 @@ mod tests {
     #[test]
     fn the_backoff_doubles_per_quick_failure_up_to_its_cap() {
         let mut task = Task::new("t", "img");
-        task.restart_delay = Some(Duration::from_millis(500));
-        task.restart_delay_max = Some(Duration::from_secs(3));
+        task.spec.restart_delay = Some(Duration::from_millis(500));
+        task.spec.restart_delay_max = Some(Duration::from_secs(3));
         let waits: Vec<Duration> = (1..=5)
             .map(|streak| {
-                task.failure_streak = streak;
+                task.status.failure_streak = streak;
                 task.restart_backoff()
             })
             .collect();
         let ms = |n| Duration::from_millis(n);
         assert_eq!(waits, vec![ms(500), ms(1000), ms(2000), ms(3000), ms(3000)]);
-        task.restart_delay = Some(Duration::ZERO);
+        task.spec.restart_delay = Some(Duration::ZERO);
         assert_eq!(task.restart_backoff(), Duration::ZERO);
     }
 
@@ -1341,25 +1562,25 @@ mod tests {
         for n in 0..HISTORY_LIMIT + 5 {
             task.record(Utc::now(), "Event", n.to_string());
         }
-        assert_eq!(task.history.len(), HISTORY_LIMIT);
-        assert_eq!(task.history[0].message, "5");
+        assert_eq!(task.status.history.len(), HISTORY_LIMIT);
+        assert_eq!(task.status.history[0].message, "5");
     }
 
     #[test]
     fn a_runs_status_moves_as_one_value_and_a_restart_clears_it() {
         let mut worker_side = Task::new("t", "img");
-        worker_side.container_id = "c1".into();
-        worker_side.start_time = Some(Utc::now());
-        worker_side.exit_code = Some(3);
-        worker_side.error = Some("exit 3".into());
-        worker_side.health = Some(Health::Unhealthy);
-        worker_side.health_failures = 2;
+        worker_side.status.run.container_id = "c1".into();
+        worker_side.status.run.start_time = Some(Utc::now());
+        worker_side.status.run.exit_code = Some(3);
+        worker_side.status.run.error = Some("exit 3".into());
+        worker_side.status.run.health = Some(Health::Unhealthy);
+        worker_side.status.run.health_failures = 2;
         let mut manager_side = Task::new("t", "img");
-        manager_side.set_run_status(worker_side.run_status());
-        assert_eq!(manager_side.run_status(), worker_side.run_status());
-        assert_eq!(manager_side.container_id, "c1");
+        manager_side.status.run = worker_side.status.run.clone();
+        assert_eq!(manager_side.status.run, worker_side.status.run);
+        assert_eq!(manager_side.status.run.container_id, "c1");
         manager_side.clear_observed();
-        assert_eq!(manager_side.run_status(), RunStatus::default());
+        assert_eq!(manager_side.status.run, RunStatus::default());
     }
 
     #[test]
@@ -1557,7 +1778,7 @@ mod validation_tests {
     #[test]
     fn cpu_reads_as_millicores_and_writes_as_a_number() {
         let task: Task = serde_json::from_str(r#"{"Image": "x", "Cpu": "250m"}"#).unwrap();
-        assert_eq!(task.cpu, 0.25);
+        assert_eq!(task.spec.cpu, 0.25);
         assert_eq!(serde_json::to_value(&task).unwrap()["Cpu"], 0.25);
     }
 }
@@ -1569,27 +1790,27 @@ mod status_tests {
     /// A task whose every status field is set, as a careless or hostile submission would be.
     fn with_status() -> Task {
         let mut task = Task::new("t", "img");
-        task.state = State::Running;
-        task.desired_state = State::Completed;
-        task.container_id = "abc".into();
-        task.host_ports.insert(
+        task.status.state = State::Running;
+        task.spec.desired_state = State::Completed;
+        task.status.run.container_id = "abc".into();
+        task.status.run.host_ports.insert(
             "80/tcp".into(),
             vec![HostBinding {
                 host_ip: String::new(),
                 host_port: "1".into(),
             }],
         );
-        task.start_time = Some(Utc::now());
-        task.finish_time = Some(Utc::now());
-        task.exit_code = Some(3);
-        task.error = Some("boom".into());
-        task.health = Some(Health::Unhealthy);
-        task.health_failures = 4;
-        task.pending_reason = Some("full".into());
-        task.node_name = "w9".into();
-        task.restart_count = 7;
-        task.failure_streak = 3;
-        task.created_time = Some(Utc::now());
+        task.status.run.start_time = Some(Utc::now());
+        task.status.run.finish_time = Some(Utc::now());
+        task.status.run.exit_code = Some(3);
+        task.status.run.error = Some("boom".into());
+        task.status.run.health = Some(Health::Unhealthy);
+        task.status.run.health_failures = 4;
+        task.status.pending_reason = Some("full".into());
+        task.status.node_name = "w9".into();
+        task.status.restart_count = 7;
+        task.status.failure_streak = 3;
+        task.status.created_time = Some(Utc::now());
         task.record(Utc::now(), "Running", "made up");
         task
     }
@@ -1610,11 +1831,19 @@ mod status_tests {
         let submitted = with_status();
         let mut task = submitted.clone();
         task.clear_status(Receiver::Worker);
-        assert_eq!(task.restart_count, 7);
-        assert_eq!(task.created_time, submitted.created_time);
-        assert_eq!(task.state, State::Pending);
-        assert!(task.history.is_empty() && task.failure_streak == 0 && task.node_name.is_empty());
-        assert!(task.container_id.is_empty() && task.exit_code.is_none() && task.health.is_none());
+        assert_eq!(task.status.restart_count, 7);
+        assert_eq!(task.status.created_time, submitted.status.created_time);
+        assert_eq!(task.status.state, State::Pending);
+        assert!(
+            task.status.history.is_empty()
+                && task.status.failure_streak == 0
+                && task.status.node_name.is_empty()
+        );
+        assert!(
+            task.status.run.container_id.is_empty()
+                && task.status.run.exit_code.is_none()
+                && task.status.run.health.is_none()
+        );
     }
 
     #[test]
@@ -1622,12 +1851,15 @@ mod status_tests {
         let task = Task::new("t", "img");
         let mut other = task.clone();
         assert!(task.spec_differences(&other).is_empty());
-        other.image = "img:2".into();
-        other.memory = 64 << 20;
-        other.cmd = vec!["sleep".into()];
-        other.port_bindings.insert("80/tcp".into(), String::new());
-        other.health_check_interval = Some(Duration::from_secs(1));
-        other.restart_delay_max = Some(Duration::from_secs(9));
+        other.spec.image = "img:2".into();
+        other.spec.memory = 64 << 20;
+        other.spec.cmd = vec!["sleep".into()];
+        other
+            .spec
+            .port_bindings
+            .insert("80/tcp".into(), String::new());
+        other.spec.health_check_interval = Some(Duration::from_secs(1));
+        other.spec.restart_delay_max = Some(Duration::from_secs(9));
         assert_eq!(
             task.spec_differences(&other),
             vec![
@@ -1649,7 +1881,7 @@ mod status_tests {
         other.name = task.name.clone();
         assert!(task.spec_differences(&other).is_empty());
         other.name = "renamed".into();
-        other.cpu = 0.5;
+        other.spec.cpu = 0.5;
         assert_eq!(task.spec_differences(&other), vec!["Name", "Cpu"]);
     }
 }
@@ -1670,6 +1902,9 @@ mod history_tests {
         assert_eq!(other.event, "Custom");
         let mut task = Task::new("t", "img");
         task.record(Utc::now(), "Placed", "on w1");
-        assert!(matches!(task.history[0].event, Cow::Borrowed("Placed")));
+        assert!(matches!(
+            task.status.history[0].event,
+            Cow::Borrowed("Placed")
+        ));
     }
 }

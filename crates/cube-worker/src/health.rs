@@ -44,9 +44,9 @@ impl HealthSchedule {
 
     /// Follows a task's record: a running task with a health check is probed, any other not.
     pub(crate) fn track(&self, task: &Task) {
-        let wanted = task.state == cube_types::State::Running
+        let wanted = task.status.state == cube_types::State::Running
             && task.has_health_check()
-            && task.health != Some(cube_types::Health::Unhealthy);
+            && task.status.run.health != Some(cube_types::Health::Unhealthy);
         let mut due = self.lock();
         if !wanted {
             due.remove(&task.id);
@@ -96,9 +96,10 @@ impl HealthSchedule {
 /// exposed (in the order of their names, published ones first). The probe goes to this port
 /// inside the container, not to the host port Docker publishes it on (see `namespace.rs`).
 pub(crate) fn probe_port(task: &Task) -> Option<u16> {
-    task.port_bindings
+    task.spec
+        .port_bindings
         .keys()
-        .chain(task.exposed_ports.iter())
+        .chain(task.spec.exposed_ports.iter())
         .find_map(|port| tcp_port_number(port))
 }
 
@@ -120,10 +121,10 @@ pub(crate) async fn probe(task: &Task, pid: Option<u32>) -> Result<(), String> {
     let Some(pid) = pid else {
         return Err("the container is not running".to_string());
     };
-    let kind = match task.health_check_type.unwrap_or(HealthCheckType::Http) {
+    let kind = match task.spec.health_check_type.unwrap_or(HealthCheckType::Http) {
         HealthCheckType::Tcp => ProbeKind::Tcp,
         HealthCheckType::Http => ProbeKind::Http {
-            path: task.health_check.trim().to_string(),
+            path: task.spec.health_check.trim().to_string(),
         },
     };
     namespace::probe(pid, port, kind, task.health_timeout()).await
@@ -136,10 +137,10 @@ mod tests {
 
     fn running_with_check() -> Task {
         let mut task = Task::new("t", "img");
-        task.state = State::Running;
-        task.health_check = "/health".into();
-        task.health_check_interval = Some(Duration::from_secs(2));
-        task.host_ports.insert(
+        task.status.state = State::Running;
+        task.spec.health_check = "/health".into();
+        task.spec.health_check_interval = Some(Duration::from_secs(2));
+        task.status.run.host_ports.insert(
             "7777/tcp".into(),
             vec![HostBinding {
                 host_ip: "0.0.0.0".into(),
@@ -167,7 +168,7 @@ mod tests {
         assert_eq!(schedule.next_due(), Some(first + Duration::from_secs(2)));
 
         let mut ended = task.clone();
-        ended.state = State::Failed;
+        ended.status.state = State::Failed;
         schedule.track(&ended);
         assert_eq!(schedule.next_due(), None, "an ended task is not probed");
     }
@@ -175,7 +176,9 @@ mod tests {
     #[test]
     fn the_probe_goes_to_the_container_port_not_the_host_port() {
         let mut task = running_with_check();
-        task.port_bindings.insert("7777/tcp".into(), String::new());
+        task.spec
+            .port_bindings
+            .insert("7777/tcp".into(), String::new());
         assert_eq!(probe_port(&task), Some(7777));
         assert_eq!(probe_port(&Task::new("t", "img")), None);
     }
@@ -183,11 +186,11 @@ mod tests {
     #[test]
     fn an_exposed_port_is_enough_to_probe_and_udp_ports_are_skipped() {
         let mut task = Task::new("t", "img");
-        task.exposed_ports.insert("53/udp".into());
+        task.spec.exposed_ports.insert("53/udp".into());
         assert_eq!(probe_port(&task), None);
-        task.exposed_ports.insert("8080/tcp".into());
+        task.spec.exposed_ports.insert("8080/tcp".into());
         assert_eq!(probe_port(&task), Some(8080));
-        task.port_bindings.insert("9090".into(), "0".into());
+        task.spec.port_bindings.insert("9090".into(), "0".into());
         assert_eq!(
             probe_port(&task),
             Some(9090),

@@ -208,7 +208,8 @@ impl<R: Runtime> Worker<R> {
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
-            let new_run = current.state.is_terminal() && task.restart_count > current.restart_count;
+            let new_run = current.status.state.is_terminal()
+                && task.status.restart_count > current.status.restart_count;
             if !new_run {
                 // Asking again for a task that runs or is starting changes nothing.
                 checked_transition(&current, State::Running)?;
@@ -218,22 +219,23 @@ impl<R: Runtime> Worker<R> {
             // run's container has a name of its own; what is left of the last run's is
             // removed once the new one runs (`tidy`), off the restart's path.
             current
+                .status
                 .state
                 .restart()
                 .map_err(|transition| WorkerError::Conflict {
                     id: current.id,
                     transition,
                 })?;
-            tracing::info!(task = %task.id, restart = task.restart_count, "a new run of a task that ended here");
+            tracing::info!(task = %task.id, restart = task.status.restart_count, "a new run of a task that ended here");
         }
         // The worker owns what it observes: whatever the submission said about a container
         // (or the manager's own records) is not this worker's to believe or keep; the run
         // number is the manager's and is kept.
         task.clear_status(Receiver::Worker);
-        task.state = checked_transition(&task, State::Scheduled)?;
-        task.node_name = self.config.name.clone();
-        if task.created_time.is_none() {
-            task.created_time = Some(Utc::now());
+        task.status.state = checked_transition(&task, State::Scheduled)?;
+        task.status.node_name = self.config.name.clone();
+        if task.status.created_time.is_none() {
+            task.status.created_time = Some(Utc::now());
         }
         self.save(&task)?;
         self.send(Command::Start(task.id)).await?;
@@ -249,9 +251,9 @@ impl<R: Runtime> Worker<R> {
             .tasks
             .get(&id.to_string())?
             .ok_or(WorkerError::NotFound(id))?;
-        if !task.state.is_terminal() && task.desired_state != State::Completed {
+        if !task.status.state.is_terminal() && task.spec.desired_state != State::Completed {
             checked_transition(&task, State::Completed)?;
-            task.desired_state = State::Completed;
+            task.spec.desired_state = State::Completed;
             self.save(&task)?;
         }
         self.send(Command::Stop(id)).await?;
@@ -344,7 +346,7 @@ impl<R: Runtime> Worker<R> {
         self.tasks.put(&task.id.to_string(), task)?;
         {
             let mut running = lock_running(&self.running);
-            if task.state == State::Running {
+            if task.status.state == State::Running {
                 running.insert(task.id);
             } else {
                 running.remove(&task.id);
@@ -509,7 +511,7 @@ impl<R: Runtime> Worker<R> {
         };
         // The container's process, whose network namespace the probe enters; asked now, as
         // the process of a container that was restarted outside Cube is another.
-        let pid = match self.runtime.inspect(&task.container_id).await {
+        let pid = match self.runtime.inspect(&task.status.run.container_id).await {
             Ok(info) => info.and_then(|info| info.pid),
             Err(err) => {
                 tracing::warn!(task = %id, error = %err, "cannot inspect a container to probe it");
@@ -521,7 +523,10 @@ impl<R: Runtime> Worker<R> {
         let result = health::probe(&task, pid).await;
         self.health
             .reschedule(id, tokio::time::Instant::now() + task.health_interval());
-        if let Err(err) = self.record_probe(id, &task.container_id, result).await {
+        if let Err(err) = self
+            .record_probe(id, &task.status.run.container_id, result)
+            .await
+        {
             tracing::error!(task = %id, error = %err, "cannot record a health check");
         }
     }
@@ -539,49 +544,51 @@ impl<R: Runtime> Worker<R> {
         let Some(mut task) = self.tasks.get(&id.to_string())? else {
             return Ok(());
         };
-        if task.state != State::Running || task.container_id != probed_container {
+        if task.status.state != State::Running || task.status.run.container_id != probed_container {
             return Ok(()); // the run that was probed has ended meanwhile
         }
         let reason = match result {
             Ok(()) => {
-                if task.health != Some(Health::Healthy) || task.health_failures != 0 {
-                    if task.health_failures != 0 {
-                        task.error = None;
+                if task.status.run.health != Some(Health::Healthy)
+                    || task.status.run.health_failures != 0
+                {
+                    if task.status.run.health_failures != 0 {
+                        task.status.run.error = None;
                     }
-                    task.health = Some(Health::Healthy);
-                    task.health_failures = 0;
+                    task.status.run.health = Some(Health::Healthy);
+                    task.status.run.health_failures = 0;
                     self.save(&task)?;
                 }
                 return Ok(());
             }
             Err(reason) => reason,
         };
-        task.health_failures += 1;
+        task.status.run.health_failures += 1;
         let retries = task.health_retries();
-        if task.health_failures < retries {
-            task.error = Some(format!(
+        if task.status.run.health_failures < retries {
+            task.status.run.error = Some(format!(
                 "health check failed ({} of {retries}): {reason}",
-                task.health_failures
+                task.status.run.health_failures
             ));
             self.save(&task)?;
             return Ok(());
         }
         let reason = format!(
             "unhealthy: {} health checks failed in a row; the last: {reason}",
-            task.health_failures
+            task.status.run.health_failures
         );
         tracing::warn!(task = %id, name = %task.name, %reason, "stopping an unhealthy task");
-        task.health = Some(Health::Unhealthy);
+        task.status.run.health = Some(Health::Unhealthy);
         if let Err(err) = self
             .runtime
-            .stop(&task.container_id, self.config.stop_timeout)
+            .stop(&task.status.run.container_id, self.config.stop_timeout)
             .await
         {
             tracing::warn!(task = %id, error = %err, "cannot stop the unhealthy container");
         }
-        if let Ok(Some(info)) = self.runtime.inspect(&task.container_id).await {
-            task.exit_code = info.exit_code;
-            task.finish_time = info.finished_at;
+        if let Ok(Some(info)) = self.runtime.inspect(&task.status.run.container_id).await {
+            task.status.run.exit_code = info.exit_code;
+            task.status.run.finish_time = info.finished_at;
         }
         self.fail(task, reason)
     }
@@ -602,7 +609,7 @@ impl<R: Runtime> Worker<R> {
         let known: HashSet<Uuid> = tasks.iter().map(|task| task.id).collect();
         for task in &tasks {
             self.health.track(task);
-            let command = match (task.state, task.desired_state) {
+            let command = match (task.status.state, task.spec.desired_state) {
                 (state, State::Completed) if !state.is_terminal() => Some(Command::Stop(task.id)),
                 (State::Scheduled, _) => Some(Command::Start(task.id)),
                 (State::Running | State::Lost, _) => Some(Command::Check(task.id)),
@@ -651,14 +658,14 @@ impl<R: Runtime> Worker<R> {
     /// existing container are learnt from create's answer (as `docker run` does), not asked
     /// about before every start.
     async fn start(&self, mut task: Task) -> Result<(), WorkerError> {
-        if task.state != State::Scheduled || task.desired_state != State::Running {
+        if task.status.state != State::Scheduled || task.spec.desired_state != State::Running {
             return Ok(());
         }
         let spec = ContainerSpec::for_task(&task, &self.config.name);
-        let created = if task.container_id.is_empty() {
+        let created = if task.status.run.container_id.is_empty() {
             match self.runtime.create(&spec).await {
                 Err(RuntimeError::Image { .. }) => {
-                    match self.runtime.ensure_image(&task.image).await {
+                    match self.runtime.ensure_image(&task.spec.image).await {
                         Ok(()) => self.runtime.create(&spec).await,
                         Err(err) => return self.fail(task, err.to_string()),
                     }
@@ -690,7 +697,7 @@ impl<R: Runtime> Worker<R> {
             },
             Err(err) => return self.fail(task, format!("cannot create the container: {err}")),
         };
-        task.container_id = container_id.clone();
+        task.status.run.container_id = container_id.clone();
         if let Err(err) = self.runtime.start(&container_id).await {
             // A container that cannot start (port taken, bad command) is removed, so that the
             // task's failure is all that remains of it.
@@ -699,7 +706,7 @@ impl<R: Runtime> Worker<R> {
         }
         match self.runtime.inspect(&container_id).await {
             Ok(Some(info)) => {
-                let restarted = (task.restart_count > 0).then(|| task.clone());
+                let restarted = (task.status.restart_count > 0).then(|| task.clone());
                 self.observe(task, info)?;
                 // Once the new run is recorded (and reported), what is left of the last one
                 // on this node goes.
@@ -734,23 +741,23 @@ impl<R: Runtime> Worker<R> {
             if let Err(err) = self.runtime.remove(&info.id).await {
                 return self.record_error(task, format!("cannot remove the container: {err}"));
             }
-            if !task.state.is_terminal() {
-                task.exit_code = exited.as_ref().and_then(|info| info.exit_code);
-                task.finish_time = exited.and_then(|info| info.finished_at);
+            if !task.status.state.is_terminal() {
+                task.status.run.exit_code = exited.as_ref().and_then(|info| info.exit_code);
+                task.status.run.finish_time = exited.and_then(|info| info.finished_at);
             }
         }
-        if task.state.is_terminal() {
+        if task.status.state.is_terminal() {
             // Only the leftover container was removed; its ports are no longer bound.
-            if info.is_some() && !task.host_ports.is_empty() {
-                task.host_ports.clear();
+            if info.is_some() && !task.status.run.host_ports.is_empty() {
+                task.status.run.host_ports.clear();
                 self.save(&task)?;
             }
             return Ok(());
         }
-        task.host_ports.clear();
-        task.state = State::Completed;
-        task.finish_time.get_or_insert_with(Utc::now);
-        task.error = None;
+        task.status.run.host_ports.clear();
+        task.status.state = State::Completed;
+        task.status.run.finish_time.get_or_insert_with(Utc::now);
+        task.status.run.error = None;
         self.save(&task)?;
         tracing::info!(task = %task.id, name = %task.name, "task stopped");
         Ok(())
@@ -766,7 +773,7 @@ impl<R: Runtime> Worker<R> {
             .map_err(|err| WorkerError::Runtime(err.to_string()))?;
         for leftover in containers
             .iter()
-            .filter(|info| info.task_id == Some(task.id) && info.id != task.container_id)
+            .filter(|info| info.task_id == Some(task.id) && info.id != task.status.run.container_id)
         {
             if let Err(err) = self.runtime.remove(&leftover.id).await {
                 tracing::warn!(task = %task.id, container = %leftover.id, error = %err, "cannot remove an earlier run's container");
@@ -777,16 +784,16 @@ impl<R: Runtime> Worker<R> {
 
     /// Brings a task's observed state in line with its container after an event or a resync.
     async fn check(&self, task: Task) -> Result<(), WorkerError> {
-        if task.desired_state == State::Completed && !task.state.is_terminal() {
+        if task.spec.desired_state == State::Completed && !task.status.state.is_terminal() {
             return self.stop(task).await;
         }
-        if !matches!(task.state, State::Running | State::Lost) {
+        if !matches!(task.status.state, State::Running | State::Lost) {
             return Ok(());
         }
         match self.find_container(&task).await {
             Ok(Some(info)) => self.observe(task, info),
             Ok(None) => {
-                let container = task.container_id.clone();
+                let container = task.status.run.container_id.clone();
                 self.fail(task, format!("container {container} disappeared (removed outside Cube, or while the worker was down)"))
             }
             Err(err) => {
@@ -804,8 +811,8 @@ impl<R: Runtime> Worker<R> {
         let mine = |info: &ContainerInfo| {
             info.node.as_deref() == Some(self.config.name.as_str()) && info.task_id == Some(task.id)
         };
-        if !task.container_id.is_empty()
-            && let Some(info) = self.runtime.inspect(&task.container_id).await?
+        if !task.status.run.container_id.is_empty()
+            && let Some(info) = self.runtime.inspect(&task.status.run.container_id).await?
             && mine(&info)
         {
             return Ok(Some(info));
@@ -826,7 +833,7 @@ impl<R: Runtime> Worker<R> {
         } else {
             State::Failed
         };
-        if let Err(transition) = task.state.transition(next) {
+        if let Err(transition) = task.status.state.transition(next) {
             tracing::debug!(task = %task.id, %transition, "observation ignored");
             return Ok(());
         }
@@ -837,39 +844,40 @@ impl<R: Runtime> Worker<R> {
         } else {
             Default::default()
         };
-        let changed =
-            task.state != next || task.container_id != info.id || task.host_ports != host_ports;
-        if next == State::Running && task.has_health_check() && task.health.is_none() {
+        let changed = task.status.state != next
+            || task.status.run.container_id != info.id
+            || task.status.run.host_ports != host_ports;
+        if next == State::Running && task.has_health_check() && task.status.run.health.is_none() {
             // Not healthy until a probe says so.
-            task.health = Some(Health::Starting);
+            task.status.run.health = Some(Health::Starting);
         }
-        task.state = next;
-        task.container_id = info.id.clone();
-        task.host_ports = host_ports;
-        task.start_time = info.started_at.or(task.start_time);
+        task.status.state = next;
+        task.status.run.container_id = info.id.clone();
+        task.status.run.host_ports = host_ports;
+        task.status.run.start_time = info.started_at.or(task.status.run.start_time);
         if next != State::Running {
-            task.exit_code = info.exit_code;
-            task.finish_time = info.finished_at.or_else(|| Some(Utc::now()));
-            task.error = (next == State::Failed).then(|| exit_reason(&info, &task));
+            task.status.run.exit_code = info.exit_code;
+            task.status.run.finish_time = info.finished_at.or_else(|| Some(Utc::now()));
+            task.status.run.error = (next == State::Failed).then(|| exit_reason(&info, &task));
         }
         if changed {
             self.save(&task)?;
-            tracing::info!(task = %task.id, name = %task.name, state = %task.state, exit_code = ?task.exit_code, "task state changed");
+            tracing::info!(task = %task.id, name = %task.name, state = %task.status.state, exit_code = ?task.status.run.exit_code, "task state changed");
         }
         Ok(())
     }
 
     /// The task failed for `reason`, unless it had already ended.
     fn fail(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
-        if task.state.transition(State::Failed).is_err() {
+        if task.status.state.transition(State::Failed).is_err() {
             return Ok(());
         }
         tracing::warn!(task = %task.id, name = %task.name, %reason, "task failed");
-        task.state = State::Failed;
-        task.finish_time = Some(Utc::now());
-        task.error = Some(reason);
+        task.status.state = State::Failed;
+        task.status.run.finish_time = Some(Utc::now());
+        task.status.run.error = Some(reason);
         // The run is over (or never began): no port of it stays bound.
-        task.host_ports.clear();
+        task.status.run.host_ports.clear();
         self.save(&task)?;
         Ok(())
     }
@@ -877,7 +885,7 @@ impl<R: Runtime> Worker<R> {
     /// An operation that did not go through: the task keeps its state, and says why.
     fn record_error(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
         tracing::warn!(task = %task.id, %reason, "operation failed; the next resync tries again");
-        task.error = Some(reason);
+        task.status.run.error = Some(reason);
         self.save(&task)?;
         Ok(())
     }
@@ -898,7 +906,7 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
     let running = stored
         .iter()
         .flatten()
-        .filter(|task| task.state == State::Running)
+        .filter(|task| task.status.state == State::Running)
         .map(|task| task.id)
         .collect();
     let loaded = stored.is_some();
@@ -920,7 +928,8 @@ fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, Has
 
 /// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
 fn checked_transition(task: &Task, next: State) -> Result<State, WorkerError> {
-    task.state
+    task.status
+        .state
         .transition(next)
         .map_err(|transition| WorkerError::Conflict {
             id: task.id,
@@ -933,7 +942,7 @@ fn exit_reason(info: &ContainerInfo, task: &Task) -> String {
     if info.oom_killed {
         return format!(
             "killed for using more than its memory limit of {} bytes",
-            task.memory
+            task.spec.memory
         );
     }
     let mut reason = match info.exit_code {

@@ -655,14 +655,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(yaml.document, json.document);
-        assert_eq!(yaml.submission.event.task.memory, 64 * 1024 * 1024);
+        assert_eq!(yaml.submission.event.task.spec.memory, 64 * 1024 * 1024);
     }
 
     #[test]
     fn yaml_number_keys_become_strings() {
         let document = parse("t.yaml", "Image: x\nPortBindings:\n  7777: \"8080\"\n").unwrap();
         assert_eq!(
-            document.submission.event.task.port_bindings["7777/tcp"],
+            document.submission.event.task.spec.port_bindings["7777/tcp"],
             "8080"
         );
     }
@@ -737,7 +737,7 @@ mod tests {
         assert_eq!(yaml.document, json.document);
         assert_eq!(yaml.job.name, "web");
         assert_eq!(yaml.job.groups[0].count, Some(3));
-        assert_eq!(yaml.job.groups[0].task.port_bindings["7777/tcp"], "");
+        assert_eq!(yaml.job.groups[0].task.spec.port_bindings["7777/tcp"], "");
     }
 
     const TWO_GROUPS: &str = "Name: web\nGroups:\n- Name: api\n  Count: 2\n  Task:\n    Image: x\n\

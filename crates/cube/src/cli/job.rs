@@ -306,7 +306,7 @@ fn live_copies(view: Option<&JobView>) -> usize {
     view.map_or(0, |view| {
         view.tasks
             .iter()
-            .filter(|task| !task.state.is_terminal())
+            .filter(|task| !task.status.state.is_terminal())
             .count()
     })
 }

@@ -183,13 +183,19 @@ pub fn convergence(view: &JobView) -> Convergence {
 pub fn failed_copies(view: &JobView) -> Vec<String> {
     view.tasks
         .iter()
-        .filter(|task| task.state == State::Failed && task.desired_state == State::Running)
+        .filter(|task| {
+            task.status.state == State::Failed && task.spec.desired_state == State::Running
+        })
         .map(|task| {
             let exit = task
+                .status
+                .run
                 .exit_code
                 .map(|code| format!(" (exit code {code})"))
                 .unwrap_or_default();
             let error = task
+                .status
+                .run
                 .error
                 .as_deref()
                 .map(|error| format!(": {}", error.trim()))
@@ -203,13 +209,21 @@ pub fn failed_copies(view: &JobView) -> Vec<String> {
 pub fn waiting_copies(view: &JobView) -> Vec<String> {
     view.tasks
         .iter()
-        .filter(|task| task.desired_state == State::Running && !task.state.is_terminal())
+        .filter(|task| {
+            task.spec.desired_state == State::Running && !task.status.state.is_terminal()
+        })
         .filter_map(|task| {
             let why = task
+                .status
                 .pending_reason
                 .as_deref()
-                .or(task.dispatch_error.as_deref())?;
-            Some(format!("{}: {} ({})", task.name, task.state, why.trim()))
+                .or(task.status.dispatch_error.as_deref())?;
+            Some(format!(
+                "{}: {} ({})",
+                task.name,
+                task.status.state,
+                why.trim()
+            ))
         })
         .collect()
 }
@@ -286,12 +300,15 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
     lines.extend([String::new(), "Groups".to_string()]);
     lines.extend(summary_table(view));
 
-    let (mut shown, stopped): (Vec<&Task>, Vec<&Task>) = view
-        .tasks
-        .iter()
-        .partition(|task| !(task.desired_state != State::Running && task.state.is_terminal()));
+    let (mut shown, stopped): (Vec<&Task>, Vec<&Task>) = view.tasks.iter().partition(|task| {
+        !(task.spec.desired_state != State::Running && task.status.state.is_terminal())
+    });
     shown.sort_by(|a, b| {
-        (&a.group, a.index, a.created_time).cmp(&(&b.group, b.index, b.created_time))
+        (&a.spec.group, a.spec.index, a.status.created_time).cmp(&(
+            &b.spec.group,
+            b.spec.index,
+            b.status.created_time,
+        ))
     });
     lines.extend([String::new(), "Tasks".to_string()]);
     if shown.is_empty() {
@@ -302,11 +319,11 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
             vec![
                 task.short_id(),
                 task.name.clone(),
-                task.state.name().to_string(),
-                if task.node_name.is_empty() {
+                task.status.state.name().to_string(),
+                if task.status.node_name.is_empty() {
                     "-".to_string()
                 } else {
-                    task.node_name.clone()
+                    task.status.node_name.clone()
                 },
             ]
         }));
@@ -428,10 +445,10 @@ mod tests {
     fn copy(index: u32, state: State, node: &str) -> Task {
         let mut task = Task::new(format!("web.api[{index}]"), "cube-sample:latest");
         task.id = Uuid::from_u128(0x3f2a9c1e_0000_0000_0000_000000000000 + u128::from(index));
-        task.group = "api".to_string();
-        task.index = Some(index);
-        task.state = state;
-        task.node_name = node.to_string();
+        task.spec.group = "api".to_string();
+        task.spec.index = Some(index);
+        task.status.state = state;
+        task.status.node_name = node.to_string();
         task
     }
 
@@ -452,7 +469,7 @@ mod tests {
         .unwrap();
         assert_eq!(view.version, 3);
         assert_eq!(view.summary["api"].running, 3);
-        assert_eq!(view.tasks[0].node_name, "w1");
+        assert_eq!(view.tasks[0].status.node_name, "w1");
         assert_eq!(convergence(&view), Convergence::Converged);
     }
 
@@ -491,8 +508,8 @@ mod tests {
         );
         let mut failed = view(JobType::Batch, Some(3), "failed", counts);
         let mut copy = copy(1, State::Failed, "w1");
-        copy.exit_code = Some(3);
-        copy.error = Some("container exited with code 3".to_string());
+        copy.status.run.exit_code = Some(3);
+        copy.status.run.error = Some("container exited with code 3".to_string());
         failed.tasks.push(copy);
         assert_eq!(
             convergence(&failed),
@@ -586,10 +603,10 @@ mod tests {
         );
         web.tasks = vec![copy(1, State::Running, "w1"), copy(0, State::Running, "w1")];
         let mut waiting = copy(2, State::Pending, "");
-        waiting.pending_reason = Some("w1: needs 64.0 MiB memory".to_string());
+        waiting.status.pending_reason = Some("w1: needs 64.0 MiB memory".to_string());
         web.tasks.push(waiting);
         let mut stopped = copy(3, State::Completed, "w1");
-        stopped.desired_state = State::Completed;
+        stopped.spec.desired_state = State::Completed;
         web.tasks.push(stopped);
         let lines = job_details(&web, now);
         let text = lines.join("\n");

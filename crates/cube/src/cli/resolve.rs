@@ -74,7 +74,7 @@ fn candidate_lines(candidates: &[&Task]) -> Vec<String> {
             vec![
                 task.short_id(),
                 task.name.clone(),
-                task.state.name().to_string(),
+                task.status.state.name().to_string(),
             ]
         })
         .collect();

@@ -143,18 +143,18 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
                     "task {} ({short}) already exists, unchanged: {}; see it with: cube status \
                      {short}{}",
                     task.id,
-                    task.state,
+                    task.status.state,
                     args.flags.manager_hint()
                 );
             } else {
                 eprintln!(
                     "task {} ({short}) accepted: {}; see it with: cube status {short}{}",
                     task.name,
-                    task.state,
+                    task.status.state,
                     args.flags.manager_hint()
                 );
             }
-            if let Some(reason) = &task.pending_reason
+            if let Some(reason) = &task.status.pending_reason
                 && !args.wait
             {
                 eprintln!("waiting: {reason}");
@@ -169,11 +169,11 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
                 "task {} ({}) is {}{}",
                 running.name,
                 running.short_id(),
-                running.state,
-                if running.node_name.is_empty() {
+                running.status.state,
+                if running.status.node_name.is_empty() {
                     String::new()
                 } else {
-                    format!(" on {}", running.node_name)
+                    format!(" on {}", running.status.node_name)
                 }
             ),
         }
@@ -200,31 +200,31 @@ fn task_from_flags(flags: &TaskFlags) -> anyhow::Result<(String, Value, Submissi
         bail!("give an IMAGE to run, or a task file with -f FILE");
     };
     let mut task = Task::new(flags.name.clone().unwrap_or_default(), image.clone());
-    task.cmd = flags.command.clone();
-    task.cpu = flags.cpus.unwrap_or(0.0);
-    task.memory = flags.memory.unwrap_or(0);
-    task.disk = flags.disk.unwrap_or(0);
+    task.spec.cmd = flags.command.clone();
+    task.spec.cpu = flags.cpus.unwrap_or(0.0);
+    task.spec.memory = flags.memory.unwrap_or(0);
+    task.spec.disk = flags.disk.unwrap_or(0);
     for entry in &flags.env {
-        task.env.push(env_entry(entry)?);
+        task.spec.env.push(env_entry(entry)?);
     }
     for publish in &flags.publish {
         let (container, host) = parse_publish(publish)?;
-        task.exposed_ports.insert(container.clone());
-        task.port_bindings.insert(container, host);
+        task.spec.exposed_ports.insert(container.clone());
+        task.spec.port_bindings.insert(container, host);
     }
     if let Some(restart) = flags.restart {
-        task.restart_policy = match restart {
+        task.spec.restart_policy = match restart {
             RestartFlag::No => RestartPolicy::No,
             RestartFlag::OnFailure => RestartPolicy::OnFailure,
             RestartFlag::Always => RestartPolicy::Always,
             RestartFlag::UnlessStopped => RestartPolicy::UnlessStopped,
         };
     }
-    task.max_restarts = flags.max_restarts;
+    task.spec.max_restarts = flags.max_restarts;
     if let Some(path) = &flags.health_check {
-        task.health_check = path.clone();
+        task.spec.health_check = path.clone();
     }
-    task.health_check_type = flags.health_check_type.map(|kind| match kind {
+    task.spec.health_check_type = flags.health_check_type.map(|kind| match kind {
         HealthCheckFlag::Http => HealthCheckType::Http,
         HealthCheckFlag::Tcp => HealthCheckType::Tcp,
     });
@@ -340,10 +340,10 @@ mod tests {
         let (_, _, submission) = task_from_flags(&flags).unwrap();
         let task = submission.event.task;
         assert_eq!(task.name, "web");
-        assert_eq!(task.port_bindings["7777/tcp"], "");
-        assert!(task.exposed_ports.contains("7777/tcp"));
-        assert_eq!(task.restart_policy, RestartPolicy::OnFailure);
-        assert_eq!(task.cmd, ["sh", "-c", "exit 3"]);
+        assert_eq!(task.spec.port_bindings["7777/tcp"], "");
+        assert!(task.spec.exposed_ports.contains("7777/tcp"));
+        assert_eq!(task.spec.restart_policy, RestartPolicy::OnFailure);
+        assert_eq!(task.spec.cmd, ["sh", "-c", "exit 3"]);
     }
 
     #[test]

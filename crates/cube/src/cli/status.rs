@@ -97,7 +97,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
 /// manager's order breaking ties), without the ended ones unless `all`; and how many were
 /// left out.
 fn listed(mut tasks: Vec<Task>, all: bool) -> (Vec<Task>, usize) {
-    tasks.sort_by_key(|task| Reverse(task.created_time));
+    tasks.sort_by_key(|task| Reverse(task.status.created_time));
     if all {
         return (tasks, 0);
     }
@@ -110,8 +110,10 @@ fn listed(mut tasks: Vec<Task>, all: bool) -> (Vec<Task>, usize) {
 /// A task whose run is over and that will not run again by itself: Completed, Failed or Lost
 /// with no restart to come. `cube status` leaves these out unless asked.
 fn is_ended(task: &Task) -> bool {
-    matches!(task.state, State::Completed | State::Failed | State::Lost)
-        && task.next_restart.is_none()
+    matches!(
+        task.status.state,
+        State::Completed | State::Failed | State::Lost
+    ) && task.status.next_restart.is_none()
 }
 
 /// `3 ended tasks not shown; cube status --all`, when some were left out.
@@ -140,15 +142,15 @@ fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
         let mut row = vec![
             task.short_id(),
             task.name.clone(),
-            time_ago(task.created_time, now),
+            time_ago(task.status.created_time, now),
             state_cell(task),
-            or_dash(&task.node_name),
-            task.image.clone(),
+            or_dash(&task.status.node_name),
+            task.spec.image.clone(),
         ];
         if wide {
             row.extend([
-                limit_or_dash(task.cpu > 0.0, || format_cores(task.cpu)),
-                limit_or_dash(task.memory > 0, || format_size(task.memory)),
+                limit_or_dash(task.spec.cpu > 0.0, || format_cores(task.spec.cpu)),
+                limit_or_dash(task.spec.memory > 0, || format_size(task.spec.memory)),
                 restarts(task),
                 or_dash(health_name(task)),
             ]);
@@ -171,10 +173,10 @@ fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
 /// The state's name, or `Restarting` while the task waits out its restart backoff: between
 /// two runs a task must not look like one that failed for good.
 fn state_cell(task: &Task) -> String {
-    if task.next_restart.is_some() {
+    if task.status.next_restart.is_some() {
         "Restarting".to_string()
     } else {
-        task.state.name().to_string()
+        task.status.state.name().to_string()
     }
 }
 
@@ -191,8 +193,8 @@ fn task_note(task: &Task, now: DateTime<Utc>) -> Option<String> {
         }
     } else if let Some(waiting) = waiting_phrase(task, now) {
         format!("waiting: {waiting}")
-    } else if task.state == State::Pending {
-        format!("waiting: {}", task.pending_reason.as_deref()?.trim())
+    } else if task.status.state == State::Pending {
+        format!("waiting: {}", task.status.pending_reason.as_deref()?.trim())
     } else {
         last_error(task)?
     };
@@ -201,11 +203,11 @@ fn task_note(task: &Task, now: DateTime<Utc>) -> Option<String> {
 
 /// `failed: exit code 1` for a failed or lost task with an error.
 fn last_error(task: &Task) -> Option<String> {
-    match task.state {
+    match task.status.state {
         State::Failed | State::Lost => Some(format!(
             "{}: {}",
-            task.state.name().to_ascii_lowercase(),
-            task.error.as_deref()?.trim()
+            task.status.state.name().to_ascii_lowercase(),
+            task.status.run.error.as_deref()?.trim()
         )),
         _ => None,
     }
@@ -214,9 +216,10 @@ fn last_error(task: &Task) -> Option<String> {
 /// `Restarting in 6s (attempt 3 of 5)` while the task waits out its restart backoff: the
 /// coming run is restart number `RestartCount + 1`, of `MaxRestarts` when there is a limit.
 fn restart_phrase(task: &Task, now: DateTime<Utc>) -> Option<String> {
-    let at = task.next_restart?;
-    let attempt = task.restart_count.saturating_add(1);
+    let at = task.status.next_restart?;
+    let attempt = task.status.restart_count.saturating_add(1);
     let limit = task
+        .spec
         .max_restarts
         .map(|max| format!(" of {max}"))
         .unwrap_or_default();
@@ -229,8 +232,8 @@ fn restart_phrase(task: &Task, now: DateTime<Utc>) -> Option<String> {
 /// `cannot reach w1 (next attempt in 3s)` while the manager cannot hand the task to its node
 /// (or stop it there) and keeps trying.
 fn waiting_phrase(task: &Task, now: DateTime<Utc>) -> Option<String> {
-    let error = task.dispatch_error.as_deref()?.trim();
-    Some(match task.next_attempt {
+    let error = task.status.dispatch_error.as_deref()?.trim();
+    Some(match task.status.next_attempt {
         Some(at) => format!("{error} (next attempt {})", time_until(at, now)),
         None => error.to_string(),
     })
@@ -247,8 +250,8 @@ fn lowercase_first(text: &str) -> String {
 /// One task's fields, one per line.
 fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
     let state = match restart_phrase(task, now) {
-        Some(restart) => format!("{}; {restart}", task.state.name()),
-        None => task.state.name().to_string(),
+        Some(restart) => format!("{}; {restart}", task.status.state.name()),
+        None => task.status.state.name().to_string(),
     };
     let mut pairs = vec![
         ("ID", task.id.to_string()),
@@ -259,52 +262,55 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         pairs.push(("Desired", desired));
     }
     let waiting: Vec<String> = task
+        .status
         .pending_reason
         .iter()
         .map(|reason| reason.trim().to_string())
         .chain(waiting_phrase(task, now))
         .collect();
     pairs.extend([
-        ("Node", task.node_name.clone()),
-        ("Image", task.image.clone()),
-        ("Cmd", command_line(&task.cmd)),
-        ("Env", task.env.join("\n")),
+        ("Node", task.status.node_name.clone()),
+        ("Image", task.spec.image.clone()),
+        ("Cmd", command_line(&task.spec.cmd)),
+        ("Env", task.spec.env.join("\n")),
         (
             "Cpu",
-            limit_or_none(task.cpu > 0.0, || {
-                format!("{} cores", format_cores(task.cpu))
+            limit_or_none(task.spec.cpu > 0.0, || {
+                format!("{} cores", format_cores(task.spec.cpu))
             }),
         ),
         (
             "Memory",
-            limit_or_none(task.memory > 0, || format_size(task.memory)),
+            limit_or_none(task.spec.memory > 0, || format_size(task.spec.memory)),
         ),
         (
             "Disk",
-            if task.disk > 0 {
-                format_size(task.disk)
+            if task.spec.disk > 0 {
+                format_size(task.spec.disk)
             } else {
                 String::new()
             },
         ),
-        ("Container", short_container(&task.container_id)),
-        ("Created", time_with_age(task.created_time, now)),
-        ("Started", time_with_age(task.start_time, now)),
-        ("Finished", time_with_age(task.finish_time, now)),
+        ("Container", short_container(&task.status.run.container_id)),
+        ("Created", time_with_age(task.status.created_time, now)),
+        ("Started", time_with_age(task.status.run.start_time, now)),
+        ("Finished", time_with_age(task.status.run.finish_time, now)),
         ("Restarts", restarts(task)),
         (
             "Policy",
-            restart_policy_name(task.restart_policy).to_string(),
+            restart_policy_name(task.spec.restart_policy).to_string(),
         ),
         ("Health", health(task)),
         ("Ports", detail_ports(task)),
         (
             "ExitCode",
-            task.exit_code
+            task.status
+                .run
+                .exit_code
                 .map(|code| code.to_string())
                 .unwrap_or_default(),
         ),
-        ("Error", task.error.clone().unwrap_or_default()),
+        ("Error", task.status.run.error.clone().unwrap_or_default()),
         ("Waiting", waiting.join("\n")),
     ]);
     key_values(&pairs)
@@ -320,12 +326,12 @@ fn desired(task: &Task) -> Option<String> {
     if is_ended(task) {
         return None;
     }
-    let as_asked = task.desired_state == State::Running
+    let as_asked = task.spec.desired_state == State::Running
         && matches!(
-            task.state,
+            task.status.state,
             State::Pending | State::Scheduled | State::Running
         );
-    (!as_asked).then(|| task.desired_state.name().to_string())
+    (!as_asked).then(|| task.spec.desired_state.name().to_string())
 }
 
 /// The command as a shell would take it: words with spaces or quotes are quoted.
@@ -363,9 +369,9 @@ fn limit_or_none(set: bool, value: impl FnOnce() -> String) -> String {
 
 /// `2` or `2 of 5` when the task has a restart limit.
 fn restarts(task: &Task) -> String {
-    match task.max_restarts {
-        Some(max) => format!("{} of {max}", task.restart_count),
-        None => task.restart_count.to_string(),
+    match task.spec.max_restarts {
+        Some(max) => format!("{} of {max}", task.status.restart_count),
+        None => task.status.restart_count.to_string(),
     }
 }
 
@@ -380,7 +386,7 @@ fn restart_policy_name(policy: RestartPolicy) -> &'static str {
 
 /// `Healthy`, `Starting` or `Unhealthy`, or empty for a task without a health check.
 fn health_name(task: &Task) -> &'static str {
-    match task.health {
+    match task.status.run.health {
         None => "",
         Some(Health::Starting) => "Starting",
         Some(Health::Healthy) => "Healthy",
@@ -394,7 +400,7 @@ fn health(task: &Task) -> String {
     if name.is_empty() {
         return String::new();
     }
-    match task.health_failures {
+    match task.status.run.health_failures {
         0 => name.to_string(),
         1 => format!("{name} (1 failed probe)"),
         n => format!("{name} ({n} failed probes)"),
@@ -403,11 +409,12 @@ fn health(task: &Task) -> String {
 
 /// The task's history, oldest first, under a `History:` line.
 fn history(task: &Task, now: DateTime<Utc>) -> Vec<String> {
-    if task.history.is_empty() {
+    if task.status.history.is_empty() {
         return Vec::new();
     }
     let mut lines = vec!["History:".to_string()];
     let rows: Vec<Vec<String>> = task
+        .status
         .history
         .iter()
         .map(|entry| {
@@ -428,24 +435,27 @@ fn bound_ports(task: &Task) -> String {
     if run_is_over(task) {
         String::new()
     } else {
-        format_ports(&task.host_ports)
+        format_ports(&task.status.run.host_ports)
     }
 }
 
 /// Whether the task's last run ended: its host ports, if a report still carries them, are
 /// stale.
 fn run_is_over(task: &Task) -> bool {
-    matches!(task.state, State::Completed | State::Failed | State::Lost)
+    matches!(
+        task.status.state,
+        State::Completed | State::Failed | State::Lost
+    )
 }
 
 /// The bound ports once Docker bound them; before that (or after the run), the ports the task
 /// asks for.
 fn detail_ports(task: &Task) -> String {
     let bound = bound_ports(task);
-    if !bound.is_empty() || task.port_bindings.is_empty() {
+    if !bound.is_empty() || task.spec.port_bindings.is_empty() {
         return bound;
     }
-    let requested: Vec<String> = sorted_ports(task.port_bindings.iter())
+    let requested: Vec<String> = sorted_ports(task.spec.port_bindings.iter())
         .into_iter()
         .map(|(port, host_port)| {
             let host_port = if host_port.trim().is_empty() {
@@ -531,8 +541,8 @@ mod tests {
     fn task(id: &str, name: &str, state: State, age_seconds: i64) -> Task {
         let mut task = Task::new(name, "cube-sample:latest");
         task.id = Uuid::parse_str(id).unwrap();
-        task.state = state;
-        task.created_time = Some(now() - chrono::Duration::seconds(age_seconds));
+        task.status.state = state;
+        task.status.created_time = Some(now() - chrono::Duration::seconds(age_seconds));
         task
     }
 
@@ -573,8 +583,8 @@ mod tests {
             State::Running,
             180,
         );
-        running.node_name = "w1".to_string();
-        running.host_ports =
+        running.status.node_name = "w1".to_string();
+        running.status.run.host_ports =
             BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
         let mut waiting = task(
             "3f2a9c1e-0000-4000-8000-000000000001",
@@ -582,15 +592,15 @@ mod tests {
             State::Pending,
             5,
         );
-        waiting.pending_reason = Some("w1: needs 2.0 GiB memory, 1.1 GiB free".to_string());
+        waiting.status.pending_reason = Some("w1: needs 2.0 GiB memory, 1.1 GiB free".to_string());
         let mut failed = task(
             "c0ffee00-0000-4000-8000-000000000004",
             "crash",
             State::Failed,
             7_200,
         );
-        failed.node_name = "w1".to_string();
-        failed.error = Some("exited with code 1".to_string());
+        failed.status.node_name = "w1".to_string();
+        failed.status.run.error = Some("exited with code 1".to_string());
 
         let (tasks, hidden) = listed(vec![failed, running, waiting], true);
         assert_eq!(hidden, 0);
@@ -625,11 +635,11 @@ mod tests {
             State::Pending,
             5,
         );
-        waiting.port_bindings = BTreeMap::from([
+        waiting.spec.port_bindings = BTreeMap::from([
             ("7777/tcp".to_string(), "7777".to_string()),
             ("8080/tcp".to_string(), String::new()),
         ]);
-        waiting.pending_reason = Some("no nodes have joined the cluster".to_string());
+        waiting.status.pending_reason = Some("no nodes have joined the cluster".to_string());
         let lines = task_details(&waiting, now());
         assert_eq!(
             lines,
@@ -668,12 +678,12 @@ mod tests {
             State::Failed,
             60,
         );
-        task.node_name = "w1".to_string();
-        task.error = Some("exited with code 1".to_string());
-        task.restart_count = 2;
-        task.max_restarts = Some(5);
-        task.restart_policy = RestartPolicy::OnFailure;
-        task.next_restart = Some(now() + chrono::Duration::milliseconds(5_200));
+        task.status.node_name = "w1".to_string();
+        task.status.run.error = Some("exited with code 1".to_string());
+        task.status.restart_count = 2;
+        task.spec.max_restarts = Some(5);
+        task.spec.restart_policy = RestartPolicy::OnFailure;
+        task.status.next_restart = Some(now() + chrono::Duration::milliseconds(5_200));
         task
     }
 
@@ -705,7 +715,7 @@ mod tests {
         );
 
         let mut unlimited = restarting();
-        unlimited.max_restarts = None;
+        unlimited.spec.max_restarts = None;
         assert_eq!(
             restart_phrase(&unlimited, now()).as_deref(),
             Some("Restarting in 6s (attempt 3)")
@@ -720,10 +730,10 @@ mod tests {
             State::Scheduled,
             10,
         );
-        task.node_name = "w1".to_string();
-        task.dispatch_error =
+        task.status.node_name = "w1".to_string();
+        task.status.dispatch_error =
             Some("cannot reach w1 at http://10.0.0.9:5556: connection refused".to_string());
-        task.next_attempt = Some(now() + chrono::Duration::seconds(3));
+        task.status.next_attempt = Some(now() + chrono::Duration::seconds(3));
         let lines = task_table(std::slice::from_ref(&task), now(), false);
         assert_eq!(
             lines.last().map(String::as_str),
@@ -802,13 +812,13 @@ mod tests {
             State::Running,
             180,
         );
-        web.node_name = "w1".to_string();
-        web.cpu = 0.5;
-        web.memory = 256 * 1024 * 1024;
-        web.restart_count = 1;
-        web.max_restarts = Some(3);
-        web.health = Some(Health::Healthy);
-        web.host_ports =
+        web.status.node_name = "w1".to_string();
+        web.spec.cpu = 0.5;
+        web.spec.memory = 256 * 1024 * 1024;
+        web.status.restart_count = 1;
+        web.spec.max_restarts = Some(3);
+        web.status.run.health = Some(Health::Healthy);
+        web.status.run.host_ports =
             BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
         let plain = task(
             "3f2a9c1e-0000-4000-8000-000000000001",
@@ -834,7 +844,7 @@ mod tests {
             State::Failed,
             60,
         );
-        failed.host_ports =
+        failed.status.run.host_ports =
             BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
         assert_eq!(bound_ports(&failed), "");
         let details = task_details(&failed, now());
@@ -853,9 +863,9 @@ mod tests {
             State::Running,
             60,
         );
-        stopping.desired_state = State::Completed;
+        stopping.spec.desired_state = State::Completed;
         assert_eq!(desired(&stopping).as_deref(), Some("Completed"));
-        stopping.desired_state = State::Running;
+        stopping.spec.desired_state = State::Running;
         assert_eq!(desired(&stopping), None, "a task that runs as asked");
     }
 
@@ -867,12 +877,12 @@ mod tests {
             State::Running,
             60,
         );
-        web.cmd = vec!["sh".into(), "-c".into(), "echo 'hi' && sleep 600".into()];
-        web.env = vec!["A=1".into(), "B=two words".into()];
-        web.cpu = 1.5;
-        web.memory = 512 * 1024 * 1024;
-        web.disk = 1024 * 1024 * 1024;
-        web.container_id = "4f9d1c2b3a4e5f60718293a4b5c6d7e8f9".to_string();
+        web.spec.cmd = vec!["sh".into(), "-c".into(), "echo 'hi' && sleep 600".into()];
+        web.spec.env = vec!["A=1".into(), "B=two words".into()];
+        web.spec.cpu = 1.5;
+        web.spec.memory = 512 * 1024 * 1024;
+        web.spec.disk = 1024 * 1024 * 1024;
+        web.status.run.container_id = "4f9d1c2b3a4e5f60718293a4b5c6d7e8f9".to_string();
         let details = task_details(&web, now());
         for expected in [
             r#"Cmd:       sh -c 'echo '\''hi'\'' && sleep 600'"#,

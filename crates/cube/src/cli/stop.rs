@@ -49,9 +49,9 @@ enum StopKind {
 }
 
 fn stop_kind(task: &Task) -> StopKind {
-    if !task.state.is_terminal() {
+    if !task.status.state.is_terminal() {
         StopKind::Running
-    } else if task.next_restart.is_some() && task.desired_state == State::Running {
+    } else if task.status.next_restart.is_some() && task.spec.desired_state == State::Running {
         StopKind::RestartPending
     } else {
         StopKind::Ended
@@ -73,7 +73,7 @@ pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
             StopKind::RestartPending => {
                 println!("stopped {label}: it was waiting to restart (restart cancelled)")
             }
-            StopKind::Ended => println!("{label} has already ended: {}", task.state),
+            StopKind::Ended => println!("{label} has already ended: {}", task.status.state),
         }
     }
     let after: Task = if args.wait {
@@ -86,7 +86,7 @@ pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
     };
     match args.flags.output {
         OutputFormat::Json => print_json(&after)?,
-        OutputFormat::Table => println!("stopped {}: {}", after.short_id(), after.state),
+        OutputFormat::Table => println!("stopped {}: {}", after.short_id(), after.status.state),
     }
     Ok(())
 }
@@ -97,14 +97,14 @@ mod tests {
 
     fn task(state: State) -> Task {
         let mut task = Task::new("web", "cube-sample:latest");
-        task.state = state;
+        task.status.state = state;
         task
     }
 
     #[test]
     fn a_failed_task_waiting_to_restart_is_not_taken_for_ended() {
         let mut waiting = task(State::Failed);
-        waiting.next_restart = Some(chrono::Utc::now());
+        waiting.status.next_restart = Some(chrono::Utc::now());
         assert_eq!(stop_kind(&waiting), StopKind::RestartPending);
     }
 

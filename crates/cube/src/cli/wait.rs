@@ -88,27 +88,32 @@ pub async fn wait_for(
 
 /// Where the task stands against the goal. Pure, so that each case has a test.
 fn progress(task: &Task, goal: Goal) -> Progress {
-    let ended = task.state.is_terminal();
+    let ended = task.status.state.is_terminal();
     let why = task
+        .status
+        .run
         .error
         .as_deref()
         .map(|error| format!(": {error}"))
         .unwrap_or_default();
     let exit = task
+        .status
+        .run
         .exit_code
         .map(|code| format!(" (exit code {code})"))
         .unwrap_or_default();
     match goal {
-        Goal::Running => match task.state {
+        Goal::Running => match task.status.state {
             State::Running => Progress::Reached(None),
             // Ran to its end before a look caught it running: what was asked happened.
-            State::Completed if task.desired_state == State::Running => {
+            State::Completed if task.spec.desired_state == State::Running => {
                 Progress::Reached(Some(format!("ran and completed{exit}")))
             }
-            _ if ended && task.next_restart.is_some() => Progress::Waiting(format!(
+            _ if ended && task.status.next_restart.is_some() => Progress::Waiting(format!(
                 "{}{exit}{why}; restarting at {}",
-                task.state,
-                task.next_restart
+                task.status.state,
+                task.status
+                    .next_restart
                     .map(|at| at.format("%H:%M:%S").to_string())
                     .unwrap_or_default()
             )),
@@ -117,7 +122,7 @@ fn progress(task: &Task, goal: Goal) -> Progress {
             _ => Progress::Waiting(describe(task)),
         },
         Goal::Stopped => {
-            if ended && task.next_restart.is_none() {
+            if ended && task.status.next_restart.is_none() {
                 Progress::Reached(None)
             } else {
                 Progress::Waiting(describe(task))
@@ -128,10 +133,10 @@ fn progress(task: &Task, goal: Goal) -> Progress {
 
 /// The task's state in a few words, with the reason it waits when there is one.
 fn describe(task: &Task) -> String {
-    match (&task.pending_reason, &task.dispatch_error) {
-        (Some(reason), _) => format!("{}: {reason}", task.state),
-        (None, Some(error)) => format!("{}: {error}", task.state),
-        (None, None) => task.state.to_string(),
+    match (&task.status.pending_reason, &task.status.dispatch_error) {
+        (Some(reason), _) => format!("{}: {reason}", task.status.state),
+        (None, Some(error)) => format!("{}: {error}", task.status.state),
+        (None, None) => task.status.state.to_string(),
     }
 }
 
@@ -173,7 +178,7 @@ mod tests {
 
     fn task(state: State) -> Task {
         let mut task = Task::new("web", "cube-sample:latest");
-        task.state = state;
+        task.status.state = state;
         task
     }
 
@@ -188,8 +193,8 @@ mod tests {
     #[test]
     fn a_failed_task_fails_the_wait_with_its_exit_code_and_error() {
         let mut failed = task(State::Failed);
-        failed.exit_code = Some(3);
-        failed.error = Some("container exited with code 3".to_string());
+        failed.status.run.exit_code = Some(3);
+        failed.status.run.error = Some("container exited with code 3".to_string());
         assert_eq!(
             progress(&failed, Goal::Running),
             Progress::Failed("failed (exit code 3): container exited with code 3".to_string())
@@ -199,7 +204,7 @@ mod tests {
     #[test]
     fn a_failed_task_waiting_to_restart_is_still_waited_for() {
         let mut failed = task(State::Failed);
-        failed.next_restart = Some(chrono::Utc::now());
+        failed.status.next_restart = Some(chrono::Utc::now());
         assert!(matches!(
             progress(&failed, Goal::Running),
             Progress::Waiting(_)
@@ -213,7 +218,7 @@ mod tests {
     #[test]
     fn a_pending_task_is_described_with_the_reason_it_waits() {
         let mut pending = task(State::Pending);
-        pending.pending_reason = Some("1 node: short of memory".to_string());
+        pending.status.pending_reason = Some("1 node: short of memory".to_string());
         assert_eq!(
             progress(&pending, Goal::Running),
             Progress::Waiting("Pending: 1 node: short of memory".to_string())
