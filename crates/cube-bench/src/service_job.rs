@@ -148,3 +148,16 @@ impl<'a> ServiceJob<'a> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_counts_read_the_managers_summary_of_a_group() {
+        let group = json!({"Pending": 1, "Starting": 2, "Running": 47, "Failed": 0,
+                           "Complete": 0, "Lost": 0});
+        let counts: GroupCounts = serde_json::from_value(group).unwrap();
+        assert_eq!((counts.running, counts.waiting()), (47, 3));
+    }
+}
