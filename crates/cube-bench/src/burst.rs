@@ -28,6 +28,8 @@ use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use crate::containers;
+use crate::service_job::ServiceJob;
 use crate::swarm::Swarm;
 use crate::{BenchCluster, PARALLELISM, RAW_NODE, Summary, Through};
 
@@ -60,8 +62,8 @@ pub(crate) async fn burst(
         let mut times = [0.0; 3];
         for side in (0..3).map(|offset| (run + offset) % 3) {
             times[side] = match side {
-                0 if as_job => cube_job_burst(&cluster, &runtime, tasks, run).await?,
-                0 => cube_burst(&cluster, &runtime, tasks, run).await?,
+                0 if as_job => cube_job_burst(&cluster, &docker, tasks, run).await?,
+                0 => cube_burst(&cluster, &docker, tasks, run).await?,
                 1 => raw_burst(&runtime, RAW_NODE, tasks, run).await?,
                 _ => swarm_burst(&docker, &swarm, tasks).await?,
             };
@@ -118,7 +120,7 @@ pub(crate) async fn burst(
 /// `tasks` submissions at once; the time until the manager lists them all `Running`, in ms.
 async fn cube_burst(
     cluster: &BenchCluster,
-    runtime: &DockerRuntime,
+    docker: &Docker,
     tasks: usize,
     run: usize,
 ) -> anyhow::Result<f64> {
@@ -164,7 +166,7 @@ async fn cube_burst(
             .send()
             .await?;
     }
-    await_no_containers(runtime, &cluster.node).await?;
+    containers::await_none(docker, &cluster.container_label()).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
 
@@ -172,44 +174,15 @@ async fn cube_burst(
 /// in ms.
 async fn cube_job_burst(
     cluster: &BenchCluster,
-    runtime: &DockerRuntime,
+    docker: &Docker,
     tasks: usize,
     run: usize,
 ) -> anyhow::Result<f64> {
-    let name = format!("burst-{run}");
-    let job = json!({"Name": name, "Type": "service",
-                     "Groups": [{"Name": "api", "Count": tasks, "Task": {"Image": SAMPLE_IMAGE}}]});
     let started = Instant::now();
-    let answer = cluster
-        .http
-        .post(format!("{}/jobs", cluster.base))
-        .json(&job)
-        .send()
-        .await?;
-    anyhow::ensure!(
-        answer.status().as_u16() == 201,
-        "POST /jobs answered {}",
-        answer.status()
-    );
-    loop {
-        let view: serde_json::Value =
-            crate::get_json(&cluster.http, &format!("{}/jobs/{name}", cluster.base)).await?;
-        let running = view["Summary"]["api"]["Running"].as_u64().unwrap_or(0) as usize;
-        if running == tasks {
-            break;
-        }
-        if started.elapsed() > BURST_BOUND {
-            bail!("{running} of {tasks} copies running after {BURST_BOUND:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let elapsed = started.elapsed();
-    cluster
-        .http
-        .delete(format!("{}/jobs/{name}", cluster.base))
-        .send()
-        .await?;
-    await_no_containers(runtime, &cluster.node).await?;
+    let job = ServiceJob::submit(cluster, &format!("burst-{run}"), tasks).await?;
+    let elapsed = job.await_running(tasks, started, BURST_BOUND).await?;
+    job.stop().await?;
+    containers::await_none(docker, &cluster.container_label()).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
 
@@ -256,30 +229,10 @@ async fn raw_burst(
 async fn swarm_burst(docker: &Docker, swarm: &Swarm, tasks: usize) -> anyhow::Result<f64> {
     let started = Instant::now();
     swarm.create(tasks, &[])?;
-    loop {
-        let running = swarm.running(docker).await?.len();
-        if running >= tasks {
-            break;
-        }
-        if started.elapsed() > BURST_BOUND {
-            bail!("Swarm runs {running} of {tasks} replicas after {BURST_BOUND:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let elapsed = started.elapsed();
+    let elapsed = swarm
+        .await_running(docker, tasks, started, BURST_BOUND)
+        .await?;
     swarm.remove_service();
     swarm.await_gone(docker).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
-}
-
-/// Waits until the worker `node` has no container left (at most 60 s).
-async fn await_no_containers(runtime: &DockerRuntime, node: &str) -> anyhow::Result<()> {
-    let started = Instant::now();
-    while !runtime.list_managed(node).await?.is_empty() {
-        if started.elapsed() > Duration::from_secs(60) {
-            bail!("the containers of {node} are still there after 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }

@@ -1,12 +1,15 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
-//! start latency, bursts, recovery, footprint and the store. Each subcommand (one module each)
+//! start latency, bursts, scaling, recovery, footprint and the store. Each subcommand (one module each)
 //! prints markdown tables for BENCHMARKS.md; none fails on a time: the figures are whatever
 //! they are.
 
 mod burst;
+mod containers;
 mod footprint;
 mod load;
 mod recovery;
+mod scale;
+mod service_job;
 mod simulated;
 mod soak;
 mod start_latency;
@@ -57,6 +60,23 @@ enum Command {
         /// Ask Cube for them as one service job of that count, not as single tasks.
         #[arg(long)]
         as_job: bool,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// A service scaled from --from copies to --to and back, timed each way: Cube's service job
+    /// (`POST /jobs/{name}/scale`) next to `docker service scale`, taking turns (a single-node
+    /// swarm is initialised when there is none, and left afterwards).
+    Scale {
+        /// How many times each side scales up and down.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// How many copies the service starts with and comes back to.
+        #[arg(long, default_value_t = 50)]
+        from: usize,
+        /// How many copies it is scaled up to.
+        #[arg(long, default_value_t = 100)]
+        to: usize,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -171,6 +191,12 @@ async fn main() -> anyhow::Result<()> {
             as_job,
             cube,
         } => burst::burst(runs, tasks, as_job, &cube_binary(cube)?).await,
+        Command::Scale {
+            runs,
+            from,
+            to,
+            cube,
+        } => scale::scale(runs, from, to, &cube_binary(cube)?).await,
         Command::Recovery { runs, sets, cube } => {
             recovery::recovery(runs, sets, &cube_binary(cube)?).await
         }
@@ -283,6 +309,13 @@ impl BenchCluster {
             _processes: processes,
             _data_dir: data_dir,
         })
+    }
+}
+
+impl BenchCluster {
+    /// The label on the worker's containers (`cube.node=NAME`), for `docker ps --filter`.
+    pub(crate) fn container_label(&self) -> String {
+        format!("{}={}", cube_runtime::LABEL_NODE, self.node)
     }
 }
 

@@ -2,14 +2,14 @@
 //! a single-node swarm that is initialised for the benchmark when there is none. Both are
 //! removed again when the [`Swarm`] is dropped.
 
-use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bollard::Docker;
-use bollard::query_parameters::ListContainersOptionsBuilder;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
+
+use crate::containers::{self, Listed};
 
 /// A Swarm service of the sample image; the service (and the swarm, when this benchmark
 /// initialised it) is removed when dropped.
@@ -73,44 +73,53 @@ impl Swarm {
         let _ = docker_cli(&["service", "rm", &self.service]);
     }
 
+    /// Sets the service's replicas (`docker service scale --detach NAME=N`): the call returns
+    /// once Swarm has recorded the new count.
+    pub(crate) fn scale(&self, replicas: usize) -> anyhow::Result<()> {
+        let target = format!("{}={replicas}", self.service);
+        docker_cli(&["service", "scale", "--detach", &target]).context("docker service scale")?;
+        Ok(())
+    }
+
     /// The IDs of the service's running containers.
     pub(crate) async fn running(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
-        self.containers(docker, true).await
+        containers::with_label(docker, &self.label(), Listed::Running).await
+    }
+
+    /// The IDs of the service's containers, running or not.
+    pub(crate) async fn all(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
+        containers::with_label(docker, &self.label(), Listed::All).await
+    }
+
+    /// Polls Docker every 10 ms until at least `replicas` containers of the service run; the
+    /// time since `started`. Fails after `bound`.
+    pub(crate) async fn await_running(
+        &self,
+        docker: &Docker,
+        replicas: usize,
+        started: Instant,
+        bound: Duration,
+    ) -> anyhow::Result<Duration> {
+        loop {
+            let running = self.running(docker).await?.len();
+            if running >= replicas {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > bound {
+                bail!("Swarm runs {running} of {replicas} replicas after {bound:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// Waits until the service has no container left, running or not (at most 60 s).
     pub(crate) async fn await_gone(&self, docker: &Docker) -> anyhow::Result<()> {
-        let started = Instant::now();
-        while !self.containers(docker, false).await?.is_empty() {
-            if started.elapsed() > Duration::from_secs(60) {
-                bail!(
-                    "the containers of {} are still there after 60 s",
-                    self.service
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
+        containers::await_none(docker, &self.label()).await
     }
 
-    async fn containers(&self, docker: &Docker, running: bool) -> anyhow::Result<Vec<String>> {
-        let mut filters = HashMap::from([(
-            "label".to_string(),
-            vec![format!("com.docker.swarm.service.name={}", self.service)],
-        )]);
-        if running {
-            filters.insert("status".to_string(), vec!["running".to_string()]);
-        }
-        let options = ListContainersOptionsBuilder::new()
-            .all(true)
-            .filters(&filters)
-            .build();
-        Ok(docker
-            .list_containers(Some(options))
-            .await?
-            .into_iter()
-            .filter_map(|container| container.id)
-            .collect())
+    /// The label Swarm puts on the service's containers.
+    fn label(&self) -> String {
+        format!("com.docker.swarm.service.name={}", self.service)
     }
 }
 

@@ -1,0 +1,71 @@
+//! The containers Docker lists by label, as `docker ps --filter label=…` does (the query Cube's
+//! integration tests check containers with): one list call, no inspect per container, so a
+//! benchmark can poll it every few milliseconds. Both peers are looked at this way — Cube's
+//! worker by its `cube.node` label, a Swarm service by `com.docker.swarm.service.name`.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bollard::Docker;
+use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+
+/// Which containers a list holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Listed {
+    /// Those Docker reports running.
+    Running,
+    /// Every one, running or not (`docker ps -a`).
+    All,
+}
+
+/// The IDs of the containers that carry `label` (`KEY=VALUE`).
+pub(crate) async fn with_label(
+    docker: &Docker,
+    label: &str,
+    listed: Listed,
+) -> anyhow::Result<Vec<String>> {
+    let mut filters = HashMap::from([("label".to_string(), vec![label.to_string()])]);
+    if listed == Listed::Running {
+        filters.insert("status".to_string(), vec!["running".to_string()]);
+    }
+    let options = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    Ok(docker
+        .list_containers(Some(options))
+        .await
+        .with_context(|| format!("listing the containers labelled {label}"))?
+        .into_iter()
+        .filter_map(|container| container.id)
+        .collect())
+}
+
+/// Waits until no container carries `label`, running or not (at most 60 s).
+pub(crate) async fn await_none(docker: &Docker, label: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while !with_label(docker, label, Listed::All).await?.is_empty() {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the containers labelled {label} are still there after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Force-removes every container that carries `label`: the last sweep after a run that
+/// failed half-way, once the processes that owned them are gone. Returns how many it removed.
+pub(crate) async fn remove_all(docker: &Docker, label: &str) -> anyhow::Result<usize> {
+    let ids = with_label(docker, label, Listed::All).await?;
+    let options = RemoveContainerOptionsBuilder::new().force(true).build();
+    let mut removed = 0;
+    for id in &ids {
+        match docker.remove_container(id, Some(options.clone())).await {
+            Ok(()) => removed += 1,
+            // Gone already, or going: either way it is not this sweep's to report.
+            Err(err) => eprintln!("removing container {id}: {err}"),
+        }
+    }
+    Ok(removed)
+}
