@@ -193,52 +193,69 @@ impl Manager {
             return Ok(());
         }
         tracing::info!(job = %name, create = planned.create.len(), stop = planned.stop.len(), "converging a job");
+        // Each side is one commit, however many copies it holds.
         for stop in &planned.stop {
             tracing::info!(job = %name, task = %stop.id, name = %stop.name, reason = %stop.reason, "stopping a copy");
-            match self.request_stop(stop.id).await {
-                Ok(_) | Err(ManagerError::NotFound(_)) => {}
-                Err(err) => return Err(err),
-            }
         }
-        for task in planned.create {
-            self.accept_task(task, None).await?;
+        let stops: Vec<_> = planned.stop.iter().map(|stop| stop.id).collect();
+        self.request_stops(&stops).await?;
+        if !planned.create.is_empty() {
+            self.accept_tasks(planned.create, None).await?;
         }
         Ok(())
     }
 
-    /// Stores a new task `Pending` (durably) and queues it for placement: what a submission
-    /// does, and what the job controller does for a copy. `event` is the `TaskEvent` a
-    /// submission came in, kept in the events table.
+    /// Stores a new task `Pending` (durably) and asks for a placement pass: what a submission
+    /// does. `event` is the `TaskEvent` a submission came in; its timestamp, if it has one,
+    /// is the task's `CreatedTime`.
     pub(crate) async fn accept_task(
         &self,
-        mut task: Task,
+        task: Task,
         event: Option<&cube_types::TaskEvent>,
     ) -> Result<Task, ManagerError> {
-        let id = task.id;
+        let created = event.and_then(|event| event.timestamp);
+        let mut accepted = self.accept_tasks(vec![task], created).await?;
+        accepted
+            .pop()
+            .ok_or_else(|| ManagerError::BadRequest("no task to accept".to_string()))
+    }
+
+    /// [`Manager::accept_task`] for several tasks, in one hold of the lock and one wait for
+    /// the store (one commit for them all): how a job's new copies are stored. `created` is
+    /// the submission's own time, if it gave one.
+    pub(crate) async fn accept_tasks(
+        &self,
+        tasks: Vec<Task>,
+        created: Option<chrono::DateTime<Utc>>,
+    ) -> Result<Vec<Task>, ManagerError> {
         let mut writes = Writes::default();
-        {
+        let mut accepted = Vec::with_capacity(tasks.len());
+        let stored = {
             let mut state = lock(&self.state);
-            if state.cache.get(&id).is_some() {
-                // Two submissions of one new ID raced; the first one won.
-                return Err(ManagerError::Conflict(format!("task {id} exists already")));
-            }
-            task.clear_status(Receiver::Manager);
-            task.status.created_time = Some(
-                event
-                    .and_then(|event| event.timestamp)
-                    .unwrap_or_else(Utc::now),
-            );
-            let why = if task.spec.job.is_empty() {
-                String::new()
-            } else {
-                format!("by job {}", task.spec.job)
-            };
-            task.record(Utc::now(), "Submitted", why);
-            self.save(&mut state, &mut writes, task.clone())?;
-        }
+            tasks.into_iter().try_for_each(|mut task| {
+                let id = task.id;
+                if state.cache.get(&id).is_some() {
+                    // Two submissions of one new ID raced; the first one won.
+                    return Err(ManagerError::Conflict(format!("task {id} exists already")));
+                }
+                task.clear_status(Receiver::Manager);
+                task.status.created_time = Some(created.unwrap_or_else(Utc::now));
+                let why = if task.spec.job.is_empty() {
+                    String::new()
+                } else {
+                    format!("by job {}", task.spec.job)
+                };
+                task.record(Utc::now(), "Submitted", why);
+                self.save(&mut state, &mut writes, task.clone())?;
+                accepted.push(task);
+                Ok(())
+            })
+        };
+        // What was queued is waited for even when a later task was refused.
         self.settle(writes).await?;
+        stored?;
         self.push_waiting();
-        Ok(task)
+        Ok(accepted)
     }
 
     // ----- the API's side -----

@@ -344,33 +344,48 @@ impl Manager {
 
     /// Records that the user wants the task stopped and queues the stop.
     pub async fn request_stop(&self, id: Uuid) -> Result<Task, ManagerError> {
+        let mut stopped = self.request_stops(&[id]).await?;
+        stopped.pop().ok_or(ManagerError::NotFound(id))
+    }
+
+    /// Records that the user (or a job) wants these tasks stopped, in one hold of the lock and
+    /// one wait for the store (one commit for them all), and queues the stops. Returns the
+    /// tasks found; an ID no task has is left out.
+    pub(crate) async fn request_stops(&self, ids: &[Uuid]) -> Result<Vec<Task>, ManagerError> {
         let mut writes = Writes::default();
-        let task = {
+        let mut stopped = Vec::with_capacity(ids.len());
+        let marked = {
             let mut state = lock(&self.state);
-            let mut task = state
-                .cache
-                .get(&id)
-                .cloned()
-                .ok_or(ManagerError::NotFound(id))?;
-            // A stop is final at any moment: also for a run that ended and waits out its
-            // restart backoff, whose restart it cancels (the policy would restart it while
-            // the desired state says Running).
-            if task.spec.desired_state != State::Completed {
-                let message = if task.status.next_restart.is_some() {
-                    "the restart it waited for is cancelled"
-                } else {
-                    ""
+            ids.iter().try_for_each(|id| {
+                let Some(known) = state.cache.get(id) else {
+                    return Ok(());
                 };
-                task.spec.desired_state = State::Completed;
-                task.status.next_restart = None;
-                task.record(Utc::now(), "StopRequested", message);
-                self.save(&mut state, &mut writes, task.clone())?;
-            }
-            task
+                let mut task = known.clone();
+                // A stop is final at any moment: also for a run that ended and waits out its
+                // restart backoff, whose restart it cancels (the policy would restart it
+                // while the desired state says Running).
+                if task.spec.desired_state != State::Completed {
+                    let message = if task.status.next_restart.is_some() {
+                        "the restart it waited for is cancelled"
+                    } else {
+                        ""
+                    };
+                    task.spec.desired_state = State::Completed;
+                    task.status.next_restart = None;
+                    task.record(Utc::now(), "StopRequested", message);
+                    self.save(&mut state, &mut writes, task.clone())?;
+                }
+                stopped.push(task);
+                Ok::<(), StoreError>(())
+            })
         };
+        // What was queued is waited for even when a later write could not be queued.
         self.settle(writes).await?;
-        self.tasks_runner.push(id);
-        Ok(task)
+        marked?;
+        for task in &stopped {
+            self.tasks_runner.push(task.id);
+        }
+        Ok(stopped)
     }
 
     pub fn task(&self, id: Uuid) -> Result<Arc<Task>, ManagerError> {
