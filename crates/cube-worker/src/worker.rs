@@ -754,8 +754,8 @@ impl<R: Runtime> Worker<R> {
             }
             return Ok(());
         }
+        task.status.state = checked_transition(&task, State::Completed)?;
         task.status.run.host_ports.clear();
-        task.status.state = State::Completed;
         task.status.run.finish_time.get_or_insert_with(Utc::now);
         task.status.run.error = None;
         self.save(&task)?;
@@ -833,7 +833,8 @@ impl<R: Runtime> Worker<R> {
         } else {
             State::Failed
         };
-        if let Err(transition) = task.status.state.transition(next) {
+        let before = task.status.state;
+        if let Err(transition) = task.move_to(next) {
             tracing::debug!(task = %task.id, %transition, "observation ignored");
             return Ok(());
         }
@@ -844,14 +845,13 @@ impl<R: Runtime> Worker<R> {
         } else {
             Default::default()
         };
-        let changed = task.status.state != next
+        let changed = before != next
             || task.status.run.container_id != info.id
             || task.status.run.host_ports != host_ports;
         if next == State::Running && task.has_health_check() && task.status.run.health.is_none() {
             // Not healthy until a probe says so.
             task.status.run.health = Some(Health::Starting);
         }
-        task.status.state = next;
         task.status.run.container_id = info.id.clone();
         task.status.run.host_ports = host_ports;
         task.status.run.start_time = info.started_at.or(task.status.run.start_time);
@@ -869,11 +869,10 @@ impl<R: Runtime> Worker<R> {
 
     /// The task failed for `reason`, unless it had already ended.
     fn fail(&self, mut task: Task, reason: String) -> Result<(), WorkerError> {
-        if task.status.state.transition(State::Failed).is_err() {
+        if task.move_to(State::Failed).is_err() {
             return Ok(());
         }
         tracing::warn!(task = %task.id, name = %task.name, %reason, "task failed");
-        task.status.state = State::Failed;
         task.status.run.finish_time = Some(Utc::now());
         task.status.run.error = Some(reason);
         // The run is over (or never began): no port of it stays bound.
