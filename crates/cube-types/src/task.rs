@@ -123,9 +123,10 @@ pub struct TaskStatus {
     pub run: RunStatus,
 }
 
-/// The wire form of a task: one flat object, the book's field names and Cube's. [`Task`] is
-/// read from and written as this, so the nesting of spec and status never reaches the wire.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The wire form of a task as it is read: one flat object, the book's field names and Cube's,
+/// what may be left out and what `null` means. [`Task`] is read as this and written by
+/// `TaskWireRef`, so the nesting of spec and status never reaches the wire.
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TaskWire {
     /// Generated when the submission has none (or the nil UUID).
@@ -184,12 +185,7 @@ struct TaskWire {
     )]
     pub restart_policy: RestartPolicy,
     /// When Cube accepted the task (Cube's field; `docker ps`'s CREATED).
-    #[serde(
-        rename = "CreatedTime",
-        default,
-        with = "crate::time::optional",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "CreatedTime", default, with = "crate::time::optional")]
     pub created_time: Option<DateTime<Utc>>,
     #[serde(rename = "StartTime", default, with = "crate::time::optional")]
     pub start_time: Option<DateTime<Utc>>,
@@ -200,57 +196,37 @@ struct TaskWire {
     #[serde(rename = "HealthCheck", default, deserialize_with = "null_as_default")]
     pub health_check: String,
     /// `http` (the default when `HealthCheck` is a path) or `tcp` (a connection is healthy).
-    #[serde(
-        rename = "HealthCheckType",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "HealthCheckType", default)]
     pub health_check_type: Option<HealthCheckType>,
     /// How often to probe [default: 5s].
     #[serde(
         rename = "HealthCheckInterval",
         default,
-        with = "crate::duration::optional",
-        skip_serializing_if = "Option::is_none"
+        with = "crate::duration::optional"
     )]
     pub health_check_interval: Option<Duration>,
     /// How long one probe may take [default: 2s].
     #[serde(
         rename = "HealthCheckTimeout",
         default,
-        with = "crate::duration::optional",
-        skip_serializing_if = "Option::is_none"
+        with = "crate::duration::optional"
     )]
     pub health_check_timeout: Option<Duration>,
     /// Consecutive failed probes before the task counts as unhealthy [default: 3].
-    #[serde(
-        rename = "HealthCheckRetries",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "HealthCheckRetries", default)]
     pub health_check_retries: Option<u32>,
     /// How many times the task may be restarted [default: no limit].
-    #[serde(
-        rename = "MaxRestarts",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "MaxRestarts", default)]
     pub max_restarts: Option<u32>,
     /// The first wait before a restart; it doubles with each quick failure in a row, up to
     /// `RestartDelayMax` [default: 1s; `"0s"` restarts at once].
-    #[serde(
-        rename = "RestartDelay",
-        default,
-        with = "crate::duration::optional",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "RestartDelay", default, with = "crate::duration::optional")]
     pub restart_delay: Option<Duration>,
     /// The longest wait before a restart [default: 1m].
     #[serde(
         rename = "RestartDelayMax",
         default,
-        with = "crate::duration::optional",
-        skip_serializing_if = "Option::is_none"
+        with = "crate::duration::optional"
     )]
     pub restart_delay_max: Option<Duration>,
     #[serde(rename = "RestartCount", default, deserialize_with = "null_as_default")]
@@ -258,14 +234,14 @@ struct TaskWire {
     /// Failures in a row, each after a short run; sets the backoff before the next restart.
     /// A run that stayed up for [`BACKOFF_RESET_AFTER`] (or `RestartDelayMax`, if longer)
     /// starts the count again.
-    #[serde(rename = "FailureStreak", default, skip_serializing_if = "is_zero")]
+    #[serde(rename = "FailureStreak", default)]
     pub failure_streak: u32,
     /// What the health checks say; unset for a task without one, `Starting` until the first
     /// probe succeeds.
-    #[serde(rename = "Health", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Health", default)]
     pub health: Option<Health>,
     /// Failed probes in a row (reset by a successful one).
-    #[serde(rename = "HealthFailures", default, skip_serializing_if = "is_zero")]
+    #[serde(rename = "HealthFailures", default)]
     pub health_failures: u32,
     /// The worker the task is placed on.
     #[serde(rename = "NodeName", default, deserialize_with = "null_as_default")]
@@ -280,63 +256,40 @@ struct TaskWire {
     #[serde(rename = "Error", default)]
     pub error: Option<String>,
     /// Why the manager has not placed the task yet, node by node (only while `Pending`).
-    #[serde(
-        rename = "PendingReason",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "PendingReason", default)]
     pub pending_reason: Option<String>,
     /// What happened to the task, oldest first, the last [`HISTORY_LIMIT`] entries.
-    #[serde(rename = "History", default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(rename = "History", default)]
     pub history: Vec<HistoryEntry>,
     /// Where the task may run: each constraint must hold on its node (`label.zone = eu`).
     /// A job's tasks carry the job's and the group's constraints.
-    #[serde(
-        rename = "Constraints",
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
+    #[serde(rename = "Constraints", default, deserialize_with = "null_as_default")]
     pub constraints: Vec<crate::job::Constraint>,
     /// The job that owns the task (set by the job controller; empty for a bare task).
-    #[serde(rename = "Job", default, skip_serializing_if = "String::is_empty")]
+    #[serde(rename = "Job", default)]
     pub job: String,
     /// The job's group the task is a copy of.
-    #[serde(rename = "Group", default, skip_serializing_if = "String::is_empty")]
+    #[serde(rename = "Group", default)]
     pub group: String,
     /// Which copy of its group the task is (0-based); the task is named `job.group[index]`.
-    #[serde(rename = "Index", default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "Index", default)]
     pub index: Option<u32>,
     /// When the manager restarts the task, while it waits out its restart backoff (the run
     /// ended and the policy wants another). Unset otherwise.
-    #[serde(
-        rename = "NextRestart",
-        default,
-        with = "crate::time::optional",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "NextRestart", default, with = "crate::time::optional")]
     pub next_restart: Option<DateTime<Utc>>,
     /// Why the manager could not hand the task to its node or stop it there (the last error,
     /// e.g. the node's address cannot be reached), while it keeps trying. Unset otherwise.
-    #[serde(
-        rename = "DispatchError",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "DispatchError", default)]
     pub dispatch_error: Option<String>,
     /// When the manager tries again to reach the task's node, while `DispatchError` is set.
-    #[serde(
-        rename = "NextAttempt",
-        default,
-        with = "crate::time::optional",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "NextAttempt", default, with = "crate::time::optional")]
     pub next_attempt: Option<DateTime<Utc>>,
 }
 
-/// A task written as [`TaskWire`] writes it, from references: listing 100,000 tasks must not
-/// copy each one first. The names and rules are those of `TaskWire`; a test writes a task both
-/// ways and compares.
+/// A task as it is written, from references (listing 100,000 tasks must not copy each one
+/// first): the names of [`TaskWire`], and what is left out when empty. A test writes a task
+/// with every field set, and one with none, and reads them back as `TaskWire`.
 #[derive(Serialize)]
 struct TaskWireRef<'a> {
     #[serde(rename = "ID")]
@@ -677,108 +630,6 @@ impl From<TaskWire> for Task {
     }
 }
 
-impl From<Task> for TaskWire {
-    fn from(task: Task) -> TaskWire {
-        let Task {
-            id,
-            name,
-            spec:
-                TaskSpec {
-                    image,
-                    cpu,
-                    memory,
-                    disk,
-                    env,
-                    cmd,
-                    exposed_ports,
-                    port_bindings,
-                    restart_policy,
-                    health_check,
-                    health_check_type,
-                    health_check_interval,
-                    health_check_timeout,
-                    health_check_retries,
-                    max_restarts,
-                    restart_delay,
-                    restart_delay_max,
-                    constraints,
-                    job,
-                    group,
-                    index,
-                    desired_state,
-                },
-            status:
-                TaskStatus {
-                    state,
-                    node_name,
-                    restart_count,
-                    failure_streak,
-                    created_time,
-                    history,
-                    pending_reason,
-                    next_restart,
-                    dispatch_error,
-                    next_attempt,
-                    run:
-                        RunStatus {
-                            container_id,
-                            host_ports,
-                            start_time,
-                            finish_time,
-                            exit_code,
-                            error,
-                            health,
-                            health_failures,
-                        },
-                },
-        } = task;
-        TaskWire {
-            id,
-            container_id,
-            name,
-            state,
-            image,
-            cpu,
-            memory,
-            disk,
-            env,
-            cmd,
-            exposed_ports,
-            port_bindings,
-            host_ports,
-            restart_policy,
-            created_time,
-            start_time,
-            finish_time,
-            health_check,
-            health_check_type,
-            health_check_interval,
-            health_check_timeout,
-            health_check_retries,
-            max_restarts,
-            restart_delay,
-            restart_delay_max,
-            restart_count,
-            failure_streak,
-            health,
-            health_failures,
-            node_name,
-            desired_state,
-            exit_code,
-            error,
-            pending_reason,
-            history,
-            constraints,
-            job,
-            group,
-            index,
-            next_restart,
-            dispatch_error,
-            next_attempt,
-        }
-    }
-}
-
 /// What a worker observes of one run of a task, apart from its `State`: the container, the
 /// ports Docker bound, the times, how it ended, and its health. Defined once, here: the worker
 /// writes it, the manager takes it from the worker's report as one value and clears it for a
@@ -809,10 +660,6 @@ pub const DEFAULT_HEALTH_RETRIES: u32 = 3;
 /// Restart defaults.
 pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(1);
 pub const DEFAULT_RESTART_DELAY_MAX: Duration = Duration::from_secs(60);
-
-fn is_zero(value: &u32) -> bool {
-    *value == 0
-}
 
 /// How a health check probes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -1810,9 +1657,9 @@ mod tests {
     }
 
     #[test]
-    fn a_task_is_written_as_its_wire_form_writes_it() {
-        // Every field away from its default, then every field at it: the writer from
-        // references and the wire form agree on names, values and what is left out.
+    fn a_task_is_written_under_the_names_it_is_read_by() {
+        // Every field away from its default, then every field at it: what is written reads
+        // back the same, and an empty task writes the book's fields only.
         let mut full = Task::new("full", "cube-sample:latest");
         full.spec.cpu = 0.5;
         full.spec.memory = 64 << 20;
@@ -1870,11 +1717,47 @@ mod tests {
         };
         for task in [full, Task::new("bare", "cube-sample:latest")] {
             let written = serde_json::to_value(&task).unwrap();
-            let wire = serde_json::to_value(TaskWire::from(task.clone())).unwrap();
-            assert_eq!(written, wire);
             let read: Task = serde_json::from_value(written).unwrap();
-            assert_eq!(read, task, "and it reads back the same");
+            assert_eq!(
+                read, task,
+                "every field is written under a name it is read by"
+            );
         }
+        let bare = serde_json::to_value(Task::new("bare", "cube-sample:latest")).unwrap();
+        let keys: Vec<&str> = bare
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "Cmd",
+                "ContainerID",
+                "Cpu",
+                "DesiredState",
+                "Disk",
+                "Env",
+                "Error",
+                "ExitCode",
+                "ExposedPorts",
+                "FinishTime",
+                "HealthCheck",
+                "HostPorts",
+                "ID",
+                "Image",
+                "Memory",
+                "Name",
+                "NodeName",
+                "PortBindings",
+                "RestartCount",
+                "RestartPolicy",
+                "StartTime",
+                "State",
+            ],
+            "the book's fields are always written; Cube's own only when set"
+        );
     }
 
     #[test]

@@ -640,6 +640,13 @@ impl<R: Runtime> Worker<R> {
         let result = match self.tasks.get(&id.to_string()) {
             Ok(Some(task)) => match command {
                 Command::Start(_) => self.start(task).await,
+                // A stop is for the run that was asked to stop. One queued before the manager
+                // sent a new run of the task (its node was away, and the old run was stopped
+                // there as a stray) finds the new run, which is wanted: it is dropped.
+                Command::Stop(_) if task.spec.desired_state != State::Completed => {
+                    tracing::debug!(task = %id, "a stop of an earlier run dropped: the task runs anew");
+                    Ok(())
+                }
                 Command::Stop(_) => self.stop(task).await,
                 Command::Check(_) => self.check(task).await,
             },
