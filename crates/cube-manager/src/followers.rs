@@ -391,21 +391,7 @@ mod tests {
         // find the permits free, not held by the two that wait.
         let manager = crate::manager::manager_for_tests();
         for name in ["dead1", "dead2"] {
-            let report = NodeReport {
-                name: name.to_string(),
-                address: "127.0.0.1:9".to_string(),
-                capacity: cube_types::Resources {
-                    cpu: 1.0,
-                    memory: 1 << 30,
-                    disk: 0,
-                },
-                stats: None,
-                labels: Default::default(),
-            };
-            manager
-                .report_node(report, NodeSource::Registered)
-                .await
-                .unwrap();
+            crate::manager::join_test_node(&manager, name, 1 << 30).await;
         }
         let first_failures = tokio::time::Instant::now();
         for at in [300, 500, 700] {

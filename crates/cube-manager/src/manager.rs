@@ -671,6 +671,27 @@ pub(crate) fn manager_for_tests() -> Arc<Manager> {
         .expect("a manager on memory stores")
 }
 
+/// Registers a node with `memory` bytes and 2 cores, at an address where nothing answers
+/// (its follower fails and waits; nothing is ever sent there), for the unit tests.
+#[cfg(test)]
+pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u64) {
+    let report = NodeReport {
+        name: name.to_string(),
+        address: "127.0.0.1:9".to_string(),
+        capacity: cube_types::Resources {
+            cpu: 2.0,
+            memory,
+            disk: 0,
+        },
+        stats: None,
+        labels: Default::default(),
+    };
+    manager
+        .report_node(report, NodeSource::Registered)
+        .await
+        .expect("a node report the manager takes");
+}
+
 #[cfg(test)]
 fn test_config() -> ManagerConfig {
     ManagerConfig {

@@ -196,10 +196,9 @@ mod tests {
     use std::sync::Arc;
 
     use cube_types::job::JobRecord;
-    use cube_types::{NodeReport, Resources, State, Task};
+    use cube_types::{State, Task};
 
     use crate::manager::{Manager, Writes, lock};
-    use crate::nodes::NodeSource;
 
     const MIB: u64 = 1 << 20;
 
@@ -208,22 +207,8 @@ mod tests {
     }
 
     /// A node of 1 GiB of memory, at an address where nothing answers (nothing here is sent).
-    pub(crate) async fn one_node(manager: &Arc<Manager>) {
-        let report = NodeReport {
-            name: "w1".to_string(),
-            address: "127.0.0.1:9".to_string(),
-            capacity: Resources {
-                cpu: 2.0,
-                memory: 1024 * MIB,
-                disk: 0,
-            },
-            stats: None,
-            labels: Default::default(),
-        };
-        manager
-            .report_node(report, NodeSource::Registered)
-            .await
-            .unwrap();
+    async fn one_node(manager: &Arc<Manager>) {
+        crate::manager::join_test_node(manager, "w1", 1024 * MIB).await;
     }
 
     async fn waiting(manager: &Arc<Manager>, name: &str, memory: u64, job: &str) -> Task {
