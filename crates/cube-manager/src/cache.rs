@@ -99,7 +99,12 @@ impl TaskCache {
     /// Inserts or replaces a task, moving its resources between nodes as its placement or
     /// state changed. Returns the task it replaced. A task equal to the one held changes
     /// nothing: the one held stays, and the observed index does not move.
-    pub fn insert(&mut self, task: Task) -> Option<Arc<Task>> {
+    pub fn insert(&mut self, mut task: Task) -> Option<Arc<Task>> {
+        // A task is changed as a clone (whose history has room for its entries only) plus
+        // one entry, so its history grows by doubling: a Running task's two entries would sit
+        // in room for four, 128 bytes of every cached task. A cached version is never pushed
+        // to again (the next change is another clone), so it keeps room for what it holds.
+        task.history.shrink_to_fit();
         let task = Arc::new(task);
         if !self.observed.apply(Change::Put(task.id, task.clone())) {
             return self.tasks.get(&task.id).cloned();
@@ -325,5 +330,23 @@ mod tests {
         task.spec.desired_state = State::Completed;
         cache.insert(task);
         assert_eq!(cache.waiting().count(), 0);
+    }
+
+    #[test]
+    fn a_cached_task_keeps_no_spare_room_in_its_history() {
+        let mut cache = TaskCache::default();
+        let mut task = placed("w1", State::Scheduled, 100, None);
+        task.record(Utc::now(), "Placed", "on w1");
+        let mut next = task.clone();
+        next.state = State::Running;
+        next.record(Utc::now(), "Running", "on w1");
+        assert!(
+            next.history.capacity() > next.history.len(),
+            "a push doubles"
+        );
+        cache.insert(next);
+        let held = cache.get(&task.id).unwrap();
+        assert_eq!(held.history.len(), 2);
+        assert_eq!(held.history.capacity(), 2);
     }
 }
