@@ -104,7 +104,7 @@ impl TaskCache {
         // one entry, so its history grows by doubling: a Running task's two entries would sit
         // in room for four, 128 bytes of every cached task. A cached version is never pushed
         // to again (the next change is another clone), so it keeps room for what it holds.
-        task.history.shrink_to_fit();
+        task.status.history.shrink_to_fit();
         let task = Arc::new(task);
         if !self.observed.apply(Change::Put(task.id, task.clone())) {
             return self.tasks.get(&task.id).cloned();
@@ -338,15 +338,15 @@ mod tests {
         let mut task = placed("w1", State::Scheduled, 100, None);
         task.record(Utc::now(), "Placed", "on w1");
         let mut next = task.clone();
-        next.state = State::Running;
+        next.status.state = State::Running;
         next.record(Utc::now(), "Running", "on w1");
         assert!(
-            next.history.capacity() > next.history.len(),
+            next.status.history.capacity() > next.status.history.len(),
             "a push doubles"
         );
         cache.insert(next);
         let held = cache.get(&task.id).unwrap();
-        assert_eq!(held.history.len(), 2);
-        assert_eq!(held.history.capacity(), 2);
+        assert_eq!(held.status.history.len(), 2);
+        assert_eq!(held.status.history.capacity(), 2);
     }
 }
