@@ -219,7 +219,9 @@ fn plan_counted<'a>(
         .filter(|task| is_live(task) || (batch && is_complete(task)))
         .collect();
     // One copy per index: an extra one for an index is a duplicate (the later one goes).
-    counted.sort_by_key(|task| (task.spec.index, task.status.created_time, task.id));
+    // Keys read once each (`sort_by_cached_key`): the tasks lie apart in memory, and a sort
+    // that read them at every comparison spent most of a no-change look on cache misses.
+    counted.sort_by_cached_key(|task| (task.spec.index, task.status.created_time, task.id));
     let mut seen = BTreeSet::new();
     let mut unique = Vec::new();
     for task in counted {
@@ -231,7 +233,7 @@ fn plan_counted<'a>(
     }
     // Keep `count`: completed first (their work is done), then running, then the rest, each
     // by lower index.
-    unique.sort_by_key(|task| {
+    unique.sort_by_cached_key(|task| {
         let rank = if is_complete(task) {
             0
         } else if task.status.state == State::Running {
