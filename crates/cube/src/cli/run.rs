@@ -49,7 +49,8 @@ pub struct RunArgs {
     file: Option<PathBuf>,
     #[command(flatten)]
     task: TaskFlags,
-    /// Wait until the task runs; fail with the task's error if it fails first.
+    /// Wait until the task runs and has stayed up for a second; fail with the task's error if
+    /// it fails first.
     #[arg(long)]
     wait: bool,
     /// How long --wait waits (e.g. 30s, 2m).

@@ -1,4 +1,5 @@
-//! `--wait`: following a task until it runs or has stopped, with a spinner on a terminal.
+//! `--wait`: following a task until it runs (and has stayed up for [`STAYS_UP`]) or has
+//! stopped, with a spinner on a terminal.
 //!
 //! The manager offers no way yet to be told when one task changes, so this asks for the task
 //! (`GET /tasks/{id}`) every [`POLL_INTERVAL`], bounded by the user's `--timeout`. A blocking
@@ -18,6 +19,12 @@ use super::ManagerClient;
 /// How often the task is asked for: quick enough that `--wait` returns within a blink of
 /// the change (Docker starts a container in ~220 ms), slow enough to cost the manager nothing.
 const POLL_INTERVAL: Duration = Duration::from_millis(150);
+
+/// How long a task must be seen running, the same run all along, before a wait for it to run
+/// is over. A container whose command fails at once is `Running` for a moment before it is
+/// `Failed`: a wait that ended at the first sight of `Running` would pass it or fail it by the
+/// luck of the poll's timing.
+const STAYS_UP: Duration = Duration::from_secs(1);
 
 /// What a wait is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,11 +59,31 @@ pub async fn wait_for(
     let deadline = tokio::time::Instant::now() + timeout;
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When the run now seen running was first seen so, and which run it is.
+    let mut up_since: Option<(tokio::time::Instant, u32, String)> = None;
     loop {
         ticks.tick().await;
         let task: Task = manager.get(&path).await?;
         let label = format!("{} ({})", task.name, task.short_id());
         match progress(&task, goal) {
+            Progress::Reached(None)
+                if goal == Goal::Running && task.status.state == State::Running =>
+            {
+                let now = tokio::time::Instant::now();
+                let run = (task.status.restart_count, &task.status.run.container_id);
+                let since = match &up_since {
+                    Some((since, count, container)) if (*count, container) == run => *since,
+                    _ => {
+                        up_since = Some((now, run.0, run.1.clone()));
+                        now
+                    }
+                };
+                if now.duration_since(since) >= STAYS_UP || now >= deadline {
+                    spinner.finish();
+                    return Ok(task);
+                }
+                spinner.show(&format!("{label}: running; making sure it stays up"));
+            }
             Progress::Reached(note) => {
                 spinner.finish();
                 if let Some(note) = note {
@@ -69,6 +96,7 @@ pub async fn wait_for(
                 return Err(anyhow!("{label} {why}"));
             }
             Progress::Waiting(now) => {
+                up_since = None;
                 if tokio::time::Instant::now() >= deadline {
                     spinner.finish();
                     let goal = match goal {
