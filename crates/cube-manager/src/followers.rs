@@ -32,14 +32,14 @@ impl Manager {
     /// when it was only `Scheduled`, and has failed when it was `Running` (the worker lost
     /// its store).
     ///
-    /// Returns the strays: runs the worker still has going that the manager has replaced or
+    /// Returns the strays, with their run (`RestartCount`): runs the worker still has going that the manager has replaced or
     /// ended (the node was lost and came back), for the caller to stop there.
     pub(crate) async fn observe(
         &self,
         node: &str,
         reported: Vec<Task>,
         complete: bool,
-    ) -> Vec<Uuid> {
+    ) -> Vec<(Uuid, u32)> {
         let mut writes = Writes::default();
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
@@ -53,7 +53,7 @@ impl Manager {
                     continue;
                 };
                 if is_stray(known, &observed, node) {
-                    strays.push(observed.id);
+                    strays.push((observed.id, observed.status.restart_count));
                     continue;
                 }
                 if known.status.node_name != node {
@@ -198,11 +198,13 @@ impl Manager {
                             self.mark_system_jobs_dirty();
                         }
                     }
-                    for stray in self.observe(&name, tasks, complete).await {
+                    for (stray, run) in self.observe(&name, tasks, complete).await {
                         // Another run replaced this one while the node was away: stop it,
                         // so that the task does not run twice.
                         tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
-                        if let Err(err) = client.delete(&format!("/tasks/{stray}")).await {
+                        // Only that run: the new run may be there by the time this arrives.
+                        if let Err(err) = client.delete(&format!("/tasks/{stray}?run={run}")).await
+                        {
                             tracing::warn!(task = %stray, node = %name, error = %err, "cannot stop a replaced run");
                         }
                     }

@@ -142,11 +142,22 @@ async fn get_task<R: Runtime>(
     Ok(Json(worker.task(parse_task_id(&id)?)?))
 }
 
+/// `DELETE /tasks/{id}?run=N` stops the task only if its current run is run N (its
+/// `RestartCount`); without `run`, whatever run it is.
+#[derive(Debug, Deserialize)]
+struct StopQuery {
+    run: Option<u32>,
+}
+
 async fn stop_task<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
     JsonPath(id): JsonPath<String>,
+    query: Result<Query<StopQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
-    worker.request_stop(parse_task_id(&id)?).await?;
+    let Query(query) = query?;
+    worker
+        .request_stop_of_run(parse_task_id(&id)?, query.run)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

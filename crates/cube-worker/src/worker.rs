@@ -245,12 +245,27 @@ impl<R: Runtime> Worker<R> {
     /// Records that the user wants the task stopped and queues the stop. Stopping a task
     /// that already ended only removes what is left of its container.
     pub async fn request_stop(&self, id: Uuid) -> Result<Task, WorkerError> {
+        self.request_stop_of_run(id, None).await
+    }
+
+    /// [`Worker::request_stop`] of one run of the task (its `RestartCount`), when `run` names
+    /// one: a stop the manager sent for a run it replaced must not stop the new run that
+    /// took its place here meanwhile. A stop of another run changes nothing.
+    pub async fn request_stop_of_run(
+        &self,
+        id: Uuid,
+        run: Option<u32>,
+    ) -> Result<Task, WorkerError> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let mut task = self
             .tasks
             .get(&id.to_string())?
             .ok_or(WorkerError::NotFound(id))?;
+        if run.is_some_and(|run| run != task.status.restart_count) {
+            tracing::info!(task = %id, ?run, current = task.status.restart_count, "a stop of another run of the task: nothing to do");
+            return Ok(task);
+        }
         if !task.status.state.is_terminal() && task.spec.desired_state != State::Completed {
             checked_transition(&task, State::Completed)?;
             task.spec.desired_state = State::Completed;
