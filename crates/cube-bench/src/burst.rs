@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use bollard::Docker;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
 use cube_runtime::{ContainerSpec, DockerRuntime, Runtime};
@@ -46,10 +46,7 @@ pub(crate) async fn burst(
 ) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     anyhow::ensure!(tasks > 0, "--tasks must be at least 1");
-    let docker = Docker::connect_with_local_defaults()?
-        .negotiate_version()
-        .await
-        .context("connecting to Docker")?;
+    let docker = crate::containers::connect().await?;
     let runtime = DockerRuntime::connect().await?;
     runtime.ensure_sample_image(SAMPLE_IMAGE).await?;
     let cluster = BenchCluster::start(cube, Through::Manager).await?;

@@ -10,6 +10,14 @@ use anyhow::{Context, bail};
 use bollard::Docker;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 
+/// The local Docker engine, at the API version both ends speak.
+pub(crate) async fn connect() -> anyhow::Result<Docker> {
+    Docker::connect_with_local_defaults()?
+        .negotiate_version()
+        .await
+        .context("connecting to Docker")
+}
+
 /// Which containers a list holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Listed {

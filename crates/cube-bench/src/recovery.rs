@@ -24,10 +24,7 @@ const SERVICE: &str = "cube-bench-recovery";
 pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     anyhow::ensure!(sets > 0, "--sets must be at least 1");
-    let docker = Docker::connect_with_local_defaults()?
-        .negotiate_version()
-        .await
-        .context("connecting to Docker")?;
+    let docker = crate::containers::connect().await?;
     cube_runtime::DockerRuntime::connect()
         .await?
         .ensure_sample_image(SAMPLE_IMAGE)

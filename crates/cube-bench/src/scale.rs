@@ -54,10 +54,7 @@ pub(crate) async fn scale(runs: usize, from: usize, to: usize, cube: &Path) -> a
         from > 0 && to > from,
         "--from must be at least 1 and --to more than --from"
     );
-    let docker = Docker::connect_with_local_defaults()?
-        .negotiate_version()
-        .await
-        .context("connecting to Docker")?;
+    let docker = crate::containers::connect().await?;
     let runtime = DockerRuntime::connect().await?;
     runtime.ensure_sample_image(SAMPLE_IMAGE).await?;
     let cluster = BenchCluster::start(cube, Through::Manager).await?;
