@@ -64,6 +64,7 @@ fn job() -> Job {
             count: Some(COPIES),
             constraints: Vec::new(),
             task: template,
+            update: None,
         }],
     }
 }

@@ -1,5 +1,9 @@
 //! The manager's HTTP API. The only place where a [`ManagerError`] becomes an HTTP status.
 //!
+//! Jobs: `POST /jobs`, `GET /jobs`, `GET|DELETE /jobs/{name}`, `POST /jobs/plan`, `POST
+//! /jobs/{name}/scale`, `GET /jobs/{name}/versions`, `POST /jobs/{name}/revert`
+//! (`{"Version": N}`), `POST /jobs/{name}/promote`, `GET /jobs/{name}/deployment`.
+//!
 //! Tasks: `POST /tasks` (a `TaskEvent` as in the book, or a bare `Task`; 201 with the task, 200
 //! when a task with that ID exists), `GET /tasks`, `GET /tasks/{id}`, `DELETE /tasks/{id}`
 //! (204; 404 when unknown). Nodes: `GET /nodes`, `GET /nodes/{name}`, and `PUT /nodes/{name}`,
@@ -23,10 +27,11 @@ use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{ApiError, JsonPath, parse_task_id, with_json_fallbacks};
 use cube_store::StoreError;
+use cube_types::deployment::Deployment;
 use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
 
-use crate::job_controller::{JobSubmitted, JobView, PlanView};
+use crate::job_controller::{JobSubmitted, JobView, PlanView, VersionView};
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
 
@@ -36,7 +41,8 @@ impl From<ManagerError> for ApiError {
         let status = match &err {
             ManagerError::NotFound(_)
             | ManagerError::NodeNotFound(_)
-            | ManagerError::JobNotFound(_) => StatusCode::NOT_FOUND,
+            | ManagerError::JobNotFound(_)
+            | ManagerError::NoDeployment(_) => StatusCode::NOT_FOUND,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             // A failed store takes no more writes until the manager is started again (and
@@ -60,13 +66,19 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/jobs/plan", post(plan_job))
         .route("/jobs/{name}", get(get_job).delete(stop_job))
         .route("/jobs/{name}/scale", post(scale_job))
+        .route("/jobs/{name}/versions", get(job_versions))
+        .route("/jobs/{name}/revert", post(revert_job))
+        .route("/jobs/{name}/promote", post(promote_job))
+        .route("/jobs/{name}/deployment", get(job_deployment))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
         .with_state(manager);
     with_json_fallbacks(
         routes,
         "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, GET|POST /jobs, \
-         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, GET /nodes, \
+         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
+         GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
+         GET /jobs/{name}/deployment, GET /nodes, \
          GET|PUT /nodes/{name}, GET /health, GET /store/backup",
     )
 }
@@ -260,10 +272,11 @@ async fn submit_job(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     let job = job_from(&body?)?;
-    let (outcome, view) = manager.submit_job(job).await?;
+    let (outcome, mut view) = manager.submit_job(job).await?;
+    view.outcome = Some(outcome.word().to_string());
     let status = match outcome {
         JobSubmitted::Created => StatusCode::CREATED,
-        JobSubmitted::Changed | JobSubmitted::Unchanged => StatusCode::OK,
+        JobSubmitted::Changed | JobSubmitted::Scaled | JobSubmitted::Unchanged => StatusCode::OK,
     };
     Ok((status, Json(view)))
 }
@@ -314,6 +327,47 @@ async fn scale_job(
     Ok(Json(
         manager.scale_job(&name, &scale.group, scale.count).await?,
     ))
+}
+
+async fn job_versions(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<Json<Vec<VersionView>>, ApiError> {
+    Ok(Json(manager.job_versions(&name)?))
+}
+
+async fn job_deployment(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<Json<Arc<Deployment>>, ApiError> {
+    Ok(Json(manager.job_deployment(&name)?))
+}
+
+async fn promote_job(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<Json<JobView>, ApiError> {
+    Ok(Json(manager.promote_job(&name).await?))
+}
+
+/// The body of `POST /jobs/{name}/revert`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Revert {
+    #[serde(rename = "Version")]
+    version: u64,
+}
+
+async fn revert_job(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<JobView>, ApiError> {
+    let revert: Revert =
+        cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
+    let (outcome, mut view) = manager.revert_job(&name, revert.version).await?;
+    view.outcome = Some(outcome.word().to_string());
+    Ok(Json(view))
 }
 
 async fn get_task(

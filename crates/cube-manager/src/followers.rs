@@ -331,6 +331,9 @@ fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Optio
     {
         merged.record(now, "Health", "healthy");
     }
+    // Since when the run is healthy, as this manager saw it: a deployment's MinHealthyTime
+    // is measured on the manager's clock.
+    merged.note_health(now);
     Some(merged)
 }
 

@@ -18,14 +18,15 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
-use cube_types::job::{Job, JobRecord, JobType};
+use cube_types::deployment::{Deployment, DeploymentState};
+use cube_types::job::{Job, JobHistory, JobRecord, JobType, JobVersion};
 use cube_types::{Receiver, Task};
 use serde::{Deserialize, Serialize};
 
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::watcher::Watcher;
 
-use crate::jobs::{GroupSummary, JobPlan, NodeFacts, plan, status_word, summarize};
+use crate::jobs::{GroupSummary, JobLook, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
 use crate::store_source::TableSource;
 
@@ -47,6 +48,13 @@ pub struct JobView {
     pub summary: BTreeMap<String, GroupSummary>,
     #[serde(rename = "Tasks", default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Vec<Task>>,
+    /// The job's last deployment (service jobs), in whatever state it is.
+    #[serde(rename = "Deployment", default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<Deployment>,
+    /// In the answer to a submission or a revert only: `new`, `changed` (a new version),
+    /// `scaled` (only counts changed) or `unchanged`.
+    #[serde(rename = "Outcome", default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
 }
 
 /// What `POST /jobs/plan` answers: the version the job would get, whether its spec changed,
@@ -57,25 +65,59 @@ pub struct PlanView {
     pub version: u64,
     #[serde(rename = "Changed")]
     pub changed: bool,
-    /// `Create`, `Stop` and `Keep`, as the controller would carry them out.
+    /// What the version changes, one line per field (a new job, or a changed one).
+    #[serde(rename = "Diff", default, skip_serializing_if = "Vec::is_empty")]
+    pub diff: Vec<String>,
+    /// Copies whose spec would change: a service job's deployment replaces them
+    /// `MaxParallel` at a time, so `Create` and `Stop` hold its first step only.
+    #[serde(rename = "Replace")]
+    pub replace: usize,
+    /// `Create`, `Stop` and `Keep`, as the controller would carry them out now.
     #[serde(flatten)]
     pub plan: JobPlan,
 }
 
 /// What the job transformer reads for one job: the record, every node's facts, the tasks
-/// the job owns.
+/// the job owns, its last deployment and its newest stable version before the current one.
 struct JobInputs {
     record: Arc<JobRecord>,
     nodes: Vec<NodeFacts>,
     tasks: Vec<Arc<Task>>,
+    deployment: Option<Arc<Deployment>>,
+    last_stable: Option<u64>,
 }
 
 /// How a job submission went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum JobSubmitted {
     Created,
+    /// A new version.
     Changed,
+    /// Only counts changed: the same version, no deployment.
+    Scaled,
     Unchanged,
+}
+
+impl JobSubmitted {
+    /// How `cube job run` says it: `new`, `changed`, `scaled`, `unchanged`.
+    pub fn word(self) -> &'static str {
+        match self {
+            JobSubmitted::Created => "new",
+            JobSubmitted::Changed => "changed",
+            JobSubmitted::Scaled => "scaled",
+            JobSubmitted::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// One version as `GET /jobs/{name}/versions` lists it: the version, and whether it is the
+/// one the job runs now.
+#[derive(Debug, Clone, Serialize)]
+pub struct VersionView {
+    #[serde(flatten)]
+    pub version: JobVersion,
+    #[serde(rename = "Current")]
+    pub current: bool,
 }
 
 impl Manager {
@@ -145,7 +187,7 @@ impl Manager {
                 manager
                     .converge_job(&name)
                     .await
-                    .map(|()| Action::Done)
+                    .map(|again| again.map_or(Action::Done, Action::RequeueAfter))
                     .map_err(|err| {
                         tracing::warn!(job = %name, error = %err, "a job did not converge; trying again");
                         err.to_string()
@@ -170,37 +212,146 @@ impl Manager {
     fn job_inputs(&self, name: &str) -> Option<JobInputs> {
         let record = self.jobs_observed.get(&name.to_string())?;
         let nodes = self.node_facts();
-        let tasks = lock(&self.state).cache.of_job(name);
+        let state = lock(&self.state);
+        let tasks = state.cache.of_job(name);
+        let deployment = state.deployments.get(name).cloned();
+        let last_stable = state
+            .histories
+            .get(name)
+            .and_then(|history| history.last_stable_before(record.version))
+            .map(|stable| stable.version);
         Some(JobInputs {
             record,
             nodes,
             tasks,
+            deployment,
+            last_stable,
         })
     }
 
-    pub(crate) async fn converge_job(&self, name: &str) -> Result<(), ManagerError> {
+    /// One look at a job: plan, then carry the plan out — the deployment first (so that what
+    /// is done is recorded before it is done), then the stops, the new copies, and a version
+    /// marked stable or gone back to. Returns when to look again if nothing else happens.
+    pub(crate) async fn converge_job(
+        &self,
+        name: &str,
+    ) -> Result<Option<std::time::Duration>, ManagerError> {
         let Some(JobInputs {
             record,
             nodes,
             tasks,
+            deployment,
+            last_stable,
         }) = self.job_inputs(name)
         else {
-            return Ok(());
+            return Ok(None);
         };
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
-        let planned = plan(&record, &nodes, &owned);
-        if planned.is_empty() {
+        let now = Utc::now();
+        let look = JobLook {
+            record: &record,
+            deployment: deployment.as_deref(),
+            last_stable,
+            nodes: &nodes,
+            owned: &owned,
+            now,
+        };
+        let planned = plan(&look);
+        let again = planned
+            .look_again_at
+            .and_then(|at| (at - now).to_std().ok())
+            // A deadline a few milliseconds off is looked at a little late, not early.
+            .map(|wait| wait + std::time::Duration::from_millis(20));
+        if let Some(changed) = &planned.deployment {
+            self.store_deployment(changed, deployment.as_deref())
+                .await?;
+            if changed.state == DeploymentState::Successful {
+                self.mark_stable(name, changed.version).await?;
+            }
+        }
+        if !planned.is_empty() {
+            tracing::info!(job = %name, create = planned.create.len(), stop = planned.stop.len(), "converging a job");
+            // Each side is one commit, however many copies it holds.
+            for stop in &planned.stop {
+                tracing::info!(job = %name, task = %stop.id, name = %stop.name, reason = %stop.reason, "stopping a copy");
+            }
+            let stops: Vec<_> = planned.stop.iter().map(|stop| stop.id).collect();
+            self.request_stops(&stops).await?;
+            if !planned.create.is_empty() {
+                self.accept_tasks(planned.create, None).await?;
+            }
+        }
+        if let Some(stable) = planned.revert_to {
+            self.revert_after_failure(name, record.version, stable)
+                .await?;
+        }
+        Ok(again)
+    }
+
+    /// Stores a job's deployment durably, then keeps it for the next look and the API.
+    async fn store_deployment(
+        &self,
+        deployment: &Deployment,
+        before: Option<&Deployment>,
+    ) -> Result<(), ManagerError> {
+        let commit = self
+            .stores
+            .deployments
+            .put_queued(&deployment.job, deployment)?;
+        commit.durable().await?;
+        let moved = before.is_none_or(|before| {
+            before.id != deployment.id || before.state != deployment.state
+        });
+        if moved {
+            tracing::info!(job = %deployment.job, version = deployment.version, state = %deployment.state, reason = %deployment.reason, "deployment");
+        }
+        lock(&self.state)
+            .deployments
+            .insert(deployment.job.clone(), Arc::new(deployment.clone()));
+        Ok(())
+    }
+
+    /// Marks a job's version stable: a deployment of it succeeded.
+    async fn mark_stable(&self, name: &str, version: u64) -> Result<(), ManagerError> {
+        let _writing = self.job_writes.lock().await;
+        let Some(history) = lock(&self.state).histories.get(name).cloned() else {
             return Ok(());
+        };
+        let mut history = (*history).clone();
+        if history.mark_stable(version) {
+            self.store_history(name, history).await?;
         }
-        tracing::info!(job = %name, create = planned.create.len(), stop = planned.stop.len(), "converging a job");
-        // Each side is one commit, however many copies it holds.
-        for stop in &planned.stop {
-            tracing::info!(job = %name, task = %stop.id, name = %stop.name, reason = %stop.reason, "stopping a copy");
-        }
-        let stops: Vec<_> = planned.stop.iter().map(|stop| stop.id).collect();
-        self.request_stops(&stops).await?;
-        if !planned.create.is_empty() {
-            self.accept_tasks(planned.create, None).await?;
+        Ok(())
+    }
+
+    /// A deployment of `failed` failed with `AutoRevert`: the job goes back to the spec of
+    /// version `stable`, as a new version — unless the job moved on meanwhile.
+    async fn revert_after_failure(
+        &self,
+        name: &str,
+        failed: u64,
+        stable: u64,
+    ) -> Result<(), ManagerError> {
+        let _writing = self.job_writes.lock().await;
+        let (known, history) = {
+            let state = lock(&self.state);
+            (
+                state.jobs.get(name).cloned(),
+                state.histories.get(name).cloned(),
+            )
+        };
+        let Some(known) = known.filter(|known| known.version == failed && !known.stopped) else {
+            return Ok(());
+        };
+        let Some(target) = history.as_ref().and_then(|history| history.get(stable)) else {
+            tracing::warn!(job = %name, version = stable, "the stable version to go back to is no longer kept");
+            return Ok(());
+        };
+        let job = with_counts_of(target.job.clone(), &known.job);
+        let (outcome, record) = next_record(Some(&known), job, Some(stable));
+        if outcome == JobSubmitted::Changed {
+            tracing::warn!(job = %name, from = failed, to = stable, version = record.version, "deployment failed: going back to the last stable version");
+            self.store_new_version(Some(&known), record).await?;
         }
         Ok(())
     }
@@ -261,19 +412,74 @@ impl Manager {
     // ----- the API's side -----
 
     /// `POST /jobs`: a new job, a changed one (its version goes up; a stopped job submitted
-    /// again runs again), or the same one again (nothing happens).
+    /// again runs again), one whose counts alone changed (scaled: the same version), or the
+    /// same one again (nothing happens).
     pub async fn submit_job(&self, job: Job) -> Result<(JobSubmitted, JobView), ManagerError> {
         let findings = job.validate();
         if !findings.is_empty() {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
         let name = job.name.clone();
-        let known = lock(&self.state).jobs.get(&name).cloned();
-        let (outcome, record) = next_record(known.as_deref(), job);
-        if outcome != JobSubmitted::Unchanged {
-            self.store_job(record).await?;
-        }
+        let outcome = {
+            let _writing = self.job_writes.lock().await;
+            let known = lock(&self.state).jobs.get(&name).cloned();
+            let (outcome, record) = next_record(known.as_deref(), job, None);
+            match outcome {
+                JobSubmitted::Created | JobSubmitted::Changed => {
+                    self.store_new_version(known.as_deref(), record).await?
+                }
+                JobSubmitted::Scaled => self.store_job(record).await?,
+                JobSubmitted::Unchanged => {}
+            }
+            outcome
+        };
         Ok((outcome, self.job(&name)?))
+    }
+
+    /// Stores a new version of a job: its entry in the job's history (with what changed),
+    /// then the record. Called with [`Manager::job_writes`] held.
+    async fn store_new_version(
+        &self,
+        known: Option<&JobRecord>,
+        record: JobRecord,
+    ) -> Result<(), ManagerError> {
+        let name = record.job.name.clone();
+        let diff = match known {
+            Some(known) => {
+                let mut diff = known.job.diff(&record.job);
+                if diff.is_empty() && known.stopped {
+                    diff.push("submitted again after a stop".to_string());
+                }
+                diff
+            }
+            None => vec!["a new job".to_string()],
+        };
+        let mut history = lock(&self.state)
+            .histories
+            .get(&name)
+            .map(|history| (**history).clone())
+            .unwrap_or_default();
+        history.push(JobVersion {
+            version: record.version,
+            submit_time: record.submit_time,
+            stable: false,
+            diff,
+            revert_of: record.revert_of,
+            job: record.job.clone(),
+        });
+        // The history first: a crash between the two leaves a version the record never
+        // reached, which the next version replaces (`JobHistory::push`).
+        self.store_history(&name, history).await?;
+        self.store_job(record).await
+    }
+
+    async fn store_history(&self, name: &str, history: JobHistory) -> Result<(), ManagerError> {
+        let commit = self.stores.job_versions.put_queued(name, &history)?;
+        commit.durable().await?;
+        lock(&self.state)
+            .histories
+            .insert(name.to_string(), Arc::new(history));
+        Ok(())
     }
 
     /// Stores a job record durably, then keeps it for the API's reads. The job controller
@@ -288,11 +494,14 @@ impl Manager {
 
     /// `DELETE /jobs/{name}`: every copy is stopped; the job stays, `Stopped`.
     pub async fn stop_job(&self, name: &str) -> Result<JobView, ManagerError> {
-        let known = self.known_job(name)?;
-        if !known.stopped {
-            let mut record = (*known).clone();
-            record.stopped = true;
-            self.store_job(record).await?;
+        {
+            let _writing = self.job_writes.lock().await;
+            let known = self.known_job(name)?;
+            if !known.stopped {
+                let mut record = (*known).clone();
+                record.stopped = true;
+                self.store_job(record).await?;
+            }
         }
         self.job(name)
     }
@@ -304,32 +513,157 @@ impl Manager {
         group: &str,
         count: u32,
     ) -> Result<JobView, ManagerError> {
-        let known = self.known_job(name)?;
-        let mut record = (*known).clone();
-        if record.job.job_type == JobType::System {
-            return Err(ManagerError::BadRequest(format!(
-                "job {name} is a system job: it runs one copy on every matching node and has no \
-                 count to scale"
-            )));
-        }
-        let Some(target) = record.job.groups.iter_mut().find(|g| g.name == group) else {
-            let groups: Vec<&str> = known.job.groups.iter().map(|g| g.name.as_str()).collect();
-            return Err(ManagerError::BadRequest(format!(
-                "Group: job {name} has no group {group:?}; its groups are {}",
-                groups.join(", ")
-            )));
-        };
-        if count > cube_types::job::MAX_COUNT {
-            return Err(ManagerError::BadRequest(format!(
-                "Count: {count} is more than {}",
-                cube_types::job::MAX_COUNT
-            )));
-        }
-        if target.count != Some(count) {
-            target.count = Some(count);
-            self.store_job(record).await?;
+        {
+            let _writing = self.job_writes.lock().await;
+            let known = self.known_job(name)?;
+            let mut record = (*known).clone();
+            if record.job.job_type == JobType::System {
+                return Err(ManagerError::BadRequest(format!(
+                    "job {name} is a system job: it runs one copy on every matching node and \
+                     has no count to scale"
+                )));
+            }
+            let Some(target) = record.job.groups.iter_mut().find(|g| g.name == group) else {
+                let groups: Vec<&str> = known.job.groups.iter().map(|g| g.name.as_str()).collect();
+                return Err(ManagerError::BadRequest(format!(
+                    "Group: job {name} has no group {group:?}; its groups are {}",
+                    groups.join(", ")
+                )));
+            };
+            if count > cube_types::job::MAX_COUNT {
+                return Err(ManagerError::BadRequest(format!(
+                    "Count: {count} is more than {}",
+                    cube_types::job::MAX_COUNT
+                )));
+            }
+            if target.count != Some(count) {
+                target.count = Some(count);
+                self.store_job(record).await?;
+            }
         }
         self.job(name)
+    }
+
+    /// `POST /jobs/{name}/promote`: the canaries of the running deployment are good; the
+    /// rest of the copies may be replaced.
+    pub async fn promote_job(&self, name: &str) -> Result<JobView, ManagerError> {
+        {
+            let _writing = self.job_writes.lock().await;
+            let known = self.known_job(name)?;
+            let deployment = lock(&self.state).deployments.get(name).cloned();
+            let waiting = deployment.as_ref().filter(|deployment| {
+                deployment.version == known.version
+                    && deployment.is_active()
+                    && deployment
+                        .groups
+                        .values()
+                        .any(|group| group.desired_canaries > 0 && !group.promoted)
+            });
+            if waiting.is_none() {
+                let now = match &deployment {
+                    Some(deployment) if deployment.version == known.version => format!(
+                        "its deployment of version {} is {} and has no canaries waiting",
+                        deployment.version, deployment.state
+                    ),
+                    _ => format!("version {} has no deployment yet", known.version),
+                };
+                return Err(ManagerError::BadRequest(format!(
+                    "job {name} has nothing to promote: {now}"
+                )));
+            }
+            if !known.promoted {
+                let mut record = (*known).clone();
+                record.promoted = true;
+                self.store_job(record).await?;
+            }
+        }
+        self.job(name)
+    }
+
+    /// `POST /jobs/{name}/revert`: the job goes back to the spec of a kept version (its
+    /// counts stay as they are now), as a new version.
+    pub async fn revert_job(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<(JobSubmitted, JobView), ManagerError> {
+        let outcome = {
+            let _writing = self.job_writes.lock().await;
+            let known = self.known_job(name)?;
+            let history = lock(&self.state).histories.get(name).cloned();
+            let Some(target) = history
+                .as_ref()
+                .and_then(|history| history.get(version))
+                .filter(|target| target.version <= known.version)
+            else {
+                let kept: Vec<String> = history
+                    .iter()
+                    .flat_map(|history| history.versions.iter())
+                    .filter(|kept| kept.version <= known.version)
+                    .map(|kept| kept.version.to_string())
+                    .collect();
+                return Err(ManagerError::BadRequest(format!(
+                    "Version: job {name} has no version {version} kept; its versions are {}",
+                    if kept.is_empty() {
+                        "none".to_string()
+                    } else {
+                        kept.join(", ")
+                    }
+                )));
+            };
+            let job = with_counts_of(target.job.clone(), &known.job);
+            let (outcome, record) = next_record(Some(&known), job, Some(version));
+            match outcome {
+                JobSubmitted::Changed | JobSubmitted::Created => {
+                    self.store_new_version(Some(&known), record).await?
+                }
+                JobSubmitted::Scaled => self.store_job(record).await?,
+                JobSubmitted::Unchanged => {}
+            }
+            outcome
+        };
+        Ok((outcome, self.job(name)?))
+    }
+
+    /// `GET /jobs/{name}/versions`: the kept versions, newest first.
+    pub fn job_versions(&self, name: &str) -> Result<Vec<VersionView>, ManagerError> {
+        let state = lock(&self.state);
+        let known = state
+            .jobs
+            .get(name)
+            .ok_or_else(|| ManagerError::JobNotFound(name.to_string()))?;
+        let Some(history) = state.histories.get(name) else {
+            return Ok(Vec::new());
+        };
+        Ok(history
+            .versions
+            .iter()
+            .rev()
+            .filter(|kept| kept.version <= known.version)
+            .map(|kept| VersionView {
+                version: kept.clone(),
+                current: kept.version == known.version,
+            })
+            .collect())
+    }
+
+    /// `GET /jobs/{name}/deployment`: the job's last deployment.
+    pub fn job_deployment(&self, name: &str) -> Result<Arc<Deployment>, ManagerError> {
+        let state = lock(&self.state);
+        let known = state
+            .jobs
+            .get(name)
+            .ok_or_else(|| ManagerError::JobNotFound(name.to_string()))?;
+        state.deployments.get(name).cloned().ok_or_else(|| {
+            ManagerError::NoDeployment(format!(
+                "job {name} has no deployment{}",
+                if known.job.job_type == JobType::Service {
+                    " yet"
+                } else {
+                    ": only service jobs are rolled out by deployments"
+                }
+            ))
+        })
     }
 
     /// `POST /jobs/plan`: what submitting `job` would do now, computed by the same transformer
@@ -342,14 +676,42 @@ impl Manager {
         // The job as the API last stored it (what a submission now would be compared with).
         let known = lock(&self.state).jobs.get(&job.name).cloned();
         let nodes = self.node_facts();
-        let tasks = lock(&self.state).cache.of_job(&job.name);
-        let (outcome, record) = next_record(known.as_deref(), job);
-        let changed = outcome != JobSubmitted::Unchanged;
+        let (tasks, deployment, history) = {
+            let state = lock(&self.state);
+            (
+                state.cache.of_job(&job.name),
+                state.deployments.get(&job.name).cloned(),
+                state.histories.get(&job.name).cloned(),
+            )
+        };
+        let (outcome, record) = next_record(known.as_deref(), job, None);
+        let changed = matches!(outcome, JobSubmitted::Created | JobSubmitted::Changed);
+        let diff = match (&known, changed) {
+            (Some(known), true) => known.job.diff(&record.job),
+            (None, _) => vec!["a new job".to_string()],
+            (Some(_), false) => Vec::new(),
+        };
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+        let last_stable = history
+            .as_ref()
+            .and_then(|history| history.last_stable_before(record.version))
+            .map(|stable| stable.version);
+        let look = JobLook {
+            record: &record,
+            deployment: deployment.as_deref(),
+            last_stable,
+            nodes: &nodes,
+            owned: &owned,
+            now: Utc::now(),
+        };
+        let planned = plan(&look);
+        let replace = crate::jobs::changed_copies(&record, &owned);
         Ok(PlanView {
             version: record.version,
             changed,
-            plan: plan(&record, &nodes, &owned),
+            diff,
+            replace,
+            plan: planned,
         })
     }
 
@@ -377,16 +739,20 @@ impl Manager {
 
     /// One job with its tasks (oldest first).
     pub fn job(&self, name: &str) -> Result<JobView, ManagerError> {
-        let (record, tasks) = {
+        let (record, tasks, deployment) = {
             let state = lock(&self.state);
             let record = state
                 .jobs
                 .get(name)
                 .cloned()
                 .ok_or_else(|| ManagerError::JobNotFound(name.to_string()))?;
-            (record, state.cache.of_job(name))
+            (
+                record,
+                state.cache.of_job(name),
+                state.deployments.get(name).cloned(),
+            )
         };
-        let mut view = view_of(&record, &tasks);
+        let mut view = view_of(&record, &tasks, deployment.as_ref());
         let mut listed: Vec<Task> = tasks.iter().map(|task| (**task).clone()).collect();
         listed.sort_by_key(|task| (task.status.created_time, task.id));
         for task in &mut listed {
@@ -398,29 +764,48 @@ impl Manager {
 
     /// Every job, by name, without its tasks.
     pub fn jobs(&self) -> Vec<JobView> {
-        let records: Vec<(Arc<JobRecord>, Vec<Arc<Task>>)> = {
+        type Listed = (Arc<JobRecord>, Vec<Arc<Task>>, Option<Arc<Deployment>>);
+        let records: Vec<Listed> = {
             let state = lock(&self.state);
             state
                 .jobs
                 .values()
-                .map(|record| (record.clone(), state.cache.of_job(&record.job.name)))
+                .map(|record| {
+                    let name = &record.job.name;
+                    (
+                        record.clone(),
+                        state.cache.of_job(name),
+                        state.deployments.get(name).cloned(),
+                    )
+                })
                 .collect()
         };
         records
             .iter()
-            .map(|(record, tasks)| view_of(record, tasks))
+            .map(|(record, tasks, deployment)| view_of(record, tasks, deployment.as_ref()))
             .collect()
     }
 }
 
 /// What submitting `job` makes of the stored record `known`: a new job is version 1; the same
-/// spec again (on a job that was not stopped) is unchanged; anything else is the next version,
-/// running again. `POST /jobs` stores it; `POST /jobs/plan` only plans with it.
-fn next_record(known: Option<&JobRecord>, job: Job) -> (JobSubmitted, JobRecord) {
+/// spec again (on a job that was not stopped) is unchanged; the same spec with other counts
+/// is scaled (the same version); anything else is the next version, running again and not
+/// promoted. `revert_of` says the spec is that of an earlier version. `POST /jobs` stores
+/// it; `POST /jobs/plan` only plans with it.
+fn next_record(
+    known: Option<&JobRecord>,
+    job: Job,
+    revert_of: Option<u64>,
+) -> (JobSubmitted, JobRecord) {
     let (outcome, version) = match known {
         None => (JobSubmitted::Created, 1),
         Some(known) if known.job == job && !known.stopped => {
             return (JobSubmitted::Unchanged, known.clone());
+        }
+        Some(known) if !known.stopped && same_but_counts(&known.job, &job) => {
+            let mut scaled = known.clone();
+            scaled.job = job;
+            return (JobSubmitted::Scaled, scaled);
         }
         Some(known) => (JobSubmitted::Changed, known.version + 1),
     };
@@ -429,11 +814,40 @@ fn next_record(known: Option<&JobRecord>, job: Job) -> (JobSubmitted, JobRecord)
         version,
         submit_time: Some(Utc::now()),
         stopped: false,
+        promoted: false,
+        revert_of,
     };
     (outcome, record)
 }
 
-fn view_of(record: &JobRecord, tasks: &[Arc<Task>]) -> JobView {
+/// Whether two jobs differ at most in their groups' counts.
+fn same_but_counts(a: &Job, b: &Job) -> bool {
+    let mut b = b.clone();
+    if a.groups.len() != b.groups.len() {
+        return false;
+    }
+    for (mine, theirs) in a.groups.iter().zip(b.groups.iter_mut()) {
+        theirs.count = mine.count;
+    }
+    *a == b
+}
+
+/// `job` with the counts the groups of `now` have (a group `now` lacks keeps its own): a
+/// revert restores a spec, not a scale.
+fn with_counts_of(mut job: Job, now: &Job) -> Job {
+    for group in &mut job.groups {
+        if let Some(current) = now.groups.iter().find(|g| g.name == group.name) {
+            group.count = current.count;
+        }
+    }
+    job
+}
+
+fn view_of(
+    record: &JobRecord,
+    tasks: &[Arc<Task>],
+    deployment: Option<&Arc<Deployment>>,
+) -> JobView {
     let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
     let summary = summarize(record, &owned);
     let status = status_word(record, &owned, &summary);
@@ -445,5 +859,7 @@ fn view_of(record: &JobRecord, tasks: &[Arc<Task>]) -> JobView {
         status: status.to_string(),
         summary,
         tasks: None,
+        deployment: deployment.map(|deployment| (**deployment).clone()),
+        outcome: None,
     }
 }

@@ -8,12 +8,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use chrono::{DateTime, Utc};
+use cube_types::deployment::Deployment;
 use cube_types::job::{Constraint, JobRecord, JobType, Operator, task_name};
 use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::reconcile::policy_restarts;
+use crate::rollout::{self, Mode};
 
 /// What the transformer reads of a node (its reconciliation mask): the name, whether it takes
 /// work, and its labels. A heartbeat that moves only the node's figures changes none of this.
@@ -23,6 +26,40 @@ pub struct NodeFacts {
     pub ready: bool,
     /// Shared with the node registry: a look copies a pointer, not the map.
     pub labels: std::sync::Arc<BTreeMap<String, String>>,
+}
+
+/// Everything the job transformer reads for one look at one job.
+#[derive(Debug, Clone, Copy)]
+pub struct JobLook<'a> {
+    pub record: &'a JobRecord,
+    /// The job's last stored deployment (service jobs).
+    pub deployment: Option<&'a Deployment>,
+    /// The newest stable version before the record's: where `AutoRevert` goes back to.
+    pub last_stable: Option<u64>,
+    pub nodes: &'a [NodeFacts],
+    /// Every task the job owns.
+    pub owned: &'a [&'a Task],
+    /// Deadlines and `MinHealthyTime` are measured against it.
+    pub now: DateTime<Utc>,
+}
+
+impl<'a> JobLook<'a> {
+    /// A look with no deployment stored yet and no stable version.
+    pub fn new(
+        record: &'a JobRecord,
+        nodes: &'a [NodeFacts],
+        owned: &'a [&'a Task],
+        now: DateTime<Utc>,
+    ) -> JobLook<'a> {
+        JobLook {
+            record,
+            deployment: None,
+            last_stable: None,
+            nodes,
+            owned,
+            now,
+        }
+    }
 }
 
 /// What a job's copies need, as a dry run would say it.
@@ -37,6 +74,16 @@ pub struct JobPlan {
     /// Copies that stay as they are.
     #[serde(rename = "Keep")]
     pub keep: Vec<Uuid>,
+    /// The job's deployment as it is to be stored, when this look started, moved or ended
+    /// it (nothing when it is as it was).
+    #[serde(skip)]
+    pub deployment: Option<Deployment>,
+    /// The version to go back to: the deployment failed with `AutoRevert`.
+    #[serde(skip)]
+    pub revert_to: Option<u64>,
+    /// When to look again even if nothing else happens (a deadline, `MinHealthyTime`).
+    #[serde(skip)]
+    pub look_again_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,6 +97,7 @@ pub struct PlannedStop {
 }
 
 impl JobPlan {
+    /// Whether the plan creates and stops nothing (it may still move the deployment).
     pub fn is_empty(&self) -> bool {
         self.create.is_empty() && self.stop.is_empty()
     }
@@ -120,7 +168,7 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
 /// Whether a copy still has the spec the job asks for now (a changed template replaces it).
 /// `template` is the group's copy as [`copy_of`] makes it without a pin, made once per group:
 /// a copy differs from it only in its name, its index and (system) the pin to its node.
-fn has_current_spec(task: &Task, template: &Task) -> bool {
+pub(crate) fn has_current_spec(task: &Task, template: &Task) -> bool {
     let constraints = match pinned_node(task) {
         Some(_) => &task.spec.constraints[..task.spec.constraints.len().saturating_sub(1)],
         None => &task.spec.constraints[..],
@@ -129,10 +177,13 @@ fn has_current_spec(task: &Task, template: &Task) -> bool {
         && task.same_spec_except(template, &["Name", "Index", "Constraints"])
 }
 
-/// The plan for one job, given every task it owns (`owned`: tasks whose `Job` is its name).
-pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan {
+/// The plan for one look at one job: what to create and stop, and (service jobs) how its
+/// deployment stands.
+pub fn plan(look: &JobLook) -> JobPlan {
     let mut plan = JobPlan::default();
+    let record = look.record;
     let job = &record.job;
+    let owned = look.owned;
     let mut stop = |task: &Task, reason: String| {
         plan_stop(&mut plan.stop, task, reason);
     };
@@ -140,6 +191,11 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
         for task in owned.iter().filter(|task| is_live(task)) {
             stop(task, format!("job {} was stopped", job.name));
         }
+        plan.deployment = rollout::cancelled(
+            look.deployment,
+            format!("job {} was stopped", job.name),
+            look.now,
+        );
         return plan;
     }
     let group_names: BTreeSet<&str> = job.groups.iter().map(|g| g.name.as_str()).collect();
@@ -151,6 +207,16 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
             );
         }
     }
+    // Every version of a service job is rolled out by its deployment.
+    let rollout = (job.job_type == JobType::Service).then(|| {
+        rollout::assess(
+            record,
+            look.deployment,
+            look.last_stable,
+            owned,
+            look.now,
+        )
+    });
     let mut keep = Vec::new();
     let mut create = Vec::new();
     let mut stops = Vec::new();
@@ -164,20 +230,26 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
             JobType::System => plan_system(
                 record,
                 group_index,
-                nodes,
+                look.nodes,
                 &mine,
                 &mut keep,
                 &mut create,
                 &mut stops,
             ),
-            JobType::Service | JobType::Batch => plan_counted(
-                record,
-                group_index,
-                &mine,
-                &mut keep,
-                &mut create,
-                &mut stops,
-            ),
+            JobType::Service | JobType::Batch => {
+                let mode = rollout
+                    .as_ref()
+                    .map_or(Mode::AtOnce, |rollout| rollout.mode_of(&group.name));
+                plan_counted(
+                    record,
+                    group_index,
+                    &mine,
+                    mode,
+                    &mut keep,
+                    &mut create,
+                    &mut stops,
+                )
+            }
         }
     }
     for (task, reason) in stops {
@@ -185,6 +257,13 @@ pub fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan
     }
     plan.keep = keep;
     plan.create = create;
+    if let Some(rollout) = rollout {
+        plan.revert_to = rollout.revert_to;
+        plan.look_again_at = rollout.look_again_at;
+        if rollout.changed {
+            plan.deployment = Some(rollout.deployment);
+        }
+    }
     plan
 }
 
@@ -200,11 +279,14 @@ fn plan_stop(stops: &mut Vec<PlannedStop>, task: &Task, reason: String) {
 }
 
 /// `service` and `batch`: `Count` copies, indexes kept stable. Scaling down stops the
-/// highest indexes first, and copies not yet running before running ones.
+/// highest indexes first, and copies not yet running before running ones. `mode` says how
+/// copies whose spec changed are replaced: at once, not at all, beside canaries, or a few
+/// at a time ([`Mode`]).
 fn plan_counted<'a>(
     record: &JobRecord,
     group_index: usize,
     mine: &[&'a Task],
+    mode: Mode,
     keep: &mut Vec<Uuid>,
     create: &mut Vec<Task>,
     stops: &mut Vec<(&'a Task, String)>,
@@ -231,8 +313,108 @@ fn plan_counted<'a>(
             stops.push((task, format!("a second copy of {}", task.name)));
         }
     }
-    // Keep `count`: completed first (their work is done), then running, then the rest, each
-    // by lower index.
+    let template = copy_of(record, group_index, 0, None);
+    let (kept, extra, wanted) = choose_kept(unique, &template, count, mode);
+    for task in extra {
+        if !is_live(task) {
+            continue;
+        }
+        let reason = if has_current_spec(task, &template) || matches!(mode, Mode::AtOnce) {
+            format!("the group is scaled to {count}")
+        } else {
+            format!(
+                "the group keeps {count} copies, those of job {} version {} first",
+                record.job.name, record.version
+            )
+        };
+        stops.push((task, reason));
+    }
+    let mut used: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
+    let mut blocked = 0;
+    if mode == Mode::Frozen {
+        // A failed deployment does not try its version again: an index whose copy of the
+        // new spec gave up stays empty (the old copies that still run keep running).
+        for index in mine
+            .iter()
+            .filter(|task| gave_up(task) && has_current_spec(task, &template))
+            .filter_map(|task| task.spec.index)
+        {
+            if used.insert(index) {
+                blocked += 1;
+            }
+        }
+    }
+    // Old copies to replace now: those not running first (they serve nobody), then by index.
+    let budget = match mode {
+        Mode::AtOnce => usize::MAX,
+        Mode::Frozen | Mode::Canary { .. } => 0,
+        Mode::Rolling { slots } => slots,
+    };
+    let mut old: Vec<&Task> = kept
+        .iter()
+        .copied()
+        .filter(|task| !is_complete(task) && !has_current_spec(task, &template))
+        .collect();
+    old.sort_by_cached_key(|task| (task.status.state == State::Running, task.spec.index));
+    let replaced: BTreeSet<Uuid> = old.iter().take(budget).map(|task| task.id).collect();
+    for task in &kept {
+        if is_complete(task) {
+            continue;
+        }
+        if !replaced.contains(&task.id) {
+            keep.push(task.id);
+            continue;
+        }
+        let wanted = copy_of(record, group_index, task.spec.index.unwrap_or(0), None);
+        stops.push((
+            task,
+            format!(
+                "job {} version {} changed its spec",
+                record.job.name, record.version
+            ),
+        ));
+        create.push(copy_with_name(wanted, task));
+    }
+    // A batch copy that gave up fails the job: it is not created again.
+    if batch && mine.iter().any(|task| gave_up(task)) {
+        return;
+    }
+    let mut free = (0u32..).filter(|index| !used.contains(index));
+    for _ in (kept.len() + blocked)..wanted {
+        let Some(index) = free.next() else { break };
+        create.push(copy_of(record, group_index, index, None));
+    }
+}
+
+/// Which copies of a group stay (for now), which go as extras, and how many copies the
+/// group wants live in all. Outside the canary phase: `count` copies, completed first, then
+/// running ones (new before old while a deployment runs, so that a promoted canary stays
+/// and an old copy goes), then by index. In the canary phase: up to `count` old copies and
+/// `canaries` new ones beside them.
+fn choose_kept<'a>(
+    unique: Vec<&'a Task>,
+    template: &Task,
+    count: usize,
+    mode: Mode,
+) -> (Vec<&'a Task>, Vec<&'a Task>, usize) {
+    if let Mode::Canary { canaries } = mode {
+        let (mut new, mut old): (Vec<&Task>, Vec<&Task>) = unique
+            .into_iter()
+            .partition(|task| has_current_spec(task, template));
+        let by_running = |task: &&Task| (task.status.state != State::Running, task.spec.index);
+        new.sort_by_cached_key(by_running);
+        old.sort_by_cached_key(by_running);
+        let old_extra = old.split_off(count.min(old.len()));
+        let new_extra = new.split_off(canaries.min(new.len()));
+        let wanted = old.len() + canaries;
+        let mut kept = old;
+        kept.extend(new);
+        let mut extra = old_extra;
+        extra.extend(new_extra);
+        return (kept, extra, wanted);
+    }
+    let rolling = matches!(mode, Mode::Rolling { .. });
+    let mut unique = unique;
     unique.sort_by_cached_key(|task| {
         let rank = if is_complete(task) {
             0
@@ -241,45 +423,34 @@ fn plan_counted<'a>(
         } else {
             2
         };
-        (rank, task.spec.index)
+        let old = rolling && !has_current_spec(task, template);
+        (rank, old, task.spec.index)
     });
-    let (kept, extra) = unique.split_at(count.min(unique.len()));
-    let mut extra: Vec<&Task> = extra.to_vec();
+    let extra = unique.split_off(count.min(unique.len()));
+    // The highest indexes go first.
+    let mut extra = extra;
     extra.sort_by_key(|task| std::cmp::Reverse(task.spec.index));
-    for task in extra {
-        if is_live(task) {
-            stops.push((task, format!("the group is scaled to {count}")));
-        }
-    }
-    let used: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
-    let template = copy_of(record, group_index, 0, None);
-    for task in kept {
-        if is_complete(task) {
-            continue;
-        }
-        if has_current_spec(task, &template) {
-            keep.push(task.id);
-        } else {
-            let wanted = copy_of(record, group_index, task.spec.index.unwrap_or(0), None);
-            stops.push((
-                task,
-                format!(
-                    "job {} version {} changed its spec",
-                    record.job.name, record.version
-                ),
-            ));
-            create.push(copy_with_name(wanted, task));
-        }
-    }
-    // A batch copy that gave up fails the job: it is not created again.
-    if batch && mine.iter().any(|task| gave_up(task)) {
-        return;
-    }
-    let mut free = (0u32..).filter(|index| !used.contains(index));
-    for _ in kept.len()..count {
-        let Some(index) = free.next() else { break };
-        create.push(copy_of(record, group_index, index, None));
-    }
+    (unique, extra, count)
+}
+
+/// How many live copies of `record`'s counted groups have a spec other than their group's
+/// template now: what a new version replaces (a service job's deployment, a few at a
+/// time).
+pub fn changed_copies(record: &JobRecord, owned: &[&Task]) -> usize {
+    record
+        .job
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(group_index, group)| {
+            let template = copy_of(record, group_index, 0, None);
+            owned
+                .iter()
+                .filter(|task| task.spec.group == group.name && is_live(task))
+                .filter(|task| !has_current_spec(task, &template))
+                .count()
+        })
+        .sum()
 }
 
 /// The replacement keeps the name of the copy it replaces (same index).
@@ -461,12 +632,20 @@ mod tests {
                     count,
                     constraints: Vec::new(),
                     task: Task::new("", "cube-sample:latest"),
+                    update: None,
                 }],
             },
             version: 1,
             submit_time: None,
             stopped: false,
+            promoted: false,
+            revert_of: None,
         }
+    }
+
+    /// The plan with no deployment stored yet, now.
+    fn plan(record: &JobRecord, nodes: &[NodeFacts], owned: &[&Task]) -> JobPlan {
+        super::plan(&JobLook::new(record, nodes, owned, Utc::now()))
     }
 
     /// The copy the controller would have made, in the given state.
@@ -627,6 +806,134 @@ mod tests {
         assert!(
             plan3.stop[0].reason.contains("no longer matches"),
             "{plan3:?}"
+        );
+    }
+
+    /// A service job of `count` at `version` (its template runs `v<version>`), with `update`.
+    fn versioned(count: u32, version: u64, update: cube_types::job::Update) -> JobRecord {
+        let mut job = record(JobType::Service, Some(count));
+        job.version = version;
+        job.job.groups[0].task.spec.cmd = vec![format!("v{version}")];
+        job.job.groups[0].update = Some(update);
+        job
+    }
+
+    fn healthy_copy(record: &JobRecord, index: u32) -> Task {
+        let mut task = copy(record, index, State::Running);
+        let long_ago = Utc::now() - chrono::Duration::hours(1);
+        task.status.created_time = Some(long_ago);
+        task.status.healthy_since = Some(long_ago);
+        task
+    }
+
+    #[test]
+    fn a_rolling_update_replaces_max_parallel_copies_under_their_names_and_keeps_the_rest() {
+        let update = cube_types::job::Update {
+            max_parallel: Some(2),
+            ..Default::default()
+        };
+        let v1 = versioned(4, 1, update.clone());
+        let old: Vec<Task> = (0..4).map(|i| healthy_copy(&v1, i)).collect();
+        let owned: Vec<&Task> = old.iter().collect();
+        let v2 = versioned(4, 2, update);
+        let planned = plan(&v2, &[], &owned);
+        assert_eq!(names(&planned.create), ["web.api[0]", "web.api[1]"]);
+        assert_eq!(planned.stop.len(), 2);
+        assert_eq!(planned.keep.len(), 2, "two old copies run on");
+        let deployment = planned.deployment.expect("a deployment starts");
+        assert_eq!(deployment.version, 2);
+        assert!(planned.look_again_at.is_some());
+    }
+
+    #[test]
+    fn a_scale_with_the_same_template_replaces_nothing_and_only_adds_copies() {
+        let v1 = versioned(2, 1, Default::default());
+        let old: Vec<Task> = (0..2).map(|i| healthy_copy(&v1, i)).collect();
+        let owned: Vec<&Task> = old.iter().collect();
+        let mut scaled = v1.clone();
+        scaled.job.groups[0].count = Some(3);
+        let planned = plan(&scaled, &[], &owned);
+        assert_eq!(names(&planned.create), ["web.api[2]"]);
+        assert!(planned.stop.is_empty());
+    }
+
+    #[test]
+    fn canaries_start_beside_the_old_copies_and_after_promotion_old_copies_make_room() {
+        let update = cube_types::job::Update {
+            canary: Some(1),
+            ..Default::default()
+        };
+        let v1 = versioned(3, 1, update.clone());
+        let old: Vec<Task> = (0..3).map(|i| healthy_copy(&v1, i)).collect();
+        let owned: Vec<&Task> = old.iter().collect();
+        let mut v2 = versioned(3, 2, update);
+        let first = plan(&v2, &[], &owned);
+        assert_eq!(names(&first.create), ["web.api[3]"], "a canary beside the three");
+        assert!(first.stop.is_empty());
+        let deployment = first.deployment.expect("a deployment");
+        let mut canary = first.create[0].clone();
+        canary.status.state = State::Running;
+        canary.status.created_time = Some(Utc::now());
+        canary.status.healthy_since = Some(Utc::now() - chrono::Duration::seconds(30));
+        let owned: Vec<&Task> = old.iter().chain([&canary]).collect();
+        let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
+        look.deployment = Some(&deployment);
+        let paused = super::plan(&look);
+        assert!(paused.is_empty(), "nothing replaced before promotion: {paused:?}");
+        let paused = paused.deployment.expect("the deployment pauses");
+        assert_eq!(paused.state, cube_types::deployment::DeploymentState::Paused);
+        v2.promoted = true;
+        let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
+        look.deployment = Some(&paused);
+        let promoted = super::plan(&look);
+        // The canary stays; one old copy goes to make room, one more is replaced.
+        let stopped: Vec<&str> = promoted.stop.iter().map(|stop| stop.name.as_str()).collect();
+        assert_eq!(stopped.len(), 2, "{promoted:?}");
+        assert!(stopped.contains(&"web.api[2]"), "{stopped:?}");
+        assert_eq!(promoted.create.len(), 1);
+        assert!(promoted.keep.contains(&canary.id));
+    }
+
+    #[test]
+    fn a_failed_deployment_replaces_nothing_more() {
+        let update = cube_types::job::Update {
+            min_healthy_time: Some(std::time::Duration::ZERO),
+            ..Default::default()
+        };
+        let v1 = versioned(3, 1, update.clone());
+        let old: Vec<Task> = (1..3).map(|i| healthy_copy(&v1, i)).collect();
+        let v2 = versioned(3, 2, update);
+        let started = plan(&v2, &[], &[]).deployment.expect("a deployment");
+        let mut bad = copy(&v2, 0, State::Failed);
+        bad.status.created_time = Some(Utc::now());
+        let owned: Vec<&Task> = old.iter().chain([&bad]).collect();
+        let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
+        look.deployment = Some(&started);
+        let planned = super::plan(&look);
+        assert!(planned.stop.is_empty(), "{planned:?}");
+        assert_eq!(planned.keep.len(), 2, "the old copies run on");
+        assert!(
+            planned.create.is_empty(),
+            "the failed copy's version is not tried again: {planned:?}"
+        );
+        assert_eq!(
+            planned.deployment.map(|d| d.state),
+            Some(cube_types::deployment::DeploymentState::Failed)
+        );
+    }
+
+    #[test]
+    fn stopping_a_job_cancels_its_running_deployment() {
+        let v1 = versioned(1, 1, Default::default());
+        let started = plan(&v1, &[], &[]).deployment.expect("a deployment");
+        let mut stopped = v1.clone();
+        stopped.stopped = true;
+        let mut look = JobLook::new(&stopped, &[], &[], Utc::now());
+        look.deployment = Some(&started);
+        let planned = super::plan(&look);
+        assert_eq!(
+            planned.deployment.map(|d| d.state),
+            Some(cube_types::deployment::DeploymentState::Cancelled)
         );
     }
 }

@@ -24,6 +24,7 @@ mod manager;
 mod nodes;
 mod placement;
 pub mod reconcile;
+mod rollout;
 mod store_source;
 mod task_controller;
 

@@ -23,7 +23,8 @@ use cube_controller::runner::{Runner, RunnerConfig};
 use cube_controller::store::ObservedStore;
 use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
-use cube_types::job::JobRecord;
+use cube_types::deployment::Deployment;
+use cube_types::job::{JobHistory, JobRecord};
 use cube_types::{Node, NodeReport, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -62,12 +63,30 @@ pub struct ManagerConfig {
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
-/// is placed on), the nodes that joined, and the jobs.
+/// is placed on), the nodes that joined, the jobs, their kept versions, and the last
+/// deployment of each service job.
 #[derive(Clone)]
 pub struct ManagerStores {
     pub tasks: Arc<dyn Store<Task>>,
     pub nodes: Arc<dyn Store<Node>>,
     pub jobs: Arc<dyn Store<JobRecord>>,
+    /// Every job's kept versions, under the job's name.
+    pub job_versions: Arc<dyn Store<JobHistory>>,
+    /// Each service job's last deployment, under the job's name.
+    pub deployments: Arc<dyn Store<Deployment>>,
+}
+
+impl ManagerStores {
+    /// Every table in memory: for tests and benchmarks.
+    pub fn in_memory() -> ManagerStores {
+        ManagerStores {
+            tasks: Arc::new(cube_store::MemoryStore::new()),
+            nodes: Arc::new(cube_store::MemoryStore::new()),
+            jobs: Arc::new(cube_store::MemoryStore::new()),
+            job_versions: Arc::new(cube_store::MemoryStore::new()),
+            deployments: Arc::new(cube_store::MemoryStore::new()),
+        }
+    }
 }
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
@@ -79,6 +98,9 @@ pub enum ManagerError {
     NodeNotFound(String),
     #[error("no job named {0:?}")]
     JobNotFound(String),
+    /// The job exists but has no deployment to show.
+    #[error("{0}")]
+    NoDeployment(String),
     #[error("{0}")]
     BadRequest(String),
     /// The request contradicts what is stored (a task ID resubmitted with another spec).
@@ -155,6 +177,11 @@ pub struct Manager {
     pub(crate) placement_runner: Runner<()>,
     /// The job controller's runner: job names to converge (`job_controller.rs`).
     pub(crate) jobs_runner: Runner<String>,
+    /// Held by every read-modify-write of a job record and its versions (submit, scale,
+    /// stop, promote, revert, a version marked stable, an automatic revert), so that two of
+    /// them never both start from the same record. A `tokio` mutex: held across the durable
+    /// write.
+    pub(crate) job_writes: tokio::sync::Mutex<()>,
     /// The jobs as the store's watch delivers them (`store_source.rs`): every change of a
     /// job record, whoever wrote it, reaches the job controller through it, and the job
     /// controller starts no look before it is in sync.
@@ -187,6 +214,11 @@ pub(crate) struct Shared {
     pub(crate) scheduler: Box<dyn Scheduler>,
     /// Every job by name, as stored.
     pub(crate) jobs: BTreeMap<String, Arc<JobRecord>>,
+    /// Every job's kept versions, as stored.
+    pub(crate) histories: BTreeMap<String, Arc<JobHistory>>,
+    /// Each service job's last deployment, as stored (written by the job controller, and
+    /// by nothing else).
+    pub(crate) deployments: BTreeMap<String, Arc<Deployment>>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -214,6 +246,16 @@ impl Manager {
         let mut jobs = BTreeMap::new();
         stores.jobs.scan(&mut |record: JobRecord| {
             jobs.insert(record.job.name.clone(), Arc::new(record));
+        })?;
+        let mut histories = BTreeMap::new();
+        stores.job_versions.scan(&mut |history: JobHistory| {
+            if let Some(newest) = history.versions.last() {
+                histories.insert(newest.job.name.clone(), Arc::new(history));
+            }
+        })?;
+        let mut deployments = BTreeMap::new();
+        stores.deployments.scan(&mut |deployment: Deployment| {
+            deployments.insert(deployment.job.clone(), Arc::new(deployment));
         })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
@@ -244,10 +286,13 @@ impl Manager {
                 nodes,
                 scheduler,
                 jobs,
+                histories,
+                deployments,
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),
             placement_runner: Runner::new(runner(1)),
             jobs_runner: Runner::new(runner(max_concurrent.min(4))),
+            job_writes: tokio::sync::Mutex::new(()),
             jobs_observed: ObservedStore::default(),
             failures: Mutex::new(HashMap::new()),
             dispatched: Mutex::new(HashSet::new()),
@@ -268,17 +313,21 @@ impl Manager {
         self.stores.tasks.health()?;
         self.stores.nodes.health()?;
         self.stores.jobs.health()?;
+        self.stores.job_versions.health()?;
+        self.stores.deployments.health()?;
         Ok(())
     }
 
     /// A number that moves with every write to the manager's stores, and only then: the sum
     /// of their revisions (the tables of one store file share one revision, so there the sum
-    /// moves by three per write; it is a witness of writes, not a count). A test of a quiet
+    /// moves by five per write; it is a witness of writes, not a count). A test of a quiet
     /// cluster reads it.
     pub fn store_revision(&self) -> Result<u64, ManagerError> {
         Ok(self.stores.tasks.revision()?
             + self.stores.jobs.revision()?
-            + self.stores.nodes.revision()?)
+            + self.stores.nodes.revision()?
+            + self.stores.job_versions.revision()?
+            + self.stores.deployments.revision()?)
     }
 
     /// A consistent copy of the manager's store file (its tables share one file), to read.
@@ -661,11 +710,7 @@ fn lose_tasks_of_forgotten_node(
 /// A manager on memory stores, with no loop started, for the unit tests of its parts.
 #[cfg(test)]
 pub(crate) fn manager_for_tests() -> Arc<Manager> {
-    let stores = ManagerStores {
-        tasks: Arc::new(cube_store::MemoryStore::new()),
-        nodes: Arc::new(cube_store::MemoryStore::new()),
-        jobs: Arc::new(cube_store::MemoryStore::new()),
-    };
+    let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
     Manager::open(test_config(), stores, scheduler, CancellationToken::new())
         .expect("a manager on memory stores")
@@ -707,7 +752,6 @@ fn test_config() -> ManagerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cube_store::MemoryStore;
 
     #[test]
     fn the_tasks_of_a_stored_node_whose_address_no_longer_parses_are_lost_at_start() {
@@ -719,11 +763,7 @@ mod tests {
         let mut task = Task::new("t", "cube-sample:latest");
         task.status.state = State::Running;
         task.status.node_name = "gone".to_string();
-        let stores = ManagerStores {
-            tasks: Arc::new(MemoryStore::new()),
-            nodes: Arc::new(MemoryStore::new()),
-            jobs: Arc::new(MemoryStore::new()),
-        };
+        let stores = ManagerStores::in_memory();
         stores.nodes.put("gone", &node).unwrap();
         stores.tasks.put(&task.id.to_string(), &task).unwrap();
         let scheduler = cube_scheduler::scheduler_by_name("roundrobin").unwrap();

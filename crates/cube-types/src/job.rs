@@ -7,6 +7,7 @@
 //! node's name and labels ([`Constraint::admits`]), asked by the scheduler's feasibility chain.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,122 @@ pub struct Group {
     /// Everything a task has; its `ID` and `Name` are the job controller's to set.
     #[serde(rename = "Task")]
     pub task: Task,
+    /// How the group's copies are replaced when its template changes (`service` jobs only);
+    /// unset, the defaults of [`Update`].
+    #[serde(rename = "Update", default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<Update>,
+}
+
+/// A group's rolling-update settings, as submitted: every field may be left out, and then
+/// has the default named on it (see [`crate::deployment::UpdateSettings`], the settings in
+/// force).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Update {
+    /// How many copies are replaced at a time [default: 1]: never fewer than
+    /// `Count - MaxParallel` healthy copies while a deployment runs.
+    #[serde(rename = "MaxParallel", default, skip_serializing_if = "Option::is_none")]
+    pub max_parallel: Option<u32>,
+    /// How long a new copy must stay healthy to count [default: 5s].
+    #[serde(
+        rename = "MinHealthyTime",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub min_healthy_time: Option<Duration>,
+    /// How long a new copy may take to become healthy before it fails the deployment
+    /// [default: 1m].
+    #[serde(
+        rename = "HealthyDeadline",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub healthy_deadline: Option<Duration>,
+    /// How long a deployment may go without one more healthy copy before it fails
+    /// [default: 5m].
+    #[serde(
+        rename = "ProgressDeadline",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub progress_deadline: Option<Duration>,
+    /// Whether a failed deployment puts the job back on its last stable version
+    /// [default: false].
+    #[serde(rename = "AutoRevert", default, skip_serializing_if = "Option::is_none")]
+    pub auto_revert: Option<bool>,
+    /// With N > 0, N new copies start beside the old ones and the deployment waits for
+    /// `cube job promote` before replacing the rest [default: 0].
+    #[serde(rename = "Canary", default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<u32>,
+}
+
+/// The longest a deployment's deadlines may be: a week. Longer is a slip of the unit.
+pub const MAX_UPDATE_DEADLINE: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+impl Update {
+    /// What is wrong with the block, each finding naming its field under `path`.
+    fn findings(&self, path: &str, count: Option<u32>) -> Vec<String> {
+        let settings = crate::deployment::UpdateSettings::of(Some(self));
+        let mut findings = Vec::new();
+        if self.max_parallel == Some(0) {
+            findings.push(format!(
+                "{path}.MaxParallel: 0 would replace nothing; at least 1"
+            ));
+        }
+        if let Some(max) = self.max_parallel
+            && max > MAX_COUNT
+        {
+            findings.push(format!("{path}.MaxParallel: {max} is more than {MAX_COUNT}"));
+        }
+        if let Some(canary) = self.canary
+            && canary > MAX_COUNT
+        {
+            findings.push(format!("{path}.Canary: {canary} is more than {MAX_COUNT}"));
+        }
+        if let (Some(canary), Some(count)) = (self.canary, count)
+            && canary > count
+            && canary > 0
+        {
+            findings.push(format!(
+                "{path}.Canary: {canary} canaries for a group of {count}; at most Count"
+            ));
+        }
+        for (field, value) in [
+            ("MinHealthyTime", settings.min_healthy_time),
+            ("HealthyDeadline", settings.healthy_deadline),
+            ("ProgressDeadline", settings.progress_deadline),
+        ] {
+            if value > MAX_UPDATE_DEADLINE {
+                findings.push(format!(
+                    "{path}.{field}: {} is more than a week (168h)",
+                    crate::duration::format_duration(value)
+                ));
+            }
+        }
+        if settings.healthy_deadline.is_zero() {
+            findings.push(format!(
+                "{path}.HealthyDeadline: 0 leaves a new copy no time to become healthy"
+            ));
+        } else if settings.healthy_deadline <= settings.min_healthy_time {
+            findings.push(format!(
+                "{path}.HealthyDeadline: {} must be longer than MinHealthyTime ({}): a copy \
+                 could never count in time",
+                crate::duration::format_duration(settings.healthy_deadline),
+                crate::duration::format_duration(settings.min_healthy_time)
+            ));
+        }
+        if settings.progress_deadline < settings.healthy_deadline {
+            findings.push(format!(
+                "{path}.ProgressDeadline: {} is shorter than HealthyDeadline ({})",
+                crate::duration::format_duration(settings.progress_deadline),
+                crate::duration::format_duration(settings.healthy_deadline)
+            ));
+        }
+        findings
+    }
 }
 
 /// A predicate over a node: `{"Attribute": "label.zone", "Operator": "=", "Value": "eu"}`.
@@ -289,6 +406,17 @@ impl Job {
             for (c, constraint) in group.constraints.iter().enumerate() {
                 findings.extend(constraint.findings(&format!("{path}.Constraints[{c}]")));
             }
+            if let Some(update) = &group.update {
+                if self.job_type == JobType::Service {
+                    findings.extend(update.findings(&format!("{path}.Update"), group.count));
+                } else {
+                    findings.push(format!(
+                        "{path}.Update: rolling updates are for service jobs; a {} job's \
+                         copies are replaced at once",
+                        self.job_type.name()
+                    ));
+                }
+            }
             if !group.task.id.is_nil() {
                 findings.push(format!(
                     "{path}.Task.ID: a job's tasks get their IDs from the job; leave ID out"
@@ -325,6 +453,210 @@ pub struct JobRecord {
     /// `DELETE /jobs/{name}` was asked: every task of the job is stopped, none is created.
     #[serde(rename = "Stopped", default)]
     pub stopped: bool,
+    /// `cube job promote` was asked for this version: its deployment's canaries are good,
+    /// and the rest of the copies may be replaced. A new version starts unpromoted.
+    #[serde(rename = "Promoted", default, skip_serializing_if = "is_false")]
+    pub promoted: bool,
+    /// The version whose spec this one restores (`cube job revert`, or a deployment that
+    /// failed with `AutoRevert`): it is deployed without canaries.
+    #[serde(rename = "RevertOf", default, skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<u64>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+/// The most versions kept of one job (the newest; the newest stable one is kept too, so that
+/// a failed deployment always has a version to go back to).
+pub const VERSIONS_KEPT: usize = 20;
+
+/// One version of a job, as `GET /jobs/{name}/versions` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobVersion {
+    #[serde(rename = "Version")]
+    pub version: u64,
+    #[serde(rename = "SubmitTime", with = "crate::time::optional", default)]
+    pub submit_time: Option<chrono::DateTime<chrono::Utc>>,
+    /// A deployment of this version succeeded: a failed deployment may go back to it.
+    #[serde(rename = "Stable", default)]
+    pub stable: bool,
+    /// What changed from the version before it, one line per field ([`Job::diff`]).
+    #[serde(rename = "Diff", default)]
+    pub diff: Vec<String>,
+    #[serde(rename = "RevertOf", default, skip_serializing_if = "Option::is_none")]
+    pub revert_of: Option<u64>,
+    /// The job as this version had it.
+    #[serde(rename = "Job")]
+    pub job: Job,
+}
+
+/// Every kept version of one job, oldest first: what the manager stores under the job's name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobHistory {
+    #[serde(rename = "Versions")]
+    pub versions: Vec<JobVersion>,
+}
+
+impl JobHistory {
+    pub fn get(&self, version: u64) -> Option<&JobVersion> {
+        self.versions.iter().find(|kept| kept.version == version)
+    }
+
+    /// The newest stable version before `version`, if one is kept.
+    pub fn last_stable_before(&self, version: u64) -> Option<&JobVersion> {
+        self.versions
+            .iter()
+            .rev()
+            .find(|kept| kept.stable && kept.version < version)
+    }
+
+    /// Adds `added` (replacing a kept entry of the same number or above: a version written
+    /// before a crash whose job record never was), then forgets the oldest beyond
+    /// [`VERSIONS_KEPT`], except the newest stable one.
+    pub fn push(&mut self, added: JobVersion) {
+        self.versions.retain(|kept| kept.version < added.version);
+        self.versions.push(added);
+        while self.versions.len() > VERSIONS_KEPT {
+            let newest_stable = self
+                .versions
+                .iter()
+                .rev()
+                .find(|kept| kept.stable)
+                .map(|kept| kept.version);
+            let Some(oldest) = self
+                .versions
+                .iter()
+                .position(|kept| Some(kept.version) != newest_stable)
+            else {
+                break;
+            };
+            self.versions.remove(oldest);
+        }
+    }
+
+    /// Marks a version stable; false when it is not kept or was already.
+    pub fn mark_stable(&mut self, version: u64) -> bool {
+        match self.versions.iter_mut().find(|kept| kept.version == version) {
+            Some(kept) if !kept.stable => {
+                kept.stable = true;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The most lines [`Job::diff`] gives; more are counted in a last line.
+pub const DIFF_LINES: usize = 12;
+/// The longest a value is shown in a diff line.
+const DIFF_VALUE_CHARS: usize = 60;
+
+impl Job {
+    /// What changed from `self` to `newer`, one line per changed field, as
+    /// `Groups[api].Task.Image: "a" -> "b"`, `+ Groups[db]`, `- Groups[old]` (groups named,
+    /// not numbered), at most [`DIFF_LINES`] lines.
+    pub fn diff(&self, newer: &Job) -> Vec<String> {
+        let mut before = BTreeMap::new();
+        let mut after = BTreeMap::new();
+        flatten("", &job_value(self), &mut before);
+        flatten("", &job_value(newer), &mut after);
+        let mut lines = Vec::new();
+        let names = |job: &Job| -> std::collections::BTreeSet<String> {
+            job.groups.iter().map(|group| group.name.clone()).collect()
+        };
+        let (old_groups, new_groups) = (names(self), names(newer));
+        // A group that came or went is one line, not one per field.
+        let whole: Vec<String> = old_groups
+            .symmetric_difference(&new_groups)
+            .map(|name| format!("Groups[{name}]"))
+            .collect();
+        for name in new_groups.difference(&old_groups) {
+            lines.push(format!("+ Groups[{name}]"));
+        }
+        for name in old_groups.difference(&new_groups) {
+            lines.push(format!("- Groups[{name}]"));
+        }
+        let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.retain(|key| {
+            !whole
+                .iter()
+                .any(|group| key.strip_prefix(group.as_str()).is_some_and(|rest| rest.starts_with('.')))
+        });
+        for key in keys {
+            match (before.get(key), after.get(key)) {
+                (Some(old), Some(new)) if old != new => {
+                    lines.push(format!("{key}: {} -> {}", shown(old), shown(new)))
+                }
+                (Some(_), None) => lines.push(format!("- {key}")),
+                (None, Some(new)) => lines.push(format!("+ {key}: {}", shown(new))),
+                _ => {}
+            }
+        }
+        if lines.len() > DIFF_LINES {
+            let more = lines.len() - (DIFF_LINES - 1);
+            lines.truncate(DIFF_LINES - 1);
+            lines.push(format!("... and {more} more"));
+        }
+        lines
+    }
+}
+
+/// A job as JSON with its groups keyed by name (`Groups[api]`), so that a diff follows a
+/// group, not its position.
+fn job_value(job: &Job) -> serde_json::Value {
+    let mut value = serde_json::to_value(job).unwrap_or(serde_json::Value::Null);
+    if let Some(object) = value.as_object_mut() {
+        let groups: serde_json::Map<String, serde_json::Value> = job
+            .groups
+            .iter()
+            .map(|group| {
+                let mut value = serde_json::to_value(group).unwrap_or(serde_json::Value::Null);
+                if let Some(group) = value.as_object_mut() {
+                    group.remove("Name");
+                }
+                (group.name.clone(), value)
+            })
+            .collect();
+        object.insert("Groups".to_string(), serde_json::Value::Object(groups));
+    }
+    value
+}
+
+/// The leaves of a JSON value by path: objects by key (`Task.Image`; the groups as
+/// `Groups[api]`), arrays and empty objects as whole values.
+fn flatten(path: &str, value: &serde_json::Value, out: &mut BTreeMap<String, serde_json::Value>) {
+    match value {
+        serde_json::Value::Object(object) if !object.is_empty() => {
+            for (key, child) in object {
+                let child_path = if path == "Groups" {
+                    format!("Groups[{key}]")
+                } else if path.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{path}.{key}")
+                };
+                flatten(&child_path, child, out);
+            }
+        }
+        serde_json::Value::Null => {}
+        _ => {
+            out.insert(path.to_string(), value.clone());
+        }
+    }
+}
+
+fn shown(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() <= DIFF_VALUE_CHARS {
+        return text;
+    }
+    let cut: String = text.chars().take(DIFF_VALUE_CHARS - 3).collect();
+    format!("{cut}...")
 }
 
 /// The name of a job's task: `web.api[2]`, as Nomad names allocations.
@@ -427,5 +759,100 @@ mod tests {
             constraint("label.gpu", Operator::Equal, "a100").reason("w2", &us),
             "label.gpu is not set, wants \"a100\""
         );
+    }
+
+    fn service_with(update: &str) -> Job {
+        serde_json::from_str(&format!(
+            r#"{{"Name": "web", "Groups": [{{"Name": "api", "Count": 2,
+                 "Task": {{"Image": "cube-sample:latest"}}, "Update": {update}}}]}}"#
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_update_block_is_checked_field_by_field() {
+        assert_eq!(
+            service_with(r#"{"MaxParallel": 2, "MinHealthyTime": "0s"}"#).validate(),
+            Vec::<String>::new()
+        );
+        for (update, expected) in [
+            (r#"{"MaxParallel": 0}"#, "Groups[0].Update.MaxParallel: 0"),
+            (r#"{"Canary": 3}"#, "Groups[0].Update.Canary: 3 canaries for a group of 2"),
+            (
+                r#"{"MinHealthyTime": "2m"}"#,
+                "Groups[0].Update.HealthyDeadline: 60s must be longer than MinHealthyTime",
+            ),
+            (
+                r#"{"ProgressDeadline": "10s"}"#,
+                "Groups[0].Update.ProgressDeadline: 10s is shorter than HealthyDeadline",
+            ),
+            (r#"{"HealthyDeadline": "500h"}"#, "is more than a week"),
+        ] {
+            let findings = service_with(update).validate().join("\n");
+            assert!(findings.contains(expected), "{update}: {findings}");
+        }
+        let unknown = serde_json::from_str::<Job>(
+            r#"{"Name": "w", "Groups": [{"Name": "g", "Count": 1, "Task": {"Image": "x"},
+                 "Update": {"MaxParalel": 2}}]}"#,
+        )
+        .unwrap_err();
+        assert!(unknown.to_string().contains("MaxParalel"), "{unknown}");
+        let mut batch = service_with(r#"{"MaxParallel": 2}"#);
+        batch.job_type = JobType::Batch;
+        assert!(
+            batch
+                .validate()
+                .join("\n")
+                .contains("Groups[0].Update: rolling updates are for service jobs")
+        );
+    }
+
+    #[test]
+    fn a_diff_names_each_changed_field_and_groups_by_name() {
+        let old = service_with("{}");
+        let mut new = old.clone();
+        new.groups[0].task.spec.cmd = vec!["sh".into(), "-c".into(), "exit 1".into()];
+        new.groups[0].task.spec.image = "cube-sample:v2".into();
+        let mut db = new.groups[0].clone();
+        db.name = "db".into();
+        new.groups.push(db);
+        let diff = old.diff(&new);
+        assert_eq!(
+            diff,
+            [
+                "+ Groups[db]",
+                r#"Groups[api].Task.Cmd: [] -> ["sh","-c","exit 1"]"#,
+                r#"Groups[api].Task.Image: "cube-sample:latest" -> "cube-sample:v2""#,
+            ]
+        );
+        assert!(old.diff(&old).is_empty());
+    }
+
+    #[test]
+    fn a_history_keeps_the_newest_versions_and_the_newest_stable_one() {
+        let job = service_with("{}");
+        let version = |n: u64| JobVersion {
+            version: n,
+            submit_time: None,
+            stable: false,
+            diff: Vec::new(),
+            revert_of: None,
+            job: job.clone(),
+        };
+        let mut history = JobHistory::default();
+        history.push(version(1));
+        assert!(history.mark_stable(1));
+        assert!(!history.mark_stable(1), "already stable");
+        for n in 2..=30 {
+            history.push(version(n));
+        }
+        assert_eq!(history.versions.len(), VERSIONS_KEPT);
+        assert_eq!(history.versions[0].version, 1, "the only stable one stays");
+        assert_eq!(history.versions.last().map(|v| v.version), Some(30));
+        assert_eq!(history.last_stable_before(30).map(|v| v.version), Some(1));
+        // A version written again (after a crash before its record) replaces what is above.
+        history.push(version(29));
+        assert_eq!(history.versions.last().map(|v| v.version), Some(29));
+        assert!(history.get(30).is_none());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
 //! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker), [`job`] (a job:
-//! groups of copies of a task template, and the constraints on their nodes),
+//! groups of copies of a task template, the constraints on their nodes, its versions),
+//! [`deployment`] (the rollout of a version of a service job),
 //! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
 //! [`size`] (byte sizes with units), [`cpu`] (cores, also as millicores), [`duration`]
 //! (durations with units), [`error`] (the error body every API returns),
@@ -13,6 +14,7 @@
 //! here too, so that a manager and a worker reject the same input with the same words.
 
 pub mod cpu;
+pub mod deployment;
 pub mod duration;
 pub mod error;
 pub mod event;

@@ -119,6 +119,9 @@ pub struct TaskStatus {
     pub dispatch_error: Option<String>,
     /// When the manager tries again, while `dispatch_error` is set.
     pub next_attempt: Option<DateTime<Utc>>,
+    /// Since when the manager has seen the current run healthy (its health check passed, or
+    /// running when it has none): what a deployment's `MinHealthyTime` is measured from.
+    pub healthy_since: Option<DateTime<Utc>>,
     /// What a worker observed of the current run.
     pub run: RunStatus,
 }
@@ -285,6 +288,9 @@ struct TaskWire {
     /// When the manager tries again to reach the task's node, while `DispatchError` is set.
     #[serde(rename = "NextAttempt", default, with = "crate::time::optional")]
     pub next_attempt: Option<DateTime<Utc>>,
+    /// Since when the manager has seen the current run healthy. Unset otherwise.
+    #[serde(rename = "HealthySince", default, with = "crate::time::optional")]
+    pub healthy_since: Option<DateTime<Utc>>,
 }
 
 /// A task as it is written, from references (listing 100,000 tasks must not copy each one
@@ -410,6 +416,12 @@ struct TaskWireRef<'a> {
         skip_serializing_if = "unset"
     )]
     next_attempt: &'a Option<DateTime<Utc>>,
+    #[serde(
+        rename = "HealthySince",
+        serialize_with = "crate::time::optional::serialize",
+        skip_serializing_if = "unset"
+    )]
+    healthy_since: &'a Option<DateTime<Utc>>,
 }
 
 fn unset<T>(value: &&Option<T>) -> bool {
@@ -470,6 +482,7 @@ impl Serialize for Task {
                     next_restart,
                     dispatch_error,
                     next_attempt,
+                    healthy_since,
                     run:
                         RunStatus {
                             container_id,
@@ -526,6 +539,7 @@ impl Serialize for Task {
             next_restart,
             dispatch_error,
             next_attempt,
+            healthy_since,
         }
         .serialize(serializer)
     }
@@ -576,6 +590,7 @@ impl From<TaskWire> for Task {
             next_restart,
             dispatch_error,
             next_attempt,
+            healthy_since,
         } = wire;
         Task {
             id,
@@ -615,6 +630,7 @@ impl From<TaskWire> for Task {
                 next_restart,
                 dispatch_error,
                 next_attempt,
+                healthy_since,
                 run: RunStatus {
                     container_id,
                     host_ports,
@@ -813,6 +829,7 @@ impl Task {
                 next_restart: None,
                 dispatch_error: None,
                 next_attempt: None,
+                healthy_since: None,
                 run: RunStatus::default(),
             },
         }
@@ -871,7 +888,31 @@ impl Task {
     /// along the table. (`State::restart` is the one way back from an ended run.)
     pub fn move_to(&mut self, next: State) -> Result<(), crate::state::Transition> {
         self.status.state = self.status.state.transition(next)?;
+        if next != State::Running {
+            self.status.healthy_since = None;
+        }
         Ok(())
+    }
+
+    /// Whether the current run counts as healthy: running, and its health check passed (or
+    /// it has none).
+    pub fn is_healthy(&self) -> bool {
+        self.status.state == State::Running
+            && match self.status.run.health {
+                None => !self.has_health_check(),
+                Some(health) => health == Health::Healthy,
+            }
+    }
+
+    /// Keeps `HealthySince` in step with [`Task::is_healthy`]: set to `now` when the run
+    /// turns healthy, unset when it is not. True when it changed.
+    pub fn note_health(&mut self, now: DateTime<Utc>) -> bool {
+        match (self.is_healthy(), self.status.healthy_since) {
+            (true, None) => self.status.healthy_since = Some(now),
+            (false, Some(_)) => self.status.healthy_since = None,
+            _ => return false,
+        }
+        true
     }
 
     /// Adds an entry to the history, keeping the last [`HISTORY_LIMIT`].
@@ -902,6 +943,7 @@ impl Task {
         status.next_restart = None;
         status.dispatch_error = None;
         status.next_attempt = None;
+        status.healthy_since = None;
     }
 
     /// Keeps only what a submitter may say of a task: the spec. Whatever status the
@@ -925,6 +967,7 @@ impl Task {
             next_restart: _,
             dispatch_error: _,
             next_attempt: _,
+            healthy_since: _,
             // What the manager decides and records.
             state: _,
             node_name: _,
@@ -1699,6 +1742,7 @@ mod tests {
         full.status.next_restart = Some(now);
         full.status.dispatch_error = Some("refused".into());
         full.status.next_attempt = Some(now);
+        full.status.healthy_since = Some(now);
         full.status.run = RunStatus {
             container_id: "c1".into(),
             host_ports: BTreeMap::from([(

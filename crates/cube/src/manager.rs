@@ -96,6 +96,8 @@ pub async fn prepare(
         tasks: stores.table("tasks")?,
         nodes: stores.table("nodes")?,
         jobs: stores.table("jobs")?,
+        job_versions: stores.table("job_versions")?,
+        deployments: stores.table("deployments")?,
     };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,

@@ -424,6 +424,7 @@ mod tests {
                     count,
                     constraints: Vec::new(),
                     task: Task::new("", "cube-sample:latest"),
+                    update: None,
                 }],
             },
             version: 2,
