@@ -63,8 +63,13 @@ pub struct JobView {
 pub struct PlanView {
     #[serde(rename = "Version")]
     pub version: u64,
+    /// Whether submitting it would change the job at all (a new version, or counts).
     #[serde(rename = "Changed")]
     pub changed: bool,
+    /// `new`, `changed` (a new version), `scaled` (only counts change, the same version)
+    /// or `unchanged`.
+    #[serde(rename = "Outcome")]
+    pub outcome: &'static str,
     /// What the version changes, one line per field (a new job, or a changed one).
     #[serde(rename = "Diff", default, skip_serializing_if = "Vec::is_empty")]
     pub diff: Vec<String>,
@@ -685,11 +690,12 @@ impl Manager {
             )
         };
         let (outcome, record) = next_record(known.as_deref(), job, None);
-        let changed = matches!(outcome, JobSubmitted::Created | JobSubmitted::Changed);
-        let diff = match (&known, changed) {
-            (Some(known), true) => known.job.diff(&record.job),
+        let diff = match (&known, outcome) {
             (None, _) => vec!["a new job".to_string()],
-            (Some(_), false) => Vec::new(),
+            (Some(known), JobSubmitted::Changed | JobSubmitted::Scaled) => {
+                known.job.diff(&record.job)
+            }
+            (Some(_), _) => Vec::new(),
         };
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
         let last_stable = history
@@ -708,7 +714,8 @@ impl Manager {
         let replace = crate::jobs::changed_copies(&record, &owned);
         Ok(PlanView {
             version: record.version,
-            changed,
+            changed: outcome != JobSubmitted::Unchanged,
+            outcome: outcome.word(),
             diff,
             replace,
             plan: planned,

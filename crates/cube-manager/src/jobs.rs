@@ -329,21 +329,7 @@ fn plan_counted<'a>(
         };
         stops.push((task, reason));
     }
-    let mut used: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
-    let mut blocked = 0;
-    if mode == Mode::Frozen {
-        // A failed deployment does not try its version again: an index whose copy of the
-        // new spec gave up stays empty (the old copies that still run keep running).
-        for index in mine
-            .iter()
-            .filter(|task| gave_up(task) && has_current_spec(task, &template))
-            .filter_map(|task| task.spec.index)
-        {
-            if used.insert(index) {
-                blocked += 1;
-            }
-        }
-    }
+    let used: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
     // Old copies to replace now: those not running first (they serve nobody), then by index.
     let budget = match mode {
         Mode::AtOnce => usize::MAX,
@@ -380,7 +366,7 @@ fn plan_counted<'a>(
         return;
     }
     let mut free = (0u32..).filter(|index| !used.contains(index));
-    for _ in (kept.len() + blocked)..wanted {
+    for _ in kept.len()..wanted {
         let Some(index) = free.next() else { break };
         create.push(copy_of(record, group_index, index, None));
     }
@@ -912,10 +898,9 @@ mod tests {
         let planned = super::plan(&look);
         assert!(planned.stop.is_empty(), "{planned:?}");
         assert_eq!(planned.keep.len(), 2, "the old copies run on");
-        assert!(
-            planned.create.is_empty(),
-            "the failed copy's version is not tried again: {planned:?}"
-        );
+        // The copy that gave up is replaced, as any service copy that ends for good is:
+        // a failed deployment stops replacing old copies, not keeping the count.
+        assert_eq!(names(&planned.create), ["web.api[0]"]);
         assert_eq!(
             planned.deployment.map(|d| d.state),
             Some(cube_types::deployment::DeploymentState::Failed)

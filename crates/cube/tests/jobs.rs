@@ -307,11 +307,14 @@ async fn a_converged_job_writes_nothing_while_nothing_changes() {
     let client = manager.client();
     let created = post_job(&client, "/jobs", &service("quiet", 2)).await;
     assert_eq!(created.status, 201, "{}", created.body);
-    await_job(&client, "quiet", "2 running and healthy", |job| {
+    // Converged: both copies run and are healthy, and the deployment of version 1 has
+    // succeeded (its last write).
+    await_job(&client, "quiet", "2 running and healthy, deployed", |job| {
         running(job) == 2
             && live_tasks(job)
                 .iter()
                 .all(|task| task["Health"] == "Healthy")
+            && job["Deployment"]["State"] == "successful"
     })
     .await;
     // Let the last reports land, then count writes over several heartbeats, health probes

@@ -1,4 +1,5 @@
-//! `cube job run|plan|status|stop|scale`: jobs through the manager's jobs API (`/jobs`).
+//! `cube job run|plan|status|stop|scale|history|revert|promote`: jobs through the manager's
+//! jobs API (`/jobs`).
 //!
 //! A job file is read and checked here first ([`read_job_file`]: JSON or YAML, mistakes named
 //! with their line), then sent; the manager decides which copies to create and stop. `--wait`
@@ -17,8 +18,8 @@ use serde_json::{Value, json};
 
 use super::input::read_job_file;
 use super::job_output::{
-    Convergence, JobView, PlanView, convergence, failed_copies, job_details, job_table, plan_lines,
-    progress_line, submitted_line, waiting_copies,
+    Convergence, JobView, PlanView, VersionView, convergence, failed_copies, history_lines,
+    job_details, job_table, plan_lines, progress_line, submitted_line, waiting_copies,
 };
 use super::output::{print_json, print_lines, print_yaml};
 use super::wait::Spinner;
@@ -35,12 +36,19 @@ const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// copies running; `batch`: run Count copies to completion; `system`: one copy on every
 /// matching node), optional Constraints, and Groups, each with a Name, a Count and a Task (the
 /// fields of a task file).
+///
+/// Every change of a job's spec (not a scale) is a new version; a service job's version is
+/// rolled out by a deployment that replaces MaxParallel copies at a time (see a group's
+/// Update block in the README).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
-    cube job run examples/job-web.yaml      # submit, and wait until 3 copies run\n  \
+    cube job run examples/job-web.yaml      # submit, and wait until its deployment succeeded\n  \
     cube job plan examples/job-web.yaml     # what submitting it would change\n  \
     cube job status                         # every job\n  \
-    cube job status web                     # one job: its groups and copies\n  \
+    cube job status web                     # one job: its groups, deployment and copies\n  \
+    cube job history web                    # its versions and what each changed\n  \
+    cube job revert web 2                   # back to version 2's spec, as a new version\n  \
+    cube job promote web                    # the canaries are good: replace the rest\n  \
     cube job scale web api 5                # 5 copies of group api\n  \
     cube job stop web                       # stop every copy of the job")]
 pub struct JobArgs {
@@ -55,15 +63,21 @@ enum JobAction {
     Status(JobStatusArgs),
     Stop(JobStopArgs),
     Scale(JobScaleArgs),
+    History(JobHistoryArgs),
+    Revert(JobRevertArgs),
+    Promote(JobPromoteArgs),
 }
 
 /// Submit a job file and wait until the job has converged.
 ///
 /// The file is checked first, as the manager will (a mistake is named with its line and
 /// column). Prints the job's version and whether the spec changed (`job web: version 2
-/// (changed)`), then waits: a service until every group runs its Count copies, a batch job
-/// until every copy completed (a copy that fails for good fails the command, with its error),
-/// a system job until no copy waits. A progress line shows on a terminal.
+/// (changed)`; `scaled` when only counts changed), then waits: a service until the deployment
+/// of its version succeeded (every copy runs the version and stayed healthy; a failed
+/// deployment fails the command with its reason, and a deployment that waits for `cube job
+/// promote` ends the wait), a batch job until every copy completed (a copy that fails for
+/// good fails the command, with its error), a system job until no copy waits. A progress
+/// line shows on a terminal.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube job run examples/job-web.yaml\n  \
@@ -165,6 +179,71 @@ pub struct JobScaleArgs {
     flags: ManagerFlags,
 }
 
+/// List a job's kept versions: when each was submitted, whether a deployment of it
+/// succeeded (stable), and what it changed.
+///
+/// The version the job runs now is marked `*`. Cube keeps the last 20 versions of a job (and
+/// its newest stable one).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube job history web\n  \
+    cube job history --full web          # every change of every version\n  \
+    cube job history web -o json | jq '.[0].Job'")]
+pub struct JobHistoryArgs {
+    /// The job's name.
+    #[arg(value_name = "NAME")]
+    job: String,
+    /// Every change of each version on its own line.
+    #[arg(long)]
+    full: bool,
+    #[command(flatten)]
+    flags: ManagerFlags,
+}
+
+/// Go back to an earlier version's spec: it becomes a new version (the group counts stay as
+/// they are), rolled out by a deployment without canaries, and the command waits for it as
+/// `cube job run` does.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube job revert web 2\n  \
+    cube job revert --detach web 2")]
+pub struct JobRevertArgs {
+    /// The job's name.
+    #[arg(value_name = "NAME")]
+    job: String,
+    /// The version to go back to (see `cube job history NAME`).
+    #[arg(value_name = "VERSION")]
+    target: u64,
+    /// Return as soon as the manager has the new version.
+    #[arg(short, long)]
+    detach: bool,
+    /// How long to wait for the deployment (e.g. 30s, 5m).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, conflicts_with = "detach")]
+    timeout: Duration,
+    #[command(flatten)]
+    flags: ManagerFlags,
+}
+
+/// Promote a deployment's canaries: they are good, the rest of the copies may be replaced.
+/// Waits for the deployment to finish, as `cube job run` does.
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube job promote web\n  \
+    cube job promote --detach web")]
+pub struct JobPromoteArgs {
+    /// The job's name.
+    #[arg(value_name = "NAME")]
+    job: String,
+    /// Return as soon as the manager has the promotion.
+    #[arg(short, long)]
+    detach: bool,
+    /// How long to wait for the deployment (e.g. 30s, 5m).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, conflicts_with = "detach")]
+    timeout: Duration,
+    #[command(flatten)]
+    flags: ManagerFlags,
+}
+
 pub async fn job(args: JobArgs) -> anyhow::Result<()> {
     match args.action {
         JobAction::Run(args) => run(args).await,
@@ -172,6 +251,9 @@ pub async fn job(args: JobArgs) -> anyhow::Result<()> {
         JobAction::Status(args) => status(args).await,
         JobAction::Stop(args) => stop(args).await,
         JobAction::Scale(args) => scale(args).await,
+        JobAction::History(args) => history(args).await,
+        JobAction::Revert(args) => revert(args).await,
+        JobAction::Promote(args) => promote(args).await,
     }
 }
 
@@ -246,26 +328,45 @@ async fn run(args: JobRunArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let (raw, converged) = wait_until_converged(&manager, &name, args.timeout).await?;
-    if table {
-        println!(
+    finish_waiting(&manager, &name, args.timeout, &args.flags).await
+}
+
+/// Waits until the job's version is rolled out (its deployment succeeded, or waits for a
+/// promotion) and says so; fails with the deployment's reason when it failed.
+async fn finish_waiting(
+    manager: &ManagerClient,
+    name: &str,
+    timeout: Duration,
+    flags: &ManagerFlags,
+) -> anyhow::Result<()> {
+    let (raw, converged, promotion) = wait_until_converged(manager, name, timeout, true).await?;
+    if flags.output != OutputFormat::Table {
+        return print_json(&raw);
+    }
+    match promotion {
+        Some(reason) => println!(
+            "job {name}: version {} waits for promotion: {reason}",
+            converged.version
+        ),
+        None => println!(
             "job {name}: {} ({})",
             converged.status,
             progress_line(&converged)
-        );
-    } else {
-        print_json(&raw)?;
+        ),
     }
     Ok(())
 }
 
-/// Asks for the job every [`POLL_INTERVAL`] until it has converged; fails when it cannot (a
-/// batch copy gave up, the job was stopped) or after `timeout`, with where it is stuck.
+/// Asks for the job every [`POLL_INTERVAL`] until it has converged (with `deployment`, until
+/// the deployment of its version succeeded or waits for a promotion: then the reason is
+/// returned too); fails when it cannot (a batch copy gave up, the job was stopped, the
+/// deployment failed) or after `timeout`, with where it is stuck.
 async fn wait_until_converged(
     manager: &ManagerClient,
     name: &str,
     timeout: Duration,
-) -> anyhow::Result<(Value, JobView)> {
+    deployment: bool,
+) -> anyhow::Result<(Value, JobView, Option<String>)> {
     let spinner = Spinner::start();
     let deadline = tokio::time::Instant::now() + timeout;
     let mut ticks = tokio::time::interval(POLL_INTERVAL);
@@ -273,10 +374,14 @@ async fn wait_until_converged(
     loop {
         ticks.tick().await;
         let (raw, view) = get_job(manager, name).await?;
-        match convergence(&view) {
+        match convergence(&view, deployment) {
             Convergence::Converged => {
                 spinner.finish();
-                return Ok((raw, view));
+                return Ok((raw, view, None));
+            }
+            Convergence::AwaitsPromotion(reason) => {
+                spinner.finish();
+                return Ok((raw, view, Some(reason)));
             }
             Convergence::Failed(why) => {
                 spinner.finish();
@@ -430,7 +535,8 @@ async fn scale(args: JobScaleArgs) -> anyhow::Result<()> {
     let body = json!({"Group": args.group, "Count": args.count});
     let (_, raw): (u16, Value) = manager.post(&path, &body).await?;
     let (raw, view) = if args.wait {
-        wait_until_converged(&manager, &args.job, args.timeout).await?
+        let (raw, view, _) = wait_until_converged(&manager, &args.job, args.timeout, false).await?;
+        (raw, view)
     } else {
         let view: JobView = serde_json::from_value(raw.clone())
             .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
@@ -447,6 +553,62 @@ async fn scale(args: JobScaleArgs) -> anyhow::Result<()> {
         ),
     }
     Ok(())
+}
+
+async fn history(args: JobHistoryArgs) -> anyhow::Result<()> {
+    let manager = ManagerClient::connect(&args.flags)?;
+    let path = format!("{}/versions", job_path(&args.job)?);
+    let raw: Value = manager.get(&path).await?;
+    match args.flags.output {
+        OutputFormat::Json => print_json(&raw),
+        OutputFormat::Table => {
+            let versions: Vec<VersionView> = serde_json::from_value(raw)
+                .map_err(|err| anyhow!("cannot read the manager's list of versions: {err}"))?;
+            print_lines(&history_lines(&versions, Utc::now(), args.full));
+            Ok(())
+        }
+    }
+}
+
+async fn revert(args: JobRevertArgs) -> anyhow::Result<()> {
+    let manager = ManagerClient::connect(&args.flags)?;
+    let path = format!("{}/revert", job_path(&args.job)?);
+    let body = json!({"Version": args.target});
+    let (_, raw): (u16, Value) = manager.post(&path, &body).await?;
+    let view: JobView = serde_json::from_value(raw.clone())
+        .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
+    let table = args.flags.output == OutputFormat::Table;
+    if table {
+        println!(
+            "{} (the spec of version {})",
+            submitted_line(&view, Some(view.version)),
+            args.target
+        );
+    }
+    if args.detach {
+        if !table {
+            print_json(&raw)?;
+        }
+        return Ok(());
+    }
+    finish_waiting(&manager, &args.job, args.timeout, &args.flags).await
+}
+
+async fn promote(args: JobPromoteArgs) -> anyhow::Result<()> {
+    let manager = ManagerClient::connect(&args.flags)?;
+    let path = format!("{}/promote", job_path(&args.job)?);
+    let (_, raw): (u16, Value) = manager.post(&path, &json!({})).await?;
+    let table = args.flags.output == OutputFormat::Table;
+    if table {
+        println!("job {}: promoted; the rest of the copies are replaced", args.job);
+    }
+    if args.detach {
+        if !table {
+            print_json(&raw)?;
+        }
+        return Ok(());
+    }
+    finish_waiting(&manager, &args.job, args.timeout, &args.flags).await
 }
 
 #[cfg(test)]

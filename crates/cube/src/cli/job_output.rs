@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use cube_types::deployment::{Deployment, DeploymentState};
 use cube_types::{Job, JobType, State, Task};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -35,6 +36,29 @@ pub struct JobView {
     /// The job's tasks; only in the answer about one job.
     #[serde(rename = "Tasks", default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<Task>,
+    /// The job's last deployment (service jobs).
+    #[serde(rename = "Deployment", default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<Deployment>,
+    /// In the answer to a submission or a revert: `new`, `changed`, `scaled`, `unchanged`.
+    #[serde(rename = "Outcome", default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
+/// One kept version, as `GET /jobs/{name}/versions` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionView {
+    #[serde(rename = "Version")]
+    pub version: u64,
+    #[serde(rename = "SubmitTime", default, with = "cube_types::time::optional")]
+    pub submit_time: Option<DateTime<Utc>>,
+    #[serde(rename = "Stable", default)]
+    pub stable: bool,
+    #[serde(rename = "Diff", default)]
+    pub diff: Vec<String>,
+    #[serde(rename = "RevertOf", default)]
+    pub revert_of: Option<u64>,
+    #[serde(rename = "Current", default)]
+    pub current: bool,
 }
 
 /// A group's copies by state, as `nomad job status` counts allocations.
@@ -61,9 +85,19 @@ pub struct PlanView {
     /// The version the job would have.
     #[serde(rename = "Version", default)]
     pub version: u64,
-    /// Whether the spec differs from the one the manager holds.
+    /// Whether the job differs from the one the manager holds (spec or counts).
     #[serde(rename = "Changed", default)]
     pub changed: bool,
+    /// `new`, `changed` (a new version), `scaled` (counts only) or `unchanged`.
+    #[serde(rename = "Outcome", default)]
+    pub outcome: String,
+    /// What the version would change, one line per field.
+    #[serde(rename = "Diff", default)]
+    pub diff: Vec<String>,
+    /// Live copies whose spec would change (a service's deployment replaces them a few at
+    /// a time: `Create` and `Stop` are its first step).
+    #[serde(rename = "Replace", default)]
+    pub replace: usize,
     #[serde(rename = "Create", default)]
     pub create: Vec<Task>,
     #[serde(rename = "Stop", default)]
@@ -90,8 +124,11 @@ pub enum Convergence {
     Converged,
     /// Not yet; the words say where each group is.
     Waiting(String),
-    /// It will not get there: a batch copy gave up, or the job was stopped.
+    /// It will not get there: a batch copy gave up, the job was stopped, or its deployment
+    /// failed.
     Failed(String),
+    /// Its deployment's canaries are healthy and it waits for `cube job promote`.
+    AwaitsPromotion(String),
 }
 
 /// How many copies a group wants: its `Count`, or none for a system job's (one per node).
@@ -142,11 +179,50 @@ pub fn progress_line(view: &JobView) -> String {
 }
 
 /// Whether the job has converged: the manager's status word, and each group's counts against
-/// what it wants (a service scaled down is converged once the extra copies no longer run).
-pub fn convergence(view: &JobView) -> Convergence {
+/// what it wants (a service scaled down is converged once the extra copies no longer run);
+/// with `deployment`, also the deployment of the job's version: successful (or failed, or
+/// waiting for a promotion).
+pub fn convergence(view: &JobView, deployment: bool) -> Convergence {
     let name = &view.job.name;
     if view.stopped || view.status == "stopped" {
         return Convergence::Failed(format!("job {name} was stopped"));
+    }
+    if deployment && view.job.job_type == JobType::Service {
+        match view
+            .deployment
+            .as_ref()
+            .filter(|deployment| deployment.version == view.version)
+        {
+            None => {
+                return Convergence::Waiting(format!(
+                    "version {} waits for its deployment to start",
+                    view.version
+                ));
+            }
+            Some(deployment) => match deployment.state {
+                DeploymentState::Successful => {}
+                DeploymentState::Paused => {
+                    return Convergence::AwaitsPromotion(deployment.reason.clone());
+                }
+                DeploymentState::Running => {
+                    return Convergence::Waiting(deployment_progress(deployment));
+                }
+                DeploymentState::Failed
+                | DeploymentState::Reverted
+                | DeploymentState::Cancelled => {
+                    return Convergence::Failed(format!(
+                        "the deployment of job {name} version {} {}: {}",
+                        deployment.version,
+                        match deployment.state {
+                            DeploymentState::Reverted => "failed and was reverted",
+                            DeploymentState::Cancelled => "was cancelled",
+                            _ => "failed",
+                        },
+                        deployment.reason
+                    ));
+                }
+            },
+        }
     }
     if view.status == "failed" {
         let why = failed_copies(view)
@@ -229,31 +305,148 @@ pub fn waiting_copies(view: &JobView) -> Vec<String> {
 }
 
 /// The line after a submission: `job web: version 2 (changed)`; `(new)` for a job the manager
-/// did not have, `(unchanged)` when the spec was the same.
+/// did not have, `(scaled)` when only counts changed, `(unchanged)` when the spec was the
+/// same. The manager's `Outcome` says which; an older manager's answer is judged by version.
 pub fn submitted_line(view: &JobView, version_before: Option<u64>) -> String {
-    let what = match version_before {
-        None => "new",
-        Some(before) if before == view.version => "unchanged",
-        Some(_) => "changed",
+    let what = match (view.outcome.as_deref(), version_before) {
+        (Some(outcome), _) => outcome,
+        (None, None) => "new",
+        (None, Some(before)) if before == view.version => "unchanged",
+        (None, Some(_)) => "changed",
     };
     format!("job {}: version {} ({what})", view.job.name, view.version)
 }
 
-/// The job table: NAME, TYPE, VERSION, STATUS, GROUPS (each group's `running/wanted`) and
-/// SUBMITTED.
-pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
+/// A bar of `width` cells, `done` of `total` filled: `[#####.....]`.
+pub fn progress_bar(done: u32, total: u32, width: usize) -> String {
+    let filled = if total == 0 {
+        width
+    } else {
+        (done.min(total) as usize * width) / total as usize
+    };
+    format!("[{}{}]", "#".repeat(filled), ".".repeat(width - filled))
+}
+
+/// A deployment in a few words, for a progress line: `deployment of version 3 running: api
+/// 2/4 healthy`.
+pub fn deployment_progress(deployment: &Deployment) -> String {
+    let groups: Vec<String> = deployment
+        .groups
+        .iter()
+        .map(|(name, group)| format!("{name} {}/{} healthy", group.healthy, group.desired))
+        .collect();
+    format!(
+        "deployment of version {} {}: {}",
+        deployment.version,
+        deployment.state,
+        groups.join(", ")
+    )
+}
+
+/// A deployment in detail: its state and reason, then per group a progress bar of healthy
+/// new copies, with placed, unhealthy and old ones counted.
+pub fn deployment_lines(deployment: &Deployment, now: DateTime<Utc>) -> Vec<String> {
+    let mut lines = key_values(&[
+        ("ID", deployment.id.to_string()[..8].to_string()),
+        ("Version", deployment.version.to_string()),
+        ("State", deployment.state.to_string()),
+        ("Reason", deployment.reason.clone()),
+        ("Started", time_with_age(deployment.create_time, now)),
+    ]);
     let mut rows = vec![
-        ["NAME", "TYPE", "VERSION", "STATUS", "GROUPS", "SUBMITTED"]
+        [
+            "GROUP", "PROGRESS", "DESIRED", "PLACED", "HEALTHY", "UNHEALTHY", "OLD", "CANARIES",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    rows.extend(deployment.groups.iter().map(|(name, group)| {
+        let canaries = match (group.desired_canaries, group.promoted) {
+            (0, _) => "-".to_string(),
+            (n, true) => format!("{n} (promoted)"),
+            (n, false) => n.to_string(),
+        };
+        vec![
+            name.clone(),
+            progress_bar(group.healthy, group.desired, 20),
+            group.desired.to_string(),
+            group.placed.to_string(),
+            group.healthy.to_string(),
+            group.unhealthy.to_string(),
+            group.old.to_string(),
+            canaries,
+        ]
+    }));
+    lines.extend(table(&rows));
+    lines
+}
+
+/// `cube job history`: VERSION, STABLE, SUBMITTED, CHANGES (the first change, and how many
+/// more), the current version marked `*`; with `full`, every change on its own line.
+pub fn history_lines(versions: &[VersionView], now: DateTime<Utc>, full: bool) -> Vec<String> {
+    let mut rows = vec![
+        ["VERSION", "STABLE", "SUBMITTED", "CHANGES"]
             .map(String::from)
             .to_vec(),
     ];
+    let mut details = Vec::new();
+    for version in versions {
+        let mut changes = match version.revert_of {
+            Some(to) => format!("revert to version {to}"),
+            None => version.diff.first().cloned().unwrap_or_default(),
+        };
+        let more = version.diff.len().saturating_sub(usize::from(version.revert_of.is_none()));
+        if more > 0 && !full {
+            changes.push_str(&format!(" (+{more} more)"));
+        }
+        rows.push(vec![
+            format!(
+                "{}{}",
+                version.version,
+                if version.current { " *" } else { "" }
+            ),
+            if version.stable { "yes" } else { "no" }.to_string(),
+            time_ago(version.submit_time, now),
+            changes,
+        ]);
+        if full {
+            details.push(String::new());
+            details.push(format!("version {}:", version.version));
+            details.extend(version.diff.iter().map(|line| format!("  {line}")));
+        }
+    }
+    let mut lines = table(&rows);
+    lines.extend(details);
+    lines
+}
+
+/// The job table: NAME, TYPE, VERSION, STATUS, GROUPS (each group's `running/wanted`),
+/// DEPLOYMENT (the last one's version and state) and SUBMITTED.
+pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
+    let mut rows = vec![
+        [
+            "NAME",
+            "TYPE",
+            "VERSION",
+            "STATUS",
+            "GROUPS",
+            "DEPLOYMENT",
+            "SUBMITTED",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
     rows.extend(views.iter().map(|view| {
+        let deployment = view.deployment.as_ref().map_or("-".to_string(), |d| {
+            format!("v{} {}", d.version, d.state)
+        });
         vec![
             view.job.name.clone(),
             view.job.job_type.name().to_string(),
             view.version.to_string(),
             view.status.clone(),
             group_cells(view),
+            deployment,
             time_ago(view.submit_time, now),
         ]
     }));
@@ -299,6 +492,10 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
     ]);
     lines.extend([String::new(), "Groups".to_string()]);
     lines.extend(summary_table(view));
+    if let Some(deployment) = &view.deployment {
+        lines.extend([String::new(), "Deployment".to_string()]);
+        lines.extend(deployment_lines(deployment, now));
+    }
 
     let (mut shown, stopped): (Vec<&Task>, Vec<&Task>) = view.tasks.iter().partition(|task| {
         !(task.spec.desired_state != State::Running && task.status.state.is_terminal())
@@ -377,7 +574,12 @@ fn summary_table(view: &JobView) -> Vec<String> {
 /// is scaled to 2)` for each to stop, `= 2 unchanged` for those kept, after a line that says
 /// whether the spec changed.
 pub fn plan_lines(job: &str, plan: &PlanView) -> Vec<String> {
-    let mut lines = vec![if plan.changed {
+    let mut lines = vec![if plan.outcome == "scaled" {
+        format!(
+            "job {job}: only counts changed; it stays version {} (no deployment)",
+            plan.version
+        )
+    } else if plan.changed {
         format!(
             "job {job}: the spec changed; it would be version {}",
             plan.version
@@ -388,6 +590,15 @@ pub fn plan_lines(job: &str, plan: &PlanView) -> Vec<String> {
             plan.version
         )
     }];
+    lines.extend(plan.diff.iter().map(|change| format!("  {change}")));
+    if plan.replace > 0 {
+        lines.push(format!(
+            "~ {} cop{} to replace; a service job's deployment replaces them MaxParallel at a \
+             time (first step below)",
+            plan.replace,
+            if plan.replace == 1 { "y" } else { "ies" }
+        ));
+    }
     lines.extend(plan.create.iter().map(|task| format!("+ {}", task.name)));
     lines.extend(plan.stop.iter().map(|stop| {
         if stop.reason.is_empty() {
@@ -433,6 +644,8 @@ mod tests {
             status: status.to_string(),
             summary: BTreeMap::from([("api".to_string(), counts)]),
             tasks: Vec::new(),
+            deployment: None,
+            outcome: None,
         }
     }
 
@@ -471,21 +684,21 @@ mod tests {
         assert_eq!(view.version, 3);
         assert_eq!(view.summary["api"].running, 3);
         assert_eq!(view.tasks[0].status.node_name, "w1");
-        assert_eq!(convergence(&view), Convergence::Converged);
+        assert_eq!(convergence(&view, false), Convergence::Converged);
     }
 
     #[test]
     fn a_service_converges_when_each_group_runs_what_it_wants() {
         let waiting = view(JobType::Service, Some(3), "pending", running(2));
         assert_eq!(
-            convergence(&waiting),
+            convergence(&waiting, false),
             Convergence::Waiting("api: 2/3 running".to_string())
         );
         // Scaled down: the extra copies still run until they are stopped.
         let shrinking = view(JobType::Service, Some(1), "running", running(3));
-        assert!(matches!(convergence(&shrinking), Convergence::Waiting(_)));
+        assert!(matches!(convergence(&shrinking, false), Convergence::Waiting(_)));
         let done = view(JobType::Service, Some(3), "running", running(3));
-        assert_eq!(convergence(&done), Convergence::Converged);
+        assert_eq!(convergence(&done, false), Convergence::Converged);
     }
 
     #[test]
@@ -496,7 +709,7 @@ mod tests {
             ..GroupCounts::default()
         };
         assert_eq!(
-            convergence(&view(JobType::Batch, Some(3), "pending", counts)),
+            convergence(&view(JobType::Batch, Some(3), "pending", counts), false),
             Convergence::Waiting("api: 1/3 complete, 2 running".to_string())
         );
         let complete = GroupCounts {
@@ -504,7 +717,7 @@ mod tests {
             ..GroupCounts::default()
         };
         assert_eq!(
-            convergence(&view(JobType::Batch, Some(3), "complete", complete)),
+            convergence(&view(JobType::Batch, Some(3), "complete", complete), false),
             Convergence::Converged
         );
         let mut failed = view(JobType::Batch, Some(3), "failed", counts);
@@ -513,7 +726,7 @@ mod tests {
         copy.status.run.error = Some("container exited with code 3".to_string());
         failed.tasks.push(copy);
         assert_eq!(
-            convergence(&failed),
+            convergence(&failed, false),
             Convergence::Failed(
                 "job web failed: web.api[1] (3f2a9c1e) failed (exit code 3): container exited \
                  with code 3"
@@ -530,11 +743,11 @@ mod tests {
             ..GroupCounts::default()
         };
         assert_eq!(
-            convergence(&view(JobType::System, None, "pending", waiting)),
+            convergence(&view(JobType::System, None, "pending", waiting), false),
             Convergence::Waiting("api: 2 running, 1 pending".to_string())
         );
         assert_eq!(
-            convergence(&view(JobType::System, None, "running", running(2))),
+            convergence(&view(JobType::System, None, "running", running(2)), false),
             Convergence::Converged
         );
     }
@@ -544,7 +757,7 @@ mod tests {
         let mut stopped = view(JobType::Service, Some(3), "stopped", running(0));
         stopped.stopped = true;
         assert_eq!(
-            convergence(&stopped),
+            convergence(&stopped, false),
             Convergence::Failed("job web was stopped".to_string())
         );
     }
@@ -579,12 +792,13 @@ mod tests {
             },
         );
         batch.job.name = "report".to_string();
+        web.deployment = Some(deployment(DeploymentState::Successful, 3));
         assert_eq!(
             job_table(&[web, batch], now),
             vec![
-                "NAME     TYPE      VERSION   STATUS    GROUPS                 SUBMITTED",
-                "web      service   2         running   api 3/3                5 minutes ago",
-                "report   batch     2         pending   api 1/3 (2 complete)   -",
+                "NAME     TYPE      VERSION   STATUS    GROUPS                 DEPLOYMENT      SUBMITTED",
+                "web      service   2         running   api 3/3                v2 successful   5 minutes ago",
+                "report   batch     2         pending   api 1/3 (2 complete)   -               -",
             ]
         );
     }
@@ -643,6 +857,9 @@ mod tests {
         let plan = PlanView {
             version: 3,
             changed: true,
+            outcome: "changed".to_string(),
+            diff: vec!["Groups[api].Count: 3 -> 2".to_string()],
+            replace: 0,
             create: vec![copy(3, State::Pending, "")],
             stop: vec![PlannedStop {
                 id: Uuid::nil(),
@@ -655,6 +872,7 @@ mod tests {
             plan_lines("web", &plan),
             vec![
                 "job web: the spec changed; it would be version 3",
+                "  Groups[api].Count: 3 -> 2",
                 "+ web.api[3]",
                 "- web.api[1] (the group is scaled to 2)",
                 "= 2 unchanged",
@@ -663,6 +881,9 @@ mod tests {
         let unchanged = PlanView {
             version: 2,
             changed: false,
+            outcome: "unchanged".to_string(),
+            diff: Vec::new(),
+            replace: 0,
             create: Vec::new(),
             stop: Vec::new(),
             keep: vec![Uuid::nil()],
@@ -675,5 +896,82 @@ mod tests {
                 "nothing to create or stop",
             ]
         );
+    }
+
+    fn deployment(state: DeploymentState, healthy: u32) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "ID": "3f2a9c1e-0000-0000-0000-000000000001", "Job": "web", "Version": 2,
+            "State": state, "Reason": "because",
+            "Groups": {"api": {"Update": {"MaxParallel": 1, "MinHealthyTime": "5s",
+                                          "HealthyDeadline": "1m", "ProgressDeadline": "5m",
+                                          "AutoRevert": false, "Canary": 0},
+                               "Desired": 4, "DesiredCanaries": 0, "Placed": 2,
+                               "Healthy": healthy, "Unhealthy": 0, "Old": 2}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_service_waits_for_its_deployment_and_fails_with_it() {
+        let mut job = view(JobType::Service, Some(4), "running", running(4));
+        assert!(matches!(convergence(&job, true), Convergence::Waiting(_)));
+        job.deployment = Some(deployment(DeploymentState::Running, 2));
+        assert_eq!(
+            convergence(&job, true),
+            Convergence::Waiting(
+                "deployment of version 2 running: api 2/4 healthy".to_string()
+            )
+        );
+        job.deployment = Some(deployment(DeploymentState::Successful, 4));
+        assert_eq!(convergence(&job, true), Convergence::Converged);
+        job.deployment = Some(deployment(DeploymentState::Failed, 1));
+        assert!(
+            matches!(convergence(&job, true), Convergence::Failed(why) if why.contains("failed: because"))
+        );
+        job.deployment = Some(deployment(DeploymentState::Paused, 1));
+        assert_eq!(
+            convergence(&job, true),
+            Convergence::AwaitsPromotion("because".to_string())
+        );
+        // A scale does not wait for the deployment.
+        job.deployment = Some(deployment(DeploymentState::Failed, 1));
+        assert_eq!(convergence(&job, false), Convergence::Converged);
+    }
+
+    #[test]
+    fn a_deployment_shows_a_progress_bar_per_group() {
+        assert_eq!(progress_bar(2, 4, 8), "[####....]");
+        assert_eq!(progress_bar(0, 0, 4), "[####]");
+        assert_eq!(progress_bar(9, 4, 4), "[####]");
+        let now = Utc::now();
+        let lines = deployment_lines(&deployment(DeploymentState::Running, 2), now).join("\n");
+        assert!(lines.contains("State:   running"), "{lines}");
+        assert!(lines.contains("[##########..........]"), "{lines}");
+    }
+
+    #[test]
+    fn history_marks_the_current_version_and_counts_more_changes() {
+        let versions = vec![
+            VersionView {
+                version: 2,
+                submit_time: None,
+                stable: false,
+                diff: vec!["a".into(), "b".into()],
+                revert_of: None,
+                current: true,
+            },
+            VersionView {
+                version: 1,
+                submit_time: None,
+                stable: true,
+                diff: vec!["a new job".into()],
+                revert_of: None,
+                current: false,
+            },
+        ];
+        let lines = history_lines(&versions, Utc::now(), false).join("\n");
+        assert!(lines.contains("2 *"), "{lines}");
+        assert!(lines.contains("a (+1 more)"), "{lines}");
+        assert!(lines.contains("yes"), "{lines}");
     }
 }
