@@ -112,6 +112,9 @@ fn main() {
             last.stop.len()
         );
         assert!(last.is_empty(), "a converged job planned work");
-        assert!(last.deployment.is_none(), "a converged job moved its deployment");
+        assert!(
+            last.deployment.is_none(),
+            "a converged job moved its deployment"
+        );
     }
 }

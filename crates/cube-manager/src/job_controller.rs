@@ -49,7 +49,11 @@ pub struct JobView {
     #[serde(rename = "Tasks", default, skip_serializing_if = "Option::is_none")]
     pub tasks: Option<Vec<Task>>,
     /// The job's last deployment (service jobs), in whatever state it is.
-    #[serde(rename = "Deployment", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "Deployment",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deployment: Option<Deployment>,
     /// In the answer to a submission or a revert only: `new`, `changed` (a new version),
     /// `scaled` (only counts changed) or `unchanged`.
@@ -304,9 +308,8 @@ impl Manager {
             .deployments
             .put_queued(&deployment.job, deployment)?;
         commit.durable().await?;
-        let moved = before.is_none_or(|before| {
-            before.id != deployment.id || before.state != deployment.state
-        });
+        let moved = before
+            .is_none_or(|before| before.id != deployment.id || before.state != deployment.state);
         if moved {
             tracing::info!(job = %deployment.job, version = deployment.version, state = %deployment.state, reason = %deployment.reason, "deployment");
         }

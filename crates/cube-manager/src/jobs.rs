@@ -208,15 +208,8 @@ pub fn plan(look: &JobLook) -> JobPlan {
         }
     }
     // Every version of a service job is rolled out by its deployment.
-    let rollout = (job.job_type == JobType::Service).then(|| {
-        rollout::assess(
-            record,
-            look.deployment,
-            look.last_stable,
-            owned,
-            look.now,
-        )
-    });
+    let rollout = (job.job_type == JobType::Service)
+        .then(|| rollout::assess(record, look.deployment, look.last_stable, owned, look.now));
     let mut keep = Vec::new();
     let mut create = Vec::new();
     let mut stops = Vec::new();
@@ -854,7 +847,11 @@ mod tests {
         let owned: Vec<&Task> = old.iter().collect();
         let mut v2 = versioned(3, 2, update);
         let first = plan(&v2, &[], &owned);
-        assert_eq!(names(&first.create), ["web.api[3]"], "a canary beside the three");
+        assert_eq!(
+            names(&first.create),
+            ["web.api[3]"],
+            "a canary beside the three"
+        );
         assert!(first.stop.is_empty());
         let deployment = first.deployment.expect("a deployment");
         let mut canary = first.create[0].clone();
@@ -865,15 +862,25 @@ mod tests {
         let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
         look.deployment = Some(&deployment);
         let paused = super::plan(&look);
-        assert!(paused.is_empty(), "nothing replaced before promotion: {paused:?}");
+        assert!(
+            paused.is_empty(),
+            "nothing replaced before promotion: {paused:?}"
+        );
         let paused = paused.deployment.expect("the deployment pauses");
-        assert_eq!(paused.state, cube_types::deployment::DeploymentState::Paused);
+        assert_eq!(
+            paused.state,
+            cube_types::deployment::DeploymentState::Paused
+        );
         v2.promoted = true;
         let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
         look.deployment = Some(&paused);
         let promoted = super::plan(&look);
         // The canary stays; one old copy goes to make room, one more is replaced.
-        let stopped: Vec<&str> = promoted.stop.iter().map(|stop| stop.name.as_str()).collect();
+        let stopped: Vec<&str> = promoted
+            .stop
+            .iter()
+            .map(|stop| stop.name.as_str())
+            .collect();
         assert_eq!(stopped.len(), 2, "{promoted:?}");
         assert!(stopped.contains(&"web.api[2]"), "{stopped:?}");
         assert_eq!(promoted.create.len(), 1);

@@ -166,7 +166,11 @@ fn failure_of(task: &Task, update: &UpdateSettings, now: DateTime<Utc>) -> Optio
         _ if task.status.restart_count > 0 => Some(format!(
             "failed and was restarted ({} time{})",
             task.status.restart_count,
-            if task.status.restart_count == 1 { "" } else { "s" }
+            if task.status.restart_count == 1 {
+                ""
+            } else {
+                "s"
+            }
         )),
         _ => None,
     };
@@ -222,7 +226,11 @@ fn look_at_group(
         match counted_since(task, &update) {
             Some(at) if at <= now => {
                 healthy += 1;
-                if task.status.created_time.is_some_and(|made| made >= started_at) {
+                if task
+                    .status
+                    .created_time
+                    .is_some_and(|made| made >= started_at)
+                {
                     progress = Some(progress.map_or(at, |known| known.max(at)));
                 }
             }
@@ -243,7 +251,11 @@ fn look_at_group(
     let failures: Vec<String> = mine
         .iter()
         .filter(|task| has_current_spec(task, &template))
-        .filter(|task| task.status.created_time.is_some_and(|made| made >= started_at))
+        .filter(|task| {
+            task.status
+                .created_time
+                .is_some_and(|made| made >= started_at)
+        })
         .filter_map(|task| failure_of(task, &update, now))
         .collect();
     let desired = spec.count.unwrap_or(0);
@@ -534,7 +546,11 @@ mod tests {
         let owned = [&old, &new];
         let rollout = assess(&v2, Some(&first), Some(1), &owned, at(4));
         assert_eq!(rollout.mode_of("api"), Mode::Rolling { slots: 0 });
-        assert_eq!(rollout.look_again_at, Some(at(7)), "healthy at 2, counts at 7");
+        assert_eq!(
+            rollout.look_again_at,
+            Some(at(7)),
+            "healthy at 2, counts at 7"
+        );
         let rollout = assess(&v2, Some(&first), Some(1), &owned, at(7));
         assert_eq!(rollout.mode_of("api"), Mode::Rolling { slots: 1 });
         assert_eq!(rollout.deployment.groups["api"].healthy, 1);
@@ -569,7 +585,10 @@ mod tests {
         let rollout = assess(&v2, Some(&first), Some(1), &owned, at(5));
         assert_eq!(rollout.deployment.state, DeploymentState::Failed);
         assert!(
-            rollout.deployment.reason.contains("web.api[0] failed: unhealthy"),
+            rollout
+                .deployment
+                .reason
+                .contains("web.api[0] failed: unhealthy"),
             "{}",
             rollout.deployment.reason
         );
@@ -634,7 +653,10 @@ mod tests {
             "{}",
             paused.deployment.reason
         );
-        assert_eq!(paused.look_again_at, None, "nothing to wait for but a promotion");
+        assert_eq!(
+            paused.look_again_at, None,
+            "nothing to wait for but a promotion"
+        );
         v2.promoted = true;
         let promoted = assess(&v2, Some(&paused.deployment), Some(1), &owned, at(50));
         assert_eq!(promoted.deployment.state, DeploymentState::Running);

@@ -130,7 +130,11 @@ pub struct Deployment {
     #[serde(rename = "ModifyTime", with = "crate::time::optional", default)]
     pub modify_time: Option<DateTime<Utc>>,
     /// The version the job went back to, when it failed with `AutoRevert`.
-    #[serde(rename = "RevertedTo", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "RevertedTo",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub reverted_to: Option<u64>,
     #[serde(rename = "Groups")]
     pub groups: BTreeMap<String, DeploymentGroup>,
@@ -209,8 +213,8 @@ mod tests {
         assert_eq!(settings.progress_deadline, Duration::from_secs(300));
         assert!(!settings.auto_revert);
         assert_eq!(settings.canary, 0);
-        let partial: Update = serde_json::from_str(r#"{"MaxParallel": 2, "MinHealthyTime": "0s"}"#)
-            .unwrap();
+        let partial: Update =
+            serde_json::from_str(r#"{"MaxParallel": 2, "MinHealthyTime": "0s"}"#).unwrap();
         let settings = UpdateSettings::of(Some(&partial));
         assert_eq!(settings.max_parallel, 2);
         assert_eq!(settings.min_healthy_time, Duration::ZERO);

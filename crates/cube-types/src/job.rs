@@ -101,7 +101,11 @@ pub struct Group {
 pub struct Update {
     /// How many copies are replaced at a time [default: 1]: never fewer than
     /// `Count - MaxParallel` healthy copies while a deployment runs.
-    #[serde(rename = "MaxParallel", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "MaxParallel",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_parallel: Option<u32>,
     /// How long a new copy must stay healthy to count [default: 5s].
     #[serde(
@@ -131,7 +135,11 @@ pub struct Update {
     pub progress_deadline: Option<Duration>,
     /// Whether a failed deployment puts the job back on its last stable version
     /// [default: false].
-    #[serde(rename = "AutoRevert", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "AutoRevert",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub auto_revert: Option<bool>,
     /// With N > 0, N new copies start beside the old ones and the deployment waits for
     /// `cube job promote` before replacing the rest [default: 0].
@@ -155,7 +163,9 @@ impl Update {
         if let Some(max) = self.max_parallel
             && max > MAX_COUNT
         {
-            findings.push(format!("{path}.MaxParallel: {max} is more than {MAX_COUNT}"));
+            findings.push(format!(
+                "{path}.MaxParallel: {max} is more than {MAX_COUNT}"
+            ));
         }
         if let Some(canary) = self.canary
             && canary > MAX_COUNT
@@ -539,7 +549,11 @@ impl JobHistory {
 
     /// Marks a version stable; false when it is not kept or was already.
     pub fn mark_stable(&mut self, version: u64) -> bool {
-        match self.versions.iter_mut().find(|kept| kept.version == version) {
+        match self
+            .versions
+            .iter_mut()
+            .find(|kept| kept.version == version)
+        {
             Some(kept) if !kept.stable => {
                 kept.stable = true;
                 true
@@ -583,9 +597,10 @@ impl Job {
         keys.sort();
         keys.dedup();
         keys.retain(|key| {
-            !whole
-                .iter()
-                .any(|group| key.strip_prefix(group.as_str()).is_some_and(|rest| rest.starts_with('.')))
+            !whole.iter().any(|group| {
+                key.strip_prefix(group.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+            })
         });
         for key in keys {
             match (before.get(key), after.get(key)) {
@@ -777,7 +792,10 @@ mod tests {
         );
         for (update, expected) in [
             (r#"{"MaxParallel": 0}"#, "Groups[0].Update.MaxParallel: 0"),
-            (r#"{"Canary": 3}"#, "Groups[0].Update.Canary: 3 canaries for a group of 2"),
+            (
+                r#"{"Canary": 3}"#,
+                "Groups[0].Update.Canary: 3 canaries for a group of 2",
+            ),
             (
                 r#"{"MinHealthyTime": "2m"}"#,
                 "Groups[0].Update.HealthyDeadline: 60s must be longer than MinHealthyTime",

@@ -22,47 +22,17 @@ async fn post_job(client: &Client, path: &str, body: &Value) -> Answer {
     client.post_raw(path, body.to_string()).await
 }
 
-/// Polls `GET /jobs/{name}` until `done` holds, up to `bound`.
 async fn await_job(
     client: &Client,
     name: &str,
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let bound = Duration::from_secs(60);
-    let deadline = Instant::now() + bound;
-    loop {
-        let job = client.get(&format!("/jobs/{name}")).await.body;
-        if done(&job) {
-            return job;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {name}: not {what} within {bound:?}: {job}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    client.await_job(name, what, done).await
 }
 
 fn running(job: &Value) -> u64 {
     job["Summary"]["api"]["Running"].as_u64().unwrap_or(0)
-}
-
-fn live_tasks(job: &Value) -> Vec<Value> {
-    job["Tasks"]
-        .as_array()
-        .map(|tasks| {
-            tasks
-                .iter()
-                .filter(|task| {
-                    task["DesiredState"] == "Running"
-                        && task["State"] != "Failed"
-                        && task["State"] != "Completed"
-                })
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::test]

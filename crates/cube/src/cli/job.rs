@@ -600,7 +600,10 @@ async fn promote(args: JobPromoteArgs) -> anyhow::Result<()> {
     let (_, raw): (u16, Value) = manager.post(&path, &json!({})).await?;
     let table = args.flags.output == OutputFormat::Table;
     if table {
-        println!("job {}: promoted; the rest of the copies are replaced", args.job);
+        println!(
+            "job {}: promoted; the rest of the copies are replaced",
+            args.job
+        );
     }
     if args.detach {
         if !table {

@@ -37,7 +37,11 @@ pub struct JobView {
     #[serde(rename = "Tasks", default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<Task>,
     /// The job's last deployment (service jobs).
-    #[serde(rename = "Deployment", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "Deployment",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub deployment: Option<Deployment>,
     /// In the answer to a submission or a revert: `new`, `changed`, `scaled`, `unchanged`.
     #[serde(rename = "Outcome", default, skip_serializing_if = "Option::is_none")]
@@ -355,7 +359,14 @@ pub fn deployment_lines(deployment: &Deployment, now: DateTime<Utc>) -> Vec<Stri
     ]);
     let mut rows = vec![
         [
-            "GROUP", "PROGRESS", "DESIRED", "PLACED", "HEALTHY", "UNHEALTHY", "OLD", "CANARIES",
+            "GROUP",
+            "PROGRESS",
+            "DESIRED",
+            "PLACED",
+            "HEALTHY",
+            "UNHEALTHY",
+            "OLD",
+            "CANARIES",
         ]
         .map(String::from)
         .to_vec(),
@@ -395,7 +406,10 @@ pub fn history_lines(versions: &[VersionView], now: DateTime<Utc>, full: bool) -
             Some(to) => format!("revert to version {to}"),
             None => version.diff.first().cloned().unwrap_or_default(),
         };
-        let more = version.diff.len().saturating_sub(usize::from(version.revert_of.is_none()));
+        let more = version
+            .diff
+            .len()
+            .saturating_sub(usize::from(version.revert_of.is_none()));
         if more > 0 && !full {
             changes.push_str(&format!(" (+{more} more)"));
         }
@@ -437,9 +451,10 @@ pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
         .to_vec(),
     ];
     rows.extend(views.iter().map(|view| {
-        let deployment = view.deployment.as_ref().map_or("-".to_string(), |d| {
-            format!("v{} {}", d.version, d.state)
-        });
+        let deployment = view
+            .deployment
+            .as_ref()
+            .map_or("-".to_string(), |d| format!("v{} {}", d.version, d.state));
         vec![
             view.job.name.clone(),
             view.job.job_type.name().to_string(),
@@ -696,7 +711,10 @@ mod tests {
         );
         // Scaled down: the extra copies still run until they are stopped.
         let shrinking = view(JobType::Service, Some(1), "running", running(3));
-        assert!(matches!(convergence(&shrinking, false), Convergence::Waiting(_)));
+        assert!(matches!(
+            convergence(&shrinking, false),
+            Convergence::Waiting(_)
+        ));
         let done = view(JobType::Service, Some(3), "running", running(3));
         assert_eq!(convergence(&done, false), Convergence::Converged);
     }
@@ -918,9 +936,7 @@ mod tests {
         job.deployment = Some(deployment(DeploymentState::Running, 2));
         assert_eq!(
             convergence(&job, true),
-            Convergence::Waiting(
-                "deployment of version 2 running: api 2/4 healthy".to_string()
-            )
+            Convergence::Waiting("deployment of version 2 running: api 2/4 healthy".to_string())
         );
         job.deployment = Some(deployment(DeploymentState::Successful, 4));
         assert_eq!(convergence(&job, true), Convergence::Converged);

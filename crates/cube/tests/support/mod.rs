@@ -501,6 +501,44 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Polls `GET /jobs/{name}` every 100 ms until `done` holds; fails after 60 s with the
+    /// job as last seen.
+    pub async fn await_job(&self, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let bound = Duration::from_secs(60);
+        let deadline = Instant::now() + bound;
+        loop {
+            let job = self.get(&format!("/jobs/{name}")).await.body;
+            if done(&job) {
+                return job;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {name}: not {what} within {bound:?}: {job}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A job's copies that are meant to run and have not ended, from `GET /jobs/{name}`.
+pub fn live_tasks(job: &Value) -> Vec<Value> {
+    job["Tasks"]
+        .as_array()
+        .map(|tasks| {
+            tasks
+                .iter()
+                .filter(|task| {
+                    task["DesiredState"] == "Running"
+                        && task["State"] != "Failed"
+                        && task["State"] != "Completed"
+                })
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 async fn answer(response: reqwest::Response) -> Answer {
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();

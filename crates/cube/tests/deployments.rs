@@ -1,0 +1,345 @@
+//! Deployments as a user meets them: a rolling update that keeps enough copies answering the
+//! whole time, an update whose new copies fail their health check and stop the rollout, one
+//! that goes back by itself (`AutoRevert`), canaries that wait for `cube job promote`, and a
+//! manager killed in the middle of a deployment that finishes it after its restart. Real
+//! `cube` processes, the real Docker engine, each copy's own port probed from outside.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+/// The sample image's web server, as version 1 runs it.
+const V1: [&str; 6] = ["httpd", "-f", "-p", "7777", "-h", "/www"];
+
+/// Version 2: the same server, started by another command (it writes a file first).
+fn v2() -> Vec<&'static str> {
+    vec![
+        "sh",
+        "-c",
+        "echo two > /www/version && exec httpd -f -p 7777 -h /www",
+    ]
+}
+
+/// A version whose server has no `/health`: its health check fails.
+const BROKEN: [&str; 6] = ["httpd", "-f", "-p", "7777", "-h", "/tmp"];
+
+/// A service of `count` copies of the sample server running `cmd`, probed on `/health` every
+/// 250 ms, with the group's `Update` block.
+fn web(name: &str, count: u32, cmd: &[&str], update: Value) -> Value {
+    json!({"Name": name, "Type": "service",
+           "Groups": [{"Name": "api", "Count": count, "Update": update,
+                       "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB", "Cmd": cmd,
+                                "ExposedPorts": {"7777/tcp": {}},
+                                "PortBindings": {"7777/tcp": ""},
+                                "HealthCheck": "/health", "HealthCheckInterval": "250ms",
+                                "HealthCheckRetries": 2, "RestartPolicy": "on-failure",
+                                "RestartDelay": "1s"}}]})
+}
+
+async fn submit(client: &Client, job: &Value) -> Value {
+    let answer = client.post_raw("/jobs", job.to_string()).await;
+    assert!(
+        answer.status == 200 || answer.status == 201,
+        "{}",
+        answer.body
+    );
+    answer.body
+}
+
+fn deployment_state(job: &Value) -> &str {
+    job["Deployment"]["State"].as_str().unwrap_or_default()
+}
+
+/// Waits until the deployment of `version` is in `state`.
+async fn await_deployment(client: &Client, name: &str, version: u64, state: &str) -> Value {
+    client
+        .await_job(name, &format!("version {version} {state}"), |job| {
+            job["Deployment"]["Version"] == version && deployment_state(job) == state
+        })
+        .await
+}
+
+/// The copies that run `cmd` and are healthy.
+fn healthy_running(job: &Value, cmd: &[&str]) -> Vec<Value> {
+    live_tasks(job)
+        .into_iter()
+        .filter(|task| {
+            task["State"] == "Running" && task["Health"] == "Healthy" && task["Cmd"] == json!(cmd)
+        })
+        .collect()
+}
+
+/// How many of the job's running copies answer 200 on `/health` at their published port now.
+async fn answering(client: &Client, http: &reqwest::Client, name: &str) -> usize {
+    let job = client.get(&format!("/jobs/{name}")).await.body;
+    let ports: Vec<u16> = job["Tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|task| task["State"] == "Running" && task["HostPorts"]["7777/tcp"].is_array())
+        .map(|task| host_port(task, "7777/tcp"))
+        .collect();
+    let mut count = 0;
+    for port in ports {
+        let url = format!("http://127.0.0.1:{port}/health");
+        // One retry: a busy machine may drop one probe; a stopped copy refuses both.
+        for _ in 0..2 {
+            if let Ok(answer) = http.get(&url).send().await
+                && answer.status().as_u16() == 200
+            {
+                count += 1;
+                break;
+            }
+        }
+    }
+    count
+}
+
+#[tokio::test]
+async fn a_rolling_update_replaces_every_copy_and_never_leaves_fewer_than_count_minus_max_parallel_answering()
+ {
+    let cluster = OneNodeCluster::start("roll").await;
+    let client = Arc::new(cluster.manager.client());
+    let update = json!({"MaxParallel": 2, "MinHealthyTime": "1s"});
+    let created = submit(&client, &web("roll", 4, &V1, update.clone())).await;
+    assert_eq!(created["Outcome"], "new");
+    let before = await_deployment(&client, "roll", 1, "successful").await;
+    let old: BTreeSet<String> = live_tasks(&before)
+        .iter()
+        .map(|task| task["ID"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(old.len(), 4);
+
+    // A checker polls every copy's own port every 100 ms through the whole update.
+    let done = Arc::new(AtomicBool::new(false));
+    let checker = {
+        let client = client.clone();
+        let done = done.clone();
+        tokio::spawn(async move {
+            let http = reqwest::Client::builder()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap();
+            let mut fewest = usize::MAX;
+            let mut samples = 0;
+            while !done.load(Ordering::SeqCst) {
+                fewest = fewest.min(answering(&client, &http, "roll").await);
+                samples += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (fewest, samples)
+        })
+    };
+    let changed = submit(&client, &web("roll", 4, &v2(), update)).await;
+    assert_eq!(changed["Outcome"], "changed");
+    assert_eq!(changed["Version"], 2);
+    let after = await_deployment(&client, "roll", 2, "successful").await;
+    done.store(true, Ordering::SeqCst);
+    let (fewest, samples) = checker.await.unwrap();
+
+    let new = healthy_running(&after, &v2());
+    assert_eq!(new.len(), 4, "every copy runs version 2: {after}");
+    assert_eq!(live_tasks(&after).len(), 4, "{after}");
+    assert!(
+        new.iter()
+            .all(|task| !old.contains(task["ID"].as_str().unwrap())),
+        "every copy was replaced: {after}"
+    );
+    assert!(
+        samples >= 10,
+        "the checker sampled the update ({samples} samples)"
+    );
+    assert!(
+        fewest >= 2,
+        "at one moment only {fewest} copies answered; never fewer than Count - MaxParallel = 2"
+    );
+    let versions = client.get("/jobs/roll/versions").await.body;
+    assert_eq!(versions[0]["Version"], 2);
+    assert_eq!(versions[0]["Stable"], true, "{versions}");
+    assert!(
+        versions[0]["Diff"][0]
+            .as_str()
+            .unwrap()
+            .contains("Groups[api].Task.Cmd"),
+        "{versions}"
+    );
+}
+
+#[tokio::test]
+async fn an_update_whose_copies_fail_their_health_check_stops_at_the_first_and_leaves_the_old_copies_running()
+ {
+    let cluster = OneNodeCluster::start("broken").await;
+    let client = cluster.manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "HealthyDeadline": "30s"});
+    submit(&client, &web("broken", 3, &V1, update.clone())).await;
+    await_deployment(&client, "broken", 1, "successful").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.json");
+    std::fs::write(&file, web("broken", 3, &BROKEN, update).to_string()).unwrap();
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["job", "run", "--timeout", "60s", file.to_str().unwrap()],
+    );
+    assert!(!ok, "a failed deployment fails the command: {stdout}");
+    assert!(stdout.contains("version 2 (changed)"), "{stdout}");
+    assert!(
+        stderr.contains("the deployment of job broken version 2 failed")
+            && stderr.contains("broken.api[0]"),
+        "{stderr}"
+    );
+    let job = client.get("/jobs/broken").await.body;
+    assert_eq!(deployment_state(&job), "failed", "{job}");
+    assert_eq!(job["Deployment"]["Groups"]["api"]["Unhealthy"], 1, "{job}");
+    // Nothing more was replaced: the two old copies not yet replaced run on, healthy.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let job = client.get("/jobs/broken").await.body;
+    assert_eq!(healthy_running(&job, &V1).len(), 2, "{job}");
+    let versions = client.get("/jobs/broken/versions").await.body;
+    assert_eq!(versions[0]["Stable"], false, "{versions}");
+    assert_eq!(versions[1]["Stable"], true, "{versions}");
+}
+
+#[tokio::test]
+async fn with_auto_revert_a_failed_update_goes_back_to_the_last_stable_version() {
+    let cluster = OneNodeCluster::start("revert").await;
+    let client = cluster.manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "HealthyDeadline": "30s",
+                        "AutoRevert": true});
+    submit(&client, &web("revert", 3, &V1, update.clone())).await;
+    await_deployment(&client, "revert", 1, "successful").await;
+
+    let changed = submit(&client, &web("revert", 3, &BROKEN, update)).await;
+    assert_eq!(changed["Version"], 2);
+    // Version 2's deployment fails and the job goes back: version 3 is version 1's spec,
+    // rolled out until every copy runs it, healthy.
+    let back = await_deployment(&client, "revert", 3, "successful").await;
+    assert_eq!(healthy_running(&back, &V1).len(), 3, "{back}");
+    assert_eq!(live_tasks(&back).len(), 3, "{back}");
+    let versions = client.get("/jobs/revert/versions").await.body;
+    assert_eq!(versions[0]["Version"], 3, "{versions}");
+    assert_eq!(versions[0]["RevertOf"], 1, "{versions}");
+    assert_eq!(versions[0]["Stable"], true, "{versions}");
+
+    let (ok, stdout, stderr) = cube_cli(&cluster.manager.address(), &["job", "history", "revert"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("revert to version 1"), "{stdout}");
+    assert!(
+        stdout.lines().any(|line| line.starts_with("3 *")),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_canary_starts_beside_the_old_copies_and_the_rest_waits_for_promote() {
+    let cluster = OneNodeCluster::start("canary").await;
+    let client = cluster.manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "0s", "Canary": 1});
+    submit(&client, &web("canary", 2, &V1, update.clone())).await;
+    await_deployment(&client, "canary", 1, "successful").await;
+
+    submit(&client, &web("canary", 2, &v2(), update)).await;
+    let paused = await_deployment(&client, "canary", 2, "paused").await;
+    assert_eq!(healthy_running(&paused, &V1).len(), 2, "{paused}");
+    assert_eq!(healthy_running(&paused, &v2()).len(), 1, "{paused}");
+    // It stays paused: nothing is replaced without a promotion.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let still = client.get("/jobs/canary").await.body;
+    assert_eq!(deployment_state(&still), "paused", "{still}");
+    assert_eq!(healthy_running(&still, &V1).len(), 2, "{still}");
+
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["job", "promote", "--timeout", "60s", "canary"],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    let done = client.get("/jobs/canary").await.body;
+    assert_eq!(deployment_state(&done), "successful", "{done}");
+    assert_eq!(healthy_running(&done, &v2()).len(), 2, "{done}");
+    assert_eq!(live_tasks(&done).len(), 2, "{done}");
+    // A second promotion has nothing to promote.
+    let again = client.post_raw("/jobs/canary/promote", "{}").await;
+    assert_eq!(again.status, 400, "{}", again.body);
+    assert!(
+        again.message().contains("nothing to promote"),
+        "{}",
+        again.body
+    );
+}
+
+#[tokio::test]
+async fn a_manager_killed_in_the_middle_of_a_deployment_finishes_it_after_its_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let start = || ManagerProcess::start_with("epvm", "persistent", dir.path(), port, &[]);
+    let manager = start();
+    let _worker = manager.join_worker(&unique_node("midway"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "2s"});
+    submit(&client, &web("midway", 3, &V1, update.clone())).await;
+    await_deployment(&client, "midway", 1, "successful").await;
+    submit(&client, &web("midway", 3, &v2(), update)).await;
+    let midway = client
+        .await_job("midway", "one copy replaced, two to go", |job| {
+            job["Deployment"]["Version"] == 2
+                && job["Deployment"]["Groups"]["api"]["Healthy"] == 1
+                && deployment_state(job) == "running"
+        })
+        .await;
+    let id = midway["Deployment"]["ID"].clone();
+    manager.kill_9();
+
+    let manager = start();
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let done = await_deployment(&client, "midway", 2, "successful").await;
+    assert_eq!(
+        done["Deployment"]["ID"], id,
+        "the same deployment carried on"
+    );
+    assert_eq!(healthy_running(&done, &v2()).len(), 3, "{done}");
+    assert_eq!(live_tasks(&done).len(), 3, "no copy twice: {done}");
+}
+
+#[tokio::test]
+async fn a_scale_or_the_same_spec_again_starts_no_deployment_and_restarts_nothing() {
+    let cluster = OneNodeCluster::start("steady").await;
+    let client = cluster.manager.client();
+    let update = json!({"MinHealthyTime": "0s"});
+    submit(&client, &web("steady", 2, &V1, update.clone())).await;
+    let first = await_deployment(&client, "steady", 1, "successful").await;
+    let ids = |job: &Value| -> BTreeSet<String> {
+        live_tasks(job)
+            .iter()
+            .map(|task| task["ID"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let same = submit(&client, &web("steady", 2, &V1, update.clone())).await;
+    assert_eq!(same["Outcome"], "unchanged");
+    let scaled = submit(&client, &web("steady", 3, &V1, update)).await;
+    assert_eq!(scaled["Outcome"], "scaled");
+    assert_eq!(scaled["Version"], 1);
+    let three = client
+        .await_job("steady", "3 running", |job| {
+            healthy_running(job, &V1).len() == 3
+        })
+        .await;
+    assert_eq!(three["Deployment"]["ID"], first["Deployment"]["ID"]);
+    assert!(ids(&first).is_subset(&ids(&three)), "nothing was replaced");
+    assert_eq!(
+        client
+            .get("/jobs/steady/versions")
+            .await
+            .body
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+}
