@@ -348,11 +348,23 @@ async fn finish_waiting(
             "job {name}: version {} waits for promotion: {reason}",
             converged.version
         ),
-        None => println!(
-            "job {name}: {} ({})",
-            converged.status,
-            progress_line(&converged)
-        ),
+        None => match converged
+            .deployment
+            .as_ref()
+            .filter(|deployment| deployment.version == converged.version)
+        {
+            Some(deployment) => println!(
+                "job {name}: version {} deployed: {} ({})",
+                converged.version,
+                deployment.reason,
+                progress_line(&converged)
+            ),
+            None => println!(
+                "job {name}: {} ({})",
+                converged.status,
+                progress_line(&converged)
+            ),
+        },
     }
     Ok(())
 }
@@ -579,11 +591,14 @@ async fn revert(args: JobRevertArgs) -> anyhow::Result<()> {
         .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
     let table = args.flags.output == OutputFormat::Table;
     if table {
-        println!(
-            "{} (the spec of version {})",
-            submitted_line(&view, Some(view.version)),
-            args.target
-        );
+        let line = submitted_line(&view, Some(view.version));
+        match view.outcome.as_deref() {
+            Some("changed") => println!(
+                "job {}: version {} (the spec of version {})",
+                args.job, view.version, args.target
+            ),
+            _ => println!("{line}: it already has the spec of version {}", args.target),
+        }
     }
     if args.detach {
         if !table {
