@@ -36,11 +36,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         request_timeout: Duration::from_secs(1),
         max_concurrent_reconciles: 64,
     };
-    let stores = ManagerStores {
-        tasks: Arc::new(cube_store::MemoryStore::new()),
-        nodes: Arc::new(cube_store::MemoryStore::new()),
-        jobs: Arc::new(cube_store::MemoryStore::new()),
-    };
+    let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")
         .ok_or_else(|| ManagerError::BadRequest("no scheduler epvm".to_string()))?;
     let manager = Manager::open(config, stores, scheduler, CancellationToken::new())?;

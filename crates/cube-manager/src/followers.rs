@@ -7,16 +7,16 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, Changes};
-use cube_types::{Health, NodeReport, State, Task};
+use cube_types::{Health, NodeReport, NodeStatus, State, Task};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::manager::{Manager, Writes, lock};
+use crate::manager::{Manager, Shared, Writes, lock, node_status_event};
 use crate::nodes::NodeSource;
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
@@ -26,6 +26,20 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(30);
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
 impl Manager {
+    /// Publishes a node's event after the manager could or could no longer reach it: its
+    /// status now (`NodeReady`, `NodeUnreachable`), or `NodeUpdated` when that did not move
+    /// (a node `Down` either way, whose `StatusReason` changed).
+    fn publish_node_status(&self, state: &Shared, name: &str) {
+        let Some(entry) = state.nodes.get(name) else {
+            return;
+        };
+        let kind = match entry.status(Instant::now(), self.config.heartbeat_grace) {
+            NodeStatus::Down => "NodeUpdated",
+            status => node_status_event(status),
+        };
+        self.publish_node(state, name, kind);
+    }
+
     /// Applies a worker's task list: each task placed on `node` takes the state the worker
     /// saw. When the list is `complete` (every task the worker has, not only those that
     /// changed), a task the manager placed there that the worker does not list is sent again
@@ -190,7 +204,14 @@ impl Manager {
                     if !reachable {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
-                        let back = lock(&self.state).nodes.set_unreachable(&name, None);
+                        let back = {
+                            let mut state = lock(&self.state);
+                            let back = state.nodes.set_unreachable(&name, None);
+                            if back {
+                                self.publish_node_status(&state, &name);
+                            }
+                            back
+                        };
                         if back {
                             // It can take work again, and what waits to be sent there can go.
                             self.push_node_tasks(&name);
@@ -225,9 +246,11 @@ impl Manager {
                     }
                     // Not `Ready` while it cannot be reached: nothing placed there could be
                     // sent, and `cube node` says why.
-                    lock(&self.state)
-                        .nodes
-                        .set_unreachable(&name, Some(err.cause()));
+                    let mut state = lock(&self.state);
+                    if state.nodes.set_unreachable(&name, Some(err.cause())) {
+                        self.publish_node_status(&state, &name);
+                    }
+                    drop(state);
                     index = 0;
                     Some(FOLLOW_RETRY)
                 }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::watcher::Watcher;
 
+use crate::events::{Topic, job_event_kind, job_object};
 use crate::jobs::{GroupSummary, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
 use crate::store_source::TableSource;
@@ -282,7 +283,10 @@ impl Manager {
         let name = record.job.name.clone();
         let commit = self.stores.jobs.put_queued(&name, &record)?;
         commit.durable().await?;
-        lock(&self.state).jobs.insert(name, Arc::new(record));
+        let mut state = lock(&self.state);
+        let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
+        self.publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
+        state.jobs.insert(name, Arc::new(record));
         Ok(())
     }
 
