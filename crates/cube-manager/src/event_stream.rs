@@ -21,7 +21,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use cube_api::{ApiError, INDEX_HEADER};
+use cube_api::{ApiError, INDEX_HEADER, OLDEST_INDEX_HEADER};
 use tokio_util::sync::CancellationToken;
 
 use crate::events::{
@@ -31,9 +31,6 @@ use crate::manager::Manager;
 
 /// After this long without an event, the stream writes a heartbeat.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
-
-/// The header of a 410 answer to `GET /events?index=N`: the oldest index to ask from.
-pub const OLDEST_INDEX_HEADER: &str = "X-Cube-Oldest-Index";
 
 /// Events ready at once are written together, up to this many bytes: a burst (a job's new
 /// copies) costs a subscriber a few writes, not one per event.

@@ -281,12 +281,17 @@ impl Manager {
     /// hears of it from the store's watch (`run_jobs_watcher`), like of any other write.
     async fn store_job(&self, record: JobRecord) -> Result<(), ManagerError> {
         let name = record.job.name.clone();
-        let commit = self.stores.jobs.put_queued(&name, &record)?;
+        // Queued and published under the state lock, as a task's write is: the event comes
+        // before anything the job controller does once the write is committed.
+        let commit = {
+            let state = lock(&self.state);
+            let commit = self.stores.jobs.put_queued(&name, &record)?;
+            let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
+            self.publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
+            commit
+        };
         commit.durable().await?;
-        let mut state = lock(&self.state);
-        let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
-        self.publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
-        state.jobs.insert(name, Arc::new(record));
+        lock(&self.state).jobs.insert(name, Arc::new(record));
         Ok(())
     }
 

@@ -64,13 +64,14 @@ pub struct ManagerConfig {
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
-/// is placed on), the nodes that joined, the jobs, and a few numbers about the manager itself
-/// (`meta`: the epoch its events are numbered from, [`EPOCH_KEY`]).
+/// is placed on), the nodes that joined, the jobs, and numbers about the manager itself.
 #[derive(Clone)]
 pub struct ManagerStores {
     pub tasks: Arc<dyn Store<Task>>,
     pub nodes: Arc<dyn Store<Node>>,
     pub jobs: Arc<dyn Store<JobRecord>>,
+    /// Numbers about the manager itself: the epoch its events are numbered from, under
+    /// [`EPOCH_KEY`].
     pub meta: Arc<dyn Store<u64>>,
 }
 

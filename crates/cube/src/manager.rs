@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use cube_manager::{Manager, ManagerConfig};
+use cube_manager::{Manager, ManagerConfig, ManagerStores};
 use cube_types::duration::parse_duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -92,7 +92,12 @@ pub async fn prepare(
     // Every submission's `TaskEvent` was once kept in an `events` table that nothing read
     // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
     stores.drop_unused_table("events")?;
-    let manager_stores = stores.manager_tables()?;
+    let manager_stores = ManagerStores {
+        tasks: stores.table("tasks")?,
+        nodes: stores.table("nodes")?,
+        jobs: stores.table("jobs")?,
+        meta: stores.table("meta")?,
+    };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,

@@ -111,12 +111,16 @@ pub struct JobPlanArgs {
 #[command(after_help = "Examples:\n  \
     cube job status\n  \
     cube job status web\n  \
+    cube job status web --watch      # drawn again as it changes, until Ctrl-C\n  \
     cube job status web -o json | jq '.Tasks[].NodeName'\n  \
     cube job status -o name")]
 pub struct JobStatusArgs {
     /// Show only this job, in detail.
     #[arg(value_name = "NAME")]
     job: Option<String>,
+    /// Draw the view again each time the job (or any job) changes, until Ctrl-C.
+    #[arg(short, long)]
+    watch: bool,
     #[command(flatten)]
     flags: ListFlags,
 }
@@ -362,6 +366,10 @@ async fn status(args: JobStatusArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
     let format = args.flags.format();
+    if args.watch {
+        let path = args.job.as_deref().map(job_path).transpose()?;
+        return super::watch::watch_jobs(&manager, path, format).await;
+    }
     if let Some(name) = &args.job {
         let Some((raw, view)) = find_job(&manager, name).await? else {
             bail!(
