@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use cube_manager::ManagerStores;
 use cube_store::{MemoryStore, PersistentDb, PersistentStore, Store, StoreError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -159,6 +158,7 @@ impl OpenedStores {
         }
     }
 
+    /// The store for one table of values.
     /// Removes a table an older Cube wrote and nothing reads any more; says so in the log.
     pub fn drop_unused_table(&self, name: &str) -> anyhow::Result<()> {
         if let Some(db) = &self.db
@@ -169,18 +169,6 @@ impl OpenedStores {
         Ok(())
     }
 
-    /// The manager's tables: its tasks, nodes and jobs, and `meta` (the epoch its events are
-    /// numbered from).
-    pub fn manager_tables(&self) -> anyhow::Result<ManagerStores> {
-        Ok(ManagerStores {
-            tasks: self.table("tasks")?,
-            nodes: self.table("nodes")?,
-            jobs: self.table("jobs")?,
-            meta: self.table("meta")?,
-        })
-    }
-
-    /// The store for one table of values.
     pub fn table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
     where
         V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
