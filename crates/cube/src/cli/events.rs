@@ -95,7 +95,10 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
     let mut followed = false;
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
-        let (mut lines, start) = match manager.api.get_lines(&events_path(args, position), None).await
+        let (mut lines, start) = match manager
+            .api
+            .get_lines(&events_path(args, position), None)
+            .await
         {
             Ok(opened) => opened,
             Err(ClientError::Gone { oldest_index, .. }) if position.is_some() => {
@@ -185,7 +188,10 @@ async fn print_stream(
                 return Ok(StreamEnd::Broken);
             }
             Ok(Err(err)) => {
-                eprintln!("cube events: the stream broke ({}); reconnecting", err.cause());
+                eprintln!(
+                    "cube events: the stream broke ({}); reconnecting",
+                    err.cause()
+                );
                 return Ok(StreamEnd::Broken);
             }
             Ok(Ok(None)) => {
@@ -327,7 +333,11 @@ mod tests {
     fn nodes_and_jobs_say_their_status_and_version() {
         let node = json!({"Topic": "Node", "Type": "NodeDown", "Key": "w1", "Time": "t",
             "Object": {"Status": "Down"}});
-        assert!(event_line(&node).ends_with("w1           Down"), "{}", event_line(&node));
+        assert!(
+            event_line(&node).ends_with("w1           Down"),
+            "{}",
+            event_line(&node)
+        );
         let job = json!({"Topic": "Job", "Type": "JobStopped", "Key": "web", "Time": "t",
             "Object": {"Version": 2, "Stopped": true}});
         assert!(event_line(&job).ends_with("version 2, stopped"));

@@ -125,19 +125,24 @@ async fn watch_tasks(manager: &ManagerClient, args: &StatusArgs) -> anyhow::Resu
     }
     let hint = args.flags.target.hint();
     let all = args.all;
-    watch(manager, "/tasks?summary=true", "cube status --watch", |answer| {
-        let hint = &hint;
-        async move {
-            let tasks: Vec<Task> = serde_json::from_value(answer)
-                .map_err(|err| anyhow::anyhow!("cannot read the manager's tasks: {err}"))?;
-            let (tasks, hidden) = listed(tasks, all);
-            let mut lines = task_table(&tasks, Utc::now(), wide);
-            if let Some(footer) = hidden_footer(hidden, hint) {
-                lines.extend([String::new(), footer]);
+    watch(
+        manager,
+        "/tasks?summary=true",
+        "cube status --watch",
+        |answer| {
+            let hint = &hint;
+            async move {
+                let tasks: Vec<Task> = serde_json::from_value(answer)
+                    .map_err(|err| anyhow::anyhow!("cannot read the manager's tasks: {err}"))?;
+                let (tasks, hidden) = listed(tasks, all);
+                let mut lines = task_table(&tasks, Utc::now(), wide);
+                if let Some(footer) = hidden_footer(hidden, hint) {
+                    lines.extend([String::new(), footer]);
+                }
+                Ok(lines)
             }
-            Ok(lines)
-        }
-    })
+        },
+    )
     .await
 }
 

@@ -108,22 +108,32 @@ pub async fn watch_jobs(
     check_format(format)?;
     match path {
         Some(path) => {
-            watch(manager, &path, "cube job status --watch", |answer| async move {
-                let view: JobView = serde_json::from_value(answer)
-                    .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
-                Ok(job_details(&view, Utc::now()))
-            })
+            watch(
+                manager,
+                &path,
+                "cube job status --watch",
+                |answer| async move {
+                    let view: JobView = serde_json::from_value(answer)
+                        .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
+                    Ok(job_details(&view, Utc::now()))
+                },
+            )
             .await
         }
         None => {
-            watch(manager, "/jobs", "cube job status --watch", |answer| async move {
-                let views: Vec<JobView> = serde_json::from_value(answer)
-                    .map_err(|err| anyhow!("cannot read the manager's list of jobs: {err}"))?;
-                if views.is_empty() {
-                    return Ok(vec!["no jobs; run one with: cube job run FILE".to_string()]);
-                }
-                Ok(job_table(&views, Utc::now()))
-            })
+            watch(
+                manager,
+                "/jobs",
+                "cube job status --watch",
+                |answer| async move {
+                    let views: Vec<JobView> = serde_json::from_value(answer)
+                        .map_err(|err| anyhow!("cannot read the manager's list of jobs: {err}"))?;
+                    if views.is_empty() {
+                        return Ok(vec!["no jobs; run one with: cube job run FILE".to_string()]);
+                    }
+                    Ok(job_table(&views, Utc::now()))
+                },
+            )
             .await
         }
     }

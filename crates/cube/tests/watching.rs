@@ -1,0 +1,399 @@
+//! Watching a cluster: the manager's blocking queries, its event stream (`GET /events`) and
+//! `cube events`, against the real `cube` binary, real workers and the real Docker engine.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{ManagerProcess, OneNodeCluster, STATE_BOUND, cube_cli, unique_node, web_task};
+
+/// The event index a manager answers with in `X-Cube-Index`.
+fn index_of(response: &reqwest::Response) -> u64 {
+    response
+        .headers()
+        .get("X-Cube-Index")
+        .expect("an X-Cube-Index header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+async fn current_index(manager: &ManagerProcess) -> u64 {
+    let response = reqwest::get(format!("{}/tasks", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    index_of(&response)
+}
+
+/// A manager alone (memory store): enough for what needs no container to run.
+fn lone_manager() -> (ManagerProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    (manager, dir)
+}
+
+/// A `GET /events` answer, read one line (or one server-sent event) at a time.
+struct EventReader {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl EventReader {
+    async fn open(manager: &ManagerProcess, query: &str) -> EventReader {
+        let response = reqwest::get(format!("{}/events{query}", manager.url))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "GET /events{query}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/x-ndjson",
+            "events are lines of JSON unless asked otherwise"
+        );
+        EventReader {
+            response,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next block ending with `separator` (a line, or an SSE event), waiting at most
+    /// [`STATE_BOUND`].
+    async fn next_block(&mut self, separator: &[u8]) -> String {
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            if let Some(end) = self
+                .buffer
+                .windows(separator.len())
+                .position(|window| window == separator)
+            {
+                let block: Vec<u8> = self.buffer.drain(..end + separator.len()).collect();
+                return String::from_utf8(block[..end].to_vec()).unwrap();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, self.response.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("nothing more within {STATE_BOUND:?}"))
+                .unwrap()
+                .expect("the stream ended");
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// The next event (heartbeats skipped).
+    async fn next_event(&mut self) -> Value {
+        loop {
+            let line = self.next_block(b"\n").await;
+            if !line.trim().is_empty() {
+                return serde_json::from_str(&line).unwrap();
+            }
+        }
+    }
+
+    /// The task's events, in order, until (and with) the one of type `last`.
+    async fn task_events_until(&mut self, id: &str, last: &str) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next_event().await;
+            if event["Key"] != id {
+                continue;
+            }
+            let done = event["Type"] == last;
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn types(events: &[Value]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|event| event["Type"].as_str().unwrap())
+        .collect()
+}
+
+fn indexes(events: &[Value]) -> Vec<u64> {
+    events
+        .iter()
+        .map(|event| event["Index"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_blocking_query_on_tasks_waits_out_its_wait_when_nothing_changes() {
+    let (manager, _dir) = lone_manager();
+    let index = current_index(&manager).await;
+    let started = Instant::now();
+    let response = reqwest::get(format!("{}/tasks?index={index}&wait=1s", manager.url))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(response.status(), 200);
+    assert!(
+        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        "answered after {waited:?}"
+    );
+    assert_eq!(index_of(&response), index, "nothing changed");
+    assert_eq!(response.json::<Value>().await.unwrap(), json!([]));
+}
+
+#[tokio::test]
+async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
+    let (manager, _dir) = lone_manager();
+    let client = manager.client();
+    let index = current_index(&manager).await;
+    let url = format!("{}/tasks?index={index}&wait=30s&summary=true", manager.url);
+    let query = tokio::spawn(async move {
+        let response = reqwest::get(url).await.unwrap();
+        let answered = Instant::now();
+        let index = index_of(&response);
+        (answered, index, response.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!query.is_finished(), "answered before anything changed");
+    let id = client.submit(&web_task("watched")).await;
+    let submitted = Instant::now();
+    let (answered, new_index, tasks) = query.await.unwrap();
+    assert!(
+        answered.saturating_duration_since(submitted) < Duration::from_secs(1),
+        "answered {:?} after the change",
+        answered.saturating_duration_since(submitted)
+    );
+    assert!(
+        new_index > index,
+        "X-Cube-Index moved: {index} -> {new_index}"
+    );
+    assert_eq!(tasks[0]["ID"], id);
+    assert!(tasks[0].get("History").is_none(), "filters still apply");
+    // Paging still works, with the index on every page.
+    let response = reqwest::get(format!("{}/tasks?limit=1", manager.url))
+        .await
+        .unwrap();
+    assert!(index_of(&response) >= new_index);
+}
+
+#[tokio::test]
+async fn a_blocking_query_on_nodes_answers_when_a_node_joins() {
+    let (manager, _dir) = lone_manager();
+    let response = reqwest::get(format!("{}/nodes", manager.url))
+        .await
+        .unwrap();
+    let index = index_of(&response);
+    let url = format!("{}/nodes?index={index}&wait=30s", manager.url);
+    let query = tokio::spawn(async move {
+        let response = reqwest::get(url).await.unwrap();
+        (index_of(&response), response.json::<Value>().await.unwrap())
+    });
+    let name = unique_node("watch-node");
+    let _worker = manager.join_worker(&name, &[]);
+    let (new_index, nodes) = tokio::time::timeout(STATE_BOUND, query)
+        .await
+        .expect("the blocking query answered")
+        .unwrap();
+    assert!(new_index > index);
+    assert_eq!(nodes[0]["Name"], name.as_str());
+    let bad = reqwest::get(format!("{}/nodes?index={index}&wait=soon", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400, "a wait that is not a duration");
+}
+
+#[tokio::test]
+async fn a_subscriber_sees_a_task_from_submitted_to_running_in_order_and_can_resume() {
+    let cluster = OneNodeCluster::start("watch-events").await;
+    let client = cluster.manager.client();
+    let mut reader = EventReader::open(&cluster.manager, "?topic=Task").await;
+    let id = client.submit(&web_task("events-web")).await;
+    let seen = reader.task_events_until(&id, "Running").await;
+    assert_eq!(types(&seen), ["Submitted", "Placed", "Running"]);
+    let seen_indexes = indexes(&seen);
+    assert!(
+        seen_indexes.windows(2).all(|pair| pair[0] < pair[1]),
+        "{seen_indexes:?}"
+    );
+    assert_eq!(seen[0]["Topic"], "Task");
+    assert_eq!(seen[0]["Object"]["State"], "Pending");
+    assert_eq!(seen[2]["Object"]["State"], "Running");
+    assert_eq!(seen[2]["Object"]["NodeName"], cluster.worker.name.as_str());
+    assert!(seen[2]["Object"].get("History").is_none());
+    assert!(
+        seen[0].get("Job").is_none(),
+        "a bare task belongs to no job"
+    );
+
+    // Stopping it makes more events; a subscriber resuming after the first gets exactly
+    // the ones after it, then the new ones, each once.
+    client.delete(&format!("/tasks/{id}")).await;
+    let mut after_running = reader.task_events_until(&id, "Completed").await;
+    let mut everything = seen.clone();
+    everything.append(&mut after_running);
+    let mut resumed = EventReader::open(
+        &cluster.manager,
+        &format!("?topic=Task&index={}", seen_indexes[0]),
+    )
+    .await;
+    let again = resumed.task_events_until(&id, "Completed").await;
+    assert_eq!(indexes(&again), indexes(&everything[1..]));
+    assert_eq!(types(&again)[..2], ["Placed", "Running"]);
+}
+
+#[tokio::test]
+async fn an_index_older_than_the_events_kept_is_gone_with_the_oldest_index() {
+    let (manager, _dir) = lone_manager();
+    let response = reqwest::get(format!("{}/events?index=1", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 410);
+    let oldest: u64 = response.headers()["X-Cube-Oldest-Index"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["HTTPStatusCode"], 410);
+    let message = body["Message"].as_str().unwrap();
+    assert!(message.contains(&oldest.to_string()), "{message}");
+    // From the oldest index, the stream starts.
+    let response = reqwest::get(format!("{}/events?index={oldest}", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    // An index ahead of the newest event is a mistake.
+    let ahead = current_index(&manager).await + 10;
+    let response = reqwest::get(format!("{}/events?index={ahead}", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+}
+
+#[tokio::test]
+async fn an_index_from_before_a_restart_never_names_another_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    manager
+        .client()
+        .submit(&json!({"Name": "before-restart", "Image": "cube-sample:latest"}))
+        .await;
+    let before = current_index(&manager).await;
+    assert!(manager.terminate(STATE_BOUND).success());
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    let after = current_index(&manager).await;
+    assert!(after > before, "{before} then {after}");
+    let response = reqwest::get(format!("{}/events?index={before}", manager.url))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        410,
+        "what came after {before} is not kept"
+    );
+}
+
+#[tokio::test]
+async fn a_request_that_accepts_server_sent_events_gets_them() {
+    let (manager, _dir) = lone_manager();
+    let mut response = reqwest::Client::new()
+        .get(format!("{}/events?topic=task", manager.url))
+        .header("Accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let id = manager
+        .client()
+        .submit(&json!({"Name": "sse", "Image": "cube-sample:latest"}))
+        .await;
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(STATE_BOUND, response.chunk())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let event = text.split("\n\n").next().unwrap();
+    let lines: Vec<&str> = event.lines().collect();
+    assert_eq!(lines[0], "event: Task", "{event}");
+    let index = lines[1].strip_prefix("id: ").expect("an id line");
+    let data: Value = serde_json::from_str(lines[2].strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(data["Index"].to_string(), index);
+    assert_eq!(
+        (data["Type"].as_str(), data["Key"].as_str()),
+        (Some("Submitted"), Some(id.as_str()))
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_topic_is_refused_with_its_name() {
+    let (manager, _dir) = lone_manager();
+    let answer = manager.client().get("/events?topic=Task&topic=Pods").await;
+    assert_eq!(answer.status, 400);
+    assert!(
+        answer.message().contains("\"Pods\""),
+        "{}",
+        answer.message()
+    );
+    let answer = manager.client().get("/events?since=3").await;
+    assert_eq!(answer.status, 400);
+}
+
+#[tokio::test]
+async fn an_open_event_stream_ends_with_a_closed_notice_and_holds_up_no_shutdown() {
+    let (manager, _dir) = lone_manager();
+    let mut reader = EventReader::open(&manager, "").await;
+    let started = Instant::now();
+    let stopping = tokio::task::spawn_blocking(move || manager.terminate(STATE_BOUND));
+    let last = reader.next_event().await;
+    assert_eq!(
+        (last["Topic"].as_str(), last["Type"].as_str()),
+        (Some("Stream"), Some("Closed"))
+    );
+    assert!(stopping.await.unwrap().success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped after {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn cube_events_prints_a_line_for_a_submitted_task() {
+    let (manager, _dir) = lone_manager();
+    let index = current_index(&manager).await.to_string();
+    let mut events = Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args(["events", "--index", &index, "--topic", "Task"])
+        .env("CUBE_MANAGER", manager.address())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (success, stdout, stderr) = cube_cli(
+        &manager.address(),
+        &["run", "--name", "printed-task", "cube-sample:latest"],
+    );
+    assert!(success, "{stderr}");
+    let id = stdout.trim().to_string();
+    let stdout = events.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    let line = received.recv_timeout(STATE_BOUND).expect("a line");
+    let _ = events.kill();
+    let _ = events.wait();
+    assert!(
+        line.contains("Submitted") && line.contains(&id[..8]) && line.contains("printed-task"),
+        "{line}"
+    );
+}
