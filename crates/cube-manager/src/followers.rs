@@ -175,11 +175,16 @@ impl Manager {
         stop: CancellationToken,
     ) {
         let mut index = 0;
+        // Whether the node's whole list was read, as of `index`. Not `index != 0`: a worker
+        // that never had a task is at index 0 after its list is read, and a follower that
+        // took that for "not read yet" asked again at once, without waiting, hundreds of
+        // times a second for as long as the worker stayed empty.
+        let mut listed = false;
         let mut reachable = true;
         loop {
-            // Index 0 asks for every task, at once (there is nothing to wait for): wait for a
-            // permit first, and keep it until they are applied.
-            let permit = if index == 0 {
+            // The first request asks for every task, at once (there is nothing to wait for):
+            // wait for a permit first, and keep it until they are applied.
+            let permit = if !listed {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     permit = self.complete_lists.acquire() => permit.ok(),
@@ -192,7 +197,7 @@ impl Manager {
                 answer = client.get_changes::<Vec<Task>>(
                     "/tasks",
                     index,
-                    if index == 0 { Duration::ZERO } else { FOLLOW_WAIT },
+                    if listed { FOLLOW_WAIT } else { Duration::ZERO },
                 ) => answer,
             };
             let pause = match answer {
@@ -232,6 +237,7 @@ impl Manager {
                     match reported_index {
                         Some(reported) => {
                             index = reported;
+                            listed = true;
                             None
                         }
                         // A server that does not report an index cannot be followed by
@@ -252,6 +258,7 @@ impl Manager {
                     }
                     drop(state);
                     index = 0;
+                    listed = false;
                     Some(FOLLOW_RETRY)
                 }
             };
@@ -407,6 +414,52 @@ mod tests {
         old_run.status.restart_count = 1;
         old_run.status.state = State::Failed;
         assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_never_had_a_task_is_followed_by_waiting_not_asked_again_and_again() {
+        // A worker with no task ever is at change index 0. It answers its list at once, and a
+        // blocking query only once something changes (never, here).
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        let worker = axum::Router::new().route(
+            "/tasks",
+            axum::routing::get(move |query: axum::extract::RawQuery| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let query = query.0.unwrap_or_default();
+                    if !query.contains("wait=0ms") {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    ([(cube_api::INDEX_HEADER, "0")], "[]")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        let manager = crate::manager::manager_for_tests();
+        let report = NodeReport {
+            name: "empty".to_string(),
+            address: format!("http://{address}"),
+            capacity: cube_types::Resources {
+                cpu: 1.0,
+                memory: 1 << 30,
+                disk: 0,
+            },
+            stats: None,
+            labels: Default::default(),
+        };
+        manager
+            .report_node(report, NodeSource::Registered)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let asked = requests.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(asked, 2, "the list, then one blocking query that waits");
+        manager.shutdown.cancel();
+        server.abort();
     }
 
     #[tokio::test]
