@@ -450,7 +450,7 @@ async fn stream_events(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(pairs) = query?;
-    let query = EventsQuery::parse(&pairs)?;
+    let query = EventsQuery::parse(&pairs)?.or_last_event_id(&headers)?;
     Ok(events_response(
         &manager,
         query,

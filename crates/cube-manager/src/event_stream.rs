@@ -4,7 +4,8 @@
 //!
 //! `?topic=Task&topic=Job` (repeatable, or comma-separated; none: every topic), `?job=NAME`
 //! (the job's own events and those of its objects), `?index=N` (every kept event after N
-//! first, then the new ones; without it, only new ones). An index older than the events kept
+//! first, then the new ones; without it, only new ones; a browser's `EventSource` says N in
+//! `Last-Event-ID` when it reconnects, which counts when there is no `?index=`). An index older than the events kept
 //! answers 410 with the oldest index to ask from (in the message and in
 //! [`OLDEST_INDEX_HEADER`]); one ahead of the newest, 400.
 //!
@@ -161,6 +162,21 @@ impl EventsQuery {
             }
         }
         Ok(query)
+    }
+
+    /// Takes the index from `Last-Event-ID` (what an `EventSource` sends when it reconnects:
+    /// the `id:` of the last event it got) when the query gave none.
+    pub(crate) fn or_last_event_id(mut self, headers: &HeaderMap) -> Result<EventsQuery, ApiError> {
+        if self.index.is_some() {
+            return Ok(self);
+        }
+        if let Some(value) = headers.get("Last-Event-ID") {
+            let text = value.to_str().unwrap_or_default();
+            self.index = Some(text.trim().parse().map_err(|_| {
+                ApiError::bad_request(format!("Last-Event-ID: {text:?} is not an event index"))
+            })?);
+        }
+        Ok(self)
     }
 }
 
@@ -328,6 +344,21 @@ mod tests {
         assert!(err.message.contains("\"since\""), "{}", err.message);
         let err = EventsQuery::parse(&pairs(&[("index", "x")])).unwrap_err();
         assert!(err.message.starts_with("index:"), "{}", err.message);
+    }
+
+    #[test]
+    fn an_event_sources_last_event_id_resumes_when_no_index_is_given() {
+        let mut headers = HeaderMap::new();
+        headers.insert("Last-Event-ID", HeaderValue::from_static("7"));
+        let query = EventsQuery::default().or_last_event_id(&headers).unwrap();
+        assert_eq!(query.index, Some(7));
+        let given = EventsQuery {
+            index: Some(3),
+            ..EventsQuery::default()
+        };
+        assert_eq!(given.or_last_event_id(&headers).unwrap().index, Some(3));
+        headers.insert("Last-Event-ID", HeaderValue::from_static("x"));
+        assert!(EventsQuery::default().or_last_event_id(&headers).is_err());
     }
 
     #[test]
