@@ -397,3 +397,134 @@ async fn cube_events_prints_a_line_for_a_submitted_task() {
         "{line}"
     );
 }
+
+/// A service job of `count` copies of the sample image.
+fn job(name: &str, count: u32) -> Value {
+    json!({"Name": name, "Type": "service",
+           "Groups": [{"Name": "api", "Count": count, "Task": {"Image": "cube-sample:latest"}}]})
+}
+
+#[tokio::test]
+async fn blocking_queries_on_jobs_answer_when_the_job_changes() {
+    // No node: the copies wait, Pending, and nothing runs.
+    let (manager, _dir) = lone_manager();
+    let client = manager.client();
+    let mut web_events = EventReader::open(&manager, "?job=web").await;
+    assert_eq!(
+        client
+            .post_raw("/jobs", job("web", 1).to_string())
+            .await
+            .status,
+        201
+    );
+    let response = reqwest::get(format!("{}/jobs/web", manager.url))
+        .await
+        .unwrap();
+    let index = index_of(&response);
+    let one = tokio::spawn(reqwest::get(format!(
+        "{}/jobs/web?index={index}&wait=30s",
+        manager.url
+    )));
+    let all = tokio::spawn(reqwest::get(format!(
+        "{}/jobs?index={index}&wait=30s",
+        manager.url
+    )));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !one.is_finished() && !all.is_finished(),
+        "nothing changed yet"
+    );
+    let scaled = client
+        .post_raw(
+            "/jobs/web/scale",
+            json!({"Group": "api", "Count": 2}).to_string(),
+        )
+        .await;
+    assert_eq!(scaled.status, 200, "{}", scaled.body);
+    for query in [one, all] {
+        let response = tokio::time::timeout(Duration::from_secs(5), query)
+            .await
+            .expect("answered once the job changed")
+            .unwrap()
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(index_of(&response) > index);
+    }
+    let unknown = client
+        .get(&format!("/jobs/nope?index={index}&wait=30s"))
+        .await;
+    assert_eq!(unknown.status, 404, "at once, not after the wait");
+
+    // The job's stream holds the job's own events and its copies', in order (leaving out
+    // the copies' `Updated`: the placement pass writing why they wait).
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let event = web_events.next_event().await;
+        assert_eq!(event["Job"], "web", "{event}");
+        if event["Type"] == "Updated" {
+            continue;
+        }
+        seen.push(format!(
+            "{}:{}",
+            event["Topic"].as_str().unwrap(),
+            event["Type"].as_str().unwrap()
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            "Job:JobRegistered",
+            "Task:Submitted",
+            "Job:JobScaled",
+            "Task:Submitted"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cube_status_watch_draws_again_when_a_task_is_submitted() {
+    let (manager, _dir) = lone_manager();
+    let mut watching = Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args(["status", "--watch"])
+        .env("CUBE_MANAGER", manager.address())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watching.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if lines.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    // The first drawing comes at once: an empty table.
+    let first = received.recv_timeout(STATE_BOUND).expect("a first drawing");
+    assert!(first.starts_with("--- cube status --watch"), "{first}");
+    let submitted = Instant::now();
+    manager
+        .client()
+        .submit(&json!({"Name": "drawn-again", "Image": "cube-sample:latest"}))
+        .await;
+    let drawn = loop {
+        let line = received
+            .recv_timeout(STATE_BOUND)
+            .expect("a drawing with the task");
+        if line.contains("drawn-again") {
+            break submitted.elapsed();
+        }
+    };
+    let _ = watching.kill();
+    let _ = watching.wait();
+    assert!(
+        drawn < Duration::from_secs(5),
+        "drawn {drawn:?} after the change"
+    );
+    let (success, _, stderr) = cube_cli(&manager.address(), &["status", "--watch", "-o", "json"]);
+    assert!(
+        !success && stderr.contains("cube events -o json"),
+        "{stderr}"
+    );
+}
