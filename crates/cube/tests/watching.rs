@@ -417,10 +417,17 @@ async fn blocking_queries_on_jobs_answer_when_the_job_changes() {
             .status,
         201
     );
-    let response = reqwest::get(format!("{}/jobs/web", manager.url))
-        .await
-        .unwrap();
-    let index = index_of(&response);
+    // The job controller creates the copy after the answer, and the placement pass says why
+    // it waits: the job is settled once a short blocking query finds nothing new.
+    let mut index = 0;
+    loop {
+        let url = format!("{}/jobs/web?index={index}&wait=500ms", manager.url);
+        let answered = index_of(&reqwest::get(url).await.unwrap());
+        if answered == index {
+            break;
+        }
+        index = answered;
+    }
     let one = tokio::spawn(reqwest::get(format!(
         "{}/jobs/web?index={index}&wait=30s",
         manager.url
