@@ -527,12 +527,14 @@ fn job_of(task: &Task) -> Option<String> {
 }
 
 /// The `Type` of a job's event, from the record it replaces: `JobStopped` when it stops,
-/// `JobScaled` when only a count changed (the same version), `JobRegistered` for a new job or
-/// a new version.
+/// `JobScaled` when the job changed under the same version (a count: scaling is not a new
+/// version), `JobUpdated` when only the record around it did (the same job and version),
+/// `JobRegistered` for a new job or a new version.
 pub(crate) fn job_event_kind(before: Option<&JobRecord>, after: &JobRecord) -> &'static str {
     match before {
         Some(before) if after.stopped && !before.stopped => "JobStopped",
-        Some(before) if before.version == after.version => "JobScaled",
+        Some(before) if before.version == after.version && before.job != after.job => "JobScaled",
+        Some(before) if before.version == after.version => "JobUpdated",
         _ => "JobRegistered",
     }
 }
@@ -890,6 +892,9 @@ mod tests {
         let mut stopped = scaled.clone();
         stopped.stopped = true;
         assert_eq!(job_event_kind(Some(&scaled), &stopped), "JobStopped");
+        let mut touched = scaled.clone();
+        touched.submit_time = Some(Utc::now());
+        assert_eq!(job_event_kind(Some(&scaled), &touched), "JobUpdated");
         let mut next = stopped.clone();
         next.stopped = false;
         next.version = 2;
