@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::server::{INDEX_HEADER, SINCE_HEADER};
+use crate::server::{INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER};
 
 /// Why a request to a Cube API did not give the answer asked for.
 #[derive(Debug, thiserror::Error)]
@@ -20,6 +20,14 @@ pub enum ClientError {
         url: String,
         status: StatusCode,
         message: String,
+    },
+    /// The server no longer keeps what came after the index asked for (410): `oldest_index`
+    /// is the oldest it can answer from.
+    #[error("{url} answered 410 Gone: {message}")]
+    Gone {
+        url: String,
+        message: String,
+        oldest_index: u64,
     },
     #[error("unexpected answer from {url}: {reason}")]
     Decode { url: String, reason: String },
@@ -51,6 +59,7 @@ impl ClientError {
     pub fn status(&self) -> Option<StatusCode> {
         match self {
             ClientError::Status { status, .. } => Some(*status),
+            ClientError::Gone { .. } => Some(StatusCode::GONE),
             _ => None,
         }
     }
@@ -103,7 +112,8 @@ impl ApiClient {
         index: u64,
         wait: Duration,
     ) -> Result<(T, Option<u64>), ClientError> {
-        let path = format!("{path}?index={index}&wait={}ms", wait.as_millis());
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let path = format!("{path}{separator}index={index}&wait={}ms", wait.as_millis());
         let answer = self
             .send::<(), T>(Method::GET, &path, None, Some(wait + self.timeout))
             .await?;
@@ -188,6 +198,9 @@ impl ApiClient {
                 .and_then(|value| value.parse::<u64>().ok())
         };
         let (index, since) = (number(INDEX_HEADER), number(SINCE_HEADER));
+        if !status.is_success() {
+            return Err(error_answer(url, response).await);
+        }
         let bytes = response
             .bytes()
             .await
@@ -195,16 +208,6 @@ impl ApiClient {
                 url: url.clone(),
                 reason: error_chain(&err),
             })?;
-        if !status.is_success() {
-            let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|body| body.message)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
-            return Err(ClientError::Status {
-                url,
-                status,
-                message,
-            });
-        }
         // A 204 has no body; `IgnoredAny` and `()` read `null` happily.
         let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
         let body = serde_json::from_slice(bytes).map_err(|err| ClientError::Decode {
@@ -217,6 +220,138 @@ impl ApiClient {
             index,
             since,
         })
+    }
+}
+
+impl ApiClient {
+    /// A `GET` whose answer is read line by line as it comes (`GET /events` on a manager),
+    /// with the index the server reported in [`INDEX_HEADER`]. `accept` is the `Accept`
+    /// header, if one is wanted. The request has no overall timeout (the answer may last
+    /// for hours): the caller bounds the wait for each line; a manager writes one at least
+    /// every 15 s.
+    pub async fn get_lines(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Result<(LineStream, Option<u64>), ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.get(&url);
+        if let Some(accept) = accept {
+            request = request.header(reqwest::header::ACCEPT, accept);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|err| ClientError::Unreachable {
+                url: url.clone(),
+                reason: error_chain(&err),
+            })?;
+        if !response.status().is_success() {
+            return Err(error_answer(url, response).await);
+        }
+        let index = response
+            .headers()
+            .get(INDEX_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.parse().ok());
+        Ok((
+            LineStream {
+                response,
+                url,
+                buffer: Vec::new(),
+                start: 0,
+            },
+            index,
+        ))
+    }
+}
+
+/// The longest line a [`LineStream`] holds: an event is a few KiB; anything far longer is
+/// not a Cube server's answer.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
+/// An answer read one line at a time ([`ApiClient::get_lines`]).
+#[derive(Debug)]
+pub struct LineStream {
+    response: reqwest::Response,
+    url: String,
+    /// What was read and not yet handed out, from `start` on.
+    buffer: Vec<u8>,
+    start: usize,
+}
+
+impl LineStream {
+    /// The next line, without its newline (an empty line is a heartbeat), or `None` once the
+    /// server ended the answer.
+    pub async fn next_line(&mut self) -> Result<Option<String>, ClientError> {
+        loop {
+            if let Some(end) = self.buffer[self.start..].iter().position(|b| *b == b'\n') {
+                let line = &self.buffer[self.start..self.start + end];
+                let line = String::from_utf8_lossy(line).into_owned();
+                self.start += end + 1;
+                return Ok(Some(line));
+            }
+            // What was handed out is let go before more is read.
+            self.buffer.drain(..self.start);
+            self.start = 0;
+            if self.buffer.len() > MAX_LINE_BYTES {
+                return Err(ClientError::Decode {
+                    url: self.url.clone(),
+                    reason: format!("a line longer than {MAX_LINE_BYTES} bytes"),
+                });
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) if self.buffer.is_empty() => return Ok(None),
+                // A last line without its newline.
+                Ok(None) => {
+                    let line = String::from_utf8_lossy(&self.buffer).into_owned();
+                    self.buffer.clear();
+                    return Ok(Some(line));
+                }
+                Err(err) => {
+                    return Err(ClientError::Unreachable {
+                        url: self.url.clone(),
+                        reason: error_chain(&err),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// An error answer as a [`ClientError`]: its JSON error's message, and for a 410 the oldest
+/// index the server can answer from ([`OLDEST_INDEX_HEADER`]).
+async fn error_answer(url: String, response: reqwest::Response) -> ClientError {
+    let status = response.status();
+    let oldest_index = response
+        .headers()
+        .get(OLDEST_INDEX_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    let bytes = match response.bytes().await {
+        Ok(bytes) => bytes,
+        Err(err) => {
+            return ClientError::Unreachable {
+                url,
+                reason: error_chain(&err),
+            };
+        }
+    };
+    let message = serde_json::from_slice::<ErrorBody>(&bytes)
+        .map(|body| body.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
+    match oldest_index {
+        Some(oldest_index) if status == StatusCode::GONE => ClientError::Gone {
+            url,
+            message,
+            oldest_index,
+        },
+        _ => ClientError::Status {
+            url,
+            status,
+            message,
+        },
     }
 }
 

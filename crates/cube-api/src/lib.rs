@@ -11,10 +11,10 @@
 pub mod client;
 pub mod server;
 
-pub use client::{ApiClient, Changes, ClientError, innermost_cause};
+pub use client::{ApiClient, Changes, ClientError, LineStream, innermost_cause};
 pub use server::{
-    ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, SINCE_HEADER, parse_task_id,
-    with_json_fallbacks,
+    ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, OLDEST_INDEX_HEADER, SINCE_HEADER,
+    parse_task_id, with_json_fallbacks,
 };
 
 /// The `http://HOST:PORT` in the line `cube worker`, `cube manager` and `cube dev` print once

@@ -28,6 +28,10 @@ pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// `X-Consul-Index`.
 pub const INDEX_HEADER: &str = "X-Cube-Index";
 
+/// Set on a 410 answer to a request for the events after an index the server no longer keeps
+/// (`GET /events?index=N` on a manager): the oldest index it can answer from.
+pub const OLDEST_INDEX_HEADER: &str = "X-Cube-Oldest-Index";
+
 /// Set on a blocking query's answer that holds only what changed after the index in it: the
 /// tasks not in the answer did not change. Absent, the answer holds everything.
 pub const SINCE_HEADER: &str = "X-Cube-Since";

@@ -1,10 +1,11 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
-//! start latency, bursts, scaling, recovery, footprint and the store. Each subcommand (one module each)
+//! start latency, bursts, scaling, recovery, footprint, the store and the event stream. Each subcommand (one module each)
 //! prints markdown tables for BENCHMARKS.md; none fails on a time: the figures are whatever
 //! they are.
 
 mod burst;
 mod containers;
+mod events;
 mod footprint;
 mod load;
 mod recovery;
@@ -150,6 +151,24 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// Time from a task's change on the manager to a `GET /events` subscriber reading it
+    /// (p50, p99) with 1 and with 100 subscribers, and the manager's CPU and memory with 100
+    /// idle subscribers next to none (one simulated worker, no Docker).
+    Events {
+        /// How many tasks are submitted (one after another) for each subscriber count.
+        #[arg(long, default_value_t = 200)]
+        tasks: usize,
+        /// The subscriber counts to time, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,100")]
+        subscribers: Vec<usize>,
+        /// How long the manager's CPU and memory are watched, idle, with and without
+        /// subscribers, in seconds.
+        #[arg(long, default_value_t = 20)]
+        idle_seconds: u64,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -220,6 +239,12 @@ async fn main() -> anyhow::Result<()> {
             rate,
             cube,
         } => soak::soak(seconds, clients, tasks, rate, &cube_binary(cube)?).await,
+        Command::Events {
+            tasks,
+            subscribers,
+            idle_seconds,
+            cube,
+        } => events::events(tasks, &subscribers, idle_seconds, &cube_binary(cube)?).await,
         Command::SimWorkers {
             manager,
             count,

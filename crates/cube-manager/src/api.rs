@@ -6,31 +6,42 @@
 //!
 //! Tasks: `POST /tasks` (a `TaskEvent` as in the book, or a bare `Task`; 201 with the task, 200
 //! when a task with that ID exists), `GET /tasks`, `GET /tasks/{id}`, `DELETE /tasks/{id}`
-//! (204; 404 when unknown). Nodes: `GET /nodes`, `GET /nodes/{name}`, and `PUT /nodes/{name}`,
-//! a worker's registration and heartbeat (a `NodeReport`). `GET /health` (200
-//! `{"Status": "ok"}`, or 503 with the cause once the store has failed: a failed store takes
-//! no writes, and every write answers 503 too). `GET /store/backup`: a consistent copy of the
-//! store file, streamed (409 with the memory store). Every error is
-//! `{"HTTPStatusCode": N, "Message": "..."}`.
+//! (204; 404 when unknown), `GET /tasks/{id}/placement`. Nodes: `GET /nodes`,
+//! `GET /nodes/{name}`, and `PUT /nodes/{name}`, a worker's registration and heartbeat (a
+//! `NodeReport`). Jobs: `GET|POST /jobs`, `POST /jobs/plan`, `GET|DELETE /jobs/{name}`,
+//! `POST /jobs/{name}/scale`. `GET /events`: every change as a stream of events
+//! (`event_stream.rs`). `GET /health` (200 `{"Status": "ok"}`, or 503 with the cause once the
+//! store has failed: a failed store takes no writes, and every write answers 503 too).
+//! `GET /store/backup`: a consistent copy of the store file, streamed (409 with the memory
+//! store). Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
+//!
+//! `GET /tasks`, `GET /jobs`, `GET /jobs/{name}` and `GET /nodes` are also blocking queries,
+//! as Consul's are: with `?index=N&wait=30s` they answer once something they list changed
+//! after event index N (or when the wait, at most [`MAX_WAIT`], is over). Every answer of
+//! theirs carries the current event index in `X-Cube-Index`, to ask with next.
 
 use std::io::Read;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
-use cube_api::{ApiError, JsonPath, parse_task_id, with_json_fallbacks};
+use cube_api::{ApiError, INDEX_HEADER, JsonPath, parse_task_id, with_json_fallbacks};
 use cube_store::StoreError;
 use cube_types::deployment::Deployment;
+use cube_types::duration::parse_duration;
 use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
 
+use crate::event_stream::{EventsQuery, Framing, events_response};
+use crate::events::{Event, EventFilter, Topic};
 use crate::job_controller::{JobSubmitted, JobView, PlanView, VersionView};
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
@@ -70,6 +81,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/jobs/{name}/revert", post(revert_job))
         .route("/jobs/{name}/promote", post(promote_job))
         .route("/jobs/{name}/deployment", get(job_deployment))
+        .route("/events", get(stream_events))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
         .with_state(manager);
@@ -79,7 +91,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
          GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
          GET /jobs/{name}/deployment, GET /nodes, \
-         GET|PUT /nodes/{name}, GET /health, GET /store/backup",
+         GET|PUT /nodes/{name}, GET /events, GET /health, GET /store/backup",
     )
 }
 
@@ -174,6 +186,57 @@ struct TaskQuery {
     name: Option<String>,
     /// `true`: each task without its `History`, the bulk of a task's JSON.
     summary: Option<bool>,
+    /// A blocking query: answer once a task changed after this event index.
+    index: Option<u64>,
+    /// How long a blocking query waits at most (`30s` unless said; at most [`MAX_WAIT`]).
+    wait: Option<String>,
+}
+
+/// `?index=N&wait=30s` on `GET /jobs`, `/jobs/{name}` and `/nodes`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BlockingQuery {
+    index: Option<u64>,
+    wait: Option<String>,
+}
+
+/// The longest a blocking query waits (as on the worker); a client asks again at once.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a blocking query waits when it says no `wait`.
+const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// A blocking query's index and wait, read before anything waits (a mistake is a 400 at once).
+fn blocking(index: Option<u64>, wait: Option<&str>) -> Result<Option<(u64, Duration)>, ApiError> {
+    let wait = match wait {
+        Some(text) => {
+            parse_duration(text).map_err(|why| ApiError::bad_request(format!("wait: {why}")))?
+        }
+        None => DEFAULT_WAIT,
+    };
+    Ok(index.map(|index| (index, wait.min(MAX_WAIT))))
+}
+
+/// Waits, for a blocking query, until an event after its index that `relevant` admits; then
+/// (and without one at once) the current event index, read before the answer's data so that
+/// a change between the two is seen again by the next query rather than missed.
+async fn settle_query(
+    manager: &Manager,
+    blocking: Option<(u64, Duration)>,
+    relevant: impl Fn(&Event) -> bool,
+) -> u64 {
+    if let Some((index, wait)) = blocking {
+        manager.wait_for_event(index, wait, relevant).await;
+    }
+    manager.events().last_index()
+}
+
+/// An answer with the event index in [`INDEX_HEADER`].
+fn with_index(mut response: Response, index: u64) -> Response {
+    if let Ok(value) = HeaderValue::from_str(&index.to_string()) {
+        response.headers_mut().insert(INDEX_HEADER, value);
+    }
+    response
 }
 
 async fn list_tasks(
@@ -195,6 +258,7 @@ async fn list_tasks(
         ),
         None => None,
     };
+    let blocking = blocking(query.index, query.wait.as_deref())?;
     if let Some(limit) = query.limit
         && !(1..=PAGE_LIMIT_MAX).contains(&limit)
     {
@@ -211,6 +275,7 @@ async fn list_tasks(
         })?),
         None => None,
     };
+    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Task).await;
     let keep = |task: &Task| {
         state.is_none_or(|state| task.status.state == state)
             && query
@@ -246,7 +311,7 @@ async fn list_tasks(
     {
         response.headers_mut().insert(NEXT_TOKEN_HEADER, value);
     }
-    Ok(response)
+    Ok(with_index(response, index))
 }
 
 async fn submit_task(
@@ -289,15 +354,40 @@ async fn plan_job(
     Ok(Json(manager.plan_job(job)?))
 }
 
-async fn list_jobs(State(manager): State<Arc<Manager>>) -> Json<Vec<JobView>> {
-    Json(manager.jobs())
+/// Every job; a blocking query wakes on a job's, a deployment's or a job's task's event.
+async fn list_jobs(
+    State(manager): State<Arc<Manager>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    let index = settle_query(&manager, blocking, |event| match event.topic {
+        Topic::Job | Topic::Deployment => true,
+        Topic::Task => event.job.is_some(),
+        Topic::Node => false,
+    })
+    .await;
+    Ok(with_index(Json(manager.jobs()).into_response(), index))
 }
 
+/// One job; a blocking query wakes on the job's events and its objects' (404 at once for a
+/// job the manager does not have).
 async fn get_job(
     State(manager): State<Arc<Manager>>,
     JsonPath(name): JsonPath<String>,
-) -> Result<Json<JobView>, ApiError> {
-    Ok(Json(manager.job(&name)?))
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    if blocking.is_some() {
+        manager.job(&name)?;
+    }
+    let filter = EventFilter {
+        topics: Vec::new(),
+        job: Some(name.clone()),
+    };
+    let index = settle_query(&manager, blocking, |event| filter.admits(event)).await;
+    Ok(with_index(Json(manager.job(&name)?).into_response(), index))
 }
 
 async fn stop_job(
@@ -392,8 +482,34 @@ async fn stop_task(
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_nodes(State(manager): State<Arc<Manager>>) -> Json<Vec<Node>> {
-    Json(manager.nodes())
+/// Every node; a blocking query wakes on a node's event, and on a task placed or ended
+/// (what a node holds changed).
+async fn list_nodes(
+    State(manager): State<Arc<Manager>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    let index = settle_query(&manager, blocking, |event| {
+        event.topic == Topic::Node || (event.topic == Topic::Task && event.allocation)
+    })
+    .await;
+    Ok(with_index(Json(manager.nodes()).into_response(), index))
+}
+
+/// `GET /events`: see `event_stream.rs`.
+async fn stream_events(
+    State(manager): State<Arc<Manager>>,
+    headers: HeaderMap,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(pairs) = query?;
+    let query = EventsQuery::parse(&pairs)?.or_last_event_id(&headers)?;
+    Ok(events_response(
+        &manager,
+        query,
+        Framing::from_request(&headers),
+    ))
 }
 
 async fn get_node(

@@ -7,16 +7,16 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, Changes};
-use cube_types::{Health, NodeReport, State, Task};
+use cube_types::{Health, NodeReport, NodeStatus, State, Task};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::manager::{Manager, Writes, lock};
+use crate::manager::{Manager, Shared, Writes, lock, node_status_event};
 use crate::nodes::NodeSource;
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
@@ -26,6 +26,20 @@ const FOLLOW_WAIT: Duration = Duration::from_secs(30);
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
 impl Manager {
+    /// Publishes a node's event after the manager could or could no longer reach it: its
+    /// status now (`NodeReady`, `NodeUnreachable`), or `NodeUpdated` when that did not move
+    /// (a node `Down` either way, whose `StatusReason` changed).
+    fn publish_node_status(&self, state: &Shared, name: &str) {
+        let Some(entry) = state.nodes.get(name) else {
+            return;
+        };
+        let kind = match entry.status(Instant::now(), self.config.heartbeat_grace) {
+            NodeStatus::Down => "NodeUpdated",
+            status => node_status_event(status),
+        };
+        self.publish_node(state, name, kind);
+    }
+
     /// Applies a worker's task list: each task placed on `node` takes the state the worker
     /// saw. When the list is `complete` (every task the worker has, not only those that
     /// changed), a task the manager placed there that the worker does not list is sent again
@@ -161,11 +175,16 @@ impl Manager {
         stop: CancellationToken,
     ) {
         let mut index = 0;
+        // Whether the node's whole list was read, as of `index`. Not `index != 0`: a worker
+        // that never had a task is at index 0 after its list is read, and a follower that
+        // took that for "not read yet" asked again at once, without waiting, hundreds of
+        // times a second for as long as the worker stayed empty.
+        let mut listed = false;
         let mut reachable = true;
         loop {
-            // Index 0 asks for every task, at once (there is nothing to wait for): wait for a
-            // permit first, and keep it until they are applied.
-            let permit = if index == 0 {
+            // The first request asks for every task, at once (there is nothing to wait for):
+            // wait for a permit first, and keep it until they are applied.
+            let permit = if !listed {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     permit = self.complete_lists.acquire() => permit.ok(),
@@ -178,7 +197,7 @@ impl Manager {
                 answer = client.get_changes::<Vec<Task>>(
                     "/tasks",
                     index,
-                    if index == 0 { Duration::ZERO } else { FOLLOW_WAIT },
+                    if listed { FOLLOW_WAIT } else { Duration::ZERO },
                 ) => answer,
             };
             let pause = match answer {
@@ -190,7 +209,14 @@ impl Manager {
                     if !reachable {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
-                        let back = lock(&self.state).nodes.set_unreachable(&name, None);
+                        let back = {
+                            let mut state = lock(&self.state);
+                            let back = state.nodes.set_unreachable(&name, None);
+                            if back {
+                                self.publish_node_status(&state, &name);
+                            }
+                            back
+                        };
                         if back {
                             // It can take work again, and what waits to be sent there can go.
                             self.push_node_tasks(&name);
@@ -211,6 +237,7 @@ impl Manager {
                     match reported_index {
                         Some(reported) => {
                             index = reported;
+                            listed = true;
                             None
                         }
                         // A server that does not report an index cannot be followed by
@@ -225,10 +252,13 @@ impl Manager {
                     }
                     // Not `Ready` while it cannot be reached: nothing placed there could be
                     // sent, and `cube node` says why.
-                    lock(&self.state)
-                        .nodes
-                        .set_unreachable(&name, Some(err.cause()));
+                    let mut state = lock(&self.state);
+                    if state.nodes.set_unreachable(&name, Some(err.cause())) {
+                        self.publish_node_status(&state, &name);
+                    }
+                    drop(state);
                     index = 0;
+                    listed = false;
                     Some(FOLLOW_RETRY)
                 }
             };
@@ -387,6 +417,52 @@ mod tests {
         old_run.status.restart_count = 1;
         old_run.status.state = State::Failed;
         assert_eq!(merge_observation(&known, &old_run, Utc::now()), None);
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_never_had_a_task_is_followed_by_waiting_not_asked_again_and_again() {
+        // A worker with no task ever is at change index 0. It answers its list at once, and a
+        // blocking query only once something changes (never, here).
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = requests.clone();
+        let worker = axum::Router::new().route(
+            "/tasks",
+            axum::routing::get(move |query: axum::extract::RawQuery| {
+                let counted = counted.clone();
+                async move {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    let query = query.0.unwrap_or_default();
+                    if !query.contains("wait=0ms") {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    ([(cube_api::INDEX_HEADER, "0")], "[]")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        let manager = crate::manager::manager_for_tests();
+        let report = NodeReport {
+            name: "empty".to_string(),
+            address: format!("http://{address}"),
+            capacity: cube_types::Resources {
+                cpu: 1.0,
+                memory: 1 << 30,
+                disk: 0,
+            },
+            stats: None,
+            labels: Default::default(),
+        };
+        manager
+            .report_node(report, NodeSource::Registered)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let asked = requests.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(asked, 2, "the list, then one blocking query that waits");
+        manager.shutdown.cancel();
+        server.abort();
     }
 
     #[tokio::test]

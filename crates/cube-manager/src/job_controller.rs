@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::watcher::Watcher;
 
+use crate::events::{Topic, job_event_kind, job_object};
 use crate::jobs::{GroupSummary, JobLook, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
 use crate::store_source::TableSource;
@@ -308,12 +309,21 @@ impl Manager {
             .deployments
             .put_queued(&deployment.job, deployment)?;
         commit.durable().await?;
-        let moved = before
-            .is_none_or(|before| before.id != deployment.id || before.state != deployment.state);
-        if moved {
+        let kind = deployment_event_kind(before, deployment);
+        if kind != "DeploymentProgress" {
             tracing::info!(job = %deployment.job, version = deployment.version, state = %deployment.state, reason = %deployment.reason, "deployment");
         }
-        lock(&self.state)
+        // Published where the map is written, under the state lock: before the stops and
+        // copies this look goes on to make.
+        let mut state = lock(&self.state);
+        self.publish(
+            Topic::Deployment,
+            kind,
+            &deployment.job,
+            Some(&deployment.job),
+            serde_json::to_value(deployment).unwrap_or_default(),
+        );
+        state
             .deployments
             .insert(deployment.job.clone(), Arc::new(deployment.clone()));
         Ok(())
@@ -494,7 +504,15 @@ impl Manager {
     /// hears of it from the store's watch (`run_jobs_watcher`), like of any other write.
     async fn store_job(&self, record: JobRecord) -> Result<(), ManagerError> {
         let name = record.job.name.clone();
-        let commit = self.stores.jobs.put_queued(&name, &record)?;
+        // Queued and published under the state lock, as a task's write is: the event comes
+        // before anything the job controller does once the write is committed.
+        let commit = {
+            let state = lock(&self.state);
+            let commit = self.stores.jobs.put_queued(&name, &record)?;
+            let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
+            self.publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
+            commit
+        };
         commit.durable().await?;
         lock(&self.state).jobs.insert(name, Arc::new(record));
         Ok(())
@@ -828,6 +846,27 @@ fn next_record(
         revert_of,
     };
     (outcome, record)
+}
+
+/// The `Type` of a deployment's event: `DeploymentStarted` for a new one, the state it moved
+/// to (`DeploymentPaused`, `DeploymentSuccessful`, `DeploymentFailed`, `DeploymentReverted`,
+/// `DeploymentCancelled`, `DeploymentRunning` after a pause: promoted), or
+/// `DeploymentProgress` when only its counts moved.
+fn deployment_event_kind(before: Option<&Deployment>, after: &Deployment) -> &'static str {
+    match before {
+        Some(before) if before.id == after.id && before.state == after.state => {
+            "DeploymentProgress"
+        }
+        Some(before) if before.id == after.id => match after.state {
+            DeploymentState::Running => "DeploymentRunning",
+            DeploymentState::Paused => "DeploymentPaused",
+            DeploymentState::Successful => "DeploymentSuccessful",
+            DeploymentState::Failed => "DeploymentFailed",
+            DeploymentState::Reverted => "DeploymentReverted",
+            DeploymentState::Cancelled => "DeploymentCancelled",
+        },
+        _ => "DeploymentStarted",
+    }
 }
 
 /// Whether two jobs differ at most in their groups' counts.

@@ -15,6 +15,8 @@ pub mod api;
 #[doc(hidden)]
 pub mod bench_support;
 mod cache;
+mod event_stream;
+pub mod events;
 mod followers;
 mod job_controller;
 pub mod jobs;
@@ -28,6 +30,7 @@ mod rollout;
 mod store_source;
 mod task_controller;
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +38,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use job_controller::{JobSubmitted, JobView, PlanView};
-pub use manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Submitted};
+pub use manager::{EPOCH_KEY, Manager, ManagerConfig, ManagerError, ManagerStores, Submitted};
 pub use nodes::NodeSource;
 
 /// The line `cube manager` prints on stdout once it listens; tools that start a manager on
@@ -54,9 +57,23 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let mut loops = manager.start();
-    let served = axum::serve(listener, api::router(manager))
+    let serving = axum::serve(listener, api::router(manager))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+        .into_future();
+    // Long-lived answers (`GET /events`, blocking queries) end themselves at shutdown; one
+    // whose client stopped reading cannot even be told, so the connections get the grace
+    // period and no more.
+    let grace_over = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let served = tokio::select! {
+        served = serving => served,
+        () = grace_over => {
+            tracing::warn!("connections still open after the grace period; closing them");
+            Ok(())
+        }
+    };
     shutdown.cancel();
     if tokio::time::timeout(SHUTDOWN_GRACE, async {
         while let Some(result) = loops.join_next().await {

@@ -43,6 +43,7 @@ impl Manager {
         let mut lost = Vec::new();
         for name in newly_down {
             tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
+            self.publish_node(&state, &name, "NodeDown");
             let placed_here: Vec<Uuid> = state
                 .cache
                 .load(&name)

@@ -13,6 +13,7 @@
 //! a worker before it is durable. Concurrent writes share one commit. Calls to workers are
 //! made outside the lock.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -25,13 +26,14 @@ use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
 use cube_types::deployment::Deployment;
 use cube_types::job::{JobHistory, JobRecord};
-use cube_types::{Node, NodeReport, State, Task, TaskEvent};
+use cube_types::{Node, NodeReport, NodeStatus, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::cache::TaskCache;
+use crate::events::{EventBroker, Payload, Topic, publish_task};
 use crate::log_limit::LogLimit;
 use crate::nodes::{NodeRegistry, NodeSource};
 
@@ -63,8 +65,8 @@ pub struct ManagerConfig {
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
-/// is placed on), the nodes that joined, the jobs, their kept versions, and the last
-/// deployment of each service job.
+/// is placed on), the nodes that joined, the jobs, their kept versions, the last deployment
+/// of each service job, and numbers about the manager itself.
 #[derive(Clone)]
 pub struct ManagerStores {
     pub tasks: Arc<dyn Store<Task>>,
@@ -74,6 +76,9 @@ pub struct ManagerStores {
     pub job_versions: Arc<dyn Store<JobHistory>>,
     /// Each service job's last deployment, under the job's name.
     pub deployments: Arc<dyn Store<Deployment>>,
+    /// Numbers about the manager itself: the epoch its events are numbered from, under
+    /// [`EPOCH_KEY`].
+    pub meta: Arc<dyn Store<u64>>,
 }
 
 impl ManagerStores {
@@ -85,9 +90,15 @@ impl ManagerStores {
             jobs: Arc::new(cube_store::MemoryStore::new()),
             job_versions: Arc::new(cube_store::MemoryStore::new()),
             deployments: Arc::new(cube_store::MemoryStore::new()),
+            meta: Arc::new(cube_store::MemoryStore::new()),
         }
     }
 }
+
+/// The key in the `meta` table of the manager's epoch: how many times it has started on this
+/// store. Its events are numbered from epoch × 10^12 (`events.rs`), so that an index never
+/// means two events, whatever restarts came between.
+pub const EPOCH_KEY: &str = "epoch";
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +215,9 @@ pub struct Manager {
     pub(crate) complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
     pub(crate) shutdown: CancellationToken,
+    /// Every change as a numbered event (`events.rs`): published under the state lock where
+    /// the change is applied, read by `GET /events` and the blocking queries.
+    pub(crate) events: EventBroker,
     /// "reconcile did not converge", written at most once every 5 s.
     pub(crate) retry_warnings: LogLimit,
 }
@@ -237,6 +251,10 @@ impl Manager {
         scheduler: Box<dyn Scheduler>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Manager>, ManagerError> {
+        // A new epoch, durable before any event of it is numbered.
+        let epoch = stores.meta.get(EPOCH_KEY)?.unwrap_or(0) + 1;
+        stores.meta.put(EPOCH_KEY, &epoch)?;
+        let events = EventBroker::for_epoch(epoch);
         let mut cache = TaskCache::default();
         stores.tasks.scan(&mut |task| {
             cache.insert(task);
@@ -269,7 +287,9 @@ impl Manager {
                         "node {}'s stored address {:?} cannot be used: {err}",
                         node.name, node.address
                     );
-                    lose_tasks_of_forgotten_node(&stores, &mut cache, &node.name, &reason)?;
+                    lose_tasks_of_forgotten_node(
+                        &stores, &mut cache, &events, &node.name, &reason,
+                    )?;
                 }
             }
         }
@@ -300,6 +320,7 @@ impl Manager {
             background: TaskTracker::new(),
             complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
+            events,
             retry_warnings: LogLimit::new(Duration::from_secs(5)),
         }))
     }
@@ -518,20 +539,29 @@ impl Manager {
         let mut node_write = None;
         let (effect, view) = {
             let mut state = lock(&self.state);
+            let now = Instant::now();
+            let before = state
+                .nodes
+                .get(&name)
+                .map(|entry| entry.status(now, self.config.heartbeat_grace));
             let effect = state.nodes.report(
                 report,
                 source,
                 || client.clone(),
-                Instant::now(),
+                now,
                 self.config.heartbeat_grace,
             );
             let Some(entry) = state.nodes.get(&name) else {
                 return Err(ManagerError::NodeNotFound(name));
             };
-            let view = entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace);
+            let view = entry.view(&state.cache, now, self.config.heartbeat_grace);
             if effect.changed {
                 node_write = Some(self.stores.nodes.put_queued(&name, &view)?);
                 tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
+            }
+            // A heartbeat that changes only the stats is no event.
+            if let Some(kind) = node_report_event(before, view.status, effect.changed) {
+                self.publish_node(&state, &name, kind);
             }
             (effect, view)
         };
@@ -590,8 +620,26 @@ impl Manager {
             // nothing to do writes nothing).
             self.mark_job_dirty(&task.spec.job);
         }
-        state.cache.insert(task);
+        self.cache_task(state, task);
         Ok(())
+    }
+
+    /// Applies a task to the cache and, when that changed it, publishes the change: every
+    /// write of a task to the cache goes through here (or [`Manager::reload`]).
+    fn cache_task(&self, state: &mut Shared, task: Task) {
+        let id = task.id;
+        let previous = state.cache.insert(task);
+        let Some(held) = state.cache.shared(&id) else {
+            return;
+        };
+        // An equal task changes nothing: the cache keeps (and returns) the one it held.
+        if previous
+            .as_ref()
+            .is_some_and(|previous| Arc::ptr_eq(previous, &held))
+        {
+            return;
+        }
+        publish_task(&self.events, previous.as_deref(), &held);
     }
 
     /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
@@ -630,11 +678,18 @@ impl Manager {
         let stored = self.stores.tasks.get(&id.to_string());
         let mut state = lock(&self.state);
         match stored {
-            Ok(Some(task)) => {
-                state.cache.insert(task);
-            }
+            Ok(Some(task)) => self.cache_task(&mut state, task),
             Ok(None) => {
-                state.cache.remove(&id);
+                if let Some(forgotten) = state.cache.remove(&id) {
+                    self.events.publish(
+                        Topic::Task,
+                        Cow::Borrowed("Removed"),
+                        id.to_string(),
+                        (!forgotten.spec.job.is_empty()).then(|| forgotten.spec.job.clone()),
+                        Payload::Task(forgotten),
+                        true,
+                    );
+                }
             }
             Err(err) => {
                 tracing::error!(task = %id, error = %err, "cannot read a task back from the store")
@@ -678,12 +733,38 @@ impl Manager {
     }
 }
 
+/// The event a node's report makes, if any: `NodeRegistered` for a node never seen, the new
+/// status when it moved (`NodeReady` back from silence), `NodeUpdated` when its address,
+/// capacity, labels or source changed. A heartbeat that changes only the stats makes none.
+fn node_report_event(
+    before: Option<NodeStatus>,
+    after: NodeStatus,
+    changed: bool,
+) -> Option<&'static str> {
+    match before {
+        None => Some("NodeRegistered"),
+        Some(before) if before != after => Some(node_status_event(after)),
+        Some(_) if changed => Some("NodeUpdated"),
+        Some(_) => None,
+    }
+}
+
+/// The event of a node that moved to `status`.
+pub(crate) fn node_status_event(status: NodeStatus) -> &'static str {
+    match status {
+        NodeStatus::Ready => "NodeReady",
+        NodeStatus::Down => "NodeDown",
+        NodeStatus::Unreachable => "NodeUnreachable",
+    }
+}
+
 /// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no
 /// longer parses), at start, so that they stop holding resources on a node that will never
 /// report and are replaced by their restart policy.
 fn lose_tasks_of_forgotten_node(
     stores: &ManagerStores,
     cache: &mut TaskCache,
+    events: &EventBroker,
     node: &str,
     reason: &str,
 ) -> Result<(), StoreError> {
@@ -702,7 +783,10 @@ fn lose_tasks_of_forgotten_node(
         lost.status.run.error = Some(reason.to_string());
         lost.record(Utc::now(), "Lost", reason);
         stores.tasks.put(&id.to_string(), &lost)?;
-        cache.insert(lost);
+        let previous = cache.insert(lost);
+        if let Some(held) = cache.shared(&id) {
+            publish_task(events, previous.as_deref(), &held);
+        }
     }
     Ok(())
 }
@@ -738,7 +822,7 @@ pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u
 }
 
 #[cfg(test)]
-fn test_config() -> ManagerConfig {
+pub(crate) fn test_config() -> ManagerConfig {
     ManagerConfig {
         heartbeat_grace: Duration::from_secs(60),
         poll_interval: Duration::from_secs(60),

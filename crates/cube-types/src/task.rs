@@ -442,6 +442,31 @@ fn blank(value: &&String) -> bool {
 
 impl Serialize for Task {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.wire_ref(&self.status.history).serialize(serializer)
+    }
+}
+
+/// No history: what [`Task::without_history`] writes in its place.
+static NO_HISTORY: Vec<HistoryEntry> = Vec::new();
+
+/// A task written without its `History` (see [`Task::without_history`]).
+pub struct WithoutHistory<'a>(&'a Task);
+
+impl Serialize for WithoutHistory<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.wire_ref(&NO_HISTORY).serialize(serializer)
+    }
+}
+
+impl Task {
+    /// The task as it is written, but without its `History` (the bulk of a task's JSON):
+    /// what the manager's events carry, written from references, with no copy of the task.
+    pub fn without_history(&self) -> WithoutHistory<'_> {
+        WithoutHistory(self)
+    }
+
+    /// The task's wire form, from references, with `history` as its `History`.
+    fn wire_ref<'a>(&'a self, history: &'a Vec<HistoryEntry>) -> TaskWireRef<'a> {
         let Task {
             id,
             name,
@@ -477,7 +502,7 @@ impl Serialize for Task {
                     restart_count,
                     failure_streak,
                     created_time,
-                    history,
+                    history: _,
                     pending_reason,
                     next_restart,
                     dispatch_error,
@@ -541,7 +566,6 @@ impl Serialize for Task {
             next_attempt,
             healthy_since,
         }
-        .serialize(serializer)
     }
 }
 
@@ -2144,5 +2168,18 @@ mod history_tests {
             task.status.history[0].event,
             Cow::Borrowed("Placed")
         ));
+    }
+
+    #[test]
+    fn a_task_without_its_history_is_the_same_task_with_no_history_field() {
+        let mut task = Task::new("t", "img");
+        task.status.node_name = "w1".into();
+        task.record(Utc::now(), "Placed", "on w1");
+        let whole = serde_json::to_value(&task).unwrap();
+        let without = serde_json::to_value(task.without_history()).unwrap();
+        assert!(whole.get("History").is_some());
+        let mut expected = whole.clone();
+        expected.as_object_mut().unwrap().remove("History");
+        assert_eq!(without, expected);
     }
 }

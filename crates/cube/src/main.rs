@@ -31,6 +31,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     cube run -f examples/sample-task.yaml  # run a task file (JSON or YAML)\n  \
     cube status                            # list tasks, like docker ps\n  \
     cube node                              # list workers and what they hold\n  \
+    cube events                            # follow every change as it happens\n  \
     cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
     cube job run examples/job-web.yaml     # run a job: 3 copies kept running\n  \
     source <(cube completion bash)         # complete commands and flags in bash\n\n\
@@ -50,6 +51,7 @@ enum Command {
     Stop(cli::StopArgs),
     Job(cli::JobArgs),
     Status(cli::StatusArgs),
+    Events(cli::EventsArgs),
     Node(cli::NodeArgs),
     Completion(cli::CompletionArgs),
     Config(cli::ConfigArgs),
@@ -173,6 +175,7 @@ fn main() -> ExitCode {
             Command::Stop(args) => cli::stop(args).await,
             Command::Job(args) => cli::job(args).await,
             Command::Status(args) => cli::status(args).await,
+            Command::Events(args) => cli::events(args).await,
             Command::Node(args) => cli::node(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),
             Command::Config(args) => cli::config(args).await,

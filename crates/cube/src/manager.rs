@@ -98,6 +98,7 @@ pub async fn prepare(
         jobs: stores.table("jobs")?,
         job_versions: stores.table("job_versions")?,
         deployments: stores.table("deployments")?,
+        meta: stores.table("meta")?,
     };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,

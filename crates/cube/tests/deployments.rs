@@ -136,12 +136,32 @@ async fn a_rolling_update_replaces_every_copy_and_never_leaves_fewer_than_count_
             (fewest, samples)
         })
     };
+    // A subscriber follows the deployment's steps on the event stream.
+    let mut steps = EventReader::open(&cluster.manager, "?topic=Deployment&job=roll").await;
     let changed = submit(&client, &web("roll", 4, &v2(), update)).await;
     assert_eq!(changed["Outcome"], "changed");
     assert_eq!(changed["Version"], 2);
     let after = await_deployment(&client, "roll", 2, "successful").await;
     done.store(true, Ordering::SeqCst);
     let (fewest, samples) = checker.await.unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let event = steps.next_event().await;
+        assert_eq!(event["Topic"], "Deployment", "{event}");
+        assert_eq!(event["Object"]["Version"], 2, "{event}");
+        let kind = event["Type"].as_str().unwrap().to_string();
+        seen.push(kind.clone());
+        if kind == "DeploymentSuccessful" {
+            break;
+        }
+    }
+    assert_eq!(seen[0], "DeploymentStarted", "{seen:?}");
+    assert!(
+        seen[1..seen.len() - 1]
+            .iter()
+            .all(|kind| kind == "DeploymentProgress"),
+        "{seen:?}"
+    );
 
     let new = healthy_running(&after, &v2());
     assert_eq!(new.len(), 4, "every copy runs version 2: {after}");

@@ -3,8 +3,8 @@
 //!
 //! A job file is read and checked here first ([`read_job_file`]: JSON or YAML, mistakes named
 //! with their line), then sent; the manager decides which copies to create and stop. `--wait`
-//! (on by default for `run`) asks for the job until it has converged, as [`convergence`] judges
-//! the manager's answer. How things print is in [`super::job_output`].
+//! (on by default for `run`) follows the job with blocking queries until it has converged, as
+//! [`convergence`] judges the manager's answer. How things print is in [`super::job_output`].
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,9 +25,43 @@ use super::output::{print_json, print_lines, print_yaml};
 use super::wait::Spinner;
 use super::{ListFlags, ListFormat, ManagerClient, ManagerFlags, OutputFormat};
 
-/// How often a waiting command asks for the job: a job converges in seconds (one container
-/// start is ~220 ms), and one `GET /jobs/{name}` is cheap for the manager.
-const POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// The longest one blocking query on the job waits (the manager's own cap is 60 s); a
+/// waiting command asks again at once, or gives up at its `--timeout`.
+const QUERY_WAIT: Duration = Duration::from_secs(30);
+
+/// The job as the manager has it (the raw answer and as read; `None`: it has none), once
+/// something about it changed after event index `*index` or the wait ran out: a blocking
+/// query (`GET /jobs/{name}?index=N&wait=…`), so that a waiting command learns of a change
+/// the moment it happens and asks nothing in between. `*index` moves to the answer's.
+async fn next_job_answer(
+    manager: &ManagerClient,
+    name: &str,
+    index: &mut u64,
+    deadline: tokio::time::Instant,
+) -> anyhow::Result<Option<(Value, JobView)>> {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let wait = left.min(QUERY_WAIT).max(Duration::from_millis(1));
+    let raw: Value = match manager
+        .api
+        .get_blocking(&job_path(name)?, *index, wait)
+        .await
+    {
+        Ok((raw, next)) => {
+            match next {
+                Some(next) => *index = next,
+                // A manager without blocking queries answers at once: do not ask it in a
+                // tight loop.
+                None => tokio::time::sleep(Duration::from_millis(250).min(left)).await,
+            }
+            raw
+        }
+        Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => return Ok(None),
+        Err(err) => return Err(manager.explain(err)),
+    };
+    let view = serde_json::from_value(raw.clone())
+        .map_err(|err| anyhow!("cannot read the manager's answer about job {name}: {err}"))?;
+    Ok(Some((raw, view)))
+}
 
 /// Run, plan, inspect, stop and scale jobs: groups of copies of a task that the manager keeps
 /// as the job file says.
@@ -125,12 +159,16 @@ pub struct JobPlanArgs {
 #[command(after_help = "Examples:\n  \
     cube job status\n  \
     cube job status web\n  \
+    cube job status web --watch      # drawn again as it changes, until Ctrl-C\n  \
     cube job status web -o json | jq '.Tasks[].NodeName'\n  \
     cube job status -o name")]
 pub struct JobStatusArgs {
     /// Show only this job, in detail.
     #[arg(value_name = "NAME")]
     job: Option<String>,
+    /// Draw the view again each time the job (or any job) changes, until Ctrl-C.
+    #[arg(short, long)]
+    watch: bool,
     #[command(flatten)]
     flags: ListFlags,
 }
@@ -284,13 +322,6 @@ async fn find_job(manager: &ManagerClient, name: &str) -> anyhow::Result<Option<
     Ok(Some((raw, view)))
 }
 
-/// The job, which must exist, as the manager's raw answer and as read.
-async fn get_job(manager: &ManagerClient, name: &str) -> anyhow::Result<(Value, JobView)> {
-    find_job(manager, name)
-        .await?
-        .ok_or_else(|| anyhow!("the manager has no job named {name:?}"))
-}
-
 /// The manager's refusal of a job file, said with the file (its message names the field at
 /// fault); any other error as it is.
 fn refused(err: anyhow::Error, origin: &str) -> anyhow::Error {
@@ -328,7 +359,14 @@ async fn run(args: JobRunArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    finish_waiting(&manager, &name, args.timeout, &args.flags).await
+    finish_waiting(
+        &manager,
+        &name,
+        args.timeout,
+        &args.flags,
+        Waits::Deployment,
+    )
+    .await
 }
 
 /// Waits until the job's version is rolled out (its deployment succeeded, or waits for a
@@ -338,8 +376,9 @@ async fn finish_waiting(
     name: &str,
     timeout: Duration,
     flags: &ManagerFlags,
+    waits: Waits,
 ) -> anyhow::Result<()> {
-    let (raw, converged, promotion) = wait_until_converged(manager, name, timeout, true).await?;
+    let (raw, converged, promotion) = wait_until_converged(manager, name, timeout, waits).await?;
     if flags.output != OutputFormat::Table {
         return print_json(&raw);
     }
@@ -369,24 +408,42 @@ async fn finish_waiting(
     Ok(())
 }
 
-/// Asks for the job every [`POLL_INTERVAL`] until it has converged (with `deployment`, until
+/// Follows the job with blocking queries until it has converged (with `deployment`, until
 /// the deployment of its version succeeded or waits for a promotion: then the reason is
 /// returned too); fails when it cannot (a batch copy gave up, the job was stopped, the
 /// deployment failed) or after `timeout`, with where it is stuck.
+/// What a waiting command waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waits {
+    /// The copies (`cube job scale --wait`): the deployment does not matter.
+    Copies,
+    /// The deployment of the job's version (`run`, `revert`): done when it succeeded or
+    /// waits for a promotion.
+    Deployment,
+    /// A deployment just promoted: one still shown paused has not seen the promotion yet.
+    Promoted,
+}
+
 async fn wait_until_converged(
     manager: &ManagerClient,
     name: &str,
     timeout: Duration,
-    deployment: bool,
+    waits: Waits,
 ) -> anyhow::Result<(Value, JobView, Option<String>)> {
     let spinner = Spinner::start();
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut ticks = tokio::time::interval(POLL_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut index = 0;
     loop {
-        ticks.tick().await;
-        let (raw, view) = get_job(manager, name).await?;
-        match convergence(&view, deployment) {
+        let (raw, view) = next_job_answer(manager, name, &mut index, deadline)
+            .await?
+            .ok_or_else(|| anyhow!("the manager has no job named {name:?}"))?;
+        let mut seen = convergence(&view, waits != Waits::Copies);
+        if waits == Waits::Promoted
+            && let Convergence::AwaitsPromotion(_) = seen
+        {
+            seen = Convergence::Waiting("the promotion is on its way".to_string());
+        }
+        match seen {
             Convergence::Converged => {
                 spinner.finish();
                 return Ok((raw, view, None));
@@ -437,8 +494,9 @@ async fn wait_until_stopped(
 ) -> anyhow::Result<Option<(Value, JobView)>> {
     let spinner = Spinner::start();
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut index = 0;
     loop {
-        let found = find_job(manager, name).await?;
+        let found = next_job_answer(manager, name, &mut index, deadline).await?;
         let live = live_copies(found.as_ref().map(|(_, view)| view));
         if live == 0 {
             spinner.finish();
@@ -453,7 +511,6 @@ async fn wait_until_stopped(
             );
         }
         spinner.show(&now);
-        tokio::time::sleep(POLL_INTERVAL).await;
     }
 }
 
@@ -479,6 +536,10 @@ async fn status(args: JobStatusArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
     let format = args.flags.format();
+    if args.watch {
+        let path = args.job.as_deref().map(job_path).transpose()?;
+        return super::watch::watch_jobs(&manager, path, format).await;
+    }
     if let Some(name) = &args.job {
         let Some((raw, view)) = find_job(&manager, name).await? else {
             bail!(
@@ -547,7 +608,8 @@ async fn scale(args: JobScaleArgs) -> anyhow::Result<()> {
     let body = json!({"Group": args.group, "Count": args.count});
     let (_, raw): (u16, Value) = manager.post(&path, &body).await?;
     let (raw, view) = if args.wait {
-        let (raw, view, _) = wait_until_converged(&manager, &args.job, args.timeout, false).await?;
+        let (raw, view, _) =
+            wait_until_converged(&manager, &args.job, args.timeout, Waits::Copies).await?;
         (raw, view)
     } else {
         let view: JobView = serde_json::from_value(raw.clone())
@@ -606,7 +668,14 @@ async fn revert(args: JobRevertArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    finish_waiting(&manager, &args.job, args.timeout, &args.flags).await
+    finish_waiting(
+        &manager,
+        &args.job,
+        args.timeout,
+        &args.flags,
+        Waits::Deployment,
+    )
+    .await
 }
 
 async fn promote(args: JobPromoteArgs) -> anyhow::Result<()> {
@@ -626,7 +695,14 @@ async fn promote(args: JobPromoteArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    finish_waiting(&manager, &args.job, args.timeout, &args.flags).await
+    finish_waiting(
+        &manager,
+        &args.job,
+        args.timeout,
+        &args.flags,
+        Waits::Promoted,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The commands that drive a cluster through the manager's API: `cube run`, `cube stop`,
-//! `cube status`, `cube node`, `cube job`; and `cube config`, which names the clusters they reach.
+//! `cube status`, `cube node`, `cube job`, `cube events`; and `cube config`, which names the
+//! clusters they reach.
 //!
 //! One file per command: it reads its flags, asks the manager over HTTP and prints the answer
 //! as a table for people or as JSON or YAML for programs. What they share is here (the manager
@@ -12,6 +13,7 @@
 
 mod completion;
 mod config;
+mod events;
 mod input;
 mod job;
 mod job_output;
@@ -22,6 +24,7 @@ mod run;
 mod status;
 mod stop;
 mod wait;
+mod watch;
 
 use std::ffi::OsString;
 use std::time::Duration;
@@ -34,6 +37,7 @@ use serde::de::DeserializeOwned;
 
 pub use completion::{CompletionArgs, completion};
 pub use config::{ConfigArgs, config};
+pub use events::{EventsArgs, events};
 pub use job::{JobArgs, job};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};

@@ -15,6 +15,7 @@ use super::output::{
     time_with_age,
 };
 use super::resolve::find_task;
+use super::watch::{check_format, watch};
 use super::{ListFlags, ListFormat, ManagerClient};
 
 /// Show tasks: the tasks that run or will run as a table (newest first), or one task in
@@ -32,6 +33,10 @@ use super::{ListFlags, ListFormat, ManagerClient};
 /// With ID (a full ID, a unique ID prefix, or a unique exact name, as for `cube stop`) it
 /// shows that task's fields one per line. -o json and -o yaml print the manager's objects: an
 /// array of tasks, or the one task; -o name the names, -q the IDs.
+///
+/// --watch draws the table (or the one task) again each time a task changes, until Ctrl-C:
+/// the manager answers a blocking query the moment something changed, so nothing is asked
+/// on a timer.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube status                     # the tasks that run or will, like docker ps\n  \
@@ -39,6 +44,8 @@ use super::{ListFlags, ListFormat, ManagerClient};
     cube status -o wide             # with CPU, MEMORY, RESTARTS, HEALTH\n  \
     cube status 3f2a                # one task in detail, by ID prefix\n  \
     cube status test-chapter-9.1    # ... or by its name\n  \
+    cube status --watch             # drawn again as tasks change, until Ctrl-C\n  \
+    cube status web --watch         # one task, drawn again as it changes\n  \
     cube status -q | xargs -n1 cube stop\n  \
     cube status -o json | jq '.[] | select(.State == \"Running\") | .ID'")]
 pub struct StatusArgs {
@@ -48,6 +55,9 @@ pub struct StatusArgs {
     /// Show ended tasks too (Completed, Failed or Lost, with no restart to come).
     #[arg(short, long)]
     all: bool,
+    /// Draw the view again each time a task changes, until Ctrl-C (-o table or wide).
+    #[arg(short, long)]
+    watch: bool,
     #[command(flatten)]
     flags: ListFlags,
 }
@@ -56,6 +66,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
     let format = args.flags.format();
+    if args.watch {
+        return watch_tasks(&manager, &args).await;
+    }
     if let Some(query) = &args.task {
         let task = find_task(&manager, query).await?;
         return match format {
@@ -91,6 +104,46 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         ListFormat::Ids => print_lines(&tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>()),
     }
     Ok(())
+}
+
+/// `cube status --watch [ID]`: the table (or one task) drawn again as tasks change.
+async fn watch_tasks(manager: &ManagerClient, args: &StatusArgs) -> anyhow::Result<()> {
+    let wide = check_format(args.flags.format())?;
+    if let Some(query) = &args.task {
+        let id = find_task(manager, query).await?.id;
+        let path = format!("/tasks/{id}");
+        let title = format!("cube status {} --watch", &id.to_string()[..8]);
+        // The blocking query wakes on any task's change; its answer is kept small.
+        return watch(manager, "/tasks?limit=1&summary=true", &title, |_| {
+            let path = &path;
+            async move {
+                let task: Task = manager.get(path).await?;
+                Ok(task_details(&task, Utc::now()))
+            }
+        })
+        .await;
+    }
+    let hint = args.flags.target.hint();
+    let all = args.all;
+    watch(
+        manager,
+        "/tasks?summary=true",
+        "cube status --watch",
+        |answer| {
+            let hint = &hint;
+            async move {
+                let tasks: Vec<Task> = serde_json::from_value(answer)
+                    .map_err(|err| anyhow::anyhow!("cannot read the manager's tasks: {err}"))?;
+                let (tasks, hidden) = listed(tasks, all);
+                let mut lines = task_table(&tasks, Utc::now(), wide);
+                if let Some(footer) = hidden_footer(hidden, hint) {
+                    lines.extend([String::new(), footer]);
+                }
+                Ok(lines)
+            }
+        },
+    )
+    .await
 }
 
 /// The tasks to list, newest first (as `docker ps`; tasks without a creation time last, the

@@ -725,3 +725,76 @@ pub async fn get_published(port: u16, path: &str) -> u16 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A `GET /events` answer, read one line (or one server-sent event) at a time.
+pub struct EventReader {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl EventReader {
+    pub async fn open(manager: &ManagerProcess, query: &str) -> EventReader {
+        let response = reqwest::get(format!("{}/events{query}", manager.url))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "GET /events{query}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/x-ndjson",
+            "events are lines of JSON unless asked otherwise"
+        );
+        EventReader {
+            response,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next block ending with `separator` (a line, or an SSE event), waiting at most
+    /// [`STATE_BOUND`].
+    pub async fn next_block(&mut self, separator: &[u8]) -> String {
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            if let Some(end) = self
+                .buffer
+                .windows(separator.len())
+                .position(|window| window == separator)
+            {
+                let block: Vec<u8> = self.buffer.drain(..end + separator.len()).collect();
+                return String::from_utf8(block[..end].to_vec()).unwrap();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, self.response.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("nothing more within {STATE_BOUND:?}"))
+                .unwrap()
+                .expect("the stream ended");
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
+
+    /// The next event (heartbeats skipped).
+    pub async fn next_event(&mut self) -> Value {
+        loop {
+            let line = self.next_block(b"\n").await;
+            if !line.trim().is_empty() {
+                return serde_json::from_str(&line).unwrap();
+            }
+        }
+    }
+
+    /// The task's events, in order, until (and with) the one of type `last`.
+    pub async fn task_events_until(&mut self, id: &str, last: &str) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self.next_event().await;
+            if event["Key"] != id {
+                continue;
+            }
+            let done = event["Type"] == last;
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
