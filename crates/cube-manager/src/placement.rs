@@ -145,6 +145,7 @@ impl Manager {
                 NodeView {
                     name: entry.name.clone(),
                     ready: entry.is_ready(now, self.config.heartbeat_grace),
+                    ineligible: !entry.eligible,
                     capacity: entry.capacity,
                     allocated: load.map(|load| load.allocated).unwrap_or_default(),
                     task_count: load.map(|load| load.tasks.len()).unwrap_or(0),

@@ -4,11 +4,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::Docker;
+use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
+use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
 use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig, PortBinding};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
-    ListContainersOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
 };
 use chrono::{DateTime, Datelike, Utc};
 use cube_types::HostBinding;
@@ -17,7 +20,8 @@ use futures_util::stream::BoxStream;
 use uuid::Uuid;
 
 use crate::{
-    ContainerInfo, ContainerSpec, LABEL_NODE, LABEL_TASK_ID, Runtime, RuntimeError, RuntimeEvent,
+    ContainerInfo, ContainerSpec, EngineVersion, ExecSession, LABEL_NODE, LABEL_TASK_ID,
+    LogOptions, OutputChunk, OutputStream, Runtime, RuntimeError, RuntimeEvent,
 };
 
 /// How long a pull may take before the task is failed with a time-out.
@@ -262,6 +266,136 @@ impl Runtime for DockerRuntime {
                     _ => None,
                 }
             })
+            .boxed()
+    }
+
+    fn logs(
+        &self,
+        container_id: &str,
+        options: &LogOptions,
+    ) -> BoxStream<'static, Result<OutputChunk, RuntimeError>> {
+        self.read_logs(container_id, options)
+    }
+
+    async fn exec(
+        &self,
+        container_id: &str,
+        cmd: &[String],
+        tty: bool,
+        stdin: bool,
+    ) -> Result<ExecSession, RuntimeError> {
+        let created = self
+            .docker
+            .create_exec(
+                container_id,
+                CreateExecOptions {
+                    attach_stdin: Some(stdin),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    tty: Some(tty),
+                    cmd: Some(cmd.to_vec()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|err| engine_error("exec", err))?;
+        let started = self
+            .docker
+            .start_exec(
+                &created.id,
+                Some(StartExecOptions {
+                    detach: false,
+                    tty,
+                    output_capacity: None,
+                }),
+            )
+            .await
+            .map_err(|err| engine_error("exec", err))?;
+        match started {
+            StartExecResults::Attached { output, input } => Ok(ExecSession {
+                exec_id: created.id,
+                output: output
+                    .filter_map(|output| async move { DockerRuntime::chunk(output) })
+                    .boxed(),
+                input,
+            }),
+            StartExecResults::Detached => Err(RuntimeError::Engine {
+                action: "exec",
+                message: "the engine started the command detached".to_string(),
+            }),
+        }
+    }
+
+    async fn exec_exit_code(&self, exec_id: &str) -> Result<Option<i64>, RuntimeError> {
+        let inspected = self
+            .docker
+            .inspect_exec(exec_id)
+            .await
+            .map_err(|err| engine_error("exec inspect", err))?;
+        if inspected.running == Some(true) {
+            return Ok(None);
+        }
+        Ok(inspected.exit_code)
+    }
+
+    async fn resize_exec(&self, exec_id: &str, width: u16, height: u16) -> Result<(), RuntimeError> {
+        self.docker
+            .resize_exec(exec_id, ResizeExecOptions { height, width })
+            .await
+            .map_err(|err| engine_error("exec resize", err))
+    }
+
+    async fn engine_version(&self) -> Result<EngineVersion, RuntimeError> {
+        let version = self
+            .docker
+            .version()
+            .await
+            .map_err(|err| engine_error("version", err))?;
+        Ok(EngineVersion {
+            version: version.version.unwrap_or_default(),
+            api_version: version.api_version.unwrap_or_default(),
+        })
+    }
+}
+
+impl DockerRuntime {
+    /// What [`Runtime::logs`] and [`Runtime::exec`] hand out of the engine's output stream.
+    fn chunk(output: Result<LogOutput, BollardError>) -> Option<Result<OutputChunk, RuntimeError>> {
+        match output {
+            Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                Some(Ok(OutputChunk {
+                    stream: OutputStream::Stdout,
+                    data: message,
+                }))
+            }
+            Ok(LogOutput::StdErr { message }) => Some(Ok(OutputChunk {
+                stream: OutputStream::Stderr,
+                data: message,
+            })),
+            Ok(LogOutput::StdIn { .. }) => None,
+            Err(err) => Some(Err(engine_error("logs", err))),
+        }
+    }
+
+    pub(crate) fn read_logs(
+        &self,
+        container_id: &str,
+        options: &LogOptions,
+    ) -> BoxStream<'static, Result<OutputChunk, RuntimeError>> {
+        let tail = options
+            .tail
+            .map_or_else(|| "all".to_string(), |tail| tail.to_string());
+        let mut builder = LogsOptionsBuilder::new()
+            .follow(options.follow)
+            .stdout(options.stdout)
+            .stderr(options.stderr)
+            .tail(&tail);
+        if let Some(since) = options.since_unix_secs {
+            builder = builder.since(i32::try_from(since).unwrap_or(i32::MAX));
+        }
+        self.docker
+            .logs(container_id, Some(builder.build()))
+            .filter_map(|output| async move { DockerRuntime::chunk(output) })
             .boxed()
     }
 }

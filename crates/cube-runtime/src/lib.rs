@@ -1,8 +1,9 @@
 //! Cube's container runtime: what a worker asks of the machine's container engine.
 //!
 //! [`Runtime`] is the seam (create, start, stop with a timeout, remove, inspect, list the
-//! containers Cube manages, stream their exits); [`DockerRuntime`] implements it on the Docker
-//! engine through bollard. [`sample_image`] builds Cube's local test and demo image, because
+//! containers Cube manages, stream their exits, read their output, run a command in one, say
+//! the engine's version); [`DockerRuntime`] implements it on the Docker engine through
+//! bollard. [`sample_image`] builds Cube's local test and demo image, because
 //! no registry can be assumed reachable.
 //!
 //! This crate knows nothing of stores, HTTP or scheduling. It never sets Docker's own restart
@@ -14,11 +15,16 @@ mod spec;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use chrono::{DateTime, Utc};
 use cube_types::HostBinding;
+use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
+use tokio::io::AsyncWrite;
 use uuid::Uuid;
 
 pub use docker::DockerRuntime;
@@ -69,6 +75,60 @@ pub enum RuntimeEvent {
     },
 }
 
+/// Which of a container's output streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+impl OutputStream {
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputStream::Stdout => "stdout",
+            OutputStream::Stderr => "stderr",
+        }
+    }
+}
+
+/// A piece of a container's (or an exec's) output, as the engine hands it out: for logs
+/// without a terminal, one line with its newline; with a terminal, whatever was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub data: Bytes,
+}
+
+/// Which of a container's output to read ([`Runtime::logs`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LogOptions {
+    /// Go on with new output as it is written, until the container stops.
+    pub follow: bool,
+    /// Only the last N lines of what was written so far.
+    pub tail: Option<u64>,
+    /// Only what was written from this Unix time (seconds) on.
+    pub since_unix_secs: Option<i64>,
+    pub stdout: bool,
+    pub stderr: bool,
+}
+
+/// A command started in a container ([`Runtime::exec`]): its output as it comes, its input
+/// (closed when not asked for), and the engine's ID of the exec, for its exit code.
+pub struct ExecSession {
+    pub exec_id: String,
+    pub output: BoxStream<'static, Result<OutputChunk, RuntimeError>>,
+    pub input: Pin<Box<dyn AsyncWrite + Send>>,
+}
+
+/// What the engine says about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineVersion {
+    /// The engine's version (`20.10.24+dfsg1`).
+    pub version: String,
+    /// The API version agreed with it.
+    pub api_version: String,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RuntimeError {
     #[error("cannot reach the Docker engine: {0} (is dockerd running? try `docker info`)")]
@@ -87,6 +147,9 @@ pub enum RuntimeError {
     },
     #[error("{0}")]
     SampleImage(String),
+    /// The runtime cannot do this at all (a simulated runtime reads no logs).
+    #[error("this container runtime cannot {0}")]
+    Unsupported(&'static str),
 }
 
 /// A container engine as a worker uses it. Every method is idempotent where the engine allows:
@@ -129,4 +192,45 @@ pub trait Runtime: Send + Sync + 'static {
         node: &str,
         since_unix_secs: i64,
     ) -> BoxStream<'static, Result<RuntimeEvent, RuntimeError>>;
+    /// The container's output (stopped containers' too, until they are removed), as the
+    /// engine kept it; with `follow`, then what it writes until it stops. A runtime that
+    /// keeps no output says [`RuntimeError::Unsupported`].
+    fn logs(
+        &self,
+        _container_id: &str,
+        _options: &LogOptions,
+    ) -> BoxStream<'static, Result<OutputChunk, RuntimeError>> {
+        futures_util::stream::once(async { Err(RuntimeError::Unsupported("read logs")) }).boxed()
+    }
+    /// Starts `cmd` in a running container, with a terminal when `tty`, its input attached
+    /// when `stdin`.
+    fn exec(
+        &self,
+        _container_id: &str,
+        _cmd: &[String],
+        _tty: bool,
+        _stdin: bool,
+    ) -> impl Future<Output = Result<ExecSession, RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("run a command in a container")) }
+    }
+    /// The exit code of a command [`Runtime::exec`] started, once it ended (`None` before).
+    fn exec_exit_code(
+        &self,
+        _exec_id: &str,
+    ) -> impl Future<Output = Result<Option<i64>, RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("run a command in a container")) }
+    }
+    /// Sets the size of an exec's terminal.
+    fn resize_exec(
+        &self,
+        _exec_id: &str,
+        _width: u16,
+        _height: u16,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Ok(()) }
+    }
+    /// The engine's version.
+    fn engine_version(&self) -> impl Future<Output = Result<EngineVersion, RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("say its version")) }
+    }
 }

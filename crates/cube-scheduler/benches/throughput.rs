@@ -312,6 +312,7 @@ fn cluster(node_count: usize, placements: usize, seed: u64) -> Vec<NodeView> {
             NodeView {
                 name: format!("node-{index:06}"),
                 ready: true,
+                ineligible: false,
                 capacity: Resources {
                     cpu: memory_gib as f64 * scale,
                     memory: (memory_gib as f64 * scale * GIB as f64) as u64,

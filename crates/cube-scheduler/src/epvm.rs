@@ -427,6 +427,7 @@ mod tests {
         NodeView {
             name: name.into(),
             ready: true,
+            ineligible: false,
             capacity: Resources {
                 cpu: 8.0,
                 memory: 4 * GIB,

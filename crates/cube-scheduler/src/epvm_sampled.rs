@@ -341,6 +341,7 @@ mod tests {
             .map(|(index, &allocated)| NodeView {
                 name: format!("w{index:03}"),
                 ready: true,
+                ineligible: false,
                 capacity: Resources {
                     cpu: 8.0,
                     memory: 4 * GIB,

@@ -11,7 +11,8 @@ use cube_types::{Constraint, Operator};
 
 use crate::Rejection;
 use crate::filter::{
-    ConstraintFilter, CpuFilter, DiskFilter, Filter, HostPortFilter, MemoryFilter, ReadyFilter,
+    ConstraintFilter, CpuFilter, DiskFilter, EligibleFilter, Filter, HostPortFilter, MemoryFilter,
+    ReadyFilter,
 };
 use crate::view::{NodeView, TaskRequest};
 
@@ -80,6 +81,7 @@ pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
     NotReady,
+    Ineligible,
     /// The first unmet constraint is the task's constraint number `.0`.
     Constraint(usize),
     Cpu,
@@ -103,6 +105,8 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
         };
         let kind = if !ReadyFilter.admits(task, node) {
             Kind::NotReady
+        } else if !EligibleFilter.admits(task, node) {
+            Kind::Ineligible
         } else if let Some((index, _)) = ConstraintFilter::first_unmet(task, node) {
             Kind::Constraint(index)
         } else if !CpuFilter.admits(task, node) {
@@ -129,6 +133,7 @@ fn counted(task: &TaskRequest, nodes: &[NodeView], rejections: &[Rejection]) -> 
     for (kind, count) in &counts {
         let part = match kind {
             Kind::NotReady => format!("{count} not Ready"),
+            Kind::Ineligible => format!("{count} ineligible"),
             Kind::Constraint(index) => {
                 format!(
                     "{count} not matching {}",
@@ -192,6 +197,7 @@ mod tests {
         NodeView {
             name: name.into(),
             ready: true,
+            ineligible: false,
             capacity: Resources {
                 cpu: 4.0,
                 memory: memory_gib * GIB,

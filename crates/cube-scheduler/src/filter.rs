@@ -74,6 +74,7 @@ impl FilterChain {
     pub fn standard() -> FilterChain {
         FilterChain::new(
             ReadyFilter
+                .then(EligibleFilter)
                 .then(ConstraintFilter)
                 .then(CpuFilter)
                 .then(MemoryFilter)
@@ -141,6 +142,20 @@ impl Filter for ReadyFilter {
 
     fn reason(&self, _task: &TaskRequest, _node: &NodeView) -> String {
         "node is not Ready".to_string()
+    }
+}
+
+/// Does the node take new work? An operator takes a node out of service to drain it or to
+/// work on it (`cube node eligibility NAME --disable`).
+pub struct EligibleFilter;
+
+impl Filter for EligibleFilter {
+    fn admits(&self, _task: &TaskRequest, node: &NodeView) -> bool {
+        !node.ineligible
+    }
+
+    fn reason(&self, _task: &TaskRequest, _node: &NodeView) -> String {
+        "node is ineligible (drained or taken out of service)".to_string()
     }
 }
 
@@ -294,6 +309,7 @@ mod tests {
         NodeView {
             name: "w1".into(),
             ready: true,
+            ineligible: false,
             capacity,
             allocated,
             task_count: 0,
@@ -331,6 +347,7 @@ mod tests {
         NodeView {
             name: name.into(),
             ready: true,
+            ineligible: false,
             labels: std::sync::Arc::new(
                 labels
                     .iter()

@@ -128,6 +128,7 @@ mod tests {
             .map(|name| NodeView {
                 name: name.to_string(),
                 ready: true,
+                ineligible: false,
                 capacity: Resources {
                     cpu: 4.0,
                     memory: 4 << 30,

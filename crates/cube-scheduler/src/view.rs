@@ -12,6 +12,9 @@ pub struct NodeView {
     pub name: String,
     /// The node is `NodeStatus::Ready`; a node that is not takes no work.
     pub ready: bool,
+    /// The operator took the node out of service (`cube node eligibility --disable`, or a
+    /// drain): it takes no new work, whatever its room.
+    pub ineligible: bool,
     /// What the node offers to tasks: CPU in cores, memory and disk in bytes.
     pub capacity: Resources,
     /// The sum of the declared `Cpu`, `Memory` and `Disk` of the tasks placed on the node.
@@ -32,6 +35,7 @@ impl NodeView {
         NodeView {
             name: node.name.clone(),
             ready: node.status == NodeStatus::Ready,
+            ineligible: !node.eligible,
             capacity: node.capacity,
             allocated: node.allocated,
             task_count: node.task_count,
@@ -141,6 +145,7 @@ mod tests {
         let mut node = NodeView {
             name: "w1".into(),
             ready: true,
+            ineligible: false,
             ..NodeView::default()
         };
         let request = TaskRequest {
@@ -180,6 +185,10 @@ mod tests {
             last_heartbeat: None,
             source: "registered".into(),
             labels: Labels::from([("zone".to_string(), "eu".to_string())]),
+            eligible: true,
+            drain: None,
+            version: None,
+            version_warning: None,
         };
         assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);
         node.status = NodeStatus::Ready;

@@ -47,6 +47,7 @@ fn node() -> impl Strategy<Value = NodeView> {
                 NodeView {
                     name: String::new(),
                     ready,
+                    ineligible: false,
                     capacity,
                     allocated: Resources {
                         cpu: capacity.cpu * f64::from(percent_used) / 100.0,

@@ -20,11 +20,13 @@ pub mod error;
 pub mod event;
 pub mod job;
 pub mod node;
+pub mod output;
 pub mod size;
 pub mod state;
 pub mod stats;
 pub mod task;
 pub mod time;
+pub mod version;
 
 pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};

@@ -134,6 +134,29 @@ pub struct NodeReport {
     /// The operator's labels for the node (`cube worker --label zone=eu`).
     #[serde(rename = "Labels", default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// The worker's build and its container engine's version.
+    #[serde(rename = "Version", default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<crate::version::VersionInfo>,
+}
+
+/// A drain under way: the node's service and batch job copies move elsewhere (each new copy
+/// healthy before the old one stops).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    #[serde(rename = "StartTime", with = "crate::time::optional", default)]
+    pub start_time: Option<DateTime<Utc>>,
+    /// After this, the copies still on the node are stopped without waiting for their
+    /// replacement; `None`: no deadline.
+    #[serde(rename = "Deadline", with = "crate::time::optional", default)]
+    pub deadline: Option<DateTime<Utc>>,
+    /// Job copies still on the node that the drain moves (filled in by the manager when it
+    /// shows the node).
+    #[serde(rename = "Remaining", default)]
+    pub remaining: usize,
+    /// Tasks that stay: bare tasks (no job makes a copy of them first) and system jobs'.
+    #[serde(rename = "Staying", default)]
+    pub staying: usize,
 }
 
 /// What is wrong with one label, without naming it: a key of 1 to [`MAX_LABEL_CHARS`]
@@ -255,6 +278,27 @@ pub struct Node {
     /// The labels the worker last reported.
     #[serde(rename = "Labels", default, skip_serializing_if = "Labels::is_empty")]
     pub labels: Labels,
+    /// Whether new tasks may be placed here: `false` once the operator took the node out of
+    /// service (`cube node eligibility --disable`, or a drain).
+    #[serde(rename = "Eligible", default = "eligible_by_default")]
+    pub eligible: bool,
+    /// The drain under way, if any.
+    #[serde(rename = "Drain", default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+    /// The worker's build and its engine's version, as it last reported them.
+    #[serde(rename = "Version", default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<crate::version::VersionInfo>,
+    /// What the manager found wrong with the worker's version, if anything.
+    #[serde(
+        rename = "VersionWarning",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub version_warning: Option<String>,
+}
+
+fn eligible_by_default() -> bool {
+    true
 }
 
 #[cfg(test)]

@@ -4,6 +4,10 @@
 //! of state changes as they happen; with `&changes=true` it answers only the tasks that
 //! changed after N, and says so in [`SINCE_HEADER`]), `POST /tasks` (a `TaskEvent` or a bare `Task`; 201 for a
 //! new task, 200 when it was already there), `GET /tasks/{id}`, `DELETE /tasks/{id}` (204),
+//! `GET /tasks/{id}/logs` (the container's output as lines of JSON, `?follow=true` until
+//! it stops, then a last line saying how the task ended), `POST /tasks/{id}/exec` (a command
+//! in the running container: its output, then its exit code), `DELETE /tasks/{id}?purge=true`
+//! (an ended task forgotten, with its containers), `GET /version`, `GET /metrics`,
 //! `GET /stats`, `GET /node` (name, address, capacity and stats), `GET /health` (200
 //! `{"Status": "ok"}`, or 503 with the cause once the task store has failed; every write
 //! answers 503 then too). Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
@@ -12,21 +16,24 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{
     ApiError, INDEX_HEADER, JsonPath, SINCE_HEADER, parse_task_id, with_json_fallbacks,
 };
-use cube_runtime::Runtime;
+use cube_runtime::{LogOptions, OutputStream, Runtime};
 use cube_store::StoreError;
 use cube_types::duration::parse_duration;
+use cube_types::output::OutputLine;
 use cube_types::{NodeReport, Submission, Task};
+use futures_util::StreamExt;
 use serde::Deserialize;
 
 use crate::worker::{Submitted, TaskChanges, Worker, WorkerError};
@@ -36,7 +43,7 @@ impl From<WorkerError> for ApiError {
     fn from(err: WorkerError) -> ApiError {
         let status = match &err {
             WorkerError::NotFound(_) => StatusCode::NOT_FOUND,
-            WorkerError::Conflict { .. } => StatusCode::CONFLICT,
+            WorkerError::Conflict { .. } | WorkerError::WrongState(_) => StatusCode::CONFLICT,
             WorkerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             WorkerError::ShuttingDown | WorkerError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
             // A failed store takes no more writes until the worker is started again (and it
@@ -53,13 +60,18 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
     let routes = Router::new()
         .route("/tasks", get(list_tasks::<R>).post(submit_task::<R>))
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
+        .route("/tasks/{id}/logs", get(task_logs::<R>))
+        .route("/tasks/{id}/exec", post(exec::<R>))
+        .route("/version", get(version::<R>))
+        .route("/metrics", get(metrics::<R>))
         .route("/stats", get(stats::<R>))
         .route("/node", get(node::<R>))
         .route("/health", get(health::<R>))
         .with_state(worker);
     with_json_fallbacks(
         routes,
-        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /stats, GET /node, GET /health",
+        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/logs, POST /tasks/{id}/exec, \
+         GET /version, GET /metrics, GET /stats, GET /node, GET /health",
     )
 }
 
@@ -143,10 +155,12 @@ async fn get_task<R: Runtime>(
 }
 
 /// `DELETE /tasks/{id}?run=N` stops the task only if its current run is run N (its
-/// `RestartCount`); without `run`, whatever run it is.
+/// `RestartCount`); without `run`, whatever run it is. `?purge=true` forgets a task that
+/// ended, with its containers (409 for one that has not ended).
 #[derive(Debug, Deserialize)]
 struct StopQuery {
     run: Option<u32>,
+    purge: Option<bool>,
 }
 
 async fn stop_task<R: Runtime>(
@@ -155,10 +169,201 @@ async fn stop_task<R: Runtime>(
     query: Result<Query<StopQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
     let Query(query) = query?;
-    worker
-        .request_stop_of_run(parse_task_id(&id)?, query.run)
-        .await?;
+    let id = parse_task_id(&id)?;
+    if query.purge == Some(true) {
+        worker.purge(id).await?;
+    } else {
+        worker.request_stop_of_run(id, query.run).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /tasks/{id}/logs?follow=true&tail=N&since=10m&stdout=true&stderr=true`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsQuery {
+    pub follow: Option<bool>,
+    pub tail: Option<u64>,
+    /// A duration before now (`10m`, `1h`), an RFC 3339 time, or Unix seconds.
+    pub since: Option<String>,
+    pub stdout: Option<bool>,
+    pub stderr: Option<bool>,
+}
+
+/// How long a followed log waits, once the container stopped, for the worker to record how
+/// the task ended (its `die` event is handled within milliseconds).
+const END_RECORD_BOUND: Duration = Duration::from_secs(5);
+
+/// The newline-delimited JSON type of streamed output.
+const NDJSON: &str = "application/x-ndjson";
+
+/// `since` as Unix seconds: a duration before now, an RFC 3339 time, or Unix seconds.
+pub fn since_unix_secs(text: &str) -> Result<i64, ApiError> {
+    if let Ok(seconds) = text.parse::<i64>() {
+        return Ok(seconds);
+    }
+    if let Ok(ago) = parse_duration(text) {
+        let ago = chrono::Duration::from_std(ago).unwrap_or_default();
+        return Ok((Utc::now() - ago).timestamp());
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|time| time.timestamp())
+        .map_err(|_| {
+            ApiError::bad_request(format!(
+                "since: {text:?} is neither a duration (10m, 1h), an RFC 3339 time nor Unix                  seconds"
+            ))
+        })
+}
+
+async fn task_logs<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+    JsonPath(id): JsonPath<String>,
+    query: Result<Query<LogsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let id = parse_task_id(&id)?;
+    let options = LogOptions {
+        follow: query.follow == Some(true),
+        tail: query.tail,
+        since_unix_secs: query.since.as_deref().map(since_unix_secs).transpose()?,
+        stdout: query.stdout != Some(false),
+        stderr: query.stderr != Some(false),
+    };
+    let output = worker.logs(id, &options)?;
+    let closing = worker.closing().clone();
+    let lines = output.map(|chunk| match chunk {
+        Ok(chunk) => {
+            let stream = match chunk.stream {
+                OutputStream::Stdout => "stdout",
+                OutputStream::Stderr => "stderr",
+            };
+            OutputLine::text(stream, String::from_utf8_lossy(&chunk.data)).to_line()
+        }
+        Err(err) => OutputLine::text("error", err.to_string()).to_line(),
+    });
+    let lines = lines.take_until(closing.cancelled_owned());
+    let body = if options.follow {
+        // Once the container stopped writing, a last line says how the task ended.
+        let end = futures_util::stream::once(async move {
+            match worker.await_end(id, END_RECORD_BOUND).await {
+                Ok(task) => OutputLine::end_of(&task).to_line(),
+                Err(err) => OutputLine::text("error", err.to_string()).to_line(),
+            }
+        });
+        Body::from_stream(
+            lines
+                .chain(end)
+                .map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line))),
+        )
+    } else {
+        Body::from_stream(lines.map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line))))
+    };
+    Ok(([(axum::http::header::CONTENT_TYPE, NDJSON)], body).into_response())
+}
+
+/// The body of `POST /tasks/{id}/exec`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecRequest {
+    #[serde(rename = "Cmd")]
+    cmd: Vec<String>,
+}
+
+/// Runs a command in the task's container: its output as lines of JSON, then a last line
+/// with its exit code (`{"Stream": "exit", "ExitCode": N}`).
+async fn exec<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+    JsonPath(id): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let request: ExecRequest =
+        cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
+    let id = parse_task_id(&id)?;
+    let session = worker.exec(id, &request.cmd, false, false).await?;
+    let exec_id = session.exec_id.clone();
+    // The command's input is not attached: dropping it leaves nothing open.
+    drop(session.input);
+    let closing = worker.closing().clone();
+    let lines = session
+        .output
+        .map(|chunk| match chunk {
+            Ok(chunk) => {
+                OutputLine::text(chunk.stream.name(), String::from_utf8_lossy(&chunk.data))
+                    .to_line()
+            }
+            Err(err) => OutputLine::text("error", err.to_string()).to_line(),
+        })
+        .take_until(closing.cancelled_owned());
+    let exit = futures_util::stream::once(async move {
+        let mut line = OutputLine::text("exit", "");
+        line.exit_code = worker.exec_exit_code(&exec_id).await;
+        if line.exit_code.is_none() {
+            line.text = "the command's exit code could not be read".to_string();
+        }
+        line.to_line()
+    });
+    let body = Body::from_stream(
+        lines
+            .chain(exit)
+            .map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line))),
+    );
+    Ok(([(axum::http::header::CONTENT_TYPE, NDJSON)], body).into_response())
+}
+
+/// This worker's build and its engine's version.
+async fn version<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+) -> Json<cube_types::version::VersionInfo> {
+    Json(worker.version().await)
+}
+
+/// The worker's metrics in the Prometheus text format.
+async fn metrics<R: Runtime>(State(worker): State<Arc<Worker<R>>>) -> Result<Response, ApiError> {
+    let metrics = worker.metrics();
+    let (by_state, running, exited) = worker.task_counts();
+    for (state, count) in by_state {
+        metrics
+            .tasks
+            .get_or_create(&crate::metrics::StateLabel {
+                state: state.name().to_string(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    for (state, count) in [("running", running), ("exited", exited)] {
+        metrics
+            .containers
+            .get_or_create(&crate::metrics::StateLabel {
+                state: state.to_string(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+    if let Ok(stats) = worker.stats().collect(running) {
+        metrics.host_cpu.set(stats.cpu_usage);
+        metrics
+            .host_memory_used
+            .set(i64::try_from(stats.mem_used_kb.saturating_mul(1024)).unwrap_or(i64::MAX));
+        metrics
+            .host_memory_total
+            .set(i64::try_from(stats.mem_total_kb.saturating_mul(1024)).unwrap_or(i64::MAX));
+        metrics.host_load1.set(stats.load_avg.last_1_min);
+        metrics
+            .host_disk_free
+            .set(i64::try_from(stats.disk_free).unwrap_or(i64::MAX));
+    }
+    let text = metrics.encode().map_err(|err| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the metrics: {err}"),
+        )
+    })?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 async fn stats<R: Runtime>(

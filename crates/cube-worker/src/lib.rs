@@ -11,6 +11,7 @@
 pub mod api;
 mod health;
 mod heartbeat;
+pub mod metrics;
 mod namespace;
 pub mod stats;
 mod worker;
@@ -61,6 +62,20 @@ pub async fn run<R: Runtime>(
         tokio::spawn(async move { worker.stats().run_cpu_sampler(shutdown).await })
     };
     let health_checks = tokio::spawn(worker.clone().run_health_checks(shutdown.clone()));
+    // The engine's version goes with the first report.
+    if worker.engine_version().await.is_none() {
+        tracing::warn!("cannot read the container engine's version; asked again on GET /version");
+    }
+    // Followed logs and commands end when the worker stops, so that they do not hold the
+    // server's graceful shutdown open.
+    let closing = {
+        let worker = worker.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            worker.closing().cancel();
+        })
+    };
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
     let served = axum::serve(listener, api::router(worker))
@@ -73,6 +88,7 @@ pub async fn run<R: Runtime>(
         ("event watcher", watcher),
         ("cpu sampler", sampler),
         ("health checks", health_checks),
+        ("closing", closing),
     ] {
         if let Err(err) = handle.await {
             tracing::error!(loop_name = name, error = %err, "worker loop ended abnormally");

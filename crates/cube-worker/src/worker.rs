@@ -13,19 +13,22 @@ use std::time::Duration;
 use chrono::Utc;
 use cube_controller::store::{Change, ObservedStore};
 use cube_runtime::{
-    ContainerInfo, ContainerSpec, Runtime, RuntimeError, RuntimeEvent, container_name,
+    ContainerInfo, ContainerSpec, EngineVersion, ExecSession, LogOptions, OutputChunk, Runtime,
+    RuntimeError, RuntimeEvent, container_name,
 };
 use cube_store::{Store, StoreError};
 use cube_types::{
     Health, Labels, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition,
 };
 use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::health::{self, HealthSchedule};
+use crate::metrics::{Metered, WorkerMetrics};
 use crate::stats::{StatsCollector, StatsError};
 
 /// How many commands the queue holds before `POST /tasks` waits for room.
@@ -53,7 +56,8 @@ const EVENTS_REPLAY_SECS: i64 = 5;
 pub enum Command {
     /// Make the container run (create and start it, or adopt the one that exists).
     Start(Uuid),
-    /// Stop and remove the container; the task becomes `Completed` unless it already ended.
+    /// Stop the container (it is kept, stopped, with its output, until the task is purged);
+    /// the task becomes `Completed` unless it already ended.
     Stop(Uuid),
     /// Compare the task with its container (after an event or during a resync).
     Check(Uuid),
@@ -91,6 +95,10 @@ pub enum WorkerError {
     NotFound(Uuid),
     #[error("task {id}: {transition}")]
     Conflict { id: Uuid, transition: Transition },
+    /// The request needs the task in another state (logs of a task not started yet, a
+    /// command in one that does not run, the purge of one that did not end).
+    #[error("{0}")]
+    WrongState(String),
     #[error("{0}")]
     BadRequest(String),
     #[error("the worker is shutting down")]
@@ -123,7 +131,8 @@ pub enum TaskChanges {
 pub struct Worker<R> {
     config: WorkerConfig,
     tasks: Arc<dyn Store<Task>>,
-    runtime: R,
+    /// The container engine, each call timed for `GET /metrics`.
+    runtime: Metered<R>,
     stats: StatsCollector,
     /// Sends commands to the dispatcher; bounded so that a flood of submissions waits
     /// instead of growing memory without limit.
@@ -146,6 +155,13 @@ pub struct Worker<R> {
     running: Mutex<HashSet<Uuid>>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
+    /// The worker's metrics, for `GET /metrics`.
+    metrics: WorkerMetrics,
+    /// The container engine's version, once it answered (asked again until it does).
+    engine: Mutex<Option<EngineVersion>>,
+    /// Cancelled when the worker stops: long answers (followed logs, commands) end with it,
+    /// so that they do not hold the server's graceful shutdown open.
+    closing: CancellationToken,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -159,16 +175,20 @@ impl<R: Runtime> Worker<R> {
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (observed, running) = load_observed(tasks.as_ref());
+        let metrics = WorkerMetrics::default();
         let worker = Worker {
             config,
             tasks,
-            runtime,
+            runtime: Metered::new(runtime, metrics.docker_calls.clone()),
             stats,
             commands,
             task_locks: Mutex::new(HashMap::new()),
             observed,
             running: Mutex::new(running),
             health: HealthSchedule::default(),
+            metrics,
+            engine: Mutex::new(None),
+            closing: CancellationToken::new(),
         };
         (Arc::new(worker), receiver)
     }
@@ -184,6 +204,42 @@ impl<R: Runtime> Worker<R> {
 
     pub fn stats(&self) -> &StatsCollector {
         &self.stats
+    }
+
+    pub fn metrics(&self) -> &WorkerMetrics {
+        &self.metrics
+    }
+
+    /// Cancelled once the worker stops.
+    pub fn closing(&self) -> &CancellationToken {
+        &self.closing
+    }
+
+    /// The container engine's version, asked once it is known (and again while not).
+    pub async fn engine_version(&self) -> Option<EngineVersion> {
+        if let Some(known) = lock_engine(&self.engine).clone() {
+            return Some(known);
+        }
+        match self.runtime.engine_version().await {
+            Ok(version) => {
+                *lock_engine(&self.engine) = Some(version.clone());
+                Some(version)
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "cannot read the engine's version");
+                None
+            }
+        }
+    }
+
+    /// This worker's build and, when known, its engine's version.
+    pub async fn version(&self) -> cube_types::version::VersionInfo {
+        let mut info = cube_types::version::VersionInfo::this_build();
+        if let Some(engine) = self.engine_version().await {
+            info.docker = Some(engine.version);
+            info.docker_api_version = Some(engine.api_version);
+        }
+        info
     }
 
     // ----- requests from the API -----
@@ -243,7 +299,8 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Records that the user wants the task stopped and queues the stop. Stopping a task
-    /// that already ended only removes what is left of its container.
+    /// that already ended changes nothing (its stopped container stays until the task is
+    /// purged).
     pub async fn request_stop(&self, id: Uuid) -> Result<Task, WorkerError> {
         self.request_stop_of_run(id, None).await
     }
@@ -351,6 +408,14 @@ impl<R: Runtime> Worker<R> {
             capacity: self.config.capacity,
             stats: Some(stats),
             labels: self.config.labels.clone(),
+            version: Some({
+                let mut info = cube_types::version::VersionInfo::this_build();
+                if let Some(engine) = lock_engine(&self.engine).clone() {
+                    info.docker = Some(engine.version);
+                    info.docker_api_version = Some(engine.api_version);
+                }
+                info
+            }),
         })
     }
 
@@ -390,6 +455,159 @@ impl<R: Runtime> Worker<R> {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         locks.entry(id).or_default().clone()
+    }
+
+    // ----- output, commands and purges -----
+
+    /// The output of the task's container (of its current run), as the engine kept it,
+    /// and with `follow` what it writes until it stops. A task whose container was never
+    /// created has none yet.
+    pub fn logs(
+        &self,
+        id: Uuid,
+        options: &LogOptions,
+    ) -> Result<BoxStream<'static, Result<OutputChunk, RuntimeError>>, WorkerError> {
+        let task = self.task(id)?;
+        if task.status.run.container_id.is_empty() {
+            return Err(WorkerError::WrongState(format!(
+                "task {} ({id}) has no container yet: it is {}{}",
+                task.name,
+                task.status.state,
+                task.status
+                    .run
+                    .error
+                    .as_deref()
+                    .map(|error| format!(" ({error})"))
+                    .unwrap_or_default()
+            )));
+        }
+        Ok(self.runtime.logs(&task.status.run.container_id, options))
+    }
+
+    /// The task once its run has ended, waiting at most `bound` for the worker to record the
+    /// end (a followed log ends when the container stops; the record follows within
+    /// milliseconds, from Docker's `die` event). The task as it is when the bound is over.
+    pub async fn await_end(&self, id: Uuid, bound: Duration) -> Result<Task, WorkerError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let mut changes = self.observed.subscribe();
+            let task = self.task(id)?;
+            if task.status.state.is_terminal() || tokio::time::Instant::now() >= deadline {
+                return Ok(task);
+            }
+            tokio::select! {
+                _ = self.closing.cancelled() => return Ok(task),
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = changes.changed() => {}
+            }
+        }
+    }
+
+    /// Starts `cmd` in the task's running container.
+    pub async fn exec(
+        &self,
+        id: Uuid,
+        cmd: &[String],
+        tty: bool,
+        stdin: bool,
+    ) -> Result<ExecSession, WorkerError> {
+        let task = self.task(id)?;
+        if task.status.state != State::Running || task.status.run.container_id.is_empty() {
+            return Err(WorkerError::WrongState(format!(
+                "task {} ({id}) is {}: a command runs only in a Running task",
+                task.name, task.status.state
+            )));
+        }
+        if cmd.is_empty() {
+            return Err(WorkerError::BadRequest(
+                "Cmd: the command to run is empty".to_string(),
+            ));
+        }
+        self.runtime
+            .exec(&task.status.run.container_id, cmd, tty, stdin)
+            .await
+            .map_err(|err| WorkerError::Runtime(err.to_string()))
+    }
+
+    /// The exit code of a command [`Worker::exec`] started, once the engine has it: asked
+    /// when its output has ended, which is when the engine is about to record the exit; it is
+    /// asked again a few times, 20 ms apart, before giving up with `None`.
+    pub async fn exec_exit_code(&self, exec_id: &str) -> Option<i64> {
+        for _ in 0..50 {
+            match self.runtime.exec_exit_code(exec_id).await {
+                Ok(Some(code)) => return Some(code),
+                Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
+                Err(err) => {
+                    tracing::warn!(exec = exec_id, error = %err, "cannot read a command's exit code");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Sets the terminal size of a command started with a terminal.
+    pub async fn resize_exec(&self, exec_id: &str, width: u16, height: u16) {
+        if let Err(err) = self.runtime.resize_exec(exec_id, width, height).await {
+            tracing::debug!(exec = exec_id, error = %err, "cannot resize a command's terminal");
+        }
+    }
+
+    /// Forgets a task that ended: removes every container it has on this node (its output
+    /// with them) and its record. A task that has not ended is refused: stop it first.
+    /// Purging a task this worker does not have changes nothing.
+    pub async fn purge(&self, id: Uuid) -> Result<(), WorkerError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let Some(task) = self.tasks.get(&id.to_string())? else {
+            return Ok(());
+        };
+        if !task.status.state.is_terminal() {
+            return Err(WorkerError::WrongState(format!(
+                "task {} ({id}) is {}: stop it before it is removed",
+                task.name, task.status.state
+            )));
+        }
+        let containers = self
+            .runtime
+            .list_managed(&self.config.name)
+            .await
+            .map_err(|err| WorkerError::Runtime(err.to_string()))?;
+        for container in containers.iter().filter(|info| info.task_id == Some(id)) {
+            self.runtime
+                .remove(&container.id)
+                .await
+                .map_err(|err| WorkerError::Runtime(err.to_string()))?;
+        }
+        self.tasks.delete(&id.to_string())?;
+        lock_running(&self.running).remove(&id);
+        self.observed.apply(Change::Delete(id));
+        tracing::info!(task = %id, name = %task.name, "task removed with its containers");
+        Ok(())
+    }
+
+    /// How many tasks this worker has in each state, and how many containers it keeps
+    /// (running, or stopped with their output), for `GET /metrics`.
+    pub fn task_counts(&self) -> (Vec<(State, usize)>, usize, usize) {
+        let snapshot = self.observed.snapshot();
+        let mut counts: HashMap<State, usize> = HashMap::new();
+        let (mut running, mut exited) = (0, 0);
+        for task in snapshot.items.values() {
+            *counts.entry(task.status.state).or_default() += 1;
+            if task.status.run.container_id.is_empty() {
+                continue;
+            }
+            if task.status.state == State::Running {
+                running += 1;
+            } else if task.status.state.is_terminal() {
+                exited += 1;
+            }
+        }
+        let counts = cube_types::state::ALL_STATES
+            .into_iter()
+            .map(|state| (state, counts.get(&state).copied().unwrap_or(0)))
+            .collect();
+        (counts, running, exited)
     }
 
     // ----- the loops -----
@@ -536,6 +754,7 @@ impl<R: Runtime> Worker<R> {
             }
         };
         let result = health::probe(&task, pid).await;
+        self.metrics.probe(result.is_ok());
         self.health
             .reschedule(id, tokio::time::Instant::now() + task.health_interval());
         if let Err(err) = self
@@ -744,7 +963,7 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Stops and removes the task's container. A task that had not ended is `Completed`.
+    /// Stops the task's container, and keeps it. A task that had not ended is `Completed`.
     async fn stop(&self, mut task: Task) -> Result<(), WorkerError> {
         let info = match self.find_container(&task).await {
             Ok(info) => info,
@@ -759,17 +978,16 @@ impl<R: Runtime> Worker<R> {
             if let Err(err) = self.runtime.stop(&info.id, self.config.stop_timeout).await {
                 return self.record_error(task, format!("cannot stop the container: {err}"));
             }
+            // The stopped container is kept with its output (`cube logs`) until the task is
+            // purged (`Worker::purge`: `cube rm`, `cube prune`, the manager's GC).
             let exited = self.runtime.inspect(&info.id).await.ok().flatten();
-            if let Err(err) = self.runtime.remove(&info.id).await {
-                return self.record_error(task, format!("cannot remove the container: {err}"));
-            }
             if !task.status.state.is_terminal() {
                 task.status.run.exit_code = exited.as_ref().and_then(|info| info.exit_code);
                 task.status.run.finish_time = exited.and_then(|info| info.finished_at);
             }
         }
         if task.status.state.is_terminal() {
-            // Only the leftover container was removed; its ports are no longer bound.
+            // An ended run binds no port.
             if info.is_some() && !task.status.run.host_ports.is_empty() {
                 task.status.run.host_ports.clear();
                 self.save(&task)?;
@@ -938,6 +1156,11 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
     let observed = ObservedStore::starting_at(index, items, CHANGE_LOG_CAPACITY);
     observed.set_synced(loaded);
     (observed, running)
+}
+
+fn lock_engine(engine: &Mutex<Option<EngineVersion>>) -> std::sync::MutexGuard<'_, Option<EngineVersion>> {
+    // Held for a clone or an assignment.
+    engine.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {

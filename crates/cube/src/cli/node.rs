@@ -253,6 +253,10 @@ mod tests {
             last_heartbeat: None,
             source: "registered".to_string(),
             labels: Default::default(),
+            eligible: true,
+            drain: None,
+            version: None,
+            version_warning: None,
         }
     }
 
