@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use cube_types::ErrorBody;
+pub use reqwest::Response;
 use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -266,6 +267,39 @@ impl ApiClient {
     }
 }
 
+impl ApiClient {
+    /// A request whose answer is streamed (`GET /tasks/{id}/logs`, `POST /tasks/{id}/exec`):
+    /// the response once its status is a success, to be read as it comes. Only connecting
+    /// and the status line are bounded by the client's timeout; the body may last as long as
+    /// the server writes it.
+    pub async fn open_stream<B: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.request(method, &url);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = tokio::time::timeout(self.timeout, request.send())
+            .await
+            .map_err(|_| ClientError::Unreachable {
+                url: url.clone(),
+                reason: format!("no answer within {:?}", self.timeout),
+            })?
+            .map_err(|err| ClientError::Unreachable {
+                url: url.clone(),
+                reason: error_chain(&err),
+            })?;
+        if !response.status().is_success() {
+            return Err(error_answer(url, response).await);
+        }
+        Ok(response)
+    }
+}
+
 /// The longest line a [`LineStream`] holds: an event is a few KiB; anything far longer is
 /// not a Cube server's answer.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
@@ -281,6 +315,16 @@ pub struct LineStream {
 }
 
 impl LineStream {
+    /// An answer of [`ApiClient::open_stream`], read one line at a time.
+    pub fn of(response: reqwest::Response) -> LineStream {
+        let url = response.url().to_string();
+        LineStream {
+            response,
+            url,
+            buffer: Vec::new(),
+            start: 0,
+        }
+    }
     /// The next line, without its newline (an empty line is a heartbeat), or `None` once the
     /// server ended the answer.
     pub async fn next_line(&mut self) -> Result<Option<String>, ClientError> {

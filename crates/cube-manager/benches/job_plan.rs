@@ -52,11 +52,7 @@ fn median(mut times: Vec<f64>) -> f64 {
 fn main() {
     let labels = Arc::new(BTreeMap::from([("zone".to_string(), "eu".to_string())]));
     let nodes: Vec<NodeFacts> = (0..NODES)
-        .map(|n| NodeFacts {
-            name: format!("w{n:04}"),
-            ready: true,
-            labels: labels.clone(),
-        })
+        .map(|n| NodeFacts::ready(&format!("w{n:04}"), labels.clone()))
         .collect();
     println!("| job | pass | copies | median ms | creates | stops |");
     println!("|---|---|---:|---:|---:|---:|");

@@ -15,6 +15,12 @@
 //! `GET /store/backup`: a consistent copy of the store file, streamed (409 with the memory
 //! store). Every error is `{"HTTPStatusCode": N, "Message": "..."}`.
 //!
+//! Day-two operations: `GET /tasks/{id}/logs` and `POST /tasks/{id}/exec` (through the
+//! task's worker, `relay.rs`), `DELETE /tasks/{id}?purge=true` and `POST /tasks/prune`
+//! (`gc.rs`), `POST /nodes/{name}/drain`, `POST /nodes/{name}/eligibility` and `DELETE
+//! /nodes/{name}` (`drain.rs`), `GET /version`, `GET /metrics` (`metrics.rs`; every request
+//! is counted by route, method and status).
+//!
 //! `GET /tasks`, `GET /jobs`, `GET /jobs/{name}` and `GET /nodes` are also blocking queries,
 //! as Consul's are: with `?index=N&wait=30s` they answer once something they list changed
 //! after event index N (or when the wait, at most [`MAX_WAIT`], is over). Every answer of
@@ -26,7 +32,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{Query, State};
+use axum::extract::{MatchedPath, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -56,6 +62,7 @@ impl From<ManagerError> for ApiError {
             | ManagerError::NoDeployment(_) => StatusCode::NOT_FOUND,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
+            ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             // A failed store takes no more writes until the manager is started again (and
             // it stops itself): the service is unavailable, not confused by one request.
             ManagerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -69,10 +76,20 @@ impl From<ManagerError> for ApiError {
 pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
         .route("/tasks", get(list_tasks).post(submit_task))
+        .route("/tasks/prune", post(prune_tasks))
         .route("/tasks/{id}", get(get_task).delete(stop_task))
         .route("/tasks/{id}/placement", get(get_placement))
+        .route("/tasks/{id}/logs", get(task_logs))
+        .route("/tasks/{id}/exec", post(exec_in_task))
         .route("/nodes", get(list_nodes))
-        .route("/nodes/{name}", get(get_node).put(report_node))
+        .route(
+            "/nodes/{name}",
+            get(get_node).put(report_node).delete(remove_node),
+        )
+        .route("/nodes/{name}/drain", post(drain_node))
+        .route("/nodes/{name}/eligibility", post(node_eligibility))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics))
         .route("/jobs", get(list_jobs).post(submit_job))
         .route("/jobs/plan", post(plan_job))
         .route("/jobs/{name}", get(get_job).delete(stop_job))
@@ -84,15 +101,156 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/events", get(stream_events))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
+        .route_layer(axum::middleware::from_fn_with_state(
+            manager.clone(),
+            count_request,
+        ))
         .with_state(manager);
     with_json_fallbacks(
         routes,
-        "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, GET|POST /jobs, \
+        "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
+         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET|POST /jobs, \
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
          GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
-         GET /jobs/{name}/deployment, GET /nodes, \
-         GET|PUT /nodes/{name}, GET /events, GET /health, GET /store/backup",
+         GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
+         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /health, \
+         GET /version, GET /metrics, GET /store/backup",
     )
+}
+
+/// Counts every request a route answered, by the route's pattern (`/tasks/{id}`, not each
+/// ID), method and status.
+async fn count_request(
+    State(manager): State<Arc<Manager>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+    let method = request.method().to_string();
+    let response = next.run(request).await;
+    manager
+        .metrics
+        .requests
+        .get_or_create(&crate::metrics::RequestLabel {
+            route,
+            method,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// `GET /version`: this manager's build.
+async fn version() -> Json<cube_types::version::VersionInfo> {
+    Json(cube_types::version::VersionInfo::this_build())
+}
+
+/// `GET /metrics`: every metric in the Prometheus text format.
+async fn metrics(State(manager): State<Arc<Manager>>) -> Result<Response, ApiError> {
+    let text = manager.metrics_text().map_err(|err| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write the metrics: {err}"),
+        )
+    })?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+/// `GET /tasks/{id}/logs?follow=true&tail=N&since=10m&stderr=false`: the worker checks the
+/// query; its answer is streamed back.
+async fn task_logs(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(id): JsonPath<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let body = manager
+        .task_logs(parse_task_id(&id)?, query.as_deref().unwrap_or_default())
+        .await?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+}
+
+/// `POST /tasks/{id}/exec` with `{"Cmd": ["ls", "-l"]}`: the command's output, then its exit
+/// code, as lines of JSON.
+async fn exec_in_task(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(id): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body: serde_json::Value = serde_json::from_slice(&body?)
+        .map_err(|err| ApiError::bad_request(format!("the body is not JSON: {err}")))?;
+    let body = manager.exec(parse_task_id(&id)?, &body).await?;
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
+}
+
+/// `POST /tasks/prune`: removes every ended task now (with its container) and the stopped
+/// jobs left without tasks.
+async fn prune_tasks(State(manager): State<Arc<Manager>>) -> Json<crate::gc::Pruned> {
+    Json(manager.prune(Duration::ZERO).await)
+}
+
+/// The body of `POST /nodes/{name}/drain`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainRequest {
+    /// After this long (`1m`), the copies still on the node are stopped without waiting.
+    #[serde(rename = "Deadline", default)]
+    deadline: Option<String>,
+}
+
+async fn drain_node(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Node>, ApiError> {
+    let body = body?;
+    let request: DrainRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        DrainRequest::default()
+    } else {
+        cube_types::event::decode(&body).map_err(|err| ApiError::bad_request(err.to_string()))?
+    };
+    let deadline = request
+        .deadline
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|why| ApiError::bad_request(format!("Deadline: {why}")))?;
+    Ok(Json(manager.drain_node(&name, deadline).await?))
+}
+
+/// The body of `POST /nodes/{name}/eligibility`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EligibilityRequest {
+    #[serde(rename = "Eligible")]
+    eligible: bool,
+}
+
+async fn node_eligibility(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Node>, ApiError> {
+    let request: EligibilityRequest =
+        cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
+    Ok(Json(manager.set_eligibility(&name, request.eligible).await?))
+}
+
+async fn remove_node(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<StatusCode, ApiError> {
+    manager.remove_node(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// 200 `{"Status": "ok", "Revision": N}` while the manager can keep what it is told (N moves
@@ -184,6 +342,8 @@ struct TaskQuery {
     node: Option<String>,
     /// Only tasks with this exact name.
     name: Option<String>,
+    /// Only the tasks of this job.
+    job: Option<String>,
     /// `true`: each task without its `History`, the bulk of a task's JSON.
     summary: Option<bool>,
     /// A blocking query: answer once a task changed after this event index.
@@ -283,6 +443,7 @@ async fn list_tasks(
                 .as_ref()
                 .is_none_or(|node| &task.status.node_name == node)
             && query.name.as_ref().is_none_or(|name| &task.name == name)
+            && query.job.as_ref().is_none_or(|job| &task.spec.job == job)
     };
     // Without a limit, every task that matches (in one page).
     let (tasks, next) = manager
@@ -474,11 +635,26 @@ async fn get_placement(
     Ok(Json(manager.placement(parse_task_id(&id)?)?))
 }
 
+/// `DELETE /tasks/{id}?purge=true` removes an ended task (and its container) instead of
+/// stopping it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StopQuery {
+    purge: Option<bool>,
+}
+
 async fn stop_task(
     State(manager): State<Arc<Manager>>,
     JsonPath(id): JsonPath<String>,
+    query: Result<Query<StopQuery>, QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
-    manager.request_stop(parse_task_id(&id)?).await?;
+    let Query(query) = query?;
+    let id = parse_task_id(&id)?;
+    if query.purge == Some(true) {
+        manager.remove_task(id).await?;
+    } else {
+        manager.request_stop(id).await?;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

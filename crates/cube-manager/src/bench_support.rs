@@ -35,6 +35,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         static_workers: Vec::new(),
         request_timeout: Duration::from_secs(1),
         max_concurrent_reconciles: 64,
+        gc_after: Duration::from_secs(3600),
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")
@@ -55,6 +56,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
                 },
                 stats: None,
                 labels: Default::default(),
+                version: None,
             };
             state.nodes.report(
                 report,

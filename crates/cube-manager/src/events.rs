@@ -581,7 +581,7 @@ impl Manager {
         let Some(entry) = state.nodes.get(name) else {
             return;
         };
-        let view = entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace);
+        let view = self.node_view(state, entry, Instant::now());
         self.publish(
             Topic::Node,
             kind,

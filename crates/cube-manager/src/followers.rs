@@ -206,6 +206,9 @@ impl Manager {
                     index: reported_index,
                     complete,
                 }) => {
+                    if let Some(entry) = lock(&self.state).nodes.get_mut(&name) {
+                        entry.followed_at = Some(Instant::now());
+                    }
                     if !reachable {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
@@ -453,6 +456,7 @@ mod tests {
             },
             stats: None,
             labels: Default::default(),
+            version: None,
         };
         manager
             .report_node(report, NodeSource::Registered)

@@ -194,9 +194,10 @@ impl Manager {
         let converge = move |name: String| {
             let manager = manager.clone();
             async move {
-                manager
-                    .converge_job(&name)
-                    .await
+                let started = Instant::now();
+                let converged = manager.converge_job(&name).await;
+                manager.metrics.reconciled("job", started);
+                converged
                     .map(|again| again.map_or(Action::Done, Action::RequeueAfter))
                     .map_err(|err| {
                         tracing::warn!(job = %name, error = %err, "a job did not converge; trying again");
@@ -753,6 +754,8 @@ impl Manager {
                 name: entry.name.clone(),
                 ready: entry.is_ready(now, self.config.heartbeat_grace),
                 labels: entry.labels.clone(),
+                eligible: entry.eligible,
+                drain: entry.drain.as_ref().map(|drain| drain.deadline),
             })
             .collect()
     }

@@ -19,14 +19,35 @@ use crate::reconcile::policy_restarts;
 use crate::rollout::{self, Mode};
 
 /// What the transformer reads of a node (its reconciliation mask): the name, whether it takes
-/// work, and its labels. A heartbeat that moves only the node's figures changes none of this.
+/// work, its labels, whether the operator lets it take new work and whether it drains. A
+/// heartbeat that moves only the node's figures changes none of this.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFacts {
     pub name: String,
     pub ready: bool,
     /// Shared with the node registry: a look copies a pointer, not the map.
     pub labels: std::sync::Arc<BTreeMap<String, String>>,
+    /// New copies may go there (`cube node eligibility`); a drain makes it `false`.
+    pub eligible: bool,
+    /// `Some` while the node drains: its deadline, if it has one.
+    pub drain: Option<Option<DateTime<Utc>>>,
 }
+
+impl NodeFacts {
+    /// A ready, eligible node that does not drain.
+    pub fn ready(name: &str, labels: std::sync::Arc<BTreeMap<String, String>>) -> NodeFacts {
+        NodeFacts {
+            name: name.to_string(),
+            ready: true,
+            labels,
+            eligible: true,
+            drain: None,
+        }
+    }
+}
+
+/// The draining nodes by name, with their deadline if they have one.
+type Draining<'a> = BTreeMap<&'a str, Option<DateTime<Utc>>>;
 
 /// Everything the job transformer reads for one look at one job.
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +231,11 @@ pub fn plan(look: &JobLook) -> JobPlan {
     // Every version of a service job is rolled out by its deployment.
     let rollout = (job.job_type == JobType::Service)
         .then(|| rollout::assess(record, look.deployment, look.last_stable, owned, look.now));
+    let draining: Draining = look
+        .nodes
+        .iter()
+        .filter_map(|node| node.drain.map(|deadline| (node.name.as_str(), deadline)))
+        .collect();
     let mut keep = Vec::new();
     let mut create = Vec::new();
     let mut stops = Vec::new();
@@ -238,6 +264,10 @@ pub fn plan(look: &JobLook) -> JobPlan {
                     group_index,
                     &mine,
                     mode,
+                    Moving {
+                        draining: &draining,
+                        now: look.now,
+                    },
                     &mut keep,
                     &mut create,
                     &mut stops,
@@ -257,7 +287,30 @@ pub fn plan(look: &JobLook) -> JobPlan {
             plan.deployment = Some(rollout.deployment);
         }
     }
+    // A drain's deadline stops the copies still on its node: look again then.
+    let deadlines = owned
+        .iter()
+        .filter(|task| is_moving(task, &draining))
+        .filter_map(|task| draining.get(task.status.node_name.as_str()).copied().flatten())
+        .filter(|deadline| *deadline > look.now);
+    for deadline in deadlines {
+        plan.look_again_at = Some(plan.look_again_at.map_or(deadline, |at| at.min(deadline)));
+    }
     plan
+}
+
+/// How a look treats the copies on draining nodes ([`plan_counted`]).
+#[derive(Clone, Copy)]
+struct Moving<'a, 'b> {
+    draining: &'a Draining<'b>,
+    now: DateTime<Utc>,
+}
+
+/// A copy a drain moves: it runs (or is on its way) on a draining node, and is meant to.
+fn is_moving(task: &Task, draining: &Draining) -> bool {
+    matches!(task.status.state, State::Scheduled | State::Running)
+        && task.spec.desired_state == State::Running
+        && draining.contains_key(task.status.node_name.as_str())
 }
 
 fn plan_stop(stops: &mut Vec<PlannedStop>, task: &Task, reason: String) {
@@ -275,11 +328,17 @@ fn plan_stop(stops: &mut Vec<PlannedStop>, task: &Task, reason: String) {
 /// highest indexes first, and copies not yet running before running ones. `mode` says how
 /// copies whose spec changed are replaced: at once, not at all, beside canaries, or a few
 /// at a time ([`Mode`]).
+///
+/// A copy on a draining node does not count: the group makes a new copy elsewhere as if it
+/// were missing, and the old copy is stopped only once enough new ones are healthy that
+/// fewer than `Count` never run (or once the drain's deadline passed).
+#[allow(clippy::too_many_arguments)]
 fn plan_counted<'a>(
     record: &JobRecord,
     group_index: usize,
     mine: &[&'a Task],
     mode: Mode,
+    moving: Moving,
     keep: &mut Vec<Uuid>,
     create: &mut Vec<Task>,
     stops: &mut Vec<(&'a Task, String)>,
@@ -287,12 +346,13 @@ fn plan_counted<'a>(
     let group = &record.job.groups[group_index];
     let count = group.count.unwrap_or(0) as usize;
     let batch = record.job.job_type == JobType::Batch;
-    // Copies that count: the live ones, and for a batch job those that completed.
-    let mut counted: Vec<&Task> = mine
+    // Copies that count: the live ones, and for a batch job those that completed; copies a
+    // drain moves apart.
+    let (mut on_draining, mut counted): (Vec<&Task>, Vec<&Task>) = mine
         .iter()
         .copied()
         .filter(|task| is_live(task) || (batch && is_complete(task)))
-        .collect();
+        .partition(|task| is_moving(task, moving.draining));
     // One copy per index: an extra one for an index is a duplicate (the later one goes).
     // Keys read once each (`sort_by_cached_key`): the tasks lie apart in memory, and a sort
     // that read them at every comparison spent most of a no-change look on cache misses.
@@ -353,6 +413,29 @@ fn plan_counted<'a>(
             ),
         ));
         create.push(copy_with_name(wanted, task));
+    }
+    // Copies on draining nodes: each stops once another copy runs healthy in its stead, so
+    // that the healthy copies elsewhere and the ones left here are never fewer than `Count`.
+    let healthy_elsewhere = kept
+        .iter()
+        .filter(|task| !replaced.contains(&task.id) && task.is_healthy())
+        .count();
+    let mut may_stop = (healthy_elsewhere + on_draining.len()).saturating_sub(count);
+    on_draining.sort_by_key(|task| std::cmp::Reverse(task.spec.index));
+    for task in on_draining {
+        let node = task.status.node_name.as_str();
+        let deadline = moving.draining.get(node).copied().flatten();
+        if deadline.is_some_and(|deadline| deadline <= moving.now) {
+            stops.push((task, format!("node {node} drains and its deadline passed")));
+        } else if may_stop > 0 {
+            may_stop -= 1;
+            stops.push((
+                task,
+                format!("node {node} drains: a copy runs healthy elsewhere"),
+            ));
+        } else {
+            keep.push(task.id);
+        }
     }
     // A batch copy that gave up fails the job: it is not created again.
     if batch && mine.iter().any(|task| gave_up(task)) {
@@ -496,7 +579,10 @@ fn plan_system<'a>(
         }
     }
     let mut free = (0u32..).filter(|index| !used.contains(index));
-    for node in nodes.iter().filter(|node| node.ready && matches(node)) {
+    for node in nodes
+        .iter()
+        .filter(|node| node.ready && node.eligible && matches(node))
+    {
         if covered.contains(&node.name) {
             continue;
         }
@@ -746,6 +832,8 @@ mod tests {
             name: name.into(),
             ready,
             labels: std::sync::Arc::new([("zone".to_string(), zone.to_string())].into()),
+            eligible: true,
+            drain: None,
         }
     }
 

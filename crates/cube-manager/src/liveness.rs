@@ -31,6 +31,7 @@ impl Manager {
             for id in lost {
                 self.tasks_runner.push(id);
             }
+            self.finish_drains().await;
         }
     }
 

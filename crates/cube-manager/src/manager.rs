@@ -62,6 +62,9 @@ pub struct ManagerConfig {
     pub request_timeout: Duration,
     /// How many tasks are reconciled at the same time (each may wait on a worker).
     pub max_concurrent_reconciles: usize,
+    /// How long an ended task (and a stopped job left without tasks) is kept before the
+    /// garbage collector removes it (`gc.rs`).
+    pub gc_after: Duration,
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
@@ -117,6 +120,9 @@ pub enum ManagerError {
     /// The request contradicts what is stored (a task ID resubmitted with another spec).
     #[error("{0}")]
     Conflict(String),
+    /// Something the request needs cannot be reached now (the task's worker).
+    #[error("{0}")]
+    Unavailable(String),
     #[error("store failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -220,6 +226,8 @@ pub struct Manager {
     pub(crate) events: EventBroker,
     /// "reconcile did not converge", written at most once every 5 s.
     pub(crate) retry_warnings: LogLimit,
+    /// What `GET /metrics` shows (`metrics.rs`).
+    pub(crate) metrics: crate::metrics::ManagerMetrics,
 }
 
 pub(crate) struct Shared {
@@ -322,6 +330,7 @@ impl Manager {
             shutdown,
             events,
             retry_warnings: LogLimit::new(Duration::from_secs(5)),
+            metrics: crate::metrics::ManagerMetrics::default(),
         }))
     }
 
@@ -499,13 +508,19 @@ impl Manager {
         }
     }
 
+    /// A node as the API shows it, with what a drain of it still has to move.
+    pub(crate) fn node_view(&self, state: &Shared, entry: &crate::nodes::NodeEntry, now: Instant) -> Node {
+        let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
+        entry.view(&state.cache, now, self.config.heartbeat_grace, &job_type)
+    }
+
     pub fn nodes(&self) -> Vec<Node> {
         let state = lock(&self.state);
         let now = Instant::now();
         state
             .nodes
             .entries()
-            .map(|entry| entry.view(&state.cache, now, self.config.heartbeat_grace))
+            .map(|entry| self.node_view(&state, entry, now))
             .collect()
     }
 
@@ -515,7 +530,7 @@ impl Manager {
             .nodes
             .get(name)
             .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
-        Ok(entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace))
+        Ok(self.node_view(&state, entry, Instant::now()))
     }
 
     /// A worker's registration or heartbeat (or a static worker's answer to the manager's
@@ -554,10 +569,13 @@ impl Manager {
             let Some(entry) = state.nodes.get(&name) else {
                 return Err(ManagerError::NodeNotFound(name));
             };
-            let view = entry.view(&state.cache, now, self.config.heartbeat_grace);
+            let view = self.node_view(&state, entry, now);
             if effect.changed {
                 node_write = Some(self.stores.nodes.put_queued(&name, &view)?);
                 tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
+                if let Some(warning) = &view.version_warning {
+                    tracing::warn!(node = %name, "{warning}");
+                }
             }
             // A heartbeat that changes only the stats is no event.
             if let Some(kind) = node_report_event(before, view.status, effect.changed) {
@@ -663,6 +681,8 @@ impl Manager {
     /// the first error.
     pub(crate) async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
         let mut first_error = None;
+        let started = Instant::now();
+        let waited = !writes.0.is_empty();
         for (id, commit) in writes.0 {
             if let Err(err) = commit.durable().await {
                 tracing::error!(task = %id, error = %err, "a write did not become durable");
@@ -670,7 +690,17 @@ impl Manager {
                 first_error.get_or_insert(err);
             }
         }
+        if waited {
+            self.metrics
+                .commits
+                .observe(started.elapsed().as_secs_f64());
+        }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Puts the store's version of a task back in the cache (a removal that failed).
+    pub(crate) fn reload_task(&self, id: Uuid) {
+        self.reload(id);
     }
 
     /// Puts the store's version of a task back in the cache.
@@ -711,6 +741,7 @@ impl Manager {
         loops.spawn(self.clone().run_jobs_watcher());
         loops.spawn(self.clone().run_resync());
         loops.spawn(self.clone().run_liveness());
+        loops.spawn(self.clone().run_gc());
         for address in self.config.static_workers.clone() {
             loops.spawn(self.clone().poll_static_worker(address));
         }
@@ -814,6 +845,7 @@ pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u
         },
         stats: None,
         labels: Default::default(),
+        version: None,
     };
     manager
         .report_node(report, NodeSource::Registered)
@@ -830,6 +862,7 @@ pub(crate) fn test_config() -> ManagerConfig {
         static_workers: Vec::new(),
         request_timeout: Duration::from_millis(200),
         max_concurrent_reconciles: 4,
+        gc_after: Duration::from_secs(3600),
     }
 }
 

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::ApiClient;
+use cube_types::node::Drain;
+use cube_types::version::VersionInfo;
 use cube_types::{Labels, Node, NodeReport, NodeStatus, Resources, Stats};
 
 use crate::cache::TaskCache;
@@ -60,6 +62,16 @@ pub struct NodeEntry {
     /// Why the manager cannot reach the node's API, while it cannot (set and cleared by the
     /// node's follower). A node that reports but cannot be reached takes no work.
     pub unreachable: Option<String>,
+    /// Whether new tasks may be placed here (the operator's word, stored with the node).
+    pub eligible: bool,
+    /// The drain under way, stored with the node (its counts are filled in by `view`).
+    pub drain: Option<Drain>,
+    /// The worker's build and engine, as it last reported them.
+    pub version: Option<VersionInfo>,
+    /// What the manager found wrong with that version, if anything.
+    pub version_warning: Option<String>,
+    /// When the node's follower last had an answer from it (`cube_follower_lag_seconds`).
+    pub followed_at: Option<Instant>,
 }
 
 /// What changed when a report came in.
@@ -110,8 +122,22 @@ impl NodeRegistry {
                 // tasks are not lost before the grace period has passed since the start.
                 marked_down: false,
                 unreachable: None,
+                eligible: node.eligible,
+                drain: node.drain.clone(),
+                version: node.version.clone(),
+                version_warning: node.version_warning.clone(),
+                followed_at: None,
             },
         );
+    }
+
+    /// Forgets a node; returns it.
+    pub fn remove(&mut self, name: &str) -> Option<NodeEntry> {
+        self.nodes.remove(name)
+    }
+
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeEntry> {
+        self.nodes.get_mut(name)
     }
 
     /// Records a report (a heartbeat, or a static node's answer). `client` is built by the
@@ -134,10 +160,15 @@ impl NodeRegistry {
                     || report.capacity.memory > entry.capacity.memory
                     || report.capacity.disk > entry.capacity.disk;
                 let relabelled = *entry.labels != report.labels;
+                let version_warning =
+                    cube_types::version::worker_mismatch(cube_types::version::VERSION, report.version.as_ref());
                 let changed = moved
                     || relabelled
                     || entry.capacity != report.capacity
-                    || entry.source != source;
+                    || entry.source != source
+                    || entry.version != report.version;
+                entry.version = report.version;
+                entry.version_warning = version_warning;
                 if moved {
                     entry.address = report.address;
                     entry.client = client();
@@ -160,6 +191,10 @@ impl NodeRegistry {
                 }
             }
             None => {
+                let version_warning = cube_types::version::worker_mismatch(
+                    cube_types::version::VERSION,
+                    report.version.as_ref(),
+                );
                 let entry = NodeEntry {
                     name: report.name.clone(),
                     address: report.address,
@@ -172,6 +207,11 @@ impl NodeRegistry {
                     client: client(),
                     marked_down: false,
                     unreachable: None,
+                    eligible: true,
+                    drain: None,
+                    version: report.version,
+                    version_warning,
+                    followed_at: None,
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {
@@ -240,7 +280,7 @@ impl NodeEntry {
     }
 
     /// The node as the API shows it, with what the cache says is placed there.
-    pub fn view(&self, cache: &TaskCache, now: Instant, grace: Duration) -> Node {
+    pub fn view(&self, cache: &TaskCache, now: Instant, grace: Duration, jobs: JobTypes) -> Node {
         let load = cache.load(&self.name);
         Node {
             name: self.name.clone(),
@@ -257,8 +297,40 @@ impl NodeEntry {
             last_heartbeat: self.last_heartbeat,
             source: self.source.as_str().to_string(),
             labels: (*self.labels).clone(),
+            eligible: self.eligible,
+            drain: self.drain.clone().map(|mut drain| {
+                let (remaining, staying) = drain_counts(cache, &self.name, jobs);
+                drain.remaining = remaining;
+                drain.staying = staying;
+                drain
+            }),
+            version: self.version.clone(),
+            version_warning: self.version_warning.clone(),
         }
     }
+}
+
+/// The job types by job name, for counting what a drain moves.
+pub type JobTypes<'a> = &'a dyn Fn(&str) -> Option<cube_types::JobType>;
+
+/// What a drain of `node` still has to move (copies of service and batch jobs there, asked
+/// to run or on their way out) and what stays (bare tasks and system jobs' copies).
+pub fn drain_counts(cache: &TaskCache, node: &str, jobs: JobTypes) -> (usize, usize) {
+    let Some(load) = cache.load(node) else {
+        return (0, 0);
+    };
+    let (mut remaining, mut staying) = (0, 0);
+    for id in &load.tasks {
+        let Some(task) = cache.get(id) else { continue };
+        let moves = !task.spec.job.is_empty()
+            && jobs(&task.spec.job).is_some_and(|kind| kind != cube_types::JobType::System);
+        if moves {
+            remaining += 1;
+        } else {
+            staying += 1;
+        }
+    }
+    (remaining, staying)
 }
 
 #[cfg(test)]
@@ -279,6 +351,7 @@ mod tests {
                 .iter()
                 .map(|(key, value)| (key.to_string(), value.to_string()))
                 .collect(),
+            version: None,
         }
     }
 
@@ -318,6 +391,6 @@ mod tests {
         let entry = registry.get("w1").unwrap();
         assert_eq!(entry.labels.get("zone").map(String::as_str), Some("eu"));
         let cache = TaskCache::default();
-        assert_eq!(entry.view(&cache, now, grace).labels, *entry.labels);
+        assert_eq!(entry.view(&cache, now, grace, &|_| None).labels, *entry.labels);
     }
 }

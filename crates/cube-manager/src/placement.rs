@@ -28,7 +28,12 @@ impl Manager {
         let manager = self.clone();
         let pass = move |()| {
             let manager = manager.clone();
-            async move { manager.place_waiting().await }
+            async move {
+                let started = Instant::now();
+                let placed = manager.place_waiting().await;
+                manager.metrics.reconciled("placement", started);
+                placed
+            }
         };
         self.placement_runner
             .run(
@@ -117,8 +122,10 @@ impl Manager {
                     task.status.pending_reason = None;
                     updates.push(task);
                     placed.push(id);
+                    self.metrics.placements.inc();
                 }
                 Decision::NoFit { reasons } => {
+                    self.metrics.placement_failed(&reasons);
                     let reason = summarize_rejections(&request, &views, &reasons);
                     if task.status.pending_reason.as_deref() != Some(reason.as_str()) {
                         tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");

@@ -64,7 +64,9 @@ impl Manager {
         let reconcile = move |id: Uuid| {
             let manager = manager.clone();
             async move {
+                let started = Instant::now();
                 let outcome = manager.reconcile_task(id).await;
+                manager.metrics.reconciled("task", started);
                 if outcome.is_ok() {
                     lock(&manager.failures).remove(&id);
                 }

@@ -46,8 +46,11 @@ impl Heartbeat {
             };
             match (sent, reachable) {
                 (Ok(_), Some(true)) => {}
-                (Ok(_), _) => {
+                (Ok(node), _) => {
                     tracing::info!(manager = %self.manager.base(), "registered with the manager");
+                    if let Some(warning) = &node.version_warning {
+                        tracing::warn!(manager = %self.manager.base(), "{warning}");
+                    }
                     reachable = Some(true);
                 }
                 (Err(err), Some(false)) => tracing::debug!(error = %err, "heartbeat failed"),

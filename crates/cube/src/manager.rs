@@ -22,7 +22,8 @@ use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 #[command(after_help = "Examples:\n  \
     cube manager -p 5555 -s epvm                      # workers register themselves\n  \
     cube manager -s roundrobin -w 127.0.0.1:5556,127.0.0.1:5557\n  \
-    cube manager -d memory                           # nothing kept on disk")]
+    cube manager -d memory                           # nothing kept on disk\n  \
+    cube manager --gc-after 10m                      # ended tasks go after 10 minutes")]
 pub struct ManagerArgs {
     /// Address to listen on.
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
@@ -45,6 +46,11 @@ pub struct ManagerArgs {
     /// How often the manager asks a -w worker for its stats.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     poll_interval: Duration,
+    /// How long an ended task (Completed, Failed with no restart to come, or stopped) is kept,
+    /// with its container and its logs, before it is removed; a stopped job without tasks
+    /// goes too. `cube rm` and `cube prune` remove them at once. At most 24h.
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    gc_after: Duration,
 }
 
 impl ManagerArgs {
@@ -58,6 +64,7 @@ impl ManagerArgs {
             workers: Vec::new(),
             heartbeat_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(2),
+            gc_after: Duration::from_secs(3600),
         }
     }
 }
@@ -107,6 +114,7 @@ pub async fn prepare(
         static_workers: args.workers,
         request_timeout: Duration::from_secs(10),
         max_concurrent_reconciles: 64,
+        gc_after: args.gc_after,
     };
     let manager = Manager::open(config, manager_stores, scheduler, shutdown)
         .context("loading the manager's state")?;
