@@ -33,6 +33,10 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     cube node                              # list workers and what they hold\n  \
     cube events                            # follow every change as it happens\n  \
     cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
+    cube logs -f web                       # a task's output, followed\n  \
+    cube exec web -- ls /www               # a command in a task's container\n  \
+    cube node drain w1                     # move a node's job copies away\n  \
+    cube prune                             # remove the tasks that ended\n  \
     cube job run examples/job-web.yaml     # run a job: 3 copies kept running\n  \
     source <(cube completion bash)         # complete commands and flags in bash\n\n\
     Each command has its own --help."
@@ -49,6 +53,11 @@ enum Command {
     Worker(worker::WorkerArgs),
     Run(cli::RunArgs),
     Stop(cli::StopArgs),
+    Logs(cli::LogsArgs),
+    Exec(cli::ExecArgs),
+    Rm(cli::RmArgs),
+    Prune(cli::PruneArgs),
+    Version(cli::VersionArgs),
     Job(cli::JobArgs),
     Status(cli::StatusArgs),
     Events(cli::EventsArgs),
@@ -173,6 +182,16 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Run(args) => cli::run_task(args).await,
             Command::Stop(args) => cli::stop(args).await,
+            Command::Logs(args) => cli::logs(args).await,
+            Command::Exec(args) => match cli::exec(args).await {
+                Ok(0) => Ok(()),
+                // The command's own exit code; its output was flushed by `cli::exec`.
+                Ok(code) => std::process::exit(code),
+                Err(err) => Err(err),
+            },
+            Command::Rm(args) => cli::rm(args).await,
+            Command::Prune(args) => cli::prune(args).await,
+            Command::Version(args) => cli::version(args).await,
             Command::Job(args) => cli::job(args).await,
             Command::Status(args) => cli::status(args).await,
             Command::Events(args) => cli::events(args).await,

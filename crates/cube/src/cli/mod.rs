@@ -14,15 +14,19 @@
 mod completion;
 mod config;
 mod events;
+mod exec;
 mod input;
 mod job;
 mod job_output;
+mod logs;
 mod node;
 mod output;
+mod prune;
 mod resolve;
 mod run;
 mod status;
 mod stop;
+mod version;
 mod wait;
 mod watch;
 
@@ -38,6 +42,10 @@ use serde::de::DeserializeOwned;
 pub use completion::{CompletionArgs, completion};
 pub use config::{ConfigArgs, config};
 pub use events::{EventsArgs, events};
+pub use exec::{ExecArgs, exec};
+pub use logs::{LogsArgs, logs};
+pub use prune::{PruneArgs, RmArgs, prune, rm};
+pub use version::{VersionArgs, version};
 pub use job::{JobArgs, job};
 pub use node::{NodeArgs, node};
 pub use run::{RunArgs, run_task};
@@ -190,7 +198,13 @@ pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> 
     // subcommand, where they are defined.
     let mut command_end = index;
     let is_action = |arg: &OsString| !arg.to_string_lossy().starts_with('-');
-    if args[index] == "job" && args.get(index + 1).is_some_and(is_action) {
+    if (args[index] == "job"
+        || (args[index] == "node"
+            && args
+                .get(index + 1)
+                .is_some_and(|arg| ["drain", "eligibility", "rm"].contains(&&*arg.to_string_lossy()))))
+        && args.get(index + 1).is_some_and(is_action)
+    {
         command_end += 1;
     }
     let mut moved = Vec::with_capacity(args.len());

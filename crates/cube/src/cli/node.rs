@@ -1,15 +1,19 @@
-//! `cube node [NAME]`: the workers as the manager sees them, and what they hold.
+//! `cube node [NAME]`: the workers as the manager sees them, and what they hold; `cube node
+//! drain|eligibility|rm NAME`: nodes in and out of service.
+
+use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use clap::Args;
+use clap::{Args, Subcommand};
+use cube_types::duration::parse_duration;
 use cube_types::size::format_size;
 use cube_types::{Node, Stats};
 
 use super::output::{
     format_cores, key_values, print_json, print_lines, print_yaml, table, time_ago, time_with_age,
 };
-use super::{ListFlags, ListFormat, ManagerClient};
+use super::{ClusterFlags, ListFlags, ListFormat, ManagerClient};
 
 /// Show nodes: every worker as a table, or one in detail.
 ///
@@ -29,8 +33,14 @@ use super::{ListFlags, ListFormat, ManagerClient};
     cube node                 # every node\n  \
     cube node -o wide         # with ADDRESS, SOURCE, HEARTBEAT, LABELS\n  \
     cube node local           # one node in detail, with its stats\n  \
+    cube node drain w1 --deadline 5m   # move its job copies away, then keep it out\n  \
+    cube node eligibility w1 --enable  # let it take new tasks again\n  \
+    cube node rm w1           # forget a node that is Down\n  \
     cube node -o json | jq '.[] | select(.Status == \"Ready\") | .Name'")]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct NodeArgs {
+    #[command(subcommand)]
+    action: Option<NodeAction>,
     /// Show only this node, in detail: its exact name.
     #[arg(value_name = "NAME")]
     name: Option<String>,
@@ -38,7 +48,62 @@ pub struct NodeArgs {
     flags: ListFlags,
 }
 
+#[derive(Debug, Subcommand)]
+enum NodeAction {
+    /// Take a node out of service: no new task goes there, and its service and batch job
+    /// copies move elsewhere, each new copy healthy before the old one stops (never fewer
+    /// running). Bare tasks and system jobs' copies stay. Progress is shown until the drain
+    /// is done (--detach returns at once); the node then stays ineligible until
+    /// `cube node eligibility NAME --enable`.
+    #[command(after_help = "Examples:\n  \
+        cube node drain w1\n  \
+        cube node drain w1 --deadline 1m   # stop what is left after a minute\n  \
+        cube node drain w1 --detach")]
+    Drain {
+        /// The node's name.
+        name: String,
+        /// After this long, the copies still on the node are stopped without waiting for
+        /// their replacement (e.g. 1m); without it, a drain waits as long as it takes.
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<Duration>,
+        /// Return once the drain started, without following it.
+        #[arg(long)]
+        detach: bool,
+        #[command(flatten)]
+        target: ClusterFlags,
+    },
+    /// Let a node take new tasks (--enable; also ends a drain) or not (--disable: what runs
+    /// there stays).
+    #[command(after_help = "Examples:\n  \
+        cube node eligibility w1 --disable\n  \
+        cube node eligibility w1 --enable")]
+    Eligibility {
+        /// The node's name.
+        name: String,
+        #[arg(long, conflicts_with = "disable", required_unless_present = "disable")]
+        enable: bool,
+        #[arg(long)]
+        disable: bool,
+        #[command(flatten)]
+        target: ClusterFlags,
+    },
+    /// Forget a node that is Down (its worker stopped for good). Refused, with the reason,
+    /// while the node is not Down or holds tasks that may run there; its Lost tasks fail
+    /// (and are restarted elsewhere by their policy).
+    #[command(after_help = "Examples:\n  \
+        cube node rm w1")]
+    Rm {
+        /// The node's name.
+        name: String,
+        #[command(flatten)]
+        target: ClusterFlags,
+    },
+}
+
 pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
+    if let Some(action) = args.action {
+        return node_action(action).await;
+    }
     let manager = ManagerClient::connect_to(&args.flags.target)?;
     let now = Utc::now();
     let format = args.flags.format();
@@ -80,6 +145,104 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+async fn node_action(action: NodeAction) -> anyhow::Result<()> {
+    match action {
+        NodeAction::Drain {
+            name,
+            deadline,
+            detach,
+            target,
+        } => {
+            let manager = ManagerClient::connect_to(&target)?;
+            let mut body = serde_json::json!({});
+            if let Some(deadline) = deadline {
+                body["Deadline"] =
+                    serde_json::json!(cube_types::duration::format_duration(deadline));
+            }
+            let path = format!("/nodes/{}/drain", encode_path_segment(&name));
+            let (_, node): (u16, Node) = manager.post(&path, &body).await?;
+            println!("draining {name}: it takes no new task{}", match deadline {
+                Some(deadline) => format!(
+                    "; copies still there after {} are stopped",
+                    cube_types::duration::format_duration(deadline)
+                ),
+                None => String::new(),
+            });
+            if detach {
+                return Ok(());
+            }
+            follow_drain(&manager, &name, node).await
+        }
+        NodeAction::Eligibility {
+            name,
+            enable,
+            disable: _,
+            target,
+        } => {
+            let manager = ManagerClient::connect_to(&target)?;
+            let path = format!("/nodes/{}/eligibility", encode_path_segment(&name));
+            let (_, _node): (u16, Node) = manager
+                .post(&path, &serde_json::json!({"Eligible": enable}))
+                .await?;
+            if enable {
+                println!("{name} is eligible: new tasks may go there");
+            } else {
+                println!("{name} is ineligible: no new task goes there; what runs there stays");
+            }
+            Ok(())
+        }
+        NodeAction::Rm { name, target } => {
+            let manager = ManagerClient::connect_to(&target)?;
+            manager
+                .delete(&format!("/nodes/{}", encode_path_segment(&name)))
+                .await?;
+            println!("removed node {name}");
+            Ok(())
+        }
+    }
+}
+
+/// Follows a drain with blocking queries on `GET /nodes` until it is done, a line each time
+/// what is left to move changes.
+async fn follow_drain(manager: &ManagerClient, name: &str, node: Node) -> anyhow::Result<()> {
+    let mut index = 0;
+    let mut last: Option<(usize, usize)> = None;
+    let mut node = node;
+    loop {
+        let Some(drain) = &node.drain else {
+            println!(
+                "{name} is drained: its job copies run elsewhere; it stays ineligible until \
+                 cube node eligibility {name} --enable"
+            );
+            return Ok(());
+        };
+        let now = (drain.remaining, drain.staying);
+        if last != Some(now) {
+            let stays = match drain.staying {
+                0 => String::new(),
+                1 => "; 1 task stays (a bare task or a system job's)".to_string(),
+                n => format!("; {n} tasks stay (bare tasks or system jobs')"),
+            };
+            println!(
+                "{name}: {} job cop{} to move{stays}",
+                drain.remaining,
+                if drain.remaining == 1 { "y" } else { "ies" }
+            );
+            last = Some(now);
+        }
+        let (nodes, next): (Vec<Node>, Option<u64>) = manager
+            .api
+            .get_blocking("/nodes", index, Duration::from_secs(30))
+            .await
+            .map_err(|err| manager.explain(err))?;
+        index = next.unwrap_or(index);
+        node = nodes
+            .into_iter()
+            .find(|node| node.name == name)
+            .ok_or_else(|| anyhow!("node {name} was removed while it drained"))?;
+    }
+}
+
 /// The node table, in the order given; `wide` adds ADDRESS, SOURCE, HEARTBEAT and LABELS.
 fn node_table(nodes: &[Node], now: DateTime<Utc>, wide: bool) -> Vec<String> {
     let mut header = vec!["NAME", "STATUS", "CPU", "MEMORY", "DISK", "TASKS"];
@@ -90,7 +253,7 @@ fn node_table(nodes: &[Node], now: DateTime<Utc>, wide: bool) -> Vec<String> {
     rows.extend(nodes.iter().map(|node| {
         let mut row = vec![
             node.name.clone(),
-            node.status.to_string(),
+            status_cell(node),
             cpu_cell(node),
             sizes(node.allocated.memory, node.capacity.memory),
             sizes(node.allocated.disk, node.capacity.disk),
@@ -114,7 +277,7 @@ fn node_details(node: &Node, now: DateTime<Utc>) -> Vec<String> {
     let mut pairs = vec![
         ("Name", node.name.clone()),
         ("Address", node.address.clone()),
-        ("Status", node.status.to_string()),
+        ("Status", status_cell(node)),
         ("Source", node.source.clone()),
         ("Labels", labels_cell(node)),
         ("Tasks", node.task_count.to_string()),
@@ -135,6 +298,35 @@ fn node_details(node: &Node, now: DateTime<Utc>) -> Vec<String> {
         ),
         ("LastHeartbeat", time_with_age(node.last_heartbeat, now)),
     ];
+    if let Some(drain) = &node.drain {
+        pairs.push((
+            "Drain",
+            format!(
+                "{} job copies to move, {} staying; since {}{}",
+                drain.remaining,
+                drain.staying,
+                time_with_age(drain.start_time, now),
+                drain
+                    .deadline
+                    .map(|deadline| format!(", deadline {}", deadline.to_rfc3339()))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    if let Some(version) = &node.version {
+        pairs.push((
+            "Version",
+            format!(
+                "cube {} ({}), docker {}",
+                version.version,
+                version.commit,
+                version.docker.as_deref().unwrap_or("unknown")
+            ),
+        ));
+    }
+    if let Some(warning) = &node.version_warning {
+        pairs.push(("VersionWarning", warning.clone()));
+    }
     match &node.stats {
         Some(stats) => pairs.extend(stats_pairs(stats)),
         None => pairs.push(("Stats", "none reported yet".to_string())),
@@ -181,6 +373,15 @@ fn stats_pairs(stats: &Stats) -> Vec<(&'static str, String)> {
         ),
         ("Containers", stats.task_count.to_string()),
     ]
+}
+
+/// `Ready`, with `,ineligible` or `,draining` when the node takes no new task.
+fn status_cell(node: &Node) -> String {
+    match (&node.drain, node.eligible) {
+        (Some(_), _) => format!("{},draining", node.status),
+        (None, false) => format!("{},ineligible", node.status),
+        (None, true) => node.status.to_string(),
+    }
 }
 
 /// `disk=ssd,zone=eu`, or `-` for a node without labels.

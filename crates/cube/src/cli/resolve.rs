@@ -1,8 +1,9 @@
 //! Finding the task a user means, as Docker finds a container: by its full ID, by a unique
-//! prefix of its ID, or by its exact name when no other task has it.
+//! prefix of its ID, or by its exact name when no other task has it — or, when tasks share
+//! the name (a task that ended and its re-run), the one of them that has not ended.
 
 use anyhow::anyhow;
-use cube_types::Task;
+use cube_types::{State, Task};
 use uuid::Uuid;
 
 use super::ManagerClient;
@@ -44,8 +45,31 @@ pub fn match_task<'a>(tasks: &'a [Task], query: &str) -> TaskMatch<'a> {
     match candidates.len() {
         0 => TaskMatch::None,
         1 => TaskMatch::One(candidates.remove(0)),
-        _ => TaskMatch::Several(candidates),
+        _ => {
+            // Tasks that share the name asked for, and nothing else: the live one, when one
+            // alone is live (a name is run again once its last run ended).
+            let by_name_only = candidates.iter().all(|task| task.name == query);
+            let live: Vec<&Task> = candidates
+                .iter()
+                .copied()
+                .filter(|task| !is_ended(task))
+                .collect();
+            if by_name_only && live.len() == 1 {
+                TaskMatch::One(live[0])
+            } else {
+                TaskMatch::Several(candidates)
+            }
+        }
     }
+}
+
+/// A task whose run is over and that will not run again by itself: Completed, Failed or Lost
+/// with no restart to come. `cube status` leaves these out unless asked.
+pub fn is_ended(task: &Task) -> bool {
+    matches!(
+        task.status.state,
+        State::Completed | State::Failed | State::Lost
+    ) && task.status.next_restart.is_none()
 }
 
 /// The one task `query` names, from the manager's list, or an error that says why not: no
@@ -166,6 +190,19 @@ mod tests {
         assert_eq!(matched_name(&tasks, "db"), Some("db".to_string()));
         assert_eq!(matched_name(&tasks, "cache"), Some("cache".to_string()));
         assert_eq!(match_task(&tasks, "cach"), TaskMatch::None);
+    }
+
+    #[test]
+    fn a_name_resolves_to_the_live_task_after_a_rerun() {
+        let mut tasks = tasks();
+        tasks[3].status.state = State::Completed;
+        assert_eq!(
+            match_task(&tasks, "twin"),
+            TaskMatch::One(&tasks[4]),
+            "the ended run gives way to the one that runs"
+        );
+        tasks[4].status.state = State::Failed;
+        assert!(matches!(match_task(&tasks, "twin"), TaskMatch::Several(_)));
     }
 
     #[test]

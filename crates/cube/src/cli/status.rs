@@ -14,7 +14,7 @@ use super::output::{
     format_cores, key_values, print_json, print_lines, print_yaml, table, time_ago, time_until,
     time_with_age,
 };
-use super::resolve::find_task;
+use super::resolve::{find_task, is_ended};
 use super::watch::{check_format, watch};
 use super::{ListFlags, ListFormat, ManagerClient};
 
@@ -160,14 +160,6 @@ fn listed(mut tasks: Vec<Task>, all: bool) -> (Vec<Task>, usize) {
     (tasks, hidden)
 }
 
-/// A task whose run is over and that will not run again by itself: Completed, Failed or Lost
-/// with no restart to come. `cube status` leaves these out unless asked.
-fn is_ended(task: &Task) -> bool {
-    matches!(
-        task.status.state,
-        State::Completed | State::Failed | State::Lost
-    ) && task.status.next_restart.is_none()
-}
 
 /// `3 ended tasks not shown; cube status --all`, when some were left out.
 fn hidden_footer(hidden: usize, manager_hint: &str) -> Option<String> {

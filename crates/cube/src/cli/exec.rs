@@ -1,0 +1,56 @@
+//! `cube exec TASK -- CMD ARGS...`: a command run in a task's container, through its worker;
+//! its output printed as it comes, and its exit code the command's own.
+
+use std::io::Write;
+
+use anyhow::anyhow;
+use clap::Args;
+use cube_api::{LineStream, Method};
+
+use super::logs::{Ended, print_output};
+use super::resolve::find_task;
+use super::{ClusterFlags, ManagerClient};
+
+/// Run a command in a running task's container, like docker exec.
+///
+/// The command's stdout goes to stdout and its stderr to stderr, as they come; `cube exec`
+/// exits with the command's exit code. TASK is a full ID, a unique ID prefix or a name, as
+/// for `cube logs`. The command gets no input and no terminal: an interactive terminal
+/// (`-it`) is not there yet (see the README).
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    cube exec web -- ls -l /www\n  \
+    cube exec web.api[2] -- sh -c 'wget -qO- 127.0.0.1:7777/health'\n  \
+    cube exec 3f2a -- cat /etc/hostname")]
+pub struct ExecArgs {
+    /// The task: a full ID, a unique ID prefix, or a name.
+    #[arg(value_name = "TASK")]
+    task: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+    #[command(flatten)]
+    target: ClusterFlags,
+}
+
+/// Runs the command; returns its exit code for `cube` to exit with.
+pub async fn exec(args: ExecArgs) -> anyhow::Result<i32> {
+    let manager = ManagerClient::connect_to(&args.target)?;
+    let task = find_task(&manager, &args.task).await?;
+    let body = serde_json::json!({"Cmd": args.command});
+    let response = manager
+        .api
+        .open_stream(Method::POST, &format!("/tasks/{}/exec", task.id), Some(&body))
+        .await
+        .map_err(|err| manager.explain(err))?;
+    let ended = print_output(LineStream::of(response)).await?;
+    std::io::stdout().flush()?;
+    match ended {
+        Ended::Exit(Some(code)) => Ok(i32::try_from(code).unwrap_or(1)),
+        Ended::Exit(None) => Err(anyhow!("the command ended, but its exit code is unknown")),
+        Ended::Error(message) => Err(anyhow!("{message}")),
+        Ended::Done | Ended::Task(_) => Err(anyhow!(
+            "the command's output ended without its exit code (the worker stopped?)"
+        )),
+    }
+}
