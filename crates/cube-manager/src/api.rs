@@ -118,7 +118,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
     )
 }
 
-/// Counts every request a route answered, by the route's pattern (`/tasks/{id}`, not each
+/// Counts every request a route answered, by the route's pattern (`/tasks/:id`, not each
 /// ID), method and status.
 async fn count_request(
     State(manager): State<Arc<Manager>>,
@@ -128,7 +128,12 @@ async fn count_request(
     let route = request
         .extensions()
         .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+        // `/tasks/:id` rather than `/tasks/{id}`: braces are valid in a label value, but
+        // simple parsers of the text format read them as the end of the labels.
+        .map_or_else(
+            || "unmatched".to_string(),
+            |path| path.as_str().replace('{', ":").replace('}', ""),
+        );
     let method = request.method().to_string();
     let response = next.run(request).await;
     manager
@@ -159,7 +164,7 @@ async fn metrics(State(manager): State<Arc<Manager>>) -> Result<Response, ApiErr
     Ok((
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
     )

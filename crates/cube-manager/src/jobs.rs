@@ -1016,4 +1016,88 @@ mod tests {
             Some(cube_types::deployment::DeploymentState::Cancelled)
         );
     }
+
+    /// Two healthy copies on w1, which drains; `replacements` new copies elsewhere, healthy
+    /// or not.
+    fn drained(healthy_replacements: usize, starting: usize) -> (JobRecord, Vec<Task>) {
+        let job = record(JobType::Service, Some(2));
+        let mut tasks = Vec::new();
+        for index in 0..2 {
+            let mut old = healthy_copy(&job, index);
+            old.status.node_name = "w1".into();
+            tasks.push(old);
+        }
+        for index in 0..(healthy_replacements + starting) as u32 {
+            let mut new = copy(&job, index, State::Running);
+            new.status.node_name = "w2".into();
+            if index as usize >= healthy_replacements {
+                new.status.state = State::Scheduled;
+            }
+            tasks.push(new);
+        }
+        (job, tasks)
+    }
+
+    fn draining_w1() -> Vec<NodeFacts> {
+        let mut w1 = node("w1", true, "eu");
+        w1.eligible = false;
+        w1.drain = Some(None);
+        vec![w1, node("w2", true, "eu")]
+    }
+
+    #[test]
+    fn a_drain_makes_new_copies_first_and_stops_no_old_one_before_they_are_healthy() {
+        let (job, tasks) = drained(0, 0);
+        let owned: Vec<&Task> = tasks.iter().collect();
+        let planned = plan(&job, &draining_w1(), &owned);
+        assert_eq!(names(&planned.create), ["web.api[0]", "web.api[1]"]);
+        assert!(planned.stop.is_empty(), "{planned:?}");
+        let (job, tasks) = drained(0, 2);
+        let owned: Vec<&Task> = tasks.iter().collect();
+        let planned = plan(&job, &draining_w1(), &owned);
+        assert!(planned.is_empty(), "new copies not healthy yet: {planned:?}");
+    }
+
+    #[test]
+    fn a_drain_stops_an_old_copy_for_each_new_one_that_is_healthy() {
+        let (job, tasks) = drained(1, 1);
+        let owned: Vec<&Task> = tasks.iter().collect();
+        let planned = plan(&job, &draining_w1(), &owned);
+        assert!(planned.create.is_empty());
+        assert_eq!(planned.stop.len(), 1, "{planned:?}");
+        assert!(planned.stop[0].reason.contains("drains"), "{planned:?}");
+        let (job, tasks) = drained(2, 0);
+        let owned: Vec<&Task> = tasks.iter().collect();
+        assert_eq!(plan(&job, &draining_w1(), &owned).stop.len(), 2);
+    }
+
+    #[test]
+    fn a_drains_deadline_stops_what_is_left_and_is_looked_at_again() {
+        let (job, tasks) = drained(0, 2);
+        let owned: Vec<&Task> = tasks.iter().collect();
+        let mut nodes = draining_w1();
+        nodes[0].drain = Some(Some(Utc::now() + chrono::Duration::minutes(1)));
+        let planned = plan(&job, &nodes, &owned);
+        assert!(planned.stop.is_empty());
+        assert!(planned.look_again_at.is_some(), "at the deadline");
+        nodes[0].drain = Some(Some(Utc::now() - chrono::Duration::seconds(1)));
+        let planned = plan(&job, &nodes, &owned);
+        assert_eq!(planned.stop.len(), 2, "{planned:?}");
+    }
+
+    #[test]
+    fn a_system_job_makes_no_copy_on_an_ineligible_node_and_keeps_the_one_there() {
+        let job = record(JobType::System, None);
+        let mut nodes = vec![node("w1", true, "eu")];
+        let first = plan(&job, &nodes, &[]);
+        assert_eq!(first.create.len(), 1);
+        let mut on_w1 = first.create[0].clone();
+        on_w1.status.state = State::Running;
+        on_w1.status.node_name = "w1".into();
+        nodes[0].eligible = false;
+        nodes[0].drain = Some(None);
+        assert!(plan(&job, &nodes, &[]).create.is_empty());
+        let kept = plan(&job, &nodes, &[&on_w1]);
+        assert!(kept.is_empty() && kept.keep == [on_w1.id], "{kept:?}");
+    }
 }

@@ -359,7 +359,7 @@ async fn metrics<R: Runtime>(State(worker): State<Arc<Worker<R>>>) -> Result<Res
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         text,
     )

@@ -394,9 +394,14 @@ impl<R: Runtime> Worker<R> {
     /// Waits until a task changed after `index`, or `wait` is over. An index this worker
     /// never reached (the caller followed another store, or this worker's store was
     /// replaced) is answered at once.
+    /// A worker that stops answers at once, so that a manager's open query does not hold
+    /// the server's graceful shutdown for the rest of its wait.
     pub async fn wait_for_change(&self, index: u64, wait: Duration) {
         let mut changes = self.observed.subscribe();
-        let _ = tokio::time::timeout(wait, changes.wait_for(|current| *current != index)).await;
+        tokio::select! {
+            _ = self.closing.cancelled() => {}
+            _ = tokio::time::timeout(wait, changes.wait_for(|current| *current != index)) => {}
+        }
     }
 
     /// What this worker says about itself in heartbeats and on `GET /node`.

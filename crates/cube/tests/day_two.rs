@@ -1,0 +1,380 @@
+//! Day-two operations as an operator meets them, against real processes and the real Docker
+//! engine: a task's logs (followed to its end, and read after it failed), a command in its
+//! container, draining a node without ever running fewer copies, forgetting a node that is
+//! gone, removing what ended (now and after `--gc-after`), names after a re-run, versions,
+//! and `/metrics` read by a Prometheus text-format parser.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{
+    ManagerProcess, OneNodeCluster, SAMPLE_IMAGE, STATE_BOUND, containers_with_label, cube_cli,
+    running_containers_with_label, shell_task, unique_node, web_task,
+};
+
+fn cube() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cube"))
+}
+
+#[tokio::test]
+async fn cube_logs_follows_a_task_until_it_exits_and_its_logs_stay_readable_after_it_failed() {
+    let cluster = OneNodeCluster::start("logs").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+    let id = client
+        .submit(&shell_task(
+            "talker",
+            "echo first; for i in 1 2 3 4 5; do sleep 0.3; echo line $i; done; echo oops >&2; exit 3",
+        ))
+        .await;
+    client.await_state(&id, "Running").await;
+
+    let mut follower = cube()
+        .args(["logs", "-f", "talker"])
+        .env("CUBE_MANAGER", &address)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    let lines = tokio::time::timeout(STATE_BOUND, lines)
+        .await
+        .expect("cube logs -f ends when the task ends")
+        .unwrap();
+    let ended = follower.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&ended.stderr);
+    assert!(ended.status.success(), "{stderr}");
+    assert_eq!(
+        lines,
+        ["first", "line 1", "line 2", "line 3", "line 4", "line 5"],
+        "every line, in order, on stdout"
+    );
+    assert!(stderr.contains("oops"), "the container's stderr: {stderr}");
+    assert!(
+        stderr.contains("ended Failed, exit code 3"),
+        "the last line says how the task ended: {stderr}"
+    );
+
+    // Failed, and still readable.
+    client.await_state(&id, "Failed").await;
+    let (ok, out, err) = cube_cli(&address, &["logs", "talker"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().next(), Some("first"));
+    assert!(out.contains("line 5") && err.contains("oops"), "{out} / {err}");
+    // As with docker logs, --tail counts the lines of both streams.
+    let (ok, out, err) = cube_cli(&address, &["logs", "--tail", "2", "talker"]);
+    assert!(ok);
+    assert_eq!((out.as_str(), err.as_str()), ("line 5\n", "oops\n"));
+    let (ok, out, err) = cube_cli(&address, &["logs", "--tail", "2", "--no-stderr", "talker"]);
+    assert!(ok);
+    assert_eq!((out.as_str(), err.as_str()), ("line 5\n", ""));
+
+    // The API's own words for a task that has no container.
+    let waiting = client
+        .submit(&json!({"Name": "huge", "Image": SAMPLE_IMAGE, "Memory": "1PiB"}))
+        .await;
+    let answer = client.get(&format!("/tasks/{waiting}/logs")).await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.message().contains("never placed"), "{}", answer.body);
+}
+
+#[tokio::test]
+async fn cube_exec_prints_the_commands_output_and_exits_with_its_code() {
+    let cluster = OneNodeCluster::start("exec").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+    client.run(&web_task("shell")).await;
+    let output = cube()
+        .args([
+            "exec",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            "ls /www; echo to-stderr >&2; exit 7",
+        ])
+        .env("CUBE_MANAGER", &address)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(7), "{stdout} / {stderr}");
+    assert!(stdout.contains("health"), "the command's stdout: {stdout}");
+    assert!(stderr.contains("to-stderr"), "its stderr: {stderr}");
+    let (ok, out, err) = cube_cli(&address, &["exec", "shell", "--", "echo", "hello"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "hello\n");
+    let stopped = client.submit(&shell_task("brief", "exit 0")).await;
+    client.await_state(&stopped, "Completed").await;
+    let (ok, _, err) = cube_cli(&address, &["exec", "brief", "--", "true"]);
+    assert!(!ok && err.contains("Running"), "{err}");
+}
+
+/// Copies of job `web` that run and are meant to.
+async fn running_copies(client: &support::Client) -> Vec<Value> {
+    let tasks = client.get("/tasks?job=web&summary=true").await.body;
+    tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|task| task["State"] == "Running" && task["DesiredState"] == "Running")
+        .cloned()
+        .collect()
+}
+
+#[tokio::test]
+async fn draining_a_node_moves_its_copies_without_ever_running_fewer_and_it_takes_nothing_until_enabled()
+ {
+    support::ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let address = manager.address();
+    let w1 = manager.join_worker(&unique_node("drain1"), &[]);
+    manager.await_ready_nodes(1).await;
+    let job = json!({"Name": "web", "Type": "service", "Groups": [{"Name": "api", "Count": 2,
+        "Task": {"Image": SAMPLE_IMAGE, "ExposedPorts": {"7777/tcp": {}},
+                 "PortBindings": {"7777/tcp": ""}, "HealthCheck": "/health",
+                 "HealthCheckInterval": "300ms"}}]});
+    let answer = client.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let deadline = Instant::now() + STATE_BOUND;
+    while running_copies(&client).await.len() < 2 {
+        assert!(Instant::now() < deadline, "the job's 2 copies never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let w2 = manager.join_worker(&unique_node("drain2"), &[]);
+    manager.await_ready_nodes(2).await;
+
+    let drain = {
+        let address = address.clone();
+        let name = w1.name.clone();
+        tokio::task::spawn_blocking(move || cube_cli(&address, &["node", "drain", &name]))
+    };
+    // Never fewer than 2 copies running, until the drain is done.
+    let mut fewest = usize::MAX;
+    while !drain.is_finished() {
+        fewest = fewest.min(running_copies(&client).await.len());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (ok, out, err) = drain.await.unwrap();
+    assert!(ok, "{out} / {err}");
+    assert!(out.contains("is drained"), "{out}");
+    assert_eq!(fewest, 2, "a copy stopped before its replacement was healthy");
+    let copies = running_copies(&client).await;
+    assert_eq!(copies.len(), 2);
+    assert!(copies.iter().all(|task| task["NodeName"] == w2.name.as_str()));
+    assert!(running_containers_with_label(&format!("cube.node={}", w1.name)).is_empty());
+    let node = client.get(&format!("/nodes/{}", w1.name)).await.body;
+    assert_eq!(node["Eligible"], false, "{node}");
+    assert!(node.get("Drain").is_none(), "the drain is over: {node}");
+
+    // Nothing new goes there until it is enabled.
+    let pinned = client
+        .submit(&json!({"Name": "pinned", "Image": SAMPLE_IMAGE, "Constraints": [
+            {"Attribute": "node.name", "Operator": "=", "Value": w1.name}]}))
+        .await;
+    let waiting = client
+        .await_task(&pinned, "a reason", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|why| why.contains("ineligible"))
+        })
+        .await;
+    assert_eq!(waiting["State"], "Pending");
+    let (ok, _, err) = cube_cli(&address, &["node", "eligibility", &w1.name, "--enable"]);
+    assert!(ok, "{err}");
+    let placed = client.await_state(&pinned, "Running").await;
+    assert_eq!(placed["NodeName"], w1.name.as_str());
+}
+
+#[tokio::test]
+async fn cube_node_rm_forgets_a_down_node_and_refuses_one_that_is_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager =
+        ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--heartbeat-grace", "1s"]);
+    let address = manager.address();
+    let worker = manager.join_worker(&unique_node("gone"), &[]);
+    manager.await_ready_nodes(1).await;
+    let name = worker.name.clone();
+    let (ok, _, err) = cube_cli(&address, &["node", "rm", &name]);
+    assert!(!ok && err.contains("only a Down node"), "{err}");
+    worker.terminate(STATE_BOUND);
+    manager
+        .await_nodes("the node Down", |nodes| nodes[0]["Status"] == "Down")
+        .await;
+    let (ok, out, err) = cube_cli(&address, &["node", "rm", &name]);
+    assert!(ok, "{err}");
+    assert!(out.contains("removed node"), "{out}");
+    let nodes = manager.client().get("/nodes").await.body;
+    assert_eq!(nodes, json!([]));
+    let answer = manager.client().get(&format!("/nodes/{name}")).await;
+    assert_eq!(answer.status, 404);
+}
+
+#[tokio::test]
+async fn cube_prune_removes_ended_tasks_with_their_containers_and_leaves_running_ones() {
+    let cluster = OneNodeCluster::start("prune").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+    let done = client.submit(&shell_task("done", "echo bye")).await;
+    client.await_state(&done, "Completed").await;
+    let (running, _) = client.run(&web_task("stays")).await;
+    let label = format!("cube.task-id={done}");
+    assert_eq!(
+        containers_with_label(&label).len(),
+        1,
+        "an ended task's container is kept, for its logs"
+    );
+    let (ok, out, err) = cube_cli(&address, &["rm", "stays"]);
+    assert!(!ok && err.contains("stop it first"), "{out} / {err}");
+    let (ok, out, err) = cube_cli(&address, &["prune"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("removed task done"), "{out}");
+    assert_eq!(client.get(&format!("/tasks/{done}")).await.status, 404);
+    assert!(containers_with_label(&label).is_empty(), "its container is gone");
+    assert_eq!(client.get(&format!("/tasks/{running}")).await.status, 200);
+}
+
+#[tokio::test]
+async fn the_garbage_collector_removes_what_ended_after_gc_after() {
+    support::ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let manager =
+        ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--gc-after", "1s"]);
+    let _worker = manager.join_worker(&unique_node("gc"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let id = client.submit(&shell_task("short", "exit 0")).await;
+    client.await_state(&id, "Completed").await;
+    let deadline = Instant::now() + STATE_BOUND;
+    while client.get(&format!("/tasks/{id}")).await.status != 404 {
+        assert!(Instant::now() < deadline, "the ended task was never removed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(containers_with_label(&format!("cube.task-id={id}")).is_empty());
+}
+
+#[tokio::test]
+async fn a_name_resolves_to_the_live_task_after_a_rerun() {
+    let cluster = OneNodeCluster::start("rerun").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+    let first = client.submit(&shell_task("again", "echo one")).await;
+    client.await_state(&first, "Completed").await;
+    let (second, _) = client.run(&web_task("again")).await;
+    let (ok, out, err) = cube_cli(&address, &["status", "again", "-o", "json"]);
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["ID"], second.as_str());
+    let (ok, out, _) = cube_cli(&address, &["logs", "again"]);
+    assert!(ok && !out.contains("one"), "the live run's logs: {out}");
+}
+
+/// The samples of `family` in a scrape, by the value of `label`.
+fn by_label(scrape: &prometheus_parse::Scrape, family: &str, label: &str) -> Vec<(String, f64)> {
+    scrape
+        .samples
+        .iter()
+        .filter(|sample| sample.metric == family || sample.metric == format!("{family}_total"))
+        .filter_map(|sample| {
+            let value = match sample.value {
+                prometheus_parse::Value::Gauge(value)
+                | prometheus_parse::Value::Counter(value)
+                | prometheus_parse::Value::Untyped(value) => value,
+                _ => return None,
+            };
+            Some((sample.labels.get(label)?.to_string(), value))
+        })
+        .collect()
+}
+
+async fn scrape(url: &str) -> prometheus_parse::Scrape {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|line| Ok(line.to_string())))
+        .unwrap_or_else(|err| panic!("not the Prometheus text format ({err}): {text}"))
+}
+
+#[tokio::test]
+async fn metrics_parse_as_prometheus_text_and_the_task_gauges_match_get_tasks() {
+    let cluster = OneNodeCluster::start("metrics").await;
+    let client = cluster.manager.client();
+    client.run(&web_task("m1")).await;
+    let done = client.submit(&shell_task("m2", "exit 0")).await;
+    client.await_state(&done, "Completed").await;
+
+    let scraped = scrape(&cluster.manager.url).await;
+    let tasks = client.get("/tasks").await.body;
+    for (state, value) in by_label(&scraped, "cube_tasks", "state") {
+        let listed = tasks
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|task| task["State"] == state.as_str())
+            .count();
+        assert_eq!(value as usize, listed, "cube_tasks{{state={state:?}}}");
+    }
+    assert_eq!(
+        by_label(&scraped, "cube_nodes", "state")
+            .into_iter()
+            .find(|(state, _)| state == "Ready")
+            .map(|(_, value)| value),
+        Some(1.0)
+    );
+    let node = &cluster.worker.name;
+    assert!(
+        by_label(&scraped, "cube_node_capacity_memory_bytes", "node")
+            .iter()
+            .any(|(name, value)| name == node && *value > 0.0)
+    );
+    assert!(
+        by_label(&scraped, "cube_http_requests", "route")
+            .iter()
+            .any(|(route, _)| route == "/tasks/:id"),
+        "requests are counted by route pattern"
+    );
+    assert!(scraped.docs.contains_key("cube_reconcile_duration_seconds"));
+
+    let worker = scrape(&cluster.worker.url).await;
+    let running = by_label(&worker, "cube_worker_tasks", "state");
+    assert!(running.contains(&("Running".to_string(), 1.0)), "{running:?}");
+    assert!(worker.docs.contains_key("cube_worker_docker_call_duration_seconds"));
+}
+
+#[tokio::test]
+async fn cube_version_names_the_client_the_manager_and_each_nodes_docker() {
+    let cluster = OneNodeCluster::start("version").await;
+    let (ok, out, err) = cube_cli(&cluster.manager.address(), &["version"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Client:  cube "), "{out}");
+    assert!(out.contains("Manager: cube "), "{out}");
+    let docker = Command::new("docker")
+        .args(["version", "--format", "{{.Server.Version}}"])
+        .output()
+        .unwrap();
+    let docker = String::from_utf8_lossy(&docker.stdout).trim().to_string();
+    assert!(
+        out.lines()
+            .any(|line| line.contains(&cluster.worker.name) && line.contains(&docker)),
+        "the node's Docker version {docker}: {out}"
+    );
+    let worker = cluster.worker.client().get("/version").await.body;
+    assert_eq!(worker["Docker"], docker.as_str());
+}
