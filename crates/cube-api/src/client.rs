@@ -300,6 +300,46 @@ impl ApiClient {
     }
 }
 
+impl ApiClient {
+    /// A request to switch the connection to `protocol` (`Upgrade`): the `101` answer, whose
+    /// [`Response::upgrade`] is the connection, or the server's error.
+    pub async fn open_upgrade(
+        &self,
+        path: &str,
+        protocol: &str,
+    ) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}{path}", self.base);
+        let request = self
+            .http
+            .get(&url)
+            .header(reqwest::header::CONNECTION, "Upgrade")
+            .header(reqwest::header::UPGRADE, protocol);
+        let response = tokio::time::timeout(self.timeout, request.send())
+            .await
+            .map_err(|_| ClientError::Unreachable {
+                url: url.clone(),
+                reason: format!("no answer within {:?}", self.timeout),
+            })?
+            .map_err(|err| ClientError::Unreachable {
+                url: url.clone(),
+                reason: error_chain(&err),
+            })?;
+        if response.status() != StatusCode::SWITCHING_PROTOCOLS {
+            if response.status().is_success() {
+                return Err(ClientError::Decode {
+                    url,
+                    reason: format!(
+                        "answered {} instead of switching protocols",
+                        response.status()
+                    ),
+                });
+            }
+            return Err(error_answer(url, response).await);
+        }
+        Ok(response)
+    }
+}
+
 /// The longest line a [`LineStream`] holds: an event is a few KiB; anything far longer is
 /// not a Cube server's answer.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;

@@ -8,6 +8,7 @@
 //! This crate knows HTTP and JSON but no component's logic: it never decides anything about
 //! tasks or nodes.
 
+pub mod attach;
 pub mod client;
 pub mod server;
 

@@ -5,6 +5,7 @@
 
 mod burst;
 mod containers;
+mod day_two;
 mod events;
 mod footprint;
 mod load;
@@ -169,6 +170,32 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// `cube logs -f` next to `docker logs -f` on the same container: a line printed in the
+    /// container until it is on the follower's stdout, p50 and p99.
+    LogsLatency {
+        /// How many lines the container prints.
+        #[arg(long, default_value_t = 1000)]
+        lines: usize,
+        /// Milliseconds between two lines.
+        #[arg(long, default_value_t = 5)]
+        interval_ms: u64,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// GET /metrics timed on a manager holding --tasks tasks (simulated workers), and the
+    /// manager's RSS before and after --scrapes scrapes.
+    MetricsScrape {
+        #[arg(long, default_value_t = 100_000)]
+        tasks: usize,
+        #[arg(long, default_value_t = 100)]
+        scrapes: usize,
+        #[arg(long, value_enum, default_value_t = load::DbType::Persistent)]
+        dbtype: load::DbType,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -245,6 +272,17 @@ async fn main() -> anyhow::Result<()> {
             idle_seconds,
             cube,
         } => events::events(tasks, &subscribers, idle_seconds, &cube_binary(cube)?).await,
+        Command::LogsLatency {
+            lines,
+            interval_ms,
+            cube,
+        } => day_two::logs_latency(lines, interval_ms, &cube_binary(cube)?).await,
+        Command::MetricsScrape {
+            tasks,
+            scrapes,
+            dbtype,
+            cube,
+        } => day_two::metrics_scrape(tasks, scrapes, dbtype, &cube_binary(cube)?).await,
         Command::SimWorkers {
             manager,
             count,

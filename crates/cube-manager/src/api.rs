@@ -81,6 +81,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/tasks/{id}/placement", get(get_placement))
         .route("/tasks/{id}/logs", get(task_logs))
         .route("/tasks/{id}/exec", post(exec_in_task))
+        .route("/tasks/{id}/exec/attach", get(exec_attach))
         .route("/nodes", get(list_nodes))
         .route(
             "/nodes/{name}",
@@ -109,7 +110,8 @@ pub fn router(manager: Arc<Manager>) -> Router {
     with_json_fallbacks(
         routes,
         "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
-         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET|POST /jobs, \
+         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
+         GET|POST /jobs, \
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
          GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
          GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
@@ -197,6 +199,37 @@ async fn exec_in_task(
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response())
 }
 
+/// `GET /tasks/{id}/exec/attach?cmd=["sh"]&tty=true` with `Upgrade: cube-exec`: an
+/// interactive command through the task's worker (`cube exec -it`).
+async fn exec_attach(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(id): JsonPath<String>,
+    RawQuery(query): RawQuery,
+    mut request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let id = parse_task_id(&id)?;
+    let upgrade = request
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|value| value.to_str().ok());
+    if upgrade != Some(cube_api::attach::PROTOCOL) {
+        return Err(ApiError::bad_request(format!(
+            "an interactive command needs `Upgrade: {}` (cube exec -it)",
+            cube_api::attach::PROTOCOL
+        )));
+    }
+    let user = hyper::upgrade::on(&mut request);
+    manager
+        .exec_attach(id, query.as_deref().unwrap_or_default(), user)
+        .await?;
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, cube_api::attach::PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_default())
+}
+
 /// `POST /tasks/prune`: removes every ended task now (with its container) and the stopped
 /// jobs left without tasks.
 async fn prune_tasks(State(manager): State<Arc<Manager>>) -> Json<crate::gc::Pruned> {
@@ -247,7 +280,9 @@ async fn node_eligibility(
 ) -> Result<Json<Node>, ApiError> {
     let request: EligibilityRequest =
         cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
-    Ok(Json(manager.set_eligibility(&name, request.eligible).await?))
+    Ok(Json(
+        manager.set_eligibility(&name, request.eligible).await?,
+    ))
 }
 
 async fn remove_node(

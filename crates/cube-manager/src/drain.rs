@@ -190,14 +190,16 @@ impl Manager {
         };
         for name in done {
             let result = self
-                .update_node(&name, |entry| {
-                    entry.drain.take().map(|_| "NodeDrained")
-                })
+                .update_node(&name, |entry| entry.drain.take().map(|_| "NodeDrained"))
                 .await;
             match result {
-                Ok(true) => tracing::info!(node = %name, "drain complete: the node stays ineligible"),
+                Ok(true) => {
+                    tracing::info!(node = %name, "drain complete: the node stays ineligible")
+                }
                 Ok(false) => {}
-                Err(err) => tracing::warn!(node = %name, error = %err, "cannot record the end of a drain"),
+                Err(err) => {
+                    tracing::warn!(node = %name, error = %err, "cannot record the end of a drain")
+                }
             }
         }
     }

@@ -47,16 +47,19 @@ impl Manager {
     /// its store).
     ///
     /// Returns the strays, with their run (`RestartCount`): runs the worker still has going that the manager has replaced or
-    /// ended (the node was lost and came back), for the caller to stop there.
+    /// ended (the node was lost and came back), for the caller to stop there; and the ended
+    /// tasks the worker has that the manager no longer knows (removed while the node was
+    /// away), for the caller to have purged there.
     pub(crate) async fn observe(
         &self,
         node: &str,
         reported: Vec<Task>,
         complete: bool,
-    ) -> Vec<(Uuid, u32)> {
+    ) -> (Vec<(Uuid, u32)>, Vec<Uuid>) {
         let mut writes = Writes::default();
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
+        let mut forgotten = Vec::new();
         let mut freed = false;
         {
             let mut state = lock(&self.state);
@@ -64,6 +67,9 @@ impl Manager {
             for observed in reported {
                 listed.insert(observed.id);
                 let Some(known) = state.cache.get(&observed.id) else {
+                    if observed.status.state.is_terminal() {
+                        forgotten.push(observed.id);
+                    }
                     continue;
                 };
                 if is_stray(known, &observed, node) {
@@ -129,7 +135,7 @@ impl Manager {
         if freed {
             self.push_waiting();
         }
-        strays
+        (strays, forgotten)
     }
 
     /// One task as a worker answered it (after a dispatch).
@@ -227,7 +233,15 @@ impl Manager {
                             self.mark_system_jobs_dirty();
                         }
                     }
-                    for (stray, run) in self.observe(&name, tasks, complete).await {
+                    let (strays, forgotten) = self.observe(&name, tasks, complete).await;
+                    for id in forgotten {
+                        // Removed here while the node could not be asked: its container and
+                        // record go now.
+                        if let Err(err) = client.delete(&format!("/tasks/{id}?purge=true")).await {
+                            tracing::warn!(task = %id, node = %name, error = %err, "cannot remove a task the manager no longer has");
+                        }
+                    }
+                    for (stray, run) in strays {
                         // Another run replaced this one while the node was away: stop it,
                         // so that the task does not run twice.
                         tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");

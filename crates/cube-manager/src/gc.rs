@@ -261,8 +261,7 @@ impl Manager {
         lock(&self.failures).remove(&id);
         self.tasks_runner.forget(&id);
         let tasks = self.stores.tasks.clone();
-        let deleted =
-            tokio::task::spawn_blocking(move || tasks.delete(&id.to_string())).await;
+        let deleted = tokio::task::spawn_blocking(move || tasks.delete(&id.to_string())).await;
         match deleted {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => {
@@ -281,8 +280,8 @@ impl Manager {
     /// Removes what ended `--gc-after` ago, every quarter of that (between 500 ms and 1
     /// minute), until shutdown.
     pub(crate) async fn run_gc(self: Arc<Self>) {
-        let every = (self.config.gc_after / 4)
-            .clamp(Duration::from_millis(500), Duration::from_secs(60));
+        let every =
+            (self.config.gc_after / 4).clamp(Duration::from_millis(500), Duration::from_secs(60));
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

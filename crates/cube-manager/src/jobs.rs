@@ -291,7 +291,12 @@ pub fn plan(look: &JobLook) -> JobPlan {
     let deadlines = owned
         .iter()
         .filter(|task| is_moving(task, &draining))
-        .filter_map(|task| draining.get(task.status.node_name.as_str()).copied().flatten())
+        .filter_map(|task| {
+            draining
+                .get(task.status.node_name.as_str())
+                .copied()
+                .flatten()
+        })
         .filter(|deadline| *deadline > look.now);
     for deadline in deadlines {
         plan.look_again_at = Some(plan.look_again_at.map_or(deadline, |at| at.min(deadline)));
@@ -1055,7 +1060,10 @@ mod tests {
         let (job, tasks) = drained(0, 2);
         let owned: Vec<&Task> = tasks.iter().collect();
         let planned = plan(&job, &draining_w1(), &owned);
-        assert!(planned.is_empty(), "new copies not healthy yet: {planned:?}");
+        assert!(
+            planned.is_empty(),
+            "new copies not healthy yet: {planned:?}"
+        );
     }
 
     #[test]

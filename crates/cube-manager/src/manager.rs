@@ -509,7 +509,12 @@ impl Manager {
     }
 
     /// A node as the API shows it, with what a drain of it still has to move.
-    pub(crate) fn node_view(&self, state: &Shared, entry: &crate::nodes::NodeEntry, now: Instant) -> Node {
+    pub(crate) fn node_view(
+        &self,
+        state: &Shared,
+        entry: &crate::nodes::NodeEntry,
+        now: Instant,
+    ) -> Node {
         let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
         entry.view(&state.cache, now, self.config.heartbeat_grace, &job_type)
     }

@@ -288,7 +288,9 @@ impl Manager {
                 };
                 metrics.jobs.get_or_create(&label).inc();
             }
-            metrics.queue_depth.set(count(state.cache.waiting().count()));
+            metrics
+                .queue_depth
+                .set(count(state.cache.waiting().count()));
             let mut nodes = [0usize; 3];
             metrics.node_status.clear();
             metrics.node_gauges.clear();
@@ -311,7 +313,10 @@ impl Manager {
                         status: status_name(view.status),
                     })
                     .set(1);
-                gauges.capacity_cpu.get_or_create(&node).set(view.capacity.cpu);
+                gauges
+                    .capacity_cpu
+                    .get_or_create(&node)
+                    .set(view.capacity.cpu);
                 gauges
                     .capacity_memory
                     .get_or_create(&node)
@@ -332,15 +337,17 @@ impl Manager {
                     .allocated_disk
                     .get_or_create(&node)
                     .set(bytes(view.allocated.disk));
-                gauges.tasks.get_or_create(&node).set(count(view.task_count));
+                gauges
+                    .tasks
+                    .get_or_create(&node)
+                    .set(count(view.task_count));
                 gauges
                     .eligible
                     .get_or_create(&node)
                     .set(i64::from(view.eligible));
-                gauges
-                    .draining
-                    .get_or_create(&node)
-                    .set(count(view.drain.as_ref().map_or(0, |drain| drain.remaining)));
+                gauges.draining.get_or_create(&node).set(count(
+                    view.drain.as_ref().map_or(0, |drain| drain.remaining),
+                ));
                 if let Some(seen) = entry.last_seen {
                     gauges
                         .heartbeat_age

@@ -160,8 +160,10 @@ impl NodeRegistry {
                     || report.capacity.memory > entry.capacity.memory
                     || report.capacity.disk > entry.capacity.disk;
                 let relabelled = *entry.labels != report.labels;
-                let version_warning =
-                    cube_types::version::worker_mismatch(cube_types::version::VERSION, report.version.as_ref());
+                let version_warning = cube_types::version::worker_mismatch(
+                    cube_types::version::VERSION,
+                    report.version.as_ref(),
+                );
                 let changed = moved
                     || relabelled
                     || entry.capacity != report.capacity
@@ -391,6 +393,9 @@ mod tests {
         let entry = registry.get("w1").unwrap();
         assert_eq!(entry.labels.get("zone").map(String::as_str), Some("eu"));
         let cache = TaskCache::default();
-        assert_eq!(entry.view(&cache, now, grace, &|_| None).labels, *entry.labels);
+        assert_eq!(
+            entry.view(&cache, now, grace, &|_| None).labels,
+            *entry.labels
+        );
     }
 }

@@ -71,6 +71,50 @@ impl Manager {
         Ok(self.relay(response, node))
     }
 
+    /// `GET /tasks/{id}/exec/attach?…` with `Upgrade: cube-exec` (`cube exec -it`): the
+    /// worker's connection is upgraded first (so that a refusal reaches the user as the
+    /// worker's JSON error), then the user's; the manager copies the bytes both ways until
+    /// either side closes or the manager stops.
+    pub async fn exec_attach(
+        &self,
+        id: Uuid,
+        query: &str,
+        user: hyper::upgrade::OnUpgrade,
+    ) -> Result<(), ManagerError> {
+        let (client, node) = self.task_node(id)?;
+        let response = client
+            .open_upgrade(
+                &format!("/tasks/{id}/exec/attach?{query}"),
+                cube_api::attach::PROTOCOL,
+            )
+            .await
+            .map_err(|err| from_worker(&node, err))?;
+        let mut worker = response.upgrade().await.map_err(|err| {
+            ManagerError::Unavailable(format!(
+                "node {node} did not switch to an interactive command: {err}"
+            ))
+        })?;
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut user = match user.await {
+                Ok(user) => hyper_util::rt::TokioIo::new(user),
+                Err(err) => {
+                    tracing::warn!(error = %err, "an interactive command's connection was not upgraded");
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                copied = tokio::io::copy_bidirectional(&mut user, &mut worker) => {
+                    if let Err(err) = copied {
+                        tracing::debug!(error = %err, "an interactive command's connection ended");
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
     /// The worker's answer as the body of the manager's, with a last line when it breaks or
     /// the manager stops.
     fn relay(&self, response: reqwest_response::Response, node: String) -> Body {
@@ -127,13 +171,10 @@ fn from_worker(node: &str, err: ClientError) -> ManagerError {
         } if status.as_u16() == 400 => ManagerError::BadRequest(message),
         ClientError::Status {
             status, message, ..
-        } if status.as_u16() == 404 => ManagerError::Unavailable(format!(
-            "node {node} no longer has the task: {message}"
-        )),
-        other => ManagerError::Unavailable(format!(
-            "cannot reach node {node}: {}",
-            other.cause()
-        )),
+        } if status.as_u16() == 404 => {
+            ManagerError::Unavailable(format!("node {node} no longer has the task: {message}"))
+        }
+        other => ManagerError::Unavailable(format!("cannot reach node {node}: {}", other.cause())),
     }
 }
 

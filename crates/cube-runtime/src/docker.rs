@@ -338,7 +338,12 @@ impl Runtime for DockerRuntime {
         Ok(inspected.exit_code)
     }
 
-    async fn resize_exec(&self, exec_id: &str, width: u16, height: u16) -> Result<(), RuntimeError> {
+    async fn resize_exec(
+        &self,
+        exec_id: &str,
+        width: u16,
+        height: u16,
+    ) -> Result<(), RuntimeError> {
         self.docker
             .resize_exec(exec_id, ResizeExecOptions { height, width })
             .await

@@ -100,7 +100,10 @@ mod tests {
     fn a_patch_apart_works_and_a_minor_apart_before_one_point_oh_does_not() {
         assert_eq!(worker_mismatch("0.1.0", Some(&worker("0.1.7"))), None);
         let older = worker_mismatch("0.2.0", Some(&worker("0.1.7"))).unwrap();
-        assert!(older.contains("older") && older.contains("upgrade the worker"), "{older}");
+        assert!(
+            older.contains("older") && older.contains("upgrade the worker"),
+            "{older}"
+        );
         let newer = worker_mismatch("0.1.0", Some(&worker("0.2.0"))).unwrap();
         assert!(newer.contains("upgrade the manager"), "{newer}");
     }

@@ -62,6 +62,7 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
         .route("/tasks/{id}/logs", get(task_logs::<R>))
         .route("/tasks/{id}/exec", post(exec::<R>))
+        .route("/tasks/{id}/exec/attach", get(exec_attach::<R>))
         .route("/version", get(version::<R>))
         .route("/metrics", get(metrics::<R>))
         .route("/stats", get(stats::<R>))
@@ -71,6 +72,7 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
     with_json_fallbacks(
         routes,
         "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/logs, POST /tasks/{id}/exec, \
+         GET /tasks/{id}/exec/attach (Upgrade: cube-exec), \
          GET /version, GET /metrics, GET /stats, GET /node, GET /health",
     )
 }
@@ -308,6 +310,60 @@ async fn exec<R: Runtime>(
             .map(|line| Ok::<_, std::convert::Infallible>(Bytes::from(line))),
     );
     Ok(([(axum::http::header::CONTENT_TYPE, NDJSON)], body).into_response())
+}
+
+/// `GET /tasks/{id}/exec/attach?cmd=["sh"]&tty=true` with `Upgrade: cube-exec`: an
+/// interactive command (`cube exec -it`). The command is started before the answer, so that
+/// a refusal is a JSON error; then `101 Switching Protocols`, and frames both ways
+/// (`cube_api::attach`) until the command ends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachQuery {
+    /// The command and its arguments, as a JSON array.
+    pub cmd: String,
+    pub tty: Option<bool>,
+}
+
+async fn exec_attach<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+    JsonPath(id): JsonPath<String>,
+    query: Result<Query<AttachQuery>, QueryRejection>,
+    request: axum::extract::Request,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let id = parse_task_id(&id)?;
+    let cmd: Vec<String> = serde_json::from_str(&query.cmd)
+        .map_err(|err| ApiError::bad_request(format!("cmd: not a JSON array of strings: {err}")))?;
+    let upgrade = request
+        .headers()
+        .get(axum::http::header::UPGRADE)
+        .and_then(|value| value.to_str().ok());
+    if upgrade != Some(cube_api::attach::PROTOCOL) {
+        return Err(ApiError::bad_request(format!(
+            "an interactive command needs `Upgrade: {}` (cube exec -it)",
+            cube_api::attach::PROTOCOL
+        )));
+    }
+    let tty = query.tty == Some(true);
+    let session = worker.exec(id, &cmd, tty, true).await?;
+    let on_upgrade = hyper::upgrade::on(request);
+    tokio::spawn(async move {
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                crate::attach::serve(worker, session, tty, hyper_util::rt::TokioIo::new(upgraded))
+                    .await
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "an interactive command's connection was not upgraded")
+            }
+        }
+    });
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(axum::http::header::CONNECTION, "Upgrade")
+        .header(axum::http::header::UPGRADE, cube_api::attach::PROTOCOL)
+        .body(Body::empty())
+        .unwrap_or_default())
 }
 
 /// This worker's build and its engine's version.

@@ -9,6 +9,7 @@
 //! a worker started again on the same store re-adopts them.
 
 pub mod api;
+mod attach;
 mod health;
 mod heartbeat;
 pub mod metrics;

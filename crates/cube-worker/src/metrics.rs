@@ -74,9 +74,9 @@ impl Default for WorkerMetrics {
              output until the task is removed)",
             containers.clone(),
         );
-        let docker_calls = Arc::new(Family::<CallLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-            call_buckets,
-        ));
+        let docker_calls = Arc::new(
+            Family::<CallLabel, Histogram, fn() -> Histogram>::new_with_constructor(call_buckets),
+        );
         registry.register(
             "cube_worker_docker_call_duration_seconds",
             "How long each call to the container engine took, by call",
@@ -175,7 +175,8 @@ impl<R> Metered<R> {
 
 impl<R: Runtime> Runtime for Metered<R> {
     async fn ensure_image(&self, image: &str) -> Result<(), RuntimeError> {
-        self.timed("ensure_image", self.inner.ensure_image(image)).await
+        self.timed("ensure_image", self.inner.ensure_image(image))
+            .await
     }
     async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
         self.timed("create", self.inner.create(spec)).await
@@ -191,7 +192,8 @@ impl<R: Runtime> Runtime for Metered<R> {
         self.timed("remove", self.inner.remove(container_id)).await
     }
     async fn inspect(&self, container_id: &str) -> Result<Option<ContainerInfo>, RuntimeError> {
-        self.timed("inspect", self.inner.inspect(container_id)).await
+        self.timed("inspect", self.inner.inspect(container_id))
+            .await
     }
     async fn list_managed(&self, node: &str) -> Result<Vec<ContainerInfo>, RuntimeError> {
         self.timed("list", self.inner.list_managed(node)).await
@@ -224,7 +226,12 @@ impl<R: Runtime> Runtime for Metered<R> {
         self.timed("exec_inspect", self.inner.exec_exit_code(exec_id))
             .await
     }
-    async fn resize_exec(&self, exec_id: &str, width: u16, height: u16) -> Result<(), RuntimeError> {
+    async fn resize_exec(
+        &self,
+        exec_id: &str,
+        width: u16,
+        height: u16,
+    ) -> Result<(), RuntimeError> {
         self.inner.resize_exec(exec_id, width, height).await
     }
     async fn engine_version(&self) -> Result<EngineVersion, RuntimeError> {

@@ -1163,9 +1163,13 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
     (observed, running)
 }
 
-fn lock_engine(engine: &Mutex<Option<EngineVersion>>) -> std::sync::MutexGuard<'_, Option<EngineVersion>> {
+fn lock_engine(
+    engine: &Mutex<Option<EngineVersion>>,
+) -> std::sync::MutexGuard<'_, Option<EngineVersion>> {
     // Held for a clone or an assignment.
-    engine.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    engine
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {

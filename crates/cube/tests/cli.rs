@@ -210,7 +210,7 @@ async fn run_wait_gives_up_after_its_timeout_with_the_reason_the_task_waits() {
 }
 
 #[tokio::test]
-async fn stop_wait_returns_once_the_task_ended_and_its_container_is_gone() {
+async fn stop_wait_returns_once_the_task_ended_and_its_container_stopped() {
     let cluster = Cluster::start("stop").await;
     let (ok, stdout, stderr) = cluster.cube(&["run", "--wait", "--name", "to-stop", SAMPLE_IMAGE]);
     assert!(ok, "{stderr}");
@@ -228,8 +228,8 @@ async fn stop_wait_returns_once_the_task_ended_and_its_container_is_gone() {
         .body;
     assert_eq!(task["State"], "Completed", "{task}");
     assert!(
-        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
-        "the container outlived stop --wait"
+        running_containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "the container still runs after stop --wait"
     );
 }
 

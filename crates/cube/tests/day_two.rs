@@ -70,7 +70,10 @@ async fn cube_logs_follows_a_task_until_it_exits_and_its_logs_stay_readable_afte
     let (ok, out, err) = cube_cli(&address, &["logs", "talker"]);
     assert!(ok, "{err}");
     assert_eq!(out.lines().next(), Some("first"));
-    assert!(out.contains("line 5") && err.contains("oops"), "{out} / {err}");
+    assert!(
+        out.contains("line 5") && err.contains("oops"),
+        "{out} / {err}"
+    );
     // As with docker logs, --tail counts the lines of both streams.
     let (ok, out, err) = cube_cli(&address, &["logs", "--tail", "2", "talker"]);
     assert!(ok);
@@ -116,6 +119,35 @@ async fn cube_exec_prints_the_commands_output_and_exits_with_its_code() {
     let (ok, out, err) = cube_cli(&address, &["exec", "shell", "--", "echo", "hello"]);
     assert!(ok, "{err}");
     assert_eq!(out, "hello\n");
+    // -i: this input to the command; -it: a terminal too (here stdin is a pipe, so this
+    // terminal is left as it is).
+    for flags in [&["-i"][..], &["-i", "-t"][..]] {
+        let mut args = vec!["exec"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["shell", "--", "sh"]);
+        let mut child = cube()
+            .args(&args)
+            .env("CUBE_MANAGER", &address)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"echo typed-$((6*7))\nexit 5\n").unwrap();
+        }
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            output.status.code(),
+            Some(5),
+            "{flags:?}: {stdout} / {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("typed-42"), "{flags:?}: {stdout}");
+    }
     let stopped = client.submit(&shell_task("brief", "exit 0")).await;
     client.await_state(&stopped, "Completed").await;
     let (ok, _, err) = cube_cli(&address, &["exec", "brief", "--", "true"]);
@@ -172,10 +204,17 @@ async fn draining_a_node_moves_its_copies_without_ever_running_fewer_and_it_take
     let (ok, out, err) = drain.await.unwrap();
     assert!(ok, "{out} / {err}");
     assert!(out.contains("is drained"), "{out}");
-    assert_eq!(fewest, 2, "a copy stopped before its replacement was healthy");
+    assert_eq!(
+        fewest, 2,
+        "a copy stopped before its replacement was healthy"
+    );
     let copies = running_copies(&client).await;
     assert_eq!(copies.len(), 2);
-    assert!(copies.iter().all(|task| task["NodeName"] == w2.name.as_str()));
+    assert!(
+        copies
+            .iter()
+            .all(|task| task["NodeName"] == w2.name.as_str())
+    );
     assert!(running_containers_with_label(&format!("cube.node={}", w1.name)).is_empty());
     let node = client.get(&format!("/nodes/{}", w1.name)).await.body;
     assert_eq!(node["Eligible"], false, "{node}");
@@ -183,8 +222,10 @@ async fn draining_a_node_moves_its_copies_without_ever_running_fewer_and_it_take
 
     // Nothing new goes there until it is enabled.
     let pinned = client
-        .submit(&json!({"Name": "pinned", "Image": SAMPLE_IMAGE, "Constraints": [
-            {"Attribute": "node.name", "Operator": "=", "Value": w1.name}]}))
+        .submit(
+            &json!({"Name": "pinned", "Image": SAMPLE_IMAGE, "Constraints": [
+            {"Attribute": "node.name", "Operator": "=", "Value": w1.name}]}),
+        )
         .await;
     let waiting = client
         .await_task(&pinned, "a reason", |task| {
@@ -203,8 +244,13 @@ async fn draining_a_node_moves_its_copies_without_ever_running_fewer_and_it_take
 #[tokio::test]
 async fn cube_node_rm_forgets_a_down_node_and_refuses_one_that_is_up() {
     let dir = tempfile::tempdir().unwrap();
-    let manager =
-        ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--heartbeat-grace", "1s"]);
+    let manager = ManagerProcess::start_with(
+        "epvm",
+        "memory",
+        dir.path(),
+        0,
+        &["--heartbeat-grace", "1s"],
+    );
     let address = manager.address();
     let worker = manager.join_worker(&unique_node("gone"), &[]);
     manager.await_ready_nodes(1).await;
@@ -244,7 +290,10 @@ async fn cube_prune_removes_ended_tasks_with_their_containers_and_leaves_running
     assert!(ok, "{err}");
     assert!(out.contains("removed task done"), "{out}");
     assert_eq!(client.get(&format!("/tasks/{done}")).await.status, 404);
-    assert!(containers_with_label(&label).is_empty(), "its container is gone");
+    assert!(
+        containers_with_label(&label).is_empty(),
+        "its container is gone"
+    );
     assert_eq!(client.get(&format!("/tasks/{running}")).await.status, 200);
 }
 
@@ -261,7 +310,10 @@ async fn the_garbage_collector_removes_what_ended_after_gc_after() {
     client.await_state(&id, "Completed").await;
     let deadline = Instant::now() + STATE_BOUND;
     while client.get(&format!("/tasks/{id}")).await.status != 404 {
-        assert!(Instant::now() < deadline, "the ended task was never removed");
+        assert!(
+            Instant::now() < deadline,
+            "the ended task was never removed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(containers_with_label(&format!("cube.task-id={id}")).is_empty());
@@ -354,8 +406,15 @@ async fn metrics_parse_as_prometheus_text_and_the_task_gauges_match_get_tasks() 
 
     let worker = scrape(&cluster.worker.url).await;
     let running = by_label(&worker, "cube_worker_tasks", "state");
-    assert!(running.contains(&("Running".to_string(), 1.0)), "{running:?}");
-    assert!(worker.docs.contains_key("cube_worker_docker_call_duration_seconds"));
+    assert!(
+        running.contains(&("Running".to_string(), 1.0)),
+        "{running:?}"
+    );
+    assert!(
+        worker
+            .docs
+            .contains_key("cube_worker_docker_call_duration_seconds")
+    );
 }
 
 #[tokio::test]

@@ -138,7 +138,7 @@ async fn job_plan_on_a_changed_count_says_what_would_change_and_changes_nothing(
 }
 
 #[tokio::test]
-async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job() {
+async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job_running() {
     let cluster = OneNodeCluster::start("job-scale").await;
     let (ok, stdout, stderr) = cluster.cube(&["job", "run", "--timeout", "60s", EXAMPLE_YAML]);
     assert!(ok, "{stdout}\n{stderr}");
@@ -168,7 +168,7 @@ async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job() {
     assert!(stdout.contains("job web: stopped"), "{stdout}");
     let deadline = Instant::now() + STATE_BOUND;
     loop {
-        let left = containers_with_label(&format!("cube.node={}", cluster.worker.name));
+        let left = running_containers_with_label(&format!("cube.node={}", cluster.worker.name));
         if left.is_empty() {
             break;
         }

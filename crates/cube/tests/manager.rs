@@ -141,7 +141,7 @@ async fn a_task_too_big_for_every_worker_waits_and_runs_when_a_bigger_worker_joi
 }
 
 #[tokio::test]
-async fn a_task_stopped_through_the_manager_ends_and_its_container_is_gone() {
+async fn a_task_stopped_through_the_manager_ends_and_its_container_stops_and_goes_with_cube_rm() {
     let cluster = Cluster::start("epvm", "st", &[]).await;
     let client = cluster.manager.client();
     let (id, running) = client.run(&web_task("to-stop")).await;
@@ -150,10 +150,18 @@ async fn a_task_stopped_through_the_manager_ends_and_its_container_is_gone() {
     let answer = client.delete(&format!("/tasks/{id}")).await;
     assert_eq!(answer.status, 204, "{}", answer.body);
     client.await_state(&id, "Completed").await;
+    let label = format!("cube.task-id={id}");
     assert!(
-        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        running_containers_with_label(&label).is_empty(),
+        "container {container} still runs"
+    );
+    let answer = client.delete(&format!("/tasks/{id}?purge=true")).await;
+    assert_eq!(answer.status, 204, "{}", answer.body);
+    assert!(
+        containers_with_label(&label).is_empty(),
         "container {container} still exists"
     );
+    assert_eq!(client.get(&format!("/tasks/{id}")).await.status, 404);
 
     let unknown = client
         .delete("/tasks/00000000-0000-4000-8000-000000000000")

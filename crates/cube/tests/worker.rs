@@ -52,7 +52,7 @@ async fn started_task_runs_and_its_host_port_answers() {
 }
 
 #[tokio::test]
-async fn stopped_task_is_completed_and_its_container_is_gone() {
+async fn stopped_task_is_completed_and_its_container_is_stopped_and_kept_until_purged() {
     let worker = WorkerProcess::fresh("stop");
     let client = worker.client();
     let id = client.submit(&web_task("to-stop")).await;
@@ -65,12 +65,20 @@ async fn stopped_task_is_completed_and_its_container_is_gone() {
     assert_eq!(
         task["HostPorts"],
         json!({}),
-        "a removed container binds no ports"
+        "a stopped container binds no ports"
     );
+    let label = format!("cube.task-id={id}");
     assert!(
-        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
-        "the container is still there"
+        running_containers_with_label(&label).is_empty(),
+        "it runs no more"
     );
+    assert_eq!(
+        containers_with_label(&label).len(),
+        1,
+        "the stopped container is kept, with its logs"
+    );
+    let logs = client.get(&format!("/tasks/{id}/logs")).await;
+    assert_eq!(logs.status, 200, "{}", logs.body);
 
     // Stopping again is harmless; running a completed task again is refused.
     assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
@@ -416,7 +424,12 @@ async fn a_task_event_asking_for_completed_stops_the_task() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.body["DesiredState"], "Completed");
     client.await_state(&id, "Completed").await;
+    assert!(running_containers_with_label(&format!("cube.task-id={id}")).is_empty());
+    // Purged, the task and its container go.
+    let answer = client.delete(&format!("/tasks/{id}?purge=true")).await;
+    assert_eq!(answer.status, 204, "{}", answer.body);
     assert!(containers_with_label(&format!("cube.task-id={id}")).is_empty());
+    assert_eq!(client.get(&format!("/tasks/{id}")).await.status, 404);
 }
 
 #[tokio::test]

@@ -15,13 +15,20 @@ use super::{ClusterFlags, ManagerClient};
 ///
 /// The command's stdout goes to stdout and its stderr to stderr, as they come; `cube exec`
 /// exits with the command's exit code. TASK is a full ID, a unique ID prefix or a name, as
-/// for `cube logs`. The command gets no input and no terminal: an interactive terminal
-/// (`-it`) is not there yet (see the README).
+/// for `cube logs`. Without -i the command gets no input.
+///
+/// -i passes this terminal's input to the command, -t gives it a terminal (its stdout and
+/// stderr are then one stream), as `docker exec -it` does: `cube exec -it web -- sh` is a
+/// shell in the container, over one upgraded HTTP connection through the manager. With -t
+/// and a terminal here, this terminal is raw while the command runs, and its size follows
+/// this one's.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube exec web -- ls -l /www\n  \
     cube exec web.api[2] -- sh -c 'wget -qO- 127.0.0.1:7777/health'\n  \
-    cube exec 3f2a -- cat /etc/hostname")]
+    cube exec 3f2a -- cat /etc/hostname\n  \
+    cube exec -it web -- sh                  # a shell in the container\n  \
+    echo ls | cube exec -i web -- sh")]
 pub struct ExecArgs {
     /// The task: a full ID, a unique ID prefix, or a name.
     #[arg(value_name = "TASK")]
@@ -29,6 +36,12 @@ pub struct ExecArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+    /// Pass this terminal's input to the command.
+    #[arg(short, long)]
+    interactive: bool,
+    /// Give the command a terminal.
+    #[arg(short, long)]
+    tty: bool,
     #[command(flatten)]
     target: ClusterFlags,
 }
@@ -37,10 +50,17 @@ pub struct ExecArgs {
 pub async fn exec(args: ExecArgs) -> anyhow::Result<i32> {
     let manager = ManagerClient::connect_to(&args.target)?;
     let task = find_task(&manager, &args.task).await?;
+    if args.interactive || args.tty {
+        return super::attach::attach(&manager, task.id, &args.command, args.tty).await;
+    }
     let body = serde_json::json!({"Cmd": args.command});
     let response = manager
         .api
-        .open_stream(Method::POST, &format!("/tasks/{}/exec", task.id), Some(&body))
+        .open_stream(
+            Method::POST,
+            &format!("/tasks/{}/exec", task.id),
+            Some(&body),
+        )
         .await
         .map_err(|err| manager.explain(err))?;
     let ended = print_output(LineStream::of(response)).await?;

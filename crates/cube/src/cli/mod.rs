@@ -11,6 +11,7 @@
 //! Nothing here decides anything about tasks or nodes: the manager does. The commands only
 //! ask, and show the answer — including why a task waits or failed.
 
+mod attach;
 mod completion;
 mod config;
 mod events;
@@ -43,14 +44,14 @@ pub use completion::{CompletionArgs, completion};
 pub use config::{ConfigArgs, config};
 pub use events::{EventsArgs, events};
 pub use exec::{ExecArgs, exec};
-pub use logs::{LogsArgs, logs};
-pub use prune::{PruneArgs, RmArgs, prune, rm};
-pub use version::{VersionArgs, version};
 pub use job::{JobArgs, job};
+pub use logs::{LogsArgs, logs};
 pub use node::{NodeArgs, node};
+pub use prune::{PruneArgs, RmArgs, prune, rm};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};
 pub use stop::{StopArgs, stop};
+pub use version::{VersionArgs, version};
 
 /// Where the commands look for a manager when neither the flags, `CUBE_MANAGER` nor the config
 /// file say.
@@ -200,9 +201,9 @@ pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> 
     let is_action = |arg: &OsString| !arg.to_string_lossy().starts_with('-');
     if (args[index] == "job"
         || (args[index] == "node"
-            && args
-                .get(index + 1)
-                .is_some_and(|arg| ["drain", "eligibility", "rm"].contains(&&*arg.to_string_lossy()))))
+            && args.get(index + 1).is_some_and(|arg| {
+                ["drain", "eligibility", "rm"].contains(&&*arg.to_string_lossy())
+            })))
         && args.get(index + 1).is_some_and(is_action)
     {
         command_end += 1;

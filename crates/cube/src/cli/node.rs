@@ -161,13 +161,16 @@ async fn node_action(action: NodeAction) -> anyhow::Result<()> {
             }
             let path = format!("/nodes/{}/drain", encode_path_segment(&name));
             let (_, node): (u16, Node) = manager.post(&path, &body).await?;
-            println!("draining {name}: it takes no new task{}", match deadline {
-                Some(deadline) => format!(
-                    "; copies still there after {} are stopped",
-                    cube_types::duration::format_duration(deadline)
-                ),
-                None => String::new(),
-            });
+            println!(
+                "draining {name}: it takes no new task{}",
+                match deadline {
+                    Some(deadline) => format!(
+                        "; copies still there after {} are stopped",
+                        cube_types::duration::format_duration(deadline)
+                    ),
+                    None => String::new(),
+                }
+            );
             if detach {
                 return Ok(());
             }

@@ -160,7 +160,6 @@ fn listed(mut tasks: Vec<Task>, all: bool) -> (Vec<Task>, usize) {
     (tasks, hidden)
 }
 
-
 /// `3 ended tasks not shown; cube status --all`, when some were left out.
 fn hidden_footer(hidden: usize, manager_hint: &str) -> Option<String> {
     let tasks = match hidden {

@@ -42,7 +42,10 @@ pub async fn version(args: VersionArgs) -> anyhow::Result<()> {
             "Client": client, "Manager": server, "Nodes": nodes,
         }));
     }
-    println!("Client:  cube {} (commit {})", client.version, client.commit);
+    println!(
+        "Client:  cube {} (commit {})",
+        client.version, client.commit
+    );
     let (server, nodes) = answered?;
     println!(
         "Manager: cube {} (commit {}) at {}",

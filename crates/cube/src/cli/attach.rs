@@ -1,0 +1,148 @@
+//! `cube exec -i`/`-t`: an interactive command over an upgraded HTTP connection to the
+//! manager (`Upgrade: cube-exec`, frames of `cube_api::attach`), this terminal raw while it
+//! runs (with -t), its size passed on as it changes.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+
+use anyhow::{Context, anyhow};
+use cube_api::attach::{Frame, PROTOCOL, read_frame, write_frame};
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+use super::ManagerClient;
+
+/// Puts a terminal in raw mode, and back as it was when dropped (also on an error).
+struct RawTerminal {
+    saved: rustix::termios::Termios,
+}
+
+impl RawTerminal {
+    fn enter() -> Option<RawTerminal> {
+        let stdin = std::io::stdin();
+        if !rustix::termios::isatty(stdin.as_fd()) {
+            return None;
+        }
+        let saved = rustix::termios::tcgetattr(stdin.as_fd()).ok()?;
+        let mut raw = saved.clone();
+        raw.make_raw();
+        rustix::termios::tcsetattr(stdin.as_fd(), rustix::termios::OptionalActions::Now, &raw)
+            .ok()?;
+        Some(RawTerminal { saved })
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        let stdin = std::io::stdin();
+        let _ = rustix::termios::tcsetattr(
+            stdin.as_fd(),
+            rustix::termios::OptionalActions::Now,
+            &self.saved,
+        );
+    }
+}
+
+/// This terminal's size, columns then rows, if stdout is one.
+fn terminal_size() -> Option<(u16, u16)> {
+    let size = rustix::termios::tcgetwinsize(std::io::stdout().as_fd()).ok()?;
+    Some((size.ws_col, size.ws_row))
+}
+
+/// A query value percent-encoded.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Runs `command` in the task interactively; returns its exit code.
+pub async fn attach(
+    manager: &ManagerClient,
+    task: Uuid,
+    command: &[String],
+    tty: bool,
+) -> anyhow::Result<i32> {
+    let cmd = serde_json::to_string(command)?;
+    let path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
+    let response = manager
+        .api
+        .open_upgrade(&path, PROTOCOL)
+        .await
+        .map_err(|err| manager.explain(err))?;
+    let connection = response
+        .upgrade()
+        .await
+        .context("the manager did not switch to an interactive command")?;
+    let (mut from_server, mut to_server) = tokio::io::split(connection);
+    let raw = if tty { RawTerminal::enter() } else { None };
+    // Input, and the terminal's size, to the command.
+    let sending = async move {
+        if tty && let Some((width, height)) = terminal_size() {
+            write_frame(&mut to_server, &Frame::Resize { width, height }).await?;
+        }
+        let mut resized =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
+        let mut stdin = tokio::io::stdin();
+        let mut buffer = vec![0u8; 8192];
+        loop {
+            tokio::select! {
+                read = stdin.read(&mut buffer) => {
+                    let read = read?;
+                    if read == 0 {
+                        write_frame(&mut to_server, &Frame::InputClosed).await?;
+                        // Nothing more to send; the command's end ends the session.
+                        std::future::pending::<()>().await;
+                    }
+                    write_frame(&mut to_server, &Frame::Input(buffer[..read].to_vec())).await?;
+                }
+                _ = resized.recv() => {
+                    if let Some((width, height)) = terminal_size() {
+                        write_frame(&mut to_server, &Frame::Resize { width, height }).await?;
+                    }
+                }
+            }
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), std::io::Error>(())
+    };
+    // Output, then the exit code, from the command.
+    let receiving = async move {
+        let stdout = std::io::stdout();
+        loop {
+            match read_frame(&mut from_server).await? {
+                Some(Frame::Output(bytes)) => {
+                    let mut out = stdout.lock();
+                    out.write_all(&bytes)?;
+                    out.flush()?;
+                }
+                Some(Frame::Exit(code)) => return Ok::<_, anyhow::Error>(code),
+                Some(Frame::Error(message)) => return Err(anyhow!("{message}")),
+                Some(_) => {}
+                None => {
+                    return Err(anyhow!(
+                        "the connection ended before the command did (the worker stopped?)"
+                    ));
+                }
+            }
+        }
+    };
+    let ended = tokio::select! {
+        code = receiving => code,
+        sent = sending => match sent {
+            Ok(()) => Err(anyhow!("the input ended the session")),
+            Err(err) => Err(anyhow!("cannot send to the command: {err}")),
+        },
+    };
+    drop(raw);
+    match ended? {
+        Some(code) => Ok(i32::try_from(code).unwrap_or(1)),
+        None => Err(anyhow!("the command ended, but its exit code is unknown")),
+    }
+}
