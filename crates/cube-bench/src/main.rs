@@ -1,7 +1,7 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
-//! start latency, bursts, scaling, rolling updates, recovery, footprint and the store. Each subcommand (one module each)
-//! prints markdown tables for BENCHMARKS.md; none fails on a time: the figures are whatever
-//! they are.
+//! start latency, bursts, scaling, rolling updates, recovery, footprint and the store. Each
+//! subcommand (one module each) prints markdown tables for BENCHMARKS.md; none fails on a
+//! time: the figures are whatever they are.
 
 mod burst;
 mod containers;
@@ -83,9 +83,10 @@ enum Command {
         cube: Option<PathBuf>,
     },
     /// A health-checked service updated from one command to another, 2 copies at a time:
-    /// Cube's deployment (`POST /jobs` of a changed job) next to `docker service update`,
-    /// with Swarm's default `--update-monitor` and its smallest, taking turns (a single-node
-    /// swarm is initialised when there is none, and left afterwards).
+    /// Cube's deployment (`POST /jobs` of a changed job) next to `docker service update`
+    /// (stop-first with Swarm's default `--update-monitor` and with its smallest, and
+    /// start-first with its smallest), taking turns (a single-node swarm is initialised when
+    /// there is none, and left afterwards).
     Rolling {
         /// How many updates each side gets.
         #[arg(long, default_value_t = 3)]

@@ -1,7 +1,8 @@
 //! `cube-bench rolling`: a service of 10 health-checked copies updated from one command to
-//! another, 2 copies at a time — Cube's deployment next to `docker service update` — each
-//! peer taking its turn going first within each run of one session. Swarm is measured twice
-//! per run: with its default `--update-monitor` (5 s) and with the smallest it keeps.
+//! another, 2 copies at a time — Cube's deployment next to `docker service update` — the
+//! peers taking turns going first within each run of one session. Swarm is measured three
+//! times per run: `stop-first` (its default order) with its default `--update-monitor` (5 s)
+//! and with the smallest it keeps, and `start-first` with the smallest.
 //!
 //! - Cube: a service job whose group has `Update: {"MaxParallel": 2, "MinHealthyTime": "0s"}`
 //!   and whose copies are probed on `/health` every [`HEALTH_INTERVAL`] (from inside the
@@ -12,19 +13,21 @@
 //!   running copies with V2's command and no other live copy, and Docker as many running
 //!   containers of the worker, every one with V2's command.
 //! - Swarm: a service of as many replicas of the same image and V1, with a Docker health check
-//!   of the same interval (busybox `wget` of `/health` inside the container), `--update-order
-//!   stop-first`, `--update-parallelism 2`, `--update-delay 0s` and the `--update-monitor`
-//!   measured; once every replica is healthy (untimed), `docker service update --detach
-//!   --args V2` and the time runs until Swarm reports the update `completed` (the service's
-//!   `UpdateStatus.State`, read through the API) and Docker lists `--copies` running
-//!   containers of the service, every one with V2's command (polled every 10 ms).
+//!   of the same interval (busybox `wget` of `/health` inside the container),
+//!   `--update-parallelism 2`, `--update-delay 0s`, and the `--update-order` and
+//!   `--update-monitor` measured; once every replica is healthy (untimed), `docker service
+//!   update --detach --args V2` and the time runs until Swarm reports the update `completed`
+//!   (the service's `UpdateStatus.State`, read through the API) and Docker lists `--copies`
+//!   running containers of the service, every one with V2's command (polled every 10 ms).
 //!
 //! Swarm's `--update-monitor` is its counterpart of `MinHealthyTime`: how long it keeps
 //! watching the new tasks for failures before the update counts as done. Swarm takes `0s` as
 //! "not set" and keeps its 5 s default (seen in `docker service inspect` on Docker 20.10), so
 //! the smallest it keeps is [`SWARM_MIN_MONITOR`]; that variant is the fair peer of Cube's
-//! `MinHealthyTime: 0s`. Both sides stop an old copy as its replacement starts (Swarm's
-//! `stop-first`, its default). The CLI's own start-up (tens of ms) is inside Swarm's times,
+//! `MinHealthyTime: 0s`. Cube stops an old copy and starts its replacement at the same time
+//! (they share no port); Swarm's `stop-first` starts the new task once the old one has
+//! exited, `start-first` stops the old one once the new one runs: Cube's way lies between
+//! the two, so both are measured. The CLI's own start-up (tens of ms) is inside Swarm's times,
 //! as in `scale`. Between sides every container is removed and waited for. Whatever happens,
 //! the job is stopped, the service removed, the swarm left as it was found, and any container
 //! of the benchmark's worker still there at the end is force-removed.
@@ -82,17 +85,39 @@ const SWARM_DEFAULT_MONITOR: &str = "5s";
 const SWARM_MIN_MONITOR: &str = "1ns";
 
 /// The peers measured in each run, in the order they are printed.
-const SIDES: [Side; 3] = [
+const SIDES: [Side; 4] = [
     Side::Cube,
-    Side::Swarm(SWARM_DEFAULT_MONITOR),
-    Side::Swarm(SWARM_MIN_MONITOR),
+    Side::Swarm(SwarmUpdate {
+        order: "stop-first",
+        monitor: SWARM_DEFAULT_MONITOR,
+    }),
+    Side::Swarm(SwarmUpdate {
+        order: "stop-first",
+        monitor: SWARM_MIN_MONITOR,
+    }),
+    Side::Swarm(SwarmUpdate {
+        order: "start-first",
+        monitor: SWARM_MIN_MONITOR,
+    }),
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Cube,
-    /// Swarm with this `--update-monitor`.
-    Swarm(&'static str),
+    Swarm(SwarmUpdate),
+}
+
+/// How Swarm updates: its `--update-order` and `--update-monitor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SwarmUpdate {
+    order: &'static str,
+    monitor: &'static str,
+}
+
+impl std::fmt::Display for SwarmUpdate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}, monitor {}", self.order, self.monitor)
+    }
 }
 
 pub(crate) async fn rolling(runs: usize, copies: usize, cube: &Path) -> anyhow::Result<()> {
@@ -131,23 +156,28 @@ async fn measure(
     swarm: &Swarm,
     runs: usize,
     copies: usize,
-) -> anyhow::Result<Vec<[f64; 3]>> {
+) -> anyhow::Result<Vec<[f64; SIDES.len()]>> {
     let mut times = Vec::with_capacity(runs);
     for run in 0..runs {
-        let mut run_ms = [0.0; 3];
+        let mut run_ms = [0.0; SIDES.len()];
         for index in (0..SIDES.len()).map(|offset| (run + offset) % SIDES.len()) {
             run_ms[index] = match SIDES[index] {
                 Side::Cube => cube_rolling(docker, cluster, run, copies).await?,
-                Side::Swarm(monitor) => swarm_rolling(docker, swarm, copies, monitor).await?,
+                Side::Swarm(update) => swarm_rolling(docker, swarm, copies, update).await?,
             };
         }
+        let sides: Vec<String> = SIDES
+            .iter()
+            .zip(run_ms)
+            .map(|(side, ms)| match side {
+                Side::Cube => format!("Cube {ms:.0} ms"),
+                Side::Swarm(update) => format!("Swarm ({update}) {ms:.0} ms"),
+            })
+            .collect();
         eprintln!(
-            "run {}: Cube {:.0} ms, Swarm (monitor {SWARM_DEFAULT_MONITOR}) {:.0} ms, Swarm \
-             (monitor {SWARM_MIN_MONITOR}) {:.0} ms; load average {}",
+            "run {}: {}; load average {}",
             run + 1,
-            run_ms[0],
-            run_ms[1],
-            run_ms[2],
+            sides.join(", "),
             load_average()
         );
         times.push(run_ms);
@@ -353,16 +383,16 @@ fn v2_commands(commands: &[String]) -> usize {
         .count()
 }
 
-/// The service at V1, healthy (untimed), then updated to V2 with `--update-monitor monitor`,
-/// timed; the service is removed and its containers waited for whether or not the update
-/// succeeded. The time in ms.
+/// The service at V1, healthy (untimed), then updated to V2 as `update` says, timed; the
+/// service is removed and its containers waited for whether or not the update succeeded.
+/// The time in ms.
 async fn swarm_rolling(
     docker: &Docker,
     swarm: &Swarm,
     copies: usize,
-    monitor: &str,
+    update: SwarmUpdate,
 ) -> anyhow::Result<f64> {
-    let update = swarm_update(docker, swarm, copies, monitor).await;
+    let update = swarm_update(docker, swarm, copies, update).await;
     swarm.remove_service();
     let gone = swarm.await_gone(docker).await;
     let took = update?;
@@ -374,9 +404,9 @@ async fn swarm_update(
     docker: &Docker,
     swarm: &Swarm,
     copies: usize,
-    monitor: &str,
+    update: SwarmUpdate,
 ) -> anyhow::Result<Duration> {
-    let update_flags = swarm_update_flags(monitor);
+    let update_flags = swarm_update_flags(update);
     let mut create_flags: Vec<&str> = update_flags.iter().map(String::as_str).collect();
     create_flags.extend([
         "--health-cmd",
@@ -425,17 +455,18 @@ async fn swarm_update(
     }
 }
 
-/// Swarm's update settings matching Cube's `Update` block, with `--update-monitor monitor`.
-fn swarm_update_flags(monitor: &str) -> Vec<String> {
+/// Swarm's update settings matching Cube's `Update` block, in `update`'s order and with its
+/// monitor.
+fn swarm_update_flags(update: SwarmUpdate) -> Vec<String> {
     [
         "--update-parallelism",
         &MAX_PARALLEL.to_string(),
         "--update-delay",
         "0s",
         "--update-order",
-        "stop-first",
+        update.order,
         "--update-monitor",
-        monitor,
+        update.monitor,
     ]
     .map(str::to_string)
     .to_vec()
@@ -474,39 +505,49 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_string())
 }
 
-fn print_tables(times: &[[f64; 3]], runs: usize, copies: usize, before: &str, after: &str) {
+fn print_tables(
+    times: &[[f64; SIDES.len()]],
+    runs: usize,
+    copies: usize,
+    before: &str,
+    after: &str,
+) {
     println!(
         "rolling: a service of {copies} copies of {SAMPLE_IMAGE} updated from `{}` to `{}`, \
-         {MAX_PARALLEL} at a time, stop-first, health checked on /health every \
-         {HEALTH_INTERVAL}; {runs} runs; load average {before} before, {after} after",
+         {MAX_PARALLEL} at a time, health checked on /health every {HEALTH_INTERVAL}; {runs} \
+         runs; load average {before} before, {after} after",
         V1.join(" "),
         shell_words(&V2)
     );
     println!();
     println!("| path | median | min | max |");
     println!("|---|---:|---:|---:|");
-    let paths = [
-        format!(
-            "Cube: POST /jobs (v2; MaxParallel {MAX_PARALLEL}, MinHealthyTime 0s) → deployment \
-             successful"
-        ),
-        format!(
-            "Docker Swarm: service update --args (v2; --update-monitor {SWARM_DEFAULT_MONITOR}, \
-             the default) → completed, {copies} running v2"
-        ),
-        format!(
-            "Docker Swarm: service update --args (v2; --update-monitor {SWARM_MIN_MONITOR}, the \
-             smallest it keeps) → completed, {copies} running v2"
-        ),
-    ];
-    for (index, path) in paths.iter().enumerate() {
+    for (index, side) in SIDES.iter().enumerate() {
+        let path = match side {
+            Side::Cube => format!(
+                "Cube: POST /jobs (v2; MaxParallel {MAX_PARALLEL}, MinHealthyTime 0s) → \
+                 deployment successful"
+            ),
+            Side::Swarm(update) => format!(
+                "Docker Swarm: service update --args (v2; --update-order {}, --update-monitor \
+                 {}{}) → completed, {copies} running v2",
+                update.order,
+                update.monitor,
+                match update.monitor {
+                    SWARM_DEFAULT_MONITOR => ", its default",
+                    SWARM_MIN_MONITOR => ", the smallest it keeps",
+                    _ => "",
+                }
+            ),
+        };
         let mut ms: Vec<f64> = times.iter().map(|run| run[index]).collect();
         println!("| {path}, ms | {} |", Summary::of(&mut ms).spread(0));
     }
-    for (index, monitor) in [(1, SWARM_DEFAULT_MONITOR), (2, SWARM_MIN_MONITOR)] {
+    for (index, side) in SIDES.iter().enumerate() {
+        let Side::Swarm(update) = side else { continue };
         let mut ratios: Vec<f64> = times.iter().map(|run| run[0] / run[index]).collect();
         println!(
-            "| ratio run by run, Cube / Swarm (monitor {monitor}) | {} |",
+            "| ratio run by run, Cube / Swarm ({update}) | {} |",
             Summary::of(&mut ratios).ratios()
         );
     }
@@ -547,6 +588,29 @@ mod tests {
             Rollout::Stuck(_)
         ));
         assert!(rollout(&view(json!({"State": "running"})), 2).is_err());
+    }
+
+    #[test]
+    fn cube_comes_first_and_every_swarm_variant_replaces_as_many_at_a_time() {
+        // The ratios divide the first side's time by each other's.
+        assert_eq!(SIDES[0], Side::Cube);
+        for side in &SIDES[1..] {
+            let Side::Swarm(update) = side else {
+                panic!("{side:?} is not Swarm")
+            };
+            let flags = swarm_update_flags(*update);
+            for pair in [
+                ["--update-parallelism", "2"],
+                ["--update-delay", "0s"],
+                ["--update-order", update.order],
+                ["--update-monitor", update.monitor],
+            ] {
+                assert!(
+                    flags.windows(2).any(|flag| flag == pair),
+                    "{pair:?} in {flags:?}"
+                );
+            }
+        }
     }
 
     #[test]
