@@ -35,6 +35,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         static_workers: Vec::new(),
         request_timeout: Duration::from_secs(1),
         max_concurrent_reconciles: 64,
+        max_claimed_per_owner: None,
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")

@@ -25,6 +25,8 @@ mod log_limit;
 mod manager;
 mod nodes;
 mod placement;
+mod queue;
+pub mod queue_controller;
 pub mod reconcile;
 mod rollout;
 mod store_source;

@@ -45,6 +45,10 @@ pub struct ManagerArgs {
     /// How often the manager asks a -w worker for its stats.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     poll_interval: Duration,
+    /// At most N requests of one owner let in at once (pending or claimed); the owner's next
+    /// request waits in the queue, saying why. Unset: no limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_claimed_per_owner: Option<u32>,
 }
 
 impl ManagerArgs {
@@ -58,6 +62,7 @@ impl ManagerArgs {
             workers: Vec::new(),
             heartbeat_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(2),
+            max_claimed_per_owner: None,
         }
     }
 }
@@ -99,6 +104,7 @@ pub async fn prepare(
         job_versions: stores.table("job_versions")?,
         deployments: stores.table("deployments")?,
         meta: stores.table("meta")?,
+        queue: stores.table("queue")?,
     };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
@@ -107,6 +113,7 @@ pub async fn prepare(
         static_workers: args.workers,
         request_timeout: Duration::from_secs(10),
         max_concurrent_reconciles: 64,
+        max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
     };
     let manager = Manager::open(config, manager_stores, scheduler, shutdown)
         .context("loading the manager's state")?;
