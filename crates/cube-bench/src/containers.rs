@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bollard::Docker;
+use bollard::models::ContainerSummary;
 use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
 
 /// The local Docker engine, at the API version both ends speak.
@@ -25,6 +26,8 @@ pub(crate) enum Listed {
     Running,
     /// Every one, running or not (`docker ps -a`).
     All,
+    /// Those running whose Docker health check passed (`--filter health=healthy`).
+    Healthy,
 }
 
 /// The IDs of the containers that carry `label` (`KEY=VALUE`).
@@ -33,21 +36,47 @@ pub(crate) async fn with_label(
     label: &str,
     listed: Listed,
 ) -> anyhow::Result<Vec<String>> {
+    Ok(list(docker, label, listed)
+        .await?
+        .into_iter()
+        .filter_map(|container| container.id)
+        .collect())
+}
+
+/// The commands of the containers that carry `label`, as Docker lists them (`docker ps
+/// --no-trunc`'s COMMAND: the program and its arguments, joined by spaces).
+pub(crate) async fn commands_with_label(
+    docker: &Docker,
+    label: &str,
+    listed: Listed,
+) -> anyhow::Result<Vec<String>> {
+    Ok(list(docker, label, listed)
+        .await?
+        .into_iter()
+        .map(|container| container.command.unwrap_or_default())
+        .collect())
+}
+
+async fn list(
+    docker: &Docker,
+    label: &str,
+    listed: Listed,
+) -> anyhow::Result<Vec<ContainerSummary>> {
     let mut filters = HashMap::from([("label".to_string(), vec![label.to_string()])]);
-    if listed == Listed::Running {
+    if matches!(listed, Listed::Running | Listed::Healthy) {
         filters.insert("status".to_string(), vec!["running".to_string()]);
+    }
+    if listed == Listed::Healthy {
+        filters.insert("health".to_string(), vec!["healthy".to_string()]);
     }
     let options = ListContainersOptionsBuilder::new()
         .all(true)
         .filters(&filters)
         .build();
-    Ok(docker
+    docker
         .list_containers(Some(options))
         .await
-        .with_context(|| format!("listing the containers labelled {label}"))?
-        .into_iter()
-        .filter_map(|container| container.id)
-        .collect())
+        .with_context(|| format!("listing the containers labelled {label}"))
 }
 
 /// Waits until no container carries `label`, running or not (at most 60 s).

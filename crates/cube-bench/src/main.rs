@@ -1,7 +1,7 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
-//! start latency, bursts, scaling, recovery, footprint, the store and the event stream. Each subcommand (one module each)
-//! prints markdown tables for BENCHMARKS.md; none fails on a time: the figures are whatever
-//! they are.
+//! start latency, bursts, scaling, rolling updates, recovery, footprint, the store and the
+//! event stream. Each subcommand (one module each) prints markdown tables for BENCHMARKS.md;
+//! none fails on a time: the figures are whatever they are.
 
 mod burst;
 mod containers;
@@ -10,6 +10,7 @@ mod events;
 mod footprint;
 mod load;
 mod recovery;
+mod rolling;
 mod scale;
 mod service_job;
 mod simulated;
@@ -79,6 +80,22 @@ enum Command {
         /// How many copies it is scaled up to.
         #[arg(long, default_value_t = 100)]
         to: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// A health-checked service updated from one command to another, 2 copies at a time:
+    /// Cube's deployment (`POST /jobs` of a changed job) next to `docker service update`
+    /// (stop-first with Swarm's default `--update-monitor` and with its smallest, and
+    /// start-first with its smallest), taking turns (a single-node swarm is initialised when
+    /// there is none, and left afterwards).
+    Rolling {
+        /// How many updates each side gets.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// How many copies the service runs.
+        #[arg(long, default_value_t = 10)]
+        copies: usize,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -243,6 +260,9 @@ async fn main() -> anyhow::Result<()> {
             to,
             cube,
         } => scale::scale(runs, from, to, &cube_binary(cube)?).await,
+        Command::Rolling { runs, copies, cube } => {
+            rolling::rolling(runs, copies, &cube_binary(cube)?).await
+        }
         Command::Recovery { runs, sets, cube } => {
             recovery::recovery(runs, sets, &cube_binary(cube)?).await
         }
@@ -490,5 +510,28 @@ impl std::fmt::Display for Summary {
             "{:.1} | {:.1} | {:.1} | {:.1}",
             self.median, self.p95, self.min, self.max
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rolling_takes_its_runs_and_copies_and_defaults_to_3_runs_of_10() {
+        let parsed = |args: &[&str]| match Cli::try_parse_from(args).map(|cli| cli.command) {
+            Ok(Command::Rolling { runs, copies, cube }) => Ok((runs, copies, cube)),
+            Ok(other) => panic!("{other:?}"),
+            Err(err) => Err(err.kind()),
+        };
+        assert_eq!(parsed(&["cube-bench", "rolling"]), Ok((3, 10, None)));
+        assert_eq!(
+            parsed(&["cube-bench", "rolling", "--runs", "5", "--copies", "4"]),
+            Ok((5, 4, None))
+        );
+        assert_eq!(
+            parsed(&["cube-bench", "rolling", "--copies", "ten"]),
+            Err(clap::error::ErrorKind::ValueValidation)
+        );
     }
 }

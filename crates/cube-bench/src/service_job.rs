@@ -1,7 +1,8 @@
 //! A service job on the benchmark's cluster, driven through the manager's API as a user would
-//! drive it: `POST /jobs` with one group of copies of the sample image, `POST
-//! /jobs/{name}/scale`, `GET /jobs/{name}` for the group's summary, `DELETE /jobs/{name}`.
-//! The `burst --as-job` and `scale` benchmarks share it.
+//! drive it: `POST /jobs` with one group of copies of the sample image (or a whole job
+//! document, submitted again for a new version), `POST /jobs/{name}/scale`, `GET /jobs/{name}`
+//! for the group's summary and the job's deployment, `DELETE /jobs/{name}`. The `burst
+//! --as-job`, `scale` and `rolling` benchmarks share it.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use serde_json::json;
 use crate::BenchCluster;
 
 /// The job's one group.
-const GROUP: &str = "api";
+pub(crate) const GROUP: &str = "api";
 
 /// A service job of the sample image, submitted to `cluster`'s manager.
 pub(crate) struct ServiceJob<'a> {
@@ -48,13 +49,17 @@ impl<'a> ServiceJob<'a> {
     ) -> anyhow::Result<ServiceJob<'a>> {
         let job = json!({"Name": name, "Type": "service",
                          "Groups": [{"Name": GROUP, "Count": count, "Task": {"Image": SAMPLE_IMAGE}}]});
-        let answer = cluster
-            .http
-            .post(format!("{}/jobs", cluster.base))
-            .json(&job)
-            .send()
-            .await
-            .context("POST /jobs")?;
+        ServiceJob::submit_spec(cluster, name, &job).await
+    }
+
+    /// Submits `job` (a whole job document named `name`, whose group is [`GROUP`]) as a new
+    /// job; returns once the manager has accepted it (201).
+    pub(crate) async fn submit_spec(
+        cluster: &'a BenchCluster,
+        name: &str,
+        job: &serde_json::Value,
+    ) -> anyhow::Result<ServiceJob<'a>> {
+        let answer = post_job(cluster, job).await?;
         anyhow::ensure!(
             answer.status().as_u16() == 201,
             "POST /jobs answered {}",
@@ -64,6 +69,31 @@ impl<'a> ServiceJob<'a> {
             cluster,
             name: name.to_string(),
         })
+    }
+
+    /// Submits `job` again under the same name (a changed spec is a new version); returns the
+    /// manager's answer, the job's view with its `Version` and `Outcome`.
+    pub(crate) async fn resubmit(
+        &self,
+        job: &serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
+        let answer = post_job(self.cluster, job).await?;
+        anyhow::ensure!(
+            answer.status().is_success(),
+            "POST /jobs answered {}",
+            answer.status()
+        );
+        answer
+            .json()
+            .await
+            .context("reading the answer to POST /jobs")
+    }
+
+    /// `GET /jobs/{name}`: the job's view as the manager has it now (its summary, tasks and
+    /// last deployment).
+    pub(crate) async fn view(&self) -> anyhow::Result<serde_json::Value> {
+        let url = format!("{}/jobs/{}", self.cluster.base, self.name);
+        crate::get_json(&self.cluster.http, &url).await
     }
 
     /// Sets the group's count; returns once the manager has recorded it.
@@ -87,13 +117,13 @@ impl<'a> ServiceJob<'a> {
 
     /// The group's summary as the manager has it now.
     pub(crate) async fn counts(&self) -> anyhow::Result<GroupCounts> {
-        let url = format!("{}/jobs/{}", self.cluster.base, self.name);
-        let view: serde_json::Value = crate::get_json(&self.cluster.http, &url).await?;
+        let view = self.view().await?;
         let group = view["Summary"].get(GROUP).cloned().unwrap_or_default();
         if group.is_null() {
             return Ok(GroupCounts::default());
         }
-        serde_json::from_value(group).with_context(|| format!("reading Summary.{GROUP} of {url}"))
+        serde_json::from_value(group)
+            .with_context(|| format!("reading Summary.{GROUP} of job {}", self.name))
     }
 
     /// Polls the summary every 10 ms until `done` holds (returns the time it took), failing
@@ -147,6 +177,20 @@ impl<'a> ServiceJob<'a> {
         );
         Ok(())
     }
+}
+
+/// `POST /jobs` of `job` to `cluster`'s manager.
+async fn post_job(
+    cluster: &BenchCluster,
+    job: &serde_json::Value,
+) -> anyhow::Result<reqwest::Response> {
+    cluster
+        .http
+        .post(format!("{}/jobs", cluster.base))
+        .json(job)
+        .send()
+        .await
+        .context("POST /jobs")
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bollard::Docker;
+use bollard::models::ServiceUpdateStatusStateEnum;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
 
 use crate::containers::{self, Listed};
@@ -49,9 +50,20 @@ impl Swarm {
 
     /// Creates the service (removing one of the same name first), detached.
     pub(crate) fn create(&self, replicas: usize, extra: &[&str]) -> anyhow::Result<()> {
+        self.create_with_args(replicas, extra, &[])
+    }
+
+    /// As [`Swarm::create`], with `args` in place of the image's command (the service's
+    /// `Args`; empty: the image's own).
+    pub(crate) fn create_with_args(
+        &self,
+        replicas: usize,
+        extra: &[&str],
+        args: &[&str],
+    ) -> anyhow::Result<()> {
         self.remove_service();
         let replicas = replicas.to_string();
-        let mut args = vec![
+        let mut command = vec![
             "service",
             "create",
             "--name",
@@ -62,10 +74,35 @@ impl Swarm {
             "--no-resolve-image",
             "--detach",
         ];
-        args.extend_from_slice(extra);
-        args.push(SAMPLE_IMAGE);
-        docker_cli(&args).context("docker service create")?;
+        command.extend_from_slice(extra);
+        command.push(SAMPLE_IMAGE);
+        command.extend_from_slice(args);
+        docker_cli(&command).context("docker service create")?;
         Ok(())
+    }
+
+    /// `docker service update --detach FLAGS NAME`: the call returns once Swarm has recorded
+    /// the new spec; the rollout goes on in the background.
+    pub(crate) fn update(&self, flags: &[&str]) -> anyhow::Result<()> {
+        let mut command = vec!["service", "update", "--detach"];
+        command.extend_from_slice(flags);
+        command.push(&self.service);
+        docker_cli(&command).context("docker service update")?;
+        Ok(())
+    }
+
+    /// The state of the service's last update (`UpdateStatus.State` of `docker service
+    /// inspect`), read through the API rather than the CLI so that it can be polled every
+    /// few ms; `None` while the service has never been updated.
+    pub(crate) async fn update_state(
+        &self,
+        docker: &Docker,
+    ) -> anyhow::Result<Option<ServiceUpdateStatusStateEnum>> {
+        let service = docker
+            .inspect_service(&self.service, None)
+            .await
+            .with_context(|| format!("inspecting service {}", self.service))?;
+        Ok(service.update_status.and_then(|status| status.state))
     }
 
     /// Removes the service; its containers go away in the background.
@@ -91,6 +128,11 @@ impl Swarm {
         containers::with_label(docker, &self.label(), Listed::All).await
     }
 
+    /// The commands of the service's running containers, as Docker lists them.
+    pub(crate) async fn running_commands(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
+        containers::commands_with_label(docker, &self.label(), Listed::Running).await
+    }
+
     /// Polls Docker every 10 ms until at least `replicas` containers of the service run; the
     /// time since `started`. Fails after `bound`.
     pub(crate) async fn await_running(
@@ -107,6 +149,29 @@ impl Swarm {
             }
             if started.elapsed() > bound {
                 bail!("Swarm runs {running} of {replicas} replicas after {bound:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Polls Docker every 10 ms until at least `replicas` containers of the service run and
+    /// their health check passed; the time since `started`. Fails after `bound`.
+    pub(crate) async fn await_healthy(
+        &self,
+        docker: &Docker,
+        replicas: usize,
+        started: Instant,
+        bound: Duration,
+    ) -> anyhow::Result<Duration> {
+        loop {
+            let healthy = containers::with_label(docker, &self.label(), Listed::Healthy)
+                .await?
+                .len();
+            if healthy >= replicas {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > bound {
+                bail!("Swarm has {healthy} of {replicas} replicas healthy after {bound:?}");
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }

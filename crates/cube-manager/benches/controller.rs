@@ -59,6 +59,8 @@ fn job() -> Job {
         job_type: JobType::Service,
         priority: 50,
         constraints: Vec::new(),
+        owner: String::new(),
+        queue_timeout: None,
         groups: vec![Group {
             name: "api".into(),
             count: Some(COPIES),

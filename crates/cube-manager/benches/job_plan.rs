@@ -28,6 +28,8 @@ fn record(job_type: JobType, count: Option<u32>) -> JobRecord {
             job_type,
             priority: 50,
             constraints: Vec::new(),
+            owner: String::new(),
+            queue_timeout: None,
             groups: vec![Group {
                 name: "api".into(),
                 count,

@@ -51,6 +51,7 @@ use crate::events::{Event, EventFilter, Topic};
 use crate::job_controller::{JobSubmitted, JobView, PlanView, VersionView};
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
+use crate::queue_controller::QueueView;
 
 /// The one place a [`ManagerError`] becomes an HTTP status.
 impl From<ManagerError> for ApiError {
@@ -63,6 +64,8 @@ impl From<ManagerError> for ApiError {
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // Well-formed, but not something this cluster can ever do.
+            ManagerError::NeverFits(_) => StatusCode::UNPROCESSABLE_ENTITY,
             // A failed store takes no more writes until the manager is started again (and
             // it stops itself): the service is unavailable, not confused by one request.
             ManagerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -100,6 +103,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/jobs/{name}/promote", post(promote_job))
         .route("/jobs/{name}/deployment", get(job_deployment))
         .route("/events", get(stream_events))
+        .route("/queue", get(list_queue))
+        .route("/queue/{kind}/{id}", get(get_queue_entry))
+        .route("/services", get(list_services))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -115,8 +121,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
          GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
          GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
-         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /health, \
-         GET /version, GET /metrics, GET /store/backup",
+         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
+         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
+         GET /store/backup",
     )
 }
 
@@ -564,7 +571,7 @@ async fn list_jobs(
     let blocking = blocking(query.index, query.wait.as_deref())?;
     let index = settle_query(&manager, blocking, |event| match event.topic {
         Topic::Job | Topic::Deployment => true,
-        Topic::Task => event.job.is_some(),
+        Topic::Task | Topic::Queue => event.job.is_some(),
         Topic::Node => false,
     })
     .await;
@@ -661,11 +668,27 @@ async fn revert_job(
     Ok(Json(view))
 }
 
+/// One task; a blocking query (`?index=N&wait=30s`) wakes on the task's own events and its
+/// entry's in the waiting list.
 async fn get_task(
     State(manager): State<Arc<Manager>>,
     JsonPath(id): JsonPath<String>,
-) -> Result<Json<Arc<Task>>, ApiError> {
-    Ok(Json(manager.task(parse_task_id(&id)?)?))
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let id = parse_task_id(&id)?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    // Unknown now: a 404 at once, not after the wait.
+    manager.task(id)?;
+    let key = id.to_string();
+    let entry = cube_types::queue::RequestKind::Task.key(&key);
+    let index = settle_query(&manager, blocking, |event| match event.topic {
+        Topic::Task => event.key == key,
+        Topic::Queue => event.key == entry,
+        _ => false,
+    })
+    .await;
+    Ok(with_index(Json(manager.task(id)?).into_response(), index))
 }
 
 async fn get_placement(
@@ -711,6 +734,54 @@ async fn list_nodes(
     })
     .await;
     Ok(with_index(Json(manager.nodes()).into_response(), index))
+}
+
+/// The waiting list, in order; a blocking query wakes on a change of an entry.
+async fn list_queue(
+    State(manager): State<Arc<Manager>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Queue).await;
+    Ok(with_index(Json(manager.queue()).into_response(), index))
+}
+
+/// One entry of the waiting list: `GET /queue/task/{id}` or `GET /queue/job/{name}`.
+async fn get_queue_entry(
+    State(manager): State<Arc<Manager>>,
+    JsonPath((kind, id)): JsonPath<(String, String)>,
+) -> Result<Json<QueueView>, ApiError> {
+    let entry = match kind.as_str() {
+        "task" => manager.queue_entry_of_task(parse_task_id(&id)?),
+        "job" => manager.queue_entry_of_job(&id),
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "{other:?} is not a kind of request: /queue/task/ID or /queue/job/NAME"
+            )));
+        }
+    };
+    entry.map(Json).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no {kind} {id:?} in the waiting list"),
+        )
+    })
+}
+
+/// What runs and answers: claimed bare tasks and job groups with their healthy copies'
+/// addresses; a blocking query wakes on a task's or an entry's change.
+async fn list_services(
+    State(manager): State<Arc<Manager>>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    let index = settle_query(&manager, blocking, |event| {
+        matches!(event.topic, Topic::Task | Topic::Queue)
+    })
+    .await;
+    Ok(with_index(Json(manager.services()).into_response(), index))
 }
 
 /// `GET /events`: see `event_stream.rs`.

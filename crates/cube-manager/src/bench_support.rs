@@ -36,6 +36,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         request_timeout: Duration::from_secs(1),
         max_concurrent_reconciles: 64,
         gc_after: Duration::from_secs(3600),
+        max_claimed_per_owner: None,
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")

@@ -56,10 +56,18 @@ pub enum Topic {
     Job,
     Node,
     Deployment,
+    /// The waiting list's entries.
+    Queue,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 4] = [Topic::Task, Topic::Job, Topic::Node, Topic::Deployment];
+    pub const ALL: [Topic; 5] = [
+        Topic::Task,
+        Topic::Job,
+        Topic::Node,
+        Topic::Deployment,
+        Topic::Queue,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -67,6 +75,7 @@ impl Topic {
             Topic::Job => "Job",
             Topic::Node => "Node",
             Topic::Deployment => "Deployment",
+            Topic::Queue => "Queue",
         }
     }
 

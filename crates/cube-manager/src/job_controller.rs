@@ -29,6 +29,7 @@ use cube_controller::watcher::Watcher;
 use crate::events::{Topic, job_event_kind, job_object};
 use crate::jobs::{GroupSummary, JobLook, JobPlan, NodeFacts, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
+use crate::queue_controller::QueueView;
 use crate::store_source::TableSource;
 
 /// A job as the API shows it: the stored record, its status in a word, a summary per group,
@@ -60,6 +61,10 @@ pub struct JobView {
     /// `scaled` (only counts changed) or `unchanged`.
     #[serde(rename = "Outcome", default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// For one job: its entry in the waiting list (its state, its position while it waits
+    /// and why, its addresses once claimed). System jobs are not queued.
+    #[serde(rename = "Queue", default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueView>,
 }
 
 /// What `POST /jobs/plan` answers: the version the job would get, whether its spec changed,
@@ -443,6 +448,9 @@ impl Manager {
             let _writing = self.job_writes.lock().await;
             let known = lock(&self.state).jobs.get(&name).cloned();
             let (outcome, record) = next_record(known.as_deref(), job, None);
+            if outcome != JobSubmitted::Unchanged {
+                self.refuse_if_never_fits(&record)?;
+            }
             match outcome {
                 JobSubmitted::Created | JobSubmitted::Changed => {
                     self.store_new_version(known.as_deref(), record).await?
@@ -516,6 +524,7 @@ impl Manager {
         };
         commit.durable().await?;
         lock(&self.state).jobs.insert(name, Arc::new(record));
+        self.push_queue();
         Ok(())
     }
 
@@ -565,10 +574,41 @@ impl Manager {
             }
             if target.count != Some(count) {
                 target.count = Some(count);
+                self.refuse_if_never_fits(&record)?;
                 self.store_job(record).await?;
             }
         }
         self.job(name)
+    }
+
+    /// Refuses a job (`service` or `batch`) that could never be placed whole on this cluster:
+    /// a group whose copy fits no node even empty, or copies that ask for more than every
+    /// node has together. A system job is placed node by node, and is not refused.
+    fn refuse_if_never_fits(&self, record: &JobRecord) -> Result<(), ManagerError> {
+        if record.job.job_type == JobType::System {
+            return Ok(());
+        }
+        let copies: Vec<(Task, usize)> = record
+            .job
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(index, group)| {
+                (
+                    crate::jobs::copy_of(record, index, 0, None),
+                    group.count.unwrap_or(0) as usize,
+                )
+            })
+            .collect();
+        let asked: Vec<(&Task, usize)> =
+            copies.iter().map(|(task, count)| (task, *count)).collect();
+        match self.never_fits(&asked) {
+            Some(why) => Err(ManagerError::NeverFits(format!(
+                "job {} can never run on this cluster: {why}",
+                record.job.name
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// `POST /jobs/{name}/promote`: the canaries of the running deployment are good; the
@@ -790,6 +830,7 @@ impl Manager {
             task.status.history.clear();
         }
         view.tasks = Some(listed);
+        view.queue = self.queue_entry_of_job(name);
         Ok(view)
     }
 
@@ -913,5 +954,6 @@ fn view_of(
         tasks: None,
         deployment: deployment.map(|deployment| (**deployment).clone()),
         outcome: None,
+        queue: None,
     }
 }

@@ -697,6 +697,8 @@ mod tests {
                 job_type,
                 priority: 50,
                 constraints: Vec::new(),
+                owner: String::new(),
+                queue_timeout: None,
                 groups: vec![Group {
                     name: "api".into(),
                     count,

@@ -28,6 +28,8 @@ mod manager;
 mod metrics;
 mod nodes;
 mod placement;
+mod queue;
+pub mod queue_controller;
 pub mod reconcile;
 mod relay;
 mod rollout;

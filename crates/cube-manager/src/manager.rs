@@ -26,6 +26,7 @@ use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
 use cube_types::deployment::Deployment;
 use cube_types::job::{JobHistory, JobRecord};
+use cube_types::queue::QueueEntry;
 use cube_types::{Node, NodeReport, NodeStatus, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -65,6 +66,9 @@ pub struct ManagerConfig {
     /// How long an ended task (and a stopped job left without tasks) is kept before the
     /// garbage collector removes it (`gc.rs`).
     pub gc_after: Duration,
+    /// At most this many requests of one owner let in (`pending-N` or `claimed`) at once;
+    /// the owner's next request waits, saying so (`--max-claimed-per-owner`). None: no limit.
+    pub max_claimed_per_owner: Option<usize>,
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
@@ -80,8 +84,10 @@ pub struct ManagerStores {
     /// Each service job's last deployment, under the job's name.
     pub deployments: Arc<dyn Store<Deployment>>,
     /// Numbers about the manager itself: the epoch its events are numbered from, under
-    /// [`EPOCH_KEY`].
+    /// [`EPOCH_KEY`], and the last queue number given, under [`QUEUE_NUMBER_KEY`].
     pub meta: Arc<dyn Store<u64>>,
+    /// The waiting list: one entry per request, under `task/<id>` or `job/<name>`.
+    pub queue: Arc<dyn Store<QueueEntry>>,
 }
 
 impl ManagerStores {
@@ -94,6 +100,7 @@ impl ManagerStores {
             job_versions: Arc::new(cube_store::MemoryStore::new()),
             deployments: Arc::new(cube_store::MemoryStore::new()),
             meta: Arc::new(cube_store::MemoryStore::new()),
+            queue: Arc::new(cube_store::MemoryStore::new()),
         }
     }
 }
@@ -102,6 +109,10 @@ impl ManagerStores {
 /// store. Its events are numbered from epoch × 10^12 (`events.rs`), so that an index never
 /// means two events, whatever restarts came between.
 pub const EPOCH_KEY: &str = "epoch";
+
+/// The key in the `meta` table of the highest queue number given so far: numbers keep
+/// growing across restarts even when the newest entries are gone.
+pub const QUEUE_NUMBER_KEY: &str = "queue";
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +134,10 @@ pub enum ManagerError {
     /// Something the request needs cannot be reached now (the task's worker).
     #[error("{0}")]
     Unavailable(String),
+    /// The request could never be placed on this cluster (bigger than every node, a
+    /// constraint no node satisfies): refused rather than queued for good.
+    #[error("{0}")]
+    NeverFits(String),
     #[error("store failed: {0}")]
     Store(#[from] StoreError),
 }
@@ -194,6 +209,8 @@ pub struct Manager {
     pub(crate) placement_runner: Runner<()>,
     /// The job controller's runner: job names to converge (`job_controller.rs`).
     pub(crate) jobs_runner: Runner<String>,
+    /// The queue controller's runner, with its one key (`queue_controller.rs`).
+    pub(crate) queue_runner: Runner<()>,
     /// Held by every read-modify-write of a job record and its versions (submit, scale,
     /// stop, promote, revert, a version marked stable, an automatic revert), so that two of
     /// them never both start from the same record. A `tokio` mutex: held across the durable
@@ -241,6 +258,15 @@ pub(crate) struct Shared {
     /// Each service job's last deployment, as stored (written by the job controller, and
     /// by nothing else).
     pub(crate) deployments: BTreeMap<String, Arc<Deployment>>,
+    /// The waiting list as stored, by key (`task/<id>`, `job/<name>`): written by the queue
+    /// controller, and by nothing else.
+    pub(crate) queue: BTreeMap<String, Arc<QueueEntry>>,
+    /// The highest queue number given (stored in `meta` under [`QUEUE_NUMBER_KEY`]).
+    pub(crate) queue_number: u64,
+    /// Requests a placement pass let in whose entry does not say so yet (the queue
+    /// controller writes it after), by key, with their owner: counted against
+    /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
+    pub(crate) just_admitted: HashMap<String, String>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -283,6 +309,12 @@ impl Manager {
         stores.deployments.scan(&mut |deployment: Deployment| {
             deployments.insert(deployment.job.clone(), Arc::new(deployment));
         })?;
+        let mut queue = BTreeMap::new();
+        let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
+        stores.queue.scan(&mut |entry: QueueEntry| {
+            queue_number = queue_number.max(entry.queue);
+            queue.insert(entry.key(), Arc::new(entry));
+        })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
             match ApiClient::new(&node.address, config.request_timeout) {
@@ -316,10 +348,14 @@ impl Manager {
                 jobs,
                 histories,
                 deployments,
+                queue,
+                queue_number,
+                just_admitted: HashMap::new(),
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),
             placement_runner: Runner::new(runner(1)),
             jobs_runner: Runner::new(runner(max_concurrent.min(4))),
+            queue_runner: Runner::new(runner(1)),
             job_writes: tokio::sync::Mutex::new(()),
             jobs_observed: ObservedStore::default(),
             failures: Mutex::new(HashMap::new()),
@@ -345,6 +381,7 @@ impl Manager {
         self.stores.jobs.health()?;
         self.stores.job_versions.health()?;
         self.stores.deployments.health()?;
+        self.stores.queue.health()?;
         Ok(())
     }
 
@@ -357,7 +394,8 @@ impl Manager {
             + self.stores.jobs.revision()?
             + self.stores.nodes.revision()?
             + self.stores.job_versions.revision()?
-            + self.stores.deployments.revision()?)
+            + self.stores.deployments.revision()?
+            + self.stores.queue.revision()?)
     }
 
     /// A consistent copy of the manager's store file (its tables share one file), to read.
@@ -414,6 +452,13 @@ impl Manager {
                     .to_string(),
             ));
         }
+        // A request no node could ever hold is refused now, not queued for good.
+        if let Some(why) = self.never_fits(&[(&event.task, 1)]) {
+            return Err(ManagerError::NeverFits(format!(
+                "task {} can never run on this cluster: {why}",
+                event.task.name
+            )));
+        }
         // The manager owns placement and observation: whatever the submission said about
         // them (state, restarts, history, ...) is not the manager's to believe.
         let task = event.task.clone();
@@ -431,6 +476,16 @@ impl Manager {
     /// one wait for the store (one commit for them all), and queues the stops. Returns the
     /// tasks found; an ID no task has is left out.
     pub(crate) async fn request_stops(&self, ids: &[Uuid]) -> Result<Vec<Task>, ManagerError> {
+        self.stop_tasks(ids, None).await
+    }
+
+    /// [`Manager::request_stops`], with why in each task's history (`reason`; none: the
+    /// user asked).
+    pub(crate) async fn stop_tasks(
+        &self,
+        ids: &[Uuid],
+        reason: Option<&str>,
+    ) -> Result<Vec<Task>, ManagerError> {
         let mut writes = Writes::default();
         let mut stopped = Vec::with_capacity(ids.len());
         let marked = {
@@ -444,10 +499,12 @@ impl Manager {
                 // restart backoff, whose restart it cancels (the policy would restart it
                 // while the desired state says Running).
                 if task.spec.desired_state != State::Completed {
-                    let message = if task.status.next_restart.is_some() {
-                        "the restart it waited for is cancelled"
-                    } else {
-                        ""
+                    let message = match reason {
+                        Some(reason) => reason,
+                        None if task.status.next_restart.is_some() => {
+                            "the restart it waited for is cancelled"
+                        }
+                        None => "",
                     };
                     task.spec.desired_state = State::Completed;
                     task.status.next_restart = None;
@@ -643,6 +700,8 @@ impl Manager {
             // nothing to do writes nothing).
             self.mark_job_dirty(&task.spec.job);
         }
+        // So does the waiting list (a look that finds no entry changed writes nothing).
+        self.push_queue();
         self.cache_task(state, task);
         Ok(())
     }
@@ -743,6 +802,7 @@ impl Manager {
         loops.spawn(self.clone().run_task_controller());
         loops.spawn(self.clone().run_placement());
         loops.spawn(self.clone().run_job_controller());
+        loops.spawn(self.clone().run_queue_controller());
         loops.spawn(self.clone().run_jobs_watcher());
         loops.spawn(self.clone().run_resync());
         loops.spawn(self.clone().run_liveness());
@@ -868,6 +928,7 @@ pub(crate) fn test_config() -> ManagerConfig {
         request_timeout: Duration::from_millis(200),
         max_concurrent_reconciles: 4,
         gc_after: Duration::from_secs(3600),
+        max_claimed_per_owner: None,
     }
 }
 

@@ -2,21 +2,25 @@
 //! the nodes, on the controller framework's runner with one key (so that the pushes of many
 //! freed slots or new tasks come down to one pass, never to reconciles racing for the lock).
 //!
-//! The waiting tasks go in order: higher job priority first (a bare task counts as the
-//! default priority), then the older first. Each placement is added to the snapshot at once
+//! The waiting tasks go by request (a bare task, or a job's copies together), in the waiting
+//! list's order: higher priority first, then the lower queue number. A request is placed
+//! whole or not at all (admission). Each placement is added to the snapshot at once
 //! (`NodeView::add_task`), so the next task sees the room that is left. A task that fits
 //! nowhere keeps the reasons in its `PendingReason`, written only when they change. What was
 //! placed goes to the task controller's runner to be sent to its node.
 
 use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_scheduler::{Decision, FilterChain, NodeView, TaskRequest, summarize_rejections};
-use cube_types::State;
-use cube_types::job::DEFAULT_PRIORITY;
+use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
+use cube_types::queue::RequestKind;
+use cube_types::task::ANONYMOUS;
+use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
 use crate::manager::{Manager, ManagerError, NodePlacement, Placement, Shared, Writes, lock};
@@ -58,40 +62,113 @@ impl Manager {
         Ok(Action::Done)
     }
 
-    /// Decides every waiting task's placement under one hold of the lock and queues the
+    /// Decides every waiting request's placement under one hold of the lock and queues the
     /// writes; returns the tasks placed.
+    ///
+    /// The waiting tasks are taken by request (a bare task alone, a job's copies together),
+    /// in the waiting list's order: higher priority first, then the lower queue number (a
+    /// request the queue controller has not numbered yet goes last, oldest first). A request
+    /// is placed whole or not at all: its copies are tried one after the other on the
+    /// snapshot, and if one fits nowhere the ones tried are taken back off it. A request that
+    /// does not fit does not hold up the ones behind it that do. A request not yet let in
+    /// whose owner already has `--max-claimed-per-owner` requests in waits, saying so.
     pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
         let mut state = lock(&self.state);
-        let mut waiting: Vec<_> = state
-            .cache
-            .waiting()
-            .filter_map(|id| state.cache.get(&id))
-            .filter(|task| {
-                task.status.state == State::Pending && task.spec.desired_state == State::Running
-            })
-            .map(|task| {
-                let priority = state
-                    .jobs
-                    .get(&task.spec.job)
-                    .map_or(DEFAULT_PRIORITY, |record| record.job.priority);
-                (Reverse(priority), task.status.created_time, task.id)
-            })
-            .collect();
-        if waiting.is_empty() {
+        let requests = waiting_requests(&state);
+        if requests.is_empty() {
             return Ok(Vec::new());
         }
-        waiting.sort_unstable();
         let mut views = self.node_views(&state);
+        let mut admitted_by_owner = admitted_by_owner(&state);
+        let mut failed_shapes: HashMap<Shape, String> = HashMap::new();
         let mut updates = Vec::new();
         let mut placed = Vec::new();
-        for (_, _, id) in waiting {
-            let Some(task) = state.cache.get(&id) else {
+        for request in requests {
+            let tasks: Vec<Task> = request
+                .tasks
+                .iter()
+                .filter_map(|id| state.cache.get(id).cloned())
+                .collect();
+            if tasks.is_empty() {
                 continue;
-            };
-            let mut task = task.clone();
-            let request = TaskRequest::for_task(&task);
+            }
+            if request.is_new
+                && let Some(limit) = self.config.max_claimed_per_owner
+                && admitted_by_owner.get(&request.owner).copied().unwrap_or(0) >= limit
+            {
+                let reason = format!(
+                    "owner {} already has {limit} request{} in (--max-claimed-per-owner {limit})",
+                    request.owner,
+                    if limit == 1 { "" } else { "s" }
+                );
+                note_reasons(&mut updates, tasks, &reason);
+                continue;
+            }
+            match self.place_request(&mut state, &mut views, &tasks, &mut failed_shapes) {
+                Ok(nodes) => {
+                    if request.is_new {
+                        *admitted_by_owner.entry(request.owner.clone()).or_default() += 1;
+                        state
+                            .just_admitted
+                            .insert(request.key.clone(), request.owner.clone());
+                    }
+                    for (mut task, name) in tasks.into_iter().zip(nodes) {
+                        if task.move_to(State::Scheduled).is_err() {
+                            continue;
+                        }
+                        tracing::info!(task = %task.id, name = %task.name, node = %name, "task placed");
+                        task.record(Utc::now(), "Placed", format!("on {name}"));
+                        task.status.node_name = name;
+                        task.status.pending_reason = None;
+                        placed.push(task.id);
+                        updates.push(task);
+                        self.metrics.placements.inc();
+                    }
+                }
+                Err(reason) => {
+                    let reason = if tasks.len() > 1 {
+                        format!(
+                            "waits for room for all {} of its copies (the whole request or \
+                             none): {reason}",
+                            tasks.len()
+                        )
+                    } else {
+                        reason
+                    };
+                    note_reasons(&mut updates, tasks, &reason);
+                }
+            }
+        }
+        for task in updates {
+            self.save(&mut state, writes, task)?;
+        }
+        Ok(placed)
+    }
+
+    /// Places every task of one request on `views`, or none: the node of each, in order, or
+    /// why one fits nowhere (with the tasks tried taken back off the snapshot). A single
+    /// task whose shape already failed in this pass fails again at once: within a pass, room
+    /// only shrinks.
+    fn place_request(
+        &self,
+        state: &mut Shared,
+        views: &mut [NodeView],
+        tasks: &[Task],
+        failed_shapes: &mut HashMap<Shape, String>,
+    ) -> Result<Vec<String>, String> {
+        let shape = (tasks.len() == 1 && tasks[0].status.node_name.is_empty())
+            .then(|| Shape::of(&tasks[0]));
+        if let Some(reason) = shape.as_ref().and_then(|shape| failed_shapes.get(shape)) {
+            return Err(reason.clone());
+        }
+        // The views a multi-task request changed, as they were: put back if one task fails.
+        let mut touched: Vec<(usize, NodeView)> = Vec::new();
+        let mut nodes = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let request = TaskRequest::for_task(task);
             // A restarted task goes back to the node it ran on when that node is ready and
-            // has room (its image is there, its data may be); otherwise the scheduler chooses.
+            // has room (its image is there, its data may be); otherwise the scheduler
+            // chooses.
             let previous = views
                 .iter()
                 .position(|view| view.name == task.status.node_name)
@@ -108,37 +185,129 @@ impl Manager {
                     index,
                     name: views[index].name.clone(),
                 },
-                None => state.scheduler.place(&request, &views),
+                None => state.scheduler.place(&request, views),
             };
             match decision {
                 Decision::Placed { index, name } => {
-                    if task.move_to(State::Scheduled).is_err() {
-                        continue;
+                    if tasks.len() > 1 && !touched.iter().any(|(at, _)| *at == index) {
+                        touched.push((index, views[index].clone()));
                     }
-                    tracing::info!(task = %id, name = %task.name, node = %name, "task placed");
                     views[index].add_task(&request);
-                    task.record(Utc::now(), "Placed", format!("on {name}"));
-                    task.status.node_name = name;
-                    task.status.pending_reason = None;
-                    updates.push(task);
-                    placed.push(id);
-                    self.metrics.placements.inc();
+                    nodes.push(name);
                 }
                 Decision::NoFit { reasons } => {
                     self.metrics.placement_failed(&reasons);
-                    let reason = summarize_rejections(&request, &views, &reasons);
-                    if task.status.pending_reason.as_deref() != Some(reason.as_str()) {
-                        tracing::info!(task = %id, name = %task.name, %reason, "task waits for room");
-                        task.status.pending_reason = Some(reason);
-                        updates.push(task);
+                    let reason = summarize_rejections(&request, views, &reasons);
+                    for (index, view) in touched {
+                        views[index] = view;
                     }
+                    let reason = match fits_on_nodes_that_are_away(views, tasks) {
+                        Some(away) => format!(
+                            "it could fit only on nodes that are not Ready now ({away}): it \
+                             waits for them to come back; {reason}"
+                        ),
+                        None => reason,
+                    };
+                    if let Some(shape) = shape {
+                        failed_shapes.insert(shape, reason.clone());
+                    }
+                    return Err(reason);
                 }
             }
         }
-        for task in updates {
-            self.save(&mut state, writes, task)?;
+        Ok(nodes)
+    }
+
+    /// Why a request could never be placed, whatever runs now, or `None` when it could (or
+    /// when no node has joined yet, so nothing can be said). A request never fits when one
+    /// of its tasks fits no known node even empty (ready or not: a node that is down may come
+    /// back), or when it asks for more CPU, memory or disk in all than every known node has
+    /// together. Only what is certain is refused: a request that might fit with a better
+    /// packing waits instead.
+    pub(crate) fn never_fits(&self, tasks: &[(&Task, usize)]) -> Option<String> {
+        let state = lock(&self.state);
+        let mut views = self.node_views(&state);
+        drop(state);
+        let copies: usize = tasks.iter().map(|(_, count)| count).sum();
+        if views.is_empty() || copies == 0 {
+            return None;
         }
-        Ok(placed)
+        for view in &mut views {
+            view.ready = true;
+            view.allocated = Resources::default();
+            view.task_count = 0;
+            view.host_ports_taken.clear();
+        }
+        let chain = FilterChain::standard();
+        for (task, count) in tasks {
+            if *count == 0 {
+                continue;
+            }
+            let request = TaskRequest::for_task(task);
+            let rejections = chain.rejections(&request, &views);
+            if rejections.len() == views.len() {
+                let why = summarize_rejections(&request, &views, &rejections);
+                // The summary says "no node could ever hold it" itself when the task is
+                // bigger than every node; a constraint or a port says why in its own words.
+                let why = if why.starts_with("no node could ever hold it") {
+                    why
+                } else {
+                    format!("no node could ever hold it, even empty: {why}")
+                };
+                return Some(if copies > 1 {
+                    format!("{}: {why}", task.name)
+                } else {
+                    why
+                });
+            }
+        }
+        if copies == 1 {
+            return None;
+        }
+        let asked = |of: fn(&Task) -> f64| {
+            tasks
+                .iter()
+                .map(|(task, count)| of(task) * *count as f64)
+                .sum::<f64>()
+        };
+        let total =
+            |of: fn(&Resources) -> f64| views.iter().map(|view| of(&view.capacity)).sum::<f64>();
+        let too_much = [
+            (
+                "CPU",
+                asked(|t| t.spec.cpu.max(0.0)),
+                total(|r| r.cpu),
+                false,
+            ),
+            (
+                "memory",
+                asked(|t| t.spec.memory as f64),
+                total(|r| r.memory as f64),
+                true,
+            ),
+            (
+                "disk",
+                asked(|t| t.spec.disk as f64),
+                total(|r| r.disk as f64),
+                true,
+            ),
+        ]
+        .into_iter()
+        .find(|(_, need, has, _)| *need > *has + 1e-6);
+        too_much.map(|(what, need, has, bytes)| {
+            let shown = |value: f64| {
+                if bytes {
+                    cube_types::size::format_size(value as u64)
+                } else {
+                    format!("{value}")
+                }
+            };
+            format!(
+                "its {copies} copies need {} {what} in all, and every node together has {}",
+                shown(need),
+                shown(has)
+            )
+        })
     }
 
     /// The scheduler's snapshot of every node: what it offers, what is placed there.
@@ -196,6 +365,170 @@ impl Manager {
             },
             nodes,
         })
+    }
+}
+
+/// One request with tasks waiting for a node, in the waiting list's order.
+struct WaitingRequest {
+    /// Its key in the waiting list (`task/<id>`, `job/<name>`).
+    key: String,
+    /// Its tasks that wait, oldest first.
+    tasks: Vec<Uuid>,
+    owner: String,
+    /// Not let in yet (its entry is waiting, or there is none): the owner limit applies.
+    is_new: bool,
+}
+
+/// The requests with waiting tasks, in the order the pass takes them: higher priority first,
+/// then the lower queue number (none yet: last), then the oldest.
+fn waiting_requests(state: &Shared) -> Vec<WaitingRequest> {
+    type Order = (Reverse<u8>, u64, Option<chrono::DateTime<Utc>>, String);
+    let mut by_request: HashMap<String, (Order, WaitingRequest)> = HashMap::new();
+    for id in state.cache.waiting() {
+        let Some(task) = state.cache.get(&id) else {
+            continue;
+        };
+        if task.status.state != State::Pending || task.spec.desired_state != State::Running {
+            continue;
+        }
+        let record = state.jobs.get(&task.spec.job);
+        let (key, priority, owner) = match record {
+            None => (
+                RequestKind::Task.key(&task.id.to_string()),
+                task.spec.priority.unwrap_or(DEFAULT_PRIORITY),
+                task.spec.owner.clone(),
+            ),
+            // A system job's copy is placed on its own node, alone: it is not queued.
+            Some(record) if record.job.job_type == JobType::System => (
+                format!("system/{}", task.id),
+                record.job.priority,
+                record.job.owner.clone(),
+            ),
+            Some(record) => (
+                RequestKind::Job.key(&task.spec.job),
+                record.job.priority,
+                record.job.owner.clone(),
+            ),
+        };
+        let entry = state.queue.get(&key);
+        let let_in = entry.is_some_and(|entry| entry.state.is_admitted())
+            || state.just_admitted.contains_key(&key);
+        let (order, request) = by_request.entry(key.clone()).or_insert_with(|| {
+            let owner = if owner.is_empty() {
+                ANONYMOUS.to_string()
+            } else {
+                owner
+            };
+            (
+                (
+                    Reverse(priority),
+                    entry.map_or(u64::MAX, |entry| entry.queue),
+                    task.status.created_time,
+                    key.clone(),
+                ),
+                WaitingRequest {
+                    key,
+                    tasks: Vec::new(),
+                    owner,
+                    is_new: !let_in,
+                },
+            )
+        });
+        order.2 = order.2.min(task.status.created_time);
+        request.tasks.push(id);
+    }
+    let mut requests: Vec<(Order, WaitingRequest)> = by_request.into_values().collect();
+    requests.sort_by(|a, b| a.0.cmp(&b.0));
+    requests
+        .into_iter()
+        .map(|(_, mut request)| {
+            request.tasks.sort_by_key(|id| {
+                state
+                    .cache
+                    .get(id)
+                    .map(|task| (task.status.created_time, task.spec.index))
+            });
+            request
+        })
+        .collect()
+}
+
+/// How many requests each owner has let in (`pending-N` or `claimed`): from the waiting
+/// list, and the requests let in since it was last written.
+fn admitted_by_owner(state: &Shared) -> HashMap<String, usize> {
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for (key, entry) in &state.queue {
+        if entry.state.is_admitted() && !state.just_admitted.contains_key(key) {
+            *counts.entry(entry.owner.clone()).or_default() += 1;
+        }
+    }
+    for owner in state.just_admitted.values() {
+        *counts.entry(owner.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Whether the tasks would fit (first fit, whole) if the nodes that are not ready now were
+/// back with what they hold: their names, or `None` when that would not help either.
+fn fits_on_nodes_that_are_away(views: &[NodeView], tasks: &[Task]) -> Option<String> {
+    let away: Vec<&str> = views
+        .iter()
+        .filter(|view| !view.ready)
+        .map(|view| view.name.as_str())
+        .collect();
+    if away.is_empty() {
+        return None;
+    }
+    let mut back: Vec<NodeView> = views.to_vec();
+    for view in &mut back {
+        view.ready = true;
+    }
+    let chain = FilterChain::standard();
+    for task in tasks {
+        let request = TaskRequest::for_task(task);
+        let index = back
+            .iter()
+            .position(|view| chain.check(&request, view).is_ok())?;
+        back[index].add_task(&request);
+    }
+    let mut named: Vec<&str> = away.iter().take(3).copied().collect();
+    if away.len() > 3 {
+        named.push("...");
+    }
+    Some(named.join(", "))
+}
+
+/// Writes `reason` as the `PendingReason` of each task whose reason it is not yet.
+fn note_reasons(updates: &mut Vec<Task>, tasks: Vec<Task>, reason: &str) {
+    for mut task in tasks {
+        if task.status.pending_reason.as_deref() != Some(reason) {
+            tracing::info!(task = %task.id, name = %task.name, %reason, "task waits for room");
+            task.status.pending_reason = Some(reason.to_string());
+            updates.push(task);
+        }
+    }
+}
+
+/// What a task asks of a node, as a key: two tasks of one shape fit the same nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Shape {
+    cpu_bits: u64,
+    memory: u64,
+    disk: u64,
+    host_ports: Vec<HostPort>,
+    constraints: Vec<Constraint>,
+}
+
+impl Shape {
+    fn of(task: &Task) -> Shape {
+        let request = TaskRequest::for_task(task);
+        Shape {
+            cpu_bits: request.cpu_cores().to_bits(),
+            memory: request.memory,
+            disk: request.disk,
+            host_ports: request.host_ports.into_iter().collect(),
+            constraints: request.constraints,
+        }
     }
 }
 
@@ -282,5 +615,90 @@ mod tests {
         one_node(&manager).await;
         assert_eq!(pass(&manager), vec![urgent]);
         assert_eq!(task(&manager, bare).status.state, State::Pending);
+    }
+
+    fn job_record(name: &str, job_type: &str) -> JobRecord {
+        serde_json::from_value(serde_json::json!({
+            "Job": {"Name": name, "Type": job_type,
+                    "Groups": [{"Name": "g", "Count": 3, "Task": {"Image": "cube-sample:latest"}}]},
+            "Version": 1
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_job_is_placed_whole_or_not_at_all() {
+        let manager = manager();
+        lock(&manager.state)
+            .jobs
+            .insert("trio".to_string(), Arc::new(job_record("trio", "service")));
+        let mut copies = Vec::new();
+        for n in 0..3 {
+            copies.push(
+                waiting(&manager, &format!("trio.g[{n}]"), 400 * MIB, "trio")
+                    .await
+                    .id,
+            );
+        }
+        one_node(&manager).await;
+        assert!(
+            pass(&manager).is_empty(),
+            "two would fit, three do not: none is placed"
+        );
+        for id in &copies {
+            let left = task(&manager, *id);
+            assert_eq!(left.status.state, State::Pending);
+            assert!(left.status.node_name.is_empty());
+            let reason = left.status.pending_reason.unwrap_or_default();
+            assert!(reason.contains("all 3 of its copies"), "{reason}");
+        }
+        // A bare task behind it that fits is not held up by it.
+        let small = waiting(&manager, "small", 100 * MIB, "").await.id;
+        assert_eq!(pass(&manager), vec![small]);
+    }
+
+    #[tokio::test]
+    async fn an_owner_at_its_limit_waits_and_others_go() {
+        let mut config = crate::manager::test_config();
+        config.max_claimed_per_owner = Some(1);
+        let manager = crate::manager::Manager::open(
+            config,
+            crate::manager::ManagerStores::in_memory(),
+            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .unwrap();
+        let owned = |name: &str, owner: &str| {
+            let mut task = Task::new(name, "cube-sample:latest");
+            task.spec.memory = 100 * MIB;
+            task.spec.owner = owner.to_string();
+            task
+        };
+        let first = manager
+            .accept_task(owned("a1", "alice"), None)
+            .await
+            .unwrap()
+            .id;
+        let second = manager
+            .accept_task(owned("a2", "alice"), None)
+            .await
+            .unwrap()
+            .id;
+        let other = manager
+            .accept_task(owned("b1", "bob"), None)
+            .await
+            .unwrap()
+            .id;
+        one_node(&manager).await;
+        assert_eq!(pass(&manager), vec![first, other]);
+        let held = task(&manager, second);
+        assert_eq!(held.status.state, State::Pending);
+        assert!(
+            held.status
+                .pending_reason
+                .unwrap_or_default()
+                .contains("owner alice already has 1 request in (--max-claimed-per-owner 1)")
+        );
+        assert!(pass(&manager).is_empty(), "still held on the next pass");
     }
 }

@@ -480,6 +480,8 @@ mod tests {
                 job_type: JobType::Service,
                 priority: 50,
                 constraints: Vec::new(),
+                owner: String::new(),
+                queue_timeout: None,
                 groups: vec![Group {
                     name: "api".into(),
                     count: Some(count),

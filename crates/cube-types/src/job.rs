@@ -37,6 +37,18 @@ pub struct Job {
     pub constraints: Vec<Constraint>,
     #[serde(rename = "Groups")]
     pub groups: Vec<Group>,
+    /// Who asked for the job: the waiting list's `Owner` (`anonymous` when unset).
+    #[serde(rename = "Owner", default, skip_serializing_if = "String::is_empty")]
+    pub owner: String,
+    /// How long the job may wait in the queue, none of its copies placed, before it gives
+    /// up (`expired`, and the job is stopped).
+    #[serde(
+        rename = "QueueTimeout",
+        default,
+        with = "crate::duration::optional",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub queue_timeout: Option<Duration>,
 }
 
 /// A job's priority when unset, and a bare task's when waiting for a node.
@@ -379,6 +391,18 @@ impl Job {
         if self.priority > 100 {
             findings.push(format!("Priority: {} is out of range 0-100", self.priority));
         }
+        findings.extend(crate::task::owner_findings("Owner", &self.owner));
+        if let Some(timeout) = self.queue_timeout {
+            if timeout.is_zero() {
+                findings.push("QueueTimeout: must be longer than 0".to_string());
+            } else if timeout > crate::duration::MAX_TASK_DURATION {
+                findings.push(format!(
+                    "QueueTimeout: {} is more than the limit of {}",
+                    crate::duration::format_duration(timeout),
+                    crate::duration::MAX_TASK_DURATION_TEXT
+                ));
+            }
+        }
         for (n, constraint) in self.constraints.iter().enumerate() {
             findings.extend(constraint.findings(&format!("Constraints[{n}]")));
         }
@@ -431,6 +455,18 @@ impl Job {
                 findings.push(format!(
                     "{path}.Task.ID: a job's tasks get their IDs from the job; leave ID out"
                 ));
+            }
+            for (field, set) in [
+                ("Owner", !group.task.spec.owner.is_empty()),
+                ("Priority", group.task.spec.priority.is_some()),
+                ("QueueTimeout", group.task.spec.queue_timeout.is_some()),
+            ] {
+                if set {
+                    findings.push(format!(
+                        "{path}.Task.{field}: a job's copies wait in the queue as one request; \
+                         set {field} on the job"
+                    ));
+                }
             }
             findings.extend(
                 group

@@ -3,7 +3,8 @@
 //! One file per noun: [`task`] (a task and its ports), [`state`] (task states and the one
 //! transition table), [`event`] (a `TaskEvent`, the unit of desired state sent to a worker), [`job`] (a job:
 //! groups of copies of a task template, the constraints on their nodes, its versions),
-//! [`deployment`] (the rollout of a version of a service job),
+//! [`deployment`] (the rollout of a version of a service job), [`queue`] (the waiting list's
+//! entries),
 //! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
 //! [`size`] (byte sizes with units), [`cpu`] (cores, also as millicores), [`duration`]
 //! (durations with units), [`error`] (the error body every API returns),
@@ -21,6 +22,7 @@ pub mod event;
 pub mod job;
 pub mod node;
 pub mod output;
+pub mod queue;
 pub mod size;
 pub mod state;
 pub mod stats;

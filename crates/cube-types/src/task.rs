@@ -91,6 +91,14 @@ pub struct TaskSpec {
     pub job: String,
     pub group: String,
     pub index: Option<u32>,
+    /// Who asked for the task (a bare task; a job's copies belong to the job's owner): the
+    /// waiting list's `Owner`, `anonymous` when unset.
+    pub owner: String,
+    /// 0 (least) to 100 (most) in the waiting list; a bare task's own (a job's copies go by
+    /// the job's). Unset: the default, 50.
+    pub priority: Option<u8>,
+    /// How long a bare task may wait in the queue before it gives up (`expired`).
+    pub queue_timeout: Option<Duration>,
     /// What the user asked for: `Running` to run it, `Completed` to stop it.
     pub desired_state: State,
 }
@@ -277,6 +285,15 @@ struct TaskWire {
     /// Which copy of its group the task is (0-based); the task is named `job.group[index]`.
     #[serde(rename = "Index", default)]
     pub index: Option<u32>,
+    /// Who asked for the task, for the waiting list (`anonymous` when unset).
+    #[serde(rename = "Owner", default, deserialize_with = "null_as_default")]
+    pub owner: String,
+    /// The task's priority in the waiting list, 0 to 100 [default: 50].
+    #[serde(rename = "Priority", default)]
+    pub priority: Option<u8>,
+    /// How long the task may wait in the queue before it gives up.
+    #[serde(rename = "QueueTimeout", default, with = "crate::duration::optional")]
+    pub queue_timeout: Option<Duration>,
     /// When the manager restarts the task, while it waits out its restart backoff (the run
     /// ended and the policy wants another). Unset otherwise.
     #[serde(rename = "NextRestart", default, with = "crate::time::optional")]
@@ -402,6 +419,16 @@ struct TaskWireRef<'a> {
     group: &'a String,
     #[serde(rename = "Index", skip_serializing_if = "unset")]
     index: &'a Option<u32>,
+    #[serde(rename = "Owner", skip_serializing_if = "blank")]
+    owner: &'a String,
+    #[serde(rename = "Priority", skip_serializing_if = "unset")]
+    priority: &'a Option<u8>,
+    #[serde(
+        rename = "QueueTimeout",
+        serialize_with = "crate::duration::optional::serialize",
+        skip_serializing_if = "unset"
+    )]
+    queue_timeout: &'a Option<Duration>,
     #[serde(
         rename = "NextRestart",
         serialize_with = "crate::time::optional::serialize",
@@ -493,6 +520,9 @@ impl Task {
                     job,
                     group,
                     index,
+                    owner,
+                    priority,
+                    queue_timeout,
                     desired_state,
                 },
             status:
@@ -561,6 +591,9 @@ impl Task {
             job,
             group,
             index,
+            owner,
+            priority,
+            queue_timeout,
             next_restart,
             dispatch_error,
             next_attempt,
@@ -611,6 +644,9 @@ impl From<TaskWire> for Task {
             job,
             group,
             index,
+            owner,
+            priority,
+            queue_timeout,
             next_restart,
             dispatch_error,
             next_attempt,
@@ -641,6 +677,9 @@ impl From<TaskWire> for Task {
                 job,
                 group,
                 index,
+                owner,
+                priority,
+                queue_timeout,
                 desired_state,
             },
             status: TaskStatus {
@@ -840,6 +879,9 @@ impl Task {
                 job: String::new(),
                 group: String::new(),
                 index: None,
+                owner: String::new(),
+                priority: None,
+                queue_timeout: None,
                 desired_state: State::Running,
             },
             status: TaskStatus {
@@ -1037,7 +1079,7 @@ impl Task {
     }
 
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
-    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 22] {
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 25] {
         // No `..`: a new spec field does not compile until it is compared here.
         let TaskSpec {
             image,
@@ -1061,6 +1103,9 @@ impl Task {
             job,
             group,
             index,
+            owner,
+            priority,
+            queue_timeout,
             desired_state: _,
         } = &self.spec;
         let theirs = &other.spec;
@@ -1102,6 +1147,9 @@ impl Task {
             ("Job", *job == theirs.job),
             ("Group", *group == theirs.group),
             ("Index", *index == theirs.index),
+            ("Owner", *owner == theirs.owner),
+            ("Priority", *priority == theirs.priority),
+            ("QueueTimeout", *queue_timeout == theirs.queue_timeout),
         ]
     }
 
@@ -1254,6 +1302,7 @@ impl Task {
             ("HealthCheckTimeout", self.spec.health_check_timeout, true),
             ("RestartDelay", self.spec.restart_delay, false),
             ("RestartDelayMax", self.spec.restart_delay_max, false),
+            ("QueueTimeout", self.spec.queue_timeout, true),
         ];
         for (field, duration, positive) in durations {
             let Some(duration) = duration else { continue };
@@ -1269,6 +1318,12 @@ impl Task {
                 ));
             }
         }
+        findings.extend(owner_findings("Owner", &self.spec.owner));
+        if let Some(priority) = self.spec.priority
+            && priority > 100
+        {
+            findings.push(format!("Priority: {priority} is out of range 0-100"));
+        }
         if self.spec.health_check_retries == Some(0) {
             findings.push(
                 "HealthCheckRetries: must be at least 1 (the failed probes in a row that make \
@@ -1277,6 +1332,33 @@ impl Task {
             );
         }
     }
+}
+
+/// The most characters of an owner's name.
+pub const MAX_OWNER_LEN: usize = 63;
+
+/// The owner a request has when it names none.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// What is wrong with an owner's name (empty is fine: `anonymous`): at most
+/// [`MAX_OWNER_LEN`] letters, digits, `.`, `_`, `-` and `@`.
+pub fn owner_findings(path: &str, owner: &str) -> Vec<String> {
+    let mut findings = Vec::new();
+    if owner.chars().count() > MAX_OWNER_LEN {
+        findings.push(format!(
+            "{path}: {} characters; at most {MAX_OWNER_LEN}",
+            owner.chars().count()
+        ));
+    }
+    if !owner
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
+    {
+        findings.push(format!(
+            "{path}: {owner:?} may hold only letters, digits, '.', '_', '-' and '@'"
+        ));
+    }
+    findings
 }
 
 /// Whether a character is refused in `Cmd` and in `Env` values: every control character but
@@ -1754,6 +1836,9 @@ mod tests {
         full.spec.job = "web".into();
         full.spec.group = "api".into();
         full.spec.index = Some(2);
+        full.spec.owner = "alice".into();
+        full.spec.priority = Some(70);
+        full.spec.queue_timeout = Some(Duration::from_secs(30));
         full.spec.desired_state = State::Completed;
         let now = Utc::now();
         full.status.state = State::Failed;

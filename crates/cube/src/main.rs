@@ -31,6 +31,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
     cube run -f examples/sample-task.yaml  # run a task file (JSON or YAML)\n  \
     cube status                            # list tasks, like docker ps\n  \
     cube node                              # list workers and what they hold\n  \
+    cube queue                             # the waiting list: who waits, who runs where\n  \
     cube events                            # follow every change as it happens\n  \
     cube stop 3f2a                         # stop a task by a unique ID prefix\n  \
     cube logs -f web                       # a task's output, followed\n  \
@@ -62,6 +63,8 @@ enum Command {
     Status(cli::StatusArgs),
     Events(cli::EventsArgs),
     Node(cli::NodeArgs),
+    Queue(cli::QueueArgs),
+    Service(cli::ServiceArgs),
     Completion(cli::CompletionArgs),
     Config(cli::ConfigArgs),
     SampleImage(sample_image::SampleImageArgs),
@@ -196,6 +199,8 @@ fn main() -> ExitCode {
             Command::Status(args) => cli::status(args).await,
             Command::Events(args) => cli::events(args).await,
             Command::Node(args) => cli::node(args).await,
+            Command::Queue(args) => cli::queue(args).await,
+            Command::Service(args) => cli::service(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),
             Command::Config(args) => cli::config(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,

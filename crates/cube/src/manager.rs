@@ -51,6 +51,10 @@ pub struct ManagerArgs {
     /// goes too. `cube rm` and `cube prune` remove them at once. At most 24h.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     gc_after: Duration,
+    /// At most N requests of one owner let in at once (pending or claimed); the owner's next
+    /// request waits in the queue, saying why. Unset: no limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_claimed_per_owner: Option<u32>,
 }
 
 impl ManagerArgs {
@@ -65,6 +69,7 @@ impl ManagerArgs {
             heartbeat_grace: Duration::from_secs(10),
             poll_interval: Duration::from_secs(2),
             gc_after: Duration::from_secs(3600),
+            max_claimed_per_owner: None,
         }
     }
 }
@@ -106,6 +111,7 @@ pub async fn prepare(
         job_versions: stores.table("job_versions")?,
         deployments: stores.table("deployments")?,
         meta: stores.table("meta")?,
+        queue: stores.table("queue")?,
     };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
@@ -115,6 +121,7 @@ pub async fn prepare(
         request_timeout: Duration::from_secs(10),
         max_concurrent_reconciles: 64,
         gc_after: args.gc_after,
+        max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
     };
     let manager = Manager::open(config, manager_stores, scheduler, shutdown)
         .context("loading the manager's state")?;

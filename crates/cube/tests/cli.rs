@@ -193,18 +193,36 @@ async fn run_wait_returns_once_the_task_runs_and_fails_with_the_error_of_a_faili
 #[tokio::test]
 async fn run_wait_gives_up_after_its_timeout_with_the_reason_the_task_waits() {
     let cluster = Cluster::start("late").await;
+    // A fixed host port that one task holds: a second task asking for it waits.
+    let port = free_port().to_string();
+    let binding = format!("{port}:7777");
+    let (ok, _, stderr) = cluster.cube(&["run", "--wait", "-p", &binding, SAMPLE_IMAGE]);
+    assert!(ok, "{stderr}");
     let (ok, _, stderr) = cluster.cube(&[
         "run",
         "--wait",
         "--timeout",
         "1s",
-        "--memory",
-        "100TiB",
+        "-p",
+        &binding,
         SAMPLE_IMAGE,
     ]);
     assert!(!ok);
     assert!(
-        stderr.contains("is not running after 1s: Pending"),
+        stderr.contains("is not running after 1s: queued at position 1")
+            && stderr.contains(&format!("port {port} taken")),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn run_of_a_task_no_node_could_ever_hold_fails_at_once_with_why() {
+    let cluster = Cluster::start("huge").await;
+    let (ok, _, stderr) = cluster.cube(&["run", "--memory", "100TiB", SAMPLE_IMAGE]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("can never run on this cluster")
+            && stderr.contains("needs 100.0 TiB memory"),
         "{stderr}"
     );
 }

@@ -363,35 +363,74 @@ async fn a_manager_killed_and_restarted_keeps_a_converged_job_as_it_runs() {
 }
 
 #[tokio::test]
-async fn a_job_that_fits_nowhere_waits_with_its_reasons_and_is_placed_when_a_node_fits() {
+async fn a_job_only_a_down_node_could_hold_waits_saying_so_and_runs_when_the_node_is_back() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let manager = ManagerProcess::start_with(
+        "epvm",
+        "memory",
+        dir.path(),
+        0,
+        &["--heartbeat-grace", "2s"],
+    );
     let _us = manager.join_worker(&unique_node("wait-us"), &["--label", "zone=us"]);
-    manager.await_ready_nodes(1).await;
+    let eu = manager.join_worker(&unique_node("wait-eu"), &["--label", "zone=eu"]);
+    manager.await_ready_nodes(2).await;
     let client = manager.client();
     let mut job = service("waiting", 2);
+    job["Constraints"] = json!([{"Attribute": "label.zone", "Operator": "=", "Value": "ap"}]);
+    // No node could ever hold it: refused at once, with each node's reason.
+    let refused = post_job(&client, "/jobs", &job).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert!(
+        refused
+            .message()
+            .contains(r#"label.zone is "us", wants "ap""#),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        client.get("/jobs/waiting").await.status,
+        404,
+        "nothing kept"
+    );
+
+    // The eu node goes silent (frozen), and is Down: a job only it could hold waits.
+    eu.signal("-STOP");
+    manager
+        .await_nodes("the eu node Down", |nodes| {
+            nodes.as_array().is_some_and(|nodes| {
+                nodes
+                    .iter()
+                    .any(|n| n["Name"] == eu.name.as_str() && n["Status"] == "Down")
+            })
+        })
+        .await;
     job["Constraints"] = json!([{"Attribute": "label.zone", "Operator": "=", "Value": "eu"}]);
     let created = post_job(&client, "/jobs", &job).await;
     assert_eq!(created.status, 201, "{}", created.body);
     let waiting = await_job(
         &client,
         "waiting",
-        "two copies waiting with a reason",
+        "two copies waiting, saying the node is down",
         |job| {
             let tasks = live_tasks(job);
             tasks.len() == 2
                 && tasks.iter().all(|task| {
                     task["State"] == "Pending"
-                        && task["PendingReason"]
-                            .as_str()
-                            .is_some_and(|reason| reason.contains("label.zone"))
+                        && task["PendingReason"].as_str().is_some_and(|reason| {
+                            reason.contains(&format!(
+                                "it could fit only on nodes that are not Ready now ({})",
+                                eu.name
+                            ))
+                        })
                 })
         },
     )
     .await;
     assert_eq!(waiting["Summary"]["api"]["Pending"], 2, "{waiting}");
+    assert_eq!(waiting["Queue"]["State"], "waiting", "{waiting}");
 
-    let eu = manager.join_worker(&unique_node("wait-eu"), &["--label", "zone=eu"]);
+    eu.signal("-CONT");
     let placed = await_job(&client, "waiting", "both running on the eu node", |job| {
         running(job) == 2
     })

@@ -106,19 +106,19 @@ async fn epvm_avoids_the_worker_that_holds_most_of_the_allocated_memory() {
 }
 
 #[tokio::test]
-async fn a_task_too_big_for_every_worker_waits_and_runs_when_a_bigger_worker_joins() {
+async fn a_task_too_big_for_every_worker_is_refused_with_why_and_runs_once_a_bigger_worker_joined()
+{
     let cluster = Cluster::start("epvm", "tb", &["--memory", "256MiB"]).await;
     let client = cluster.manager.client();
-    let id = client
-        .submit(&with_memory(sleeper("too-big"), "1GiB"))
-        .await;
-    let waiting = client
-        .await_task(&id, "PendingReason", |task| {
-            task["PendingReason"].is_string()
-        })
-        .await;
-    assert_eq!(waiting["State"], "Pending");
-    let reason = waiting["PendingReason"].as_str().unwrap();
+    // No worker could ever hold it, even empty: refused at once, not queued for good.
+    let refused = client.post(&with_memory(sleeper("too-big"), "1GiB")).await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    let reason = refused.message();
+    assert!(
+        reason.contains("task too-big can never run on this cluster")
+            && reason.contains("no node could ever hold it"),
+        "{reason}"
+    );
     for worker in &cluster.workers {
         assert!(
             reason.contains(&format!(
@@ -128,14 +128,21 @@ async fn a_task_too_big_for_every_worker_waits_and_runs_when_a_bigger_worker_joi
             "{reason}"
         );
     }
-    let (ok, stdout, _) = cube_cli(&cluster.manager.address(), &["status"]);
-    assert!(ok);
-    assert!(stdout.contains("needs 1.0 GiB memory"), "{stdout}");
+    let (ok, _, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["run", "--memory", "1GiB", "--name", "too-big", SAMPLE_IMAGE],
+    );
+    assert!(!ok, "the command fails too");
+    assert!(stderr.contains("can never run on this cluster"), "{stderr}");
 
     let big = cluster
         .manager
         .join_worker(&unique_node("tb-big"), &["--memory", "2GiB"]);
-    let running = client.await_state(&id, "Running").await;
+    cluster
+        .manager
+        .await_ready_nodes(cluster.workers.len() + 1)
+        .await;
+    let (_, running) = client.run(&with_memory(sleeper("too-big"), "1GiB")).await;
     assert_eq!(running["NodeName"], big.name.as_str());
     assert!(running.get("PendingReason").is_none(), "{running}");
 }

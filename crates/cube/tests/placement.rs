@@ -32,8 +32,29 @@ async fn a_waiting_task_in_a_large_cluster_says_why_in_one_counted_line() {
     let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
     register(&manager, 40, 512 << 20).await;
     let client = manager.client();
+    // Bigger than every node: refused, in one counted line.
+    let refused = client
+        .post(&json!({"Name": "wide", "Image": SAMPLE_IMAGE, "Memory": "1GiB"}))
+        .await;
+    assert_eq!(refused.status, 422, "{}", refused.body);
+    let reason = refused.message();
+    assert!(reason.len() < 300, "one short line: {reason}");
+    assert!(
+        reason.contains("40 nodes:")
+            && reason.contains(
+                "no node could ever hold it: needs 1.0 GiB memory, the largest node has 512.0 MiB"
+            ),
+        "{reason}"
+    );
+    // Forty that take every node's room (the nodes are not real: they end up Unreachable),
+    // then one that waits, saying why in one counted line.
+    for n in 0..40 {
+        client
+            .submit(&json!({"Name": format!("fill{n}"), "Image": SAMPLE_IMAGE, "Memory": "300MiB"}))
+            .await;
+    }
     let id = client
-        .submit(&json!({"Name": "wide", "Image": SAMPLE_IMAGE, "Memory": "1GiB"}))
+        .submit(&json!({"Name": "wide", "Image": SAMPLE_IMAGE, "Memory": "300MiB"}))
         .await;
     let task = client
         .await_task(&id, "a reason naming 40 nodes", |task| {
@@ -44,12 +65,6 @@ async fn a_waiting_task_in_a_large_cluster_says_why_in_one_counted_line() {
         .await;
     let reason = task["PendingReason"].as_str().unwrap();
     assert!(reason.len() < 200, "one short line: {reason}");
-    assert!(
-        reason.contains(
-            "no node could ever hold it: needs 1.0 GiB memory, the largest node has 512.0 MiB"
-        ),
-        "{reason}"
-    );
 
     // The long form, node by node, on request.
     let placement = client.get(&format!("/tasks/{id}/placement")).await;

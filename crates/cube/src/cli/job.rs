@@ -22,6 +22,7 @@ use super::job_output::{
     job_details, job_table, plan_lines, progress_line, submitted_line, waiting_copies,
 };
 use super::output::{print_json, print_lines, print_yaml};
+use super::queue::endpoint_addresses;
 use super::wait::Spinner;
 use super::{ListFlags, ListFormat, ManagerClient, ManagerFlags, OutputFormat};
 
@@ -381,6 +382,15 @@ async fn finish_waiting(
     let (raw, converged, promotion) = wait_until_converged(manager, name, timeout, waits).await?;
     if flags.output != OutputFormat::Table {
         return print_json(&raw);
+    }
+    if let Some(entry) = converged
+        .queue
+        .as_ref()
+        .filter(|entry| entry.state == "claimed")
+    {
+        for endpoint in &entry.services {
+            println!("{}: {}", endpoint.name, endpoint_addresses(endpoint));
+        }
     }
     match promotion {
         Some(reason) => println!(

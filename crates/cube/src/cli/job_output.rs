@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::output::{key_values, table, time_ago, time_with_age};
+use super::queue::QueueEntryView;
 
 /// A job as `POST /jobs`, `GET /jobs[/{name}]`, `DELETE /jobs/{name}` and the scale answer
 /// show it. Fields the CLI does not know are ignored, so that an older CLI still reads a newer
@@ -46,6 +47,9 @@ pub struct JobView {
     /// In the answer to a submission or a revert: `new`, `changed`, `scaled`, `unchanged`.
     #[serde(rename = "Outcome", default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<String>,
+    /// The job's entry in the waiting list (one job's answer only).
+    #[serde(rename = "Queue", default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<QueueEntryView>,
 }
 
 /// One kept version, as `GET /jobs/{name}/versions` lists it.
@@ -188,6 +192,25 @@ pub fn progress_line(view: &JobView) -> String {
 /// waiting for a promotion).
 pub fn convergence(view: &JobView, deployment: bool) -> Convergence {
     let name = &view.job.name;
+    match view.queue.as_ref().map(|entry| entry.state.as_str()) {
+        Some("expired") => {
+            let reason = view
+                .queue
+                .as_ref()
+                .map_or("", |entry| entry.reason.as_str());
+            return Convergence::Failed(format!("job {name} expired in the queue: {reason}"));
+        }
+        Some("waiting") => {
+            let (position, why) = view.queue.as_ref().map_or((0, None), |entry| {
+                (entry.position, entry.waiting_for.clone())
+            });
+            return Convergence::Waiting(format!(
+                "queued at position {position}: {}",
+                why.unwrap_or_else(|| "waiting for room".to_string())
+            ));
+        }
+        _ => {}
+    }
     if view.stopped || view.status == "stopped" {
         return Convergence::Failed(format!("job {name} was stopped"));
     }
@@ -504,6 +527,7 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
         ("Status", view.status.clone()),
         ("Submitted", time_with_age(view.submit_time, now)),
         ("Constraints", constraints),
+        ("Queue", queue_words(view.queue.as_ref())),
     ]);
     lines.extend([String::new(), "Groups".to_string()]);
     lines.extend(summary_table(view));
@@ -559,6 +583,21 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
         n => lines.extend([String::new(), format!("{n} stopped copies not shown")]),
     }
     lines
+}
+
+/// A job's place in the waiting list in a few words: `waiting at position 2: <why>`,
+/// `claimed`, `pending-1`, `expired: <why>`; empty when it has no entry (a system job).
+fn queue_words(entry: Option<&QueueEntryView>) -> String {
+    match entry {
+        None => String::new(),
+        Some(entry) if entry.state == "waiting" => format!(
+            "waiting at position {}: {}",
+            entry.position,
+            entry.waiting_for.as_deref().unwrap_or("waiting for room")
+        ),
+        Some(entry) if entry.state == "expired" => format!("expired: {}", entry.reason),
+        Some(entry) => format!("{} (number {})", entry.state, entry.queue),
+    }
 }
 
 /// GROUP, WANTED, PENDING, STARTING, RUNNING, FAILED, COMPLETE, LOST: one row per group.
@@ -645,6 +684,8 @@ mod tests {
                 job_type,
                 priority: 50,
                 constraints: Vec::new(),
+                owner: String::new(),
+                queue_timeout: None,
                 groups: vec![Group {
                     name: "api".to_string(),
                     count,
@@ -661,6 +702,7 @@ mod tests {
             tasks: Vec::new(),
             deployment: None,
             outcome: None,
+            queue: None,
         }
     }
 

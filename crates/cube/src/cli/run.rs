@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::input::{MAX_TASK_FILE_BYTES, read_task_file};
 use super::output::print_json;
+use super::queue::endpoint_addresses;
 use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
@@ -101,6 +102,15 @@ struct TaskFlags {
     /// How the health check probes: http (the path) or tcp (a connection).
     #[arg(long, value_enum, value_name = "TYPE")]
     health_check_type: Option<HealthCheckFlag>,
+    /// Who asks for the task, in the waiting list (default: anonymous).
+    #[arg(long, value_name = "NAME")]
+    owner: Option<String>,
+    /// Its place in the waiting list: 0 (least) to 100 (most) [default: 50].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=100))]
+    priority: Option<u8>,
+    /// How long it may wait in the queue for room before it gives up (expired), e.g. 5m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    queue_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -163,20 +173,29 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
         }
     }
     if args.wait {
-        let running = wait_for(&manager, task.id, Goal::Running, args.timeout).await?;
+        let (running, entry) = wait_for(&manager, task.id, Goal::Running, args.timeout).await?;
         match args.flags.output {
             OutputFormat::Json => print_json(&running)?,
-            OutputFormat::Table => eprintln!(
-                "task {} ({}) is {}{}",
-                running.name,
-                running.short_id(),
-                running.status.state,
-                if running.status.node_name.is_empty() {
-                    String::new()
-                } else {
-                    format!(" on {}", running.status.node_name)
+            OutputFormat::Table => {
+                eprintln!(
+                    "task {} ({}) is {}{}",
+                    running.name,
+                    running.short_id(),
+                    running.status.state,
+                    if running.status.node_name.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on {}", running.status.node_name)
+                    }
+                );
+                // Claimed: where it answers, one line per copy (on stderr with the other
+                // words for people: stdout holds the ID alone, for `ID=$(cube run ...)`).
+                if let Some(entry) = entry {
+                    for endpoint in &entry.services {
+                        eprintln!("{}: {}", endpoint.name, endpoint_addresses(endpoint));
+                    }
                 }
-            ),
+            }
         }
     }
     Ok(())
@@ -229,6 +248,9 @@ fn task_from_flags(flags: &TaskFlags) -> anyhow::Result<(String, Value, Submissi
         HealthCheckFlag::Http => HealthCheckType::Http,
         HealthCheckFlag::Tcp => HealthCheckType::Tcp,
     });
+    task.spec.owner = flags.owner.clone().unwrap_or_default();
+    task.spec.priority = flags.priority;
+    task.spec.queue_timeout = flags.queue_timeout;
     let findings = task.validate();
     if !findings.is_empty() {
         bail!("invalid task: {}", findings.join("; "));
@@ -337,6 +359,9 @@ mod tests {
             max_restarts: Some(2),
             health_check: Some("/health".to_string()),
             health_check_type: None,
+            owner: None,
+            priority: None,
+            queue_timeout: None,
         };
         let (_, _, submission) = task_from_flags(&flags).unwrap();
         let task = submission.event.task;
@@ -362,6 +387,9 @@ mod tests {
             max_restarts: None,
             health_check: Some("/health".to_string()),
             health_check_type: None,
+            owner: None,
+            priority: None,
+            queue_timeout: None,
         };
         let err = task_from_flags(&flags).unwrap_err().to_string();
         assert!(err.contains("HealthCheck"), "{err}");

@@ -77,7 +77,9 @@ pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
         }
     }
     let after: Task = if args.wait {
-        wait_for(&manager, task.id, Goal::Stopped, args.timeout).await?
+        wait_for(&manager, task.id, Goal::Stopped, args.timeout)
+            .await?
+            .0
     } else if args.flags.output == OutputFormat::Json {
         // The task after the request, so that a script sees its new desired state.
         manager.get(&path).await?

@@ -1,24 +1,28 @@
-//! `--wait`: following a task until it runs (and has stayed up for [`STAYS_UP`]) or has
-//! stopped, with a spinner on a terminal.
+//! `--wait`: following a task until it runs (has stayed up for [`STAYS_UP`] and, when it is
+//! in the waiting list, is claimed: running and healthy) or has stopped, with a spinner on a
+//! terminal.
 //!
-//! The manager offers no way yet to be told when one task changes, so this asks for the task
-//! (`GET /tasks/{id}`) every [`POLL_INTERVAL`], bounded by the user's `--timeout`. A blocking
-//! query on the task (the manager's `?index=` on `/tasks`) would replace the poll once it is
-//! offered per task.
+//! Each look is a blocking query on the task (`GET /tasks/{id}?index=N&wait=…`), which the
+//! manager answers the moment the task or its entry in the waiting list changes; nothing is
+//! asked in between, but for the one look that makes sure a run stays up. While the task
+//! waits for room, its place in the queue is shown (`GET /queue/task/{id}`); a task that
+//! expired in the queue fails the wait with the reason.
 
 use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::anyhow;
+use cube_api::ClientError;
 use cube_types::{State, Task};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use uuid::Uuid;
 
 use super::ManagerClient;
+use super::queue::QueueEntryView;
 
-/// How often the task is asked for: quick enough that `--wait` returns within a blink of
-/// the change (Docker starts a container in ~220 ms), slow enough to cost the manager nothing.
-const POLL_INTERVAL: Duration = Duration::from_millis(150);
+/// The longest one blocking query waits (the manager's cap is 60 s); the wait asks again at
+/// once.
+const QUERY_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a task must be seen running, the same run all along, before a wait for it to run
 /// is over. A container whose command fails at once is `Running` for a moment before it is
@@ -46,24 +50,63 @@ enum Progress {
     Failed(String),
 }
 
-/// Waits until the task reaches `goal`, at most `timeout`; answers with the task as last seen.
-/// The error for a task that failed or did not get there in time carries the task's error.
+/// The task as the manager has it, once it (or its entry in the waiting list) changed after
+/// event index `*index`, or after `wait`. `*index` moves to the answer's.
+async fn next_look(
+    manager: &ManagerClient,
+    path: &str,
+    index: &mut u64,
+    wait: Duration,
+) -> anyhow::Result<Task> {
+    let (task, next): (Task, Option<u64>) = manager
+        .api
+        .get_blocking(path, *index, wait.max(Duration::from_millis(1)))
+        .await
+        .map_err(|err| manager.explain(err))?;
+    match next {
+        Some(next) => *index = next,
+        // A manager without blocking queries answers at once: do not ask it in a tight loop.
+        None => tokio::time::sleep(Duration::from_millis(150).min(wait)).await,
+    }
+    Ok(task)
+}
+
+/// The task's entry in the waiting list, if it has one (an older manager has none).
+pub async fn queue_entry(manager: &ManagerClient, id: Uuid) -> Option<QueueEntryView> {
+    match manager.api.get(&format!("/queue/task/{id}")).await {
+        Ok(entry) => Some(entry),
+        Err(ClientError::Status { .. }) => None,
+        Err(_) => None,
+    }
+}
+
+/// Waits until the task reaches `goal`, at most `timeout`; answers with the task as last seen
+/// and, for a running task in the waiting list, its entry (claimed, with its addresses). The
+/// error for a task that failed, expired in the queue or did not get there in time carries
+/// why.
 pub async fn wait_for(
     manager: &ManagerClient,
     id: Uuid,
     goal: Goal,
     timeout: Duration,
-) -> anyhow::Result<Task> {
+) -> anyhow::Result<(Task, Option<QueueEntryView>)> {
     let spinner = Spinner::start();
     let path = format!("/tasks/{id}");
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut ticks = tokio::time::interval(POLL_INTERVAL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut index = 0;
     // When the run now seen running was first seen so, and which run it is.
     let mut up_since: Option<(tokio::time::Instant, u32, String)> = None;
     loop {
-        ticks.tick().await;
-        let task: Task = manager.get(&path).await?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let wait = match &up_since {
+            // Look again once the run has been up long enough, even if nothing changes.
+            Some((since, _, _)) => {
+                (*since + STAYS_UP).saturating_duration_since(tokio::time::Instant::now())
+            }
+            None => QUERY_WAIT,
+        }
+        .min(left);
+        let task = next_look(manager, &path, &mut index, wait).await?;
         let label = format!("{} ({})", task.name, task.short_id());
         match progress(&task, goal) {
             Progress::Reached(None)
@@ -78,25 +121,47 @@ pub async fn wait_for(
                         now
                     }
                 };
-                if now.duration_since(since) >= STAYS_UP || now >= deadline {
+                let entry = queue_entry(manager, id).await;
+                let claimed = entry.as_ref().is_none_or(|entry| entry.state == "claimed");
+                if (now.duration_since(since) >= STAYS_UP && claimed) || now >= deadline {
                     spinner.finish();
-                    return Ok(task);
+                    return Ok((task, entry));
                 }
-                spinner.show(&format!("{label}: running; making sure it stays up"));
+                let now = if claimed {
+                    "running; making sure it stays up".to_string()
+                } else {
+                    "running; waiting for its health check to pass".to_string()
+                };
+                spinner.show(&format!("{label}: {now}"));
             }
             Progress::Reached(note) => {
                 spinner.finish();
                 if let Some(note) = note {
                     eprintln!("{label}: {note}");
                 }
-                return Ok(task);
+                return Ok((task, None));
             }
             Progress::Failed(why) => {
                 spinner.finish();
+                if let Some(entry) = queue_entry(manager, id).await
+                    && entry.state == "expired"
+                {
+                    return Err(anyhow!("{label} expired in the queue: {}", entry.reason));
+                }
                 return Err(anyhow!("{label} {why}"));
             }
-            Progress::Waiting(now) => {
+            Progress::Waiting(mut now) => {
                 up_since = None;
+                if task.status.state == State::Pending
+                    && let Some(entry) = queue_entry(manager, id).await
+                    && entry.state == "waiting"
+                {
+                    now = format!(
+                        "queued at position {}: {}",
+                        entry.position,
+                        entry.waiting_for.as_deref().unwrap_or("waiting for room")
+                    );
+                }
                 if tokio::time::Instant::now() >= deadline {
                     spinner.finish();
                     let goal = match goal {

@@ -1,0 +1,517 @@
+//! The queue controller: keeps the waiting list (the `queue` table) what the pure transformer
+//! ([`crate::queue::plan`]) says it should be, on the controller framework's runner with one
+//! key (many changes while a look waits come down to one more look).
+//!
+//! A look reads the requests (live bare tasks, and tasks an entry names; every job but
+//! system jobs), their tasks and the nodes' addresses under the manager's lock, asks the
+//! transformer for the list, and syncs it: the framework's [`diff_by_key`] gives the entries
+//! to create, update and delete, and only those are written, in one batch (a look that finds
+//! nothing changed writes nothing: the field report's "infinite update" trap). Then the
+//! requests that waited past their `QueueTimeout` are stopped. It looks again when a timeout
+//! runs out, and whenever a task, a job or a node changes (`Manager::push_queue`).
+//!
+//! The API's side is here too: `GET /queue` and `GET /services`, and the queue's words for a
+//! job (`JobView::queue`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use chrono::Utc;
+use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
+use cube_controller::syncer::{SyncAction, diff_by_key};
+use cube_types::job::JobType;
+use cube_types::queue::{Endpoint, QueueEntry, QueueState, RequestKind};
+use cube_types::{State, Task};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::events::Topic;
+use crate::jobs::is_live;
+use crate::manager::{Manager, ManagerError, QUEUE_NUMBER_KEY, lock};
+use crate::queue::{
+    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, in_order, plan, waiting_reason,
+};
+
+/// An entry as `GET /queue` shows it: the stored entry, its position among those that wait
+/// (1 = next, 0 once let in or expired) and, while it waits, why.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct QueueView {
+    #[serde(flatten)]
+    pub entry: QueueEntry,
+    #[serde(rename = "Position", default)]
+    pub position: usize,
+    #[serde(
+        rename = "WaitingFor",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub waiting_for: Option<String>,
+}
+
+/// One service as `GET /services` shows it: a claimed bare task, or a job's group, with its
+/// copies that run and are healthy.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceView {
+    /// The task's name, or `job.group`.
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Kind")]
+    pub kind: RequestKind,
+    #[serde(rename = "Job", skip_serializing_if = "String::is_empty")]
+    pub job: String,
+    #[serde(rename = "Endpoints")]
+    pub endpoints: Vec<Endpoint>,
+}
+
+impl Manager {
+    /// Asks the queue controller to look again.
+    pub(crate) fn push_queue(&self) {
+        self.queue_runner.push(());
+    }
+
+    /// Keeps the waiting list until shutdown.
+    pub(crate) async fn run_queue_controller(self: Arc<Self>) {
+        self.push_queue();
+        let manager = self.clone();
+        let look = move |()| {
+            let manager = manager.clone();
+            async move { manager.look_at_queue().await }
+        };
+        self.queue_runner
+            .run(
+                look,
+                ExponentialBackoff::default(),
+                ReadyGate::open(),
+                self.shutdown.clone(),
+            )
+            .await;
+    }
+
+    /// One look: plan, sync the entries that changed, stop what expired.
+    pub(crate) async fn look_at_queue(&self) -> Result<Action, String> {
+        let (planned, stored) = self.plan_queue();
+        self.sync_queue(&planned, &stored)
+            .await
+            .map_err(|err| err.to_string())?;
+        for expiry in &planned.expire {
+            self.expire(expiry).await.map_err(|err| err.to_string())?;
+        }
+        let now = Utc::now();
+        Ok(
+            match planned
+                .look_again_at
+                .and_then(|at| (at - now).to_std().ok())
+            {
+                Some(wait) => Action::RequeueAfter(wait + std::time::Duration::from_millis(20)),
+                None => Action::Done,
+            },
+        )
+    }
+
+    /// The waiting list as it should be, and as it is stored, read under one hold of the lock.
+    fn plan_queue(&self) -> (QueuePlan, BTreeMap<String, Arc<QueueEntry>>) {
+        let state = lock(&self.state);
+        let hosts: BTreeMap<String, String> = state
+            .nodes
+            .entries()
+            .map(|entry| (entry.name.clone(), host_of(&entry.address)))
+            .collect();
+        let mut requests = Vec::new();
+        // Bare tasks still asked for, and those an entry still names (an expired one).
+        for task in state.cache.tasks() {
+            if task.spec.job.is_empty() && is_live(task) {
+                requests.push(Request {
+                    source: Source::Task(task),
+                    tasks: vec![task],
+                });
+            }
+        }
+        for entry in state.queue.values() {
+            if entry.kind != RequestKind::Task {
+                continue;
+            }
+            let Some(task) = entry
+                .id
+                .parse::<Uuid>()
+                .ok()
+                .and_then(|id| state.cache.get(&id))
+            else {
+                continue;
+            };
+            if !is_live(task) {
+                requests.push(Request {
+                    source: Source::Task(task),
+                    tasks: vec![task],
+                });
+            }
+        }
+        let job_tasks: Vec<(&str, Vec<Arc<Task>>)> = state
+            .jobs
+            .values()
+            .filter(|record| record.job.job_type != JobType::System)
+            .map(|record| {
+                (
+                    record.job.name.as_str(),
+                    state.cache.of_job(&record.job.name),
+                )
+            })
+            .collect();
+        for (name, tasks) in &job_tasks {
+            if let Some(record) = state.jobs.get(*name) {
+                requests.push(Request {
+                    source: Source::Job(record),
+                    tasks: tasks.iter().map(|task| &**task).collect(),
+                });
+            }
+        }
+        let look = QueueLook {
+            requests,
+            entries: &state.queue,
+            hosts: &hosts,
+            last_number: state.queue_number,
+            now: Utc::now(),
+        };
+        (plan(&look), state.queue.clone())
+    }
+
+    /// Writes the entries that changed (and the last queue number, when it moved) in one
+    /// batch, then keeps them and publishes each change.
+    async fn sync_queue(
+        &self,
+        planned: &QueuePlan,
+        stored: &BTreeMap<String, Arc<QueueEntry>>,
+    ) -> Result<(), ManagerError> {
+        let actions = diff_by_key(
+            &planned.entries,
+            stored,
+            |_| true,
+            |desired, observed| desired == &**observed,
+        );
+        if actions.is_empty() {
+            return Ok(());
+        }
+        let mut commits = Vec::new();
+        let mut deletes = Vec::new();
+        if planned.last_number > lock(&self.state).queue_number {
+            commits.push(
+                self.stores
+                    .meta
+                    .put_queued(QUEUE_NUMBER_KEY, &planned.last_number)?,
+            );
+        }
+        for action in &actions {
+            match action {
+                SyncAction::Create(key) | SyncAction::Update(key, _) => {
+                    if let Some(entry) = planned.entries.get(key) {
+                        commits.push(self.stores.queue.put_queued(key, entry)?);
+                    }
+                }
+                SyncAction::Delete(_, key) => deletes.push(key.clone()),
+            }
+        }
+        for commit in commits {
+            commit.durable().await?;
+        }
+        if !deletes.is_empty() {
+            let queue = self.stores.queue.clone();
+            let keys = deletes.clone();
+            tokio::task::spawn_blocking(move || {
+                keys.iter()
+                    .try_for_each(|key| queue.delete(key).map(|_| ()))
+            })
+            .await
+            .map_err(|err| {
+                ManagerError::BadRequest(format!("the queue's deletes stopped: {err}"))
+            })??;
+        }
+        let mut state = lock(&self.state);
+        state.queue_number = state.queue_number.max(planned.last_number);
+        for action in actions {
+            match action {
+                SyncAction::Create(key) | SyncAction::Update(key, _) => {
+                    let Some(entry) = planned.entries.get(&key) else {
+                        continue;
+                    };
+                    let before = state.queue.get(&key).map(|entry| entry.state);
+                    let kind = queue_event_kind(before, entry.state);
+                    if entry.state.is_admitted() {
+                        state.just_admitted.remove(&key);
+                    }
+                    self.publish(
+                        Topic::Queue,
+                        kind,
+                        &key,
+                        (entry.kind == RequestKind::Job).then_some(entry.id.as_str()),
+                        serde_json::to_value(entry).unwrap_or_default(),
+                    );
+                    state.queue.insert(key, Arc::new(entry.clone()));
+                }
+                SyncAction::Delete(_, key) => {
+                    state.just_admitted.remove(&key);
+                    if let Some(gone) = state.queue.remove(&key) {
+                        self.publish(
+                            Topic::Queue,
+                            "Left",
+                            &key,
+                            (gone.kind == RequestKind::Job).then_some(gone.id.as_str()),
+                            serde_json::to_value(&*gone).unwrap_or_default(),
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops a request that waited past its `QueueTimeout`: a bare task with the reason in
+    /// its history, a job as `cube job stop` does.
+    async fn expire(&self, expiry: &Expiry) -> Result<(), ManagerError> {
+        tracing::warn!(request = %expiry.id, kind = expiry.kind.name(), reason = %expiry.reason, "a request expired in the queue");
+        match expiry.kind {
+            RequestKind::Task => {
+                let Ok(id) = expiry.id.parse::<Uuid>() else {
+                    return Ok(());
+                };
+                self.stop_tasks(
+                    &[id],
+                    Some(&format!("expired in the queue: {}", expiry.reason)),
+                )
+                .await?;
+            }
+            RequestKind::Job => match self.stop_job(&expiry.id).await {
+                Ok(_) | Err(ManagerError::JobNotFound(_)) => {}
+                Err(err) => return Err(err),
+            },
+        }
+        Ok(())
+    }
+
+    // ----- the API's side -----
+
+    /// `GET /queue`: every entry in the queue's order, with its position and why it waits.
+    pub fn queue(&self) -> Vec<QueueView> {
+        let state = lock(&self.state);
+        in_order(&state.queue)
+            .into_iter()
+            .map(|(entry, position)| {
+                let waiting_for = (entry.state == QueueState::Waiting)
+                    .then(|| waiting_for(&state, &entry))
+                    .flatten();
+                QueueView {
+                    entry: (*entry).clone(),
+                    position,
+                    waiting_for,
+                }
+            })
+            .collect()
+    }
+
+    /// A job's entry as `GET /queue` shows it, if it has one.
+    pub(crate) fn queue_entry_of_job(&self, name: &str) -> Option<QueueView> {
+        self.queue_view_of(&RequestKind::Job.key(name))
+    }
+
+    /// A task's entry as `GET /queue` shows it, if it has one.
+    pub fn queue_entry_of_task(&self, id: Uuid) -> Option<QueueView> {
+        self.queue_view_of(&RequestKind::Task.key(&id.to_string()))
+    }
+
+    fn queue_view_of(&self, key: &str) -> Option<QueueView> {
+        let state = lock(&self.state);
+        let entry = state.queue.get(key)?.clone();
+        let position = if entry.state == QueueState::Waiting {
+            in_order(&state.queue)
+                .into_iter()
+                .find(|(other, _)| other.key() == key)
+                .map_or(0, |(_, position)| position)
+        } else {
+            0
+        };
+        let waiting_for = (entry.state == QueueState::Waiting)
+            .then(|| waiting_for(&state, &entry))
+            .flatten();
+        Some(QueueView {
+            entry: (*entry).clone(),
+            position,
+            waiting_for,
+        })
+    }
+
+    /// `GET /services`: every claimed bare task, and every job group with a copy that runs
+    /// and is healthy, with those copies' addresses.
+    pub fn services(&self) -> Vec<ServiceView> {
+        let state = lock(&self.state);
+        let mut services: Vec<ServiceView> = Vec::new();
+        for entry in state.queue.values() {
+            if entry.kind == RequestKind::Task && entry.state == QueueState::Claimed {
+                let name = entry
+                    .services
+                    .first()
+                    .map_or(entry.id.clone(), |endpoint| endpoint.name.clone());
+                services.push(ServiceView {
+                    name,
+                    kind: RequestKind::Task,
+                    job: String::new(),
+                    endpoints: entry.services.clone(),
+                });
+            }
+        }
+        let hosts: HashMap<String, String> = state
+            .nodes
+            .entries()
+            .map(|entry| (entry.name.clone(), host_of(&entry.address)))
+            .collect();
+        for record in state.jobs.values().filter(|record| !record.stopped) {
+            let tasks = state.cache.of_job(&record.job.name);
+            for group in &record.job.groups {
+                let endpoints: Vec<Endpoint> = tasks
+                    .iter()
+                    .filter(|task| task.spec.group == group.name)
+                    .filter(|task| task.spec.desired_state == State::Running && task.is_healthy())
+                    .map(|task| endpoint_of(task, &hosts))
+                    .collect();
+                if endpoints.is_empty() {
+                    continue;
+                }
+                let mut endpoints = endpoints;
+                endpoints.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
+                services.push(ServiceView {
+                    name: format!("{}.{}", record.job.name, group.name),
+                    kind: RequestKind::Job,
+                    job: record.job.name.clone(),
+                    endpoints,
+                });
+            }
+        }
+        services.sort_by(|a, b| a.name.cmp(&b.name));
+        services
+    }
+}
+
+/// Why a waiting entry waits, in words: its tasks' `PendingReason`.
+fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<String> {
+    let tasks: Vec<Arc<Task>> = match entry.kind {
+        RequestKind::Task => entry
+            .id
+            .parse::<Uuid>()
+            .ok()
+            .and_then(|id| state.cache.shared(&id))
+            .into_iter()
+            .collect(),
+        RequestKind::Job => state.cache.of_job(&entry.id),
+    };
+    let tasks: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+    Some(
+        waiting_reason(&tasks).unwrap_or_else(|| "its turn in the next placement pass".to_string()),
+    )
+}
+
+/// The event a change of an entry makes: `Queued` (a new entry waiting), `Admitted` (let
+/// in), `Claimed`, `Expired`, or `Updated` (another change: copies came up or went down,
+/// new addresses).
+fn queue_event_kind(before: Option<QueueState>, after: QueueState) -> &'static str {
+    match (before, after) {
+        (_, QueueState::Expired) if before != Some(QueueState::Expired) => "Expired",
+        (_, QueueState::Claimed) if before != Some(QueueState::Claimed) => "Claimed",
+        (None, QueueState::Waiting) => "Queued",
+        (None | Some(QueueState::Waiting), QueueState::Pending(_)) => "Admitted",
+        _ => "Updated",
+    }
+}
+
+/// The host of a node's `HOST:PORT` address (what its tasks' published ports are reached
+/// at).
+fn host_of(address: &str) -> String {
+    let address = address
+        .strip_prefix("http://")
+        .or_else(|| address.strip_prefix("https://"))
+        .unwrap_or(address);
+    let address = address.split('/').next().unwrap_or(address);
+    match address.rsplit_once(':') {
+        Some((host, _)) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        None => address.to_string(),
+    }
+}
+
+fn endpoint_of(task: &Task, hosts: &HashMap<String, String>) -> Endpoint {
+    let address = hosts
+        .get(&task.status.node_name)
+        .cloned()
+        .unwrap_or_default();
+    endpoint(task, address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_address_gives_its_host() {
+        assert_eq!(host_of("10.0.0.2:5556"), "10.0.0.2");
+        assert_eq!(host_of("http://10.0.0.2:5556"), "10.0.0.2");
+        assert_eq!(host_of("[::1]:5556"), "::1");
+        assert_eq!(host_of("worker"), "worker");
+    }
+
+    #[test]
+    fn entry_changes_are_named_for_what_happened() {
+        assert_eq!(queue_event_kind(None, QueueState::Waiting), "Queued");
+        assert_eq!(
+            queue_event_kind(Some(QueueState::Waiting), QueueState::Pending(2)),
+            "Admitted"
+        );
+        assert_eq!(
+            queue_event_kind(Some(QueueState::Pending(1)), QueueState::Claimed),
+            "Claimed"
+        );
+        assert_eq!(
+            queue_event_kind(Some(QueueState::Pending(2)), QueueState::Pending(1)),
+            "Updated"
+        );
+        assert_eq!(
+            queue_event_kind(Some(QueueState::Waiting), QueueState::Expired),
+            "Expired"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_look_with_nothing_changed_writes_nothing() {
+        let manager = crate::manager::manager_for_tests();
+        crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            let mut task = Task::new(format!("t{n}"), "cube-sample:latest");
+            task.spec.memory = 400 << 20;
+            ids.push(manager.accept_task(task, None).await.unwrap().id);
+        }
+        let mut writes = crate::manager::Writes::default();
+        let placed = manager.placement_pass(&mut writes).unwrap();
+        manager.settle(writes).await.unwrap();
+        assert_eq!(placed.len(), 2, "two of 400 MiB fit in 1 GiB");
+        manager.look_at_queue().await.unwrap();
+        let queue = manager.queue();
+        assert_eq!(queue.len(), 3);
+        assert_eq!(
+            queue
+                .iter()
+                .filter(|view| view.entry.state == QueueState::Waiting)
+                .count(),
+            1
+        );
+        let revision = manager.store_revision().unwrap();
+        for _ in 0..3 {
+            let mut writes = crate::manager::Writes::default();
+            assert!(manager.placement_pass(&mut writes).unwrap().is_empty());
+            manager.settle(writes).await.unwrap();
+            manager.look_at_queue().await.unwrap();
+        }
+        assert_eq!(
+            manager.store_revision().unwrap(),
+            revision,
+            "an admission pass and a look at the queue with nothing changed wrote"
+        );
+    }
+}
