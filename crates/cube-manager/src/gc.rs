@@ -206,6 +206,9 @@ impl Manager {
             );
             removed.push(name);
         }
+        if !removed.is_empty() {
+            self.push_queue();
+        }
         removed
     }
 
@@ -260,6 +263,8 @@ impl Manager {
         }
         lock(&self.failures).remove(&id);
         self.tasks_runner.forget(&id);
+        // The waiting list forgets a request that is gone.
+        self.push_queue();
         let tasks = self.stores.tasks.clone();
         let deleted = tokio::task::spawn_blocking(move || tasks.delete(&id.to_string())).await;
         match deleted {

@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use cube_types::queue::QueueState;
 use cube_types::{NodeStatus, State};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -122,7 +123,8 @@ pub struct ManagerMetrics {
     nodes: Family<StateLabel, Gauge>,
     node_status: Family<NodeStatusLabel, Gauge>,
     node_gauges: NodeGauges,
-    queue_depth: Gauge,
+    queue_depth: Family<StateLabel, Gauge>,
+    waiting_tasks: Gauge,
     pub placements: Counter,
     pub placement_failures: Family<ReasonLabel, Counter>,
     pub reconciles: Histograms<ControllerLabel>,
@@ -150,11 +152,17 @@ impl Default for ManagerMetrics {
             node_status.clone(),
         );
         let node_gauges = NodeGauges::register(&mut registry);
-        let queue_depth = Gauge::default();
+        let queue_depth = Family::<StateLabel, Gauge>::default();
         registry.register(
             "cube_queue_depth",
-            "Tasks waiting for a node (Pending, asked to run)",
+            "Requests in the waiting list, by state (waiting, pending, claimed, expired)",
             queue_depth.clone(),
+        );
+        let waiting_tasks = Gauge::default();
+        registry.register(
+            "cube_waiting_tasks",
+            "Tasks waiting for a node (Pending, asked to run)",
+            waiting_tasks.clone(),
         );
         let placements = Counter::default();
         registry.register(
@@ -196,6 +204,7 @@ impl Default for ManagerMetrics {
             node_status,
             node_gauges,
             queue_depth,
+            waiting_tasks,
             placements,
             placement_failures,
             reconciles,
@@ -289,8 +298,26 @@ impl Manager {
                 metrics.jobs.get_or_create(&label).inc();
             }
             metrics
-                .queue_depth
+                .waiting_tasks
                 .set(count(state.cache.waiting().count()));
+            let mut queue = [0usize; 4];
+            for entry in state.queue.values() {
+                queue[match entry.state {
+                    QueueState::Waiting => 0,
+                    QueueState::Pending(_) => 1,
+                    QueueState::Claimed => 2,
+                    QueueState::Expired => 3,
+                }] += 1;
+            }
+            for (slot, name) in ["waiting", "pending", "claimed", "expired"]
+                .into_iter()
+                .enumerate()
+            {
+                metrics
+                    .queue_depth
+                    .get_or_create(&StateLabel { state: name })
+                    .set(count(queue[slot]));
+            }
             let mut nodes = [0usize; 3];
             metrics.node_status.clear();
             metrics.node_gauges.clear();

@@ -234,6 +234,8 @@ impl Manager {
         }
         for view in &mut views {
             view.ready = true;
+            // A node out of service may be put back in.
+            view.ineligible = false;
             view.allocated = Resources::default();
             view.task_count = 0;
             view.host_ports_taken.clear();

@@ -44,12 +44,15 @@ fn call_buckets() -> Histogram {
 
 type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 
+/// One histogram of engine call durations per call.
+pub type CallHistograms = Family<CallLabel, Histogram, fn() -> Histogram>;
+
 /// Every metric of one worker, registered once.
 pub struct WorkerMetrics {
     registry: Registry,
     pub tasks: Family<StateLabel, Gauge>,
     pub containers: Family<StateLabel, Gauge>,
-    pub docker_calls: Arc<Family<CallLabel, Histogram, fn() -> Histogram>>,
+    pub docker_calls: Arc<CallHistograms>,
     pub probes: Family<ResultLabel, Counter>,
     pub host_cpu: FloatGauge,
     pub host_memory_used: Gauge,
@@ -151,11 +154,11 @@ impl WorkerMetrics {
 /// A [`Runtime`] that times every call it passes on to the one it wraps.
 pub struct Metered<R> {
     inner: R,
-    calls: Arc<Family<CallLabel, Histogram, fn() -> Histogram>>,
+    calls: Arc<CallHistograms>,
 }
 
 impl<R> Metered<R> {
-    pub fn new(inner: R, calls: Arc<Family<CallLabel, Histogram, fn() -> Histogram>>) -> Self {
+    pub fn new(inner: R, calls: Arc<CallHistograms>) -> Self {
         Metered { inner, calls }
     }
 

@@ -83,8 +83,19 @@ async fn cube_logs_follows_a_task_until_it_exits_and_its_logs_stay_readable_afte
     assert_eq!((out.as_str(), err.as_str()), ("line 5\n", ""));
 
     // The API's own words for a task that has no container.
-    let waiting = client
-        .submit(&json!({"Name": "huge", "Image": SAMPLE_IMAGE, "Memory": "1PiB"}))
+    let port = support::free_port().to_string();
+    let holder = json!({"Name": "holder", "Image": SAMPLE_IMAGE,
+        "ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": port}});
+    client.run(&holder).await;
+    let mut second = holder.clone();
+    second["Name"] = json!("second");
+    let waiting = client.submit(&second).await;
+    client
+        .await_task(&waiting, "a reason to wait", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|why| why.contains("port"))
+        })
         .await;
     let answer = client.get(&format!("/tasks/{waiting}/logs")).await;
     assert_eq!(answer.status, 409, "{}", answer.body);
