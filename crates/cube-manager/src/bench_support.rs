@@ -115,3 +115,96 @@ pub fn scheduled(manager: &Manager, name: &str) -> usize {
         .filter(|task| task.status.state == State::Scheduled)
         .count()
 }
+
+/// Fills every node: one task as large as a node (8 cores, 32 GiB), placed. Returns how many
+/// were placed.
+pub async fn fill_every_node(manager: &Arc<Manager>, nodes: usize) -> Result<usize, ManagerError> {
+    let fillers: Vec<cube_types::Task> = (0..nodes)
+        .map(|n| {
+            let mut task = cube_types::Task::new(format!("filler{n}"), "cube-sample:latest");
+            task.spec.cpu = 8.0;
+            task.spec.memory = 32 << 30;
+            task
+        })
+        .collect();
+    manager.accept_tasks(fillers, None).await?;
+    let mut writes = Writes::default();
+    let placed = manager.placement_pass(&mut writes);
+    manager.settle(writes).await?;
+    Ok(placed?.len())
+}
+
+/// Submits `count` bare tasks that wait (the nodes are full), of `shapes` different sizes,
+/// and numbers them in the waiting list.
+pub async fn submit_waiting(
+    manager: &Arc<Manager>,
+    count: usize,
+    shapes: usize,
+) -> Result<(), ManagerError> {
+    let waiting: Vec<cube_types::Task> = (0..count)
+        .map(|n| {
+            let mut task = cube_types::Task::new(format!("waiting{n}"), "cube-sample:latest");
+            task.spec.memory = (1 << 30) + (n % shapes.max(1)) as u64 * (16 << 20);
+            task.spec.cpu = 0.5;
+            task
+        })
+        .collect();
+    for chunk in waiting.chunks(1_000) {
+        manager.accept_tasks(chunk.to_vec(), None).await?;
+    }
+    manager
+        .look_at_queue()
+        .await
+        .map_err(ManagerError::BadRequest)?;
+    Ok(())
+}
+
+/// One admission pass (the placement pass) and its writes; the tasks it let in.
+pub async fn admission_pass(manager: &Manager) -> Result<usize, ManagerError> {
+    let mut writes = Writes::default();
+    let placed = manager.placement_pass(&mut writes);
+    manager.settle(writes).await?;
+    Ok(placed?.len())
+}
+
+/// What `GET /queue` answers, as JSON bytes: the list in order with positions and reasons.
+pub fn queue_listing(manager: &Manager) -> Result<Vec<u8>, ManagerError> {
+    serde_json::to_vec(&manager.queue()).map_err(|err| ManagerError::BadRequest(err.to_string()))
+}
+
+/// Stops one task (frees its node), as `DELETE /tasks/{id}` does, and marks it ended there as
+/// its worker would report; returns its node's name.
+pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, ManagerError> {
+    let Some(task) = lock(&manager.state)
+        .cache
+        .tasks()
+        .find(|task| task.name == name)
+        .cloned()
+    else {
+        return Ok(None);
+    };
+    manager.request_stop(task.id).await?;
+    let mut ended = lock(&manager.state)
+        .cache
+        .get(&task.id)
+        .cloned()
+        .ok_or(ManagerError::NotFound(task.id))?;
+    let node = ended.status.node_name.clone();
+    ended.status.state = State::Completed;
+    let mut writes = Writes::default();
+    {
+        let mut state = lock(&manager.state);
+        manager.save(&mut state, &mut writes, ended)?;
+    }
+    manager.settle(writes).await?;
+    Ok(Some(node))
+}
+
+/// One look of the queue controller (what every change of a task, job or node asks for).
+pub async fn look_at_queue(manager: &Manager) -> Result<(), ManagerError> {
+    manager
+        .look_at_queue()
+        .await
+        .map(|_| ())
+        .map_err(ManagerError::BadRequest)
+}

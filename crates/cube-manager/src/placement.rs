@@ -18,7 +18,7 @@ use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_scheduler::{Decision, FilterChain, NodeView, TaskRequest, summarize_rejections};
 use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
-use cube_types::queue::RequestKind;
+use cube_types::queue::{QueueEntry, RequestKind};
 use cube_types::task::ANONYMOUS;
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
@@ -74,7 +74,7 @@ impl Manager {
     /// whose owner already has `--max-claimed-per-owner` requests in waits, saying so.
     pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
         let mut state = lock(&self.state);
-        let requests = waiting_requests(&state);
+        let requests = waiting_requests(&state, self.config.max_claimed_per_owner.is_some());
         if requests.is_empty() {
             return Ok(Vec::new());
         }
@@ -84,10 +84,12 @@ impl Manager {
         let mut updates = Vec::new();
         let mut placed = Vec::new();
         for request in requests {
-            let tasks: Vec<Task> = request
+            // Shared, not copied: most requests only wait, and a task is copied only when
+            // it is placed or its reason changes.
+            let tasks: Vec<Arc<Task>> = request
                 .tasks
                 .iter()
-                .filter_map(|id| state.cache.get(id).cloned())
+                .filter_map(|id| state.cache.shared(id))
                 .collect();
             if tasks.is_empty() {
                 continue;
@@ -101,7 +103,7 @@ impl Manager {
                     request.owner,
                     if limit == 1 { "" } else { "s" }
                 );
-                note_reasons(&mut updates, tasks, &reason);
+                note_reasons(&mut updates, &tasks, &reason);
                 continue;
             }
             match self.place_request(&mut state, &mut views, &tasks, &mut failed_shapes) {
@@ -110,9 +112,10 @@ impl Manager {
                         *admitted_by_owner.entry(request.owner.clone()).or_default() += 1;
                         state
                             .just_admitted
-                            .insert(request.key.clone(), request.owner.clone());
+                            .insert(request.key.entry_key(), request.owner.clone());
                     }
-                    for (mut task, name) in tasks.into_iter().zip(nodes) {
+                    for (task, name) in tasks.iter().zip(nodes) {
+                        let mut task = (**task).clone();
                         if task.move_to(State::Scheduled).is_err() {
                             continue;
                         }
@@ -135,7 +138,7 @@ impl Manager {
                     } else {
                         reason
                     };
-                    note_reasons(&mut updates, tasks, &reason);
+                    note_reasons(&mut updates, &tasks, &reason);
                 }
             }
         }
@@ -153,7 +156,7 @@ impl Manager {
         &self,
         state: &mut Shared,
         views: &mut [NodeView],
-        tasks: &[Task],
+        tasks: &[Arc<Task>],
         failed_shapes: &mut HashMap<Shape, String>,
     ) -> Result<Vec<String>, String> {
         let shape = (tasks.len() == 1 && tasks[0].status.node_name.is_empty())
@@ -370,10 +373,51 @@ impl Manager {
     }
 }
 
+/// Which request a waiting task belongs to, borrowed from the pass's state: no string is
+/// built per task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum RequestRef<'a> {
+    /// A bare task: its own request.
+    Task(Uuid),
+    /// A job's copies: one request.
+    Job(&'a str),
+    /// A system job's copy: placed on its own node, alone, and not queued.
+    System(Uuid),
+}
+
+impl RequestRef<'_> {
+    /// The key of its entry in the waiting list (`task/<id>`, `job/<name>`).
+    fn entry_key(self) -> String {
+        match self {
+            RequestRef::Task(id) | RequestRef::System(id) => RequestKind::Task.key(&id.to_string()),
+            RequestRef::Job(name) => RequestKind::Job.key(name),
+        }
+    }
+}
+
+/// [`RequestRef`], owned: what a [`WaitingRequest`] keeps (a job's name is the only string).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RequestKey {
+    Task(Uuid),
+    Job(String),
+    System(Uuid),
+}
+
+impl RequestKey {
+    /// The key of its entry in the waiting list (`task/<id>`, `job/<name>`), built only for
+    /// a request let in.
+    fn entry_key(&self) -> String {
+        match self {
+            RequestKey::Task(id) => RequestRef::Task(*id).entry_key(),
+            RequestKey::System(id) => RequestRef::System(*id).entry_key(),
+            RequestKey::Job(name) => RequestRef::Job(name).entry_key(),
+        }
+    }
+}
+
 /// One request with tasks waiting for a node, in the waiting list's order.
 struct WaitingRequest {
-    /// Its key in the waiting list (`task/<id>`, `job/<name>`).
-    key: String,
+    key: RequestKey,
     /// Its tasks that wait, oldest first.
     tasks: Vec<Uuid>,
     owner: String,
@@ -382,10 +426,33 @@ struct WaitingRequest {
 }
 
 /// The requests with waiting tasks, in the order the pass takes them: higher priority first,
-/// then the lower queue number (none yet: last), then the oldest.
-fn waiting_requests(state: &Shared) -> Vec<WaitingRequest> {
-    type Order = (Reverse<u8>, u64, Option<chrono::DateTime<Utc>>, String);
-    let mut by_request: HashMap<String, (Order, WaitingRequest)> = HashMap::new();
+/// then the lower queue number (none yet: last), then the oldest. The waiting list is read
+/// once, into maps by task ID and by job name, not looked up by key string per task. The
+/// owners are kept `with_owners` only (the limit is set).
+fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
+    let mut task_entries: HashMap<Uuid, &QueueEntry> = HashMap::new();
+    let mut job_entries: HashMap<&str, &QueueEntry> = HashMap::new();
+    for entry in state.queue.values() {
+        match entry.kind {
+            RequestKind::Task => {
+                if let Ok(id) = entry.id.parse::<Uuid>() {
+                    task_entries.insert(id, entry);
+                }
+            }
+            RequestKind::Job => {
+                job_entries.insert(entry.id.as_str(), entry);
+            }
+        }
+    }
+    type Order<'a> = (
+        Reverse<u8>,
+        u64,
+        Option<chrono::DateTime<Utc>>,
+        RequestRef<'a>,
+    );
+    /// A request being gathered: its order, its tasks, its owner and whether it is new.
+    type Gathered<'a> = (Order<'a>, Vec<Uuid>, &'a str, bool);
+    let mut by_request: HashMap<RequestRef, Gathered> = HashMap::new();
     for id in state.cache.waiting() {
         let Some(task) = state.cache.get(&id) else {
             continue;
@@ -394,63 +461,75 @@ fn waiting_requests(state: &Shared) -> Vec<WaitingRequest> {
             continue;
         }
         let record = state.jobs.get(&task.spec.job);
-        let (key, priority, owner) = match record {
+        let (key, priority, owner, entry) = match record {
             None => (
-                RequestKind::Task.key(&task.id.to_string()),
+                RequestRef::Task(task.id),
                 task.spec.priority.unwrap_or(DEFAULT_PRIORITY),
-                task.spec.owner.clone(),
+                task.spec.owner.as_str(),
+                task_entries.get(&task.id).copied(),
             ),
-            // A system job's copy is placed on its own node, alone: it is not queued.
             Some(record) if record.job.job_type == JobType::System => (
-                format!("system/{}", task.id),
+                RequestRef::System(task.id),
                 record.job.priority,
-                record.job.owner.clone(),
+                record.job.owner.as_str(),
+                None,
             ),
             Some(record) => (
-                RequestKind::Job.key(&task.spec.job),
+                RequestRef::Job(record.job.name.as_str()),
                 record.job.priority,
-                record.job.owner.clone(),
+                record.job.owner.as_str(),
+                job_entries.get(record.job.name.as_str()).copied(),
             ),
         };
-        let entry = state.queue.get(&key);
-        let let_in = entry.is_some_and(|entry| entry.state.is_admitted())
-            || state.just_admitted.contains_key(&key);
-        let (order, request) = by_request.entry(key.clone()).or_insert_with(|| {
-            let owner = if owner.is_empty() {
-                ANONYMOUS.to_string()
-            } else {
-                owner
-            };
+        let (order, tasks, _, _) = by_request.entry(key).or_insert_with(|| {
+            let let_in = entry.is_some_and(|entry| entry.state.is_admitted())
+                || (!state.just_admitted.is_empty()
+                    && state.just_admitted.contains_key(&key.entry_key()));
+            let owner = if owner.is_empty() { ANONYMOUS } else { owner };
             (
                 (
                     Reverse(priority),
                     entry.map_or(u64::MAX, |entry| entry.queue),
                     task.status.created_time,
-                    key.clone(),
-                ),
-                WaitingRequest {
                     key,
-                    tasks: Vec::new(),
-                    owner,
-                    is_new: !let_in,
-                },
+                ),
+                Vec::new(),
+                owner,
+                !let_in,
             )
         });
         order.2 = order.2.min(task.status.created_time);
-        request.tasks.push(id);
+        tasks.push(id);
     }
-    let mut requests: Vec<(Order, WaitingRequest)> = by_request.into_values().collect();
-    requests.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut requests: Vec<Gathered> = by_request.into_values().collect();
+    requests.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     requests
         .into_iter()
-        .map(|(_, mut request)| {
-            request.tasks.sort_by_key(|id| {
-                state
-                    .cache
-                    .get(id)
-                    .map(|task| (task.status.created_time, task.spec.index))
-            });
-            request
+        .map(|(order, mut tasks, owner, is_new)| {
+            if tasks.len() > 1 {
+                tasks.sort_by_key(|id| {
+                    state
+                        .cache
+                        .get(id)
+                        .map(|task| (task.status.created_time, task.spec.index))
+                });
+            }
+            let key = match order.3 {
+                RequestRef::Task(id) => RequestKey::Task(id),
+                RequestRef::System(id) => RequestKey::System(id),
+                RequestRef::Job(name) => RequestKey::Job(name.to_string()),
+            };
+            WaitingRequest {
+                key,
+                tasks,
+                // Read only for the owner limit: not copied for every request without it.
+                owner: if with_owners {
+                    owner.to_string()
+                } else {
+                    String::new()
+                },
+                is_new,
+            }
         })
         .collect()
 }
@@ -472,7 +551,7 @@ fn admitted_by_owner(state: &Shared) -> HashMap<String, usize> {
 
 /// Whether the tasks would fit (first fit, whole) if the nodes that are not ready now were
 /// back with what they hold: their names, or `None` when that would not help either.
-fn fits_on_nodes_that_are_away(views: &[NodeView], tasks: &[Task]) -> Option<String> {
+fn fits_on_nodes_that_are_away(views: &[NodeView], tasks: &[Arc<Task>]) -> Option<String> {
     let away: Vec<&str> = views
         .iter()
         .filter(|view| !view.ready)
@@ -501,10 +580,11 @@ fn fits_on_nodes_that_are_away(views: &[NodeView], tasks: &[Task]) -> Option<Str
 }
 
 /// Writes `reason` as the `PendingReason` of each task whose reason it is not yet.
-fn note_reasons(updates: &mut Vec<Task>, tasks: Vec<Task>, reason: &str) {
-    for mut task in tasks {
+fn note_reasons(updates: &mut Vec<Task>, tasks: &[Arc<Task>], reason: &str) {
+    for task in tasks {
         if task.status.pending_reason.as_deref() != Some(reason) {
             tracing::info!(task = %task.id, name = %task.name, %reason, "task waits for room");
+            let mut task = (**task).clone();
             task.status.pending_reason = Some(reason.to_string());
             updates.push(task);
         }

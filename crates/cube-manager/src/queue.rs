@@ -90,8 +90,9 @@ pub struct Expiry {
 /// What the transformer decided.
 #[derive(Debug, Default)]
 pub struct QueuePlan {
-    /// The waiting list as it should be, by key.
-    pub entries: BTreeMap<String, QueueEntry>,
+    /// The waiting list as it should be, by key. An entry that did not change is the stored
+    /// one itself (the same `Arc`), so that a look with nothing changed copies nothing.
+    pub entries: BTreeMap<String, Arc<QueueEntry>>,
     /// Requests to stop because they expired.
     pub expire: Vec<Expiry>,
     /// The highest queue number given, new ones included.
@@ -154,14 +155,55 @@ fn settings(request: &Request) -> Settings {
 /// What was submitted, for the entry's `Request`: the task without what Cube observed of
 /// it, or the job.
 fn request_value(source: Source) -> serde_json::Value {
-    match source {
+    let mut value = match source {
         Source::Task(task) => {
             let mut asked = task.clone();
             asked.clear_status(cube_types::Receiver::Manager);
-            asked.status.created_time = task.status.created_time;
-            serde_json::to_value(&asked).unwrap_or_default()
+            let mut value = serde_json::to_value(&asked).unwrap_or_default();
+            // What Cube observes is not part of the request.
+            if let Some(object) = value.as_object_mut() {
+                for observed in [
+                    "State",
+                    "ContainerID",
+                    "HostPorts",
+                    "StartTime",
+                    "FinishTime",
+                    "ExitCode",
+                    "Error",
+                    "RestartCount",
+                    "NodeName",
+                    "DesiredState",
+                ] {
+                    object.remove(observed);
+                }
+            }
+            value
         }
         Source::Job(record) => serde_json::to_value(&record.job).unwrap_or_default(),
+    };
+    drop_empty(&mut value);
+    value
+}
+
+/// Removes what says nothing (`null`, `""`, `[]`) from an object, at every depth: a waiting
+/// list of thousands of requests is read often, and most of a task's fields are left at
+/// their defaults. (`{}` stays: in `ExposedPorts` it is a port.)
+fn drop_empty(value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::Object(object) => {
+            for child in object.values_mut() {
+                drop_empty(child);
+            }
+            object.retain(|_, child| match child {
+                Value::Null => false,
+                Value::String(text) => !text.is_empty(),
+                Value::Array(items) => !items.is_empty(),
+                _ => true,
+            });
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_empty),
+        _ => {}
     }
 }
 
@@ -225,7 +267,7 @@ pub fn plan(look: &QueueLook) -> QueuePlan {
     let mut unnumbered: Vec<(Option<DateTime<Utc>>, String)> = Vec::new();
     for request in &look.requests {
         let key = request.key();
-        let stored = look.entries.get(&key).map(|entry| &**entry);
+        let stored = look.entries.get(&key);
         if let Some(entry) = entry_of(request, stored, look, &mut out) {
             if entry.queue == 0 {
                 unnumbered.push((request.submitted(), key.clone()));
@@ -238,7 +280,7 @@ pub fn plan(look: &QueueLook) -> QueuePlan {
     for (_, key) in unnumbered {
         if let Some(entry) = out.entries.get_mut(&key) {
             out.last_number += 1;
-            entry.queue = out.last_number;
+            Arc::make_mut(entry).queue = out.last_number;
         }
     }
     out
@@ -248,10 +290,10 @@ pub fn plan(look: &QueueLook) -> QueuePlan {
 /// asked for. Adds an expiry and the next timeout to `out` as they come.
 fn entry_of(
     request: &Request,
-    stored: Option<&QueueEntry>,
+    stored: Option<&Arc<QueueEntry>>,
     look: &QueueLook,
     out: &mut QueuePlan,
-) -> Option<QueueEntry> {
+) -> Option<Arc<QueueEntry>> {
     let settings = settings(request);
     let live_tasks: Vec<&Task> = request
         .tasks
@@ -273,7 +315,7 @@ fn entry_of(
                     reason: entry.reason.clone(),
                 });
             }
-            return Some(entry.clone());
+            return Some(Arc::clone(entry));
         }
         stored = None; // a new request under the same name
     }
@@ -330,12 +372,24 @@ fn entry_of(
     } else {
         Vec::new()
     };
+    // Nothing changed: the stored entry itself (a look with nothing changed copies nothing).
+    if let Some(entry) = stored
+        && entry.priority == settings.priority
+        && entry.owner == settings.owner
+        && entry.state == state
+        && entry.since == Some(since)
+        && entry.version == settings.version
+        && entry.reason == reason
+        && entry.services == services
+    {
+        return Some(Arc::clone(entry));
+    }
     // The request as submitted changes only with a job's version.
     let value = match stored {
         Some(entry) if entry.version == settings.version => entry.request.clone(),
         _ => request_value(request.source),
     };
-    Some(QueueEntry {
+    Some(Arc::new(QueueEntry {
         id: request.id(),
         kind: request.kind(),
         queue: stored.map_or(0, |entry| entry.queue),
@@ -347,7 +401,7 @@ fn entry_of(
         request: value,
         reason,
         services,
-    })
+    }))
 }
 
 /// The entries in the order of the queue (higher priority first, then the lower number),
@@ -425,10 +479,7 @@ mod tests {
     }
 
     fn stored(plan: &QueuePlan) -> BTreeMap<String, Arc<QueueEntry>> {
-        plan.entries
-            .iter()
-            .map(|(key, entry)| (key.clone(), Arc::new(entry.clone())))
-            .collect()
+        plan.entries.clone()
     }
 
     #[test]

@@ -48,6 +48,18 @@ pub struct QueueView {
     pub waiting_for: Option<String>,
 }
 
+/// An entry as `GET /queue` lists it: [`QueueView`]'s fields, the entry shared with the
+/// stored list rather than copied.
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedEntry {
+    #[serde(flatten)]
+    pub entry: Arc<QueueEntry>,
+    #[serde(rename = "Position")]
+    pub position: usize,
+    #[serde(rename = "WaitingFor", skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+}
+
 /// One service as `GET /services` shows it: a claimed bare task, or a job's group, with its
 /// copies that run and are healthy.
 #[derive(Debug, Clone, Serialize)]
@@ -89,8 +101,8 @@ impl Manager {
 
     /// One look: plan, sync the entries that changed, stop what expired.
     pub(crate) async fn look_at_queue(&self) -> Result<Action, String> {
-        let (planned, stored) = self.plan_queue();
-        self.sync_queue(&planned, &stored)
+        let (planned, actions) = self.plan_queue();
+        self.sync_queue(&planned, actions)
             .await
             .map_err(|err| err.to_string())?;
         for expiry in &planned.expire {
@@ -108,8 +120,9 @@ impl Manager {
         )
     }
 
-    /// The waiting list as it should be, and as it is stored, read under one hold of the lock.
-    fn plan_queue(&self) -> (QueuePlan, BTreeMap<String, Arc<QueueEntry>>) {
+    /// The waiting list as it should be, and what must change for the stored list to be it
+    /// (the framework's `diff_by_key`), under one hold of the lock.
+    fn plan_queue(&self) -> (QueuePlan, Vec<SyncAction<String, String>>) {
         let state = lock(&self.state);
         let hosts: BTreeMap<String, String> = state
             .nodes
@@ -171,7 +184,14 @@ impl Manager {
             last_number: state.queue_number,
             now: Utc::now(),
         };
-        (plan(&look), state.queue.clone())
+        let planned = plan(&look);
+        let actions = diff_by_key(
+            &planned.entries,
+            &state.queue,
+            |_| true,
+            |desired, observed| Arc::ptr_eq(desired, observed) || desired == observed,
+        );
+        (planned, actions)
     }
 
     /// Writes the entries that changed (and the last queue number, when it moved) in one
@@ -179,14 +199,8 @@ impl Manager {
     async fn sync_queue(
         &self,
         planned: &QueuePlan,
-        stored: &BTreeMap<String, Arc<QueueEntry>>,
+        actions: Vec<SyncAction<String, String>>,
     ) -> Result<(), ManagerError> {
-        let actions = diff_by_key(
-            &planned.entries,
-            stored,
-            |_| true,
-            |desired, observed| desired == &**observed,
-        );
         if actions.is_empty() {
             return Ok(());
         }
@@ -203,7 +217,7 @@ impl Manager {
             match action {
                 SyncAction::Create(key) | SyncAction::Update(key, _) => {
                     if let Some(entry) = planned.entries.get(key) {
-                        commits.push(self.stores.queue.put_queued(key, entry)?);
+                        commits.push(self.stores.queue.put_queued(key, &**entry)?);
                     }
                 }
                 SyncAction::Delete(_, key) => deletes.push(key.clone()),
@@ -242,9 +256,9 @@ impl Manager {
                         kind,
                         &key,
                         (entry.kind == RequestKind::Job).then_some(entry.id.as_str()),
-                        serde_json::to_value(entry).unwrap_or_default(),
+                        serde_json::to_value(&**entry).unwrap_or_default(),
                     );
-                    state.queue.insert(key, Arc::new(entry.clone()));
+                    state.queue.insert(key, Arc::clone(entry));
                 }
                 SyncAction::Delete(_, key) => {
                     state.just_admitted.remove(&key);
@@ -289,7 +303,8 @@ impl Manager {
     // ----- the API's side -----
 
     /// `GET /queue`: every entry in the queue's order, with its position and why it waits.
-    pub fn queue(&self) -> Vec<QueueView> {
+    /// The entries are shared, not copied: the answer is written after the lock is let go.
+    pub fn queue(&self) -> Vec<ListedEntry> {
         let state = lock(&self.state);
         in_order(&state.queue)
             .into_iter()
@@ -297,8 +312,8 @@ impl Manager {
                 let waiting_for = (entry.state == QueueState::Waiting)
                     .then(|| waiting_for(&state, &entry))
                     .flatten();
-                QueueView {
-                    entry: (*entry).clone(),
+                ListedEntry {
+                    entry,
                     position,
                     waiting_for,
                 }

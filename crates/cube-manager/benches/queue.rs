@@ -1,0 +1,100 @@
+//! The waiting list alone, in process, no Docker and no worker: 1,000 nodes, each filled by
+//! one task as large as the node, and 10,000 bare tasks waiting behind them (20 sizes). Timed:
+//! one admission pass (the placement pass, which lets requests in whole and in order) when
+//! nothing fits, one when one node was freed (the head of the queue is let in), and what
+//! `GET /queue` serialises (the list in order, with positions and why each waits), and one
+//! look of the queue controller with nothing changed, whose store writes must be 0.
+//!
+//! ```text
+//! cargo bench -p cube-manager --bench queue
+//! ```
+
+use std::time::Instant;
+
+use cube_manager::bench_support::{
+    admission_pass, fill_every_node, free_one, look_at_queue, manager_with_nodes, queue_listing,
+    submit_waiting,
+};
+
+const NODES: usize = 1_000;
+const WAITING: usize = 10_000;
+const SHAPES: usize = 20;
+const RUNS: usize = 5;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let manager = manager_with_nodes(NODES)?;
+    let filled = runtime.block_on(fill_every_node(&manager, NODES))?;
+    assert_eq!(filled, NODES, "every node filled");
+    runtime.block_on(submit_waiting(&manager, WAITING, SHAPES))?;
+    let queue = manager.queue();
+    assert_eq!(queue.len(), WAITING + NODES, "every request in the list");
+
+    let mut nothing_fits = Vec::new();
+    for _ in 0..RUNS {
+        let started = Instant::now();
+        let placed = runtime.block_on(admission_pass(&manager))?;
+        nothing_fits.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(placed, 0, "nothing fits");
+    }
+    let revision = manager.store_revision()?;
+    let mut looks = Vec::new();
+    for _ in 0..RUNS {
+        let started = Instant::now();
+        runtime.block_on(look_at_queue(&manager))?;
+        looks.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    runtime.block_on(admission_pass(&manager))?;
+    let writes = manager.store_revision()? - revision;
+
+    let mut listing = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..RUNS {
+        let started = Instant::now();
+        let body = queue_listing(&manager)?;
+        listing.push(started.elapsed().as_secs_f64() * 1e3);
+        bytes = body.len();
+    }
+
+    let mut head_in = Vec::new();
+    for run in 0..RUNS {
+        runtime.block_on(free_one(&manager, &format!("filler{run}")))?;
+        let started = Instant::now();
+        let placed = runtime.block_on(admission_pass(&manager))?;
+        head_in.push(started.elapsed().as_secs_f64() * 1e3);
+        assert!(placed >= 1, "the freed node takes the head of the queue");
+    }
+
+    println!(
+        "{NODES} nodes (each full), {WAITING} bare tasks waiting in {SHAPES} sizes; median of \
+         {RUNS} (memory store)"
+    );
+    println!("| pass | median ms |");
+    println!("|---|---:|");
+    println!(
+        "| one admission pass, nothing fits | {:.1} |",
+        median(nothing_fits)
+    );
+    println!(
+        "| one admission pass after a node was freed (the head let in) | {:.1} |",
+        median(head_in)
+    );
+    println!(
+        "| `GET /queue`'s answer built and serialised ({:.1} MB) | {:.1} |",
+        bytes as f64 / 1e6,
+        median(listing)
+    );
+    println!(
+        "| one look of the queue controller, nothing changed | {:.1} |",
+        median(looks)
+    );
+    println!("| store writes of those looks and a pass with nothing changed | {writes} |");
+    Ok(())
+}
