@@ -527,26 +527,43 @@ fn print_tables(times: &[RunTimes], load_before: &str, load_after: &str) {
         }
     );
     println!();
-    println!("Cube's path, from the manager's events (each event's Time from the DELETE sent):");
-    println!();
-    println!("| step | median ms | min ms | max ms |");
-    println!("|---|---:|---:|---:|");
-    for (step, name) in STEPS.iter().enumerate() {
-        let mut values: Vec<f64> = times
-            .iter()
-            .map(|t| t.steps[step])
-            .filter(|v| v.is_finite())
-            .collect();
-        if values.is_empty() {
-            println!("| {name} | – | – | – |");
-            continue;
-        }
-        println!("| {name} | {} |", Summary::of(&mut values).spread(1));
-    }
     println!(
-        "| the benchmark reads the `Claimed` event (= Cube's time) | {} |",
-        of(|t| t.cube_ms).spread(1)
+        "Cube's path, from the manager's events: each event's Time from the DELETE sent, and \
+         the step alone (from the event before it; the first from the DELETE sent), run by run:"
     );
+    println!();
+    println!(
+        "| step | from the DELETE: median ms | min | max | the step alone: median ms | min | max |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut rows: Vec<(&str, Vec<f64>, Vec<f64>)> = Vec::new();
+    for (step, name) in STEPS.iter().enumerate() {
+        let since_delete: Vec<f64> = times.iter().map(|t| t.steps[step]).collect();
+        let alone = times
+            .iter()
+            .map(|t| t.steps[step] - step.checked_sub(1).map_or(0.0, |before| t.steps[before]))
+            .collect();
+        rows.push((name, since_delete, alone));
+    }
+    let last = STEPS.len() - 1;
+    rows.push((
+        "the benchmark reads the `Claimed` event (= Cube's time)",
+        times.iter().map(|t| t.cube_ms).collect(),
+        times.iter().map(|t| t.cube_ms - t.steps[last]).collect(),
+    ));
+    for (name, since_delete, alone) in rows {
+        println!("| {name} | {} | {} |", spread(since_delete), spread(alone));
+    }
+}
+
+/// Median, min and max as three cells, over the values that are known (an event the stream did
+/// not show is NaN).
+fn spread(values: Vec<f64>) -> String {
+    let mut known: Vec<f64> = values.into_iter().filter(|v| v.is_finite()).collect();
+    if known.is_empty() {
+        return "– | – | –".to_string();
+    }
+    Summary::of(&mut known).spread(1)
 }
 
 #[cfg(test)]
