@@ -40,6 +40,17 @@ pub(crate) async fn spawn_cube_logged(
     args: &[&str],
     data_dir: &Path,
 ) -> anyhow::Result<(Child, String)> {
+    spawn_cube_logged_at(cube, args, data_dir, "warn").await
+}
+
+/// [`spawn_cube_logged`] with the process's `RUST_LOG` (`debug` to trace a benchmark: every
+/// line of the log carries its time).
+pub(crate) async fn spawn_cube_logged_at(
+    cube: &Path,
+    args: &[&str],
+    data_dir: &Path,
+    rust_log: &str,
+) -> anyhow::Result<(Child, String)> {
     let log_path = data_dir.join("cube.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -50,7 +61,7 @@ pub(crate) async fn spawn_cube_logged(
         .args(args)
         .arg("--data-dir")
         .arg(data_dir)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .stdout(std::process::Stdio::piped())
         .stderr(log)
         .kill_on_drop(true)

@@ -1,6 +1,6 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
-//! start latency, bursts, scaling, rolling updates, recovery, footprint, the store and the
-//! event stream. Each subcommand (one module each) prints markdown tables for BENCHMARKS.md;
+//! start latency, bursts, scaling, rolling updates, recovery, the waiting list's hand-over,
+//! footprint, the store and the event stream. Each subcommand (one module each) prints markdown tables for BENCHMARKS.md;
 //! none fails on a time: the figures are whatever they are.
 
 mod burst;
@@ -9,6 +9,7 @@ mod day_two;
 mod events;
 mod footprint;
 mod load;
+mod queue;
 mod recovery;
 mod rolling;
 mod scale;
@@ -96,6 +97,24 @@ enum Command {
         /// How many copies the service runs.
         #[arg(long, default_value_t = 10)]
         copies: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// Time from freeing room (`DELETE /tasks/{id}` of the task that fills the worker) until
+    /// the head of the waiting list is `claimed`, next to raw Docker's create + start of the
+    /// same container.
+    Queue {
+        /// How many hand-overs (each with one raw Docker start next to it).
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// `RUST_LOG` of the manager and the worker (`debug` to see where the time goes; the
+        /// logging then slows what is timed).
+        #[arg(long, default_value = "warn")]
+        log_level: String,
+        /// Copy the manager's and worker's log (one file, both processes) here at the end.
+        #[arg(long)]
+        keep_log: Option<PathBuf>,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -263,6 +282,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Rolling { runs, copies, cube } => {
             rolling::rolling(runs, copies, &cube_binary(cube)?).await
         }
+        Command::Queue {
+            runs,
+            log_level,
+            keep_log,
+            cube,
+        } => queue::queue(runs, &cube_binary(cube)?, &log_level, keep_log.as_deref()).await,
         Command::Recovery { runs, sets, cube } => {
             recovery::recovery(runs, sets, &cube_binary(cube)?).await
         }
@@ -331,20 +356,45 @@ pub(crate) struct BenchCluster {
     pub node: String,
     pub http: reqwest::Client,
     _processes: Vec<tokio::process::Child>,
-    _data_dir: tempfile::TempDir,
+    data_dir: tempfile::TempDir,
+}
+
+/// What a benchmark changes in its cluster: more arguments for `cube worker`, and the
+/// processes' `RUST_LOG`.
+pub(crate) struct ClusterOptions<'a> {
+    pub worker_args: &'a [&'a str],
+    pub rust_log: &'a str,
+}
+
+impl Default for ClusterOptions<'_> {
+    fn default() -> Self {
+        ClusterOptions {
+            worker_args: &[],
+            rust_log: "warn",
+        }
+    }
 }
 
 impl BenchCluster {
     pub(crate) async fn start(cube: &Path, through: Through) -> anyhow::Result<BenchCluster> {
+        BenchCluster::start_with(cube, through, &ClusterOptions::default()).await
+    }
+
+    pub(crate) async fn start_with(
+        cube: &Path,
+        through: Through,
+        options: &ClusterOptions<'_>,
+    ) -> anyhow::Result<BenchCluster> {
         let data_dir = tempfile::tempdir()?;
         let node = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let mut processes = Vec::new();
         let manager = match through {
             Through::Manager => {
-                let (child, base) = load::spawn_cube_logged(
+                let (child, base) = load::spawn_cube_logged_at(
                     cube,
                     &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
                     data_dir.path(),
+                    options.rust_log,
                 )
                 .await?;
                 processes.push(child);
@@ -372,8 +422,10 @@ impl BenchCluster {
         if let Some(address) = &manager_address {
             worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
         }
+        worker_args.extend(options.worker_args);
         let (worker, worker_base) =
-            load::spawn_cube_logged(cube, &worker_args, data_dir.path()).await?;
+            load::spawn_cube_logged_at(cube, &worker_args, data_dir.path(), options.rust_log)
+                .await?;
         processes.push(worker);
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
@@ -390,7 +442,7 @@ impl BenchCluster {
             node: node.clone(),
             http,
             _processes: processes,
-            _data_dir: data_dir,
+            data_dir,
         })
     }
 }
@@ -400,6 +452,24 @@ impl BenchCluster {
     pub(crate) fn container_label(&self) -> String {
         format!("{}={}", cube_runtime::LABEL_NODE, self.node)
     }
+
+    /// The log both processes append their stderr to (gone with the cluster: copy it first).
+    pub(crate) fn log_path(&self) -> PathBuf {
+        self.data_dir.path().join("cube.log")
+    }
+}
+
+/// The 1, 5 and 15 minute load averages, as /proc/loadavg gives them (`?` when unreadable).
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|| "?".to_string())
 }
 
 /// The `cube` binary: the one given, or the one next to this binary.
@@ -531,6 +601,46 @@ mod tests {
         );
         assert_eq!(
             parsed(&["cube-bench", "rolling", "--copies", "ten"]),
+            Err(clap::error::ErrorKind::ValueValidation)
+        );
+    }
+
+    #[test]
+    fn queue_takes_its_runs_and_log_and_defaults_to_20_runs_logging_warnings() {
+        let parsed = |args: &[&str]| match Cli::try_parse_from(args).map(|cli| cli.command) {
+            Ok(Command::Queue {
+                runs,
+                log_level,
+                keep_log,
+                cube,
+            }) => Ok((runs, log_level, keep_log, cube)),
+            Ok(other) => panic!("{other:?}"),
+            Err(err) => Err(err.kind()),
+        };
+        assert_eq!(
+            parsed(&["cube-bench", "queue"]),
+            Ok((20, "warn".to_string(), None, None))
+        );
+        assert_eq!(
+            parsed(&[
+                "cube-bench",
+                "queue",
+                "--runs",
+                "3",
+                "--log-level",
+                "debug",
+                "--keep-log",
+                "/tmp/q.log"
+            ]),
+            Ok((
+                3,
+                "debug".to_string(),
+                Some(PathBuf::from("/tmp/q.log")),
+                None
+            ))
+        );
+        assert_eq!(
+            parsed(&["cube-bench", "queue", "--runs", "twenty"]),
             Err(clap::error::ErrorKind::ValueValidation)
         );
     }

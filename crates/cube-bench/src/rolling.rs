@@ -45,7 +45,7 @@ use serde_json::{Value, json};
 use crate::containers::{self, Listed};
 use crate::service_job::{GROUP, ServiceJob};
 use crate::swarm::Swarm;
-use crate::{BenchCluster, Summary, Through};
+use crate::{BenchCluster, Summary, Through, load_average};
 
 const SERVICE: &str = "cube-bench-rolling";
 
@@ -490,19 +490,6 @@ fn shell_words(words: &[&str]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// The 1, 5 and 15 minute load averages, as /proc/loadavg gives them (`?` when unreadable).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|| "?".to_string())
 }
 
 fn print_tables(
