@@ -194,6 +194,7 @@ impl Manager {
                 }
             }
             let mut state = lock(&self.state);
+            state.queue_dirty.mark_job(&name);
             state.jobs.remove(&name);
             state.histories.remove(&name);
             state.deployments.remove(&name);
@@ -252,6 +253,7 @@ impl Manager {
             let Some(removed) = state.cache.remove(&id) else {
                 return Ok(());
             };
+            state.queue_dirty.mark_task(&removed);
             self.events.publish(
                 Topic::Task,
                 std::borrow::Cow::Borrowed("Removed"),

@@ -523,7 +523,11 @@ impl Manager {
             commit
         };
         commit.durable().await?;
-        lock(&self.state).jobs.insert(name, Arc::new(record));
+        {
+            let mut state = lock(&self.state);
+            state.queue_dirty.mark_job(&name);
+            state.jobs.insert(name, Arc::new(record));
+        }
         self.push_queue();
         Ok(())
     }

@@ -267,6 +267,8 @@ pub(crate) struct Shared {
     /// controller writes it after), by key, with their owner: counted against
     /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
     pub(crate) just_admitted: HashMap<String, String>,
+    /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
+    pub(crate) queue_dirty: crate::queue_controller::QueueDirty,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -351,6 +353,7 @@ impl Manager {
                 queue,
                 queue_number,
                 just_admitted: HashMap::new(),
+                queue_dirty: crate::queue_controller::QueueDirty::everything(),
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),
             placement_runner: Runner::new(runner(1)),
@@ -700,7 +703,8 @@ impl Manager {
             // nothing to do writes nothing).
             self.mark_job_dirty(&task.spec.job);
         }
-        // So does the waiting list (a look that finds no entry changed writes nothing).
+        // So does the waiting list (a look that finds no entry changed writes nothing);
+        // `cache_task` marks the task's request.
         self.push_queue();
         self.cache_task(state, task);
         Ok(())
@@ -710,6 +714,7 @@ impl Manager {
     /// write of a task to the cache goes through here (or [`Manager::reload`]).
     fn cache_task(&self, state: &mut Shared, task: Task) {
         let id = task.id;
+        state.queue_dirty.mark_task(&task);
         let previous = state.cache.insert(task);
         let Some(held) = state.cache.shared(&id) else {
             return;
@@ -775,6 +780,7 @@ impl Manager {
             Ok(Some(task)) => self.cache_task(&mut state, task),
             Ok(None) => {
                 if let Some(forgotten) = state.cache.remove(&id) {
+                    state.queue_dirty.mark_task(&forgotten);
                     self.events.publish(
                         Topic::Task,
                         Cow::Borrowed("Removed"),

@@ -18,7 +18,7 @@ use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_scheduler::{Decision, FilterChain, NodeView, TaskRequest, summarize_rejections};
 use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
-use cube_types::queue::{QueueEntry, RequestKind};
+use cube_types::queue::RequestKind;
 use cube_types::task::ANONYMOUS;
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
@@ -79,7 +79,12 @@ impl Manager {
             return Ok(Vec::new());
         }
         let mut views = self.node_views(&state);
-        let mut admitted_by_owner = admitted_by_owner(&state);
+        // Counted only when there is a limit: it reads the whole list.
+        let mut admitted_by_owner = if self.config.max_claimed_per_owner.is_some() {
+            admitted_by_owner(&state)
+        } else {
+            HashMap::new()
+        };
         let mut failed_shapes: HashMap<Shape, String> = HashMap::new();
         let mut updates = Vec::new();
         let mut placed = Vec::new();
@@ -430,20 +435,6 @@ struct WaitingRequest {
 /// once, into maps by task ID and by job name, not looked up by key string per task. The
 /// owners are kept `with_owners` only (the limit is set).
 fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
-    let mut task_entries: HashMap<Uuid, &QueueEntry> = HashMap::new();
-    let mut job_entries: HashMap<&str, &QueueEntry> = HashMap::new();
-    for entry in state.queue.values() {
-        match entry.kind {
-            RequestKind::Task => {
-                if let Ok(id) = entry.id.parse::<Uuid>() {
-                    task_entries.insert(id, entry);
-                }
-            }
-            RequestKind::Job => {
-                job_entries.insert(entry.id.as_str(), entry);
-            }
-        }
-    }
     type Order<'a> = (
         Reverse<u8>,
         u64,
@@ -461,27 +452,30 @@ fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
             continue;
         }
         let record = state.jobs.get(&task.spec.job);
-        let (key, priority, owner, entry) = match record {
+        let (key, priority, owner) = match record {
             None => (
                 RequestRef::Task(task.id),
                 task.spec.priority.unwrap_or(DEFAULT_PRIORITY),
                 task.spec.owner.as_str(),
-                task_entries.get(&task.id).copied(),
             ),
             Some(record) if record.job.job_type == JobType::System => (
                 RequestRef::System(task.id),
                 record.job.priority,
                 record.job.owner.as_str(),
-                None,
             ),
             Some(record) => (
                 RequestRef::Job(record.job.name.as_str()),
                 record.job.priority,
                 record.job.owner.as_str(),
-                job_entries.get(record.job.name.as_str()).copied(),
             ),
         };
         let (order, tasks, _, _) = by_request.entry(key).or_insert_with(|| {
+            // The request's own entry, looked up (once per request): the list also holds
+            // every claimed request, far more than wait.
+            let entry = match key {
+                RequestRef::System(_) => None,
+                key => state.queue.get(&key.entry_key()).map(|entry| &**entry),
+            };
             let let_in = entry.is_some_and(|entry| entry.state.is_admitted())
                 || (!state.just_admitted.is_empty()
                     && state.just_admitted.contains_key(&key.entry_key()));

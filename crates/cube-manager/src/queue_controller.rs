@@ -13,7 +13,7 @@
 //! The API's side is here too: `GET /queue` and `GET /services`, and the queue's words for a
 //! job (`JobView::queue`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -102,11 +102,18 @@ impl Manager {
     /// One look: plan, sync the entries that changed, stop what expired.
     pub(crate) async fn look_at_queue(&self) -> Result<Action, String> {
         let (planned, actions) = self.plan_queue();
-        self.sync_queue(&planned, actions)
-            .await
-            .map_err(|err| err.to_string())?;
-        for expiry in &planned.expire {
-            self.expire(expiry).await.map_err(|err| err.to_string())?;
+        let done = async {
+            self.sync_queue(&planned, actions).await?;
+            for expiry in &planned.expire {
+                self.expire(expiry).await?;
+            }
+            Ok::<_, ManagerError>(())
+        }
+        .await;
+        if let Err(err) = done {
+            // What this look took in is not written: the next one reads every request.
+            lock(&self.state).queue_dirty.mark_everything();
+            return Err(err.to_string());
         }
         let now = Utc::now();
         Ok(
@@ -122,53 +129,110 @@ impl Manager {
 
     /// The waiting list as it should be, and what must change for the stored list to be it
     /// (the framework's `diff_by_key`), under one hold of the lock.
+    ///
+    /// An entry depends on its own request alone (its tasks, its job, the nodes' hosts and
+    /// the time), so a look reads only the requests marked since the last one
+    /// ([`QueueDirty`]) and those that wait (whose `QueueTimeout` runs out with nothing
+    /// changing): with 100,000 claimed tasks, a task's change costs a look at one request,
+    /// not at all of them. Every request is read at start, after a look that failed, and
+    /// when a node's host changed (claimed entries show it).
     fn plan_queue(&self) -> (QueuePlan, Vec<SyncAction<String, String>>) {
-        let state = lock(&self.state);
-        let hosts: BTreeMap<String, String> = state
+        let mut guard = lock(&self.state);
+        let hosts: BTreeMap<String, String> = guard
             .nodes
             .entries()
             .map(|entry| (entry.name.clone(), host_of(&entry.address)))
             .collect();
+        let marked = guard.queue_dirty.take(&hosts);
+        let state = &*guard;
         let mut requests = Vec::new();
-        // Bare tasks still asked for, and those an entry still names (an expired one).
-        for task in state.cache.tasks() {
-            if task.spec.job.is_empty() && is_live(task) {
-                requests.push(Request {
-                    source: Source::Task(task),
-                    tasks: vec![task],
-                });
+        let mut job_tasks: Vec<(&str, Vec<Arc<Task>>)> = Vec::new();
+        let observed: Option<BTreeMap<String, Arc<QueueEntry>>> = match marked {
+            None => {
+                // Bare tasks still asked for, and those an entry still names (an expired one).
+                for task in state.cache.tasks() {
+                    if task.spec.job.is_empty() && is_live(task) {
+                        requests.push(Request {
+                            source: Source::Task(task),
+                            tasks: vec![task],
+                        });
+                    }
+                }
+                for entry in state.queue.values() {
+                    if entry.kind != RequestKind::Task {
+                        continue;
+                    }
+                    let Some(task) = entry
+                        .id
+                        .parse::<Uuid>()
+                        .ok()
+                        .and_then(|id| state.cache.get(&id))
+                    else {
+                        continue;
+                    };
+                    if !is_live(task) {
+                        requests.push(Request {
+                            source: Source::Task(task),
+                            tasks: vec![task],
+                        });
+                    }
+                }
+                job_tasks = state
+                    .jobs
+                    .values()
+                    .filter(|record| record.job.job_type != JobType::System)
+                    .map(|record| {
+                        (
+                            record.job.name.as_str(),
+                            state.cache.of_job(&record.job.name),
+                        )
+                    })
+                    .collect();
+                None
             }
-        }
-        for entry in state.queue.values() {
-            if entry.kind != RequestKind::Task {
-                continue;
-            }
-            let Some(task) = entry
-                .id
-                .parse::<Uuid>()
-                .ok()
-                .and_then(|id| state.cache.get(&id))
-            else {
-                continue;
-            };
-            if !is_live(task) {
-                requests.push(Request {
-                    source: Source::Task(task),
-                    tasks: vec![task],
-                });
-            }
-        }
-        let job_tasks: Vec<(&str, Vec<Arc<Task>>)> = state
-            .jobs
-            .values()
-            .filter(|record| record.job.job_type != JobType::System)
-            .map(|record| {
-                (
-                    record.job.name.as_str(),
-                    state.cache.of_job(&record.job.name),
+            Some(mut keys) => {
+                // The requests that wait, whose timeout may run out with nothing changed.
+                for id in state.cache.waiting() {
+                    if let Some(task) = state.cache.get(&id) {
+                        keys.insert(QueueDirty::key_of(task));
+                    }
+                }
+                for key in &keys {
+                    let Some((kind, id)) = key.split_once('/') else {
+                        continue;
+                    };
+                    if kind == RequestKind::Task.name() {
+                        // Live or not: a request no longer asked for leaves the list.
+                        if let Some(task) = id
+                            .parse::<Uuid>()
+                            .ok()
+                            .and_then(|id| state.cache.get(&id))
+                            .filter(|task| task.spec.job.is_empty())
+                        {
+                            requests.push(Request {
+                                source: Source::Task(task),
+                                tasks: vec![task],
+                            });
+                        }
+                    } else if let Some(record) = state.jobs.get(id)
+                        && record.job.job_type != JobType::System
+                    {
+                        job_tasks.push((record.job.name.as_str(), state.cache.of_job(id)));
+                    }
+                }
+                // The stored entries of those requests: what the plan is compared with.
+                Some(
+                    keys.iter()
+                        .filter_map(|key| {
+                            state
+                                .queue
+                                .get(key)
+                                .map(|entry| (key.clone(), Arc::clone(entry)))
+                        })
+                        .collect(),
                 )
-            })
-            .collect();
+            }
+        };
         for (name, tasks) in &job_tasks {
             if let Some(record) = state.jobs.get(*name) {
                 requests.push(Request {
@@ -185,12 +249,13 @@ impl Manager {
             now: Utc::now(),
         };
         let planned = plan(&look);
-        let actions = diff_by_key(
-            &planned.entries,
-            &state.queue,
-            |_| true,
-            |desired, observed| Arc::ptr_eq(desired, observed) || desired == observed,
-        );
+        let same = |desired: &Arc<QueueEntry>, observed: &Arc<QueueEntry>| {
+            Arc::ptr_eq(desired, observed) || desired == observed
+        };
+        let actions = match &observed {
+            Some(observed) => diff_by_key(&planned.entries, observed, |_| true, same),
+            None => diff_by_key(&planned.entries, &state.queue, |_| true, same),
+        };
         (planned, actions)
     }
 
@@ -403,6 +468,67 @@ impl Manager {
     }
 }
 
+/// The requests whose entry the queue controller must look at again, by key (`task/<id>`,
+/// `job/<name>`): marked wherever a task or a job changes in the manager's state, taken by
+/// the next look. Kept under the manager's lock, with the state it describes.
+#[derive(Debug, Default)]
+pub(crate) struct QueueDirty {
+    /// Every request: at start, after a failed look, or when a node's host changed.
+    everything: bool,
+    keys: BTreeSet<String>,
+    /// The nodes' hosts the last look saw.
+    hosts: BTreeMap<String, String>,
+}
+
+impl QueueDirty {
+    /// Every request to look at: a manager that starts.
+    pub(crate) fn everything() -> QueueDirty {
+        QueueDirty {
+            everything: true,
+            ..QueueDirty::default()
+        }
+    }
+
+    /// The key of the request a task belongs to: itself, or its job.
+    fn key_of(task: &Task) -> String {
+        if task.spec.job.is_empty() {
+            RequestKind::Task.key(&task.id.to_string())
+        } else {
+            RequestKind::Job.key(&task.spec.job)
+        }
+    }
+
+    /// The request of a task that changed (or was forgotten).
+    pub(crate) fn mark_task(&mut self, task: &Task) {
+        if !self.everything {
+            self.keys.insert(QueueDirty::key_of(task));
+        }
+    }
+
+    /// A job that changed (or was removed).
+    pub(crate) fn mark_job(&mut self, name: &str) {
+        if !self.everything {
+            self.keys.insert(RequestKind::Job.key(name));
+        }
+    }
+
+    pub(crate) fn mark_everything(&mut self) {
+        self.everything = true;
+        self.keys.clear();
+    }
+
+    /// What the next look reads: `None` for every request, else the keys marked. `hosts` are
+    /// the nodes' hosts now: a change there is every request (claimed entries show them).
+    fn take(&mut self, hosts: &BTreeMap<String, String>) -> Option<BTreeSet<String>> {
+        let everything = std::mem::take(&mut self.everything) || self.hosts != *hosts;
+        if self.hosts != *hosts {
+            self.hosts = hosts.clone();
+        }
+        let keys = std::mem::take(&mut self.keys);
+        (!everything).then_some(keys)
+    }
+}
+
 /// Why a waiting entry waits, in words: its tasks' `PendingReason`.
 fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<String> {
     let tasks: Vec<Arc<Task>> = match entry.kind {
@@ -528,5 +654,58 @@ mod tests {
             revision,
             "an admission pass and a look at the queue with nothing changed wrote"
         );
+    }
+
+    #[tokio::test]
+    async fn a_look_reads_only_the_requests_that_changed_and_keeps_the_list_a_whole_look_would() {
+        let manager = crate::manager::manager_for_tests();
+        crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
+        let mut ids = Vec::new();
+        for n in 0..4 {
+            let mut task = Task::new(format!("t{n}"), "cube-sample:latest");
+            task.spec.memory = 300 << 20;
+            ids.push(manager.accept_task(task, None).await.unwrap().id);
+        }
+        let mut writes = crate::manager::Writes::default();
+        assert_eq!(manager.placement_pass(&mut writes).unwrap().len(), 3);
+        manager.settle(writes).await.unwrap();
+        manager.look_at_queue().await.unwrap();
+        let claimed_before = |manager: &Manager| {
+            manager
+                .queue()
+                .iter()
+                .filter(|view| view.entry.state == QueueState::Claimed)
+                .count()
+        };
+        assert_eq!(claimed_before(&manager), 0);
+        // One placed task runs: its request alone is marked.
+        let running = ids[0];
+        manager
+            .with_writes(|writes| {
+                let mut state = lock(&manager.state);
+                let mut task = state.cache.get(&running).unwrap().clone();
+                task.move_to(State::Running).unwrap();
+                manager.save(&mut state, writes, task)
+            })
+            .await
+            .unwrap();
+        {
+            let state = lock(&manager.state);
+            assert!(!state.queue_dirty.everything);
+            assert_eq!(
+                state.queue_dirty.keys.iter().collect::<Vec<_>>(),
+                vec![&RequestKind::Task.key(&running.to_string())]
+            );
+        }
+        manager.look_at_queue().await.unwrap();
+        assert_eq!(
+            claimed_before(&manager),
+            1,
+            "the running task's entry is claimed"
+        );
+        // A look at every request finds nothing more to change.
+        lock(&manager.state).queue_dirty.mark_everything();
+        let (_, actions) = manager.plan_queue();
+        assert!(actions.is_empty(), "a whole look would change {actions:?}");
     }
 }
