@@ -633,7 +633,7 @@ mod tests {
             Some("a")
         );
         let volume = format!("cube-{}-data", task.id.simple());
-        assert_eq!(plan.volumes, [volume.clone()]);
+        assert_eq!(plan.volumes, std::slice::from_ref(&volume));
         assert_eq!(a.spec.binds, [format!("{volume}:/data")]);
     }
 
