@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
-# curl) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+# curl, docker-compose) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -11,6 +11,8 @@ command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 installed busybox-static || missing+=(busybox-static)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The peer of `cube-bench pod`: a compose file's services started by docker-compose.
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq

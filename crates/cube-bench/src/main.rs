@@ -9,6 +9,7 @@ mod day_two;
 mod events;
 mod footprint;
 mod load;
+mod pod;
 mod queue;
 mod recovery;
 mod rolling;
@@ -116,6 +117,16 @@ enum Command {
         #[arg(long)]
         keep_log: Option<PathBuf>,
         /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// A two-service pod from submit until both run and it is healthy, next to
+    /// `docker-compose up -d` of the same file.
+    Pod {
+        /// Runs of each side.
+        #[arg(long, default_value_t = 10)]
+        runs: usize,
+        /// The `cube` binary [default: next to this one].
         #[arg(long)]
         cube: Option<PathBuf>,
     },
@@ -288,6 +299,7 @@ async fn main() -> anyhow::Result<()> {
             keep_log,
             cube,
         } => queue::queue(runs, &cube_binary(cube)?, &log_level, keep_log.as_deref()).await,
+        Command::Pod { runs, cube } => pod::pod(runs, &cube_binary(cube)?).await,
         Command::Recovery { runs, sets, cube } => {
             recovery::recovery(runs, sets, &cube_binary(cube)?).await
         }

@@ -86,6 +86,9 @@ impl Runtime for SimulatedRuntime {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let info = ContainerInfo {
             id: id.clone(),
+            name: spec.name.clone(),
+            pod_container: None,
+            health: None,
             task_id: spec
                 .labels
                 .get(LABEL_TASK_ID)
@@ -207,6 +210,7 @@ pub(crate) async fn sim_workers(
             stop_timeout: Duration::from_secs(10),
             max_concurrent_operations: 8,
             labels: Default::default(),
+            pods: Default::default(),
         };
         let (worker, commands) = Worker::new(
             config,

@@ -7,21 +7,24 @@ use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
 use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
-use bollard::models::{ContainerCreateBody, ContainerInspectResponse, HostConfig, PortBinding};
+use bollard::models::{
+    ContainerCreateBody, ContainerInspectResponse, ContainerSummary, ContainerSummaryStateEnum,
+    HealthConfig, HealthStatusEnum, HostConfig, PortBinding,
+};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder,
+    RemoveImageOptionsBuilder, RemoveVolumeOptionsBuilder, StopContainerOptionsBuilder,
 };
 use chrono::{DateTime, Datelike, Utc};
-use cube_types::HostBinding;
+use cube_types::{Health, HostBinding};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use uuid::Uuid;
 
 use crate::{
-    ContainerInfo, ContainerSpec, EngineVersion, ExecSession, LABEL_NODE, LABEL_TASK_ID,
-    LogOptions, OutputChunk, OutputStream, Runtime, RuntimeError, RuntimeEvent,
+    ContainerInfo, ContainerSpec, EngineVersion, ExecSession, LABEL_NODE, LABEL_POD_CONTAINER,
+    LABEL_TASK_ID, LogOptions, OutputChunk, OutputStream, Runtime, RuntimeError, RuntimeEvent,
 };
 
 /// How long a pull may take before the task is failed with a time-out.
@@ -86,6 +89,11 @@ impl Runtime for DockerRuntime {
         if self.image_present(image).await? {
             return Ok(());
         }
+        if image == crate::sample_image::PAUSE_IMAGE {
+            // A pod's infra image is never pulled: it is built here, from busybox-static.
+            tracing::info!(image, "building the pods' infra image");
+            return self.ensure_pause_image().await;
+        }
         tracing::info!(image, "image not present locally, pulling it");
         match tokio::time::timeout(self.pull_timeout, self.pull(image)).await {
             Ok(result) => result,
@@ -119,12 +127,27 @@ impl Runtime for DockerRuntime {
             memory: (spec.memory_bytes > 0)
                 .then(|| i64::try_from(spec.memory_bytes).unwrap_or(i64::MAX)),
             port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
+            network_mode: spec.network_mode.clone(),
+            binds: (!spec.binds.is_empty()).then(|| spec.binds.clone()),
             // Docker's restart policy stays unset: Cube restarts tasks itself.
             ..Default::default()
         };
+        let nanos = |duration: Option<Duration>| {
+            duration.map(|duration| i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX))
+        };
+        let healthcheck = spec.healthcheck.as_ref().map(|check| HealthConfig {
+            test: Some(check.test.clone()),
+            interval: nanos(check.interval),
+            timeout: nanos(check.timeout),
+            retries: check.retries.map(i64::from),
+            start_period: nanos(check.start_period),
+            start_interval: None,
+        });
         let body = ContainerCreateBody {
             image: Some(spec.image.clone()),
             cmd: (!spec.cmd.is_empty()).then(|| spec.cmd.clone()),
+            entrypoint: spec.entrypoint.clone(),
+            healthcheck,
             env: (!spec.env.is_empty()).then(|| spec.env.clone()),
             exposed_ports: (!spec.exposed_ports.is_empty())
                 .then(|| spec.exposed_ports.iter().cloned().collect()),
@@ -215,15 +238,12 @@ impl Runtime for DockerRuntime {
             .list_containers(Some(options))
             .await
             .map_err(|err| engine_error("list", err))?;
-        let mut containers = Vec::with_capacity(summaries.len());
-        for summary in summaries {
-            let Some(id) = summary.id else { continue };
-            // A container removed between the list and the inspect is simply not there.
-            if let Some(info) = self.inspect(&id).await? {
-                containers.push(info);
-            }
-        }
-        Ok(containers)
+        // One call for the whole node: what the list says is enough to tell containers
+        // apart by task, run and pod; whoever needs more inspects the few it cares about.
+        Ok(summaries
+            .into_iter()
+            .filter_map(info_from_summary)
+            .collect())
     }
 
     fn events_since(
@@ -234,7 +254,14 @@ impl Runtime for DockerRuntime {
         let filters = HashMap::from([
             ("type", vec!["container".to_string()]),
             ("label", vec![format!("{LABEL_NODE}={node}")]),
-            ("event", vec!["die".to_string(), "destroy".to_string()]),
+            (
+                "event",
+                vec![
+                    "die".to_string(),
+                    "destroy".to_string(),
+                    "health_status".to_string(),
+                ],
+            ),
         ]);
         let options = EventsOptionsBuilder::new()
             .since(&since_unix_secs.to_string())
@@ -263,6 +290,12 @@ impl Runtime for DockerRuntime {
                         container_id,
                         task_id,
                     })),
+                    Some(action) if action.starts_with("health_status") => {
+                        Some(Ok(RuntimeEvent::HealthChanged {
+                            container_id,
+                            task_id,
+                        }))
+                    }
                     _ => None,
                 }
             })
@@ -350,6 +383,25 @@ impl Runtime for DockerRuntime {
             .map_err(|err| engine_error("exec resize", err))
     }
 
+    async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        let options = RemoveVolumeOptionsBuilder::new().force(true).build();
+        match self.docker.remove_volume(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(err) if status_of(&err) == Some(404) => Ok(()),
+            Err(err) => Err(engine_error("volume remove", err)),
+        }
+    }
+
+    async fn remove_image(&self, image: &str) -> Result<(), RuntimeError> {
+        let options = RemoveImageOptionsBuilder::new().build();
+        match self.docker.remove_image(image, Some(options), None).await {
+            Ok(_) => Ok(()),
+            // 404: gone; 409: another container still uses it, and keeps it.
+            Err(err) if matches!(status_of(&err), Some(404 | 409)) => Ok(()),
+            Err(err) => Err(engine_error("image remove", err)),
+        }
+    }
+
     async fn engine_version(&self) -> Result<EngineVersion, RuntimeError> {
         let version = self
             .docker
@@ -431,8 +483,23 @@ fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
             (!bindings.is_empty()).then_some((port, bindings))
         })
         .collect::<BTreeMap<_, _>>();
+    let health = state
+        .health
+        .and_then(|health| health.status)
+        .and_then(|status| match status {
+            HealthStatusEnum::STARTING => Some(Health::Starting),
+            HealthStatusEnum::HEALTHY => Some(Health::Healthy),
+            HealthStatusEnum::UNHEALTHY => Some(Health::Unhealthy),
+            HealthStatusEnum::EMPTY | HealthStatusEnum::NONE => None,
+        });
     ContainerInfo {
         id: response.id.unwrap_or_default(),
+        name: response
+            .name
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
+        pod_container: labels.get(LABEL_POD_CONTAINER).cloned(),
         task_id: labels
             .get(LABEL_TASK_ID)
             .and_then(|id| Uuid::parse_str(id).ok()),
@@ -454,7 +521,36 @@ fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
         started_at: state.started_at.as_deref().and_then(engine_time),
         finished_at,
         host_ports,
+        health,
     }
+}
+
+/// What the engine's list says of a container (see [`Runtime::list_managed`]).
+fn info_from_summary(summary: ContainerSummary) -> Option<ContainerInfo> {
+    let labels = summary.labels.unwrap_or_default();
+    Some(ContainerInfo {
+        id: summary.id?,
+        name: summary
+            .names
+            .and_then(|names| names.into_iter().next())
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string(),
+        pod_container: labels.get(LABEL_POD_CONTAINER).cloned(),
+        task_id: labels
+            .get(LABEL_TASK_ID)
+            .and_then(|id| Uuid::parse_str(id).ok()),
+        node: labels.get(LABEL_NODE).cloned(),
+        running: summary.state == Some(ContainerSummaryStateEnum::RUNNING),
+        pid: None,
+        exit_code: None,
+        oom_killed: false,
+        error: String::new(),
+        started_at: None,
+        finished_at: None,
+        host_ports: BTreeMap::new(),
+        health: None,
+    })
 }
 
 /// The engine writes Go's zero time for "never"; that reads as `None`.

@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use chrono::{DateTime, Utc};
-use cube_types::HostBinding;
+use cube_types::{Health, HostBinding};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use tokio::io::AsyncWrite;
@@ -36,11 +36,20 @@ pub const LABEL_TASK_ID: &str = "cube.task-id";
 pub const LABEL_NODE: &str = "cube.node";
 /// Label holding the task's name, for people reading `docker ps`.
 pub const LABEL_TASK_NAME: &str = "cube.task-name";
+/// Label holding, on each container of a pod, its service's name (`infra` for the infra
+/// container).
+pub const LABEL_POD_CONTAINER: &str = "cube.pod-container";
+/// Label holding the run (the task's `RestartCount`) a container belongs to.
+pub const LABEL_RUN: &str = "cube.run";
 
 /// What the engine says about one container.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerInfo {
     pub id: String,
+    /// Its name, without the engine's leading `/`.
+    pub name: String,
+    /// From the `cube.pod-container` label: which of a pod's containers it is.
+    pub pod_container: Option<String>,
     /// From the `cube.task-id` label; `None` when the label is missing or not a UUID.
     pub task_id: Option<Uuid>,
     /// From the `cube.node` label: the worker that created it.
@@ -58,6 +67,8 @@ pub struct ContainerInfo {
     pub finished_at: Option<DateTime<Utc>>,
     /// Published ports, in the book's shape.
     pub host_ports: BTreeMap<String, Vec<HostBinding>>,
+    /// What the engine's health check says, for a container that has one.
+    pub health: Option<Health>,
 }
 
 /// Something that happened to a container Cube manages.
@@ -73,6 +84,30 @@ pub enum RuntimeEvent {
         container_id: String,
         task_id: Option<Uuid>,
     },
+    /// Its health check's verdict changed (healthy or unhealthy).
+    HealthChanged {
+        container_id: String,
+        task_id: Option<Uuid>,
+    },
+}
+
+impl RuntimeEvent {
+    /// The task the container is labelled with.
+    pub fn task_id(&self) -> Option<Uuid> {
+        match self {
+            RuntimeEvent::Died { task_id, .. }
+            | RuntimeEvent::Destroyed { task_id, .. }
+            | RuntimeEvent::HealthChanged { task_id, .. } => *task_id,
+        }
+    }
+
+    pub fn container_id(&self) -> &str {
+        match self {
+            RuntimeEvent::Died { container_id, .. }
+            | RuntimeEvent::Destroyed { container_id, .. }
+            | RuntimeEvent::HealthChanged { container_id, .. } => container_id,
+        }
+    }
 }
 
 /// Which of a container's output streams a chunk came from.
@@ -179,7 +214,10 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         container_id: &str,
     ) -> impl Future<Output = Result<Option<ContainerInfo>, RuntimeError>> + Send;
-    /// Every container, running or not, labelled as created by the worker `node`.
+    /// Every container, running or not, labelled as created by the worker `node`, as the
+    /// engine's list says it in one call: `id`, `name`, the labels' `task_id`, `node` and
+    /// `pod_container`, and `running`; nothing that needs an inspect (no exit code, times,
+    /// ports, PID or health).
     fn list_managed(
         &self,
         node: &str,
@@ -228,6 +266,16 @@ pub trait Runtime: Send + Sync + 'static {
         _height: u16,
     ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         async { Ok(()) }
+    }
+    /// Removes a named volume (a pod's, when the worker is told to remove volumes on kill).
+    /// Removing one that is gone succeeds.
+    fn remove_volume(&self, _name: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("remove a volume")) }
+    }
+    /// Removes an image no container uses (when the worker is told to remove images on
+    /// kill). One still in use, or gone, is left as it is.
+    fn remove_image(&self, _image: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("remove an image")) }
     }
     /// The engine's version.
     fn engine_version(&self) -> impl Future<Output = Result<EngineVersion, RuntimeError>> + Send {

@@ -16,6 +16,10 @@ use crate::{DockerRuntime, RuntimeError};
 /// The tag of the sample image.
 pub const SAMPLE_IMAGE: &str = "cube-sample:latest";
 
+/// The image of a pod's infra container: it only holds the pod's network namespace (as
+/// Kubernetes' pause container does), and is built here, never pulled.
+pub const PAUSE_IMAGE: &str = "cube-pause:latest";
+
 /// The port the sample image's httpd listens on.
 pub const SAMPLE_PORT: u16 = 7777;
 
@@ -135,6 +139,33 @@ impl DockerRuntime {
     /// Imports the sample image under `tag` from `busybox`, replacing an older one. Returns
     /// the size of the root filesystem in bytes.
     pub async fn build_sample_image(&self, tag: &str, busybox: &Path) -> Result<u64, RuntimeError> {
+        let changes = vec![
+            "ENV PATH=/bin".to_string(),
+            format!("EXPOSE {SAMPLE_PORT}/tcp"),
+            format!(r#"CMD ["/bin/httpd", "-f", "-v", "-p", "{SAMPLE_PORT}", "-h", "/www"]"#),
+        ];
+        self.import_busybox_image(tag, busybox, changes).await
+    }
+
+    /// Builds the pods' infra image ([`PAUSE_IMAGE`]): the same root filesystem, whose command
+    /// sleeps until it is stopped (docker-init, PID 1 in Cube's containers, forwards the stop).
+    pub async fn ensure_pause_image(&self) -> Result<(), RuntimeError> {
+        let busybox = find_static_busybox(None)?;
+        let changes = vec![
+            "ENV PATH=/bin".to_string(),
+            r#"CMD ["/bin/sleep", "2147483647"]"#.to_string(),
+        ];
+        self.import_busybox_image(PAUSE_IMAGE, &busybox, changes)
+            .await
+            .map(|_| ())
+    }
+
+    async fn import_busybox_image(
+        &self,
+        tag: &str,
+        busybox: &Path,
+        changes: Vec<String>,
+    ) -> Result<u64, RuntimeError> {
         check_static(busybox)?;
         let binary = std::fs::read(busybox).map_err(|err| {
             RuntimeError::SampleImage(format!("cannot read {}: {err}", busybox.display()))
@@ -147,11 +178,6 @@ impl DockerRuntime {
             .rsplit_once(':')
             .filter(|(_, v)| !v.contains('/'))
             .unwrap_or((tag, "latest"));
-        let changes = vec![
-            "ENV PATH=/bin".to_string(),
-            format!("EXPOSE {SAMPLE_PORT}/tcp"),
-            format!(r#"CMD ["/bin/httpd", "-f", "-v", "-p", "{SAMPLE_PORT}", "-h", "/www"]"#),
-        ];
         let options = CreateImageOptionsBuilder::new()
             .from_src("-")
             .repo(repo)

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cube_types::Task;
+use cube_types::pod::Healthcheck;
 
 use crate::{LABEL_NODE, LABEL_TASK_ID, LABEL_TASK_NAME};
 
@@ -21,6 +22,15 @@ pub struct ContainerSpec {
     /// Container port → host port ("" lets the engine choose).
     pub port_bindings: BTreeMap<String, String>,
     pub labels: HashMap<String, String>,
+    /// Replaces the image's entrypoint when set.
+    pub entrypoint: Option<Vec<String>>,
+    /// Docker's network mode: `container:<id>` to join a pod's infra container, `host`,
+    /// `none`; unset for the default bridge.
+    pub network_mode: Option<String>,
+    /// `SOURCE:TARGET[:ro]`: named volumes and host paths.
+    pub binds: Vec<String>,
+    /// A health check the engine runs in the container.
+    pub healthcheck: Option<Healthcheck>,
 }
 
 impl ContainerSpec {
@@ -42,6 +52,10 @@ impl ContainerSpec {
             exposed_ports: task.spec.exposed_ports.clone(),
             port_bindings: task.spec.port_bindings.clone(),
             labels,
+            entrypoint: None,
+            network_mode: None,
+            binds: Vec::new(),
+            healthcheck: None,
         }
     }
 }
@@ -67,7 +81,7 @@ pub fn container_name(task: &Task, node: &str) -> String {
     name
 }
 
-fn docker_safe(text: &str) -> String {
+pub(crate) fn docker_safe(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-') {

@@ -8,7 +8,8 @@
 //! [`stats`] (a worker's machine metrics), [`node`] (a worker as the manager knows it),
 //! [`size`] (byte sizes with units), [`cpu`] (cores, also as millicores), [`duration`]
 //! (durations with units), [`error`] (the error body every API returns),
-//! [`time`] (RFC 3339 times where the Go zero time means "unset").
+//! [`time`] (RFC 3339 times where the Go zero time means "unset"), [`pod`] (a task of several
+//! containers, read from a compose file).
 //!
 //! This crate does no IO. It knows the JSON field names (`PascalCase`, after the book and
 //! Nomad's API) so that every API crate agrees on them; the validation of submitted tasks lives
@@ -22,6 +23,7 @@ pub mod event;
 pub mod job;
 pub mod node;
 pub mod output;
+pub mod pod;
 pub mod queue;
 pub mod size;
 pub mod state;
@@ -34,6 +36,7 @@ pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};
 pub use job::{Constraint, Group, Job, JobType, Operator};
 pub use node::{Labels, Node, NodeReport, NodeStatus, Resources};
+pub use pod::{ComposeError, ContainerStatus, Pod, PodNetwork, PodSpec};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::duration::{MAX_TASK_DURATION, MAX_TASK_DURATION_TEXT, format_duration};
 use crate::node::Resources;
+use crate::pod::{ContainerStatus, Pod};
 use crate::state::State;
 
 /// Docker refuses a memory limit under 6 MiB; Cube says so before accepting the task.
@@ -99,6 +100,9 @@ pub struct TaskSpec {
     pub priority: Option<u8>,
     /// How long a bare task may wait in the queue before it gives up (`expired`).
     pub queue_timeout: Option<Duration>,
+    /// Several containers as one task, from a compose file; then `Image`, `Cmd`, `Env` and
+    /// the health-check fields are empty, and `Cpu`, `Memory` and the ports are the pod's sums.
+    pub pod: Option<Pod>,
     /// What the user asked for: `Running` to run it, `Completed` to stop it.
     pub desired_state: State,
 }
@@ -308,6 +312,12 @@ struct TaskWire {
     /// Since when the manager has seen the current run healthy. Unset otherwise.
     #[serde(rename = "HealthySince", default, with = "crate::time::optional")]
     pub healthy_since: Option<DateTime<Utc>>,
+    /// A pod: `{"Compose": "<compose file>", "EnvFiles": {"name": "contents"}}`.
+    #[serde(rename = "Pod", default)]
+    pub pod: Option<Pod>,
+    /// A pod's containers as the worker saw them.
+    #[serde(rename = "Containers", default, deserialize_with = "null_as_default")]
+    pub containers: Vec<ContainerStatus>,
 }
 
 /// A task as it is written, from references (listing 100,000 tasks must not copy each one
@@ -449,6 +459,10 @@ struct TaskWireRef<'a> {
         skip_serializing_if = "unset"
     )]
     healthy_since: &'a Option<DateTime<Utc>>,
+    #[serde(rename = "Pod", skip_serializing_if = "unset")]
+    pod: &'a Option<Pod>,
+    #[serde(rename = "Containers", skip_serializing_if = "none_listed")]
+    containers: &'a Vec<ContainerStatus>,
 }
 
 fn unset<T>(value: &&Option<T>) -> bool {
@@ -523,6 +537,7 @@ impl Task {
                     owner,
                     priority,
                     queue_timeout,
+                    pod,
                     desired_state,
                 },
             status:
@@ -548,6 +563,7 @@ impl Task {
                             error,
                             health,
                             health_failures,
+                            containers,
                         },
                 },
         } = self;
@@ -598,6 +614,8 @@ impl Task {
             dispatch_error,
             next_attempt,
             healthy_since,
+            pod,
+            containers,
         }
     }
 }
@@ -651,6 +669,8 @@ impl From<TaskWire> for Task {
             dispatch_error,
             next_attempt,
             healthy_since,
+            pod,
+            containers,
         } = wire;
         Task {
             id,
@@ -680,6 +700,7 @@ impl From<TaskWire> for Task {
                 owner,
                 priority,
                 queue_timeout,
+                pod,
                 desired_state,
             },
             status: TaskStatus {
@@ -703,6 +724,7 @@ impl From<TaskWire> for Task {
                     error,
                     health,
                     health_failures,
+                    containers,
                 },
             },
         }
@@ -723,6 +745,8 @@ pub struct RunStatus {
     pub error: Option<String>,
     pub health: Option<Health>,
     pub health_failures: u32,
+    /// A pod's containers, the infra container first, then in the order they started.
+    pub containers: Vec<ContainerStatus>,
 }
 
 /// How many history entries a task keeps.
@@ -882,6 +906,7 @@ impl Task {
                 owner: String::new(),
                 priority: None,
                 queue_timeout: None,
+                pod: None,
                 desired_state: State::Running,
             },
             status: TaskStatus {
@@ -903,6 +928,9 @@ impl Task {
 
     /// Whether the task has a health check: a path, or the `tcp` type.
     pub fn has_health_check(&self) -> bool {
+        if let Some(pod) = &self.spec.pod {
+            return pod.has_health_check();
+        }
         !self.spec.health_check.trim().is_empty()
             || self.spec.health_check_type == Some(HealthCheckType::Tcp)
     }
@@ -1079,7 +1107,7 @@ impl Task {
     }
 
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
-    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 25] {
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 26] {
         // No `..`: a new spec field does not compile until it is compared here.
         let TaskSpec {
             image,
@@ -1106,6 +1134,7 @@ impl Task {
             owner,
             priority,
             queue_timeout,
+            pod,
             desired_state: _,
         } = &self.spec;
         let theirs = &other.spec;
@@ -1150,6 +1179,7 @@ impl Task {
             ("Owner", *owner == theirs.owner),
             ("Priority", *priority == theirs.priority),
             ("QueueTimeout", *queue_timeout == theirs.queue_timeout),
+            ("Pod", *pod == theirs.pod),
         ]
     }
 
@@ -1184,6 +1214,22 @@ impl Task {
             .collect();
         let bound: Vec<String> = self.spec.port_bindings.keys().cloned().collect();
         self.spec.exposed_ports.extend(bound);
+        if let Some(pod) = &self.spec.pod {
+            // What the scheduler and the node's loads read of a pod: its sums and its ports.
+            self.spec.port_bindings = pod.port_bindings();
+            self.spec.exposed_ports = self.spec.port_bindings.keys().cloned().collect();
+            if pod.cpus() > 0.0 {
+                self.spec.cpu = pod.cpus();
+            }
+            if pod.memory_bytes() > 0 {
+                self.spec.memory = pod.memory_bytes();
+            }
+            if let Some(restart) = pod.spec.restart
+                && self.spec.restart_policy == RestartPolicy::No
+            {
+                self.spec.restart_policy = restart;
+            }
+        }
     }
 
     /// Everything wrong with the task as submitted, each finding naming its field (and the
@@ -1227,7 +1273,9 @@ impl Task {
         } else if let Some(control) = self.name.chars().find(|c| c.is_control()) {
             findings.push(format!("Name: {}", control_character(control)));
         }
-        if self.spec.image.trim().is_empty() {
+        if self.spec.pod.is_some() {
+            self.validate_pod_fields(findings);
+        } else if self.spec.image.trim().is_empty() {
             findings.push("Image: missing image name".to_string());
         } else if let Err(why) = check_image_reference(&self.spec.image) {
             findings.push(format!(
@@ -1257,6 +1305,76 @@ impl Task {
         }
     }
 
+    /// A pod's images, commands, health checks, limits and ports are in its compose file: the
+    /// task's own fields say nothing else (the ports and sums [`Task::normalize`] derives
+    /// from the file are accepted, so that a stored pod reads back as valid).
+    fn validate_pod_fields(&self, findings: &mut Vec<String>) {
+        let Some(pod) = &self.spec.pod else { return };
+        let spec = &self.spec;
+        for (field, set) in [
+            ("Image", !spec.image.trim().is_empty()),
+            ("Cmd", !spec.cmd.is_empty()),
+            ("Env", !spec.env.is_empty()),
+            ("HealthCheck", !spec.health_check.trim().is_empty()),
+            ("HealthCheckType", spec.health_check_type.is_some()),
+        ] {
+            if set {
+                findings.push(format!(
+                    "{field}: a pod's {field} is in its compose file; leave {field} out"
+                ));
+            }
+        }
+        let derived = pod.port_bindings();
+        let bindings: BTreeMap<String, String> = spec
+            .port_bindings
+            .iter()
+            .map(|(port, host)| {
+                (
+                    canonical_port(port).unwrap_or_else(|_| port.clone()),
+                    host.trim().to_string(),
+                )
+            })
+            .collect();
+        let exposed: BTreeSet<String> = spec
+            .exposed_ports
+            .iter()
+            .map(|port| canonical_port(port).unwrap_or_else(|_| port.clone()))
+            .collect();
+        let derived_exposed: BTreeSet<String> = derived.keys().cloned().collect();
+        if !(bindings.is_empty() || bindings == derived)
+            || !(exposed.is_empty() || exposed == derived_exposed)
+        {
+            findings.push(
+                "PortBindings: a pod's ports are its services' `ports` in the compose file; \
+                 leave ExposedPorts and PortBindings out"
+                    .to_string(),
+            );
+        }
+        if pod.cpus() > 0.0 && spec.cpu != 0.0 && (spec.cpu - pod.cpus()).abs() > 1e-9 {
+            findings.push(format!(
+                "Cpu: {} differs from the sum of the services' deploy.resources.limits.cpus ({})",
+                spec.cpu,
+                pod.cpus()
+            ));
+        }
+        if pod.memory_bytes() > 0 && spec.memory != 0 && spec.memory != pod.memory_bytes() {
+            findings.push(format!(
+                "Memory: {} differs from the sum of the services' deploy.resources.limits.memory ({})",
+                spec.memory,
+                pod.memory_bytes()
+            ));
+        }
+        if let Some(restart) = pod.spec.restart
+            && spec.restart_policy != RestartPolicy::No
+            && spec.restart_policy != restart
+        {
+            findings.push(format!(
+                "RestartPolicy: {:?} differs from the compose file's restart ({restart:?})",
+                spec.restart_policy
+            ));
+        }
+    }
+
     fn validate_ports(&self, findings: &mut Vec<String>) {
         for port in &self.spec.exposed_ports {
             if let Err(why) = canonical_port(port) {
@@ -1280,7 +1398,7 @@ impl Task {
     /// The health check and the restart settings. Durations are checked whether or not the
     /// task has a health check, so that the same value gets the same answer everywhere.
     fn validate_health_and_restarts(&self, findings: &mut Vec<String>) {
-        if self.has_health_check() {
+        if self.has_health_check() && self.spec.pod.is_none() {
             let path = self.spec.health_check.trim();
             if self.spec.health_check_type != Some(HealthCheckType::Tcp) && !path.starts_with('/') {
                 findings.push(format!(
@@ -1867,6 +1985,14 @@ mod tests {
             error: Some("exit 1".into()),
             health: Some(Health::Unhealthy),
             health_failures: 3,
+            containers: vec![ContainerStatus {
+                name: "infra".into(),
+                container_id: "c0".into(),
+                status: "running".into(),
+                exit_code: None,
+                health: None,
+                error: None,
+            }],
         };
         for task in [full, Task::new("bare", "cube-sample:latest")] {
             let written = serde_json::to_value(&task).unwrap();

@@ -180,7 +180,7 @@ async fn stop_task<R: Runtime>(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `GET /tasks/{id}/logs?follow=true&tail=N&since=10m&stdout=true&stderr=true`.
+/// `GET /tasks/{id}/logs?follow=true&tail=N&since=10m&stdout=true&stderr=true&container=NAME`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogsQuery {
@@ -190,6 +190,8 @@ pub struct LogsQuery {
     pub since: Option<String>,
     pub stdout: Option<bool>,
     pub stderr: Option<bool>,
+    /// Which of a pod's containers (a service's name).
+    pub container: Option<String>,
 }
 
 /// How long a followed log waits, once the container stopped, for the worker to record how
@@ -231,7 +233,7 @@ async fn task_logs<R: Runtime>(
         stdout: query.stdout != Some(false),
         stderr: query.stderr != Some(false),
     };
-    let output = worker.logs(id, &options)?;
+    let output = worker.logs(id, &options, query.container.as_deref())?;
     let closing = worker.closing().clone();
     let lines = output.map(|chunk| match chunk {
         Ok(chunk) => {

@@ -44,7 +44,9 @@ impl HealthSchedule {
 
     /// Follows a task's record: a running task with a health check is probed, any other not.
     pub(crate) fn track(&self, task: &Task) {
+        // A pod's health checks are the engine's (its compose file's), not probes.
         let wanted = task.status.state == cube_types::State::Running
+            && task.spec.pod.is_none()
             && task.has_health_check()
             && task.status.run.health != Some(cube_types::Health::Unhealthy);
         let mut due = self.lock();

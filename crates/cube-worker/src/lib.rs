@@ -10,10 +10,12 @@
 
 pub mod api;
 mod attach;
+pub mod config;
 mod health;
 mod heartbeat;
 pub mod metrics;
 mod namespace;
+pub mod plugin;
 pub mod stats;
 mod worker;
 

@@ -237,6 +237,14 @@ impl<R: Runtime> Runtime for Metered<R> {
     ) -> Result<(), RuntimeError> {
         self.inner.resize_exec(exec_id, width, height).await
     }
+    async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        self.timed("volume_remove", self.inner.remove_volume(name))
+            .await
+    }
+    async fn remove_image(&self, image: &str) -> Result<(), RuntimeError> {
+        self.timed("image_remove", self.inner.remove_image(image))
+            .await
+    }
     async fn engine_version(&self) -> Result<EngineVersion, RuntimeError> {
         self.timed("version", self.inner.engine_version()).await
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use chrono::Utc;
 use cube_controller::store::{Change, ObservedStore};
 use cube_runtime::{
-    ContainerInfo, ContainerSpec, EngineVersion, ExecSession, LogOptions, OutputChunk, Runtime,
-    RuntimeError, RuntimeEvent, container_name,
+    ContainerInfo, EngineVersion, ExecSession, LogOptions, OutputChunk, Runtime, RuntimeError,
+    container_name,
 };
 use cube_store::{Store, StoreError};
 use cube_types::{
@@ -27,12 +27,15 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::config::PodSettings;
 use crate::health::{self, HealthSchedule};
 use crate::metrics::{Metered, WorkerMetrics};
 use crate::stats::{StatsCollector, StatsError};
 
 /// How many commands the queue holds before `POST /tasks` waits for room.
 const QUEUE_CAPACITY: usize = 1024;
+
+mod launch;
 
 /// How often the worker compares its tasks with Docker even when no event said anything.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
@@ -86,6 +89,9 @@ pub struct WorkerConfig {
     pub max_concurrent_operations: usize,
     /// The operator's labels for this node (`--label zone=eu`), sent with every report.
     pub labels: Labels,
+    /// How containers are launched, watched and killed, and the plugin chain
+    /// (`cube worker --config FILE`).
+    pub pods: PodSettings,
 }
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
@@ -471,8 +477,10 @@ impl<R: Runtime> Worker<R> {
         &self,
         id: Uuid,
         options: &LogOptions,
+        container: Option<&str>,
     ) -> Result<BoxStream<'static, Result<OutputChunk, RuntimeError>>, WorkerError> {
         let task = self.task(id)?;
+        let container_id = Worker::<R>::container_for(&task, container)?;
         if task.status.run.container_id.is_empty() {
             return Err(WorkerError::WrongState(format!(
                 "task {} ({id}) has no container yet: it is {}{}",
@@ -486,7 +494,7 @@ impl<R: Runtime> Worker<R> {
                     .unwrap_or_default()
             )));
         }
-        Ok(self.runtime.logs(&task.status.run.container_id, options))
+        Ok(self.runtime.logs(&container_id, options))
     }
 
     /// The task once its run has ended, waiting at most `bound` for the worker to record the
@@ -528,8 +536,13 @@ impl<R: Runtime> Worker<R> {
                 "Cmd: the command to run is empty".to_string(),
             ));
         }
+        // A pod's command runs in its first service.
+        let container_id = match &task.spec.pod {
+            Some(pod) => Worker::<R>::container_for(&task, pod.service_names().first().copied())?,
+            None => task.status.run.container_id.clone(),
+        };
         self.runtime
-            .exec(&task.status.run.container_id, cmd, tty, stdin)
+            .exec(&container_id, cmd, tty, stdin)
             .await
             .map_err(|err| WorkerError::Runtime(err.to_string()))
     }
@@ -664,6 +677,7 @@ impl<R: Runtime> Worker<R> {
             );
             running.abort_all();
         }
+        self.config.pods.plugins.shutdown();
     }
 
     /// Watches Docker's events for this node's containers until `shutdown`. Every
@@ -675,7 +689,9 @@ impl<R: Runtime> Worker<R> {
             if let Err(err) = self.resync().await {
                 tracing::warn!(error = %err, "resync with Docker failed");
             }
-            let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+            // The pod monitor's safety net: every task compared with its containers at this
+            // interval, whether or not an event said anything.
+            let mut resync = tokio::time::interval(self.config.pods.monitor_interval);
             resync.tick().await; // The first tick is immediate; the resync just ran.
             loop {
                 tokio::select! {
@@ -686,12 +702,13 @@ impl<R: Runtime> Worker<R> {
                         }
                     }
                     event = events.next() => match event {
-                        Some(Ok(RuntimeEvent::Died { task_id: Some(id), .. } | RuntimeEvent::Destroyed { task_id: Some(id), .. })) => {
-                            if self.send(Command::Check(id)).await.is_err() {
+                        Some(Ok(event)) => {
+                            if let Some(id) = event.task_id().filter(|_| launch::wakes_the_monitor(&event))
+                                && self.send(Command::Check(id)).await.is_err()
+                            {
                                 return;
                             }
                         }
-                        Some(Ok(_)) => {}
                         Some(Err(err)) => {
                             tracing::warn!(error = %err, "Docker event stream failed; reconnecting");
                             break;
@@ -897,117 +914,6 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Makes a `Scheduled` task's container run, adopting the container that already exists
-    /// for it (after a crash mid-start) rather than creating a second one.
-    ///
-    /// The common path is two calls to Docker, create and start: a missing image and an
-    /// existing container are learnt from create's answer (as `docker run` does), not asked
-    /// about before every start.
-    async fn start(&self, mut task: Task) -> Result<(), WorkerError> {
-        if task.status.state != State::Scheduled || task.spec.desired_state != State::Running {
-            return Ok(());
-        }
-        let spec = ContainerSpec::for_task(&task, &self.config.name);
-        let created = if task.status.run.container_id.is_empty() {
-            match self.runtime.create(&spec).await {
-                Err(RuntimeError::Image { .. }) => {
-                    match self.runtime.ensure_image(&task.spec.image).await {
-                        Ok(()) => self.runtime.create(&spec).await,
-                        Err(err) => return self.fail(task, err.to_string()),
-                    }
-                }
-                other => other,
-            }
-        } else {
-            // A container was recorded: a crash came between create and the record of its
-            // start. Look for it first.
-            Err(RuntimeError::Conflict(spec.name.clone()))
-        };
-        let container_id = match created {
-            Ok(id) => id,
-            Err(RuntimeError::Conflict(_)) => match self.find_container(&task).await {
-                Ok(Some(info)) if info.running || info.exit_code.is_some() => {
-                    return self.observe(task, info);
-                }
-                // Created but never started: start it.
-                Ok(Some(info)) => info.id,
-                Ok(None) => match self.runtime.create(&spec).await {
-                    Ok(id) => id,
-                    Err(err) => {
-                        return self.fail(task, format!("cannot create the container: {err}"));
-                    }
-                },
-                Err(err) => {
-                    return self.fail(task, format!("cannot inspect the container: {err}"));
-                }
-            },
-            Err(err) => return self.fail(task, format!("cannot create the container: {err}")),
-        };
-        task.status.run.container_id = container_id.clone();
-        if let Err(err) = self.runtime.start(&container_id).await {
-            // A container that cannot start (port taken, bad command) is removed, so that the
-            // task's failure is all that remains of it.
-            let _ = self.runtime.remove(&container_id).await;
-            return self.fail(task, format!("cannot start the container: {err}"));
-        }
-        match self.runtime.inspect(&container_id).await {
-            Ok(Some(info)) => {
-                let restarted = (task.status.restart_count > 0).then(|| task.clone());
-                self.observe(task, info)?;
-                // Once the new run is recorded (and reported), what is left of the last one
-                // on this node goes.
-                if let Some(task) = restarted
-                    && let Err(err) = self.tidy(&task).await
-                {
-                    tracing::warn!(task = %task.id, error = %err, "cannot remove an earlier run's container");
-                }
-                Ok(())
-            }
-            Ok(None) => self.fail(task, "the container disappeared as it started".to_string()),
-            Err(err) => self.fail(task, format!("cannot inspect the started container: {err}")),
-        }
-    }
-
-    /// Stops the task's container, and keeps it. A task that had not ended is `Completed`.
-    async fn stop(&self, mut task: Task) -> Result<(), WorkerError> {
-        let info = match self.find_container(&task).await {
-            Ok(info) => info,
-            Err(err) => {
-                return self.record_error(
-                    task,
-                    format!("cannot inspect the container to stop it: {err}"),
-                );
-            }
-        };
-        if let Some(info) = &info {
-            if let Err(err) = self.runtime.stop(&info.id, self.config.stop_timeout).await {
-                return self.record_error(task, format!("cannot stop the container: {err}"));
-            }
-            // The stopped container is kept with its output (`cube logs`) until the task is
-            // purged (`Worker::purge`: `cube rm`, `cube prune`, the manager's GC).
-            let exited = self.runtime.inspect(&info.id).await.ok().flatten();
-            if !task.status.state.is_terminal() {
-                task.status.run.exit_code = exited.as_ref().and_then(|info| info.exit_code);
-                task.status.run.finish_time = exited.and_then(|info| info.finished_at);
-            }
-        }
-        if task.status.state.is_terminal() {
-            // An ended run binds no port.
-            if info.is_some() && !task.status.run.host_ports.is_empty() {
-                task.status.run.host_ports.clear();
-                self.save(&task)?;
-            }
-            return Ok(());
-        }
-        task.status.state = checked_transition(&task, State::Completed)?;
-        task.status.run.host_ports.clear();
-        task.status.run.finish_time.get_or_insert_with(Utc::now);
-        task.status.run.error = None;
-        self.save(&task)?;
-        tracing::info!(task = %task.id, name = %task.name, "task stopped");
-        Ok(())
-    }
-
     /// Removes the containers of the task's earlier runs on this node: every container
     /// labelled with the task but not the current run's (recorded in `task`).
     async fn tidy(&self, task: &Task) -> Result<(), WorkerError> {
@@ -1016,9 +922,10 @@ impl<R: Runtime> Worker<R> {
             .list_managed(&self.config.name)
             .await
             .map_err(|err| WorkerError::Runtime(err.to_string()))?;
+        let current = Worker::<R>::current_containers(task);
         for leftover in containers
             .iter()
-            .filter(|info| info.task_id == Some(task.id) && info.id != task.status.run.container_id)
+            .filter(|info| info.task_id == Some(task.id) && !current.contains(&info.id))
         {
             if let Err(err) = self.runtime.remove(&leftover.id).await {
                 tracing::warn!(task = %task.id, container = %leftover.id, error = %err, "cannot remove an earlier run's container");
@@ -1034,6 +941,9 @@ impl<R: Runtime> Worker<R> {
         }
         if !matches!(task.status.state, State::Running | State::Lost) {
             return Ok(());
+        }
+        if task.spec.pod.is_some() {
+            return self.check_pod(task).await;
         }
         match self.find_container(&task).await {
             Ok(Some(info)) => self.observe(task, info),
@@ -1118,7 +1028,8 @@ impl<R: Runtime> Worker<R> {
             return Ok(());
         }
         tracing::warn!(task = %task.id, name = %task.name, %reason, "task failed");
-        task.status.run.finish_time = Some(Utc::now());
+        // The container's own finish time, when it had one, is the truth; now otherwise.
+        task.status.run.finish_time.get_or_insert_with(Utc::now);
         task.status.run.error = Some(reason);
         // The run is over (or never began): no port of it stays bound.
         task.status.run.host_ports.clear();
@@ -1214,7 +1125,7 @@ fn exit_reason(info: &ContainerInfo, task: &Task) -> String {
 mod tests {
     use std::path::Path;
 
-    use cube_runtime::ContainerSpec;
+    use cube_runtime::{ContainerSpec, RuntimeEvent};
     use cube_store::{PersistentDb, PersistentStore};
     use futures_util::stream::BoxStream;
 
@@ -1273,6 +1184,7 @@ mod tests {
             stop_timeout: Duration::from_secs(1),
             max_concurrent_operations: 1,
             labels: Labels::default(),
+            pods: PodSettings::default(),
         };
         let data_dir = path.parent().unwrap_or(path);
         Worker::new(config, tasks, NoRuntime, StatsCollector::new(data_dir))

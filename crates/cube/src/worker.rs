@@ -12,6 +12,7 @@ use cube_types::duration::parse_duration;
 use cube_types::node::parse_label;
 use cube_types::size::parse_size;
 use cube_types::{Labels, Resources, Task};
+use cube_worker::config::ConfigFile;
 use cube_worker::{Command, Heartbeat, StatsCollector, Worker, WorkerConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -33,7 +34,8 @@ use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
     cube worker -n w1 -p 5556 --manager 127.0.0.1:5555\n  \
     cube worker -n small -p 5557 --manager 127.0.0.1:5555 --cpus 1 --memory 512MiB\n  \
     cube worker -n eu1 -p 5558 --manager 127.0.0.1:5555 --label zone=eu --label disk=ssd\n  \
-    cube worker -n w1 -p 5556 -d memory       # then: cube manager -w 127.0.0.1:5556")]
+    cube worker -n w1 -p 5556 -d memory       # then: cube manager -w 127.0.0.1:5556\n  \
+    cube worker -n w1 --manager 127.0.0.1:5555 --config /etc/cube/worker.yaml")]
 pub struct WorkerArgs {
     /// Address to listen on.
     #[arg(short = 'H', long, default_value = "127.0.0.1")]
@@ -66,9 +68,14 @@ pub struct WorkerArgs {
     /// directory's filesystem when the worker starts].
     #[arg(long, value_parser = parse_size)]
     disk: Option<u64>,
-    /// How long a stopped container may take to exit before it is killed (e.g. 10s, 500ms).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    stop_timeout: Duration,
+    /// How long a stopped container may take to exit before it is killed (e.g. 10s, 500ms)
+    /// [default: the config file's stop.timeout, else 10s].
+    #[arg(long, value_parser = parse_duration)]
+    stop_timeout: Option<Duration>,
+    /// The worker's configuration file (YAML): how pods are launched, watched and killed, and
+    /// the plugin chain (`plugins: {order: [general, node-env]}`). See the README.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
     /// How many tasks may be started or stopped at the same time.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
     parallelism: u16,
@@ -125,7 +132,8 @@ impl WorkerArgs {
             cpus: None,
             memory: None,
             disk: None,
-            stop_timeout: Duration::from_secs(10),
+            stop_timeout: None,
+            config: None,
             parallelism: 8,
             labels,
         }
@@ -162,6 +170,23 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         None => host_name()?,
     };
     let labels = args.labels.into_labels()?;
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--config {}: cannot read it", path.display()))?;
+            ConfigFile::parse(&text)
+                .map_err(|why| anyhow::anyhow!("--config {}: {why}", path.display()))?
+        }
+        None => ConfigFile::default(),
+    };
+    let pods = file.settings().map_err(|why| match &args.config {
+        Some(path) => anyhow::anyhow!("--config {}: {why}", path.display()),
+        None => anyhow::anyhow!("{why}"),
+    })?;
+    let stop_timeout = args
+        .stop_timeout
+        .or(file.stop.timeout)
+        .unwrap_or(Duration::from_secs(10));
     let manager = args
         .manager
         .as_deref()
@@ -188,9 +213,10 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         name: name.clone(),
         address: advertised,
         capacity,
-        stop_timeout: args.stop_timeout,
+        stop_timeout,
         max_concurrent_operations: usize::from(args.parallelism),
         labels,
+        pods,
     };
     let (worker, commands) = Worker::new(config, tasks, runtime, stats);
     Ok(PreparedWorker {

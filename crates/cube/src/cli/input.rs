@@ -79,7 +79,25 @@ pub fn read_task_file(path: &Path) -> anyhow::Result<TaskDocument> {
 pub fn read_job_file(path: &Path) -> anyhow::Result<JobDocument> {
     let (origin, bytes) = read_source(path, Kind::Job)?;
     let format = format_of(path, &bytes);
+    // A group's pod may name its compose file: read it (relative to the job file) and send
+    // its text, so that the job carries everything its workers need.
+    if let Ok(mut document) = parse_any(format, &bytes)
+        && resolve_compose_files(&mut document, path.parent().filter(|_| origin != "stdin"))?
+    {
+        let bytes = serde_json::to_vec(&document)
+            .with_context(|| format!("{origin}: cannot encode the job as JSON"))?;
+        return parse_job(&origin, Format::Json, &bytes);
+    }
     parse_job(&origin, format, &bytes)
+}
+
+/// The document, whatever its spelling, when it reads at all (the errors come later, with
+/// their places, from the parse that follows).
+fn parse_any(format: Format, bytes: &[u8]) -> anyhow::Result<Value> {
+    match format {
+        Format::Json => Ok(serde_json::from_slice(bytes)?),
+        Format::Yaml => yaml_to_json("", std::str::from_utf8(bytes)?),
+    }
 }
 
 /// The bytes of a file, or of stdin for `-`, and the name to use for it in messages; a file
@@ -164,6 +182,9 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
             let text = std::str::from_utf8(bytes)
                 .map_err(|err| anyhow!("{origin}: the YAML is not UTF-8 text: {err}"))?;
             let document = yaml_to_json(origin, text)?;
+            if document.get("services").is_some() {
+                return compose_task(origin, text, &document);
+            }
             let encoded = serde_json::to_vec(&document)
                 .with_context(|| format!("{origin}: cannot encode the task as JSON"))?;
             refuse_oversized(origin, encoded.len() as u64, Kind::Task)?;
@@ -176,6 +197,119 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
             })
         }
     }
+}
+
+/// A compose file (a YAML document with `services`) as a pod: a task named after the file
+/// (or, for `docker-compose.yml` and `compose.yaml`, its directory, as compose names its
+/// project), carrying the file's text and the env files it names, read from next to it.
+fn compose_task(origin: &str, text: &str, document: &Value) -> anyhow::Result<TaskDocument> {
+    let path = Path::new(origin);
+    let directory = path.parent().filter(|_| origin != "stdin");
+    let env_files =
+        compose_env_files(document, directory).map_err(|why| anyhow!("{origin}: {why}"))?;
+    let stem = path
+        .file_stem()
+        .and_then(|stem| stem.to_str())
+        .unwrap_or("pod");
+    let name = if matches!(stem, "docker-compose" | "compose" | "stdin") {
+        directory
+            .and_then(|dir| std::fs::canonicalize(dir).ok())
+            .and_then(|dir| dir.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "pod".to_string())
+    } else {
+        stem.to_string()
+    };
+    let task = serde_json::json!({
+        "Name": name,
+        "Pod": {"Compose": text, "EnvFiles": env_files},
+    });
+    let encoded = serde_json::to_vec(&task)
+        .with_context(|| format!("{origin}: cannot encode the pod as JSON"))?;
+    refuse_oversized(origin, encoded.len() as u64, Kind::Task)?;
+    let submission = Submission::parse(&encoded, Utc::now()).map_err(|err| {
+        // The compose parser names the key and its line in the compose file itself.
+        let message = err.to_string();
+        let message = message
+            .strip_prefix("invalid task: ")
+            .unwrap_or(&message)
+            .trim_start_matches("Pod: ");
+        anyhow!("{origin}: {message}")
+    })?;
+    Ok(TaskDocument {
+        origin: origin.to_string(),
+        document: task,
+        submission,
+    })
+}
+
+/// The contents of every `env_file` a compose document names, by the name it uses, read
+/// relative to the compose file's directory.
+fn compose_env_files(
+    document: &Value,
+    directory: Option<&Path>,
+) -> Result<serde_json::Map<String, Value>, String> {
+    let mut files = serde_json::Map::new();
+    let Some(services) = document.get("services").and_then(Value::as_object) else {
+        return Ok(files);
+    };
+    for service in services.values() {
+        let names: Vec<&str> = match service.get("env_file") {
+            Some(Value::String(name)) => vec![name.as_str()],
+            Some(Value::Array(names)) => names.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        for name in names {
+            if files.contains_key(name) {
+                continue;
+            }
+            let path = match directory {
+                Some(directory) => directory.join(name),
+                None => Path::new(name).to_path_buf(),
+            };
+            let contents = std::fs::read_to_string(&path)
+                .map_err(|err| format!("env_file {name}: cannot read {}: {err}", path.display()))?;
+            files.insert(name.to_string(), Value::String(contents));
+        }
+    }
+    Ok(files)
+}
+
+/// A job's `"Pod": {"ComposeFile": "path"}` (relative to the job file) replaced by the file's
+/// text and its env files, as `{"Compose": ..., "EnvFiles": ...}`. True when one was.
+fn resolve_compose_files(document: &mut Value, directory: Option<&Path>) -> anyhow::Result<bool> {
+    let mut changed = false;
+    let Some(groups) = document.get_mut("Groups").and_then(Value::as_array_mut) else {
+        return Ok(false);
+    };
+    for (index, group) in groups.iter_mut().enumerate() {
+        let Some(pod) = group
+            .get_mut("Task")
+            .and_then(|task| task.get_mut("Pod"))
+            .and_then(Value::as_object_mut)
+        else {
+            continue;
+        };
+        let Some(Value::String(file)) = pod.remove("ComposeFile") else {
+            continue;
+        };
+        let path = match directory {
+            Some(directory) => directory.join(&file),
+            None => Path::new(&file).to_path_buf(),
+        };
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "Groups[{index}].Task.Pod.ComposeFile: cannot read {}",
+                path.display()
+            )
+        })?;
+        let compose = yaml_to_json(&path.display().to_string(), &text)?;
+        let env_files = compose_env_files(&compose, path.parent())
+            .map_err(|why| anyhow!("Groups[{index}].Task.Pod.ComposeFile: {why}"))?;
+        pod.insert("Compose".to_string(), Value::String(text));
+        pod.insert("EnvFiles".to_string(), Value::Object(env_files));
+        changed = true;
+    }
+    Ok(changed)
 }
 
 /// A job file into the job it spells, decoded as the manager decodes `POST /jobs` ([`decode`]:

@@ -22,14 +22,16 @@ use super::{ClusterFlags, ManagerClient};
 ///
 /// -f follows new output until the task's run ends, then says how it ended (state, exit code,
 /// reason) on stderr. A stream that breaks (the worker stopped) says so and exits non-zero.
-/// Pods' `--container` comes with pods.
+/// A pod's output is one container's: name it with --container (a service of its compose
+/// file); a pod of one service needs none.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube logs web                 # everything web wrote so far\n  \
     cube logs -f web              # ... and what it writes, until it ends\n  \
     cube logs --tail 20 3f2a      # the last 20 lines, by ID prefix\n  \
     cube logs --since 10m web.api[2]\n  \
-    cube logs --no-stderr web 2>/dev/null | grep GET")]
+    cube logs --no-stderr web 2>/dev/null | grep GET\n  \
+    cube logs --container b shop   # one container of the pod `shop`")]
 pub struct LogsArgs {
     /// The task: a full ID, a unique ID prefix, or a name.
     #[arg(value_name = "TASK")]
@@ -46,6 +48,9 @@ pub struct LogsArgs {
     /// Leave out what the container wrote to stderr.
     #[arg(long)]
     no_stderr: bool,
+    /// Which of a pod's containers: a service's name in its compose file.
+    #[arg(short, long, value_name = "NAME")]
+    container: Option<String>,
     #[command(flatten)]
     target: ClusterFlags,
 }
@@ -65,6 +70,9 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
     }
     if args.no_stderr {
         query.push("stderr=false".to_string());
+    }
+    if let Some(container) = &args.container {
+        query.push(format!("container={}", encode_query_value(container)));
     }
     let mut path = format!("/tasks/{}/logs", task.id);
     if !query.is_empty() {

@@ -189,7 +189,7 @@ fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
             time_ago(task.status.created_time, now),
             state_cell(task),
             or_dash(&task.status.node_name),
-            task.spec.image.clone(),
+            image_cell(task),
         ];
         if wide {
             row.extend([
@@ -314,7 +314,7 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         .collect();
     pairs.extend([
         ("Node", task.status.node_name.clone()),
-        ("Image", task.spec.image.clone()),
+        ("Image", image_cell(task)),
         ("Cmd", command_line(&task.spec.cmd)),
         ("Env", task.spec.env.join("\n")),
         (
@@ -359,8 +359,72 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
     ]);
     key_values(&pairs)
         .into_iter()
+        .chain(pod_containers(task))
         .chain(history(task, now))
         .collect()
+}
+
+/// A pod's image column: `pod: a, b` (its services); a task's image otherwise.
+fn image_cell(task: &Task) -> String {
+    match &task.spec.pod {
+        Some(pod) => format!("pod: {}", pod.service_names().join(", ")),
+        None => task.spec.image.clone(),
+    }
+}
+
+/// A pod's containers, one line each: name, state, exit code, health, container ID.
+fn pod_containers(task: &Task) -> Vec<String> {
+    let Some(pod) = &task.spec.pod else {
+        return Vec::new();
+    };
+    let mut rows = vec![
+        ["CONTAINER", "IMAGE", "STATUS", "EXIT", "HEALTH", "ID"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    ];
+    let image_of = |name: &str| {
+        pod.spec
+            .services
+            .iter()
+            .find(|service| service.name == name)
+            .map(|service| service.image.clone())
+            .unwrap_or_else(|| cube_runtime::sample_image::PAUSE_IMAGE.to_string())
+    };
+    if task.status.run.containers.is_empty() {
+        for service in &pod.spec.services {
+            rows.push(vec![
+                service.name.clone(),
+                service.image.clone(),
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+                "-".to_string(),
+            ]);
+        }
+    }
+    for container in &task.status.run.containers {
+        rows.push(vec![
+            container.name.clone(),
+            image_of(&container.name),
+            container.status.clone(),
+            container
+                .exit_code
+                .map(|code| code.to_string())
+                .unwrap_or_else(|| "-".to_string()),
+            match container.health {
+                Some(Health::Healthy) => "Healthy",
+                Some(Health::Starting) => "Starting",
+                Some(Health::Unhealthy) => "Unhealthy",
+                None => "-",
+            }
+            .to_string(),
+            or_dash(&short_container(&container.container_id)),
+        ]);
+    }
+    let mut lines = vec![String::new()];
+    lines.extend(table(&rows));
+    lines
 }
 
 /// The desired state when it says something the state does not: `Completed` while a task is

@@ -1,0 +1,1349 @@
+//! A pod: several containers that live together as one task, read from a compose file.
+//!
+//! On the wire a pod is the compose file's text and the contents of the `env_file`s it names
+//! (`{"Compose": "...", "EnvFiles": {"app.env": "KEY=value\n"}}`), so that a task carries all
+//! it needs to any worker. [`Pod::parse`] reads it into a [`PodSpec`]: the services in the
+//! order they start, each one's image, command, environment, ports, mounts, health check and
+//! limits. The parser accepts the common subset of the compose format and refuses anything
+//! else with the key and its line named: a key Cube would silently ignore is a pod that does
+//! not run as its author meant.
+//!
+//! Supported: `version` (read and ignored), `services` with `image`, `command`, `entrypoint`,
+//! `environment`, `env_file`, `ports`, `volumes` (named volumes and absolute bind mounts),
+//! `depends_on` (a list, or a map with `condition: service_started|service_healthy`),
+//! `healthcheck` (`test`, `interval`, `timeout`, `retries`, `start_period`, `disable`),
+//! `labels`, `restart`, `network_mode` (`host`, `none`; `bridge` is the default) and
+//! `deploy.resources.limits` (`cpus`, `memory`); and the top-level `volumes`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
+
+use crate::task::{Health, RestartPolicy, canonical_port};
+
+/// The name of a pod's infra container in its `Containers` (no service may take it).
+pub const INFRA: &str = "infra";
+
+/// One container of a pod as a worker saw it: what `cube status` lists.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerStatus {
+    /// The service's name, or [`INFRA`].
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "ContainerID", default)]
+    pub container_id: String,
+    /// The engine's word: `created`, `running`, `exited`, or `missing`.
+    #[serde(rename = "Status", default)]
+    pub status: String,
+    #[serde(rename = "ExitCode", default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i64>,
+    /// What its compose health check says; unset without one.
+    #[serde(rename = "Health", default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<Health>,
+    /// Why it ended badly.
+    #[serde(rename = "Error", default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The longest compose file Cube takes (it travels inside the task).
+pub const MAX_COMPOSE_BYTES: usize = 256 * 1024;
+
+/// The most services a pod may have.
+pub const MAX_SERVICES: usize = 32;
+
+/// A pod as submitted: the compose text and the env files it names, and what they say.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pod {
+    /// The compose file as written.
+    pub compose: String,
+    /// The contents of every `env_file` the compose file names, by the name it uses.
+    pub env_files: BTreeMap<String, String>,
+    /// What the compose file says, parsed.
+    pub spec: PodSpec,
+}
+
+/// What a compose file asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodSpec {
+    /// In the order they start: a service after every service it depends on, otherwise in
+    /// the order of their names.
+    pub services: Vec<Service>,
+    /// How the pod's containers are networked.
+    pub network: PodNetwork,
+    /// The named volumes the file declares (top-level `volumes`).
+    pub volumes: BTreeSet<String>,
+    /// The services' `restart`, which must agree: a pod restarts as a whole.
+    pub restart: Option<RestartPolicy>,
+}
+
+/// How a pod's containers reach each other and the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodNetwork {
+    /// One network namespace, held by an infra container: the containers reach each other on
+    /// `localhost`, and ports are published on the infra container.
+    Shared,
+    /// `network_mode: host`: every container in the host's namespace; no infra container.
+    Host,
+    /// `network_mode: none`: no network; no infra container.
+    None,
+}
+
+/// One service of a compose file: one container of the pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Service {
+    pub name: String,
+    pub image: String,
+    /// Replaces the image's command when set.
+    pub command: Option<Vec<String>>,
+    /// Replaces the image's entrypoint when set.
+    pub entrypoint: Option<Vec<String>>,
+    /// `KEY=value`, the env files' first, then `environment` (which wins).
+    pub env: Vec<String>,
+    /// Published ports.
+    pub ports: Vec<ServicePort>,
+    pub mounts: Vec<Mount>,
+    /// The services that must be started (or healthy) before this one.
+    pub depends_on: Vec<Dependency>,
+    pub healthcheck: Option<Healthcheck>,
+    pub labels: BTreeMap<String, String>,
+    /// Cores; 0 is no limit.
+    pub cpus: f64,
+    /// Bytes; 0 is no limit.
+    pub memory_bytes: u64,
+}
+
+/// A container port and the host port it is published on (`""`: the engine chooses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    /// `"80/tcp"`.
+    pub container: String,
+    pub host: String,
+}
+
+/// A volume or a directory of the host mounted into a container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub kind: MountKind,
+    /// The volume's name in the compose file, or the host path.
+    pub source: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountKind {
+    /// A named volume, declared in the top-level `volumes`.
+    Volume,
+    /// A host path (absolute).
+    Bind,
+}
+
+/// A service another one waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dependency {
+    pub service: String,
+    pub condition: Condition,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Condition {
+    /// Started (the default).
+    Started,
+    /// Its health check passed.
+    Healthy,
+}
+
+/// A compose health check, carried out by the engine inside the container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Healthcheck {
+    /// `["CMD", ...]` or `["CMD-SHELL", "..."]`.
+    pub test: Vec<String>,
+    pub interval: Option<Duration>,
+    pub timeout: Option<Duration>,
+    pub retries: Option<u32>,
+    pub start_period: Option<Duration>,
+}
+
+/// Why a compose file was refused: one finding per problem, each naming the key and its line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposeError {
+    pub findings: Vec<String>,
+}
+
+impl fmt::Display for ComposeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.findings.join("; "))
+    }
+}
+
+impl std::error::Error for ComposeError {}
+
+impl Pod {
+    /// Reads a compose file (and the env files it names) into a pod, or says every problem
+    /// with its key and line.
+    pub fn parse(compose: &str, env_files: &BTreeMap<String, String>) -> Result<Pod, ComposeError> {
+        let refuse = |finding: String| ComposeError {
+            findings: vec![finding],
+        };
+        if compose.len() > MAX_COMPOSE_BYTES {
+            return Err(refuse(format!(
+                "the compose file is {} bytes; at most {MAX_COMPOSE_BYTES}",
+                compose.len()
+            )));
+        }
+        let file: ComposeFile = serde_norway::from_str(compose)
+            .map_err(|err| refuse(format!("compose file: {}", describe_yaml_error(&err))))?;
+        let spec = Interpreter {
+            text: compose,
+            env_files,
+            findings: Vec::new(),
+        }
+        .spec(file)?;
+        Ok(Pod {
+            compose: compose.to_string(),
+            env_files: env_files.clone(),
+            spec,
+        })
+    }
+
+    /// The sum of the services' CPU limits, in cores.
+    pub fn cpus(&self) -> f64 {
+        self.spec.services.iter().map(|service| service.cpus).sum()
+    }
+
+    /// The sum of the services' memory limits, in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        self.spec
+            .services
+            .iter()
+            .map(|service| service.memory_bytes)
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Every published port: container port → host port, as a task's `PortBindings` says it.
+    pub fn port_bindings(&self) -> BTreeMap<String, String> {
+        self.spec
+            .services
+            .iter()
+            .flat_map(|service| service.ports.iter())
+            .map(|port| (port.container.clone(), port.host.clone()))
+            .collect()
+    }
+
+    /// Whether any service has a health check.
+    pub fn has_health_check(&self) -> bool {
+        self.spec
+            .services
+            .iter()
+            .any(|service| service.healthcheck.is_some())
+    }
+
+    pub fn service_names(&self) -> Vec<&str> {
+        self.spec
+            .services
+            .iter()
+            .map(|service| service.name.as_str())
+            .collect()
+    }
+}
+
+/// The engine's words for a YAML error, with the line it gives.
+fn describe_yaml_error(err: &serde_norway::Error) -> String {
+    let text = err.to_string();
+    // serde_norway writes "path: message at line L column C"; say the key as a key.
+    match text.split_once(": ") {
+        Some((path, rest)) if !path.contains(' ') && rest.contains("unknown field") => {
+            format!("{path}: {rest} (Cube supports a subset of compose; see `cube run --help`)")
+        }
+        _ if text.contains("unknown field") => {
+            format!("{text} (Cube supports a subset of compose; see `cube run --help`)")
+        }
+        _ => text,
+    }
+}
+
+// ----- the file as written -----
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeFile {
+    #[serde(default)]
+    #[allow(dead_code)] // Read so that it is allowed; compose itself ignores it now.
+    version: Option<serde_norway::Value>,
+    services: BTreeMap<String, ComposeService>,
+    #[serde(default)]
+    volumes: BTreeMap<String, Option<ComposeVolume>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeVolume {}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeService {
+    image: Option<String>,
+    command: Option<StringOrList>,
+    entrypoint: Option<StringOrList>,
+    environment: Option<ListOrMap>,
+    env_file: Option<StringOrList>,
+    #[serde(default)]
+    ports: Vec<ComposePort>,
+    #[serde(default)]
+    volumes: Vec<ComposeMount>,
+    depends_on: Option<ComposeDependsOn>,
+    healthcheck: Option<ComposeHealthcheck>,
+    labels: Option<ListOrMap>,
+    restart: Option<String>,
+    network_mode: Option<String>,
+    deploy: Option<ComposeDeploy>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StringOrList {
+    String(String),
+    List(Vec<String>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ListOrMap {
+    List(Vec<String>),
+    Map(BTreeMap<String, Option<Scalar>>),
+}
+
+/// A YAML scalar written as text: `8080`, `true` and `"x"` all read as what they say.
+#[derive(Debug)]
+struct Scalar(String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Scalar, D::Error> {
+        struct ScalarVisitor;
+        impl de::Visitor<'_> for ScalarVisitor {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string, a number or a boolean")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Scalar, E> {
+                Ok(Scalar(v.to_string()))
+            }
+        }
+        deserializer.deserialize_any(ScalarVisitor)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ComposePort {
+    Short(Scalar),
+    Long(ComposePortLong),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposePortLong {
+    target: u16,
+    published: Option<Scalar>,
+    protocol: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ComposeMount {
+    Short(String),
+    Long(ComposeMountLong),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeMountLong {
+    #[serde(rename = "type")]
+    kind: String,
+    source: String,
+    target: String,
+    #[serde(default)]
+    read_only: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ComposeDependsOn {
+    List(Vec<String>),
+    Map(BTreeMap<String, ComposeCondition>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeCondition {
+    condition: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeHealthcheck {
+    test: Option<StringOrList>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    retries: Option<u32>,
+    start_period: Option<String>,
+    #[serde(default)]
+    disable: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeDeploy {
+    resources: Option<ComposeResources>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeResources {
+    limits: Option<ComposeLimits>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeLimits {
+    cpus: Option<Scalar>,
+    memory: Option<Scalar>,
+}
+
+// ----- from the file to the spec -----
+
+/// Turns the file as written into a [`PodSpec`], collecting every finding with its line.
+struct Interpreter<'a> {
+    text: &'a str,
+    env_files: &'a BTreeMap<String, String>,
+    findings: Vec<String>,
+}
+
+impl Interpreter<'_> {
+    fn spec(mut self, file: ComposeFile) -> Result<PodSpec, ComposeError> {
+        if file.services.is_empty() {
+            self.finding(
+                &["services"],
+                "a pod needs at least one service".to_string(),
+            );
+        }
+        if file.services.len() > MAX_SERVICES {
+            self.finding(
+                &["services"],
+                format!(
+                    "{} services; a pod has at most {MAX_SERVICES}",
+                    file.services.len()
+                ),
+            );
+        }
+        let volumes: BTreeSet<String> = file.volumes.keys().cloned().collect();
+        for name in &volumes {
+            if !is_docker_name(name) {
+                self.finding(
+                    &["volumes", name],
+                    format!("{name:?} is not a volume name: letters, digits, '_', '.', '-'"),
+                );
+            }
+        }
+        let names: BTreeSet<String> = file.services.keys().cloned().collect();
+        let mut network_modes = BTreeSet::new();
+        let mut restarts = BTreeMap::new();
+        let mut services = Vec::new();
+        for (name, written) in file.services {
+            if !is_docker_name(&name) {
+                self.finding(
+                    &["services", &name],
+                    format!("{name:?} is not a service name: letters, digits, '_', '.', '-'"),
+                );
+            } else if name == INFRA {
+                self.finding(
+                    &["services", &name],
+                    format!("{INFRA:?} is the name of the pod's infra container; choose another"),
+                );
+            }
+            network_modes.insert(written.network_mode.clone().unwrap_or_default());
+            if let Some(restart) = &written.restart {
+                match parse_restart(restart) {
+                    Ok(policy) => {
+                        restarts.insert(name.clone(), policy);
+                    }
+                    Err(why) => self.finding(&["services", &name, "restart"], why),
+                }
+            }
+            let service = self.service(&name, written, &names, &volumes);
+            services.push(service);
+        }
+        let network = self.network(&network_modes);
+        let restart = self.restart(&restarts);
+        let services = self.start_order(services);
+        if self.findings.is_empty() {
+            Ok(PodSpec {
+                services,
+                network,
+                volumes,
+                restart,
+            })
+        } else {
+            Err(ComposeError {
+                findings: self.findings,
+            })
+        }
+    }
+
+    /// A finding about the value at `path`, with the line of its key.
+    fn finding(&mut self, path: &[&str], message: String) {
+        let key = path.join(".");
+        match line_of(self.text, path) {
+            Some(line) => self
+                .findings
+                .push(format!("{key} (line {line}): {message}")),
+            None => self.findings.push(format!("{key}: {message}")),
+        }
+    }
+
+    fn service(
+        &mut self,
+        name: &str,
+        written: ComposeService,
+        names: &BTreeSet<String>,
+        volumes: &BTreeSet<String>,
+    ) -> Service {
+        let image = match written.image {
+            Some(image) if !image.trim().is_empty() => {
+                if let Err(why) = crate::task::check_image_reference(&image) {
+                    self.finding(
+                        &["services", name, "image"],
+                        format!("{image:?} is not a valid image reference: {why}"),
+                    );
+                }
+                image
+            }
+            _ => {
+                self.finding(
+                    &["services", name],
+                    "image: missing; every service names its image (Cube does not `build`)"
+                        .to_string(),
+                );
+                String::new()
+            }
+        };
+        let command = written
+            .command
+            .map(|command| self.words(&["services", name, "command"], command));
+        let entrypoint = written
+            .entrypoint
+            .map(|entrypoint| self.words(&["services", name, "entrypoint"], entrypoint));
+        let env = self.environment(name, written.env_file, written.environment);
+        let ports = written
+            .ports
+            .into_iter()
+            .filter_map(|port| self.port(name, port))
+            .collect();
+        let mounts = written
+            .volumes
+            .into_iter()
+            .filter_map(|mount| self.mount(name, mount, volumes))
+            .collect();
+        let depends_on = self.depends_on(name, written.depends_on, names);
+        let healthcheck = written
+            .healthcheck
+            .and_then(|check| self.healthcheck(name, check));
+        let labels = match written.labels {
+            Some(labels) => self.pairs(&["services", name, "labels"], labels),
+            None => BTreeMap::new(),
+        };
+        if let Some(mode) = &written.network_mode
+            && !matches!(mode.as_str(), "host" | "none" | "bridge")
+        {
+            self.finding(
+                &["services", name, "network_mode"],
+                format!("{mode:?} is not supported: use host, none or bridge (the default)"),
+            );
+        }
+        let (cpus, memory_bytes) = self.limits(name, written.deploy);
+        Service {
+            name: name.to_string(),
+            image,
+            command,
+            entrypoint,
+            env,
+            ports,
+            mounts,
+            depends_on,
+            healthcheck,
+            labels,
+            cpus,
+            memory_bytes,
+        }
+    }
+
+    fn words(&mut self, path: &[&str], written: StringOrList) -> Vec<String> {
+        match written {
+            StringOrList::List(words) => words,
+            StringOrList::String(text) => match split_words(&text) {
+                Ok(words) => words,
+                Err(why) => {
+                    self.finding(path, why);
+                    Vec::new()
+                }
+            },
+        }
+    }
+
+    fn environment(
+        &mut self,
+        name: &str,
+        env_file: Option<StringOrList>,
+        environment: Option<ListOrMap>,
+    ) -> Vec<String> {
+        let mut values = BTreeMap::new();
+        let files = match env_file {
+            None => Vec::new(),
+            Some(StringOrList::String(file)) => vec![file],
+            Some(StringOrList::List(files)) => files,
+        };
+        for file in files {
+            let Some(contents) = self.env_files.get(&file) else {
+                self.finding(
+                    &["services", name, "env_file"],
+                    format!("{file:?} was not sent with the compose file"),
+                );
+                continue;
+            };
+            for (number, line) in contents.lines().enumerate() {
+                let line = line.trim();
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                match line.split_once('=') {
+                    Some((key, value)) if !key.trim().is_empty() => {
+                        values.insert(key.trim().to_string(), value.to_string());
+                    }
+                    _ => self.finding(
+                        &["services", name, "env_file"],
+                        format!("{file}, line {}: {line:?} is not KEY=value", number + 1),
+                    ),
+                }
+            }
+        }
+        if let Some(environment) = environment {
+            values.extend(self.pairs(&["services", name, "environment"], environment));
+        }
+        values
+            .into_iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect()
+    }
+
+    /// `KEY=value` entries or a map, as a map; a key with no value is refused (compose would
+    /// take it from the shell that runs it, and a pod has none).
+    fn pairs(&mut self, path: &[&str], written: ListOrMap) -> BTreeMap<String, String> {
+        let mut pairs = BTreeMap::new();
+        match written {
+            ListOrMap::List(entries) => {
+                for entry in entries {
+                    match entry.split_once('=') {
+                        Some((key, value)) if !key.is_empty() => {
+                            pairs.insert(key.to_string(), value.to_string());
+                        }
+                        _ => self.finding(
+                            path,
+                            format!("{entry:?} is not KEY=value (a pod has no shell to take a value from)"),
+                        ),
+                    }
+                }
+            }
+            ListOrMap::Map(entries) => {
+                for (key, value) in entries {
+                    match value {
+                        Some(Scalar(value)) => {
+                            pairs.insert(key, value);
+                        }
+                        None => self.finding(
+                            path,
+                            format!("{key} has no value (a pod has no shell to take one from)"),
+                        ),
+                    }
+                }
+            }
+        }
+        pairs
+    }
+
+    fn port(&mut self, name: &str, written: ComposePort) -> Option<ServicePort> {
+        let path = ["services", name, "ports"];
+        let (container, host) = match written {
+            ComposePort::Long(long) => {
+                let protocol = long.protocol.unwrap_or_else(|| "tcp".to_string());
+                (
+                    format!("{}/{protocol}", long.target),
+                    long.published.map(|Scalar(host)| host).unwrap_or_default(),
+                )
+            }
+            ComposePort::Short(Scalar(text)) => {
+                let (ports, protocol) = match text.split_once('/') {
+                    Some((ports, protocol)) => (ports, protocol),
+                    None => (text.as_str(), "tcp"),
+                };
+                let parts: Vec<&str> = ports.split(':').collect();
+                match parts.as_slice() {
+                    [container] => (format!("{container}/{protocol}"), String::new()),
+                    [host, container] => (format!("{container}/{protocol}"), host.to_string()),
+                    _ => {
+                        self.finding(
+                            &path,
+                            format!(
+                                "{text:?}: write HOST:CONTAINER or CONTAINER (an address to \
+                                 bind to, or a range, is not supported)"
+                            ),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        let container = match canonical_port(&container) {
+            Ok(container) => container,
+            Err(why) => {
+                self.finding(&path, why);
+                return None;
+            }
+        };
+        if !host.is_empty() && !matches!(host.parse::<u16>(), Ok(1..)) {
+            self.finding(
+                &path,
+                format!("host port {host:?} for {container} is not a port number 1-65535"),
+            );
+            return None;
+        }
+        Some(ServicePort { container, host })
+    }
+
+    fn mount(
+        &mut self,
+        name: &str,
+        written: ComposeMount,
+        volumes: &BTreeSet<String>,
+    ) -> Option<Mount> {
+        let path = ["services", name, "volumes"];
+        let (kind, source, target, read_only) = match written {
+            ComposeMount::Long(long) => {
+                let kind = match long.kind.as_str() {
+                    "volume" => MountKind::Volume,
+                    "bind" => MountKind::Bind,
+                    other => {
+                        self.finding(
+                            &path,
+                            format!("type {other:?} is not supported: use volume or bind"),
+                        );
+                        return None;
+                    }
+                };
+                (kind, long.source, long.target, long.read_only)
+            }
+            ComposeMount::Short(text) => {
+                let parts: Vec<&str> = text.split(':').collect();
+                let (source, target, mode) = match parts.as_slice() {
+                    [source, target] => (*source, *target, ""),
+                    [source, target, mode] => (*source, *target, *mode),
+                    _ => {
+                        self.finding(
+                            &path,
+                            format!(
+                                "{text:?}: write SOURCE:TARGET[:ro] (an anonymous volume is not \
+                                 supported: name it in the top-level volumes)"
+                            ),
+                        );
+                        return None;
+                    }
+                };
+                let read_only = match mode {
+                    "" | "rw" => false,
+                    "ro" => true,
+                    other => {
+                        self.finding(
+                            &path,
+                            format!("{text:?}: mode {other:?} is not supported: use ro or rw"),
+                        );
+                        return None;
+                    }
+                };
+                let kind = if source.starts_with(['/', '.', '~']) {
+                    MountKind::Bind
+                } else {
+                    MountKind::Volume
+                };
+                (kind, source.to_string(), target.to_string(), read_only)
+            }
+        };
+        if !target.starts_with('/') {
+            self.finding(
+                &path,
+                format!("the target {target:?} is not an absolute path in the container"),
+            );
+            return None;
+        }
+        match kind {
+            MountKind::Bind if !source.starts_with('/') => {
+                self.finding(
+                    &path,
+                    format!(
+                        "the bind mount's host path {source:?} is not absolute: the pod runs on \
+                         a worker, not next to the compose file"
+                    ),
+                );
+                None
+            }
+            MountKind::Volume if !volumes.contains(&source) => {
+                self.finding(
+                    &path,
+                    format!("the volume {source:?} is not declared in the top-level volumes"),
+                );
+                None
+            }
+            _ => Some(Mount {
+                kind,
+                source,
+                target,
+                read_only,
+            }),
+        }
+    }
+
+    fn depends_on(
+        &mut self,
+        name: &str,
+        written: Option<ComposeDependsOn>,
+        names: &BTreeSet<String>,
+    ) -> Vec<Dependency> {
+        let path = ["services", name, "depends_on"];
+        let written: Vec<(String, Option<String>)> = match written {
+            None => Vec::new(),
+            Some(ComposeDependsOn::List(services)) => services
+                .into_iter()
+                .map(|service| (service, None))
+                .collect(),
+            Some(ComposeDependsOn::Map(services)) => services
+                .into_iter()
+                .map(|(service, condition)| (service, condition.condition))
+                .collect(),
+        };
+        let mut dependencies = Vec::new();
+        for (service, condition) in written {
+            if !names.contains(&service) {
+                self.finding(&path, format!("no service named {service:?}"));
+                continue;
+            }
+            if service == name {
+                self.finding(&path, "a service cannot depend on itself".to_string());
+                continue;
+            }
+            let condition = match condition.as_deref() {
+                None | Some("service_started") => Condition::Started,
+                Some("service_healthy") => Condition::Healthy,
+                Some(other) => {
+                    self.finding(
+                        &path,
+                        format!(
+                            "condition {other:?} is not supported: use service_started or \
+                             service_healthy"
+                        ),
+                    );
+                    continue;
+                }
+            };
+            dependencies.push(Dependency { service, condition });
+        }
+        dependencies
+    }
+
+    fn healthcheck(&mut self, name: &str, written: ComposeHealthcheck) -> Option<Healthcheck> {
+        if written.disable {
+            return None;
+        }
+        let path = ["services", name, "healthcheck"];
+        let test = match written.test {
+            None => {
+                self.finding(&path, "test: missing (the command that checks)".to_string());
+                return None;
+            }
+            Some(StringOrList::String(command)) => vec!["CMD-SHELL".to_string(), command],
+            Some(StringOrList::List(words)) => {
+                match words.first().map(String::as_str) {
+                    Some("CMD" | "CMD-SHELL") if words.len() > 1 => {}
+                    Some("NONE") => return None,
+                    _ => {
+                        self.finding(
+                            &path,
+                            "test: a list starts with \"CMD\" or \"CMD-SHELL\" and has a command"
+                                .to_string(),
+                        );
+                        return None;
+                    }
+                }
+                words
+            }
+        };
+        let mut duration = |key: &str, text: Option<String>| {
+            let text = text?;
+            match compose_duration(&text) {
+                Ok(duration) => Some(duration),
+                Err(why) => {
+                    let mut at = path.to_vec();
+                    at.push(key);
+                    self.finding(&at, why);
+                    None
+                }
+            }
+        };
+        let interval = duration("interval", written.interval);
+        let timeout = duration("timeout", written.timeout);
+        let start_period = duration("start_period", written.start_period);
+        Some(Healthcheck {
+            test,
+            interval,
+            timeout,
+            retries: written.retries,
+            start_period,
+        })
+    }
+
+    fn limits(&mut self, name: &str, deploy: Option<ComposeDeploy>) -> (f64, u64) {
+        let Some(limits) = deploy.and_then(|d| d.resources).and_then(|r| r.limits) else {
+            return (0.0, 0);
+        };
+        let path = ["services", name, "deploy"];
+        let cpus = match limits.cpus {
+            None => 0.0,
+            Some(Scalar(text)) => match crate::cpu::parse_cpu(&text) {
+                Ok(cpus) => cpus,
+                Err(why) => {
+                    self.finding(&path, format!("resources.limits.cpus: {why}"));
+                    0.0
+                }
+            },
+        };
+        let memory = match limits.memory {
+            None => 0,
+            Some(Scalar(text)) => match parse_compose_memory(&text) {
+                Ok(memory) => memory,
+                Err(why) => {
+                    self.finding(&path, format!("resources.limits.memory: {why}"));
+                    0
+                }
+            },
+        };
+        (cpus, memory)
+    }
+
+    fn network(&mut self, modes: &BTreeSet<String>) -> PodNetwork {
+        let modes: Vec<&str> = modes
+            .iter()
+            .map(|mode| if mode == "bridge" { "" } else { mode.as_str() })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        match modes.as_slice() {
+            ["host"] => PodNetwork::Host,
+            ["none"] => PodNetwork::None,
+            [_, _, ..] => {
+                self.finding(
+                    &["services"],
+                    "network_mode: every service of a pod shares one network; give them all \
+                     the same network_mode"
+                        .to_string(),
+                );
+                PodNetwork::Shared
+            }
+            _ => PodNetwork::Shared,
+        }
+    }
+
+    fn restart(&mut self, restarts: &BTreeMap<String, RestartPolicy>) -> Option<RestartPolicy> {
+        let distinct: BTreeSet<String> = restarts.values().map(|r| format!("{r:?}")).collect();
+        if distinct.len() > 1 {
+            self.finding(
+                &["services"],
+                "restart: the services say different things; a pod restarts as a whole, so \
+                 give them all the same restart (or set it on one)"
+                    .to_string(),
+            );
+        }
+        restarts.values().next().copied()
+    }
+
+    /// Every service after those it depends on; among those free to start, by name. A cycle
+    /// is a finding.
+    fn start_order(&mut self, services: Vec<Service>) -> Vec<Service> {
+        let mut remaining = services;
+        let mut ordered: Vec<Service> = Vec::with_capacity(remaining.len());
+        while !remaining.is_empty() {
+            let started: BTreeSet<&str> = ordered.iter().map(|s| s.name.as_str()).collect();
+            let ready = remaining.iter().position(|service| {
+                service
+                    .depends_on
+                    .iter()
+                    .all(|dependency| started.contains(dependency.service.as_str()))
+            });
+            match ready {
+                Some(index) => ordered.push(remaining.remove(index)),
+                None => {
+                    let names: Vec<&str> = remaining.iter().map(|s| s.name.as_str()).collect();
+                    self.finding(
+                        &["services"],
+                        format!("depends_on: a cycle among {}", names.join(", ")),
+                    );
+                    ordered.append(&mut remaining);
+                }
+            }
+        }
+        ordered
+    }
+}
+
+fn parse_restart(text: &str) -> Result<RestartPolicy, String> {
+    match text {
+        "no" => Ok(RestartPolicy::No),
+        "always" => Ok(RestartPolicy::Always),
+        "on-failure" => Ok(RestartPolicy::OnFailure),
+        "unless-stopped" => Ok(RestartPolicy::UnlessStopped),
+        other => Err(format!(
+            "{other:?} is not supported: use no, always, on-failure or unless-stopped"
+        )),
+    }
+}
+
+/// Letters, digits, `_`, `.` and `-`, starting with a letter or digit: what Docker takes in
+/// a container's or a volume's name.
+fn is_docker_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && name.len() <= 63
+}
+
+/// A compose memory size, in Docker's units: `b`, `k`, `m`, `g`, `t`, any case, with or
+/// without a trailing `b` (`64M`, `64mb`, `1GiB`), always powers of 1024.
+fn parse_compose_memory(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let unit = unit.trim().to_ascii_lowercase();
+    let letter = unit
+        .strip_suffix("ib")
+        .or_else(|| unit.strip_suffix('b').filter(|rest| !rest.is_empty()))
+        .unwrap_or(&unit);
+    match letter {
+        "" | "b" | "k" | "m" | "g" | "t" => {
+            let docker = if letter == "b" { "" } else { letter };
+            crate::size::parse_size(&format!("{number}{docker}"))
+        }
+        _ => Err(format!(
+            "{text:?} has an unknown unit: use b, k, m, g or t (powers of 1024)"
+        )),
+    }
+}
+
+/// A compose duration: one or more number-unit pairs (`"1m30s"`, `"500ms"`, `"10s"`).
+pub fn compose_duration(text: &str) -> Result<Duration, String> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err("an empty duration".to_string());
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let after = &rest[digits..];
+        let unit = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let piece = &rest[..digits + unit];
+        total += crate::duration::parse_duration(piece)
+            .map_err(|why| format!("{text:?} is not a duration: {why}"))?;
+        rest = &rest[digits + unit..];
+    }
+    Ok(total)
+}
+
+/// Splits a command as a shell would split its words: spaces separate, quotes group, a
+/// backslash escapes the next character (outside single quotes).
+pub fn split_words(text: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' | '\n' => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => word.push(c),
+                        None => return Err(format!("{text:?}: a ' is not closed")),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.next() {
+                            Some(c) => word.push(c),
+                            None => return Err(format!("{text:?}: ends in a backslash")),
+                        },
+                        Some(c) => word.push(c),
+                        None => return Err(format!("{text:?}: a \" is not closed")),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                match chars.next() {
+                    Some(c) => word.push(c),
+                    None => return Err(format!("{text:?}: ends in a backslash")),
+                }
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    Ok(words)
+}
+
+/// The line (1-based) of the key at `path` in a YAML block document, found by indentation:
+/// each key of the path is looked for deeper than the one before it.
+fn line_of(text: &str, path: &[&str]) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut start = 0;
+    let mut parent_indent: Option<usize> = None;
+    let mut found = None;
+    for key in path {
+        let spellings = [key.to_string(), format!("\"{key}\""), format!("'{key}'")];
+        let mut hit = None;
+        for (number, line) in lines.iter().enumerate().skip(start) {
+            let content = line.trim_start();
+            if content.is_empty() || content.starts_with('#') {
+                continue;
+            }
+            let indent = line.len() - content.len();
+            if parent_indent.is_some_and(|parent| indent <= parent) {
+                break;
+            }
+            let is_key = spellings.iter().any(|spelling| {
+                content
+                    .strip_prefix(spelling.as_str())
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            });
+            if is_key {
+                hit = Some((number, indent));
+                break;
+            }
+        }
+        let (number, indent) = hit?;
+        found = Some(number + 1);
+        start = number + 1;
+        parent_indent = Some(indent);
+    }
+    found
+}
+
+// ----- the wire form -----
+
+/// `{"Compose": "...", "EnvFiles": {...}}`.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PodWire {
+    #[serde(rename = "Compose")]
+    compose: String,
+    #[serde(
+        rename = "EnvFiles",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    env_files: BTreeMap<String, String>,
+}
+
+impl Serialize for Pod {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        PodWire {
+            compose: self.compose.clone(),
+            env_files: self.env_files.clone(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Pod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Pod, D::Error> {
+        let wire = PodWire::deserialize(deserializer)?;
+        Pod::parse(&wire.compose, &wire.env_files).map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TWO: &str = "\
+services:
+  a:
+    image: cube-sample:latest
+    ports:
+      - \"7777\"
+    healthcheck:
+      test: [\"CMD\", \"wget\", \"-q\", \"-O\", \"/dev/null\", \"http://localhost:7777/health\"]
+      interval: 1s
+  b:
+    image: cube-sample:latest
+    command: sh -c 'wget -O - http://localhost:7777/'
+    depends_on:
+      a:
+        condition: service_healthy
+    deploy:
+      resources:
+        limits:
+          cpus: \"0.5\"
+          memory: 64M
+";
+
+    fn parse(text: &str) -> Result<Pod, ComposeError> {
+        Pod::parse(text, &BTreeMap::new())
+    }
+
+    #[test]
+    fn a_two_service_file_reads_in_start_order_with_its_limits() {
+        let pod = parse(TWO).unwrap();
+        assert_eq!(pod.service_names(), ["a", "b"]);
+        let b = &pod.spec.services[1];
+        assert_eq!(
+            b.command.as_deref(),
+            Some(
+                &[
+                    "sh".to_string(),
+                    "-c".into(),
+                    "wget -O - http://localhost:7777/".into()
+                ][..]
+            )
+        );
+        assert_eq!(b.depends_on[0].condition, Condition::Healthy);
+        assert_eq!(pod.memory_bytes(), 64 * 1024 * 1024);
+        assert!((pod.cpus() - 0.5).abs() < 1e-9);
+        assert_eq!(
+            pod.port_bindings(),
+            BTreeMap::from([("7777/tcp".to_string(), String::new())])
+        );
+        assert_eq!(pod.spec.network, PodNetwork::Shared);
+        assert!(pod.has_health_check());
+    }
+
+    #[test]
+    fn an_unsupported_key_is_refused_with_its_name_and_line() {
+        let text = "services:\n  a:\n    image: x\n    build: .\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("build"), "{err}");
+        assert!(err.contains("line 4"), "{err}");
+        let top = "services:\n  a:\n    image: x\nnetworks:\n  front: {}\n";
+        let err = parse(top).unwrap_err().to_string();
+        assert!(err.contains("networks") && err.contains("line 4"), "{err}");
+    }
+
+    #[test]
+    fn findings_after_reading_name_their_key_and_line() {
+        let text = "services:\n  a:\n    image: x\n    volumes:\n      - data:/data\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "services.a.volumes (line 4): the volume \"data\" is not declared in the top-level volumes"
+        );
+        let text = "services:\n  a:\n    image: x\n    volumes:\n      - ./d:/data\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains("not absolute"), "{err}");
+    }
+
+    #[test]
+    fn depends_on_orders_the_start_and_a_cycle_is_refused() {
+        let text = "services:\n  z:\n    image: x\n  a:\n    image: x\n    depends_on: [z]\n";
+        assert_eq!(parse(text).unwrap().service_names(), ["z", "a"]);
+        let cycle = "services:\n  a:\n    image: x\n    depends_on: [b]\n  b:\n    image: x\n    depends_on: [a]\n";
+        assert!(parse(cycle).unwrap_err().to_string().contains("cycle"));
+    }
+
+    #[test]
+    fn env_files_come_with_the_file_and_environment_wins() {
+        let text = "services:\n  a:\n    image: x\n    env_file: app.env\n    environment:\n      B: two\n";
+        let files = BTreeMap::from([("app.env".to_string(), "# c\nA=1\nB=2\n".to_string())]);
+        let pod = Pod::parse(text, &files).unwrap();
+        assert_eq!(pod.spec.services[0].env, ["A=1", "B=two"]);
+        assert!(parse(text).unwrap_err().to_string().contains("not sent"));
+    }
+
+    #[test]
+    fn host_and_none_networks_must_be_the_pods_whole() {
+        let text = "services:\n  a:\n    image: x\n    network_mode: host\n";
+        assert_eq!(parse(text).unwrap().spec.network, PodNetwork::Host);
+        let mixed = "services:\n  a:\n    image: x\n    network_mode: host\n  b:\n    image: x\n";
+        assert!(
+            parse(mixed)
+                .unwrap_err()
+                .to_string()
+                .contains("network_mode")
+        );
+    }
+
+    #[test]
+    fn compose_durations_and_words() {
+        assert_eq!(compose_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(
+            compose_duration("500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            split_words(r#"sh -c "echo 'a b'" x\ y"#).unwrap(),
+            ["sh", "-c", "echo 'a b'", "x y"]
+        );
+    }
+
+    #[test]
+    fn a_pod_reads_back_from_its_wire_form() {
+        let pod = parse(TWO).unwrap();
+        let json = serde_json::to_string(&pod).unwrap();
+        let back: Pod = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, pod);
+    }
+}

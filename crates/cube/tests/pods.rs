@@ -1,0 +1,460 @@
+//! Pods as a user meets them: a compose file run as one task (`cube run -f`), its containers
+//! sharing one network namespace held by an infra container, the plugin chain in the order the
+//! worker's configuration names, the pod brought down when one container dies and brought
+//! back whole by its restart policy, every container removed on a stop when so configured, two
+//! pods of one file side by side, a pod re-adopted by a worker killed and started again, a job
+//! group of pods, and a compose key Cube does not support refused by name. Real `cube`
+//! processes and the real Docker engine.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::*;
+
+/// `a` serves the sample page with a health check; `b` fetches it over `localhost` once `a`
+/// is healthy, prints it and exits 0.
+const FETCH: &str = r#"services:
+  a:
+    image: cube-sample:latest
+    ports:
+      - "7777"
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O", "/dev/null", "http://localhost:7777/health"]
+      interval: 300ms
+      timeout: 2s
+      retries: 3
+  b:
+    image: cube-sample:latest
+    command: ["sh", "-c", "wget -q -O - http://localhost:7777/"]
+    depends_on:
+      a:
+        condition: service_healthy
+"#;
+
+/// Two long-running services, restarted as a whole when one dies.
+const PAIR: &str = r#"services:
+  a:
+    image: cube-sample:latest
+    restart: always
+  b:
+    image: cube-sample:latest
+    command: ["sleep", "3600"]
+    restart: always
+"#;
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A manager and one worker started with `config` as its `--config` file.
+async fn cluster_with_config(
+    prefix: &str,
+    config: &str,
+) -> (ManagerProcess, WorkerProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let config_path = write(dir.path(), "worker.yaml", config);
+    let config_arg = config_path.display().to_string();
+    let worker = manager.join_worker(&unique_node(prefix), &["--config", &config_arg]);
+    manager.await_ready_nodes(1).await;
+    (manager, worker, dir)
+}
+
+/// `cube run -f FILE`; the task's ID.
+fn run_file(manager: &ManagerProcess, file: &Path) -> String {
+    let (ok, stdout, stderr) = cube_cli(
+        &manager.address(),
+        &["run", "-f", &file.display().to_string()],
+    );
+    assert!(ok, "cube run -f {}: {stderr}", file.display());
+    stdout.trim().to_string()
+}
+
+fn containers(task: &Value) -> Vec<Value> {
+    task["Containers"].as_array().cloned().unwrap_or_default()
+}
+
+fn container<'a>(task: &'a Value, name: &str) -> &'a Value {
+    task["Containers"]
+        .as_array()
+        .and_then(|list| list.iter().find(|c| c["Name"] == name))
+        .unwrap_or_else(|| panic!("no container {name} in {task}"))
+}
+
+fn task_label(id: &str) -> String {
+    format!("cube.task-id={id}")
+}
+
+fn docker(args: &[&str]) -> String {
+    let output = Command::new("docker").args(args).output().unwrap();
+    assert!(
+        output.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+async fn running_pod(client: &Client, id: &str, services: usize) -> Value {
+    client
+        .await_task(id, "every container running", |task| {
+            task["State"] == "Running"
+                && containers(task).len() == services + 1
+                && containers(task).iter().all(|c| c["Status"] == "running")
+        })
+        .await
+}
+
+#[tokio::test]
+async fn a_compose_file_runs_as_one_task_whose_services_reach_each_other_on_localhost() {
+    let cluster = OneNodeCluster::start("pod").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "shop.yml", FETCH);
+    let id = run_file(&cluster.manager, &file);
+
+    let task = client
+        .await_task(&id, "b finished and a healthy", |task| {
+            task["State"] == "Running"
+                && task["Health"] == "Healthy"
+                && containers(task)
+                    .iter()
+                    .any(|c| c["Name"] == "b" && c["Status"] == "exited")
+        })
+        .await;
+    assert_eq!(task["Name"], "shop");
+    assert_eq!(
+        container(&task, "b")["ExitCode"],
+        0,
+        "b fetched a's page: {task}"
+    );
+    assert_eq!(container(&task, "a")["Status"], "running");
+    assert_eq!(container(&task, "infra")["Status"], "running");
+
+    // What b fetched from a over localhost is in b's output.
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["logs", "--container", "b", &id],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Hello from a Cube task"), "{stdout}");
+    let (ok, _, stderr) = cube_cli(&cluster.manager.address(), &["logs", &id]);
+    assert!(!ok && stderr.contains("name one (a, b)"), "{stderr}");
+
+    // The pod's port is published on the infra container, and answers from a.
+    let port = host_port(&task, "7777/tcp");
+    assert_eq!(get_published(port, "/health").await, 200);
+
+    // `cube status ID` lists the pod's containers.
+    let (ok, stdout, stderr) = cube_cli(&cluster.manager.address(), &["status", &id]);
+    assert!(ok, "{stderr}");
+    for line in ["CONTAINER", "infra", "cube-pause:latest"] {
+        assert!(stdout.contains(line), "{line} in {stdout}");
+    }
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("b ") && l.contains("exited")),
+        "{stdout}"
+    );
+    // Every container carries the task, its node and its place in the pod.
+    let labelled = containers_with_label(&task_label(&id));
+    assert_eq!(labelled.len(), 3);
+    for container in labelled {
+        let labels = docker(&["inspect", "-f", "{{json .Config.Labels}}", &container]);
+        let labels: Value = serde_json::from_str(&labels).unwrap();
+        assert_eq!(labels["cube.node"], cluster.worker.name.as_str());
+        assert!(labels["cube.pod-container"].is_string(), "{labels}");
+    }
+}
+
+#[tokio::test]
+async fn the_plugins_run_in_the_configured_order_at_launch_and_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal.jsonl");
+    let config = format!(
+        "plugins:\n  order: [general, node-env, journal]\n  node-env:\n    zone: eu-1\n  journal:\n    path: {}\n",
+        journal.display()
+    );
+    let (manager, worker, _dir) = cluster_with_config("plug", &config).await;
+    let client = manager.client();
+    let file = write(dir.path(), "pair.yml", PAIR);
+    let id = run_file(&manager, &file);
+    let task = running_pod(&client, &id, 2).await;
+
+    // node-env ran before the journal and after general: the containers have the node and
+    // the zone, and the journal saw the names general gave them, the infra container first.
+    let a = container(&task, "a")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let env = docker(&["inspect", "-f", "{{json .Config.Env}}", &a]);
+    assert!(env.contains("CUBE_ZONE=eu-1"), "{env}");
+    assert!(env.contains(&format!("CUBE_NODE={}", worker.name)), "{env}");
+
+    let answer = client.delete(&format!("/tasks/{id}")).await;
+    assert_eq!(answer.status, 204);
+    client.await_state(&id, "Completed").await;
+
+    let lines: Vec<Value> = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &Value| line["Task"] == id.as_str())
+        .collect();
+    let hooks: Vec<&str> = lines.iter().map(|l| l["Hook"].as_str().unwrap()).collect();
+    assert_eq!(
+        hooks,
+        ["pre_launch", "post_launch", "pre_kill", "post_kill"]
+    );
+    let seen: Vec<&str> = lines[0]["Containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|name| name.as_str().unwrap())
+        .collect();
+    assert_eq!(seen.len(), 3, "the infra container and a, b: {seen:?}");
+    let prefix = format!("cube-{}-pair-", worker.name);
+    assert!(
+        seen.iter().all(|name| name.starts_with(&prefix)),
+        "{seen:?}"
+    );
+    assert!(
+        seen[1].ends_with("-a") && seen[2].ends_with("-b"),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_plugin_is_refused_at_start_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "w.yaml",
+        "plugins:\n  order: [general, zoner]\n",
+    );
+    let (status, _, stderr) = cube_command(&[
+        "worker",
+        "-p",
+        "0",
+        "-n",
+        &unique_node("bad"),
+        "-d",
+        "memory",
+        "--data-dir",
+        &dir.path().display().to_string(),
+        "--config",
+        &config.display().to_string(),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("zoner") && stderr.contains("plugins.order[1]"),
+        "{stderr}"
+    );
+
+    let config = write(
+        dir.path(),
+        "w2.yaml",
+        "launch:\n  timeout: 1m\n  retry: 3\n",
+    );
+    let (status, _, stderr) = cube_command(&[
+        "worker",
+        "-p",
+        "0",
+        "-d",
+        "memory",
+        "--data-dir",
+        &dir.path().display().to_string(),
+        "--config",
+        &config.display().to_string(),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("retry") && stderr.contains("line 3"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn killing_one_container_brings_the_pod_down_and_its_restart_policy_brings_it_back() {
+    let cluster = OneNodeCluster::start("podkill").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_file(&cluster.manager, &write(dir.path(), "pair.yml", PAIR));
+    let first = running_pod(&client, &id, 2).await;
+    assert_eq!(first["RestartPolicy"], "always", "from the compose file");
+    let first_ids: Vec<String> = containers(&first)
+        .iter()
+        .map(|c| c["ContainerID"].as_str().unwrap().to_string())
+        .collect();
+    let a = container(&first, "a")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    docker(&["kill", &a]);
+
+    let again = client
+        .await_task(&id, "the pod back, whole", |task| {
+            task["RestartCount"].as_u64() >= Some(1)
+                && task["State"] == "Running"
+                && containers(task).len() == 3
+                && containers(task).iter().all(|c| c["Status"] == "running")
+        })
+        .await;
+    let history = again["History"].to_string();
+    assert!(history.contains("container a: killed"), "{history}");
+    let new_ids: Vec<String> = containers(&again)
+        .iter()
+        .map(|c| c["ContainerID"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        new_ids.iter().all(|id| !first_ids.contains(id)),
+        "every container anew"
+    );
+    let running = running_containers_with_label(&task_label(&id));
+    assert_eq!(running.len(), 3, "the new run only: {running:?}");
+    for old in &first_ids {
+        assert!(
+            !container_running(old),
+            "{old} of the first run was brought down"
+        );
+    }
+}
+
+#[tokio::test]
+async fn stopping_a_pod_removes_every_container_the_infra_included_when_configured() {
+    let (manager, _worker, dir) =
+        cluster_with_config("podstop", "stop:\n  remove_containers: true\n").await;
+    let client = manager.client();
+    let id = run_file(&manager, &write(dir.path(), "pair.yml", PAIR));
+    running_pod(&client, &id, 2).await;
+    assert_eq!(containers_with_label(&task_label(&id)).len(), 3);
+
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    let stopped = client.await_state(&id, "Completed").await;
+    assert_eq!(stopped["RestartCount"], 0, "a stop is final");
+    assert_eq!(
+        containers_with_label(&task_label(&id)),
+        Vec::<String>::new(),
+        "no container of the pod is left, the infra container included"
+    );
+}
+
+#[tokio::test]
+async fn two_pods_of_one_compose_file_run_side_by_side_on_one_worker() {
+    let cluster = OneNodeCluster::start("podtwo").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "docker-compose.yml", FETCH);
+    let first = run_file(&cluster.manager, &file);
+    let second = run_file(&cluster.manager, &file);
+    assert_ne!(first, second);
+    let mut ports = Vec::new();
+    for id in [&first, &second] {
+        let task = client
+            .await_task(id, "healthy", |task| {
+                task["State"] == "Running" && task["Health"] == "Healthy"
+            })
+            .await;
+        assert_eq!(container(&task, "a")["Status"], "running");
+        ports.push(host_port(&task, "7777/tcp"));
+        assert_eq!(containers_with_label(&task_label(id)).len(), 3);
+    }
+    assert_ne!(ports[0], ports[1]);
+    for port in ports {
+        assert_eq!(get_published(port, "/health").await, 200);
+    }
+}
+
+#[tokio::test]
+async fn a_worker_killed_and_started_again_readopts_a_running_pod_without_a_second_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let name = unique_node("podadopt");
+    let worker = manager.join_worker_with(&name, "persistent", &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let id = run_file(&manager, &write(dir.path(), "pair.yml", PAIR));
+    let before = running_pod(&client, &id, 2).await;
+    let mut before_ids = containers_with_label(&task_label(&id));
+    before_ids.sort();
+
+    worker.kill_9();
+    let worker = manager.join_worker_with(&name, "persistent", &[]);
+    // The restarted worker looks at its containers at once (its resync), and the manager
+    // follows it again.
+    let after = worker
+        .client()
+        .await_task(&id, "re-adopted", |task| task["State"] == "Running")
+        .await;
+    assert_eq!(containers(&after), containers(&before));
+    let mut after_ids = containers_with_label(&task_label(&id));
+    after_ids.sort();
+    assert_eq!(
+        after_ids, before_ids,
+        "the same three containers, none added"
+    );
+    assert_eq!(running_containers_with_label(&task_label(&id)).len(), 3);
+    let seen = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(seen["RestartCount"], 0);
+    drop(worker);
+}
+
+#[tokio::test]
+async fn a_job_group_of_three_pods_converges() {
+    let cluster = OneNodeCluster::start("podjob").await;
+    let client = cluster.manager.client();
+    let job = json!({"Name": "shops", "Type": "service",
+        "Groups": [{"Name": "shop", "Count": 3, "Task": {"Pod": {"Compose": PAIR}}}]});
+    let created = client.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let job = client
+        .await_job("shops", "3 pods running", |job| {
+            job["Summary"]["shop"]["Running"].as_u64() == Some(3)
+        })
+        .await;
+    let tasks = live_tasks(&job);
+    assert_eq!(tasks.len(), 3);
+    for task in tasks {
+        let id = task["ID"].as_str().unwrap();
+        assert_eq!(running_containers_with_label(&task_label(id)).len(), 3);
+    }
+}
+
+#[tokio::test]
+async fn an_unsupported_compose_key_is_refused_naming_the_key_and_its_line() {
+    let cluster = OneNodeCluster::start("podbad").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "bad.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    build: .\n",
+    );
+    let (ok, _, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["run", "-f", &file.display().to_string()],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains("build") && stderr.contains("line 4"),
+        "{stderr}"
+    );
+
+    // The manager refuses it the same way.
+    let answer = cluster
+        .manager
+        .client()
+        .post(&json!({"Name": "bad", "Pod": {"Compose": "services:\n  a:\n    image: x\n    privileged: true\n"}}))
+        .await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    let message = answer.message();
+    assert!(
+        message.contains("privileged") && message.contains("line 4"),
+        "{message}"
+    );
+}
