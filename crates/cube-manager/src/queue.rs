@@ -154,7 +154,7 @@ fn settings(request: &Request) -> Settings {
 
 /// What was submitted, for the entry's `Request`: the task without what Cube observed of
 /// it, or the job.
-fn request_value(source: Source) -> serde_json::Value {
+pub(crate) fn request_value(source: Source) -> serde_json::Value {
     let mut value = match source {
         Source::Task(task) => {
             let mut asked = task.clone();
@@ -384,9 +384,12 @@ fn entry_of(
     {
         return Some(Arc::clone(entry));
     }
-    // The request as submitted changes only with a job's version.
+    // The request as submitted is kept only in an expired entry (see `QueueEntry::request`).
     let value = match stored {
-        Some(entry) if entry.version == settings.version => entry.request.clone(),
+        _ if state != QueueState::Expired => serde_json::Value::Null,
+        Some(entry) if entry.version == settings.version && !entry.request.is_null() => {
+            entry.request.clone()
+        }
         _ => request_value(request.source),
     };
     Some(Arc::new(QueueEntry {

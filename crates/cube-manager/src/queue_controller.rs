@@ -19,7 +19,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::syncer::{SyncAction, diff_by_key};
-use cube_types::job::JobType;
+use cube_types::job::{JobRecord, JobType};
 use cube_types::queue::{Endpoint, QueueEntry, QueueState, RequestKind};
 use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
@@ -29,7 +29,8 @@ use crate::events::Topic;
 use crate::jobs::is_live;
 use crate::manager::{Manager, ManagerError, QUEUE_NUMBER_KEY, lock};
 use crate::queue::{
-    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, in_order, plan, waiting_reason,
+    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, in_order, plan, request_value,
+    waiting_reason,
 };
 
 /// An entry as `GET /queue` shows it: the stored entry, its position among those that wait
@@ -54,10 +55,53 @@ pub struct QueueView {
 pub struct ListedEntry {
     #[serde(flatten)]
     pub entry: Arc<QueueEntry>,
+    /// What was submitted, when the entry does not keep it: written from the task or job
+    /// as the answer is, after the lock is let go.
+    #[serde(rename = "Request", skip_serializing_if = "Option::is_none")]
+    pub request: Option<Submitted>,
     #[serde(rename = "Position")]
     pub position: usize,
     #[serde(rename = "WaitingFor", skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
+}
+
+/// The task or job a request is, shared with the manager's state: serialized as the entry's
+/// `Request` ([`request_value`]).
+#[derive(Debug, Clone)]
+pub enum Submitted {
+    Task(Arc<Task>),
+    Job(Arc<JobRecord>),
+}
+
+impl Submitted {
+    /// The request of an entry that does not keep it, from the manager's state.
+    fn of(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Submitted> {
+        if !entry.request.is_null() {
+            return None;
+        }
+        match entry.kind {
+            RequestKind::Task => entry
+                .id
+                .parse::<Uuid>()
+                .ok()
+                .and_then(|id| state.cache.shared(&id))
+                .map(Submitted::Task),
+            RequestKind::Job => state.jobs.get(&entry.id).cloned().map(Submitted::Job),
+        }
+    }
+
+    fn value(&self) -> serde_json::Value {
+        match self {
+            Submitted::Task(task) => request_value(Source::Task(task)),
+            Submitted::Job(record) => request_value(Source::Job(record)),
+        }
+    }
+}
+
+impl Serialize for Submitted {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value().serialize(serializer)
+    }
 }
 
 /// One service as `GET /services` shows it: a claimed bare task, or a job's group, with its
@@ -378,6 +422,7 @@ impl Manager {
                     .then(|| waiting_for(&state, &entry))
                     .flatten();
                 ListedEntry {
+                    request: Submitted::of(&state, &entry),
                     entry,
                     position,
                     waiting_for,
@@ -410,8 +455,12 @@ impl Manager {
         let waiting_for = (entry.state == QueueState::Waiting)
             .then(|| waiting_for(&state, &entry))
             .flatten();
+        let mut shown = (*entry).clone();
+        if let Some(submitted) = Submitted::of(&state, &entry) {
+            shown.request = submitted.value();
+        }
         Some(QueueView {
-            entry: (*entry).clone(),
+            entry: shown,
             position,
             waiting_for,
         })
@@ -635,6 +684,19 @@ mod tests {
         manager.look_at_queue().await.unwrap();
         let queue = manager.queue();
         assert_eq!(queue.len(), 3);
+        // The request is shown from the task itself, not copied into the stored entry.
+        let shown = serde_json::to_value(&queue).unwrap();
+        let mut names: Vec<&str> = shown
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["Request"]["Name"].as_str().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["t0", "t1", "t2"]);
+        assert!(queue.iter().all(|view| view.entry.request.is_null()));
+        let one = manager.queue_entry_of_task(ids[0]).unwrap();
+        assert_eq!(one.entry.request["Name"], "t0");
         assert_eq!(
             queue
                 .iter()

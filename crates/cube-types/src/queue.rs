@@ -149,8 +149,15 @@ pub struct QueueEntry {
     /// request).
     #[serde(rename = "Version", default, skip_serializing_if = "Option::is_none")]
     pub version: Option<u64>,
-    /// What was submitted: the task, or the job.
-    #[serde(rename = "Request")]
+    /// What was submitted: the task, or the job. Kept in an entry only once it expired (the
+    /// request may be submitted again as another version); otherwise `null` here, and
+    /// `GET /queue` shows it from the task or job itself, which the manager holds anyway: a
+    /// copy in each of 100,000 claimed entries would weigh more than the tasks.
+    #[serde(
+        rename = "Request",
+        default,
+        skip_serializing_if = "serde_json::Value::is_null"
+    )]
     pub request: serde_json::Value,
     /// Why it expired.
     #[serde(rename = "Reason", default, skip_serializing_if = "String::is_empty")]
