@@ -17,9 +17,10 @@
 //!   and a new task is submitted and waited for until it is `waiting` at position 1.
 //! - raw Docker: bollard create + start of the same container until start returns, which is
 //!   when Docker reports it running. Untimed in the comparison, but timed for the reading:
-//!   its stop (docker-init forwards SIGTERM) and removal, which Cube's hand-over holds inside
-//!   it — the room is free once the old task has ended, and the worker reports it ended once
-//!   its container is stopped and removed.
+//!   its stop (docker-init forwards SIGTERM) and removal; Cube's hand-over holds the stop
+//!   inside it — the room is free once the old task has ended, and the worker reports it
+//!   ended once its container is stopped (the stopped container is kept, for its logs, until
+//!   the task is removed).
 //!
 //! The stream's Task events say where Cube's time went: each event's `Time` (the manager's
 //! clock when it made the change) from the moment the `DELETE` was sent — the stop recorded,
@@ -68,7 +69,7 @@ struct RunTimes {
 /// The steps of Cube's hand-over, in order, as the stream's events show them.
 const STEPS: [&str; 5] = [
     "the stop is recorded (old task `StopRequested`)",
-    "the worker reports the old task ended (`Completed`: its container stopped and removed)",
+    "the worker reports the old task ended (`Completed`: its container stopped)",
     "the head is placed (`Placed`)",
     "the worker reports the head running (`Running`: created, started, inspected)",
     "the head's entry is written `claimed` (`Claimed`)",
@@ -236,7 +237,7 @@ async fn queue_one(
 
 /// Frees the room (`DELETE` of the claimed task) and waits for the head's `Claimed` event: the
 /// time in ms, and the steps. Afterwards (untimed) waits until Docker lists only the head's
-/// container of the worker, so that the raw side never meets the old one being removed.
+/// container of the worker running, so that the raw side never meets the old one stopping.
 async fn cube_once(
     cluster: &BenchCluster,
     docker: &Docker,
@@ -287,13 +288,13 @@ async fn cube_once(
 
     let label = cluster.container_label();
     let deadline = Instant::now() + RUN_BOUND;
-    while containers::with_label(docker, &label, Listed::All)
+    while containers::with_label(docker, &label, Listed::Running)
         .await?
         .len()
         > 1
     {
         if Instant::now() > deadline {
-            bail!("task {claimed}'s container is still there {RUN_BOUND:?} after its stop");
+            bail!("task {claimed}'s container still runs {RUN_BOUND:?} after its stop");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
