@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
-# curl) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+# curl, protobuf-compiler for the etcd client's build, etcd-server for the etcd store's tests)
+# from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -11,6 +12,11 @@ command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 installed busybox-static || missing+=(busybox-static)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+# The etcd client (cube-store) compiles etcd's protobuf files: it needs protoc to build.
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# The tests start real etcd members on loopback ports (cube-test-support); the package starts
+# no etcd of its own where there is no init system, and the tests never use its ports.
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq
