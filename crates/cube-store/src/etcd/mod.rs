@@ -147,7 +147,7 @@ impl EtcdDb {
             .enable_all()
             .build()
             .map_err(|err| StoreError::Etcd(format!("cannot start the etcd client: {err}")))?;
-        let (members, revision) = wait_on(&runtime, {
+        let checked = wait_on(&runtime, {
             let config = config.clone();
             let root = root.clone();
             async move {
@@ -160,7 +160,15 @@ impl EtcdDb {
                 let revision = feed::current_revision(&members, &root).await?;
                 Ok((Arc::new(members), revision))
             }
-        })?;
+        });
+        let (members, revision) = match checked {
+            Ok(checked) => checked,
+            Err(err) => {
+                // Dropping a runtime inside another one panics: stop it without waiting.
+                runtime.shutdown_background();
+                return Err(err);
+            }
+        };
         let hubs = Arc::new(Hubs::new(root.clone(), start.unwrap_or(revision)));
         let shutdown = CancellationToken::new();
         let fence: FenceCell = Arc::new(Mutex::new(None));
