@@ -49,7 +49,7 @@ mod revision;
 mod watch;
 
 pub use commit::Commit;
-pub use etcd::{EtcdConfig, EtcdDb, EtcdStore, Fence, normalize_prefix};
+pub use etcd::{EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, normalize_prefix};
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};
 pub use revision::{ConditionalCommit, Conflict, Expected, Listing};

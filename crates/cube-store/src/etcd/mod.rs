@@ -22,6 +22,7 @@
 //! that lost its leadership has its writes refused ([`StoreError::Fenced`]).
 
 mod feed;
+mod leader;
 mod members;
 mod writer;
 
@@ -41,6 +42,7 @@ use crate::revision::{ConditionalCommit, Expected, Listing};
 use crate::watch::Watch;
 use crate::{Store, StoreError};
 
+pub use leader::Leadership;
 pub use writer::Fence;
 
 use feed::Hubs;
@@ -213,13 +215,33 @@ impl EtcdDb {
         format!("{}{table}/{key}", self.inner.root)
     }
 
-    /// From now on every write is conditioned on `fence` (`None`: on nothing).
-    pub fn set_fence(&self, fence: Option<Fence>) {
+    /// From now on every write is conditioned on `fence` (`None`: on nothing). The token
+    /// is cancelled when a write conditioned on this fence is refused: the process no
+    /// longer leads, and should stop acting as if it did.
+    pub fn set_fence(&self, fence: Option<Fence>) -> CancellationToken {
+        let refused = CancellationToken::new();
         *self
             .inner
             .fence
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = fence;
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            fence.map(|fence| (fence, refused.clone()));
+        refused
+    }
+
+    /// Runs `future` on the store's runtime (where the etcd client lives) and awaits it
+    /// from any runtime.
+    async fn on_runtime<T: Send + 'static>(
+        &self,
+        future: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let Some(runtime) = &self.inner.runtime else {
+            return Err(StoreError::Etcd("the etcd store is closed".to_string()));
+        };
+        runtime
+            .spawn(future)
+            .await
+            .map_err(|err| StoreError::Etcd(format!("the etcd client's task ended: {err}")))?
     }
 
     /// Runs `future` on the store's runtime and waits for it on this thread.

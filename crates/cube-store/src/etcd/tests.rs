@@ -190,7 +190,7 @@ fn a_fenced_store_writes_only_while_its_key_is_the_one_it_holds() {
     let tasks = EtcdStore::<String>::new(db.clone(), "tasks").unwrap();
     let leader = EtcdStore::<String>::new(db.clone(), "leader").unwrap();
     let held_at = leader.put("key", &text("me")).unwrap();
-    db.set_fence(Some(Fence {
+    let refused_token = db.set_fence(Some(Fence {
         key: "/fenced/leader/key".to_string(),
         create_revision: i64::try_from(held_at).unwrap(),
     }));
@@ -222,8 +222,9 @@ fn a_fenced_store_writes_only_while_its_key_is_the_one_it_holds() {
         .unwrap_err();
     assert!(matches!(refused, StoreError::Fenced { .. }), "{refused}");
     assert_eq!(tasks.get("t3").unwrap(), None);
+    assert!(refused_token.is_cancelled(), "the refusal is told");
 
-    db.set_fence(None);
+    let _ = db.set_fence(None);
     tasks.put("t3", &text("unfenced")).unwrap();
 }
 
@@ -237,4 +238,77 @@ fn an_unreachable_cluster_is_an_error_that_names_it() {
     let err = EtcdDb::connect(config).err().unwrap().to_string();
     assert!(err.contains("127.0.0.1:1"), "{err}");
     assert!(err.contains("did not answer"), "{err}");
+}
+
+#[test]
+fn one_campaign_leads_another_takes_over_when_the_lease_ends_and_the_first_is_fenced() {
+    let cluster = EtcdCluster::start(3);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let first = connect(&cluster, "/elect");
+    let second = connect(&cluster, "/elect");
+    let tasks = EtcdStore::<String>::new(first.clone(), "tasks").unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let ttl = Duration::from_secs(2);
+    runtime.block_on(async {
+        let leading = first
+            .campaign("first:5555", ttl, &shutdown)
+            .await
+            .unwrap()
+            .unwrap();
+        let refused = first.set_fence(Some(leading.fence().clone()));
+        assert_eq!(
+            second.leader().await.unwrap().as_deref(),
+            Some("first:5555")
+        );
+        tasks.put("t1", &text("while leading")).unwrap();
+
+        // The second waits while the first renews its lease.
+        let waiting = tokio::spawn({
+            let (second, shutdown) = (second.clone(), shutdown.clone());
+            async move { second.campaign("second:5555", ttl, &shutdown).await }
+        });
+        tokio::time::sleep(ttl * 2).await;
+        assert!(!waiting.is_finished(), "the first still leads");
+
+        // The first stops renewing (as a process that died): the second leads within the
+        // TTL and a second, and the first's writes are refused.
+        let gone = tokio::time::Instant::now();
+        drop(leading);
+        let taken = tokio::time::timeout(ttl * 3, waiting)
+            .await
+            .expect("the second leads")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            gone.elapsed() <= ttl + Duration::from_secs(2),
+            "{:?}",
+            gone.elapsed()
+        );
+        assert_eq!(
+            first.leader().await.unwrap().as_deref(),
+            Some("second:5555")
+        );
+        let err = tasks.put("t2", &text("from the deposed")).unwrap_err();
+        assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+        assert!(refused.is_cancelled());
+
+        // Resigning hands over at once.
+        let third = connect(&cluster, "/elect");
+        let waiting = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { third.campaign("third:5555", ttl, &shutdown).await }
+        });
+        taken.resign().await;
+        tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the third leads at once")
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    });
 }

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::members::Members;
 use crate::commit::{Refused, Slot, Written};
@@ -46,8 +47,9 @@ impl Fence {
     }
 }
 
-/// The fence every write is conditioned on, if any; a `std` mutex held to clone it.
-pub(crate) type FenceCell = Arc<Mutex<Option<Fence>>>;
+/// The fence every write is conditioned on, if any, and the token cancelled when a write
+/// conditioned on it is refused; a `std` mutex held to clone them.
+pub(crate) type FenceCell = Arc<Mutex<Option<(Fence, CancellationToken)>>>;
 
 /// One write waiting to be sent.
 pub(crate) struct QueuedWrite {
@@ -117,7 +119,15 @@ pub(crate) async fn run(
             }
         }
         let fence = fence.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let outcomes = send(&members, &batch, fence.as_ref()).await;
+        let outcomes = send(&members, &batch, fence.as_ref().map(|(fence, _)| fence)).await;
+        if let (Err(Refused::Fenced { key }), Some((_, refused))) = (&outcomes, &fence) {
+            tracing::warn!(
+                key = %key,
+                writes = batch.len(),
+                "a write was refused: this manager no longer holds the leadership key"
+            );
+            refused.cancel();
+        }
         answer(batch, outcomes, seen.clone(), settle_timeout);
     }
 }
