@@ -215,7 +215,7 @@ pub(crate) async fn sim_workers(
             StatsCollector::new(data_dir.path()),
         );
         let heartbeat = Heartbeat {
-            manager: ApiClient::new(manager, Duration::from_secs(5)).context("--manager")?,
+            managers: vec![ApiClient::new(manager, Duration::from_secs(5)).context("--manager")?],
             interval: heartbeat_interval,
         };
         let shutdown = shutdown.clone();

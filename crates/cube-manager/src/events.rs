@@ -590,7 +590,7 @@ impl Manager {
         let Some(entry) = state.nodes.get(name) else {
             return;
         };
-        let view = entry.view(&state.cache, Instant::now(), self.config.heartbeat_grace);
+        let view = entry.view(&state.cache, Instant::now(), self.heartbeat_grace());
         self.publish(
             Topic::Node,
             kind,

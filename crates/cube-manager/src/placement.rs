@@ -316,7 +316,7 @@ impl Manager {
                 let load = state.cache.load(&entry.name);
                 NodeView {
                     name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.config.heartbeat_grace),
+                    ready: entry.is_ready(now, self.heartbeat_grace()),
                     capacity: entry.capacity,
                     allocated: load.map(|load| load.allocated).unwrap_or_default(),
                     task_count: load.map(|load| load.tasks.len()).unwrap_or(0),

@@ -1,10 +1,21 @@
 //! Registration and heartbeats: a worker started with `--manager` tells the manager who it is,
 //! where its API is and what it offers, then repeats it with fresh stats every interval.
+//!
+//! Several managers may be given (`--manager a:5555,b:5555,c:5555`, managers sharing one
+//! etcd cluster): a beat goes to the one that answered last, and to the next in turn when it
+//! cannot be reached or answers 503 (it is stopping, or cannot reach the leader), so a worker
+//! whose manager died beats to another at its next beat.
+//!
+//! **Rate.** The manager's answer says the shortest interval it wants between beats
+//! (`X-Cube-Heartbeat-Interval`: the number of nodes / 50 per second, see
+//! `cube_manager::heartbeat_floor`); the worker beats every `max(--heartbeat-interval, that)`.
+//! So all nodes together send at most 50 beats a second once there are more than
+//! `50 × --heartbeat-interval` nodes, and one every `--heartbeat-interval` each below that.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use cube_api::ApiClient;
+use cube_api::{ApiClient, ClientError};
 use cube_runtime::Runtime;
 use cube_types::Node;
 use tokio_util::sync::CancellationToken;
@@ -14,8 +25,15 @@ use crate::worker::Worker;
 /// Where to report and how often.
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
-    pub manager: ApiClient,
+    /// Every manager to try, in order; the one that answered last is asked first.
+    pub managers: Vec<ApiClient>,
     pub interval: Duration,
+}
+
+/// Whether a failed beat should be tried at once on the next manager.
+fn try_another(err: &ClientError) -> bool {
+    matches!(err, ClientError::Unreachable { .. })
+        || err.status().map(|status| status.as_u16()) == Some(503)
 }
 
 impl Heartbeat {
@@ -25,14 +43,16 @@ impl Heartbeat {
     /// tried again at the next beat.
     pub async fn run<R: Runtime>(self, worker: Arc<Worker<R>>, shutdown: CancellationToken) {
         let path = format!("/nodes/{}", worker.name());
-        let mut ticks = tokio::time::interval(self.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut current = 0;
+        let mut interval = self.interval;
         let mut reachable = None;
+        let mut next_beat = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticks.tick() => {}
+                _ = tokio::time::sleep_until(next_beat) => {}
             }
+            next_beat = tokio::time::Instant::now() + interval;
             let report = match worker.node_report() {
                 Ok(report) => report,
                 Err(err) => {
@@ -40,19 +60,50 @@ impl Heartbeat {
                     continue;
                 }
             };
-            let sent = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                sent = self.manager.put::<_, Node>(&path, &report) => sent,
-            };
-            match (sent, reachable) {
-                (Ok(_), Some(true)) => {}
-                (Ok(_), _) => {
-                    tracing::info!(manager = %self.manager.base(), "registered with the manager");
-                    reachable = Some(true);
+            // Each manager at most once per beat, starting with the last that answered.
+            let mut sent = Err(None);
+            for offset in 0..self.managers.len() {
+                let index = (current + offset) % self.managers.len();
+                let manager = &self.managers[index];
+                let answer = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    answer = manager.put_heartbeat::<_, Node>(&path, &report) => answer,
+                };
+                match answer {
+                    Ok((_, floor)) => {
+                        if index != current || reachable != Some(true) {
+                            tracing::info!(manager = %manager.base(), "registered with the manager");
+                        }
+                        current = index;
+                        sent = Ok(floor);
+                        break;
+                    }
+                    Err(err) => {
+                        let again = try_another(&err);
+                        sent = Err(Some(err));
+                        if !again {
+                            break;
+                        }
+                    }
                 }
-                (Err(err), Some(false)) => tracing::debug!(error = %err, "heartbeat failed"),
-                (Err(err), _) => {
-                    tracing::warn!(error = %err, "cannot reach the manager; retrying every heartbeat");
+            }
+            match sent {
+                Ok(floor) => {
+                    reachable = Some(true);
+                    let wanted = floor.map_or(self.interval, |floor| floor.max(self.interval));
+                    if wanted != interval {
+                        tracing::info!(interval = ?wanted, "heartbeat interval set by the manager");
+                        next_beat = next_beat - interval + wanted;
+                        interval = wanted;
+                    }
+                }
+                Err(err) if reachable == Some(false) => {
+                    tracing::debug!(error = ?err, "heartbeat failed");
+                }
+                Err(err) => {
+                    let error =
+                        err.map_or_else(|| "no manager given".to_string(), |e| e.to_string());
+                    tracing::warn!(%error, "cannot reach a manager; retrying every heartbeat");
                     reachable = Some(false);
                 }
             }

@@ -5,6 +5,7 @@
 
 mod cli;
 mod dev;
+mod leading;
 mod manager;
 mod sample_image;
 mod shutdown;

@@ -216,6 +216,11 @@ impl OpenedStores {
         }
     }
 
+    /// The etcd cluster, with --store etcd.
+    pub fn etcd(&self) -> Option<&EtcdDb> {
+        self.etcd.as_ref()
+    }
+
     /// Removes a table an older Cube wrote and nothing reads any more; says so in the log.
     pub fn drop_unused_table(&self, name: &str) -> anyhow::Result<()> {
         if let Some(db) = &self.db

@@ -66,8 +66,13 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
             let mut nodes: Vec<Node> = manager.get("/nodes").await?;
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
             match format {
-                ListFormat::Table => print_lines(&node_table(&nodes, now, false)),
-                ListFormat::Wide => print_lines(&node_table(&nodes, now, true)),
+                ListFormat::Table | ListFormat::Wide => {
+                    // Managers sharing etcd say who leads; a manager alone has no /leader.
+                    if let Ok(leader) = manager.api.get::<serde_json::Value>("/leader").await {
+                        println!("{}", leader_line(&leader));
+                    }
+                    print_lines(&node_table(&nodes, now, format == ListFormat::Wide));
+                }
                 ListFormat::Json => print_json(&nodes)?,
                 ListFormat::Yaml => print_yaml(&nodes)?,
                 // A node's name is its ID.
@@ -78,6 +83,14 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `Leader: HOST:PORT` (from `GET /leader`), or that none leads now.
+fn leader_line(leader: &serde_json::Value) -> String {
+    match leader["Leader"].as_str() {
+        Some(address) => format!("Leader: {address}"),
+        None => "Leader: none at the moment (one is elected within --leader-ttl)".to_string(),
+    }
 }
 
 /// The node table, in the order given; `wide` adds ADDRESS, SOURCE, HEARTBEAT and LABELS.
