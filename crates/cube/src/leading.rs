@@ -127,7 +127,13 @@ async fn forward(State(front): State<Arc<Front>>, request: Request) -> Response 
     }
     let leader = match front.db.leader().await {
         Ok(Some(leader)) if leader != front.me => leader,
-        Ok(_) => {
+        Ok(Some(_)) => {
+            return unavailable(format!(
+                "{} was just elected leader and is loading the state from etcd: try again",
+                front.me
+            ));
+        }
+        Ok(None) => {
             return unavailable(format!(
                 "no manager leads at the moment (a new leader is elected within --leader-ttl); \
                  {} does not: try again",

@@ -10,6 +10,7 @@ mod manager;
 mod sample_image;
 mod shutdown;
 mod store_cmd;
+mod store_move;
 mod stores;
 mod worker;
 

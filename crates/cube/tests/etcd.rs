@@ -142,11 +142,15 @@ impl Managers {
         let deadline = std::time::Instant::now() + STATE_BOUND;
         loop {
             let mut named = Vec::new();
+            let mut serving = false;
             for index in self.running() {
                 let answer = self.get(index).client().get("/leader").await;
                 named.push(answer.body["Leader"].as_str().map(str::to_string));
+                // The leader serves once it has loaded the state.
+                serving |= answer.body["IsLeader"] == true;
             }
             if let Some(Some(leader)) = named.first()
+                && serving
                 && named
                     .iter()
                     .all(|other| other.as_deref() == Some(leader.as_str()))
@@ -313,4 +317,210 @@ async fn a_leader_paused_past_its_ttl_has_its_writes_refused_and_steps_down() {
     assert_eq!(task["ContainerID"], running["ContainerID"]);
     assert_eq!(task["RestartCount"], 0);
     drop(worker);
+}
+
+#[tokio::test]
+async fn the_leader_killed_with_200_submissions_in_flight_loses_none_and_starts_none_twice() {
+    let cluster = EtcdCluster::start(3);
+    let mut managers = Managers::start(&cluster, 3, &[]);
+    let leader = managers.await_leader(None).await;
+    let workers: Vec<WorkerProcess> = (0..2)
+        .map(|n| managers.join_worker(&unique_node(&format!("failover{n}"))))
+        .collect();
+    managers.get(leader).await_ready_nodes(2).await;
+    let (before, running) = managers.get(leader).client().run(&web_task("before")).await;
+
+    // 200 submissions spread over the three managers, 8 at a time; the leader is killed
+    // once 40 were answered.
+    let addresses: Vec<String> = managers
+        .managers
+        .iter()
+        .flatten()
+        .map(|manager| manager.url.clone())
+        .collect();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut submitters = tokio::task::JoinSet::new();
+    for lane in 0..8 {
+        let (http, addresses, answered) = (http.clone(), addresses.clone(), answered.clone());
+        submitters.spawn(async move {
+            let mut acknowledged = Vec::new();
+            for n in (lane..200).step_by(8) {
+                // The client names the task, so a retry of a submission whose answer was
+                // lost cannot make a second task; it goes to the next manager after a
+                // failure, as `cube run -m a,b,c` does, for up to 20 s.
+                let id = uuid::Uuid::new_v4().to_string();
+                let mut task = web_task(&format!("inflight-{n}"));
+                task["ID"] = serde_json::Value::String(id.clone());
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                let mut attempt = n;
+                while std::time::Instant::now() < deadline {
+                    let base = &addresses[attempt % addresses.len()];
+                    attempt += 1;
+                    let sent = http.post(format!("{base}/tasks")).json(&task).send().await;
+                    if let Ok(answer) = sent
+                        && matches!(answer.status().as_u16(), 200 | 201)
+                    {
+                        acknowledged.push(id.clone());
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            acknowledged
+        });
+    }
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let dead = managers.get(leader).address();
+    managers.managers[leader].take().unwrap().kill_9();
+    let killed = std::time::Instant::now();
+    let next = managers.await_leader(Some(&dead)).await;
+    let took = killed.elapsed();
+    assert!(
+        took <= LEADER_TTL + std::time::Duration::from_secs(1),
+        "a new leader after {took:?}"
+    );
+    let mut acknowledged = Vec::new();
+    while let Some(lane) = submitters.join_next().await {
+        acknowledged.extend(lane.unwrap());
+    }
+    assert_eq!(
+        acknowledged.len(),
+        200,
+        "every submission is acknowledged, some after a retry"
+    );
+    eprintln!(
+        "new leader after {took:?}; {} of 200 submissions acknowledged",
+        acknowledged.len()
+    );
+
+    // Every acknowledged submission is there once and runs, in one container.
+    let client = managers.get(next).client();
+    let listed = client.get("/tasks").await.body;
+    let listed: Vec<&str> = listed
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /tasks: {listed}"))
+        .iter()
+        .map(|task| task["ID"].as_str().unwrap())
+        .collect();
+    for id in &acknowledged {
+        assert_eq!(
+            listed.iter().filter(|listed| *listed == id).count(),
+            1,
+            "acknowledged {id} is listed once"
+        );
+    }
+    for id in acknowledged.iter().chain(std::iter::once(&before)) {
+        let task = client.await_state(id, "Running").await;
+        assert_eq!(task["RestartCount"], 0, "{task}");
+        let containers = containers_with_label(&format!("cube.task-id={id}"));
+        assert_eq!(
+            containers.len(),
+            1,
+            "task {id} has one container: {containers:?}"
+        );
+    }
+    let task = client.get(&format!("/tasks/{before}")).await.body;
+    assert_eq!(
+        task["ContainerID"], running["ContainerID"],
+        "nothing restarted"
+    );
+    drop(workers);
+}
+
+#[tokio::test]
+async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import() {
+    let cluster = EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("redb");
+    let data_dir = data_dir.to_str().unwrap();
+
+    // A manager on a redb file takes two tasks (no worker: they wait) and stops.
+    let manager = ManagerProcess::start("epvm", "persistent", std::path::Path::new(data_dir), 0);
+    let first = manager.client().submit(&web_task("moved-1")).await;
+    let second = manager.client().submit(&web_task("moved-2")).await;
+    assert!(
+        manager
+            .terminate(std::time::Duration::from_secs(10))
+            .success()
+    );
+
+    let exported = dir.path().join("state.jsonl");
+    let exported = exported.to_str().unwrap();
+    let (status, _, stderr) = cube_command(&["store", "export", exported, "--data-dir", data_dir]);
+    assert!(status.success(), "{stderr}");
+    let etcd_flags = [
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--etcd-prefix",
+        &prefix,
+    ];
+    let mut import = vec!["store", "import", exported];
+    import.extend_from_slice(&etcd_flags);
+    let (status, _, stderr) = cube_command(&import);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("imported"), "{stderr}");
+
+    // A second import into the same prefix is refused: it would mix two states.
+    let (status, _, stderr) = cube_command(&import);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("import only into an empty store"),
+        "{stderr}"
+    );
+
+    // A manager on etcd has both tasks.
+    let on_etcd = ManagerProcess::start_with(
+        "epvm",
+        "etcd",
+        dir.path(),
+        0,
+        &["--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix],
+    );
+    let leader = Managers {
+        managers: vec![Some(on_etcd)],
+        _dirs: Vec::new(),
+    };
+    leader.await_leader(None).await;
+    for id in [&first, &second] {
+        let task = leader.get(0).client().get(&format!("/tasks/{id}")).await;
+        assert_eq!(task.status, 200, "{}", task.body);
+    }
+    assert!(
+        leader
+            .managers
+            .into_iter()
+            .flatten()
+            .next()
+            .unwrap()
+            .terminate(std::time::Duration::from_secs(10))
+            .success()
+    );
+
+    // And back into a new store file.
+    let back = dir.path().join("back");
+    let back = back.to_str().unwrap();
+    let mut export = vec!["store", "export", exported];
+    export.extend_from_slice(&etcd_flags);
+    let (status, _, stderr) = cube_command(&export);
+    assert!(status.success(), "{stderr}");
+    let (status, _, stderr) = cube_command(&["store", "import", exported, "--data-dir", back]);
+    assert!(status.success(), "{stderr}");
+    let again = ManagerProcess::start("epvm", "persistent", std::path::Path::new(back), 0);
+    for id in [&first, &second] {
+        assert_eq!(
+            again.client().get(&format!("/tasks/{id}")).await.status,
+            200
+        );
+    }
 }

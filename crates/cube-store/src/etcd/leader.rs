@@ -240,8 +240,29 @@ async fn keep_alive(members: Arc<Members>, lease: i64, ttl: Duration, lost: Canc
             _ = lost.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        // Checked first: a process that was paused for longer than the TTL must not renew
-        // its way back into a leadership another may hold by now.
+        // etcd decides: a renewal of a lease that expired (this process was paused, or cut
+        // off, past the TTL) answers TTL 0, and one that is still alive renews it. Only when
+        // etcd cannot be asked does the clock decide: no renewal for a whole TTL, and another
+        // may lead by now.
+        let renewal = members.call(|mut client| async move {
+            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            stream.message().await
+        });
+        let left = ttl.saturating_sub(renewed.elapsed()).max(period);
+        let answer = tokio::time::timeout(left, renewal).await;
+        match answer {
+            Ok(Ok(Some(response))) if response.ttl() > 0 => renewed = Instant::now(),
+            Ok(Ok(_)) => {
+                tracing::warn!(lease, "the leader lease expired: no longer leading");
+                lost.cancel();
+                return;
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(lease, error = %err, "cannot renew the leader lease");
+            }
+            Err(_) => tracing::warn!(lease, "no answer to the leader lease's renewal"),
+        }
         if renewed.elapsed() >= ttl {
             tracing::warn!(
                 lease,
@@ -249,27 +270,6 @@ async fn keep_alive(members: Arc<Members>, lease: i64, ttl: Duration, lost: Canc
             );
             lost.cancel();
             return;
-        }
-        let renewal = members.call(|mut client| async move {
-            let (mut keeper, mut stream) = client.lease_keep_alive(lease).await?;
-            keeper.keep_alive().await?;
-            stream.message().await
-        });
-        let left = ttl.saturating_sub(renewed.elapsed());
-        let answer = match tokio::time::timeout(left, renewal).await {
-            Ok(answer) => answer,
-            Err(_) => continue,
-        };
-        match answer {
-            Ok(Some(response)) if response.ttl() > 0 => renewed = Instant::now(),
-            Ok(_) => {
-                tracing::warn!(lease, "the leader lease expired: no longer leading");
-                lost.cancel();
-                return;
-            }
-            Err(err) => {
-                tracing::warn!(lease, error = %err, "cannot renew the leader lease; trying again");
-            }
         }
     }
 }
