@@ -154,7 +154,7 @@ enum Command {
     /// 3-member loopback etcd cluster, and a redb file), 1 and N clients; then the failover
     /// of three managers: kill -9 of the leader until another leads and places a task.
     Etcd {
-        /// How many runs of each submission setup.
+        /// How many runs of each submission setup (0: the failover alone).
         #[arg(long, default_value_t = 3)]
         runs: usize,
         /// How long each run submits, in seconds.

@@ -11,6 +11,8 @@
 //! `cube_manager::heartbeat_floor`); the worker beats every `max(--heartbeat-interval, that)`.
 //! So all nodes together send at most 50 beats a second once there are more than
 //! `50 × --heartbeat-interval` nodes, and one every `--heartbeat-interval` each below that.
+//! A beat that no manager took (a leader is being elected) is tried again after an eighth of
+//! the interval (at least 250 ms).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,6 +36,12 @@ pub struct Heartbeat {
 fn try_another(err: &ClientError) -> bool {
     matches!(err, ClientError::Unreachable { .. })
         || err.status().map(|status| status.as_u16()) == Some(503)
+}
+
+/// How soon a beat that no manager took is tried again: an eighth of the interval, at least
+/// 250 ms, at most the interval.
+fn retry_after(interval: Duration) -> Duration {
+    (interval / 8).max(Duration::from_millis(250)).min(interval)
 }
 
 impl Heartbeat {
@@ -97,16 +105,43 @@ impl Heartbeat {
                         interval = wanted;
                     }
                 }
-                Err(err) if reachable == Some(false) => {
-                    tracing::debug!(error = ?err, "heartbeat failed");
-                }
                 Err(err) => {
-                    let error =
-                        err.map_or_else(|| "no manager given".to_string(), |e| e.to_string());
-                    tracing::warn!(%error, "cannot reach a manager; retrying every heartbeat");
-                    reachable = Some(false);
+                    if reachable == Some(false) {
+                        tracing::debug!(error = ?err, "heartbeat failed");
+                    } else {
+                        let error =
+                            err.map_or_else(|| "no manager given".to_string(), |e| e.to_string());
+                        tracing::warn!(%error, "cannot reach a manager; retrying");
+                        reachable = Some(false);
+                    }
+                    // No manager took the beat (they are electing a leader, or down): the
+                    // next try comes sooner, so that a new leader learns of this node soon
+                    // after it leads, yet no faster than 4 a second and an eighth of the
+                    // interval the manager asked for.
+                    next_beat = tokio::time::Instant::now() + retry_after(interval);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_no_manager_took_is_tried_again_sooner_but_not_in_a_hurry() {
+        assert_eq!(
+            retry_after(Duration::from_secs(2)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            retry_after(Duration::from_secs(20)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            retry_after(Duration::from_millis(100)),
+            Duration::from_millis(100)
+        );
     }
 }
