@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
-# curl, docker-compose) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+# curl, docker-compose, protobuf-compiler for the etcd client's build, etcd-server for the etcd
+# store's tests) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -13,6 +14,11 @@ installed busybox-static || missing+=(busybox-static)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 # The peer of `cube-bench pod`: a compose file's services started by docker-compose.
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+# The etcd client (cube-store) compiles etcd's protobuf files: it needs protoc to build.
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# The tests start real etcd members on loopback ports (cube-test-support); the package starts
+# no etcd of its own where there is no init system, and the tests never use its ports.
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq

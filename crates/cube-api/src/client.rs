@@ -8,7 +8,7 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::server::{INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER};
+use crate::server::{HEARTBEAT_INTERVAL_HEADER, INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER};
 
 /// Why a request to a Cube API did not give the answer asked for.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +161,17 @@ impl ApiClient {
         Ok(self.send(Method::PUT, path, Some(body), None).await?.body)
     }
 
+    /// A heartbeat's `PUT`: the answer, and the interval the server asks the next
+    /// heartbeats to keep at least ([`HEARTBEAT_INTERVAL_HEADER`]), if it says one.
+    pub async fn put_heartbeat<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<(T, Option<Duration>), ClientError> {
+        let answer = self.send(Method::PUT, path, Some(body), None).await?;
+        Ok((answer.body, answer.heartbeat_ms.map(Duration::from_millis)))
+    }
+
     /// A `DELETE`; any 2xx answer is success.
     pub async fn delete(&self, path: &str) -> Result<(), ClientError> {
         self.send::<(), serde::de::IgnoredAny>(Method::DELETE, path, None, None)
@@ -199,6 +210,7 @@ impl ApiClient {
                 .and_then(|value| value.parse::<u64>().ok())
         };
         let (index, since) = (number(INDEX_HEADER), number(SINCE_HEADER));
+        let heartbeat_ms = number(HEARTBEAT_INTERVAL_HEADER);
         if !status.is_success() {
             return Err(error_answer(url, response).await);
         }
@@ -220,6 +232,7 @@ impl ApiClient {
             body,
             index,
             since,
+            heartbeat_ms,
         })
     }
 }
@@ -445,6 +458,8 @@ struct Answer<T> {
     body: T,
     index: Option<u64>,
     since: Option<u64>,
+    /// [`HEARTBEAT_INTERVAL_HEADER`], in milliseconds.
+    heartbeat_ms: Option<u64>,
 }
 
 /// The answer to [`ApiClient::get_changes`].

@@ -36,6 +36,12 @@ pub const OLDEST_INDEX_HEADER: &str = "X-Cube-Oldest-Index";
 /// tasks not in the answer did not change. Absent, the answer holds everything.
 pub const SINCE_HEADER: &str = "X-Cube-Since";
 
+/// Set on the manager's answer to a heartbeat (`PUT /nodes/{name}`): the shortest interval,
+/// in milliseconds, at which the worker should send the next ones. The manager raises it with
+/// the number of nodes so that heartbeats reach it at a bounded rate, whatever the cluster's
+/// size (as Nomad scales its heartbeat TTL).
+pub const HEARTBEAT_INTERVAL_HEADER: &str = "X-Cube-Heartbeat-Interval";
+
 /// An error answer: a status and a message naming what was wrong.
 #[derive(Debug)]
 pub struct ApiError {

@@ -163,7 +163,7 @@ async fn cube_burst(
             .send()
             .await?;
     }
-    containers::await_none(docker, &cluster.container_label()).await?;
+    containers::await_none_running(docker, &cluster.container_label()).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
 
@@ -179,7 +179,7 @@ async fn cube_job_burst(
     let job = ServiceJob::submit(cluster, &format!("burst-{run}"), tasks).await?;
     let elapsed = job.await_running(tasks, started, BURST_BOUND).await?;
     job.stop().await?;
-    containers::await_none(docker, &cluster.container_label()).await?;
+    containers::await_none_running(docker, &cluster.container_label()).await?;
     Ok(elapsed.as_secs_f64() * 1000.0)
 }
 

@@ -79,12 +79,15 @@ async fn list(
         .with_context(|| format!("listing the containers labelled {label}"))
 }
 
-/// Waits until no container carries `label`, running or not (at most 60 s).
-pub(crate) async fn await_none(docker: &Docker, label: &str) -> anyhow::Result<()> {
+/// Waits until no container that carries `label` runs (at most 60 s). A stopped task's
+/// container is kept, stopped, for its logs until the task is removed (`cube rm`, `cube
+/// prune`, the manager's `--gc-after`), so "none running" is when a run's work is over; the
+/// last sweep ([`remove_all`]) removes what is left.
+pub(crate) async fn await_none_running(docker: &Docker, label: &str) -> anyhow::Result<()> {
     let started = Instant::now();
-    while !with_label(docker, label, Listed::All).await?.is_empty() {
+    while !with_label(docker, label, Listed::Running).await?.is_empty() {
         if started.elapsed() > Duration::from_secs(60) {
-            bail!("the containers labelled {label} are still there after 60 s");
+            bail!("the containers labelled {label} still run after 60 s");
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -115,6 +115,21 @@ pub(crate) struct ManagerProcess {
 }
 
 impl ManagerProcess {
+    /// A manager on `port` (0: any) with the flags given.
+    pub(crate) async fn start_with(
+        cube: &Path,
+        data_dir: &Path,
+        port: u16,
+        flags: &[&str],
+    ) -> anyhow::Result<ManagerProcess> {
+        let port = port.to_string();
+        let mut args = vec!["manager", "-H", "127.0.0.1", "-p", &port];
+        args.extend_from_slice(flags);
+        let (child, base) = spawn_cube_logged(cube, &args, data_dir).await?;
+        let pid = child.id().context("the manager exited as it started")?;
+        Ok(ManagerProcess { child, base, pid })
+    }
+
     pub(crate) async fn start(
         cube: &Path,
         data_dir: &Path,
@@ -157,9 +172,20 @@ impl SimWorkers {
         manager: &str,
         count: usize,
     ) -> anyhow::Result<SimWorkers> {
+        SimWorkers::start_on(http, manager, manager, count).await
+    }
+
+    /// [`SimWorkers::start`] with `managers` (comma-separated, several managers sharing
+    /// etcd) for their heartbeats, and `manager` to ask for the nodes.
+    pub(crate) async fn start_on(
+        http: &reqwest::Client,
+        managers: &str,
+        manager: &str,
+        count: usize,
+    ) -> anyhow::Result<SimWorkers> {
         let this = std::env::current_exe().context("finding cube-bench's own binary")?;
         let mut child = tokio::process::Command::new(&this)
-            .args(["sim-workers", "--manager", manager, "--count"])
+            .args(["sim-workers", "--manager", managers, "--count"])
             .arg(count.to_string())
             // Heartbeats as often as `cube worker`'s default.
             .args(["--heartbeat-interval", "2s"])

@@ -6,6 +6,7 @@
 mod burst;
 mod containers;
 mod day_two;
+mod etcd;
 mod events;
 mod footprint;
 mod load;
@@ -180,6 +181,29 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// Cube on etcd next to Cube on redb: durable submissions through one manager (a
+    /// 3-member loopback etcd cluster, and a redb file), 1 and N clients; then the failover
+    /// of three managers: kill -9 of the leader until another leads and places a task.
+    Etcd {
+        /// How many runs of each submission setup (0: the failover alone).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// How long each run submits, in seconds.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// How many clients submit at once (a run with one client comes first).
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// How many times the leader is killed (0: no failover runs).
+        #[arg(long, default_value_t = 10)]
+        kills: usize,
+        /// The managers' --leader-ttl in the failover runs.
+        #[arg(long, default_value = "5s", value_parser = cube_types::duration::parse_duration)]
+        leader_ttl: Duration,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Reads and writes mixed on one manager for minutes: half the clients GET /tasks?limit=100,
     /// half POST /tasks; p50/p99 of each, errors, and the manager's RSS over time.
     Soak {
@@ -316,6 +340,24 @@ async fn main() -> anyhow::Result<()> {
             list_tasks,
             cube,
         } => store::store(runs, seconds, concurrency, &list_tasks, &cube_binary(cube)?).await,
+        Command::Etcd {
+            runs,
+            seconds,
+            concurrency,
+            kills,
+            leader_ttl,
+            cube,
+        } => {
+            etcd::etcd(
+                runs,
+                seconds,
+                concurrency,
+                kills,
+                leader_ttl,
+                &cube_binary(cube)?,
+            )
+            .await
+        }
         Command::Soak {
             seconds,
             clients,

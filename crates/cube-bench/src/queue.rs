@@ -184,7 +184,7 @@ async fn measure(
     for id in [&head, &claimed] {
         delete_task(cluster, id).await?;
     }
-    containers::await_none(docker, &cluster.container_label()).await?;
+    containers::await_none_running(docker, &cluster.container_label()).await?;
     Ok(times)
 }
 

@@ -197,7 +197,7 @@ async fn cube_rolling(
     let job = ServiceJob::submit_spec(cluster, &name, &job_spec(&name, copies, &V1)).await?;
     let update = cube_update(docker, cluster, &job, &name, copies).await;
     let stopped = job.stop().await;
-    let gone = containers::await_none(docker, &cluster.container_label()).await;
+    let gone = containers::await_none_running(docker, &cluster.container_label()).await;
     let took = update?;
     stopped?;
     gone?;

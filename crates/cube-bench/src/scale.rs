@@ -128,7 +128,7 @@ async fn cube_scale(
     let job = ServiceJob::submit(cluster, &format!("scale-{run}"), from).await?;
     let phases = cube_phases(docker, cluster, &job, from, to).await;
     let stopped = job.stop().await;
-    let gone = containers::await_none(docker, &cluster.container_label()).await;
+    let gone = containers::await_none_running(docker, &cluster.container_label()).await;
     let times = phases?;
     stopped?;
     gone?;

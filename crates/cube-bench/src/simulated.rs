@@ -219,7 +219,12 @@ pub(crate) async fn sim_workers(
             StatsCollector::new(data_dir.path()),
         );
         let heartbeat = Heartbeat {
-            manager: ApiClient::new(manager, Duration::from_secs(5)).context("--manager")?,
+            // Several managers sharing etcd: a comma-separated list, as `cube worker` takes.
+            managers: manager
+                .split(',')
+                .map(|address| ApiClient::new(address.trim(), Duration::from_secs(5)))
+                .collect::<Result<Vec<_>, _>>()
+                .context("--manager")?,
             interval: heartbeat_interval,
         };
         let shutdown = shutdown.clone();

@@ -179,7 +179,7 @@ impl Swarm {
 
     /// Waits until the service has no container left, running or not (at most 60 s).
     pub(crate) async fn await_gone(&self, docker: &Docker) -> anyhow::Result<()> {
-        containers::await_none(docker, &self.label()).await
+        containers::await_none_running(docker, &self.label()).await
     }
 
     /// The label Swarm puts on the service's containers.

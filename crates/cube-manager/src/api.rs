@@ -69,7 +69,14 @@ impl From<ManagerError> for ApiError {
             // A failed store takes no more writes until the manager is started again (and
             // it stops itself): the service is unavailable, not confused by one request.
             ManagerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
-            ManagerError::Store(StoreError::InMemory) => StatusCode::CONFLICT,
+            ManagerError::Store(StoreError::InMemory | StoreError::NoFile(_)) => {
+                StatusCode::CONFLICT
+            }
+            // etcd did not answer, or this manager no longer leads: another manager (or
+            // this one, a moment later) takes the request.
+            ManagerError::Store(StoreError::Unavailable { .. } | StoreError::Fenced { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ManagerError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, err.to_string())
@@ -810,7 +817,7 @@ async fn report_node(
     State(manager): State<Arc<Manager>>,
     JsonPath(name): JsonPath<String>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Node>, ApiError> {
+) -> Result<impl IntoResponse, ApiError> {
     let body = body?;
     let mut deserializer = serde_json::Deserializer::from_slice(&body);
     let report: NodeReport = serde_path_to_error::deserialize(&mut deserializer)
@@ -821,8 +828,11 @@ async fn report_node(
             report.name
         )));
     }
-    Ok(Json(
-        manager.report_node(report, NodeSource::Registered).await?,
+    let node = manager.report_node(report, NodeSource::Registered).await?;
+    let floor_ms = manager.heartbeat_floor().as_millis().to_string();
+    Ok((
+        [(cube_api::server::HEARTBEAT_INTERVAL_HEADER, floor_ms)],
+        Json(node),
     ))
 }
 

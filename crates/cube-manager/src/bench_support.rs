@@ -64,7 +64,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
                 NodeSource::Registered,
                 || client.clone(),
                 Instant::now(),
-                manager.config.heartbeat_grace,
+                manager.heartbeat_grace(),
             );
         }
     }

@@ -104,7 +104,7 @@ impl Manager {
                 .nodes
                 .get(name)
                 .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
-            let status = entry.status(Instant::now(), self.config.heartbeat_grace);
+            let status = entry.status(Instant::now(), self.heartbeat_grace());
             if status != NodeStatus::Down {
                 return Err(ManagerError::Conflict(format!(
                     "node {name} is {status}: only a Down node is removed (stop its worker \

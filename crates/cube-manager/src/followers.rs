@@ -33,7 +33,7 @@ impl Manager {
         let Some(entry) = state.nodes.get(name) else {
             return;
         };
-        let kind = match entry.status(Instant::now(), self.config.heartbeat_grace) {
+        let kind = match entry.status(Instant::now(), self.heartbeat_grace()) {
             NodeStatus::Down => "NodeUpdated",
             status => node_status_event(status),
         };

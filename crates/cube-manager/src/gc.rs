@@ -220,7 +220,7 @@ impl Manager {
         let client = {
             let state = lock(&self.state);
             state.nodes.get(&task.status.node_name).and_then(|entry| {
-                let status = entry.status(std::time::Instant::now(), self.config.heartbeat_grace);
+                let status = entry.status(std::time::Instant::now(), self.heartbeat_grace());
                 (status != NodeStatus::Down).then(|| entry.client.clone())
             })
         };

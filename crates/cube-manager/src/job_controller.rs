@@ -796,7 +796,7 @@ impl Manager {
             .entries()
             .map(|entry| NodeFacts {
                 name: entry.name.clone(),
-                ready: entry.is_ready(now, self.config.heartbeat_grace),
+                ready: entry.is_ready(now, self.heartbeat_grace()),
                 labels: entry.labels.clone(),
                 eligible: entry.eligible,
                 drain: entry.drain.as_ref().map(|drain| drain.deadline),

@@ -56,6 +56,30 @@ pub fn listening_line(address: std::net::SocketAddr, scheduler: &str, store: &st
 /// How long the loops get to stop once shutdown is asked for.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Runs `manager`'s loops (controllers, liveness, the followers of the workers) until
+/// `shutdown` is cancelled, then waits for them (at most [`SHUTDOWN_GRACE`]). For a manager
+/// whose API is served by someone else: the leader of several managers on etcd.
+pub async fn run_loops(manager: Arc<Manager>, shutdown: CancellationToken) {
+    let mut loops = manager.start();
+    shutdown.cancelled().await;
+    join_loops(&mut loops).await;
+}
+
+async fn join_loops(loops: &mut tokio::task::JoinSet<()>) {
+    if tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while let Some(result) = loops.join_next().await {
+            if let Err(err) = result {
+                tracing::error!(error = %err, "manager loop ended abnormally");
+            }
+        }
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!("manager loops still running after the grace period; abandoning them");
+    }
+}
+
 /// Serves `manager` on `listener` and runs its loops until `shutdown` is cancelled.
 pub async fn run(
     manager: Arc<Manager>,
@@ -81,17 +105,6 @@ pub async fn run(
         }
     };
     shutdown.cancel();
-    if tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while let Some(result) = loops.join_next().await {
-            if let Err(err) = result {
-                tracing::error!(error = %err, "manager loop ended abnormally");
-            }
-        }
-    })
-    .await
-    .is_err()
-    {
-        tracing::warn!("manager loops still running after the grace period; abandoning them");
-    }
+    join_loops(&mut loops).await;
     served
 }

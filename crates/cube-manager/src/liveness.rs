@@ -16,8 +16,8 @@ impl Manager {
     /// Watches the nodes' reports: a node silent for longer than the grace period is `Down`,
     /// and its unfinished tasks are `Lost`, to be replaced according to their restart policy.
     pub(crate) async fn run_liveness(self: Arc<Self>) {
-        let tick = (self.config.heartbeat_grace / 10)
-            .clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let tick =
+            (self.heartbeat_grace() / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -38,7 +38,7 @@ impl Manager {
     /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
     /// returns those tasks.
     fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
-        let grace = self.config.heartbeat_grace;
+        let grace = self.heartbeat_grace();
         let mut state = lock(&self.state);
         let newly_down = state.nodes.mark_down(now, grace);
         let mut lost = Vec::new();

@@ -38,6 +38,19 @@ use crate::events::{EventBroker, Payload, Topic, publish_task};
 use crate::log_limit::LogLimit;
 use crate::nodes::{NodeRegistry, NodeSource};
 
+/// At most this many heartbeats a second are asked of the nodes, however many there are
+/// (Nomad's `max_heartbeats_per_second` default): past `50 × --heartbeat-interval` nodes the
+/// manager asks each node to beat less often (see [`heartbeat_floor`]).
+pub const MAX_HEARTBEATS_PER_SECOND: u64 = 50;
+
+/// The shortest interval the manager asks of each node's heartbeats when it knows `nodes`
+/// nodes: `nodes / MAX_HEARTBEATS_PER_SECOND` seconds, so that all of them together send at
+/// most [`MAX_HEARTBEATS_PER_SECOND`]. A worker keeps its own `--heartbeat-interval` when
+/// that is longer.
+pub fn heartbeat_floor(nodes: usize) -> Duration {
+    Duration::from_millis(nodes as u64 * 1000 / MAX_HEARTBEATS_PER_SECOND)
+}
+
 /// The history event recorded when the restart limit stops further restarts.
 pub const GAVE_UP: &str = "RestartLimit";
 
@@ -245,6 +258,9 @@ pub struct Manager {
     pub(crate) retry_warnings: LogLimit,
     /// What `GET /metrics` shows (`metrics.rs`).
     pub(crate) metrics: crate::metrics::ManagerMetrics,
+    /// How many nodes the registry knows, for the heartbeat floor and the grace that
+    /// follows from it; set under the state lock where the registry changes.
+    pub(crate) known_nodes: std::sync::atomic::AtomicUsize,
 }
 
 pub(crate) struct Shared {
@@ -340,6 +356,7 @@ impl Manager {
             shutdown_grace: RUNNER_SHUTDOWN_GRACE,
         };
         let max_concurrent = config.max_concurrent_reconciles;
+        let known_nodes = nodes.len();
         Ok(Arc::new(Manager {
             config,
             stores,
@@ -370,7 +387,20 @@ impl Manager {
             events,
             retry_warnings: LogLimit::new(Duration::from_secs(5)),
             metrics: crate::metrics::ManagerMetrics::default(),
+            known_nodes: std::sync::atomic::AtomicUsize::new(known_nodes),
         }))
+    }
+
+    /// The interval asked of every node's heartbeats now ([`heartbeat_floor`] of the nodes
+    /// known).
+    pub fn heartbeat_floor(&self) -> Duration {
+        heartbeat_floor(self.known_nodes.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// How long a node may be silent before it is `Down`: `--heartbeat-grace`, or three
+    /// heartbeat floors when the cluster is so large that heartbeats were spaced out more.
+    pub(crate) fn heartbeat_grace(&self) -> Duration {
+        self.config.heartbeat_grace.max(self.heartbeat_floor() * 3)
     }
 
     pub fn scheduler_name(&self) -> &'static str {
@@ -576,7 +606,7 @@ impl Manager {
         now: Instant,
     ) -> Node {
         let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
-        entry.view(&state.cache, now, self.config.heartbeat_grace, &job_type)
+        entry.view(&state.cache, now, self.heartbeat_grace(), &job_type)
     }
 
     pub fn nodes(&self) -> Vec<Node> {
@@ -623,14 +653,16 @@ impl Manager {
             let before = state
                 .nodes
                 .get(&name)
-                .map(|entry| entry.status(now, self.config.heartbeat_grace));
+                .map(|entry| entry.status(now, self.heartbeat_grace()));
             let effect = state.nodes.report(
                 report,
                 source,
                 || client.clone(),
                 now,
-                self.config.heartbeat_grace,
+                self.heartbeat_grace(),
             );
+            self.known_nodes
+                .store(state.nodes.len(), std::sync::atomic::Ordering::Relaxed);
             let Some(entry) = state.nodes.get(&name) else {
                 return Err(ManagerError::NodeNotFound(name));
             };

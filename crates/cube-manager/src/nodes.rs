@@ -100,6 +100,11 @@ impl NodeRegistry {
         self.nodes.get(name)
     }
 
+    /// How many nodes are known (whatever their status).
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
     pub fn entries(&self) -> impl Iterator<Item = &NodeEntry> {
         self.nodes.values()
     }

@@ -330,7 +330,7 @@ impl Manager {
                 let load = state.cache.load(&entry.name);
                 NodeView {
                     name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.config.heartbeat_grace),
+                    ready: entry.is_ready(now, self.heartbeat_grace()),
                     ineligible: !entry.eligible,
                     capacity: entry.capacity,
                     allocated: load.map(|load| load.allocated).unwrap_or_default(),

@@ -97,11 +97,15 @@ pub(crate) struct Write {
 
 /// Why a write was not committed.
 #[derive(Debug, Clone)]
-enum Refused {
+pub(crate) enum Refused {
     /// This commit failed; the store goes on.
     Commit(String),
     /// The store failed (see the module comment): this write and every later one are refused.
     StoreFailed { path: String, cause: String },
+    /// No member of the etcd cluster answered (see [`StoreError::Unavailable`]).
+    Unavailable { endpoints: String, reason: String },
+    /// The write was conditioned on a leadership key this process no longer holds.
+    Fenced { key: String },
 }
 
 impl From<Refused> for StoreError {
@@ -109,6 +113,10 @@ impl From<Refused> for StoreError {
         match refused {
             Refused::Commit(reason) => StoreError::Commit(reason),
             Refused::StoreFailed { path, cause } => StoreError::Failed { path, cause },
+            Refused::Unavailable { endpoints, reason } => {
+                StoreError::Unavailable { endpoints, reason }
+            }
+            Refused::Fenced { key } => StoreError::Fenced { key },
         }
     }
 }
@@ -123,7 +131,7 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    fn fill(&self, outcome: Result<Written, Refused>) {
+    pub(crate) fn fill(&self, outcome: Result<Written, Refused>) {
         *lock(&self.outcome) = Some(outcome);
         self.filled.notify_all();
         // `notify_one` keeps a permit when nobody awaits yet, so no wake-up is lost.
@@ -152,6 +160,20 @@ impl Slot {
                     .wait(outcome)
                     .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
+        }
+    }
+
+    /// Blocks until someone else (a remote store's writer) fills the slot.
+    fn wait_filled(&self) -> Result<Written, StoreError> {
+        let mut outcome = lock(&self.outcome);
+        loop {
+            if let Some(filled) = outcome.take() {
+                return filled.map_err(StoreError::from);
+            }
+            outcome = self
+                .filled
+                .wait(outcome)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
         }
     }
 
@@ -185,6 +207,9 @@ enum Inner {
     /// Already durable (or a store that keeps nothing on disk).
     Done(u64),
     Queued(Arc<Committer>, Arc<Slot>),
+    /// Sent to a store elsewhere (etcd), whose writer fills the slot once the cluster
+    /// committed the write or refused it.
+    Remote(Arc<Slot>),
 }
 
 impl Commit {
@@ -198,6 +223,12 @@ impl Commit {
     pub(crate) fn queued(committer: Arc<Committer>, slot: Arc<Slot>) -> Commit {
         Commit {
             inner: Inner::Queued(committer, slot),
+        }
+    }
+
+    pub(crate) fn remote(slot: Arc<Slot>) -> Commit {
+        Commit {
+            inner: Inner::Remote(slot),
         }
     }
 
@@ -216,6 +247,7 @@ impl Commit {
                 conflict: None,
             }),
             Inner::Queued(committer, slot) => slot.wait(&committer),
+            Inner::Remote(slot) => slot.wait_filled(),
         }
     }
 
@@ -236,6 +268,7 @@ impl Commit {
             }),
             // The committer is kept alive until the write is answered.
             Inner::Queued(_committer, slot) => slot.durable().await,
+            Inner::Remote(slot) => slot.durable().await,
         }
     }
 }

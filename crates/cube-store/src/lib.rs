@@ -4,9 +4,11 @@
 //! book's `put`/`get`/`list`/`count`, plus `delete` and an [`index`](Store::index) that grows by
 //! one with every write, so that a watcher can ask "has anything changed since N".
 //!
-//! Two implementations: [`MemoryStore`] (lost when the process ends) and [`PersistentStore`]
+//! Three implementations: [`MemoryStore`] (lost when the process ends), [`PersistentStore`]
 //! (a redb file; every `put` and `delete` is durable, fsynced, before it returns, so whatever
-//! an API acknowledged after a write survives a crash). A caller that holds a lock while it
+//! an API acknowledged after a write survives a crash) and [`EtcdStore`] (one etcd key per
+//! value under a prefix, for several managers sharing one state; a write is answered once
+//! the cluster committed it; see `etcd/mod.rs`). A caller that holds a lock while it
 //! writes can queue the write under the lock ([`Store::put_queued`]) and wait for it after
 //! letting go: writes keep their order, and concurrent ones share one commit.
 //!
@@ -40,12 +42,14 @@
 
 mod check;
 mod commit;
+mod etcd;
 mod memory;
 mod persistent;
 mod revision;
 mod watch;
 
 pub use commit::Commit;
+pub use etcd::{EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, normalize_prefix};
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};
 pub use revision::{ConditionalCommit, Conflict, Expected, Listing};
@@ -152,6 +156,22 @@ pub enum StoreError {
     Persistent(#[from] redb::Error),
     #[error("data file commit failed: {0}")]
     Commit(String),
+    /// No member of the etcd cluster answered in time; what was asked may or may not have
+    /// been done.
+    #[error("the etcd cluster ({endpoints}) did not answer: {reason}")]
+    Unavailable { endpoints: String, reason: String },
+    /// etcd refused a request as such (not for want of a member to answer it).
+    #[error("etcd: {0}")]
+    Etcd(String),
+    /// The write was conditioned on the leadership key this process held, and the key is
+    /// gone or held by another: this process no longer leads, and nothing was written.
+    #[error(
+        "the write was refused: this manager no longer holds the leadership key {key} (another manager leads now)"
+    )]
+    Fenced { key: String },
+    /// The store lives elsewhere (etcd): there is no file to copy.
+    #[error("{0}")]
+    NoFile(String),
     #[error("cannot encode the value for key {key:?}: {source}")]
     Encode {
         key: String,
@@ -173,13 +193,16 @@ mod contract {
 
     use super::*;
 
+    /// The book's operations. Indexes and revisions are counted from the store's revision
+    /// at the start (0 for a new memory or redb store; etcd's revision is the cluster's).
     pub fn behaves_like_a_store(store: &dyn Store<String>) {
+        let base = store.revision().unwrap();
         assert_eq!(store.count().unwrap(), 0);
-        assert_eq!(store.index().unwrap(), 0);
+        assert_eq!(store.index().unwrap(), base);
         assert_eq!(store.get("a").unwrap(), None);
 
-        assert_eq!(store.put("b", &"two".to_string()).unwrap(), 1);
-        assert_eq!(store.put("a", &"one".to_string()).unwrap(), 2);
+        assert_eq!(store.put("b", &"two".to_string()).unwrap(), base + 1);
+        assert_eq!(store.put("a", &"one".to_string()).unwrap(), base + 2);
         assert_eq!(store.get("a").unwrap().as_deref(), Some("one"));
         assert_eq!(
             store.list().unwrap(),
@@ -187,7 +210,7 @@ mod contract {
         );
         assert_eq!(store.count().unwrap(), 2);
 
-        assert_eq!(store.put("a", &"uno".to_string()).unwrap(), 3);
+        assert_eq!(store.put("a", &"uno".to_string()).unwrap(), base + 3);
         assert_eq!(store.get("a").unwrap().as_deref(), Some("uno"));
         assert_eq!(store.count().unwrap(), 2);
 
@@ -195,7 +218,7 @@ mod contract {
         assert!(!store.delete("a").unwrap());
         assert_eq!(
             store.index().unwrap(),
-            4,
+            base + 4,
             "a delete of nothing does not move the index"
         );
         assert_eq!(store.list().unwrap(), vec!["two".to_string()]);
@@ -222,69 +245,77 @@ mod contract {
 
     /// Revisions, compare-and-put and watches, on a new, empty store.
     pub fn keeps_revisions_and_can_be_watched(store: &dyn Store<String>) {
-        assert_eq!(store.revision().unwrap(), 0);
-        let mut from_start = store.watch("", 0).unwrap();
+        let r = store.revision().unwrap();
+        let mut from_start = store.watch("", r).unwrap();
         assert!(from_start.try_next().is_none(), "nothing yet");
 
         let first = store.put("tasks/a", &text("one")).unwrap();
-        assert_eq!(store.revision().unwrap(), 1, "index {first}");
+        assert_eq!(store.revision().unwrap(), r + 1, "index {first}");
         store.put("nodes/w1", &text("ready")).unwrap();
         store.put("tasks/b", &text("two")).unwrap();
         assert!(store.delete("tasks/a").unwrap());
         assert!(!store.delete("tasks/a").unwrap());
         assert_eq!(
             store.revision().unwrap(),
-            4,
+            r + 4,
             "a put and a delete each move the revision, a delete of nothing does not"
         );
         assert_eq!(
             store.get_with_revision("tasks/b").unwrap(),
-            Some((text("two"), 3))
+            Some((text("two"), r + 3))
         );
         assert_eq!(store.get_with_revision("tasks/a").unwrap(), None);
         assert_eq!(
             store.list_with_revision().unwrap(),
             Listing {
                 entries: vec![
-                    (text("nodes/w1"), text("ready"), 2),
-                    (text("tasks/b"), text("two"), 3)
+                    (text("nodes/w1"), text("ready"), r + 2),
+                    (text("tasks/b"), text("two"), r + 3)
                 ],
-                revision: 4,
+                revision: r + 4,
             }
         );
 
         // Compare-and-put.
         assert_eq!(
             store
-                .put_if("tasks/b", &text("stale"), Expected::Revision(1))
+                .put_if("tasks/b", &text("stale"), Expected::Revision(r + 1))
                 .unwrap(),
-            Err(Conflict { current: Some(3) })
+            Err(Conflict {
+                current: Some(r + 3)
+            })
         );
         assert_eq!(
             store
                 .put_if("tasks/b", &text("new"), Expected::Absent)
                 .unwrap(),
-            Err(Conflict { current: Some(3) })
+            Err(Conflict {
+                current: Some(r + 3)
+            })
         );
         assert_eq!(
             store
-                .put_if("tasks/a", &text("again"), Expected::Revision(1))
+                .put_if("tasks/a", &text("again"), Expected::Revision(r + 1))
                 .unwrap(),
             Err(Conflict { current: None }),
             "a deleted key has no revision"
         );
-        assert_eq!(store.revision().unwrap(), 4, "a conflict changes nothing");
+        assert_eq!(
+            store.revision().unwrap(),
+            r + 4,
+            "a conflict changes nothing"
+        );
         assert_eq!(
             store
-                .put_if("tasks/b", &text("three"), Expected::Revision(3))
+                .put_if("tasks/b", &text("three"), Expected::Revision(r + 3))
                 .unwrap(),
-            Ok(5)
+            Ok(r + 5)
         );
         assert_eq!(
             store
                 .put_if("tasks/c", &text("new"), Expected::Absent)
                 .unwrap(),
-            Ok(6)
+            Ok(r + 6)
         );
         assert_eq!(store.get("tasks/b").unwrap(), Some(text("three")));
 
@@ -293,30 +324,30 @@ mod contract {
         assert_eq!(
             seen,
             vec![
-                put_of("tasks/a", "one", 1),
-                put_of("nodes/w1", "ready", 2),
-                put_of("tasks/b", "two", 3),
+                put_of("tasks/a", "one", r + 1),
+                put_of("nodes/w1", "ready", r + 2),
+                put_of("tasks/b", "two", r + 3),
                 Change::Delete {
                     key: text("tasks/a"),
-                    revision: 4
+                    revision: r + 4
                 },
-                put_of("tasks/b", "three", 5),
-                put_of("tasks/c", "new", 6),
+                put_of("tasks/b", "three", r + 5),
+                put_of("tasks/c", "new", r + 6),
             ]
         );
         assert!(from_start.try_next().is_none());
         store.put("tasks/d", &text("live")).unwrap();
-        assert_eq!(next_now(&mut from_start), put_of("tasks/d", "live", 7));
+        assert_eq!(next_now(&mut from_start), put_of("tasks/d", "live", r + 7));
 
         // From the middle: only the later changes; with a prefix: only its keys.
-        let mut from_middle = store.watch("", 4).unwrap();
+        let mut from_middle = store.watch("", r + 4).unwrap();
         let later: Vec<u64> = (0..3)
             .map(|_| next_now(&mut from_middle).revision())
             .collect();
-        assert_eq!(later, vec![5, 6, 7]);
+        assert_eq!(later, vec![r + 5, r + 6, r + 7]);
         assert!(from_middle.try_next().is_none());
-        let mut nodes = store.watch("nodes/", 0).unwrap();
-        assert_eq!(next_now(&mut nodes), put_of("nodes/w1", "ready", 2));
+        let mut nodes = store.watch("nodes/", r).unwrap();
+        assert_eq!(next_now(&mut nodes), put_of("nodes/w1", "ready", r + 2));
         assert!(nodes.try_next().is_none());
         store.put("tasks/e", &text("not a node")).unwrap();
         assert!(store.delete("nodes/w1").unwrap());
@@ -324,7 +355,7 @@ mod contract {
             next_now(&mut nodes),
             Change::Delete {
                 key: text("nodes/w1"),
-                revision: 9
+                revision: r + 9
             }
         );
     }

@@ -93,6 +93,12 @@ pub enum WatchError {
         "the watcher fell more than {capacity} changes behind and was dropped: list the store again and watch from its revision"
     )]
     Lagged { capacity: usize },
+    /// The store's own feed of changes missed some (etcd compacted them while the store's
+    /// watch of etcd was broken): re-list.
+    #[error(
+        "the store missed changes (they were compacted before its watch of etcd resumed): list the store again and watch from its revision"
+    )]
+    Missed,
     /// The store was closed or failed: nothing more will be committed.
     #[error("the store closed or failed: no more changes will come")]
     Closed,
@@ -107,7 +113,7 @@ impl WatchError {
     pub fn needs_relist(&self) -> bool {
         matches!(
             self,
-            WatchError::Compacted { .. } | WatchError::Lagged { .. }
+            WatchError::Compacted { .. } | WatchError::Lagged { .. } | WatchError::Missed
         )
     }
 }
@@ -116,6 +122,7 @@ impl WatchError {
 const LIVE: u8 = 0;
 const LAGGED: u8 = 1;
 const CLOSED: u8 = 2;
+const MISSED: u8 = 3;
 
 /// The recent changes of one store and the watchers of it. Not locked itself: the store
 /// keeps it under the lock that orders its commits' publication.
@@ -261,6 +268,18 @@ impl<T: Clone> ChangeHub<T> {
         }
     }
 
+    /// The changes after the last one published are lost to this hub (etcd compacted them):
+    /// every watch ends with [`WatchError::Missed`], the history is forgotten, and new
+    /// watches may start at `revision` or later.
+    pub(crate) fn lose_sync(&mut self, revision: u64) {
+        for watcher in self.watchers.drain(..) {
+            watcher.end.store(MISSED, Ordering::Release);
+        }
+        self.history.clear();
+        self.history_bytes = 0;
+        self.oldest = self.oldest.max(revision);
+    }
+
     #[cfg(test)]
     pub(crate) fn watcher_count(&self) -> usize {
         self.watchers.len()
@@ -302,9 +321,13 @@ impl<T> Subscription<T> {
             return Poll::Ready(Err(reason.clone()));
         }
         // A watcher that lagged is told at once: what it still holds is stale anyway.
-        if self.end.load(Ordering::Acquire) == LAGGED {
-            let capacity = self.channel_capacity;
-            return self.end_with(WatchError::Lagged { capacity });
+        match self.end.load(Ordering::Acquire) {
+            LAGGED => {
+                let capacity = self.channel_capacity;
+                return self.end_with(WatchError::Lagged { capacity });
+            }
+            MISSED => return self.end_with(WatchError::Missed),
+            _ => {}
         }
         if let Some(change) = self.backlog.pop_front() {
             return Poll::Ready(Ok(change));
@@ -319,6 +342,7 @@ impl<T> Subscription<T> {
                     LAGGED => WatchError::Lagged {
                         capacity: self.channel_capacity,
                     },
+                    MISSED => WatchError::Missed,
                     _ => WatchError::Closed,
                 };
                 self.end_with(reason)

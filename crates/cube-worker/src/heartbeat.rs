@@ -1,10 +1,23 @@
 //! Registration and heartbeats: a worker started with `--manager` tells the manager who it is,
 //! where its API is and what it offers, then repeats it with fresh stats every interval.
+//!
+//! Several managers may be given (`--manager a:5555,b:5555,c:5555`, managers sharing one
+//! etcd cluster): a beat goes to the one that answered last, and to the next in turn when it
+//! cannot be reached or answers 503 (it is stopping, or cannot reach the leader), so a worker
+//! whose manager died beats to another at its next beat.
+//!
+//! **Rate.** The manager's answer says the shortest interval it wants between beats
+//! (`X-Cube-Heartbeat-Interval`: the number of nodes / 50 per second, see
+//! `cube_manager::heartbeat_floor`); the worker beats every `max(--heartbeat-interval, that)`.
+//! So all nodes together send at most 50 beats a second once there are more than
+//! `50 × --heartbeat-interval` nodes, and one every `--heartbeat-interval` each below that.
+//! A beat that no manager took (a leader is being elected) is tried again after an eighth of
+//! the interval (at least 250 ms).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use cube_api::ApiClient;
+use cube_api::{ApiClient, ClientError};
 use cube_runtime::Runtime;
 use cube_types::Node;
 use tokio_util::sync::CancellationToken;
@@ -14,8 +27,21 @@ use crate::worker::Worker;
 /// Where to report and how often.
 #[derive(Debug, Clone)]
 pub struct Heartbeat {
-    pub manager: ApiClient,
+    /// Every manager to try, in order; the one that answered last is asked first.
+    pub managers: Vec<ApiClient>,
     pub interval: Duration,
+}
+
+/// Whether a failed beat should be tried at once on the next manager.
+fn try_another(err: &ClientError) -> bool {
+    matches!(err, ClientError::Unreachable { .. })
+        || err.status().map(|status| status.as_u16()) == Some(503)
+}
+
+/// How soon a beat that no manager took is tried again: an eighth of the interval, at least
+/// 250 ms, at most the interval.
+fn retry_after(interval: Duration) -> Duration {
+    (interval / 8).max(Duration::from_millis(250)).min(interval)
 }
 
 impl Heartbeat {
@@ -25,14 +51,16 @@ impl Heartbeat {
     /// tried again at the next beat.
     pub async fn run<R: Runtime>(self, worker: Arc<Worker<R>>, shutdown: CancellationToken) {
         let path = format!("/nodes/{}", worker.name());
-        let mut ticks = tokio::time::interval(self.interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut current = 0;
+        let mut interval = self.interval;
         let mut reachable = None;
+        let mut next_beat = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = ticks.tick() => {}
+                _ = tokio::time::sleep_until(next_beat) => {}
             }
+            next_beat = tokio::time::Instant::now() + interval;
             let report = match worker.node_report() {
                 Ok(report) => report,
                 Err(err) => {
@@ -40,25 +68,83 @@ impl Heartbeat {
                     continue;
                 }
             };
-            let sent = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                sent = self.manager.put::<_, Node>(&path, &report) => sent,
-            };
-            match (sent, reachable) {
-                (Ok(_), Some(true)) => {}
-                (Ok(node), _) => {
-                    tracing::info!(manager = %self.manager.base(), "registered with the manager");
-                    if let Some(warning) = &node.version_warning {
-                        tracing::warn!(manager = %self.manager.base(), "{warning}");
+            // Each manager at most once per beat, starting with the last that answered.
+            let mut sent = Err(None);
+            for offset in 0..self.managers.len() {
+                let index = (current + offset) % self.managers.len();
+                let manager = &self.managers[index];
+                let answer = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    answer = manager.put_heartbeat::<_, Node>(&path, &report) => answer,
+                };
+                match answer {
+                    Ok((node, floor)) => {
+                        if index != current || reachable != Some(true) {
+                            tracing::info!(manager = %manager.base(), "registered with the manager");
+                            if let Some(warning) = &node.version_warning {
+                                tracing::warn!(manager = %manager.base(), "{warning}");
+                            }
+                        }
+                        current = index;
+                        sent = Ok(floor);
+                        break;
                     }
-                    reachable = Some(true);
+                    Err(err) => {
+                        let again = try_another(&err);
+                        sent = Err(Some(err));
+                        if !again {
+                            break;
+                        }
+                    }
                 }
-                (Err(err), Some(false)) => tracing::debug!(error = %err, "heartbeat failed"),
-                (Err(err), _) => {
-                    tracing::warn!(error = %err, "cannot reach the manager; retrying every heartbeat");
-                    reachable = Some(false);
+            }
+            match sent {
+                Ok(floor) => {
+                    reachable = Some(true);
+                    let wanted = floor.map_or(self.interval, |floor| floor.max(self.interval));
+                    if wanted != interval {
+                        tracing::info!(interval = ?wanted, "heartbeat interval set by the manager");
+                        next_beat = next_beat - interval + wanted;
+                        interval = wanted;
+                    }
+                }
+                Err(err) => {
+                    if reachable == Some(false) {
+                        tracing::debug!(error = ?err, "heartbeat failed");
+                    } else {
+                        let error =
+                            err.map_or_else(|| "no manager given".to_string(), |e| e.to_string());
+                        tracing::warn!(%error, "cannot reach a manager; retrying");
+                        reachable = Some(false);
+                    }
+                    // No manager took the beat (they are electing a leader, or down): the
+                    // next try comes sooner, so that a new leader learns of this node soon
+                    // after it leads, yet no faster than 4 a second and an eighth of the
+                    // interval the manager asked for.
+                    next_beat = tokio::time::Instant::now() + retry_after(interval);
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_beat_no_manager_took_is_tried_again_sooner_but_not_in_a_hurry() {
+        assert_eq!(
+            retry_after(Duration::from_secs(2)),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            retry_after(Duration::from_secs(20)),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            retry_after(Duration::from_millis(100)),
+            Duration::from_millis(100)
+        );
     }
 }

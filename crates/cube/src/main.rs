@@ -5,10 +5,12 @@
 
 mod cli;
 mod dev;
+mod leading;
 mod manager;
 mod sample_image;
 mod shutdown;
 mod store_cmd;
+mod store_move;
 mod stores;
 mod worker;
 

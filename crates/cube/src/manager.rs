@@ -55,6 +55,14 @@ pub struct ManagerArgs {
     /// request waits in the queue, saying why. Unset: no limit.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_claimed_per_owner: Option<u32>,
+    /// With --store etcd: how long a leader's lease lasts without renewal. A leader that
+    /// dies is replaced within it; a paused one stops leading after it.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    leader_ttl: Duration,
+    /// With --store etcd: the address the other managers reach this one at (default: the
+    /// address it listens on).
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
 }
 
 impl ManagerArgs {
@@ -70,18 +78,45 @@ impl ManagerArgs {
             poll_interval: Duration::from_secs(2),
             gc_after: Duration::from_secs(3600),
             max_claimed_per_owner: None,
+            leader_ttl: Duration::from_secs(5),
+            advertise: None,
         }
     }
 }
 
 /// A manager built and bound, ready to run.
 pub struct PreparedManager {
-    manager: std::sync::Arc<Manager>,
+    mode: Mode,
     listener: TcpListener,
     /// Watched while serving: a store that fails stops the manager with an error.
     stores: OpenedStores,
     pub listening_line: String,
     pub address: std::net::SocketAddr,
+}
+
+/// One manager on its own store, or one of several on etcd.
+enum Mode {
+    Alone(std::sync::Arc<Manager>),
+    /// The API in front, and what the manager needs to load its state once it leads.
+    OnEtcd {
+        front: std::sync::Arc<crate::leading::Front>,
+        db: cube_store::EtcdDb,
+        build: crate::leading::Build,
+        leader_ttl: Duration,
+    },
+}
+
+/// The stores of the manager's tables.
+fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
+    Ok(ManagerStores {
+        tasks: stores.table("tasks")?,
+        nodes: stores.table("nodes")?,
+        jobs: stores.table("jobs")?,
+        job_versions: stores.table("job_versions")?,
+        deployments: stores.table("deployments")?,
+        meta: stores.table("meta")?,
+        queue: stores.table("queue")?,
+    })
 }
 
 pub async fn prepare(
@@ -104,15 +139,7 @@ pub async fn prepare(
     // Every submission's `TaskEvent` was once kept in an `events` table that nothing read
     // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
     stores.drop_unused_table("events")?;
-    let manager_stores = ManagerStores {
-        tasks: stores.table("tasks")?,
-        nodes: stores.table("nodes")?,
-        jobs: stores.table("jobs")?,
-        job_versions: stores.table("job_versions")?,
-        deployments: stores.table("deployments")?,
-        meta: stores.table("meta")?,
-        queue: stores.table("queue")?,
-    };
+    let manager_stores = manager_stores(&stores)?;
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
@@ -123,13 +150,37 @@ pub async fn prepare(
         gc_after: args.gc_after,
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
     };
-    let manager = Manager::open(config, manager_stores, scheduler, shutdown)
-        .context("loading the manager's state")?;
     let (listener, address) = crate::listen(&args.host, args.port).await?;
     let listening_line =
-        cube_manager::listening_line(address, manager.scheduler_name(), &stores.description);
+        cube_manager::listening_line(address, scheduler.name(), &stores.description);
+    let mode = match stores.etcd() {
+        None => Mode::Alone(
+            Manager::open(config, manager_stores, scheduler, shutdown)
+                .context("loading the manager's state")?,
+        ),
+        Some(db) => {
+            anyhow::ensure!(
+                args.leader_ttl >= Duration::from_secs(1),
+                "--leader-ttl must be at least 1s (etcd counts leases in seconds)"
+            );
+            let me = args.advertise.unwrap_or_else(|| address.to_string());
+            let scheduler_name = args.scheduler.clone();
+            let build: crate::leading::Build = std::sync::Arc::new(move |term| {
+                let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)
+                    .with_context(|| format!("unknown scheduler {scheduler_name:?}"))?;
+                Manager::open(config.clone(), manager_stores.clone(), scheduler, term)
+                    .context("loading the manager's state from etcd")
+            });
+            Mode::OnEtcd {
+                front: crate::leading::Front::new(me, db.clone())?,
+                db: db.clone(),
+                build,
+                leader_ttl: args.leader_ttl,
+            }
+        }
+    };
     Ok(PreparedManager {
-        manager,
+        mode,
         listener,
         stores,
         listening_line,
@@ -140,9 +191,33 @@ pub async fn prepare(
 impl PreparedManager {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let serving = async {
-            cube_manager::run(self.manager, self.listener, shutdown.clone())
-                .await
-                .context("serving the manager API")
+            match self.mode {
+                Mode::Alone(manager) => cube_manager::run(manager, self.listener, shutdown.clone())
+                    .await
+                    .context("serving the manager API"),
+                Mode::OnEtcd {
+                    front,
+                    db,
+                    build,
+                    leader_ttl,
+                } => {
+                    let leading = tokio::spawn(crate::leading::campaign_and_lead(
+                        front.clone(),
+                        db,
+                        build,
+                        leader_ttl,
+                        shutdown.clone(),
+                    ));
+                    let served = axum::serve(self.listener, crate::leading::router(front))
+                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+                        .await
+                        .context("serving the manager API");
+                    if let Err(err) = leading.await {
+                        tracing::error!(error = %err, "the leadership loop ended abnormally");
+                    }
+                    served
+                }
+            }
         };
         self.stores.unless_failed(serving, &shutdown).await
     }

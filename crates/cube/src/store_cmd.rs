@@ -17,12 +17,15 @@ use cube_store::{PersistentDb, StoreError};
 
 use crate::stores::StoreOwner;
 
-/// Back up or restore a store file (a manager's or a worker's).
+/// Back up or restore a store file (a manager's or a worker's); export a manager's state and
+/// import it into another store (a redb file into etcd, or back).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube store backup cube-backup.redb                       # from the running manager at CUBE_MANAGER\n  \
     cube store backup cube-backup.redb --data-dir cube-data  # nothing running: from the file\n  \
-    cube store restore cube-backup.redb --data-dir cube-data # with the manager stopped")]
+    cube store restore cube-backup.redb --data-dir cube-data # with the manager stopped\n  \
+    cube store export state.jsonl --data-dir cube-data       # a manager's state, to move it\n  \
+    cube store import state.jsonl --store etcd --etcd-endpoints 127.0.0.1:2379")]
 pub struct StoreCommandArgs {
     #[command(subcommand)]
     action: StoreAction,
@@ -37,6 +40,12 @@ enum StoreAction {
     /// check. The process that uses the store must be stopped; the file it replaces is kept
     /// next to it as `NAME.before-restore-TIME`.
     Restore(RestoreArgs),
+    /// Write a manager's whole state (every table, from a store file or from etcd) to FILE,
+    /// one JSON record a line. Stop the managers first.
+    Export(crate::store_move::ExportArgs),
+    /// Fill an empty manager store (etcd, or a store file) from a FILE `cube store export`
+    /// wrote: how a manager on a redb file moves to etcd, and back.
+    Import(crate::store_move::ImportArgs),
 }
 
 /// Whose store: a manager's (`manager.redb`) or a worker's (`worker-NAME.redb`).
@@ -102,6 +111,16 @@ pub async fn run(args: StoreCommandArgs) -> anyhow::Result<()> {
         StoreAction::Restore(args) => tokio::task::spawn_blocking(move || restore(args))
             .await
             .context("the restore stopped")?,
+        StoreAction::Export(args) => {
+            tokio::task::spawn_blocking(move || crate::store_move::export(args))
+                .await
+                .context("the export stopped")?
+        }
+        StoreAction::Import(args) => {
+            tokio::task::spawn_blocking(move || crate::store_move::import(args))
+                .await
+                .context("the import stopped")?
+        }
     }
 }
 

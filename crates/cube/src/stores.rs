@@ -11,7 +11,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use cube_store::{MemoryStore, PersistentDb, PersistentStore, Store, StoreError};
+use cube_store::{
+    EtcdConfig, EtcdDb, EtcdStore, MemoryStore, PersistentDb, PersistentStore, Store, StoreError,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -57,14 +59,31 @@ pub enum DbType {
     Memory,
     /// In a redb file under --data-dir: every acknowledged change survives a crash.
     Persistent,
+    /// In an etcd cluster (--etcd-endpoints), shared by several managers: every
+    /// acknowledged change is committed by a majority of the cluster. Managers only.
+    Etcd,
 }
 
 /// The flags that say where state lives.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
-    /// Store: memory (forgotten on exit) or persistent (a redb file under --data-dir).
-    #[arg(short, long, value_enum, default_value_t = DbType::Persistent)]
+    /// Store: memory (forgotten on exit), persistent (a redb file under --data-dir) or etcd
+    /// (an etcd cluster shared by several managers; managers only).
+    #[arg(short, long, visible_alias = "store", value_enum, default_value_t = DbType::Persistent)]
     pub dbtype: DbType,
+    /// The etcd cluster's members, HOST:PORT, comma-separated (with --store etcd): a member
+    /// that is down is skipped.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "HOST:PORT,...",
+        env = "CUBE_ETCD_ENDPOINTS",
+        required_if_eq("dbtype", "etcd")
+    )]
+    pub etcd_endpoints: Vec<String>,
+    /// The prefix every key of this Cube cluster lives under in etcd (with --store etcd).
+    #[arg(long, default_value = "/cube", env = "CUBE_ETCD_PREFIX")]
+    pub etcd_prefix: String,
     /// Directory for the store files; a worker's /stats reports on its filesystem.
     #[arg(long, default_value = "cube-data", env = "CUBE_DATA_DIR")]
     pub data_dir: PathBuf,
@@ -73,6 +92,8 @@ pub struct StoreArgs {
 /// One store file (or memory), opened for the tables a process needs.
 pub struct OpenedStores {
     db: Option<PersistentDb>,
+    /// The etcd cluster, with --store etcd.
+    etcd: Option<EtcdDb>,
     /// For the listening line: `memory`, or `persistent, PATH`.
     pub description: String,
     /// Whose store it is, for the messages that say what to do.
@@ -84,11 +105,31 @@ impl StoreArgs {
     /// Creates the data directory and opens `owner`'s store file in it (or nothing, in
     /// memory). A file that exists but is not a sound store is refused, with what to do.
     pub fn open(&self, owner: StoreOwner) -> anyhow::Result<OpenedStores> {
-        std::fs::create_dir_all(&self.data_dir)
-            .with_context(|| format!("creating the data directory {}", self.data_dir.display()))?;
+        if self.dbtype != DbType::Etcd {
+            std::fs::create_dir_all(&self.data_dir).with_context(|| {
+                format!("creating the data directory {}", self.data_dir.display())
+            })?;
+        }
         Ok(match self.dbtype {
+            DbType::Etcd => {
+                if owner != StoreOwner::Manager {
+                    anyhow::bail!(
+                        "--store etcd is for managers: a {role} keeps its own store (-d persistent or memory)",
+                        role = owner.role()
+                    );
+                }
+                let etcd = self.connect_etcd()?;
+                OpenedStores {
+                    db: None,
+                    description: etcd.describe(),
+                    etcd: Some(etcd),
+                    owner,
+                    data_dir: self.data_dir.clone(),
+                }
+            }
             DbType::Memory => OpenedStores {
                 db: None,
+                etcd: None,
                 description: "memory".to_string(),
                 owner,
                 data_dir: self.data_dir.clone(),
@@ -109,12 +150,29 @@ impl StoreArgs {
                 };
                 OpenedStores {
                     db: Some(db),
+                    etcd: None,
                     description: format!("persistent, {}", path.display()),
                     owner,
                     data_dir: self.data_dir.clone(),
                 }
             }
         })
+    }
+
+    /// Connects to the etcd cluster the flags name; an error when no member answers.
+    pub fn connect_etcd(&self) -> anyhow::Result<EtcdDb> {
+        let endpoints: Vec<String> = self
+            .etcd_endpoints
+            .iter()
+            .map(|endpoint| endpoint.trim().to_string())
+            .filter(|endpoint| !endpoint.is_empty())
+            .collect();
+        anyhow::ensure!(
+            !endpoints.is_empty(),
+            "--store etcd needs --etcd-endpoints HOST:PORT,... (or CUBE_ETCD_ENDPOINTS)"
+        );
+        EtcdDb::connect(EtcdConfig::new(endpoints, &self.etcd_prefix))
+            .context("connecting to etcd (--etcd-endpoints)")
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -158,7 +216,11 @@ impl OpenedStores {
         }
     }
 
-    /// The store for one table of values.
+    /// The etcd cluster, with --store etcd.
+    pub fn etcd(&self) -> Option<&EtcdDb> {
+        self.etcd.as_ref()
+    }
+
     /// Removes a table an older Cube wrote and nothing reads any more; says so in the log.
     pub fn drop_unused_table(&self, name: &str) -> anyhow::Result<()> {
         if let Some(db) = &self.db
@@ -169,13 +231,15 @@ impl OpenedStores {
         Ok(())
     }
 
+    /// The store for one table of values.
     pub fn table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
     where
         V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
     {
-        Ok(match &self.db {
-            None => Arc::new(MemoryStore::new()),
-            Some(db) => Arc::new(PersistentStore::new(db.clone(), name)?),
+        Ok(match (&self.db, &self.etcd) {
+            (Some(db), _) => Arc::new(PersistentStore::new(db.clone(), name)?),
+            (None, Some(etcd)) => Arc::new(EtcdStore::new(etcd.clone(), name)?),
+            (None, None) => Arc::new(MemoryStore::new()),
         })
     }
 }

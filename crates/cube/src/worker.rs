@@ -48,9 +48,11 @@ pub struct WorkerArgs {
     name: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
-    /// The manager to register with and send heartbeats to (HOST:PORT).
-    #[arg(short, long)]
-    manager: Option<String>,
+    /// The manager to register with and send heartbeats to (HOST:PORT); several managers
+    /// sharing one etcd cluster as a comma-separated list: a beat goes to the next when one
+    /// cannot be reached.
+    #[arg(short, long, value_delimiter = ',', value_name = "HOST:PORT,...")]
+    manager: Vec<String>,
     /// The address the manager should use to reach this worker (HOST:PORT) [default: the
     /// listening address; required when listening on 0.0.0.0 with --manager].
     #[arg(long)]
@@ -126,7 +128,7 @@ impl WorkerArgs {
             port,
             name: Some(name),
             store,
-            manager: Some(manager),
+            manager: vec![manager],
             advertise: None,
             heartbeat_interval: Duration::from_secs(2),
             cpus: None,
@@ -187,11 +189,13 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         .stop_timeout
         .or(file.stop.timeout)
         .unwrap_or(Duration::from_secs(10));
-    let manager = args
+    let managers = args
         .manager
-        .as_deref()
+        .iter()
+        .map(|address| address.trim())
+        .filter(|address| !address.is_empty())
         .map(|address| ApiClient::new(address, Duration::from_secs(5)))
-        .transpose()
+        .collect::<Result<Vec<_>, _>>()
         .context("--manager")?;
 
     // 2. Build: store, Docker, listener.
@@ -199,7 +203,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
     let (listener, address) = crate::listen(&args.host, args.port).await?;
-    let advertised = advertised_address(args.advertise.as_deref(), address, manager.is_some())?;
+    let advertised = advertised_address(args.advertise.as_deref(), address, !managers.is_empty())?;
     let stats = StatsCollector::new(args.store.data_dir());
     let machine = stats
         .machine_capacity()
@@ -223,8 +227,8 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         worker,
         commands,
         listener,
-        heartbeat: manager.map(|manager| Heartbeat {
-            manager,
+        heartbeat: (!managers.is_empty()).then(|| Heartbeat {
+            managers,
             interval: args.heartbeat_interval,
         }),
         listening_line: cube_worker::listening_line(&name, address, &stores.description),

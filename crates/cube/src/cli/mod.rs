@@ -35,7 +35,7 @@ mod watch;
 use std::ffi::OsString;
 use std::time::Duration;
 
-use anyhow::anyhow;
+use anyhow::{anyhow, bail};
 use clap::{Args, ValueEnum};
 use cube_api::{ApiClient, ClientError, innermost_cause};
 use serde::Serialize;
@@ -260,15 +260,34 @@ impl ManagerClient {
         ManagerClient::connect_to(&flags.target)
     }
 
-    /// A client for the manager the flags, `CUBE_MANAGER` or the config file name.
+    /// A client for the manager the flags, `CUBE_MANAGER` or the config file name. Given
+    /// several (`-m a:5555,b:5555`, managers sharing one etcd cluster), the first that can
+    /// be reached: each is tried in turn, the next on a connection error.
     fn connect_to(flags: &ClusterFlags) -> anyhow::Result<ManagerClient> {
         let target = config::resolve_manager(flags)?;
-        let api = ApiClient::new(&target.address, REQUEST_TIMEOUT).map_err(|err| {
-            anyhow!(
-                "{err}{}; set the manager with -m HOST:PORT, CUBE_MANAGER or --cluster NAME",
-                target.origin()
-            )
-        })?;
+        let apis = target
+            .address
+            .split(',')
+            .map(str::trim)
+            .filter(|address| !address.is_empty())
+            .map(|address| {
+                ApiClient::new(address, REQUEST_TIMEOUT).map_err(|err| {
+                    anyhow!(
+                        "{err}{}; set the manager with -m HOST:PORT[,HOST:PORT...], \
+                         CUBE_MANAGER or --cluster NAME",
+                        target.origin()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let Some(first) = apis.first().cloned() else {
+            bail!("no manager address given; set one with -m HOST:PORT or CUBE_MANAGER");
+        };
+        let api = if apis.len() == 1 {
+            first
+        } else {
+            first_reachable(apis).unwrap_or(first)
+        };
         let described = format!("{} at {}", target.described(), api.base());
         Ok(ManagerClient { api, described })
     }
@@ -299,6 +318,34 @@ impl ManagerClient {
     fn explain(&self, err: ClientError) -> anyhow::Error {
         explain(&self.described, err)
     }
+}
+
+/// The first manager of `apis` that answers at all (any status counts: only a connection
+/// error moves on to the next), asked with `GET /health` within a second each. Asked on a
+/// thread of its own, with a runtime of its own: the caller may be on a runtime's thread.
+fn first_reachable(apis: Vec<ApiClient>) -> Option<ApiClient> {
+    std::thread::scope(|scope| scope.spawn(|| probe_in_turn(apis)).join().ok().flatten())
+}
+
+fn probe_in_turn(apis: Vec<ApiClient>) -> Option<ApiClient> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .ok()?;
+    runtime.block_on(async {
+        for api in apis {
+            let probe = tokio::time::timeout(
+                std::time::Duration::from_secs(1),
+                api.get::<serde::de::IgnoredAny>("/health"),
+            )
+            .await;
+            match probe {
+                Ok(Err(ClientError::Unreachable { .. })) | Err(_) => continue,
+                Ok(_) => return Some(api),
+            }
+        }
+        None
+    })
 }
 
 /// A client error in words: an unreachable manager is named (`described`: "the manager at

@@ -131,8 +131,13 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
             let mut nodes: Vec<Node> = manager.get("/nodes").await?;
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
             match format {
-                ListFormat::Table => print_lines(&node_table(&nodes, now, false)),
-                ListFormat::Wide => print_lines(&node_table(&nodes, now, true)),
+                ListFormat::Table | ListFormat::Wide => {
+                    // Managers sharing etcd say who leads; a manager alone has no /leader.
+                    if let Ok(leader) = manager.api.get::<serde_json::Value>("/leader").await {
+                        println!("{}", leader_line(&leader));
+                    }
+                    print_lines(&node_table(&nodes, now, format == ListFormat::Wide));
+                }
                 ListFormat::Json => print_json(&nodes)?,
                 ListFormat::Yaml => print_yaml(&nodes)?,
                 // A node's name is its ID.
@@ -243,6 +248,14 @@ async fn follow_drain(manager: &ManagerClient, name: &str, node: Node) -> anyhow
             .into_iter()
             .find(|node| node.name == name)
             .ok_or_else(|| anyhow!("node {name} was removed while it drained"))?;
+    }
+}
+
+/// `Leader: HOST:PORT` (from `GET /leader`), or that none leads now.
+fn leader_line(leader: &serde_json::Value) -> String {
+    match leader["Leader"].as_str() {
+        Some(address) => format!("Leader: {address}"),
+        None => "Leader: none at the moment (one is elected within --leader-ttl)".to_string(),
     }
 }
 

@@ -277,6 +277,20 @@ impl ManagerProcess {
         signal_and_wait(&mut self.child, "-TERM", bound)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`-STOP` pauses the process as a long GC or a partition would;
+    /// `-CONT` lets it go on).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal}");
+    }
+
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }

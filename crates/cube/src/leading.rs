@@ -1,0 +1,286 @@
+//! Several managers on one etcd cluster: every one serves the API, one leads.
+//!
+//! Each manager campaigns for the leader key (`cube_store`'s election: a lease of
+//! `--leader-ttl`). The one that wins loads the state from etcd, fences its store's writes
+//! on the key it created, and runs the controllers and the followers of the workers; its API
+//! is the manager's own router. The others answer `GET /leader` themselves and hand every
+//! other request to the leader (its address is the leader key's value) and its answer back,
+//! streams included: so a worker, a CLI or a script may talk to any manager.
+//!
+//! A leader steps down when its lease is lost (it could not renew it for a TTL, or etcd
+//! says it expired) or when one of its writes was refused by the fence (another leads): its
+//! loops stop, its API goes back to forwarding, and it campaigns again.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use cube_api::server::ApiError;
+use cube_manager::Manager;
+use cube_store::EtcdDb;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// Set on a request one manager hands to another: a manager that does not lead either
+/// answers 503 rather than handing it on again.
+const FORWARDED: HeaderName = HeaderName::from_static("x-cube-forwarded-by");
+
+/// The largest request body handed on (the API's own limit is 1 MiB).
+const FORWARD_BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// What this manager's API does now.
+enum Role {
+    Following,
+    /// Leading: the manager's own router.
+    Leading(Router),
+}
+
+/// The API in front of a manager that may or may not lead.
+pub struct Front {
+    /// This manager's address as the others reach it (the leader key's value).
+    pub me: String,
+    /// A `std` lock held to clone the router or swap the role.
+    role: RwLock<Role>,
+    db: EtcdDb,
+    /// For handing requests on: no overall timeout (blocking queries and event streams
+    /// last), but a connection must open within a second.
+    http: reqwest::Client,
+}
+
+impl Front {
+    pub fn new(me: String, db: EtcdDb) -> anyhow::Result<Arc<Front>> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .build()?;
+        Ok(Arc::new(Front {
+            me,
+            role: RwLock::new(Role::Following),
+            db,
+            http,
+        }))
+    }
+
+    fn leading_router(&self) -> Option<Router> {
+        match &*self.role.read().unwrap_or_else(|p| p.into_inner()) {
+            Role::Leading(router) => Some(router.clone()),
+            Role::Following => None,
+        }
+    }
+
+    fn set(&self, role: Role) {
+        *self.role.write().unwrap_or_else(|p| p.into_inner()) = role;
+    }
+}
+
+/// `GET /leader`, and everything else to the leader.
+pub fn router(front: Arc<Front>) -> Router {
+    Router::new()
+        .route("/leader", get(leader))
+        .fallback(forward)
+        .with_state(front)
+}
+
+fn unavailable(message: String) -> Response {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
+}
+
+/// `{"Leader": "HOST:PORT" or null, "Self": "HOST:PORT", "IsLeader": bool}`.
+async fn leader(State(front): State<Arc<Front>>) -> Response {
+    let leading = front.leading_router().is_some();
+    let leader = if leading {
+        Some(front.me.clone())
+    } else {
+        match front.db.leader().await {
+            Ok(leader) => leader,
+            Err(err) => return unavailable(format!("cannot read the leader from etcd: {err}")),
+        }
+    };
+    axum::Json(serde_json::json!({
+        "Leader": leader,
+        "Self": front.me,
+        "IsLeader": leading,
+    }))
+    .into_response()
+}
+
+async fn forward(State(front): State<Arc<Front>>, request: Request) -> Response {
+    if let Some(router) = front.leading_router() {
+        return match router.oneshot(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+    }
+    if request.headers().contains_key(&FORWARDED) {
+        return unavailable(format!(
+            "{} handed this request on, but {} does not lead either: the leadership is \
+             changing; try again",
+            request.headers()[&FORWARDED]
+                .to_str()
+                .unwrap_or("another manager"),
+            front.me
+        ));
+    }
+    let leader = match front.db.leader().await {
+        Ok(Some(leader)) if leader != front.me => leader,
+        Ok(Some(_)) => {
+            return unavailable(format!(
+                "{} was just elected leader and is loading the state from etcd: try again",
+                front.me
+            ));
+        }
+        Ok(None) => {
+            return unavailable(format!(
+                "no manager leads at the moment (a new leader is elected within --leader-ttl); \
+                 {} does not: try again",
+                front.me
+            ));
+        }
+        Err(err) => return unavailable(format!("cannot read the leader from etcd: {err}")),
+    };
+    hand_on(&front, &leader, request).await
+}
+
+/// Sends `request` to the leader and streams its answer back.
+async fn hand_on(front: &Front, leader: &str, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, FORWARD_BODY_LIMIT).await {
+        Ok(body) => body,
+        Err(err) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body could not be read whole: {err}"),
+            )
+            .into_response();
+        }
+    };
+    let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let mut headers = parts.headers.clone();
+    for hop in ["host", "connection", "content-length", "transfer-encoding"] {
+        headers.remove(hop);
+    }
+    let sent = front
+        .http
+        .request(parts.method, format!("http://{leader}{path}"))
+        .headers(headers)
+        .header(&FORWARDED, front.me.as_str())
+        .body(body)
+        .send()
+        .await;
+    let answer = match sent {
+        Ok(answer) => answer,
+        Err(err) => {
+            return unavailable(format!(
+                "the leader {leader} does not answer ({}); a new leader is elected within \
+                 --leader-ttl: try again",
+                cube_api::innermost_cause(&error_chain(&err))
+            ));
+        }
+    };
+    let mut response = Response::builder().status(answer.status());
+    for (name, value) in answer.headers() {
+        if !matches!(
+            name.as_str(),
+            "connection" | "transfer-encoding" | "content-length"
+        ) {
+            response = response.header(name, value);
+        }
+    }
+    response
+        .body(Body::from_stream(answer.bytes_stream()))
+        .unwrap_or_else(|err| unavailable(format!("the leader's answer: {err}")))
+}
+
+/// An error and its causes, `outer: inner: innermost`.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut chain = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    chain
+}
+
+/// Builds this manager's state once it leads (loads everything from etcd).
+pub type Build = Arc<dyn Fn(CancellationToken) -> anyhow::Result<Arc<Manager>> + Send + Sync>;
+
+/// Campaigns, leads, steps down and campaigns again, until `shutdown`.
+pub async fn campaign_and_lead(
+    front: Arc<Front>,
+    db: EtcdDb,
+    build: Build,
+    ttl: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut pause = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let leadership = match db.campaign(&front.me, ttl, &shutdown).await {
+            Ok(Some(leadership)) => leadership,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot campaign for the leadership; trying again");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    // A retry's backoff: etcd did not answer.
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(ttl);
+                continue;
+            }
+        };
+        pause = Duration::from_millis(100);
+        // Every write from here on is conditioned on the key this campaign created.
+        let refused = db.set_fence(Some(leadership.fence().clone()));
+        let term = shutdown.child_token();
+        let opened = tokio::task::spawn_blocking({
+            let (build, term) = (build.clone(), term.clone());
+            move || build(term)
+        })
+        .await;
+        let manager = match opened {
+            Ok(Ok(manager)) => manager,
+            Ok(Err(err)) => {
+                tracing::error!(error = %format!("{err:#}"), "won the leadership but cannot load the state; giving it up");
+                leadership.resign().await;
+                continue;
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "loading the state ended abnormally; giving the leadership up");
+                leadership.resign().await;
+                continue;
+            }
+        };
+        front.set(Role::Leading(cube_manager::api::router(manager.clone())));
+        tracing::info!(address = %front.me, "leading: the controllers run here");
+        let loops = tokio::spawn(cube_manager::run_loops(manager, term.clone()));
+        let why = tokio::select! {
+            () = leadership.lost() => "its lease was lost",
+            () = refused.cancelled() => "a write was refused: another manager leads",
+            () = shutdown.cancelled() => "the manager is stopping",
+        };
+        front.set(Role::Following);
+        if !shutdown.is_cancelled() {
+            tracing::warn!(
+                reason = why,
+                "stepped down: requests go to the leader again"
+            );
+        }
+        term.cancel();
+        if let Err(err) = loops.await {
+            tracing::error!(error = %err, "the manager's loops ended abnormally");
+        }
+        if shutdown.is_cancelled() {
+            // A clean stop hands the leadership over at once rather than after the TTL.
+            leadership.resign().await;
+            return;
+        }
+        drop(leadership);
+        tracing::info!("campaigning again");
+    }
+}

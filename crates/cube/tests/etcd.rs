@@ -1,0 +1,526 @@
+//! Managers on etcd, as a user meets them: real `cube manager` and `cube worker` processes,
+//! a real etcd cluster on loopback ports (`cube-test-support`), the real Docker engine.
+
+mod support;
+
+use cube_test_support::EtcdCluster;
+use support::*;
+
+fn etcd_manager(cluster: &EtcdCluster, dir: &std::path::Path, extra: &[&str]) -> ManagerProcess {
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let mut flags = vec!["--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix];
+    flags.extend_from_slice(extra);
+    ManagerProcess::start_with("epvm", "etcd", dir, 0, &flags)
+}
+
+#[tokio::test]
+async fn a_manager_on_a_three_member_etcd_runs_tasks_and_a_restarted_one_finds_them() {
+    let cluster = EtcdCluster::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let flags = ["--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix];
+    let manager = ManagerProcess::start_with("epvm", "etcd", dir.path(), 0, &flags);
+    let port = manager.port;
+    let worker = manager.join_worker(&unique_node("etcd"), &[]);
+    manager.await_ready_nodes(1).await;
+    let (id, running) = manager.client().run(&web_task("on-etcd")).await;
+    let container = running["ContainerID"].as_str().unwrap().to_string();
+
+    manager.kill_9();
+    let manager = ManagerProcess::start_with("epvm", "etcd", dir.path(), port, &flags);
+    let task = manager.client().await_state(&id, "Running").await;
+    assert_eq!(task["ContainerID"], container.as_str(), "nothing restarted");
+    assert_eq!(task["RestartCount"], 0);
+    drop(worker);
+}
+
+#[tokio::test]
+async fn a_killed_etcd_member_changes_nothing_a_user_sees() {
+    let mut cluster = EtcdCluster::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let manager = etcd_manager(&cluster, dir.path(), &[]);
+    let _worker = manager.join_worker(&unique_node("member"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let (first, _) = client.run(&web_task("before-kill")).await;
+    cluster.kill(0);
+    let (second, _) = client.run(&web_task("after-kill")).await;
+    let listed = client.get("/tasks").await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    for id in [&first, &second] {
+        assert_eq!(
+            client.get(&format!("/tasks/{id}")).await.body["State"],
+            "Running"
+        );
+    }
+}
+
+#[test]
+fn a_manager_on_an_etcd_nobody_answers_at_says_so_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (status, _, stderr) = cube_command(&[
+        "manager",
+        "-p",
+        "0",
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        "127.0.0.1:1",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("127.0.0.1:1"), "{stderr}");
+    assert!(stderr.contains("etcd"), "{stderr}");
+}
+
+/// Managers sharing one etcd cluster, all on one prefix, with a short leader TTL.
+struct Managers {
+    managers: Vec<Option<ManagerProcess>>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+const LEADER_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Managers {
+    fn start(cluster: &EtcdCluster, count: usize, extra: &[&str]) -> Managers {
+        let endpoints = cluster.endpoints_flag();
+        let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+        let mut managers = Vec::new();
+        let mut dirs = Vec::new();
+        for _ in 0..count {
+            let dir = tempfile::tempdir().unwrap();
+            let mut flags = vec![
+                "--etcd-endpoints",
+                &endpoints,
+                "--etcd-prefix",
+                &prefix,
+                "--leader-ttl",
+                "2s",
+            ];
+            flags.extend_from_slice(extra);
+            managers.push(Some(ManagerProcess::start_with(
+                "epvm",
+                "etcd",
+                dir.path(),
+                0,
+                &flags,
+            )));
+            dirs.push(dir);
+        }
+        Managers {
+            managers,
+            _dirs: dirs,
+        }
+    }
+
+    fn get(&self, index: usize) -> &ManagerProcess {
+        self.managers[index].as_ref().expect("a running manager")
+    }
+
+    /// Every running manager's address, comma-separated: `--manager` and `-m`.
+    fn addresses(&self) -> String {
+        self.managers
+            .iter()
+            .flatten()
+            .map(ManagerProcess::address)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn running(&self) -> Vec<usize> {
+        (0..self.managers.len())
+            .filter(|index| self.managers[*index].is_some())
+            .collect()
+    }
+
+    /// Waits until every running manager names the same leader, one of them, other than
+    /// `not`; its index.
+    async fn await_leader(&self, not: Option<&str>) -> usize {
+        let deadline = std::time::Instant::now() + STATE_BOUND;
+        loop {
+            let mut named = Vec::new();
+            let mut serving = false;
+            for index in self.running() {
+                let answer = self.get(index).client().get("/leader").await;
+                named.push(answer.body["Leader"].as_str().map(str::to_string));
+                // The leader serves once it has loaded the state.
+                serving |= answer.body["IsLeader"] == true;
+            }
+            if let Some(Some(leader)) = named.first()
+                && serving
+                && named
+                    .iter()
+                    .all(|other| other.as_deref() == Some(leader.as_str()))
+                && Some(leader.as_str()) != not
+                && let Some(index) = self
+                    .running()
+                    .into_iter()
+                    .find(|index| self.get(*index).address() == *leader)
+            {
+                return index;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no agreed leader: {named:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    fn join_worker(&self, name: &str) -> WorkerProcess {
+        ensure_sample_image();
+        let managers = self.addresses();
+        let dir = self._dirs[0].path().join(name);
+        WorkerProcess::start_with(
+            name,
+            "memory",
+            &dir,
+            &["--manager", &managers, "--heartbeat-interval", "300ms"],
+        )
+    }
+}
+
+#[tokio::test]
+async fn three_managers_on_three_etcd_members_one_leads_and_every_one_takes_submissions() {
+    let cluster = EtcdCluster::start(3);
+    let managers = Managers::start(&cluster, 3, &[]);
+    let leader = managers.await_leader(None).await;
+    let _workers: Vec<WorkerProcess> = (0..2)
+        .map(|n| managers.join_worker(&unique_node(&format!("several{n}"))))
+        .collect();
+    managers.get(1).await_ready_nodes(2).await;
+    let mut ids = Vec::new();
+    for index in 0..3 {
+        for n in 0..2 {
+            let client = managers.get(index).client();
+            ids.push(client.submit(&web_task(&format!("via-{index}-{n}"))).await);
+        }
+    }
+    for (n, id) in ids.iter().enumerate() {
+        // Read back through another manager than the one that took it.
+        managers
+            .get((n + 1) % 3)
+            .client()
+            .await_state(id, "Running")
+            .await;
+    }
+    let answer = managers.get((leader + 1) % 3).client().get("/leader").await;
+    assert_eq!(answer.body["IsLeader"], false);
+    assert_eq!(
+        answer.body["Leader"],
+        managers.get(leader).address().as_str()
+    );
+
+    // The command line takes the list and shows who leads.
+    let (ok, stdout, stderr) = cube_cli_env(&[("CUBE_MANAGER", &managers.addresses())], &["node"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains(&format!("Leader: {}", managers.get(leader).address())),
+        "{stdout}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_whose_manager_died_heartbeats_to_another_and_the_cli_tries_the_next() {
+    let cluster = EtcdCluster::start(1);
+    let mut managers = Managers::start(&cluster, 2, &["--heartbeat-grace", "2s"]);
+    let leader = managers.await_leader(None).await;
+    let follower = 1 - leader;
+    // The worker's list starts with the follower: its beats go there first.
+    let ordered = format!(
+        "{},{}",
+        managers.get(follower).address(),
+        managers.get(leader).address()
+    );
+    ensure_sample_image();
+    let name = unique_node("beats");
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start_with(
+        &name,
+        "memory",
+        dir.path(),
+        &["--manager", &ordered, "--heartbeat-interval", "300ms"],
+    );
+    managers.get(leader).await_ready_nodes(1).await;
+    managers.managers[follower].take().unwrap().kill_9();
+    // Past the grace, the node is still Ready: its beats reach the leader directly.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    managers.get(leader).await_ready_nodes(1).await;
+    assert!(
+        worker.stderr().contains("registered with the manager"),
+        "{}",
+        worker.stderr()
+    );
+    let (ok, stdout, stderr) = cube_cli_env(&[("CUBE_MANAGER", &ordered)], &["node"]);
+    assert!(ok, "the dead first manager is skipped: {stderr}");
+    assert!(stdout.contains(&name), "{stdout}");
+}
+
+#[tokio::test]
+async fn a_leader_paused_past_its_ttl_has_its_writes_refused_and_steps_down() {
+    let cluster = EtcdCluster::start(3);
+    let managers = Managers::start(&cluster, 2, &["--heartbeat-grace", "1s"]);
+    let first = managers.await_leader(None).await;
+    let worker = managers.join_worker(&unique_node("paused"));
+    managers.get(first).await_ready_nodes(1).await;
+    let (id, running) = managers
+        .get(first)
+        .client()
+        .run(&web_task("survives"))
+        .await;
+
+    managers.get(first).signal("-STOP");
+    let paused = managers.get(first).address();
+    // The other takes over once the lease expires.
+    let second = 1 - first;
+    let deadline = std::time::Instant::now() + LEADER_TTL * 4;
+    loop {
+        let answer = managers.get(second).client().get("/leader").await;
+        if answer.body["IsLeader"] == true {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", answer.body);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    managers.get(first).signal("-CONT");
+
+    // The resumed one believed it led, with a node silent past the grace (it was paused):
+    // it tried to write the node's task Lost, and the fence refused it.
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let answer = managers.get(first).client().get("/leader").await;
+        if answer.body["IsLeader"] == false
+            && answer.body["Leader"] == managers.get(second).address().as_str()
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", answer.body);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let log = managers.get(first).stderr();
+    assert!(
+        log.contains("a write was refused: this manager no longer holds the leadership key"),
+        "{paused} attempted no write after it resumed: {log}"
+    );
+    assert!(log.contains("stepped down"), "{log}");
+    // Nothing it tried reached the store: the task runs on, untouched.
+    let task = managers
+        .get(second)
+        .client()
+        .get(&format!("/tasks/{id}"))
+        .await
+        .body;
+    assert_eq!(task["State"], "Running", "{task}");
+    assert_eq!(task["ContainerID"], running["ContainerID"]);
+    assert_eq!(task["RestartCount"], 0);
+    drop(worker);
+}
+
+#[tokio::test]
+async fn the_leader_killed_with_200_submissions_in_flight_loses_none_and_starts_none_twice() {
+    let cluster = EtcdCluster::start(3);
+    let mut managers = Managers::start(&cluster, 3, &[]);
+    let leader = managers.await_leader(None).await;
+    let workers: Vec<WorkerProcess> = (0..2)
+        .map(|n| managers.join_worker(&unique_node(&format!("failover{n}"))))
+        .collect();
+    managers.get(leader).await_ready_nodes(2).await;
+    let (before, running) = managers.get(leader).client().run(&web_task("before")).await;
+
+    // 200 submissions spread over the three managers, 8 at a time; the leader is killed
+    // once 40 were answered.
+    let addresses: Vec<String> = managers
+        .managers
+        .iter()
+        .flatten()
+        .map(|manager| manager.url.clone())
+        .collect();
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let http = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let mut submitters = tokio::task::JoinSet::new();
+    for lane in 0..8 {
+        let (http, addresses, answered) = (http.clone(), addresses.clone(), answered.clone());
+        submitters.spawn(async move {
+            let mut acknowledged = Vec::new();
+            for n in (lane..200).step_by(8) {
+                // The client names the task, so a retry of a submission whose answer was
+                // lost cannot make a second task; it goes to the next manager after a
+                // failure, as `cube run -m a,b,c` does, for up to 20 s.
+                let id = uuid::Uuid::new_v4().to_string();
+                let mut task = web_task(&format!("inflight-{n}"));
+                task["ID"] = serde_json::Value::String(id.clone());
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                let mut attempt = n;
+                while std::time::Instant::now() < deadline {
+                    let base = &addresses[attempt % addresses.len()];
+                    attempt += 1;
+                    let sent = http.post(format!("{base}/tasks")).json(&task).send().await;
+                    if let Ok(answer) = sent
+                        && matches!(answer.status().as_u16(), 200 | 201)
+                    {
+                        acknowledged.push(id.clone());
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            acknowledged
+        });
+    }
+    while answered.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let dead = managers.get(leader).address();
+    managers.managers[leader].take().unwrap().kill_9();
+    let killed = std::time::Instant::now();
+    let next = managers.await_leader(Some(&dead)).await;
+    let took = killed.elapsed();
+    assert!(
+        took <= LEADER_TTL + std::time::Duration::from_secs(1),
+        "a new leader after {took:?}"
+    );
+    let mut acknowledged = Vec::new();
+    while let Some(lane) = submitters.join_next().await {
+        acknowledged.extend(lane.unwrap());
+    }
+    assert_eq!(
+        acknowledged.len(),
+        200,
+        "every submission is acknowledged, some after a retry"
+    );
+    eprintln!(
+        "new leader after {took:?}; {} of 200 submissions acknowledged",
+        acknowledged.len()
+    );
+
+    // Every acknowledged submission is there once and runs, in one container.
+    let client = managers.get(next).client();
+    let listed = client.get("/tasks").await.body;
+    let listed: Vec<&str> = listed
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /tasks: {listed}"))
+        .iter()
+        .map(|task| task["ID"].as_str().unwrap())
+        .collect();
+    for id in &acknowledged {
+        assert_eq!(
+            listed.iter().filter(|listed| *listed == id).count(),
+            1,
+            "acknowledged {id} is listed once"
+        );
+    }
+    for id in acknowledged.iter().chain(std::iter::once(&before)) {
+        let task = client.await_state(id, "Running").await;
+        assert_eq!(task["RestartCount"], 0, "{task}");
+        let containers = containers_with_label(&format!("cube.task-id={id}"));
+        assert_eq!(
+            containers.len(),
+            1,
+            "task {id} has one container: {containers:?}"
+        );
+    }
+    let task = client.get(&format!("/tasks/{before}")).await.body;
+    assert_eq!(
+        task["ContainerID"], running["ContainerID"],
+        "nothing restarted"
+    );
+    drop(workers);
+}
+
+#[tokio::test]
+async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import() {
+    let cluster = EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("redb");
+    let data_dir = data_dir.to_str().unwrap();
+
+    // A manager on a redb file takes two tasks (no worker: they wait) and stops.
+    let manager = ManagerProcess::start("epvm", "persistent", std::path::Path::new(data_dir), 0);
+    let first = manager.client().submit(&web_task("moved-1")).await;
+    let second = manager.client().submit(&web_task("moved-2")).await;
+    assert!(
+        manager
+            .terminate(std::time::Duration::from_secs(10))
+            .success()
+    );
+
+    let exported = dir.path().join("state.jsonl");
+    let exported = exported.to_str().unwrap();
+    let (status, _, stderr) = cube_command(&["store", "export", exported, "--data-dir", data_dir]);
+    assert!(status.success(), "{stderr}");
+    let etcd_flags = [
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--etcd-prefix",
+        &prefix,
+    ];
+    let mut import = vec!["store", "import", exported];
+    import.extend_from_slice(&etcd_flags);
+    let (status, _, stderr) = cube_command(&import);
+    assert!(status.success(), "{stderr}");
+    assert!(stderr.contains("imported"), "{stderr}");
+
+    // A second import into the same prefix is refused: it would mix two states.
+    let (status, _, stderr) = cube_command(&import);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("import only into an empty store"),
+        "{stderr}"
+    );
+
+    // A manager on etcd has both tasks.
+    let on_etcd = ManagerProcess::start_with(
+        "epvm",
+        "etcd",
+        dir.path(),
+        0,
+        &["--etcd-endpoints", &endpoints, "--etcd-prefix", &prefix],
+    );
+    let leader = Managers {
+        managers: vec![Some(on_etcd)],
+        _dirs: Vec::new(),
+    };
+    leader.await_leader(None).await;
+    for id in [&first, &second] {
+        let task = leader.get(0).client().get(&format!("/tasks/{id}")).await;
+        assert_eq!(task.status, 200, "{}", task.body);
+    }
+    assert!(
+        leader
+            .managers
+            .into_iter()
+            .flatten()
+            .next()
+            .unwrap()
+            .terminate(std::time::Duration::from_secs(10))
+            .success()
+    );
+
+    // And back into a new store file.
+    let back = dir.path().join("back");
+    let back = back.to_str().unwrap();
+    let mut export = vec!["store", "export", exported];
+    export.extend_from_slice(&etcd_flags);
+    let (status, _, stderr) = cube_command(&export);
+    assert!(status.success(), "{stderr}");
+    let (status, _, stderr) = cube_command(&["store", "import", exported, "--data-dir", back]);
+    assert!(status.success(), "{stderr}");
+    let again = ManagerProcess::start("epvm", "persistent", std::path::Path::new(back), 0);
+    for id in [&first, &second] {
+        assert_eq!(
+            again.client().get(&format!("/tasks/{id}")).await.status,
+            200
+        );
+    }
+}
