@@ -2,9 +2,10 @@
 //! whether the task is one container or a pod.
 //!
 //! A launch is: the plan ([`LaunchPlan::for_task`]), the plugins' `pre_launch` in order, then
-//! for each container in start order (the infra container first): wait for what it depends
-//! on, create it (a missing image pulled, with retries; an existing one adopted, by its name
-//! and labels), start it; then the plugins' `post_launch`, and the record. A step that fails
+//! the containers in start order (the infra container first), stage by stage: wait for what
+//! a stage's containers depend on, then create each (a missing image pulled, with retries; an
+//! existing one adopted, by its name and labels) and start it, the stage's containers
+//! together; then the plugins' `post_launch`, and the record. A step that fails
 //! removes what this run started and fails the task with the step's words; the whole launch
 //! is bounded by the configured launch timeout. A kill is the plugins' `pre_kill`, the
 //! containers stopped in reverse start order (the infra container last), removed when so
@@ -14,7 +15,7 @@
 //! container, asked on every Docker event about one of them and at the monitor's interval.
 
 use chrono::{DateTime, Utc};
-use cube_runtime::{ContainerInfo, LABEL_RUN, Runtime, RuntimeError, RuntimeEvent};
+use cube_runtime::{ContainerInfo, Runtime, RuntimeError, RuntimeEvent};
 use cube_types::duration::format_duration;
 use cube_types::pod::{Condition, ContainerStatus, INFRA};
 use cube_types::{Health, State, Task};
@@ -192,39 +193,55 @@ impl<R: Runtime> Worker<R> {
         Ok(())
     }
 
-    /// Creates and starts the plan's containers in order; what the engine says of each once
-    /// all were started.
+    /// Creates and starts the plan's containers in order, stage by stage (see [`stages`]): the
+    /// containers of one stage are created and started together; what the engine says of each
+    /// once all were started, in the plan's order.
     async fn launch(&self, plan: &LaunchPlan) -> Result<Vec<ContainerInfo>, LaunchFailure> {
-        let mut ids: Vec<(String, String)> = Vec::new();
-        for container in &plan.containers {
-            for dependency in &container.depends_on {
-                if dependency.condition != Condition::Healthy {
-                    continue; // started already: it came earlier in the order
-                }
-                let Some((_, id)) = ids.iter().find(|(name, _)| *name == dependency.service) else {
-                    continue;
-                };
-                self.await_healthy(id, &dependency.service).await?;
-            }
-            let prefix = if plan.pod {
+        let prefix = |container: &PlannedContainer| {
+            if plan.pod {
                 format!("container {}: ", container.name)
             } else {
                 String::new()
-            };
-            let (id, started) = self
-                .create_or_adopt(container)
-                .await
-                .map_err(|why| LaunchFailure(format!("{prefix}{why}")))?;
-            if !started && let Err(err) = self.runtime.start(&id).await {
-                return Err(LaunchFailure(format!(
-                    "{prefix}cannot start the container: {err}"
-                )));
             }
-            ids.push((container.name.clone(), id));
+        };
+        let mut ids: Vec<(String, String)> = Vec::new();
+        for stage in stages(&plan.containers) {
+            for container in &stage {
+                for dependency in &container.depends_on {
+                    if dependency.condition != Condition::Healthy {
+                        continue; // started already: it came in an earlier stage
+                    }
+                    let Some((_, id)) = ids.iter().find(|(name, _)| *name == dependency.service)
+                    else {
+                        continue;
+                    };
+                    self.await_healthy(id, &dependency.service).await?;
+                }
+            }
+            let launched = futures_util::future::join_all(stage.iter().map(|container| async {
+                let (id, started) = self
+                    .create_or_adopt(container)
+                    .await
+                    .map_err(|why| LaunchFailure(format!("{}{why}", prefix(container))))?;
+                if !started && let Err(err) = self.runtime.start(&id).await {
+                    return Err(LaunchFailure(format!(
+                        "{}cannot start the container: {err}",
+                        prefix(container)
+                    )));
+                }
+                Ok((container.name.clone(), id))
+            }))
+            .await;
+            for result in launched {
+                ids.push(result?);
+            }
         }
+        let inspected =
+            futures_util::future::join_all(ids.iter().map(|(_, id)| self.runtime.inspect(id)))
+                .await;
         let mut infos = Vec::with_capacity(ids.len());
-        for (name, id) in ids {
-            match self.runtime.inspect(&id).await {
+        for ((name, _), inspected) in ids.iter().zip(inspected) {
+            match inspected {
                 Ok(Some(info)) => infos.push(info),
                 Ok(None) => {
                     return Err(LaunchFailure(format!(
@@ -760,10 +777,29 @@ fn task_images(task: &Task) -> Vec<String> {
     }
 }
 
-/// A run's number as its containers' label says it.
-#[allow(dead_code)]
-pub(crate) fn run_of(labels: &std::collections::HashMap<String, String>) -> Option<u32> {
-    labels.get(LABEL_RUN)?.parse().ok()
+/// The plan's containers in the stages a launch goes through: the plan's order cut wherever a
+/// container must wait for one before it. The infra container is a stage of its own (the
+/// others join its network namespace, which exists once it runs); after it, a container opens a
+/// new stage when it depends on one in the current stage, so that services that do not wait on
+/// each other are created and started together, and the plan's order is kept otherwise.
+fn stages(containers: &[PlannedContainer]) -> Vec<Vec<&PlannedContainer>> {
+    let mut stages: Vec<Vec<&PlannedContainer>> = Vec::new();
+    for container in containers {
+        let joins_current = stages.last().is_some_and(|stage| {
+            !container.infra
+                && !stage.iter().any(|earlier| earlier.infra)
+                && !container.depends_on.iter().any(|dependency| {
+                    stage
+                        .iter()
+                        .any(|earlier| earlier.name == dependency.service)
+                })
+        });
+        match stages.last_mut() {
+            Some(stage) if joins_current => stage.push(container),
+            _ => stages.push(vec![container]),
+        }
+    }
+    stages
 }
 
 /// An event the pod monitor looks at.
@@ -809,6 +845,77 @@ mod tests {
             ("a".into(), false, a),
             ("b".into(), false, b),
         ]
+    }
+
+    fn planned(name: &str, infra: bool, depends_on: &[(&str, Condition)]) -> PlannedContainer {
+        PlannedContainer {
+            name: name.into(),
+            infra,
+            spec: cube_runtime::ContainerSpec {
+                name: name.into(),
+                image: "i".into(),
+                cmd: Vec::new(),
+                env: Vec::new(),
+                cpu_cores: 0.0,
+                memory_bytes: 0,
+                exposed_ports: Default::default(),
+                port_bindings: Default::default(),
+                labels: Default::default(),
+                entrypoint: None,
+                network_mode: None,
+                binds: Vec::new(),
+                healthcheck: None,
+            },
+            depends_on: depends_on
+                .iter()
+                .map(|(service, condition)| cube_types::pod::Dependency {
+                    service: service.to_string(),
+                    condition: *condition,
+                })
+                .collect(),
+        }
+    }
+
+    fn names(stages: Vec<Vec<&PlannedContainer>>) -> Vec<Vec<&str>> {
+        stages
+            .into_iter()
+            .map(|stage| stage.into_iter().map(|c| c.name.as_str()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn services_that_wait_on_nothing_start_together_after_the_infra_container_and_the_order_holds()
+    {
+        let independent = [
+            planned(INFRA, true, &[]),
+            planned("server", false, &[]),
+            planned("client", false, &[]),
+        ];
+        assert_eq!(
+            names(stages(&independent)),
+            vec![vec![INFRA], vec!["server", "client"]]
+        );
+        let ordered = [
+            planned(INFRA, true, &[]),
+            planned("db", false, &[]),
+            planned("cache", false, &[]),
+            planned("app", false, &[("db", Condition::Healthy)]),
+            planned("proxy", false, &[("app", Condition::Started)]),
+            planned("logs", false, &[("db", Condition::Started)]),
+        ];
+        assert_eq!(
+            names(stages(&ordered)),
+            vec![
+                vec![INFRA],
+                vec!["db", "cache"],
+                vec!["app"],
+                vec!["proxy", "logs"],
+            ],
+            "a container waits for its dependencies' stage; one whose dependency is earlier \
+             joins the current stage"
+        );
+        let single = [planned("web", false, &[])];
+        assert_eq!(names(stages(&single)), vec![vec!["web"]]);
     }
 
     #[test]
