@@ -194,19 +194,16 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Creates and starts the plan's containers in order, stage by stage (see [`stages`]): the
-    /// containers of one stage are created and started together; what the engine says of each
-    /// once all were started, in the plan's order.
+    /// containers of one stage are created and started together, and the next stage's are
+    /// created while this one's start (a create needs only the infra container to exist, not
+    /// to run), so that a start is all that is left of them when their turn comes; what the
+    /// engine says of each once all were started, in the plan's order.
     async fn launch(&self, plan: &LaunchPlan) -> Result<Vec<ContainerInfo>, LaunchFailure> {
-        let prefix = |container: &PlannedContainer| {
-            if plan.pod {
-                format!("container {}: ", container.name)
-            } else {
-                String::new()
-            }
-        };
+        let stages = stages(&plan.containers);
         let mut ids: Vec<(String, String)> = Vec::new();
-        for stage in stages(&plan.containers) {
-            for container in &stage {
+        let mut created_ahead = None;
+        for (index, stage) in stages.iter().enumerate() {
+            for container in stage {
                 for dependency in &container.depends_on {
                     if dependency.condition != Condition::Healthy {
                         continue; // started already: it came in an earlier stage
@@ -218,23 +215,27 @@ impl<R: Runtime> Worker<R> {
                     self.await_healthy(id, &dependency.service).await?;
                 }
             }
-            let launched = futures_util::future::join_all(stage.iter().map(|container| async {
-                let (id, started) = self
-                    .create_or_adopt(container)
-                    .await
-                    .map_err(|why| LaunchFailure(format!("{}{why}", prefix(container))))?;
-                if !started && let Err(err) = self.runtime.start(&id).await {
-                    return Err(LaunchFailure(format!(
-                        "{}cannot start the container: {err}",
-                        prefix(container)
-                    )));
+            let made = match created_ahead.take() {
+                Some(made) => made,
+                None => self.create_stage(plan, stage).await?,
+            };
+            match stages.get(index + 1) {
+                Some(next) => {
+                    let (started, ahead) = tokio::join!(
+                        self.start_stage(plan, stage, &made),
+                        self.create_stage(plan, next)
+                    );
+                    started?;
+                    created_ahead = Some(ahead?);
                 }
-                Ok((container.name.clone(), id))
-            }))
-            .await;
-            for result in launched {
-                ids.push(result?);
+                None => self.start_stage(plan, stage, &made).await?,
             }
+            ids.extend(
+                stage
+                    .iter()
+                    .zip(made)
+                    .map(|(container, (id, _))| (container.name.clone(), id)),
+            );
         }
         let inspected =
             futures_util::future::join_all(ids.iter().map(|(_, id)| self.runtime.inspect(id)))
@@ -261,6 +262,46 @@ impl<R: Runtime> Worker<R> {
             }
         }
         Ok(infos)
+    }
+
+    /// Creates (or adopts) a stage's containers together: each one's ID and whether it already
+    /// ran.
+    async fn create_stage(
+        &self,
+        plan: &LaunchPlan,
+        stage: &[&PlannedContainer],
+    ) -> Result<Vec<(String, bool)>, LaunchFailure> {
+        let created = futures_util::future::join_all(stage.iter().map(|container| async {
+            self.create_or_adopt(container)
+                .await
+                .map_err(|why| LaunchFailure(format!("{}{why}", step_prefix(plan, container))))
+        }))
+        .await;
+        created.into_iter().collect()
+    }
+
+    /// Starts a stage's created containers together (those found running already are left).
+    async fn start_stage(
+        &self,
+        plan: &LaunchPlan,
+        stage: &[&PlannedContainer],
+        made: &[(String, bool)],
+    ) -> Result<(), LaunchFailure> {
+        let started = futures_util::future::join_all(stage.iter().zip(made).map(
+            |(container, (id, started))| async move {
+                if *started {
+                    return Ok(());
+                }
+                self.runtime.start(id).await.map_err(|err| {
+                    LaunchFailure(format!(
+                        "{}cannot start the container: {err}",
+                        step_prefix(plan, container)
+                    ))
+                })
+            },
+        ))
+        .await;
+        started.into_iter().collect()
     }
 
     /// The container's ID, and whether it already ran: created now (a missing image pulled
@@ -774,6 +815,16 @@ fn task_images(task: &Task) -> Vec<String> {
             .map(|service| service.image.clone())
             .collect(),
         None => vec![task.spec.image.clone()],
+    }
+}
+
+/// How a launch step's failure names its container: a pod's by its service, a single
+/// container not at all (the task is the container).
+fn step_prefix(plan: &LaunchPlan, container: &PlannedContainer) -> String {
+    if plan.pod {
+        format!("container {}: ", container.name)
+    } else {
+        String::new()
     }
 }
 
