@@ -72,8 +72,6 @@ pub struct QueueLook<'a> {
     pub requests: Vec<Request<'a>>,
     /// The entries as stored, by key.
     pub entries: &'a BTreeMap<String, Arc<QueueEntry>>,
-    /// Each node's host, as its workers reach it (the host of its address).
-    pub hosts: &'a BTreeMap<String, String>,
     /// The highest queue number given so far.
     pub last_number: u64,
     pub now: DateTime<Utc>,
@@ -208,7 +206,7 @@ fn drop_empty(value: &mut serde_json::Value) {
 }
 
 /// Where each running, healthy copy of the request can be reached, by name.
-fn endpoints(tasks: &[&Task], hosts: &BTreeMap<String, String>) -> Vec<Endpoint> {
+pub fn endpoints(tasks: &[&Task], hosts: &BTreeMap<String, String>) -> Vec<Endpoint> {
     let mut endpoints: Vec<Endpoint> = tasks
         .iter()
         .filter(|task| task.spec.desired_state == State::Running && task.is_healthy())
@@ -367,11 +365,6 @@ fn entry_of(
             left => QueueState::Pending(left as u32),
         }
     };
-    let services = if state == QueueState::Claimed {
-        endpoints(&request.tasks, look.hosts)
-    } else {
-        Vec::new()
-    };
     // Nothing changed: the stored entry itself (a look with nothing changed copies nothing).
     if let Some(entry) = stored
         && entry.priority == settings.priority
@@ -380,7 +373,8 @@ fn entry_of(
         && entry.since == Some(since)
         && entry.version == settings.version
         && entry.reason == reason
-        && entry.services == services
+        && entry.services.is_empty()
+    // stored before addresses were read when shown
     {
         return Some(Arc::clone(entry));
     }
@@ -403,7 +397,10 @@ fn entry_of(
         version: settings.version,
         request: value,
         reason,
-        services,
+        // Where a claimed request's copies answer is read from its tasks when the entry is
+        // shown ([`endpoints`]), never stored: an address in 100,000 entries would weigh as
+        // much as the tasks, and a copy's health or port would rewrite its entry.
+        services: Vec::new(),
     }))
 }
 
@@ -462,13 +459,11 @@ mod tests {
     fn look<'a>(
         requests: Vec<Request<'a>>,
         entries: &'a BTreeMap<String, Arc<QueueEntry>>,
-        hosts: &'a BTreeMap<String, String>,
         now: i64,
     ) -> QueueLook<'a> {
         QueueLook {
             requests,
             entries,
-            hosts,
             last_number: 0,
             now: at(now),
         }
@@ -488,9 +483,8 @@ mod tests {
     #[test]
     fn new_requests_are_numbered_in_the_order_they_came_and_wait() {
         let (first, second) = (bare("a", 2), bare("b", 1));
-        let hosts = BTreeMap::new();
         let none = BTreeMap::new();
-        let plan = plan(&look(vec![of(&first), of(&second)], &none, &hosts, 5));
+        let plan = plan(&look(vec![of(&first), of(&second)], &none, 5));
         let a = &plan.entries[&RequestKind::Task.key(&first.id.to_string())];
         let b = &plan.entries[&RequestKind::Task.key(&second.id.to_string())];
         assert_eq!((b.queue, a.queue), (1, 2), "b came first");
@@ -502,11 +496,10 @@ mod tests {
     #[test]
     fn a_request_looked_at_again_with_nothing_changed_is_the_same_entry() {
         let task = bare("a", 0);
-        let hosts = BTreeMap::new();
         let none = BTreeMap::new();
-        let first = plan(&look(vec![of(&task)], &none, &hosts, 1));
+        let first = plan(&look(vec![of(&task)], &none, 1));
         let kept = stored(&first);
-        let mut again_look = look(vec![of(&task)], &kept, &hosts, 30);
+        let mut again_look = look(vec![of(&task)], &kept, 30);
         again_look.last_number = first.last_number;
         let again = plan(&again_look);
         assert_eq!(again.entries, first.entries, "no change, nothing to write");
@@ -520,16 +513,21 @@ mod tests {
         let mut task = running(bare("web", 0), "w1");
         task.spec.health_check = "/health".to_string();
         task.status.run.health = Some(Health::Starting);
-        let pending = plan(&look(vec![of(&task)], &none, &hosts, 1));
+        let pending = plan(&look(vec![of(&task)], &none, 1));
         let entry = pending.entries.values().next().unwrap();
         assert_eq!(entry.state, QueueState::Pending(1));
         assert!(entry.services.is_empty());
         task.status.run.health = Some(Health::Healthy);
-        let claimed = plan(&look(vec![of(&task)], &none, &hosts, 2));
+        let claimed = plan(&look(vec![of(&task)], &none, 2));
         let entry = claimed.entries.values().next().unwrap();
         assert_eq!(entry.state, QueueState::Claimed);
-        assert_eq!(entry.services.len(), 1);
-        assert_eq!(entry.services[0].ports["7777/tcp"], "10.0.0.2:49153");
+        assert!(
+            entry.services.is_empty(),
+            "addresses are read when shown, not stored"
+        );
+        let shown = endpoints(&[&task], &hosts);
+        assert_eq!(shown.len(), 1);
+        assert_eq!(shown[0].ports["7777/tcp"], "10.0.0.2:49153");
     }
 
     #[test]
@@ -537,12 +535,11 @@ mod tests {
         let mut task = bare("slow", 0);
         task.spec.queue_timeout = Some(Duration::from_secs(30));
         task.status.pending_reason = Some("needs 2.0 GiB memory".to_string());
-        let hosts = BTreeMap::new();
         let none = BTreeMap::new();
-        let waiting = plan(&look(vec![of(&task)], &none, &hosts, 10));
+        let waiting = plan(&look(vec![of(&task)], &none, 10));
         assert_eq!(waiting.look_again_at, Some(at(30)));
         assert!(waiting.expire.is_empty());
-        let expired = plan(&look(vec![of(&task)], &none, &hosts, 30));
+        let expired = plan(&look(vec![of(&task)], &none, 30));
         let entry = expired.entries.values().next().unwrap();
         assert_eq!(entry.state, QueueState::Expired);
         assert!(
@@ -554,7 +551,7 @@ mod tests {
         // Once stopped, the entry stays expired, and nothing more is stopped.
         task.spec.desired_state = State::Completed;
         let kept = stored(&expired);
-        let after = plan(&look(vec![of(&task)], &kept, &hosts, 40));
+        let after = plan(&look(vec![of(&task)], &kept, 40));
         assert_eq!(
             after.entries.values().next().unwrap().state,
             QueueState::Expired
@@ -565,14 +562,9 @@ mod tests {
     #[test]
     fn a_stopped_request_leaves_the_list() {
         let mut task = bare("gone", 0);
-        let hosts = BTreeMap::new();
         let none = BTreeMap::new();
         task.spec.desired_state = State::Completed;
-        assert!(
-            plan(&look(vec![of(&task)], &none, &hosts, 1))
-                .entries
-                .is_empty()
-        );
+        assert!(plan(&look(vec![of(&task)], &none, 1)).entries.is_empty());
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! The API's side is here too: `GET /queue` and `GET /services`, and the queue's words for a
 //! job (`JobView::queue`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -29,8 +29,8 @@ use crate::events::Topic;
 use crate::jobs::is_live;
 use crate::manager::{Manager, ManagerError, QUEUE_NUMBER_KEY, lock};
 use crate::queue::{
-    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, in_order, plan, request_value,
-    waiting_reason,
+    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, in_order, plan,
+    request_value, waiting_reason,
 };
 
 /// An entry as `GET /queue` shows it: the stored entry, its position among those that wait
@@ -59,6 +59,9 @@ pub struct ListedEntry {
     /// as the answer is, after the lock is let go.
     #[serde(rename = "Request", skip_serializing_if = "Option::is_none")]
     pub request: Option<Submitted>,
+    /// Where a claimed request's copies answer, read from its tasks (an entry stores none).
+    #[serde(rename = "Services", skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<Endpoint>,
     #[serde(rename = "Position")]
     pub position: usize,
     #[serde(rename = "WaitingFor", skip_serializing_if = "Option::is_none")]
@@ -174,20 +177,14 @@ impl Manager {
     /// The waiting list as it should be, and what must change for the stored list to be it
     /// (the framework's `diff_by_key`), under one hold of the lock.
     ///
-    /// An entry depends on its own request alone (its tasks, its job, the nodes' hosts and
-    /// the time), so a look reads only the requests marked since the last one
-    /// ([`QueueDirty`]) and those that wait (whose `QueueTimeout` runs out with nothing
-    /// changing): with 100,000 claimed tasks, a task's change costs a look at one request,
-    /// not at all of them. Every request is read at start, after a look that failed, and
-    /// when a node's host changed (claimed entries show it).
+    /// An entry depends on its own request alone (its tasks, its job and the time), so a
+    /// look reads only the requests marked since the last one ([`QueueDirty`]) and those that
+    /// wait (whose `QueueTimeout` runs out with nothing changing): with 100,000 claimed tasks,
+    /// a task's change costs a look at one request, not at all of them. Every request is read
+    /// at start and after a look that failed.
     fn plan_queue(&self) -> (QueuePlan, Vec<SyncAction<String, String>>) {
         let mut guard = lock(&self.state);
-        let hosts: BTreeMap<String, String> = guard
-            .nodes
-            .entries()
-            .map(|entry| (entry.name.clone(), host_of(&entry.address)))
-            .collect();
-        let marked = guard.queue_dirty.take(&hosts);
+        let marked = guard.queue_dirty.take();
         let state = &*guard;
         let mut requests = Vec::new();
         let mut job_tasks: Vec<(&str, Vec<Arc<Task>>)> = Vec::new();
@@ -288,7 +285,6 @@ impl Manager {
         let look = QueueLook {
             requests,
             entries: &state.queue,
-            hosts: &hosts,
             last_number: state.queue_number,
             now: Utc::now(),
         };
@@ -415,6 +411,7 @@ impl Manager {
     /// The entries are shared, not copied: the answer is written after the lock is let go.
     pub fn queue(&self) -> Vec<ListedEntry> {
         let state = lock(&self.state);
+        let hosts = hosts(&state);
         in_order(&state.queue)
             .into_iter()
             .map(|(entry, position)| {
@@ -423,6 +420,7 @@ impl Manager {
                     .flatten();
                 ListedEntry {
                     request: Submitted::of(&state, &entry),
+                    services: services_of(&state, &entry, &hosts),
                     entry,
                     position,
                     waiting_for,
@@ -459,6 +457,7 @@ impl Manager {
         if let Some(submitted) = Submitted::of(&state, &entry) {
             shown.request = submitted.value();
         }
+        shown.services = services_of(&state, &entry, &hosts(&state));
         Some(QueueView {
             entry: shown,
             position,
@@ -470,26 +469,22 @@ impl Manager {
     /// and is healthy, with those copies' addresses.
     pub fn services(&self) -> Vec<ServiceView> {
         let state = lock(&self.state);
+        let hosts = hosts(&state);
         let mut services: Vec<ServiceView> = Vec::new();
         for entry in state.queue.values() {
             if entry.kind == RequestKind::Task && entry.state == QueueState::Claimed {
-                let name = entry
-                    .services
+                let endpoints = services_of(&state, entry, &hosts);
+                let name = endpoints
                     .first()
                     .map_or(entry.id.clone(), |endpoint| endpoint.name.clone());
                 services.push(ServiceView {
                     name,
                     kind: RequestKind::Task,
                     job: String::new(),
-                    endpoints: entry.services.clone(),
+                    endpoints,
                 });
             }
         }
-        let hosts: HashMap<String, String> = state
-            .nodes
-            .entries()
-            .map(|entry| (entry.name.clone(), host_of(&entry.address)))
-            .collect();
         for record in state.jobs.values().filter(|record| !record.stopped) {
             let tasks = state.cache.of_job(&record.job.name);
             for group in &record.job.groups {
@@ -522,11 +517,9 @@ impl Manager {
 /// the next look. Kept under the manager's lock, with the state it describes.
 #[derive(Debug, Default)]
 pub(crate) struct QueueDirty {
-    /// Every request: at start, after a failed look, or when a node's host changed.
+    /// Every request: at start, or after a failed look.
     everything: bool,
     keys: BTreeSet<String>,
-    /// The nodes' hosts the last look saw.
-    hosts: BTreeMap<String, String>,
 }
 
 impl QueueDirty {
@@ -566,21 +559,17 @@ impl QueueDirty {
         self.keys.clear();
     }
 
-    /// What the next look reads: `None` for every request, else the keys marked. `hosts` are
-    /// the nodes' hosts now: a change there is every request (claimed entries show them).
-    fn take(&mut self, hosts: &BTreeMap<String, String>) -> Option<BTreeSet<String>> {
-        let everything = std::mem::take(&mut self.everything) || self.hosts != *hosts;
-        if self.hosts != *hosts {
-            self.hosts = hosts.clone();
-        }
+    /// What the next look reads: `None` for every request, else the keys marked.
+    fn take(&mut self) -> Option<BTreeSet<String>> {
+        let everything = std::mem::take(&mut self.everything);
         let keys = std::mem::take(&mut self.keys);
         (!everything).then_some(keys)
     }
 }
 
-/// Why a waiting entry waits, in words: its tasks' `PendingReason`.
-fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<String> {
-    let tasks: Vec<Arc<Task>> = match entry.kind {
+/// The tasks of an entry's request: the task itself, or the job's.
+fn tasks_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
+    match entry.kind {
         RequestKind::Task => entry
             .id
             .parse::<Uuid>()
@@ -589,7 +578,35 @@ fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Str
             .into_iter()
             .collect(),
         RequestKind::Job => state.cache.of_job(&entry.id),
-    };
+    }
+}
+
+/// Each node's host, as its workers reach it (the host of its address).
+fn hosts(state: &crate::manager::Shared) -> BTreeMap<String, String> {
+    state
+        .nodes
+        .entries()
+        .map(|entry| (entry.name.clone(), host_of(&entry.address)))
+        .collect()
+}
+
+/// Where a claimed entry's copies answer, read from its tasks now (an entry stores none).
+fn services_of(
+    state: &crate::manager::Shared,
+    entry: &QueueEntry,
+    hosts: &BTreeMap<String, String>,
+) -> Vec<Endpoint> {
+    if entry.state != QueueState::Claimed {
+        return Vec::new();
+    }
+    let tasks = tasks_of(state, entry);
+    let tasks: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
+    endpoints(&tasks, hosts)
+}
+
+/// Why a waiting entry waits, in words: its tasks' `PendingReason`.
+fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<String> {
+    let tasks = tasks_of(state, entry);
     let tasks: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
     Some(
         waiting_reason(&tasks).unwrap_or_else(|| "its turn in the next placement pass".to_string()),
@@ -626,7 +643,7 @@ fn host_of(address: &str) -> String {
     }
 }
 
-fn endpoint_of(task: &Task, hosts: &HashMap<String, String>) -> Endpoint {
+fn endpoint_of(task: &Task, hosts: &BTreeMap<String, String>) -> Endpoint {
     let address = hosts
         .get(&task.status.node_name)
         .cloned()
