@@ -411,10 +411,13 @@ async fn a_job_only_a_down_node_could_hold_waits_saying_so_and_runs_when_the_nod
     let waiting = await_job(
         &client,
         "waiting",
-        "two copies waiting, saying the node is down",
+        "two copies waiting, saying the node is down, and the job waiting in the queue",
         |job| {
             let tasks = live_tasks(job);
-            tasks.len() == 2
+            // The queue controller writes the entry after the placement pass wrote the
+            // reasons: wait for both, as a user watching the job would.
+            job["Queue"]["State"] == "waiting"
+                && tasks.len() == 2
                 && tasks.iter().all(|task| {
                     task["State"] == "Pending"
                         && task["PendingReason"].as_str().is_some_and(|reason| {
