@@ -83,12 +83,7 @@ impl Submitted {
             return None;
         }
         match entry.kind {
-            RequestKind::Task => entry
-                .id
-                .parse::<Uuid>()
-                .ok()
-                .and_then(|id| state.cache.shared(&id))
-                .map(Submitted::Task),
+            RequestKind::Task => task_of(state, entry).map(Submitted::Task),
             RequestKind::Job => state.jobs.get(&entry.id).cloned().map(Submitted::Job),
         }
     }
@@ -567,16 +562,16 @@ impl QueueDirty {
     }
 }
 
+/// The task a bare task's entry is for, while the manager holds it.
+fn task_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
+    let id = entry.id.parse::<Uuid>().ok()?;
+    state.cache.shared(&id)
+}
+
 /// The tasks of an entry's request: the task itself, or the job's.
 fn tasks_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
     match entry.kind {
-        RequestKind::Task => entry
-            .id
-            .parse::<Uuid>()
-            .ok()
-            .and_then(|id| state.cache.shared(&id))
-            .into_iter()
-            .collect(),
+        RequestKind::Task => task_of(state, entry).into_iter().collect(),
         RequestKind::Job => state.cache.of_job(&entry.id),
     }
 }

@@ -48,6 +48,14 @@ mod persistent;
 mod revision;
 mod watch;
 
+/// A value as the file and etcd stores keep it: its JSON, or an error naming its key.
+fn encode<V: serde::Serialize>(key: &str, value: &V) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+        key: key.to_string(),
+        source,
+    })
+}
+
 pub use commit::Commit;
 pub use etcd::{EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, normalize_prefix};
 pub use memory::MemoryStore;

@@ -217,18 +217,9 @@ impl<V> PersistentStore<V> {
     }
 }
 
-impl<V: Serialize> PersistentStore<V> {
-    fn encode(key: &str, value: &V) -> Result<Vec<u8>, StoreError> {
-        serde_json::to_vec(value).map_err(|source| StoreError::Encode {
-            key: key.to_string(),
-            source,
-        })
-    }
-}
-
 impl<V: Serialize + DeserializeOwned + Send + 'static> Store<V> for PersistentStore<V> {
     fn put_queued(&self, key: &str, value: &V) -> Result<Commit, StoreError> {
-        let bytes = Self::encode(key, value)?;
+        let bytes = crate::encode(key, value)?;
         self.db.queue(&self.table, key, Some(bytes), None)
     }
 
@@ -238,7 +229,7 @@ impl<V: Serialize + DeserializeOwned + Send + 'static> Store<V> for PersistentSt
         value: &V,
         expected: Expected,
     ) -> Result<ConditionalCommit, StoreError> {
-        let bytes = Self::encode(key, value)?;
+        let bytes = crate::encode(key, value)?;
         let commit = self
             .db
             .queue(&self.table, key, Some(bytes), Some(expected))?;
