@@ -129,6 +129,9 @@ impl Runtime for DockerRuntime {
             port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
             network_mode: spec.network_mode.clone(),
             binds: (!spec.binds.is_empty()).then(|| spec.binds.clone()),
+            // No process in any container Cube creates (the infra container's included) may
+            // gain privileges it did not start with (setuid binaries, file capabilities).
+            security_opt: Some(vec!["no-new-privileges".to_string()]),
             // Docker's restart policy stays unset: Cube restarts tasks itself.
             ..Default::default()
         };

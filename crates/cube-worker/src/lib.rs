@@ -13,6 +13,7 @@ mod attach;
 pub mod config;
 mod health;
 mod heartbeat;
+pub mod host_access;
 pub mod metrics;
 mod namespace;
 pub mod plugin;

@@ -107,6 +107,9 @@ pub enum WorkerError {
     WrongState(String),
     #[error("{0}")]
     BadRequest(String),
+    /// The task asks for more of the host than the worker's configuration allows.
+    #[error("{0}")]
+    Refused(String),
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -267,6 +270,12 @@ impl<R: Runtime> Worker<R> {
     }
 
     async fn submit_run(&self, mut task: Task) -> Result<Submitted, WorkerError> {
+        // Refused before anything is stored: the manager fails the task with these words.
+        self.config
+            .pods
+            .host_access
+            .check(&task)
+            .map_err(WorkerError::Refused)?;
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
