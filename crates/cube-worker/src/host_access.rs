@@ -106,6 +106,21 @@ impl HostAccess {
                 .chain(&allowed_resolved)
                 .any(|allowed| path.starts_with(allowed))
         };
+        // The socket itself is named as such, whatever else refuses it.
+        let socket = (!self.allow_docker_socket)
+            .then(|| docker_socket_under(&forms))
+            .flatten();
+        let socket_refusal = |socket: &Path| {
+            format!(
+                "bind mount of {} refused: it gives the task the Docker socket ({}), and with \
+                 it the host (allow_docker_socket: true in the worker's configuration allows it)",
+                written.display(),
+                socket.display()
+            )
+        };
+        if let Some((socket, true)) = socket {
+            return Err(socket_refusal(socket));
+        }
         if !forms.iter().all(|path| under_allowed(path)) {
             let allowed = if self.allowed_host_paths.is_empty() {
                 "empty".to_string()
@@ -127,26 +142,28 @@ impl HostAccess {
                  worker's configuration ({allowed})"
             ));
         }
-        if !self.allow_docker_socket
-            && let Some(socket) = DOCKER_SOCKETS.iter().map(Path::new).find(|socket| {
-                let socket_resolved = std::fs::canonicalize(socket).ok();
-                forms.iter().any(|path| {
-                    socket.starts_with(path)
-                        || socket_resolved
-                            .as_deref()
-                            .is_some_and(|resolved| resolved.starts_with(path))
-                })
-            })
-        {
-            return Err(format!(
-                "bind mount of {} refused: it gives the task the Docker socket ({}), and with \
-                 it the host (allow_docker_socket: true in the worker's configuration allows it)",
-                written.display(),
-                socket.display()
-            ));
+        if let Some((socket, _)) = socket {
+            return Err(socket_refusal(socket));
         }
         Ok(())
     }
+}
+
+/// The Docker socket a bind mount of any of `forms` would give, in either spelling and
+/// resolved, and whether the mount is the socket itself (not a directory holding it).
+fn docker_socket_under(forms: &[&Path]) -> Option<(&'static Path, bool)> {
+    DOCKER_SOCKETS.iter().map(Path::new).find_map(|socket| {
+        let spellings: Vec<PathBuf> = std::iter::once(socket.to_path_buf())
+            .chain(std::fs::canonicalize(socket).ok())
+            .collect();
+        let given = forms
+            .iter()
+            .any(|path| spellings.iter().any(|spelling| spelling.starts_with(path)));
+        let exact = forms
+            .iter()
+            .any(|path| spellings.iter().any(|spelling| spelling == path));
+        given.then_some((socket, exact))
+    })
 }
 
 /// `path` made absolute and without `.`, `..` or repeated separators, without asking the
@@ -244,6 +261,11 @@ mod tests {
                 err.contains("Docker socket") && err.contains("allow_docker_socket: true"),
                 "{source}: {err}"
             );
+        }
+        // The socket is named as such even where no path is allowed at all.
+        for source in ["/run/docker.sock", "/var/run/docker.sock"] {
+            let err = HostAccess::default().check(&bind(source)).unwrap_err();
+            assert!(err.contains("Docker socket"), "{source}: {err}");
         }
         let allowed = HostAccess::new(&["/".to_string()], false, true).unwrap();
         allowed.check(&bind("/var/run/docker.sock")).unwrap();
