@@ -5,10 +5,12 @@
 //!   `header_read_timeout`, which also bounds how long an idle kept-alive connection waits
 //!   for its next request): a client that sends one byte a second is cut off.
 //! - **A request body** must arrive whole within [`ServeLimits::body_timeout`] of its
-//!   request's headers: the body is wrapped so that reading it fails past the deadline, and
-//!   the answer is then a `408` JSON error that closes the connection. Only what the client
-//!   sends is timed: a long answer (`GET /events`, followed logs, an upgraded `exec`
-//!   connection) runs as long as it needs.
+//!   request's headers, or the answer is a `408` JSON error that closes the connection. The
+//!   body is read whole (at most [`MAX_BODY_BYTES`], else `413`) before the router sees the
+//!   request: a route that answers without reading it (a 404, a 405) would otherwise close a
+//!   connection the client is still writing to, and the client would lose the answer to a
+//!   reset. Only what the client sends is timed: a long answer (`GET /events`, followed
+//!   logs, an upgraded `exec` connection) runs as long as it needs.
 //! - **Connections per client address** are at most
 //!   [`ServeLimits::max_connections_per_client`]: one more is closed as it is accepted,
 //!   while other clients are still served.
@@ -22,29 +24,23 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
-use crate::server::ApiError;
+use crate::server::{ApiError, MAX_BODY_BYTES};
 
 /// The limits a server holds its clients to. `cube manager`, `cube worker` and `cube dev`
 /// take them as flags (`--header-timeout`, `--body-timeout`,
@@ -171,93 +167,52 @@ async fn serve_connection(
     }
 }
 
-/// Hands one request to the router, its body read under the deadline.
+/// Hands one request to the router once its body is read whole, under the deadline.
 async fn answer(
     router: Router,
     request: Request<Incoming>,
     body_timeout: Duration,
 ) -> Result<Response, Infallible> {
-    let timed_out = Arc::new(AtomicBool::new(false));
-    let request = request.map(|body| {
-        Body::new(DeadlineBody {
-            inner: body,
-            deadline: Instant::now() + body_timeout,
-            sleep: None,
-            timed_out: timed_out.clone(),
-        })
-    });
-    let response = router.oneshot(request).await?;
-    if timed_out.load(Ordering::Relaxed) {
-        return Ok(body_timed_out(body_timeout));
-    }
-    Ok(response)
+    let (parts, body) = request.into_parts();
+    let read =
+        tokio::time::timeout(body_timeout, Limited::new(body, MAX_BODY_BYTES).collect()).await;
+    let body = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(err)) if err.is::<LengthLimitError>() => {
+            return Ok(refusal(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is larger than the limit of {MAX_BODY_BYTES} bytes"),
+            ));
+        }
+        Ok(Err(err)) => {
+            return Ok(refusal(
+                StatusCode::BAD_REQUEST,
+                format!("cannot read the request body: {err}"),
+            ));
+        }
+        Err(_) => {
+            return Ok(refusal(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within the limit of {}",
+                    cube_types::duration::format_duration(body_timeout)
+                ),
+            ));
+        }
+    };
+    router
+        .oneshot(Request::from_parts(parts, Body::from(body)))
+        .await
 }
 
-/// The answer to a request whose body did not arrive in time. Whatever the handler made of
-/// the broken body is replaced: what went wrong is the client's slowness.
-fn body_timed_out(body_timeout: Duration) -> Response {
-    let mut response = ApiError::new(
-        StatusCode::REQUEST_TIMEOUT,
-        format!(
-            "the request body did not arrive within the limit of {}",
-            cube_types::duration::format_duration(body_timeout)
-        ),
-    )
-    .into_response();
-    // The rest of the body is never read: the connection cannot carry another request.
+/// An answer given before the router: the rest of the body, if any, is never read, so the
+/// connection cannot carry another request.
+fn refusal(status: StatusCode, message: String) -> Response {
+    let mut response = ApiError::new(status, message).into_response();
     response
         .headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     response
-}
-
-/// The body timed out: what reading it gives past the deadline.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within the time limit")]
-struct BodyTimedOut;
-
-/// A request body that fails once its deadline passes before its end.
-struct DeadlineBody {
-    inner: Incoming,
-    deadline: Instant,
-    /// Armed on the first read that has to wait, so that a body never read costs no timer.
-    sleep: Option<Pin<Box<Sleep>>>,
-    /// Told to [`answer`], which then answers 408 whatever the handler answered.
-    timed_out: Arc<AtomicBool>,
-}
-
-impl http_body::Body for DeadlineBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|frame| frame.map_err(Into::into)));
-        }
-        let deadline = this.deadline;
-        let sleep = this
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        match sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                this.timed_out.store(true, Ordering::Relaxed);
-                Poll::Ready(Some(Err(Box::new(BodyTimedOut))))
-            }
-            Poll::Pending => Poll::Pending,
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// Open connections per client address. A `std` mutex: held for one map operation, never

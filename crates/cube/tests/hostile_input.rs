@@ -524,7 +524,7 @@ async fn send(
                 error: None,
             };
         }
-        Err(err) => panic!("{described} on {base}: no answer: {err}"),
+        Err(err) => panic!("{described} on {base}: no answer: {err:?}"),
     };
     let status = response.status().as_u16();
     if status < 400 {
