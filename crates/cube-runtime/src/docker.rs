@@ -595,6 +595,11 @@ fn engine_error(action: &'static str, err: BollardError) -> RuntimeError {
             status_code: 404,
             message,
         } if action != "create" => RuntimeError::NotFound(message),
+        // Docker answers 409 to a command in a container that is stopped or stopping.
+        BollardError::DockerResponseServerError {
+            status_code: 409,
+            message,
+        } if action == "exec" => RuntimeError::NotRunning(message),
         BollardError::DockerResponseServerError { message, .. } => {
             RuntimeError::Engine { action, message }
         }

@@ -553,7 +553,17 @@ impl<R: Runtime> Worker<R> {
         self.runtime
             .exec(&container_id, cmd, tty, stdin)
             .await
-            .map_err(|err| WorkerError::Runtime(err.to_string()))
+            .map_err(|err| match err {
+                // The record says Running a moment before the engine's end is recorded.
+                RuntimeError::NotRunning(_) | RuntimeError::NotFound(_) => {
+                    WorkerError::WrongState(format!(
+                        "task {} ({id}): its container is not running (it has just ended or \
+                         is stopping): a command runs only in a running container",
+                        task.name
+                    ))
+                }
+                other => WorkerError::Runtime(other.to_string()),
+            })
     }
 
     /// The exit code of a command [`Worker::exec`] started, once the engine has it: asked
