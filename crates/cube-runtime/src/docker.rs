@@ -334,7 +334,7 @@ impl Runtime for DockerRuntime {
                 },
             )
             .await
-            .map_err(|err| engine_error("exec", err))?;
+            .map_err(exec_error)?;
         let started = self
             .docker
             .start_exec(
@@ -346,7 +346,7 @@ impl Runtime for DockerRuntime {
                 }),
             )
             .await
-            .map_err(|err| engine_error("exec", err))?;
+            .map_err(exec_error)?;
         match started {
             StartExecResults::Attached { output, input } => Ok(ExecSession {
                 exec_id: created.id,
@@ -580,6 +580,17 @@ fn status_of(err: &BollardError) -> Option<u16> {
     }
 }
 
+/// A command refused because its container is stopped or stopping is
+/// [`RuntimeError::NotRunning`], however the engine's answer reached us (a 409 when the command
+/// is created; its start, an upgraded connection, may say it otherwise).
+fn exec_error(err: BollardError) -> RuntimeError {
+    let message = message_of(&err);
+    if status_of(&err) == Some(409) || message.contains("is not running") {
+        return RuntimeError::NotRunning(message);
+    }
+    engine_error("exec", err)
+}
+
 /// The engine's own message, without bollard's wrapping.
 fn message_of(err: &BollardError) -> String {
     match err {
@@ -595,11 +606,6 @@ fn engine_error(action: &'static str, err: BollardError) -> RuntimeError {
             status_code: 404,
             message,
         } if action != "create" => RuntimeError::NotFound(message),
-        // Docker answers 409 to a command in a container that is stopped or stopping.
-        BollardError::DockerResponseServerError {
-            status_code: 409,
-            message,
-        } if action == "exec" => RuntimeError::NotRunning(message),
         BollardError::DockerResponseServerError { message, .. } => {
             RuntimeError::Engine { action, message }
         }
