@@ -81,6 +81,9 @@ impl ApiClient {
         let base = normalize_address(address)?;
         let http = reqwest::Client::builder()
             .connect_timeout(timeout.min(Duration::from_secs(5)))
+            // Let go of an idle connection before a Cube server closes it (its header timeout,
+            // 30 s by default), so that a request is never sent on one being closed.
+            .pool_idle_timeout(Duration::from_secs(20))
             .build()
             .map_err(|err| ClientError::Unreachable {
                 url: base.clone(),

@@ -10,10 +10,12 @@
 
 pub mod attach;
 pub mod client;
+pub mod serve;
 pub mod server;
 
 pub use client::{ApiClient, Changes, ClientError, LineStream, innermost_cause};
 pub use reqwest::Method;
+pub use serve::{ServeLimits, serve};
 pub use server::{
     ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, OLDEST_INDEX_HEADER, SINCE_HEADER,
     parse_task_id, with_json_fallbacks,

@@ -57,8 +57,14 @@ pub(crate) async fn spawn_cube_logged_at(
         .append(true)
         .open(&log_path)
         .with_context(|| format!("opening {}", log_path.display()))?;
-    let mut child = tokio::process::Command::new(cube)
-        .args(args)
+    let mut command = tokio::process::Command::new(cube);
+    command.args(args);
+    // A benchmark drives a server from this one machine with as many clients (simulated
+    // workers among them) as it measures: the per-client connection bound would cut them.
+    if matches!(args.first(), Some(&"manager" | &"worker" | &"dev")) {
+        command.args(["--max-connections-per-client", "1000000"]);
+    }
+    let mut child = command
         .arg("--data-dir")
         .arg(data_dir)
         .env("RUST_LOG", rust_log)

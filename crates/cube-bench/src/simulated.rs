@@ -229,8 +229,15 @@ pub(crate) async fn sim_workers(
         };
         let shutdown = shutdown.clone();
         workers.spawn(async move {
-            let served =
-                cube_worker::run(worker, commands, listener, Some(heartbeat), shutdown).await;
+            let served = cube_worker::run(
+                worker,
+                commands,
+                listener,
+                Some(heartbeat),
+                cube_api::ServeLimits::default(),
+                shutdown,
+            )
+            .await;
             (name, served)
         });
     }

@@ -36,7 +36,6 @@ mod rollout;
 mod store_source;
 mod task_controller;
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,16 +79,16 @@ async fn join_loops(loops: &mut tokio::task::JoinSet<()>) {
     }
 }
 
-/// Serves `manager` on `listener` and runs its loops until `shutdown` is cancelled.
+/// Serves `manager` on `listener` under `limits` and runs its loops until `shutdown` is
+/// cancelled.
 pub async fn run(
     manager: Arc<Manager>,
     listener: TcpListener,
+    limits: cube_api::ServeLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let mut loops = manager.start();
-    let serving = axum::serve(listener, api::router(manager))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .into_future();
+    let serving = cube_api::serve(listener, api::router(manager), limits, shutdown.clone());
     // Long-lived answers (`GET /events`, blocking queries) end themselves at shutdown; one
     // whose client stopped reading cannot even be told, so the connections get the grace
     // period and no more.

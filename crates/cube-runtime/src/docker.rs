@@ -129,6 +129,9 @@ impl Runtime for DockerRuntime {
             port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
             network_mode: spec.network_mode.clone(),
             binds: (!spec.binds.is_empty()).then(|| spec.binds.clone()),
+            // No process in any container Cube creates (the infra container's included) may
+            // gain privileges it did not start with (setuid binaries, file capabilities).
+            security_opt: Some(vec!["no-new-privileges".to_string()]),
             // Docker's restart policy stays unset: Cube restarts tasks itself.
             ..Default::default()
         };
@@ -331,7 +334,7 @@ impl Runtime for DockerRuntime {
                 },
             )
             .await
-            .map_err(|err| engine_error("exec", err))?;
+            .map_err(exec_error)?;
         let started = self
             .docker
             .start_exec(
@@ -343,7 +346,7 @@ impl Runtime for DockerRuntime {
                 }),
             )
             .await
-            .map_err(|err| engine_error("exec", err))?;
+            .map_err(exec_error)?;
         match started {
             StartExecResults::Attached { output, input } => Ok(ExecSession {
                 exec_id: created.id,
@@ -575,6 +578,17 @@ fn status_of(err: &BollardError) -> Option<u16> {
         BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
         _ => None,
     }
+}
+
+/// A command refused because its container is stopped or stopping is
+/// [`RuntimeError::NotRunning`], however the engine's answer reached us (a 409 when the command
+/// is created; its start, an upgraded connection, may say it otherwise).
+fn exec_error(err: BollardError) -> RuntimeError {
+    let message = message_of(&err);
+    if status_of(&err) == Some(409) || message.contains("is not running") {
+        return RuntimeError::NotRunning(message);
+    }
+    engine_error("exec", err)
 }
 
 /// The engine's own message, without bollard's wrapping.

@@ -175,6 +175,9 @@ pub enum RuntimeError {
     /// A container with this name exists already.
     #[error("a container named {0} exists already")]
     Conflict(String),
+    /// The container exists but does not run (a command cannot start in it).
+    #[error("the container is not running: {0}")]
+    NotRunning(String),
     #[error("docker {action} failed: {message}")]
     Engine {
         action: &'static str,

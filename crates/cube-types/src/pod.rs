@@ -301,7 +301,49 @@ struct ComposeService {
     restart: Option<String>,
     network_mode: Option<String>,
     deploy: Option<ComposeDeploy>,
+    /// Read only to be refused by name (`HOST_TAKEOVER_KEYS`): each would hand the task its
+    /// host, and no worker setting allows it.
+    privileged: Option<serde_norway::Value>,
+    cap_add: Option<serde_norway::Value>,
+    pid: Option<serde_norway::Value>,
+    ipc: Option<serde_norway::Value>,
+    devices: Option<serde_norway::Value>,
+    security_opt: Option<serde_norway::Value>,
+    userns_mode: Option<serde_norway::Value>,
 }
+
+/// The compose keys that would let a task take over its host: refused whatever their value
+/// (even `privileged: false`, so that nobody believes a value is honoured), each with why.
+const HOST_TAKEOVER_KEYS: [(&str, &str); 7] = [
+    (
+        "privileged",
+        "a privileged container has every capability and every device of its host",
+    ),
+    (
+        "cap_add",
+        "an added capability reaches past the container (CAP_SYS_ADMIN, CAP_NET_ADMIN, ...)",
+    ),
+    (
+        "pid",
+        "the host's PID namespace shows and signals every process of the host",
+    ),
+    (
+        "ipc",
+        "the host's IPC namespace shares the host's memory segments",
+    ),
+    (
+        "devices",
+        "a device of the host gives raw access to its hardware",
+    ),
+    (
+        "security_opt",
+        "Cube sets the security options itself (no-new-privileges on every container)",
+    ),
+    (
+        "userns_mode",
+        "the host's user namespace undoes the container's user mapping",
+    ),
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -575,6 +617,26 @@ impl Interpreter<'_> {
                 &["services", name, "network_mode"],
                 format!("{mode:?} is not supported: use host, none or bridge (the default)"),
             );
+        }
+        let asked = [
+            written.privileged.is_some(),
+            written.cap_add.is_some(),
+            written.pid.is_some(),
+            written.ipc.is_some(),
+            written.devices.is_some(),
+            written.security_opt.is_some(),
+            written.userns_mode.is_some(),
+        ];
+        for ((key, why), asked) in HOST_TAKEOVER_KEYS.iter().zip(asked) {
+            if asked {
+                self.finding(
+                    &["services", name, key],
+                    format!(
+                        "refused: a task cannot take over its host ({why}); Cube runs no \
+                         container with {key}, and no setting allows it"
+                    ),
+                );
+            }
         }
         let (cpus, memory_bytes) = self.limits(name, written.deploy);
         Service {
@@ -1281,6 +1343,30 @@ services:
         let top = "services:\n  a:\n    image: x\nnetworks:\n  front: {}\n";
         let err = parse(top).unwrap_err().to_string();
         assert!(err.contains("networks") && err.contains("line 4"), "{err}");
+    }
+
+    #[test]
+    fn keys_that_would_take_over_the_host_are_refused_by_name_whatever_their_value() {
+        for (key, value) in [
+            ("privileged", "true"),
+            ("privileged", "false"),
+            ("cap_add", "[SYS_ADMIN]"),
+            ("pid", "host"),
+            ("ipc", "host"),
+            ("devices", "[\"/dev/sda:/dev/sda\"]"),
+            ("security_opt", "[\"seccomp=unconfined\"]"),
+            ("userns_mode", "host"),
+        ] {
+            let text = format!("services:\n  a:\n    image: x\n    {key}: {value}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!(
+                    "services.a.{key} (line 4): refused: a task cannot take over its host"
+                )),
+                "{err}"
+            );
+            assert!(err.contains("no setting allows it"), "{err}");
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ impl From<WorkerError> for ApiError {
             WorkerError::NotFound(_) => StatusCode::NOT_FOUND,
             WorkerError::Conflict { .. } | WorkerError::WrongState(_) => StatusCode::CONFLICT,
             WorkerError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            WorkerError::Refused(_) => StatusCode::FORBIDDEN,
             WorkerError::ShuttingDown | WorkerError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
             // A failed store takes no more writes until the worker is started again (and it
             // stops itself): the service is unavailable.

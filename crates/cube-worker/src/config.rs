@@ -16,6 +16,9 @@
 //! plugins:
 //!   order: [general, node-env]
 //!   node-env: {zone: eu-1, env: {REGION: eu}, labels: {team: web}}
+//! allowed_host_paths: [/srv/cube]  # bind mounts only under these (none by default)
+//! allow_host_network: false        # network_mode: host
+//! allow_docker_socket: false       # a bind mount of the Docker socket or its directory
 //! ```
 //!
 //! Every key is checked: an unknown one is refused with its name and line.
@@ -24,6 +27,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::host_access::HostAccess;
 use crate::plugin::{PluginChain, PluginSettings};
 
 /// What the file holds, every section optional.
@@ -38,6 +42,13 @@ pub struct ConfigFile {
     pub stop: StopSection,
     #[serde(default)]
     pub plugins: PluginSettings,
+    /// The host directories a task's bind mounts may be under (`host_access.rs`).
+    #[serde(default)]
+    pub allowed_host_paths: Vec<String>,
+    #[serde(default)]
+    pub allow_host_network: bool,
+    #[serde(default)]
+    pub allow_docker_socket: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -98,6 +109,11 @@ impl ConfigFile {
                 "launch.pull_retries: {retries}; at most {MAX_PULL_RETRIES}"
             ));
         }
+        HostAccess::new(
+            &file.allowed_host_paths,
+            file.allow_host_network,
+            file.allow_docker_socket,
+        )?;
         if file.stop.remove_volumes && !file.stop.remove_containers {
             return Err(
                 "stop.remove_volumes: a volume is removed with its containers; set \
@@ -123,6 +139,11 @@ impl ConfigFile {
             remove_volumes_on_kill: self.stop.remove_volumes,
             remove_images_on_kill: self.stop.remove_images,
             plugins: PluginChain::from_settings(&self.plugins)?,
+            host_access: HostAccess::new(
+                &self.allowed_host_paths,
+                self.allow_host_network,
+                self.allow_docker_socket,
+            )?,
         })
     }
 }
@@ -146,6 +167,8 @@ pub struct PodSettings {
     /// On a stop: remove the images no other container uses.
     pub remove_images_on_kill: bool,
     pub plugins: PluginChain,
+    /// What a task may reach of the host: bind mounts, the host's network, the Docker socket.
+    pub host_access: HostAccess,
 }
 
 impl Default for PodSettings {
@@ -159,6 +182,7 @@ impl Default for PodSettings {
             remove_volumes_on_kill: false,
             remove_images_on_kill: false,
             plugins: PluginChain::default(),
+            host_access: HostAccess::default(),
         }
     }
 }
@@ -184,6 +208,25 @@ mod tests {
         assert!(err.contains("retries") && err.contains("line 3"), "{err}");
         let err = ConfigFile::parse("pod_monitor:\n  interval: 5\n").unwrap_err();
         assert!(err.contains("interval"), "{err}");
+    }
+
+    #[test]
+    fn host_access_is_read_and_an_allowed_path_must_be_absolute() {
+        let text = "allowed_host_paths: [/srv/cube/../data]\nallow_host_network: true\n";
+        let settings = ConfigFile::parse(text).unwrap().settings().unwrap();
+        assert_eq!(
+            settings.host_access.allowed_host_paths,
+            [std::path::PathBuf::from("/srv/data")]
+        );
+        assert!(settings.host_access.allow_host_network);
+        assert!(!settings.host_access.allow_docker_socket);
+        let err = ConfigFile::parse("allowed_host_paths: [data]\n").unwrap_err();
+        assert!(
+            err.contains("allowed_host_paths") && err.contains("absolute"),
+            "{err}"
+        );
+        let defaults = ConfigFile::default().settings().unwrap().host_access;
+        assert_eq!(defaults, HostAccess::default());
     }
 
     #[test]

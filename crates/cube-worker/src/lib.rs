@@ -13,6 +13,7 @@ mod attach;
 pub mod config;
 mod health;
 mod heartbeat;
+pub mod host_access;
 pub mod metrics;
 mod namespace;
 pub mod plugin;
@@ -45,12 +46,14 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves `worker` on `listener` and runs its loops until `shutdown` is cancelled, then stops
 /// them: the API stops accepting, operations under way get [`SHUTDOWN_GRACE`] to finish.
-/// With a `heartbeat`, the worker registers with a manager and reports to it.
+/// With a `heartbeat`, the worker registers with a manager and reports to it. The API holds
+/// its clients to `limits`.
 pub async fn run<R: Runtime>(
     worker: Arc<Worker<R>>,
     commands: mpsc::Receiver<Command>,
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
+    limits: cube_api::ServeLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let dispatcher = tokio::spawn(worker.clone().run_dispatcher(
@@ -81,9 +84,7 @@ pub async fn run<R: Runtime>(
     };
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
-    let served = axum::serve(listener, api::router(worker))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await;
+    let served = cube_api::serve(listener, api::router(worker), limits, shutdown.clone()).await;
     // The server also ends on an accept error; the loops must stop then too.
     shutdown.cancel();
     for (name, handle) in [

@@ -107,6 +107,9 @@ pub enum WorkerError {
     WrongState(String),
     #[error("{0}")]
     BadRequest(String),
+    /// The task asks for more of the host than the worker's configuration allows.
+    #[error("{0}")]
+    Refused(String),
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -267,6 +270,12 @@ impl<R: Runtime> Worker<R> {
     }
 
     async fn submit_run(&self, mut task: Task) -> Result<Submitted, WorkerError> {
+        // Refused before anything is stored: the manager fails the task with these words.
+        self.config
+            .pods
+            .host_access
+            .check(&task)
+            .map_err(WorkerError::Refused)?;
         let lock = self.lock_for(task.id);
         let _guard = lock.lock().await;
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
@@ -544,7 +553,17 @@ impl<R: Runtime> Worker<R> {
         self.runtime
             .exec(&container_id, cmd, tty, stdin)
             .await
-            .map_err(|err| WorkerError::Runtime(err.to_string()))
+            .map_err(|err| match err {
+                // The record says Running a moment before the engine's end is recorded.
+                RuntimeError::NotRunning(_) | RuntimeError::NotFound(_) => {
+                    WorkerError::WrongState(format!(
+                        "task {} ({id}): its container is not running (it has just ended or \
+                         is stopping): a command runs only in a running container",
+                        task.name
+                    ))
+                }
+                other => WorkerError::Runtime(other.to_string()),
+            })
     }
 
     /// The exit code of a command [`Worker::exec`] started, once the engine has it: asked

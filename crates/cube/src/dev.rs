@@ -42,12 +42,20 @@ pub struct DevArgs {
     store: StoreArgs,
     #[command(flatten)]
     labels: LabelArgs,
+    /// The same limits for the manager's API and the worker's.
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
     let manager = manager::prepare(
-        ManagerArgs::for_dev(args.port, args.scheduler, args.store.clone()),
+        ManagerArgs::for_dev(
+            args.port,
+            args.scheduler,
+            args.store.clone(),
+            args.limits.clone(),
+        ),
         shutdown.clone(),
     )
     .await?;
@@ -58,6 +66,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         manager_address.clone(),
         args.store,
         args.labels,
+        args.limits,
     ))
     .await?;
     // A new user's first task uses the sample image; build it now rather than fail later.

@@ -6,6 +6,7 @@
 mod cli;
 mod dev;
 mod leading;
+mod limits;
 mod manager;
 mod sample_image;
 mod shutdown;

@@ -63,11 +63,18 @@ pub struct ManagerArgs {
     /// address it listens on).
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 impl ManagerArgs {
     /// The settings `cube dev` uses for its manager.
-    pub fn for_dev(port: u16, scheduler: String, store: StoreArgs) -> ManagerArgs {
+    pub fn for_dev(
+        port: u16,
+        scheduler: String,
+        store: StoreArgs,
+        limits: crate::limits::LimitArgs,
+    ) -> ManagerArgs {
         ManagerArgs {
             host: "127.0.0.1".to_string(),
             port,
@@ -80,6 +87,7 @@ impl ManagerArgs {
             max_claimed_per_owner: None,
             leader_ttl: Duration::from_secs(5),
             advertise: None,
+            limits,
         }
     }
 }
@@ -88,6 +96,8 @@ impl ManagerArgs {
 pub struct PreparedManager {
     mode: Mode,
     listener: TcpListener,
+    /// What the API holds its clients to.
+    limits: cube_api::ServeLimits,
     /// Watched while serving: a store that fails stops the manager with an error.
     stores: OpenedStores,
     pub listening_line: String,
@@ -133,6 +143,7 @@ pub async fn prepare(
         !args.heartbeat_grace.is_zero(),
         "--heartbeat-grace must be longer than 0"
     );
+    let limits = args.limits.limits()?;
 
     // 2. Build: stores, manager, listener.
     let stores = args.store.open(StoreOwner::Manager)?;
@@ -182,6 +193,7 @@ pub async fn prepare(
     Ok(PreparedManager {
         mode,
         listener,
+        limits,
         stores,
         listening_line,
         address,
@@ -192,9 +204,11 @@ impl PreparedManager {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let serving = async {
             match self.mode {
-                Mode::Alone(manager) => cube_manager::run(manager, self.listener, shutdown.clone())
-                    .await
-                    .context("serving the manager API"),
+                Mode::Alone(manager) => {
+                    cube_manager::run(manager, self.listener, self.limits, shutdown.clone())
+                        .await
+                        .context("serving the manager API")
+                }
                 Mode::OnEtcd {
                     front,
                     db,
@@ -208,10 +222,14 @@ impl PreparedManager {
                         leader_ttl,
                         shutdown.clone(),
                     ));
-                    let served = axum::serve(self.listener, crate::leading::router(front))
-                        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                        .await
-                        .context("serving the manager API");
+                    let served = cube_api::serve(
+                        self.listener,
+                        crate::leading::router(front),
+                        self.limits,
+                        shutdown.clone(),
+                    )
+                    .await
+                    .context("serving the manager API");
                     if let Err(err) = leading.await {
                         tracing::error!(error = %err, "the leadership loop ended abnormally");
                     }

@@ -83,6 +83,8 @@ pub struct WorkerArgs {
     parallelism: u16,
     #[command(flatten)]
     labels: LabelArgs,
+    #[command(flatten)]
+    limits: crate::limits::LimitArgs,
 }
 
 /// `--label KEY=VALUE`, shared by `cube worker` and `cube dev`.
@@ -122,6 +124,7 @@ impl WorkerArgs {
         manager: String,
         store: StoreArgs,
         labels: LabelArgs,
+        limits: crate::limits::LimitArgs,
     ) -> WorkerArgs {
         WorkerArgs {
             host: "127.0.0.1".to_string(),
@@ -138,6 +141,7 @@ impl WorkerArgs {
             config: None,
             parallelism: 8,
             labels,
+            limits,
         }
     }
 }
@@ -157,6 +161,8 @@ pub struct PreparedWorker {
     commands: mpsc::Receiver<Command>,
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
+    /// What the API holds its clients to.
+    limits: cube_api::ServeLimits,
     /// Watched while serving: a store that fails stops the worker with an error.
     stores: OpenedStores,
     /// What `cube worker` prints once it listens.
@@ -172,6 +178,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         None => host_name()?,
     };
     let labels = args.labels.into_labels()?;
+    let limits = args.limits.limits()?;
     let file = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -227,6 +234,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         worker,
         commands,
         listener,
+        limits,
         heartbeat: (!managers.is_empty()).then(|| Heartbeat {
             managers,
             interval: args.heartbeat_interval,
@@ -245,6 +253,7 @@ impl PreparedWorker {
                 self.commands,
                 self.listener,
                 self.heartbeat,
+                self.limits,
                 shutdown.clone(),
             )
             .await

@@ -159,6 +159,10 @@ impl<R: Runtime> Worker<R> {
             return Ok(());
         }
         let settings = &self.config.pods;
+        // Accepted under an earlier configuration, perhaps: checked again before it runs.
+        if let Err(why) = settings.host_access.check(&task) {
+            return self.fail(task, why);
+        }
         let mut plan = LaunchPlan::for_task(&task, &self.config.name, &self.config.labels);
         if let Err(err) = settings.plugins.pre_launch(&mut plan) {
             return self.fail(task, err.to_string());

@@ -1,0 +1,389 @@
+//! Security as a user (or an attacker) meets it: a task cannot take over its host (a bind
+//! mount of `/` refused by the worker and the task `Failed` with the setting named, a
+//! privileged service refused at submission, a bind mount under an allowed path run, every
+//! container with `no-new-privileges`), and a server cannot be held by a hostile client (slow
+//! headers and slow bodies cut off within their limits while long answers go on, connections
+//! beyond the per-client bound closed while other clients are served). Real `cube`
+//! processes, the real Docker engine, raw TCP for the clients.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn docker_inspect(id: &str, format: &str) -> String {
+    let output = Command::new("docker")
+        .args(["inspect", "--format", format, id])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "docker inspect {id}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// `cube run -f FILE`: whether it succeeded, its output and its errors.
+fn run_file(manager: &ManagerProcess, file: &Path) -> (bool, String, String) {
+    cube_cli(
+        &manager.address(),
+        &["run", "-f", &file.display().to_string()],
+    )
+}
+
+async fn failed_with(client: &Client, id: &str) -> String {
+    let task = client
+        .await_task(id, "State Failed", |task| task["State"] == "Failed")
+        .await;
+    task["Error"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test]
+async fn a_bind_mount_of_the_root_is_refused_by_the_worker_and_the_task_fails_naming_the_setting() {
+    let cluster = OneNodeCluster::start("secroot").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "root.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    volumes:\n      - /:/host\n",
+    );
+    // The manager cannot know the worker's configuration: it accepts and places the task,
+    // the worker refuses it, and the user reads why.
+    let (ok, stdout, stderr) = run_file(&cluster.manager, &file);
+    assert!(ok, "{stderr}");
+    let id = stdout.trim();
+    let error = failed_with(&client, id).await;
+    assert!(
+        error.contains(
+            "services.a.volumes: bind mount of / refused: not under any allowed_host_paths in \
+             the worker's configuration (empty)"
+        ),
+        "{error}"
+    );
+    let (ok, status, stderr) = cube_cli(&cluster.manager.address(), &["status", id]);
+    assert!(ok, "{stderr}");
+    assert!(
+        status.contains("Failed") && status.contains("allowed_host_paths"),
+        "{status}"
+    );
+    assert!(
+        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "a refused task creates no container"
+    );
+
+    // The Docker socket and the host's network, likewise.
+    let socket = write(
+        dir.path(),
+        "socket.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    volumes:\n      - //var/run/./docker.sock:/s\n",
+    );
+    let (ok, stdout, stderr) = run_file(&cluster.manager, &socket);
+    assert!(ok, "{stderr}");
+    let error = failed_with(&client, stdout.trim()).await;
+    assert!(
+        error.contains("bind mount of /var/run/docker.sock refused"),
+        "{error}"
+    );
+    let host = write(
+        dir.path(),
+        "host.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    network_mode: host\n",
+    );
+    let (ok, stdout, stderr) = run_file(&cluster.manager, &host);
+    assert!(ok, "{stderr}");
+    let error = failed_with(&client, stdout.trim()).await;
+    assert!(error.contains("allow_host_network: true"), "{error}");
+}
+
+#[tokio::test]
+async fn a_privileged_service_is_refused_at_submission_naming_the_key() {
+    let cluster = OneNodeCluster::start("secpriv").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "priv.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    privileged: true\n    cap_add: [SYS_ADMIN]\n",
+    );
+    let (ok, _, stderr) = run_file(&cluster.manager, &file);
+    assert!(!ok);
+    assert!(
+        stderr
+            .contains("services.a.privileged (line 4): refused: a task cannot take over its host")
+            && stderr.contains("services.a.cap_add (line 5)"),
+        "{stderr}"
+    );
+    // Straight to the API: the same refusal, as a 400.
+    let answer = cluster
+        .manager
+        .client()
+        .post(&json!({"Name": "p", "Pod": {"Compose": "services:\n  a:\n    image: x\n    pid: host\n"}}))
+        .await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(
+        answer.message().contains("services.a.pid"),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test]
+async fn a_bind_mount_under_an_allowed_path_runs_and_every_container_has_no_new_privileges() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::write(shared.join("hello"), "hello from the host\n").unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let config = write(
+        dir.path(),
+        "worker.yaml",
+        &format!("allowed_host_paths: [{}]\n", dir.path().display()),
+    );
+    let worker = manager.join_worker(
+        &unique_node("secallow"),
+        &["--config", &config.display().to_string()],
+    );
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let compose = format!(
+        "services:\n  a:\n    image: cube-sample:latest\n    command: [\"sh\", \"-c\", \"cat /data/hello && sleep 3600\"]\n    volumes:\n      - {}/../shared:/data:ro\n",
+        shared.display()
+    );
+    let file = write(dir.path(), "allowed.yml", &compose);
+    let (ok, stdout, stderr) = run_file(&manager, &file);
+    assert!(ok, "{stderr}");
+    let id = stdout.trim().to_string();
+    let task = client
+        .await_task(&id, "every container running", |task| {
+            task["State"] == "Running"
+                && task["Containers"].as_array().is_some_and(|list| {
+                    list.len() == 2 && list.iter().all(|c| c["Status"] == "running")
+                })
+        })
+        .await;
+    // A single container too.
+    let (single, _) = client.run(&web_task("secallow-single")).await;
+    let single = client.get(&format!("/tasks/{single}")).await.body;
+    let mut ids: Vec<String> = task["Containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["ContainerID"].as_str().unwrap().to_string())
+        .collect();
+    ids.push(single["ContainerID"].as_str().unwrap().to_string());
+    for container in &ids {
+        let options = docker_inspect(container, "{{json .HostConfig.SecurityOpt}}");
+        assert!(
+            options.contains("no-new-privileges"),
+            "container {container}: SecurityOpt {options}"
+        );
+    }
+    // The service read the file through its mount.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ok, logs, _) = cube_cli(&manager.address(), &["logs", "--container", "a", &id]);
+        if ok && logs.contains("hello from the host") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no output from the mount: {logs}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(worker);
+}
+
+// ----- hostile clients -----
+
+/// Limits short enough to watch: the defaults are 30 s and 60 s.
+const LIMIT_FLAGS: [&str; 4] = ["--header-timeout", "1s", "--body-timeout", "1s"];
+/// What a cut-off may take past its limit on a loaded machine.
+const MARGIN: Duration = Duration::from_millis(1500);
+
+/// Writes `bytes` one at a time, a second apart, until the server closes the connection or
+/// answers; returns what it answered and when, from the first byte.
+async fn trickle(address: &str, head: &[u8], bytes: &[u8]) -> (Vec<u8>, Duration) {
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let started = Instant::now();
+    stream.write_all(head).await.unwrap();
+    let mut answer = Vec::new();
+    for byte in bytes {
+        // A failed write means the server closed: read what it said.
+        if stream.write_all(&[*byte]).await.is_err() {
+            break;
+        }
+        let mut buffer = [0u8; 4096];
+        match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut buffer)).await {
+            Err(_) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return (answer, started.elapsed()),
+            Ok(Ok(read)) => answer.extend_from_slice(&buffer[..read]),
+        }
+        if answer.ends_with(b"}") {
+            break;
+        }
+    }
+    (answer, started.elapsed())
+}
+
+fn address_of(url: &str) -> String {
+    url.trim_start_matches("http://").to_string()
+}
+
+#[tokio::test]
+async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager_and_worker() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &LIMIT_FLAGS);
+    let worker = WorkerProcess::start_with(
+        &unique_node("secslow"),
+        "memory",
+        &dir.path().join("worker"),
+        &LIMIT_FLAGS,
+    );
+    let body = br#"{"Name": "slow", "Image": "cube-sample:latest"}"#;
+    for url in [&manager.url, &worker.url] {
+        let address = address_of(url);
+        // Headers one byte a second: the connection is closed, nothing answered.
+        let (answer, took) = trickle(
+            &address,
+            b"",
+            b"GET /health HTTP/1.1\r\nHost: cube\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa\r\n\r\n",
+        )
+        .await;
+        assert!(
+            answer.is_empty(),
+            "{url}: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert!(
+            took < Duration::from_secs(1) + MARGIN,
+            "{url}: slow headers held for {took:?}"
+        );
+        // Headers at once, the body one byte a second: 408, as JSON, and the connection ends.
+        let head = format!(
+            "POST /tasks HTTP/1.1\r\nHost: cube\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let (answer, took) = trickle(&address, head.as_bytes(), body).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408"), "{url}: {text}");
+        assert!(text.contains("connection: close"), "{url}: {text}");
+        let json = &text[text.find('{').unwrap_or(0)..];
+        let error: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("{text}"));
+        assert_eq!(error["HTTPStatusCode"], 408, "{text}");
+        assert!(error["Message"].as_str().unwrap().contains("1s"), "{text}");
+        assert!(
+            took < Duration::from_secs(1) + MARGIN,
+            "{url}: slow body held for {took:?}"
+        );
+        // Answers may be long: a blocking query waits past both limits and still answers.
+        let index = reqwest::get(format!("{url}/tasks"))
+            .await
+            .unwrap()
+            .headers()
+            .get("X-Cube-Index")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let started = Instant::now();
+        let answer = reqwest::get(format!("{url}/tasks?index={index}&wait=3s"))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{url}");
+        assert!(started.elapsed() >= Duration::from_millis(2500), "{url}");
+        // And the server is well.
+        assert_eq!(
+            reqwest::get(format!("{url}/health"))
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+}
+
+/// Whether a connection is served: a request on it is answered 200.
+async fn served(stream: &mut TcpStream) -> bool {
+    if stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: cube\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut buffer = [0u8; 64];
+    match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer)).await {
+        Ok(Ok(read)) => buffer[..read].starts_with(b"HTTP/1.1 200"),
+        _ => false,
+    }
+}
+
+async fn connect_from(source: &str, address: &str) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(address.parse().unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn connections_beyond_the_per_client_limit_are_closed_while_others_are_served() {
+    ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let flags = ["--max-connections-per-client", "4"];
+    let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &flags);
+    let worker = WorkerProcess::start_with(
+        &unique_node("secconn"),
+        "memory",
+        &dir.path().join("worker"),
+        &flags,
+    );
+    for url in [&manager.url, &worker.url] {
+        let address = address_of(url);
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(connect_from("127.0.0.1", &address).await);
+        }
+        for stream in &mut held {
+            assert!(served(stream).await, "{url}: one of the first four");
+        }
+        let mut fifth = connect_from("127.0.0.1", &address).await;
+        assert!(
+            !served(&mut fifth).await,
+            "{url}: a fifth connection was served"
+        );
+        // Another client address is served meanwhile.
+        let mut other = connect_from("127.0.0.2", &address).await;
+        assert!(
+            served(&mut other).await,
+            "{url}: another client was refused"
+        );
+        // One closed, one more is let in.
+        drop(held.pop());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let mut again = connect_from("127.0.0.1", &address).await;
+            if served(&mut again).await {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{url}: the freed slot was never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
