@@ -35,7 +35,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{MatchedPath, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
@@ -115,6 +115,17 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/services", get(list_services))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
+        .route("/acl/bootstrap", post(crate::acl::bootstrap))
+        .route(
+            "/acl/tokens",
+            get(crate::acl::list_tokens).post(crate::acl::create_token),
+        )
+        .route("/acl/tokens/{id}", delete(crate::acl::revoke_token))
+        // Inside the count: a refused request is counted too.
+        .route_layer(axum::middleware::from_fn_with_state(
+            manager.clone(),
+            crate::acl::guard,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             manager.clone(),
             count_request,
@@ -130,7 +141,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
          GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
          POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
          GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
-         GET /store/backup",
+         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}",
     )
 }
 

@@ -30,6 +30,9 @@ pub struct Heartbeat {
     /// Every manager to try, in order; the one that answered last is asked first.
     pub managers: Vec<ApiClient>,
     pub interval: Duration,
+    /// When the worker joined with a token: where the worker-command token the manager
+    /// answers with is kept, for the API's gate (`gate.rs`).
+    pub gate: Option<Arc<crate::gate::CommandGate>>,
 }
 
 /// Whether a failed beat should be tried at once on the next manager.
@@ -78,7 +81,10 @@ impl Heartbeat {
                     answer = manager.put_heartbeat::<_, Node>(&path, &report) => answer,
                 };
                 match answer {
-                    Ok((node, floor)) => {
+                    Ok((node, floor, worker_token)) => {
+                        if let (Some(gate), Some(token)) = (&self.gate, &worker_token) {
+                            gate.learn(token);
+                        }
                         if index != current || reachable != Some(true) {
                             tracing::info!(manager = %manager.base(), "registered with the manager");
                             if let Some(warning) = &node.version_warning {

@@ -11,6 +11,7 @@
 pub mod api;
 mod attach;
 pub mod config;
+pub mod gate;
 mod health;
 mod heartbeat;
 pub mod metrics;
@@ -79,9 +80,12 @@ pub async fn run<R: Runtime>(
             worker.closing().cancel();
         })
     };
+    let gate = heartbeat
+        .as_ref()
+        .and_then(|heartbeat| heartbeat.gate.clone());
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
-    let served = axum::serve(listener, api::router(worker))
+    let served = axum::serve(listener, api::router_with_gate(worker, gate))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await;
     // The server also ends on an accept error; the loops must stop then too.

@@ -69,6 +69,8 @@ enum Command {
     Service(cli::ServiceArgs),
     Completion(cli::CompletionArgs),
     Config(cli::ConfigArgs),
+    Acl(cli::AclArgs),
+    Token(cli::TokenArgs),
     SampleImage(sample_image::SampleImageArgs),
     Store(store_cmd::StoreCommandArgs),
 }
@@ -205,6 +207,8 @@ fn main() -> ExitCode {
             Command::Service(args) => cli::service(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),
             Command::Config(args) => cli::config(args).await,
+            Command::Acl(args) => cli::acl(args).await,
+            Command::Token(args) => cli::token(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
             Command::Store(args) => store_cmd::run(args).await,
         }

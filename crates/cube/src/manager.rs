@@ -63,6 +63,11 @@ pub struct ManagerArgs {
     /// address it listens on).
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
+    /// Turn authentication on: every route but GET /health needs a token (`Authorization:
+    /// Bearer`) of a role that allows it. Make the first one with `cube acl bootstrap`;
+    /// workers join with `cube worker --join HOST:PORT --token NODE_TOKEN`.
+    #[arg(long)]
+    acl: bool,
 }
 
 impl ManagerArgs {
@@ -80,6 +85,7 @@ impl ManagerArgs {
             max_claimed_per_owner: None,
             leader_ttl: Duration::from_secs(5),
             advertise: None,
+            acl: false,
         }
     }
 }
@@ -140,6 +146,26 @@ pub async fn prepare(
     // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
     stores.drop_unused_table("events")?;
     let manager_stores = manager_stores(&stores)?;
+    let acl = if args.acl {
+        let acl_stores = cube_manager::acl::AclStores {
+            tokens: stores.table("acl_tokens")?,
+            keys: stores.table("acl_keys")?,
+        };
+        Some(std::sync::Arc::new(
+            cube_manager::acl::Acl::open(acl_stores).context("opening the ACL")?,
+        ))
+    } else {
+        None
+    };
+    // The audit file lives next to the store file; a manager on memory or etcd keeps no
+    // file here and audits to its log only (target `cube::audit`).
+    let audit = if args.store.dbtype == crate::stores::DbType::Persistent {
+        let audit = cube_manager::acl::AuditLog::open(args.store.data_dir())
+            .context("opening the audit log")?;
+        Some(std::sync::Arc::new(audit))
+    } else {
+        None
+    };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
@@ -149,6 +175,8 @@ pub async fn prepare(
         max_concurrent_reconciles: 64,
         gc_after: args.gc_after,
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
+        acl,
+        audit,
     };
     let (listener, address) = crate::listen(&args.host, args.port).await?;
     let listening_line =

@@ -442,6 +442,47 @@ impl Answer {
 }
 
 impl Client {
+    /// A client for `base` that sends `token` as `Authorization: Bearer` on every request.
+    pub fn with_token(base: &str, token: &str) -> Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        Client {
+            base: base.to_string(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// `method path` with `body` (JSON text), answered once its status and headers came (the
+    /// body of a stream is not waited for).
+    pub async fn request(&self, method: &str, path: &str, body: Option<&str>) -> u16 {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
+    /// [`Client::request`], with the JSON body of the answer (for answers that end).
+    pub async fn request_answer(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        answer(request.send().await.unwrap()).await
+    }
+
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
         let response = self
             .http
