@@ -83,6 +83,18 @@ impl From<ManagerError> for ApiError {
     }
 }
 
+/// Every route, as the answer to an unknown one lists them; a unit test holds it equal to
+/// the ACL's table (`acl::ROUTES`), so that a route cannot be added to one and not the other.
+pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
+         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
+         GET|POST /jobs, \
+         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
+         GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
+         GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
+         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
+         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
+         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}";
+
 pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
         .route("/tasks", get(list_tasks).post(submit_task))
@@ -131,18 +143,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
             count_request,
         ))
         .with_state(manager);
-    with_json_fallbacks(
-        routes,
-        "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
-         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
-         GET|POST /jobs, \
-         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
-         GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
-         GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
-         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
-         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
-         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}",
-    )
+    with_json_fallbacks(routes, ROUTE_LIST)
 }
 
 /// Counts every request a route answered, by the route's pattern (`/tasks/:id`, not each
@@ -850,6 +851,27 @@ async fn report_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_route_list_and_the_acl_table_name_the_same_routes() {
+        let mut listed: Vec<(String, String)> = ROUTE_LIST
+            .split(", ")
+            .flat_map(|entry| {
+                let (methods, path) = entry.trim().split_once(' ').unwrap();
+                methods
+                    .split('|')
+                    .map(|method| (method.to_string(), path.to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut table: Vec<(String, String)> = crate::acl::ROUTES
+            .iter()
+            .map(|(method, path, _)| (method.to_string(), path.to_string()))
+            .collect();
+        listed.sort();
+        table.sort();
+        assert_eq!(listed, table);
+    }
 
     #[test]
     fn a_failed_store_answers_503_with_the_file_and_the_cause() {

@@ -72,9 +72,15 @@ pub struct ManagerArgs {
 
 impl ManagerArgs {
     /// The settings `cube dev` uses for its manager.
-    pub fn for_dev(port: u16, scheduler: String, store: StoreArgs) -> ManagerArgs {
+    pub fn for_dev(
+        host: String,
+        port: u16,
+        scheduler: String,
+        store: StoreArgs,
+        acl: bool,
+    ) -> ManagerArgs {
         ManagerArgs {
-            host: "127.0.0.1".to_string(),
+            host,
             port,
             scheduler,
             store,
@@ -85,7 +91,7 @@ impl ManagerArgs {
             max_claimed_per_owner: None,
             leader_ttl: Duration::from_secs(5),
             advertise: None,
-            acl: false,
+            acl,
         }
     }
 }
@@ -98,6 +104,8 @@ pub struct PreparedManager {
     stores: OpenedStores,
     pub listening_line: String,
     pub address: std::net::SocketAddr,
+    /// With --acl: the tokens, for `cube dev` to give its own worker a join token.
+    pub acl: Option<std::sync::Arc<cube_manager::acl::Acl>>,
 }
 
 /// One manager on its own store, or one of several on etcd.
@@ -175,10 +183,10 @@ pub async fn prepare(
         max_concurrent_reconciles: 64,
         gc_after: args.gc_after,
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
-        acl,
+        acl: acl.clone(),
         audit,
     };
-    let (listener, address) = crate::listen(&args.host, args.port).await?;
+    let (listener, address) = crate::listen(&args.host, args.port, args.acl).await?;
     let listening_line =
         cube_manager::listening_line(address, scheduler.name(), &stores.description);
     let mode = match stores.etcd() {
@@ -213,6 +221,7 @@ pub async fn prepare(
         stores,
         listening_line,
         address,
+        acl,
     })
 }
 

@@ -141,6 +141,7 @@ impl WorkerArgs {
         name: String,
         port: u16,
         manager: String,
+        token: Option<String>,
         store: StoreArgs,
         labels: LabelArgs,
     ) -> WorkerArgs {
@@ -151,7 +152,7 @@ impl WorkerArgs {
             store,
             manager: vec![manager],
             join: Vec::new(),
-            token: None,
+            token,
             advertise: None,
             heartbeat_interval: Duration::from_secs(2),
             cpus: None,
@@ -247,7 +248,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     let stores = args.store.open(StoreOwner::Worker(name.clone()))?;
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
-    let (listener, address) = crate::listen(&args.host, args.port).await?;
+    let (listener, address) = crate::listen(&args.host, args.port, args.token.is_some()).await?;
     let advertised = advertised_address(args.advertise.as_deref(), address, !managers.is_empty())?;
     let stats = StatsCollector::new(args.store.data_dir());
     let machine = stats

@@ -367,3 +367,17 @@ async fn the_command_line_sends_its_token_from_the_flag_the_variable_or_the_conf
     let (ok, _, err) = cube_cli_env(&[("CUBE_CONFIG", config)], &["acl", "bootstrap"]);
     assert!(!ok && err.contains("already bootstrapped"), "{err}");
 }
+
+#[tokio::test]
+async fn cube_dev_with_acl_joins_its_own_worker_and_asks_for_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let name = unique_node("acl-dev");
+    let dev = ManagerProcess::start_dev_with(&name, dir.path(), &["--acl"]);
+    assert_eq!(dev.client().get("/tasks").await.status, 401);
+    let management = bootstrap(&dev).await;
+    let admin = Client::with_token(&dev.url, &management);
+    await_ready(&admin, &name).await;
+    let (id, _) = admin.run(&web_task("acl-dev-web")).await;
+    assert_eq!(admin.delete(&format!("/tasks/{id}")).await.status, 204);
+    admin.await_state(&id, "Completed").await;
+}

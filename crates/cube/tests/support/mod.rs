@@ -242,8 +242,14 @@ impl ManagerProcess {
     /// Starts `cube dev` (a manager and a worker named `worker` in one process, persistent
     /// store under `data_dir`) on free ports; the manager's address is the one printed first.
     pub fn start_dev(worker: &str, data_dir: &Path) -> ManagerProcess {
+        ManagerProcess::start_dev_with(worker, data_dir, &[])
+    }
+
+    /// [`ManagerProcess::start_dev`] with more flags (`--acl`).
+    pub fn start_dev_with(worker: &str, data_dir: &Path, extra: &[&str]) -> ManagerProcess {
         ensure_sample_image();
-        let args = ["dev", "-p", "0", "--worker-port", "0", "-n", worker];
+        let mut args = vec!["dev", "-p", "0", "--worker-port", "0", "-n", worker];
+        args.extend_from_slice(extra);
         let (child, url, stderr_path) = spawn_cube(&args, data_dir, "dev");
         let port = url.rsplit(':').next().unwrap().parse().unwrap();
         ManagerProcess {
