@@ -211,6 +211,22 @@ pub fn parse_task_id(text: &str) -> Result<Uuid, ApiError> {
     })
 }
 
+/// The token of an `Authorization: Bearer <token>` header, if the request has one.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Whether two secrets are equal, compared in a time that does not depend on where they
+/// differ (`subtle`), so that an attacker cannot learn a secret byte by byte from timings.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -251,20 +267,4 @@ mod tests {
             (400, "named field")
         );
     }
-}
-
-/// The token of an `Authorization: Bearer <token>` header, if the request has one.
-pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "))
-        .map(str::trim)
-}
-
-/// Whether two secrets are equal, compared in a time that does not depend on where they
-/// differ (`subtle`), so that an attacker cannot learn a secret byte by byte from timings.
-pub fn same_secret(a: &str, b: &str) -> bool {
-    use subtle::ConstantTimeEq;
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }

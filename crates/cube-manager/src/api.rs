@@ -21,6 +21,10 @@
 //! /nodes/{name}` (`drain.rs`), `GET /version`, `GET /metrics` (`metrics.rs`; every request
 //! is counted by route, method and status).
 //!
+//! ACL (`acl.rs`, with `--acl`): `POST /acl/bootstrap`, `GET|POST /acl/tokens`, `DELETE
+//! /acl/tokens/{id}`; every route passes `acl::guard`, which checks its token against
+//! `acl::ROUTES` and writes the audit log.
+//!
 //! `GET /tasks`, `GET /jobs`, `GET /jobs/{name}` and `GET /nodes` are also blocking queries,
 //! as Consul's are: with `?index=N&wait=30s` they answer once something they list changed
 //! after event index N (or when the wait, at most [`MAX_WAIT`], is over). Every answer of

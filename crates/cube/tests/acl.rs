@@ -381,3 +381,46 @@ async fn cube_dev_with_acl_joins_its_own_worker_and_asks_for_tokens() {
     assert_eq!(admin.delete(&format!("/tasks/{id}")).await.status, 204);
     admin.await_state(&id, "Completed").await;
 }
+
+#[tokio::test]
+async fn on_etcd_a_token_made_on_one_manager_works_on_the_other_and_a_revoke_holds_on_both() {
+    let cluster = cube_test_support::EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-acl-{}", uuid::Uuid::new_v4().simple());
+    let flags = [
+        "--etcd-endpoints",
+        endpoints.as_str(),
+        "--etcd-prefix",
+        prefix.as_str(),
+        "--acl",
+    ];
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = ManagerProcess::start_with("epvm", "etcd", dir_a.path(), 0, &flags);
+    let b = ManagerProcess::start_with("epvm", "etcd", dir_b.path(), 0, &flags);
+    // Until one of them leads, a request is answered 503.
+    let deadline = Instant::now() + support::STATE_BOUND;
+    let management = loop {
+        let answer = a
+            .client()
+            .request_answer("POST", "/acl/bootstrap", Some("{}"))
+            .await;
+        if answer.status == 201 {
+            break answer.body["Secret"].as_str().unwrap().to_string();
+        }
+        assert_eq!(answer.status, 503, "bootstrap: {}", answer.body);
+        assert!(Instant::now() < deadline, "no manager leads");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let made = token(&a, &management, "read", "on-etcd").await;
+    let on_b = Client::with_token(&b.url, &secret(&made));
+    assert_eq!(on_b.request("GET", "/nodes", None).await, 200);
+    assert_eq!(b.client().request("GET", "/nodes", None).await, 401);
+    let id = made["Token"]["ID"].as_str().unwrap();
+    let revoked = Client::with_token(&b.url, &management)
+        .request("DELETE", &format!("/acl/tokens/{id}"), None)
+        .await;
+    assert_eq!(revoked, 204);
+    let on_a = Client::with_token(&a.url, &secret(&made));
+    assert_eq!(on_a.request("GET", "/nodes", None).await, 401);
+    assert_eq!(on_b.request("GET", "/nodes", None).await, 401);
+}
