@@ -22,7 +22,8 @@
 //! `acl_keys`: the manager sends it on every call to a worker, and a worker that joined with
 //! a token accepts no other.
 //!
-//! **Audit**: every request that is not a `GET` or `HEAD` is recorded once answered, with the
+//! **Audit**: every request that is not a `GET` or `HEAD` (nor a heartbeat that was taken:
+//! `PUT /nodes/{name}` answered 2xx, a node every 2 s) is recorded once answered, with the
 //! token's name (`anonymous` with ACL off, `unauthenticated` when refused for want of one),
 //! its role, the method, the route, the path and the status: as an event of the `tracing`
 //! target `cube::audit` and, when the manager has a data directory, as a line of JSON
@@ -246,7 +247,12 @@ impl Acl {
             role,
             secret_hash: hash_secret(&secret),
             create_time: now,
-            expire_time: ttl.and_then(|ttl| chrono::Duration::from_std(ttl).ok().map(|d| now + d)),
+            // A TTL past what chrono holds is capped at the longest allowed, never dropped
+            // (which would make the token last for ever).
+            expire_time: ttl.map(|ttl| {
+                let ttl = ttl.min(cube_types::token::MAX_TOKEN_TTL);
+                now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(365))
+            }),
             node: None,
         };
         self.stores
@@ -453,7 +459,11 @@ pub async fn guard(
         ),
         Some(acl) => checked(acl, &method, &route, request, next).await,
     };
-    if method != Method::GET && method != Method::HEAD {
+    // A heartbeat that was taken is no news (one a node every 2 s would drown the rest); a
+    // refused one, and every other change, is recorded.
+    let heartbeat =
+        method == Method::PUT && route == "/nodes/{name}" && response.status().is_success();
+    if method != Method::GET && method != Method::HEAD && !heartbeat {
         let status = response.status().as_u16();
         tracing::info!(target: "cube::audit", token = %caller.name, role = caller.role.map(Role::as_str), %method, %route, %path, status, "audit");
         if let Some(audit) = &manager.config.audit {
@@ -633,6 +643,11 @@ pub async fn create_token(
     };
     if ttl.is_some_and(|ttl| ttl.is_zero()) {
         return Err(ApiError::bad_request("TTL: must be longer than 0"));
+    }
+    if ttl.is_some_and(|ttl| ttl > cube_types::token::MAX_TOKEN_TTL) {
+        return Err(ApiError::bad_request(
+            "TTL: at most 8760h (a year); leave it out for a token that lasts until revoked",
+        ));
     }
     let created = acl
         .create(request.role, request.name, ttl, Utc::now())

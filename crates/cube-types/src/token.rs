@@ -87,6 +87,9 @@ pub const TOKEN_PREFIX: &str = "cube.";
 pub const TOKEN_ID_LEN: usize = 16;
 /// Hex digits in a token's secret.
 pub const TOKEN_SECRET_LEN: usize = 64;
+/// The longest life a token may be given (`--ttl`): a year. Longer, make it without one.
+pub const MAX_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
 /// The longest name a token may be given.
 pub const MAX_TOKEN_NAME: usize = 128;
 

@@ -82,8 +82,17 @@ impl Heartbeat {
                 };
                 match answer {
                     Ok((node, floor, worker_token)) => {
-                        if let (Some(gate), Some(token)) = (&self.gate, &worker_token) {
-                            gate.learn(token);
+                        match (&self.gate, &worker_token) {
+                            (Some(gate), Some(token)) => gate.learn(token),
+                            (Some(_), None) if reachable != Some(true) => tracing::error!(
+                                manager = %manager.base(),
+                                "the manager took this worker's token but gave no \
+                                 worker-command token: it does not run with --acl; this \
+                                 worker, joined with --token, refuses every request but \
+                                 GET /health (join without --token, or start the manager \
+                                 with --acl)"
+                            ),
+                            _ => {}
                         }
                         if index != current || reachable != Some(true) {
                             tracing::info!(manager = %manager.base(), "registered with the manager");

@@ -424,3 +424,65 @@ async fn on_etcd_a_token_made_on_one_manager_works_on_the_other_and_a_revoke_hol
     assert_eq!(on_a.request("GET", "/nodes", None).await, 401);
     assert_eq!(on_b.request("GET", "/nodes", None).await, 401);
 }
+
+#[tokio::test]
+async fn without_acl_the_audit_log_names_the_caller_anonymous_and_skips_heartbeats() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    let name = unique_node("audit-open");
+    let _worker = manager.join_worker(&name, &[]);
+    manager.await_ready_nodes(1).await;
+    let answer = manager.client().post_raw("/tasks", "{not json").await;
+    assert_eq!(answer.status, 400);
+    // A few heartbeats come and go (every 300 ms).
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let text = std::fs::read_to_string(dir.path().join("audit.jsonl")).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert!(
+        lines.iter().any(|line| line["Token"] == "anonymous"
+            && line["Method"] == "POST"
+            && line["Route"] == "/tasks"
+            && line["Status"] == 400),
+        "{text}"
+    );
+    assert!(
+        lines.iter().all(|line| line["Route"] != "/nodes/{name}"),
+        "heartbeats taken are not audited: {text}"
+    );
+}
+
+#[tokio::test]
+async fn a_bad_token_request_is_refused_naming_the_field() {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    for (body, field) in [
+        (json!({"Role": "admin"}), "Role"),
+        (json!({"Role": "read", "TTL": "9000h"}), "TTL"),
+        (json!({"Role": "read", "TTL": "soon"}), "TTL"),
+        (json!({"Role": "read", "TTL": "0"}), "TTL"),
+        (json!({"Role": "read", "Name": ""}), "Name"),
+        (json!({"Role": "read", "Color": "red"}), "Color"),
+    ] {
+        let answer = admin
+            .request_answer("POST", "/acl/tokens", Some(&body.to_string()))
+            .await;
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert!(answer.message().contains(field), "{body}: {}", answer.body);
+    }
+    let unknown = admin
+        .request_answer("DELETE", "/acl/tokens/0123456789abcdef", None)
+        .await;
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    let (ok, _, err) = cube_cli_env(
+        &[
+            ("CUBE_MANAGER", &manager.address()),
+            ("CUBE_TOKEN", &management),
+        ],
+        &["token", "create", "--role", "boss"],
+    );
+    assert!(!ok && err.contains("unknown role"), "{err}");
+}

@@ -56,7 +56,7 @@ enum TokenCommand {
         /// A name to know it by in `cube token list` and the audit log [default: ROLE-ID].
         #[arg(long)]
         name: Option<String>,
-        /// How long it lasts (e.g. 24h, 90s; at most 24h); without, until revoked.
+        /// How long it lasts (e.g. 24h, 90s, 720h; at most 8760h); without, until revoked.
         #[arg(long)]
         ttl: Option<String>,
         #[command(flatten)]
