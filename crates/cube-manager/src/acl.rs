@@ -581,7 +581,80 @@ async fn checked(
         }
         return (caller, response);
     }
-    (caller, next.run(request).await)
+    let response = next.run(request).await;
+    if STREAMED.contains(&route) && response.status().is_success() {
+        return (caller, acl.until_token_gone(response, &record));
+    }
+    (caller, response)
+}
+
+/// The routes whose answers last (a stream of events, followed logs, a command's output):
+/// checked when they open, and ended when their token is revoked or expires. (`cube exec -it`'s
+/// upgraded connection is not a body, and lasts.)
+const STREAMED: [&str; 3] = ["/events", "/tasks/{id}/logs", "/tasks/{id}/exec"];
+
+impl Acl {
+    /// `response`, whose body ends once `token` is revoked or expires.
+    fn until_token_gone(&self, response: Response, token: &TokenRecord) -> Response {
+        use futures_util::StreamExt;
+        let gone = Box::pin(token_gone(
+            self.stores.tokens.clone(),
+            token.id.clone(),
+            token.expire_time,
+        ));
+        let (parts, body) = response.into_parts();
+        let body = axum::body::Body::from_stream(body.into_data_stream().take_until(gone));
+        Response::from_parts(parts, body)
+    }
+}
+
+/// Resolves once the token `id` is no longer in `tokens` (revoked), or at `expiry`.
+async fn token_gone(
+    tokens: Arc<dyn Store<TokenRecord>>,
+    id: String,
+    expiry: Option<DateTime<Utc>>,
+) {
+    let expired = async {
+        match expiry {
+            Some(expiry) => {
+                let left = (expiry - Utc::now()).to_std().unwrap_or_default();
+                tokio::time::sleep(left).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let revoked = async {
+        loop {
+            // The revision first, then the record: a revoke after the read is in the watch.
+            let Ok(revision) = tokens.revision() else {
+                return;
+            };
+            match tokens.get(&id) {
+                Ok(Some(_)) => {}
+                // Gone, or the store cannot say: the stream ends.
+                _ => return,
+            }
+            let Ok(mut watch) = tokens.watch(&id, revision) else {
+                return;
+            };
+            loop {
+                match watch.next().await {
+                    Ok(cube_store::Change::Delete { key, .. }) if key == id => return,
+                    Ok(_) => {}
+                    // Fell behind, or the feed broke: read the record again, after a pause
+                    // so that a store that keeps failing is not asked in a tight loop.
+                    Err(_) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = expired => {}
+        () = revoked => {}
+    }
 }
 
 /// `submit (or operator, management)`: the roles that would do.

@@ -486,3 +486,37 @@ async fn a_bad_token_request_is_refused_naming_the_field() {
     );
     assert!(!ok && err.contains("unknown role"), "{err}");
 }
+
+#[tokio::test]
+async fn an_open_event_stream_ends_when_its_token_is_revoked() {
+    let (manager, _dir) = acl_manager("persistent");
+    let management = bootstrap(&manager).await;
+    let made = token(&manager, &management, "read", "watcher").await;
+    let watcher = Client::with_token(&manager.url, &secret(&made));
+    let mut stream = watcher
+        .http
+        .get(format!("{}/events", manager.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let id = made["Token"]["ID"].as_str().unwrap();
+    let revoked = Client::with_token(&manager.url, &management)
+        .request("DELETE", &format!("/acl/tokens/{id}"), None)
+        .await;
+    assert_eq!(revoked, 204);
+    // The stream ends (well before its 15 s heartbeat would show it alive).
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match stream.chunk().await {
+                Ok(Some(_)) => continue,
+                Ok(None) | Err(_) => break,
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the event stream outlived its token's revoke"
+    );
+}
