@@ -231,6 +231,44 @@ impl Acl {
         Ok(record)
     }
 
+    /// The record of the token in `headers` when its role allows `needed`; otherwise the
+    /// answer to give (401 without a valid token, 403 with a weaker role, with its name and role),
+    /// naming `what` ("GET /tasks") and the roles that would do.
+    pub fn check(
+        &self,
+        headers: &axum::http::HeaderMap,
+        needed: Role,
+        what: &str,
+    ) -> Result<TokenRecord, (Option<(String, Role)>, ApiError)> {
+        let what = format!("{what} needs a token of role {}", needs_words(needed));
+        let Some(token) = bearer_token(headers) else {
+            return Err((
+                None,
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!(
+                        "{what}: none was given (Authorization: Bearer <token>; the CLI takes \
+                         --token, CUBE_TOKEN or the config file)"
+                    ),
+                ),
+            ));
+        };
+        let record = self.authenticate(token, Utc::now()).map_err(|why| {
+            (
+                None,
+                ApiError::new(StatusCode::UNAUTHORIZED, format!("{what}: {why}")),
+            )
+        })?;
+        if !record.role.allows(needed) {
+            let message = format!("{what}; token {:?} has role {}", record.name, record.role);
+            return Err((
+                Some((record.name, record.role)),
+                ApiError::new(StatusCode::FORBIDDEN, message),
+            ));
+        }
+        Ok(record)
+    }
+
     /// Makes a token and stores it; the answer holds its text, shown once.
     pub async fn create(
         &self,
@@ -511,47 +549,19 @@ async fn checked(
         }
         Need::Role(role) => role,
     };
-    let what = format!(
-        "{method} {route} needs a token of role {}",
-        needs_words(needed)
-    );
-    let Some(token) = bearer_token(request.headers()) else {
-        return refused(
-            "unauthenticated",
-            None,
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                format!(
-                    "{what}: none was given (Authorization: Bearer <token>; the CLI takes \
-                     --token, CUBE_TOKEN or the config file)"
-                ),
-            ),
-        );
-    };
-    let record = match acl.authenticate(token, Utc::now()) {
+    let record = match acl.check(request.headers(), needed, &format!("{method} {route}")) {
         Ok(record) => record,
-        Err(why) => {
-            return refused(
-                "unauthenticated",
-                None,
-                ApiError::new(StatusCode::UNAUTHORIZED, format!("{what}: {why}")),
-            );
+        Err((caller, error)) => {
+            let name = caller
+                .as_ref()
+                .map_or("unauthenticated", |(name, _)| name.as_str());
+            return refused(name, caller.as_ref().map(|(_, role)| *role), error);
         }
     };
     let caller = Caller {
         name: record.name.clone(),
         role: Some(record.role),
     };
-    if !record.role.allows(needed) {
-        return refused(
-            &record.name,
-            Some(record.role),
-            ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("{what}; token {:?} has role {}", record.name, record.role),
-            ),
-        );
-    }
     if record.role == Role::Node {
         // The one route a node token may use: `PUT /nodes/{name}`, as its own node.
         let (mut parts, body) = request.into_parts();

@@ -208,7 +208,7 @@ pub async fn prepare(
                     .context("loading the manager's state from etcd")
             });
             Mode::OnEtcd {
-                front: crate::leading::Front::new(me, db.clone())?,
+                front: crate::leading::Front::new(me, db.clone(), acl.clone())?,
                 db: db.clone(),
                 build,
                 leader_ttl: args.leader_ttl,
