@@ -8,7 +8,9 @@ use reqwest::{Method, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::server::{HEARTBEAT_INTERVAL_HEADER, INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER};
+use crate::server::{
+    HEARTBEAT_INTERVAL_HEADER, INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER, WORKER_TOKEN_HEADER,
+};
 
 /// Why a request to a Cube API did not give the answer asked for.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +74,9 @@ pub struct ApiClient {
     http: reqwest::Client,
     base: String,
     timeout: Duration,
+    /// Sent as `Authorization: Bearer …` on every request when set: an ACL token to a
+    /// manager, the worker-command token to a worker.
+    bearer: Option<String>,
 }
 
 impl ApiClient {
@@ -93,7 +98,24 @@ impl ApiClient {
             http,
             base,
             timeout,
+            bearer: None,
         })
+    }
+
+    /// The same client, sending `token` as `Authorization: Bearer` on every request (none when
+    /// `None`).
+    pub fn with_token(mut self, token: Option<&str>) -> ApiClient {
+        self.bearer = token.map(str::to_string);
+        self
+    }
+
+    /// A request to `url`, with the token when there is one.
+    fn request(&self, method: Method, url: &str) -> reqwest::RequestBuilder {
+        let request = self.http.request(method, url);
+        match &self.bearer {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     /// `http://HOST:PORT`, without a trailing slash.
@@ -170,9 +192,13 @@ impl ApiClient {
         &self,
         path: &str,
         body: &B,
-    ) -> Result<(T, Option<Duration>), ClientError> {
+    ) -> Result<(T, Option<Duration>, Option<String>), ClientError> {
         let answer = self.send(Method::PUT, path, Some(body), None).await?;
-        Ok((answer.body, answer.heartbeat_ms.map(Duration::from_millis)))
+        Ok((
+            answer.body,
+            answer.heartbeat_ms.map(Duration::from_millis),
+            answer.worker_token,
+        ))
     }
 
     /// A `DELETE`; any 2xx answer is success.
@@ -191,7 +217,6 @@ impl ApiClient {
     ) -> Result<Answer<T>, ClientError> {
         let url = format!("{}{path}", self.base);
         let mut request = self
-            .http
             .request(method, &url)
             .timeout(timeout.unwrap_or(self.timeout));
         if let Some(body) = body {
@@ -214,6 +239,11 @@ impl ApiClient {
         };
         let (index, since) = (number(INDEX_HEADER), number(SINCE_HEADER));
         let heartbeat_ms = number(HEARTBEAT_INTERVAL_HEADER);
+        let worker_token = response
+            .headers()
+            .get(WORKER_TOKEN_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
         if !status.is_success() {
             return Err(error_answer(url, response).await);
         }
@@ -236,6 +266,7 @@ impl ApiClient {
             index,
             since,
             heartbeat_ms,
+            worker_token,
         })
     }
 }
@@ -252,7 +283,7 @@ impl ApiClient {
         accept: Option<&str>,
     ) -> Result<(LineStream, Option<u64>), ClientError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.get(&url);
+        let mut request = self.request(Method::GET, &url);
         if let Some(accept) = accept {
             request = request.header(reqwest::header::ACCEPT, accept);
         }
@@ -295,7 +326,7 @@ impl ApiClient {
         body: Option<&B>,
     ) -> Result<reqwest::Response, ClientError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self.http.request(method, &url);
+        let mut request = self.request(method, &url);
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -326,8 +357,7 @@ impl ApiClient {
     ) -> Result<reqwest::Response, ClientError> {
         let url = format!("{}{path}", self.base);
         let request = self
-            .http
-            .get(&url)
+            .request(Method::GET, &url)
             .header(reqwest::header::CONNECTION, "Upgrade")
             .header(reqwest::header::UPGRADE, protocol);
         let response = tokio::time::timeout(self.timeout, request.send())
@@ -463,6 +493,8 @@ struct Answer<T> {
     since: Option<u64>,
     /// [`HEARTBEAT_INTERVAL_HEADER`], in milliseconds.
     heartbeat_ms: Option<u64>,
+    /// [`WORKER_TOKEN_HEADER`]: on the answer to a node's heartbeat, with ACL on.
+    worker_token: Option<String>,
 }
 
 /// The answer to [`ApiClient::get_changes`].

@@ -42,6 +42,12 @@ pub const SINCE_HEADER: &str = "X-Cube-Since";
 /// size (as Nomad scales its heartbeat TTL).
 pub const HEARTBEAT_INTERVAL_HEADER: &str = "X-Cube-Heartbeat-Interval";
 
+/// Set on the manager's answer to an authenticated heartbeat (`PUT /nodes/{name}` with a node
+/// token) when the manager runs with `--acl`: the worker-command token, which the manager
+/// sends as `Authorization: Bearer` on every call it makes to a worker, and the only one a
+/// worker joined with a token accepts on its API.
+pub const WORKER_TOKEN_HEADER: &str = "X-Cube-Worker-Token";
+
 /// An error answer: a status and a message naming what was wrong.
 #[derive(Debug)]
 pub struct ApiError {
@@ -203,6 +209,22 @@ pub fn parse_task_id(text: &str) -> Result<Uuid, ApiError> {
             "malformed task ID {text:?}: {err}; expected a UUID such as bb1d59ef-9fc1-4e4b-a44d-db571eeed203"
         ))
     })
+}
+
+/// The token of an `Authorization: Bearer <token>` header, if the request has one.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Whether two secrets are equal, compared in a time that does not depend on where they
+/// differ (`subtle`), so that an attacker cannot learn a secret byte by byte from timings.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
 #[cfg(test)]

@@ -226,6 +226,7 @@ pub(crate) async fn sim_workers(
                 .collect::<Result<Vec<_>, _>>()
                 .context("--manager")?,
             interval: heartbeat_interval,
+            gate: None,
         };
         let shutdown = shutdown.clone();
         workers.spawn(async move {

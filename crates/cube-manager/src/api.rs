@@ -21,6 +21,10 @@
 //! /nodes/{name}` (`drain.rs`), `GET /version`, `GET /metrics` (`metrics.rs`; every request
 //! is counted by route, method and status).
 //!
+//! ACL (`acl.rs`, with `--acl`): `POST /acl/bootstrap`, `GET|POST /acl/tokens`, `DELETE
+//! /acl/tokens/{id}`; every route passes `acl::guard`, which checks its token against
+//! `acl::ROUTES` and writes the audit log.
+//!
 //! `GET /tasks`, `GET /jobs`, `GET /jobs/{name}` and `GET /nodes` are also blocking queries,
 //! as Consul's are: with `?index=N&wait=30s` they answer once something they list changed
 //! after event index N (or when the wait, at most [`MAX_WAIT`], is over). Every answer of
@@ -35,7 +39,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{MatchedPath, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
@@ -83,6 +87,18 @@ impl From<ManagerError> for ApiError {
     }
 }
 
+/// Every route, as the answer to an unknown one lists them; a unit test holds it equal to
+/// the ACL's table (`acl::ROUTES`), so that a route cannot be added to one and not the other.
+pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
+         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
+         GET|POST /jobs, \
+         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
+         GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
+         GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
+         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
+         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
+         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}";
+
 pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
         .route("/tasks", get(list_tasks).post(submit_task))
@@ -115,23 +131,23 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/services", get(list_services))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
+        .route("/acl/bootstrap", post(crate::acl::bootstrap))
+        .route(
+            "/acl/tokens",
+            get(crate::acl::list_tokens).post(crate::acl::create_token),
+        )
+        .route("/acl/tokens/{id}", delete(crate::acl::revoke_token))
+        // Inside the count: a refused request is counted too.
+        .route_layer(axum::middleware::from_fn_with_state(
+            manager.clone(),
+            crate::acl::guard,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             manager.clone(),
             count_request,
         ))
         .with_state(manager);
-    with_json_fallbacks(
-        routes,
-        "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
-         GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
-         GET|POST /jobs, \
-         POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
-         GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
-         GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
-         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
-         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
-         GET /store/backup",
-    )
+    with_json_fallbacks(routes, ROUTE_LIST)
 }
 
 /// Counts every request a route answered, by the route's pattern (`/tasks/:id`, not each
@@ -839,6 +855,27 @@ async fn report_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_route_list_and_the_acl_table_name_the_same_routes() {
+        let mut listed: Vec<(String, String)> = ROUTE_LIST
+            .split(", ")
+            .flat_map(|entry| {
+                let (methods, path) = entry.trim().split_once(' ').unwrap();
+                methods
+                    .split('|')
+                    .map(|method| (method.to_string(), path.to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut table: Vec<(String, String)> = crate::acl::ROUTES
+            .iter()
+            .map(|(method, path, _)| (method.to_string(), path.to_string()))
+            .collect();
+        listed.sort();
+        table.sort();
+        assert_eq!(listed, table);
+    }
 
     #[test]
     fn a_failed_store_answers_503_with_the_file_and_the_cause() {

@@ -37,6 +37,8 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         max_concurrent_reconciles: 64,
         gc_after: Duration::from_secs(3600),
         max_claimed_per_owner: None,
+        acl: None,
+        audit: None,
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")

@@ -294,7 +294,7 @@ impl Manager {
     /// Asks a static worker for its report every poll interval, as a registered worker would
     /// send it. The worker is recorded under the address the manager reaches it at.
     pub(crate) async fn poll_static_worker(self: Arc<Self>, address: String) {
-        let client = match ApiClient::new(&address, self.config.request_timeout) {
+        let client = match self.config.worker_client(&address) {
             Ok(client) => client,
             Err(err) => {
                 tracing::error!(%address, error = %err, "cannot poll a static worker");

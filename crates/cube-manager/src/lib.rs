@@ -11,6 +11,7 @@
 //! The manager never talks to Docker and never decides placement itself: it asks
 //! [`cube_scheduler`], which does no IO.
 
+pub mod acl;
 pub mod api;
 #[doc(hidden)]
 pub mod bench_support;

@@ -82,6 +82,19 @@ pub struct ManagerConfig {
     /// At most this many requests of one owner let in (`pending-N` or `claimed`) at once;
     /// the owner's next request waits, saying so (`--max-claimed-per-owner`). None: no limit.
     pub max_claimed_per_owner: Option<usize>,
+    /// Tokens and roles (`--acl`): `None` lets every request through. With it, every call
+    /// to a worker carries the cluster's worker-command token (`acl.rs`).
+    pub acl: Option<Arc<crate::acl::Acl>>,
+    /// The audit file under the data directory, when there is one (`acl.rs`).
+    pub audit: Option<Arc<crate::acl::AuditLog>>,
+}
+
+impl ManagerConfig {
+    /// A client for the worker at `address`, with the worker-command token when ACL is on.
+    pub(crate) fn worker_client(&self, address: &str) -> Result<ApiClient, cube_api::ClientError> {
+        Ok(ApiClient::new(address, self.request_timeout)?
+            .with_token(self.acl.as_ref().map(|acl| acl.worker_token())))
+    }
 }
 
 /// Where the manager keeps its state: tasks (desired and observed state, and the node each
@@ -335,7 +348,7 @@ impl Manager {
         })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
-            match ApiClient::new(&node.address, config.request_timeout) {
+            match config.worker_client(&node.address) {
                 Ok(client) => nodes.load(&node, client),
                 Err(err) => {
                     // A node that cannot be reached at its address will never report: what
@@ -643,7 +656,9 @@ impl Manager {
                 findings.join("; ")
             )));
         }
-        let client = ApiClient::new(&report.address, self.config.request_timeout)
+        let client = self
+            .config
+            .worker_client(&report.address)
             .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
         let name = report.name.clone();
         let mut node_write = None;
@@ -967,6 +982,8 @@ pub(crate) fn test_config() -> ManagerConfig {
         max_concurrent_reconciles: 4,
         gc_after: Duration::from_secs(3600),
         max_claimed_per_owner: None,
+        acl: None,
+        audit: None,
     }
 }
 

@@ -30,6 +30,7 @@ pub mod state;
 pub mod stats;
 pub mod task;
 pub mod time;
+pub mod token;
 pub mod version;
 
 pub use error::ErrorBody;

@@ -58,7 +58,16 @@ impl From<WorkerError> for ApiError {
 
 /// The worker's routes, with JSON answers for unknown paths and methods too.
 pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
-    let routes = Router::new()
+    router_with_gate(worker, None)
+}
+
+/// [`router`], behind `gate` when the worker joined its manager with a token: then only the
+/// manager's worker-command token opens it (`gate.rs`), `GET /health` aside.
+pub fn router_with_gate<R: Runtime>(
+    worker: Arc<Worker<R>>,
+    gate: Option<Arc<crate::gate::CommandGate>>,
+) -> Router {
+    let mut routes = Router::new()
         .route("/tasks", get(list_tasks::<R>).post(submit_task::<R>))
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
         .route("/tasks/{id}/logs", get(task_logs::<R>))
@@ -70,6 +79,12 @@ pub fn router<R: Runtime>(worker: Arc<Worker<R>>) -> Router {
         .route("/node", get(node::<R>))
         .route("/health", get(health::<R>))
         .with_state(worker);
+    if let Some(gate) = gate {
+        routes = routes.route_layer(axum::middleware::from_fn_with_state(
+            gate,
+            crate::gate::guard,
+        ));
+    }
     with_json_fallbacks(
         routes,
         "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/logs, POST /tasks/{id}/exec, \

@@ -30,6 +30,9 @@ pub struct Heartbeat {
     /// Every manager to try, in order; the one that answered last is asked first.
     pub managers: Vec<ApiClient>,
     pub interval: Duration,
+    /// When the worker joined with a token: where the worker-command token the manager
+    /// answers with is kept, for the API's gate (`gate.rs`).
+    pub gate: Option<Arc<crate::gate::CommandGate>>,
 }
 
 /// Whether a failed beat should be tried at once on the next manager.
@@ -78,7 +81,19 @@ impl Heartbeat {
                     answer = manager.put_heartbeat::<_, Node>(&path, &report) => answer,
                 };
                 match answer {
-                    Ok((node, floor)) => {
+                    Ok((node, floor, worker_token)) => {
+                        match (&self.gate, &worker_token) {
+                            (Some(gate), Some(token)) => gate.learn(token),
+                            (Some(_), None) if reachable != Some(true) => tracing::error!(
+                                manager = %manager.base(),
+                                "the manager took this worker's token but gave no \
+                                 worker-command token: it does not run with --acl; this \
+                                 worker, joined with --token, refuses every request but \
+                                 GET /health (join without --token, or start the manager \
+                                 with --acl)"
+                            ),
+                            _ => {}
+                        }
                         if index != current || reachable != Some(true) {
                             tracing::info!(manager = %manager.base(), "registered with the manager");
                             if let Some(warning) = &node.version_warning {

@@ -11,6 +11,7 @@
 pub mod api;
 mod attach;
 pub mod config;
+pub mod gate;
 mod health;
 mod heartbeat;
 pub mod host_access;
@@ -82,9 +83,18 @@ pub async fn run<R: Runtime>(
             worker.closing().cancel();
         })
     };
+    let gate = heartbeat
+        .as_ref()
+        .and_then(|heartbeat| heartbeat.gate.clone());
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
-    let served = cube_api::serve(listener, api::router(worker), limits, shutdown.clone()).await;
+    let served = cube_api::serve(
+        listener,
+        api::router_with_gate(worker, gate),
+        limits,
+        shutdown.clone(),
+    )
+    .await;
     // The server also ends on an accept error; the loops must stop then too.
     shutdown.cancel();
     for (name, handle) in [

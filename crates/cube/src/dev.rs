@@ -25,6 +25,14 @@ use crate::worker::{self, LabelArgs, WorkerArgs};
     cube run -f examples/sample-task.json    # in another terminal\n  \
     cube status")]
 pub struct DevArgs {
+    /// The address the manager listens on (the worker listens on loopback). Beyond loopback,
+    /// authentication is on (--acl): make a token with `cube acl bootstrap`.
+    #[arg(short = 'H', long, default_value = "127.0.0.1")]
+    host: String,
+    /// Turn authentication on (as `cube manager --acl`) even on loopback; the worker joins
+    /// with a node token the manager makes for it.
+    #[arg(long)]
+    acl: bool,
     /// The manager's port (the worker's is --worker-port).
     #[arg(short, long, default_value_t = 5555)]
     port: u16,
@@ -49,21 +57,45 @@ pub struct DevArgs {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
+    let acl = args.acl || !is_loopback(&args.host);
     let manager = manager::prepare(
         ManagerArgs::for_dev(
+            args.host.clone(),
             args.port,
             args.scheduler,
             args.store.clone(),
             args.limits.clone(),
+            acl,
         ),
         shutdown.clone(),
     )
     .await?;
-    let manager_address = manager.address.to_string();
+    // The worker reaches the manager over loopback whatever address the manager listens on.
+    let manager_address = if manager.address.ip().is_unspecified() {
+        format!("127.0.0.1:{}", manager.address.port())
+    } else {
+        manager.address.to_string()
+    };
+    // With ACL on, the worker joins as any other would: with a node token, made here.
+    let join_token = match &manager.acl {
+        Some(acl) => Some(
+            acl.create(
+                cube_types::token::Role::Node,
+                Some(format!("dev-{}", args.name)),
+                None,
+                chrono::Utc::now(),
+            )
+            .await
+            .context("making the worker's join token")?
+            .secret,
+        ),
+        None => None,
+    };
     let worker = worker::prepare(WorkerArgs::for_dev(
         args.name,
         args.worker_port,
         manager_address.clone(),
+        join_token,
         args.store,
         args.labels,
         args.limits,
@@ -80,9 +112,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     // One write: a reader that keeps only the first line (the manager's address) may close
     // the pipe, and a later print to it would fail.
+    let first_step = if acl {
+        "ACL on: make the first token with `cube acl bootstrap`, then CUBE_TOKEN=<it>. "
+    } else {
+        ""
+    };
     let banner = format!(
-        "{}\n{}\ncube dev: ready. Try: cube run -f examples/sample-task.json && cube status \
-         (CUBE_MANAGER={manager_address})",
+        "{}\n{}\ncube dev: ready. {first_step}Try: cube run -f examples/sample-task.json && cube \
+         status (CUBE_MANAGER={manager_address})",
         manager.listening_line, worker.listening_line
     );
     if let Err(err) = writeln!(std::io::stdout(), "{banner}") {
@@ -98,4 +135,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     worked?;
     tracing::info!("cube dev stopped");
     Ok(())
+}
+
+/// Whether `host` is a loopback address (or `localhost`): listening there, only this machine
+/// reaches the API.
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

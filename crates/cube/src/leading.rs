@@ -50,10 +50,17 @@ pub struct Front {
     /// For handing requests on: no overall timeout (blocking queries and event streams
     /// last), but a connection must open within a second.
     http: reqwest::Client,
+    /// With --acl: `GET /leader` needs a `read` token like any other read (the rest is
+    /// checked by the leader's own router).
+    acl: Option<Arc<cube_manager::acl::Acl>>,
 }
 
 impl Front {
-    pub fn new(me: String, db: EtcdDb) -> anyhow::Result<Arc<Front>> {
+    pub fn new(
+        me: String,
+        db: EtcdDb,
+        acl: Option<Arc<cube_manager::acl::Acl>>,
+    ) -> anyhow::Result<Arc<Front>> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(1))
             .build()?;
@@ -62,6 +69,7 @@ impl Front {
             role: RwLock::new(Role::Following),
             db,
             http,
+            acl,
         }))
     }
 
@@ -90,7 +98,12 @@ fn unavailable(message: String) -> Response {
 }
 
 /// `{"Leader": "HOST:PORT" or null, "Self": "HOST:PORT", "IsLeader": bool}`.
-async fn leader(State(front): State<Arc<Front>>) -> Response {
+async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap) -> Response {
+    if let Some(acl) = &front.acl
+        && let Err((_, error)) = acl.check(&headers, cube_types::token::Role::Read, "GET /leader")
+    {
+        return error.into_response();
+    }
     let leading = front.leading_router().is_some();
     let leader = if leading {
         Some(front.me.clone())

@@ -70,6 +70,8 @@ enum Command {
     Service(cli::ServiceArgs),
     Completion(cli::CompletionArgs),
     Config(cli::ConfigArgs),
+    Acl(cli::AclArgs),
+    Token(cli::TokenArgs),
     SampleImage(sample_image::SampleImageArgs),
     Store(store_cmd::StoreCommandArgs),
 }
@@ -78,6 +80,7 @@ enum Command {
 async fn listen(
     host: &str,
     port: u16,
+    authenticated: bool,
 ) -> anyhow::Result<(tokio::net::TcpListener, std::net::SocketAddr)> {
     use anyhow::Context;
     let listener = tokio::net::TcpListener::bind((host, port))
@@ -86,14 +89,15 @@ async fn listen(
     let address = listener
         .local_addr()
         .context("reading the listening address")?;
-    if address.ip().is_unspecified() {
-        // The APIs have no authentication yet: on every interface, whoever reaches the port
+    if address.ip().is_unspecified() && !authenticated {
+        // Without --acl (a manager) or --join/--token (a worker), whoever reaches the port
         // can run containers on this machine. Said once, at start, where the operator looks.
         tracing::warn!(
             %address,
             "listening on every interface without authentication: anyone who can reach this \
-             port can drive the cluster (run and stop containers); bind to 127.0.0.1 (-H) or \
-             put the port behind a firewall until API tokens land"
+             port can drive the cluster (run and stop containers); start the manager with \
+             --acl and join workers with --join HOST:PORT --token TOKEN (see the README's \
+             \"Running Cube securely\"), or bind to 127.0.0.1 (-H)"
         );
     }
     Ok((listener, address))
@@ -206,6 +210,8 @@ fn main() -> ExitCode {
             Command::Service(args) => cli::service(args).await,
             Command::Completion(args) => cli::completion(args, command_line()),
             Command::Config(args) => cli::config(args).await,
+            Command::Acl(args) => cli::acl(args).await,
+            Command::Token(args) => cli::token(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
             Command::Store(args) => store_cmd::run(args).await,
         }

@@ -65,18 +65,25 @@ pub struct ManagerArgs {
     advertise: Option<String>,
     #[command(flatten)]
     limits: crate::limits::LimitArgs,
+    /// Turn authentication on: every route but GET /health needs a token (`Authorization:
+    /// Bearer`) of a role that allows it. Make the first one with `cube acl bootstrap`;
+    /// workers join with `cube worker --join HOST:PORT --token NODE_TOKEN`.
+    #[arg(long)]
+    acl: bool,
 }
 
 impl ManagerArgs {
     /// The settings `cube dev` uses for its manager.
     pub fn for_dev(
+        host: String,
         port: u16,
         scheduler: String,
         store: StoreArgs,
         limits: crate::limits::LimitArgs,
+        acl: bool,
     ) -> ManagerArgs {
         ManagerArgs {
-            host: "127.0.0.1".to_string(),
+            host,
             port,
             scheduler,
             store,
@@ -88,6 +95,7 @@ impl ManagerArgs {
             leader_ttl: Duration::from_secs(5),
             advertise: None,
             limits,
+            acl,
         }
     }
 }
@@ -102,6 +110,8 @@ pub struct PreparedManager {
     stores: OpenedStores,
     pub listening_line: String,
     pub address: std::net::SocketAddr,
+    /// With --acl: the tokens, for `cube dev` to give its own worker a join token.
+    pub acl: Option<std::sync::Arc<cube_manager::acl::Acl>>,
 }
 
 /// One manager on its own store, or one of several on etcd.
@@ -151,6 +161,26 @@ pub async fn prepare(
     // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
     stores.drop_unused_table("events")?;
     let manager_stores = manager_stores(&stores)?;
+    let acl = if args.acl {
+        let acl_stores = cube_manager::acl::AclStores {
+            tokens: stores.table("acl_tokens")?,
+            keys: stores.table("acl_keys")?,
+        };
+        Some(std::sync::Arc::new(
+            cube_manager::acl::Acl::open(acl_stores).context("opening the ACL")?,
+        ))
+    } else {
+        None
+    };
+    // The audit file lives next to the store file; a manager on memory or etcd keeps no
+    // file here and audits to its log only (target `cube::audit`).
+    let audit = if args.store.dbtype == crate::stores::DbType::Persistent {
+        let audit = cube_manager::acl::AuditLog::open(args.store.data_dir())
+            .context("opening the audit log")?;
+        Some(std::sync::Arc::new(audit))
+    } else {
+        None
+    };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
@@ -160,8 +190,10 @@ pub async fn prepare(
         max_concurrent_reconciles: 64,
         gc_after: args.gc_after,
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
+        acl: acl.clone(),
+        audit,
     };
-    let (listener, address) = crate::listen(&args.host, args.port).await?;
+    let (listener, address) = crate::listen(&args.host, args.port, args.acl).await?;
     let listening_line =
         cube_manager::listening_line(address, scheduler.name(), &stores.description);
     let mode = match stores.etcd() {
@@ -183,7 +215,7 @@ pub async fn prepare(
                     .context("loading the manager's state from etcd")
             });
             Mode::OnEtcd {
-                front: crate::leading::Front::new(me, db.clone())?,
+                front: crate::leading::Front::new(me, db.clone(), acl.clone())?,
                 db: db.clone(),
                 build,
                 leader_ttl: args.leader_ttl,
@@ -197,6 +229,7 @@ pub async fn prepare(
         stores,
         listening_line,
         address,
+        acl,
     })
 }
 

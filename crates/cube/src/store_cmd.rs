@@ -87,6 +87,9 @@ struct BackupArgs {
     /// Ask this running manager for a copy [default: CUBE_MANAGER, else 127.0.0.1:5555].
     #[arg(long, value_name = "HOST:PORT")]
     from_manager: Option<String>,
+    /// A management token, for a manager started with --acl.
+    #[arg(long, env = "CUBE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    token: Option<String>,
     #[command(flatten)]
     which: WhichStore,
 }
@@ -143,7 +146,7 @@ async fn backup(args: BackupArgs) -> anyhow::Result<()> {
                 .from_manager
                 .or_else(|| std::env::var("CUBE_MANAGER").ok())
                 .unwrap_or_else(|| "127.0.0.1:5555".to_string());
-            download(&address, &temporary).await
+            download(&address, args.token.as_deref(), &temporary).await
         }
     };
     let written = copied.and_then(|()| {
@@ -177,7 +180,7 @@ fn copy_offline(source: &Path, destination: &Path) -> anyhow::Result<()> {
 }
 
 /// Fetches `GET /store/backup` from the manager at `address` into `destination`.
-async fn download(address: &str, destination: &Path) -> anyhow::Result<()> {
+async fn download(address: &str, token: Option<&str>, destination: &Path) -> anyhow::Result<()> {
     let base = cube_api::ApiClient::new(address, Duration::from_secs(5))?
         .base()
         .to_string();
@@ -187,8 +190,11 @@ async fn download(address: &str, destination: &Path) -> anyhow::Result<()> {
         .timeout(DOWNLOAD_TIMEOUT)
         .build()
         .context("building the HTTP client")?;
-    let mut response = http
-        .get(&url)
+    let mut request = http.get(&url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let mut response = request
         .send()
         .await
         .with_context(|| format!("asking {url} (is the manager running? -d persistent?)"))?;

@@ -22,8 +22,10 @@ use serde_json::Value;
 use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 
 /// Every table a manager keeps, in the order they are written.
-pub const MANAGER_TABLES: [&str; 7] = [
+pub const MANAGER_TABLES: [&str; 9] = [
     "meta",
+    "acl_tokens",
+    "acl_keys",
     "nodes",
     "jobs",
     "job_versions",

@@ -53,6 +53,27 @@ pub struct WorkerArgs {
     /// cannot be reached.
     #[arg(short, long, value_delimiter = ',', value_name = "HOST:PORT,...")]
     manager: Vec<String>,
+    /// Join a manager started with --acl (HOST:PORT, or several as --manager takes them):
+    /// as --manager, with the join token --token. The worker then takes requests from that
+    /// manager only.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "HOST:PORT,...",
+        conflicts_with = "manager",
+        requires = "token"
+    )]
+    join: Vec<String>,
+    /// The node (join) token made by `cube token create --role node`: sent with every
+    /// registration and heartbeat. With it, the worker's API answers only requests that carry
+    /// the worker-command token the manager gives in its answer (GET /health aside).
+    #[arg(
+        long,
+        env = "CUBE_JOIN_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
     /// The address the manager should use to reach this worker (HOST:PORT) [default: the
     /// listening address; required when listening on 0.0.0.0 with --manager].
     #[arg(long)]
@@ -122,6 +143,7 @@ impl WorkerArgs {
         name: String,
         port: u16,
         manager: String,
+        token: Option<String>,
         store: StoreArgs,
         labels: LabelArgs,
         limits: crate::limits::LimitArgs,
@@ -132,6 +154,8 @@ impl WorkerArgs {
             name: Some(name),
             store,
             manager: vec![manager],
+            join: Vec::new(),
+            token,
             advertise: None,
             heartbeat_interval: Duration::from_secs(2),
             cpus: None,
@@ -196,20 +220,42 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         .stop_timeout
         .or(file.stop.timeout)
         .unwrap_or(Duration::from_secs(10));
-    let managers = args
-        .manager
+    let (addresses, flag) = if args.join.is_empty() {
+        (&args.manager, "--manager")
+    } else {
+        (&args.join, "--join")
+    };
+    if let Some(token) = &args.token {
+        anyhow::ensure!(
+            cube_types::token::split_token(token).is_some(),
+            "--token: not a Cube token (cube.<ID>.<SECRET>, as `cube token create --role node` \
+             prints it)"
+        );
+        anyhow::ensure!(
+            !addresses.is_empty(),
+            "--token: give the manager to join with --join HOST:PORT"
+        );
+    }
+    let managers = addresses
         .iter()
         .map(|address| address.trim())
         .filter(|address| !address.is_empty())
-        .map(|address| ApiClient::new(address, Duration::from_secs(5)))
+        .map(|address| {
+            ApiClient::new(address, Duration::from_secs(5))
+                .map(|client| client.with_token(args.token.as_deref()))
+        })
         .collect::<Result<Vec<_>, _>>()
-        .context("--manager")?;
+        .context(flag)?;
+    let gate = args
+        .token
+        .is_some()
+        .then(cube_worker::gate::CommandGate::new);
 
     // 2. Build: store, Docker, listener.
     let stores = args.store.open(StoreOwner::Worker(name.clone()))?;
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
-    let (listener, address) = crate::listen(&args.host, args.port).await?;
+    let (listener, address) = crate::listen(&args.host, args.port, args.token.is_some()).await?;
     let advertised = advertised_address(args.advertise.as_deref(), address, !managers.is_empty())?;
     let stats = StatsCollector::new(args.store.data_dir());
     let machine = stats
@@ -238,6 +284,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         heartbeat: (!managers.is_empty()).then(|| Heartbeat {
             managers,
             interval: args.heartbeat_interval,
+            gate,
         }),
         listening_line: cube_worker::listening_line(&name, address, &stores.description),
         stores,

@@ -50,8 +50,8 @@ pub struct CubeConfig {
 pub struct ClusterEntry {
     /// The manager's API address, `HOST:PORT`.
     pub manager: String,
-    /// Reserved for the manager's authentication, which does not exist yet: kept as written,
-    /// never sent, and hidden by `cube config view`.
+    /// The ACL token sent to this cluster's manager when neither --token nor CUBE_TOKEN
+    /// gives one; hidden by `cube config view`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
 }
@@ -61,6 +61,8 @@ pub struct ClusterEntry {
 pub struct ManagerTarget {
     pub address: String,
     pub source: TargetSource,
+    /// The ACL token to send: --token or CUBE_TOKEN, else the chosen cluster's in the file.
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -109,11 +111,16 @@ pub fn resolve_manager(flags: &ClusterFlags) -> anyhow::Result<ManagerTarget> {
         return Ok(ManagerTarget {
             address: address.clone(),
             source: TargetSource::Flag,
+            token: flags.token.clone(),
         });
     }
     let path = config_path()?;
     let loaded = load(&path)?;
-    choose(flags.cluster.as_deref(), loaded.as_ref(), &path)
+    let mut target = choose(flags.cluster.as_deref(), loaded.as_ref(), &path)?;
+    if flags.token.is_some() {
+        target.token = flags.token.clone();
+    }
+    Ok(target)
 }
 
 /// The choice among `--cluster`, the file's current cluster and the default, once `-m` and
@@ -131,6 +138,7 @@ fn choose(
             return Ok(ManagerTarget {
                 address: DEFAULT_MANAGER.to_string(),
                 source: TargetSource::Default,
+                token: None,
             });
         }
     };
@@ -144,6 +152,7 @@ fn choose(
         Some(entry) => Ok(ManagerTarget {
             address: entry.manager.clone(),
             source,
+            token: entry.token.clone(),
         }),
         None => {
             let what = match source {
@@ -296,6 +305,10 @@ enum ConfigCommand {
         /// The cluster's manager, HOST:PORT.
         #[arg(short, long, value_name = "HOST:PORT")]
         manager: String,
+        /// The ACL token to send to this cluster's manager (kept in the file, which is
+        /// written readable by its owner only).
+        #[arg(long, value_name = "TOKEN")]
+        token: Option<String>,
     },
     /// List the clusters; the current one is marked *.
     List,
@@ -327,7 +340,11 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
             save(&path, &config)?;
             println!("current cluster: {name}");
         }
-        ConfigCommand::SetCluster { name, manager } => {
+        ConfigCommand::SetCluster {
+            name,
+            manager,
+            token,
+        } => {
             // Checked as every command will read it, so that a typo fails here and not later.
             cube_api::ApiClient::new(&manager, super::REQUEST_TIMEOUT)
                 .map_err(|err| anyhow!("--manager {manager:?}: {err}"))?;
@@ -340,6 +357,9 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
                     token: None,
                 });
             entry.manager = manager.clone();
+            if token.is_some() {
+                entry.token = token;
+            }
             // The first cluster is the one a user means until they say otherwise.
             let made_current = config.current.is_none();
             if made_current {

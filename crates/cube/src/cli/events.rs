@@ -353,6 +353,7 @@ mod tests {
                 target: super::super::ClusterFlags {
                     manager: None,
                     cluster: None,
+                    token: None,
                 },
                 output: OutputFormat::Table,
             },

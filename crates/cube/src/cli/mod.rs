@@ -28,6 +28,7 @@ mod resolve;
 mod run;
 mod status;
 mod stop;
+mod token;
 mod version;
 mod wait;
 mod watch;
@@ -53,6 +54,7 @@ pub use queue::{QueueArgs, ServiceArgs, queue, service};
 pub use run::{RunArgs, run_task};
 pub use status::{StatusArgs, status};
 pub use stop::{StopArgs, stop};
+pub use token::{AclArgs, TokenArgs, acl, token};
 pub use version::{VersionArgs, version};
 
 /// Where the commands look for a manager when neither the flags, `CUBE_MANAGER` nor the config
@@ -80,6 +82,12 @@ pub struct ClusterFlags {
     /// precedence over it.
     #[arg(long, value_name = "NAME")]
     pub cluster: Option<String>,
+    /// The ACL token to send (`Authorization: Bearer`) to a manager started with --acl.
+    ///
+    /// The first of: --token, CUBE_TOKEN, the token of the config file's cluster (`cube
+    /// config set-cluster NAME --manager HOST:PORT --token TOKEN`).
+    #[arg(long, env = "CUBE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub token: Option<String>,
 }
 
 impl ClusterFlags {
@@ -271,13 +279,15 @@ impl ManagerClient {
             .map(str::trim)
             .filter(|address| !address.is_empty())
             .map(|address| {
-                ApiClient::new(address, REQUEST_TIMEOUT).map_err(|err| {
-                    anyhow!(
-                        "{err}{}; set the manager with -m HOST:PORT[,HOST:PORT...], \
+                ApiClient::new(address, REQUEST_TIMEOUT)
+                    .map(|api| api.with_token(target.token.as_deref()))
+                    .map_err(|err| {
+                        anyhow!(
+                            "{err}{}; set the manager with -m HOST:PORT[,HOST:PORT...], \
                          CUBE_MANAGER or --cluster NAME",
-                        target.origin()
-                    )
-                })
+                            target.origin()
+                        )
+                    })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
         let Some(first) = apis.first().cloned() else {
@@ -451,6 +461,7 @@ mod tests {
         let flags = |manager: Option<&str>, cluster: Option<&str>| ClusterFlags {
             manager: manager.map(String::from),
             cluster: cluster.map(String::from),
+            token: None,
         };
         assert_eq!(flags(None, None).hint(), "");
         assert_eq!(flags(Some(DEFAULT_MANAGER), None).hint(), "");

@@ -242,8 +242,14 @@ impl ManagerProcess {
     /// Starts `cube dev` (a manager and a worker named `worker` in one process, persistent
     /// store under `data_dir`) on free ports; the manager's address is the one printed first.
     pub fn start_dev(worker: &str, data_dir: &Path) -> ManagerProcess {
+        ManagerProcess::start_dev_with(worker, data_dir, &[])
+    }
+
+    /// [`ManagerProcess::start_dev`] with more flags (`--acl`).
+    pub fn start_dev_with(worker: &str, data_dir: &Path, extra: &[&str]) -> ManagerProcess {
         ensure_sample_image();
-        let args = ["dev", "-p", "0", "--worker-port", "0", "-n", worker];
+        let mut args = vec!["dev", "-p", "0", "--worker-port", "0", "-n", worker];
+        args.extend_from_slice(extra);
         let (child, url, stderr_path) = spawn_cube(&args, data_dir, "dev");
         let port = url.rsplit(':').next().unwrap().parse().unwrap();
         ManagerProcess {
@@ -442,6 +448,47 @@ impl Answer {
 }
 
 impl Client {
+    /// A client for `base` that sends `token` as `Authorization: Bearer` on every request.
+    pub fn with_token(base: &str, token: &str) -> Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+        );
+        Client {
+            base: base.to_string(),
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// `method path` with `body` (JSON text), answered once its status and headers came (the
+    /// body of a stream is not waited for).
+    pub async fn request(&self, method: &str, path: &str, body: Option<&str>) -> u16 {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        request.send().await.unwrap().status().as_u16()
+    }
+
+    /// [`Client::request`], with the JSON body of the answer (for answers that end).
+    pub async fn request_answer(&self, method: &str, path: &str, body: Option<&str>) -> Answer {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.to_string());
+        }
+        answer(request.send().await.unwrap()).await
+    }
+
     pub async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> Answer {
         let response = self
             .http

@@ -1,0 +1,827 @@
+//! Who may do what: tokens and roles (`cube manager --acl`), and the audit log.
+//!
+//! **The rule of every route is in one table, [`ROUTES`]**: its method, its pattern and what
+//! it needs (nothing, a role, or the bootstrap's one open call). [`guard`], a layer on every
+//! route of the manager's router, reads it; a route missing from the table needs
+//! `management` (closed by default), and `crates/cube/tests/acl.rs` walks the table against a
+//! real manager.
+//!
+//! **Tokens** (`cube_types::token`) are `cube.<ID>.<SECRET>`; the manager keeps, under the ID in
+//! the `acl_tokens` table of its own store (so they survive a crash and are shared on etcd),
+//! the SHA-256 of the secret, never the secret. A secret is 256 bits from the operating
+//! system's generator, so a fast hash is enough (nothing to brute-force); the comparison is in
+//! constant time (`subtle`). Every request reads the token's record from the store: there is
+//! no cache, so a revoke or an expiry is refused from the next request on, on every manager
+//! that reads the same store.
+//!
+//! **Nodes** join with a `node` token: its first registration (`PUT /nodes/{name}`) claims the
+//! name for it (`acl_keys` `node/<name>` → the token's ID, written only if absent, so two
+//! tokens racing for one name cannot both win), and from then on it may report as that node
+//! only, and do nothing else. The answer to each of its heartbeats carries the cluster's
+//! **worker-command token** (`X-Cube-Worker-Token`), made once per cluster and kept in
+//! `acl_keys`: the manager sends it on every call to a worker, and a worker that joined with
+//! a token accepts no other.
+//!
+//! **Audit**: every request that is not a `GET` or `HEAD` (nor a heartbeat that was taken:
+//! `PUT /nodes/{name}` answered 2xx, a node every 2 s) is recorded once answered, with the
+//! token's name (`anonymous` with ACL off, `unauthenticated` when refused for want of one),
+//! its role, the method, the route, the path and the status: as an event of the `tracing`
+//! target `cube::audit` and, when the manager has a data directory, as a line of JSON
+//! appended to `<data-dir>/audit.jsonl`.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{MatchedPath, Path, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use cube_api::ApiError;
+use cube_api::server::{bearer_token, same_secret};
+use cube_store::{Expected, Store, StoreError};
+use cube_types::token::{
+    Role, TOKEN_PREFIX, TokenCreated, TokenRecord, TokenRequest, TokenView, split_token,
+};
+use sha2::{Digest, Sha256};
+
+use crate::manager::Manager;
+
+/// What a route needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: `GET /health`.
+    Open,
+    /// A token whose role allows this one.
+    Role(Role),
+    /// `POST /acl/bootstrap`: open until the first management token exists, refused after.
+    Bootstrap,
+}
+
+/// Every route of the manager and what it needs, the one table [`guard`] reads. A read is
+/// `read`, but logs and exec (what a task writes may hold secrets) are `submit`, and the
+/// store's backup (every record, token hashes included) is `management`.
+pub const ROUTES: &[(&str, &str, Need)] = &[
+    ("GET", "/health", Need::Open),
+    ("POST", "/acl/bootstrap", Need::Bootstrap),
+    ("GET", "/acl/tokens", Need::Role(Role::Management)),
+    ("POST", "/acl/tokens", Need::Role(Role::Management)),
+    ("DELETE", "/acl/tokens/{id}", Need::Role(Role::Management)),
+    ("GET", "/tasks", Need::Role(Role::Read)),
+    ("POST", "/tasks", Need::Role(Role::Submit)),
+    ("POST", "/tasks/prune", Need::Role(Role::Submit)),
+    ("GET", "/tasks/{id}", Need::Role(Role::Read)),
+    ("DELETE", "/tasks/{id}", Need::Role(Role::Submit)),
+    ("GET", "/tasks/{id}/placement", Need::Role(Role::Read)),
+    ("GET", "/tasks/{id}/logs", Need::Role(Role::Submit)),
+    ("POST", "/tasks/{id}/exec", Need::Role(Role::Submit)),
+    ("GET", "/tasks/{id}/exec/attach", Need::Role(Role::Submit)),
+    ("GET", "/nodes", Need::Role(Role::Read)),
+    ("GET", "/nodes/{name}", Need::Role(Role::Read)),
+    ("PUT", "/nodes/{name}", Need::Role(Role::Node)),
+    ("DELETE", "/nodes/{name}", Need::Role(Role::Operator)),
+    ("POST", "/nodes/{name}/drain", Need::Role(Role::Operator)),
+    (
+        "POST",
+        "/nodes/{name}/eligibility",
+        Need::Role(Role::Operator),
+    ),
+    ("GET", "/version", Need::Role(Role::Read)),
+    ("GET", "/metrics", Need::Role(Role::Read)),
+    ("GET", "/jobs", Need::Role(Role::Read)),
+    ("POST", "/jobs", Need::Role(Role::Submit)),
+    ("POST", "/jobs/plan", Need::Role(Role::Submit)),
+    ("GET", "/jobs/{name}", Need::Role(Role::Read)),
+    ("DELETE", "/jobs/{name}", Need::Role(Role::Submit)),
+    ("POST", "/jobs/{name}/scale", Need::Role(Role::Submit)),
+    ("GET", "/jobs/{name}/versions", Need::Role(Role::Read)),
+    ("POST", "/jobs/{name}/revert", Need::Role(Role::Submit)),
+    ("POST", "/jobs/{name}/promote", Need::Role(Role::Submit)),
+    ("GET", "/jobs/{name}/deployment", Need::Role(Role::Read)),
+    ("GET", "/events", Need::Role(Role::Read)),
+    ("GET", "/queue", Need::Role(Role::Read)),
+    ("GET", "/queue/{kind}/{id}", Need::Role(Role::Read)),
+    ("GET", "/services", Need::Role(Role::Read)),
+    ("GET", "/store/backup", Need::Role(Role::Management)),
+];
+
+/// What `route` (a pattern as the router matched it) needs for `method`; a `HEAD` needs what
+/// the `GET` needs. Anything not in [`ROUTES`] needs `management`.
+pub fn need(method: &Method, route: &str) -> Need {
+    let method = if method == Method::HEAD {
+        "GET"
+    } else {
+        method.as_str()
+    };
+    ROUTES
+        .iter()
+        .find(|(m, r, _)| *m == method && *r == route)
+        .map_or(Need::Role(Role::Management), |(_, _, need)| *need)
+}
+
+/// Keys of the `acl_keys` table.
+const WORKER_COMMAND_KEY: &str = "worker-command";
+const BOOTSTRAP_KEY: &str = "bootstrap";
+fn node_claim_key(node: &str) -> String {
+    format!("node/{node}")
+}
+
+/// The tables the ACL keeps in the manager's store.
+#[derive(Clone)]
+pub struct AclStores {
+    /// Every token's record, under its ID.
+    pub tokens: Arc<dyn Store<TokenRecord>>,
+    /// `worker-command` → the worker-command token; `bootstrap` → the bootstrap token's ID;
+    /// `node/<name>` → the ID of the node token that joined as `<name>`.
+    pub keys: Arc<dyn Store<String>>,
+}
+
+/// Authentication on: the token tables and the cluster's worker-command token.
+pub struct Acl {
+    stores: AclStores,
+    worker_token: String,
+}
+
+impl std::fmt::Debug for Acl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Acl { .. }")
+    }
+}
+
+/// Why the ACL could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum AclError {
+    #[error("the ACL's store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot read random bytes from the operating system: {0}")]
+    Random(String),
+    #[error("the worker-command token vanished from the store while it was being made")]
+    WorkerTokenVanished,
+}
+
+/// `bytes` random bytes from the operating system's generator, in hex.
+fn random_hex(bytes: usize) -> Result<String, AclError> {
+    let mut buffer = vec![0u8; bytes];
+    getrandom::fill(&mut buffer).map_err(|err| AclError::Random(err.to_string()))?;
+    Ok(hex(&buffer))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+fn hash_secret(secret: &str) -> String {
+    hex(&Sha256::digest(secret.as_bytes()))
+}
+
+impl Acl {
+    /// Opens the ACL on `stores`, making the cluster's worker-command token the first time
+    /// (once, even with several managers starting together on etcd).
+    pub fn open(stores: AclStores) -> Result<Acl, AclError> {
+        let worker_token = match stores.keys.get(WORKER_COMMAND_KEY)? {
+            Some(token) => token,
+            None => {
+                let made = format!("cubeworker.{}", random_hex(32)?);
+                match stores
+                    .keys
+                    .put_if(WORKER_COMMAND_KEY, &made, Expected::Absent)?
+                {
+                    Ok(_) => made,
+                    // Another manager made it first: take theirs.
+                    Err(_) => stores
+                        .keys
+                        .get(WORKER_COMMAND_KEY)?
+                        .ok_or(AclError::WorkerTokenVanished)?,
+                }
+            }
+        };
+        Ok(Acl {
+            stores,
+            worker_token,
+        })
+    }
+
+    /// The token the manager sends on its calls to workers.
+    pub fn worker_token(&self) -> &str {
+        &self.worker_token
+    }
+
+    /// The record of the token `text`, if it is a valid one now; or why not, in words.
+    pub fn authenticate(&self, text: &str, now: DateTime<Utc>) -> Result<TokenRecord, String> {
+        let Some((id, secret)) = split_token(text) else {
+            return Err(format!(
+                "the token is not a Cube token ({TOKEN_PREFIX}<ID>.<SECRET>)"
+            ));
+        };
+        let record = match self.stores.tokens.get(id) {
+            Ok(Some(record)) => record,
+            Ok(None) => return Err(format!("token {id} is unknown or revoked")),
+            Err(err) => return Err(format!("cannot read token {id}: {err}")),
+        };
+        if !same_secret(&hash_secret(secret), &record.secret_hash) {
+            return Err(format!("token {id}: wrong secret"));
+        }
+        if let Some(expiry) = record.expire_time.filter(|_| record.expired(now)) {
+            return Err(format!(
+                "token {id} ({}) expired at {}",
+                record.name,
+                expiry.to_rfc3339()
+            ));
+        }
+        Ok(record)
+    }
+
+    /// The record of the token in `headers` when its role allows `needed`; otherwise the
+    /// answer to give (401 without a valid token, 403 with a weaker role, with its name and role),
+    /// naming `what` ("GET /tasks") and the roles that would do.
+    pub fn check(
+        &self,
+        headers: &axum::http::HeaderMap,
+        needed: Role,
+        what: &str,
+    ) -> Result<TokenRecord, (Option<(String, Role)>, ApiError)> {
+        let what = format!("{what} needs a token of role {}", needs_words(needed));
+        let Some(token) = bearer_token(headers) else {
+            return Err((
+                None,
+                ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!(
+                        "{what}: none was given (Authorization: Bearer <token>; the CLI takes \
+                         --token, CUBE_TOKEN or the config file)"
+                    ),
+                ),
+            ));
+        };
+        let record = self.authenticate(token, Utc::now()).map_err(|why| {
+            (
+                None,
+                ApiError::new(StatusCode::UNAUTHORIZED, format!("{what}: {why}")),
+            )
+        })?;
+        if !record.role.allows(needed) {
+            let message = format!("{what}; token {:?} has role {}", record.name, record.role);
+            return Err((
+                Some((record.name, record.role)),
+                ApiError::new(StatusCode::FORBIDDEN, message),
+            ));
+        }
+        Ok(record)
+    }
+
+    /// Makes a token and stores it; the answer holds its text, shown once.
+    pub async fn create(
+        &self,
+        role: Role,
+        name: Option<String>,
+        ttl: Option<std::time::Duration>,
+        now: DateTime<Utc>,
+    ) -> Result<TokenCreated, AclError> {
+        let id = random_hex(8)?;
+        let secret = random_hex(32)?;
+        let record = TokenRecord {
+            name: name.unwrap_or_else(|| format!("{role}-{id}")),
+            id: id.clone(),
+            role,
+            secret_hash: hash_secret(&secret),
+            create_time: now,
+            // A TTL past what chrono holds is capped at the longest allowed, never dropped
+            // (which would make the token last for ever).
+            expire_time: ttl.map(|ttl| {
+                let ttl = ttl.min(cube_types::token::MAX_TOKEN_TTL);
+                now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(365))
+            }),
+            node: None,
+        };
+        self.stores
+            .tokens
+            .put_queued(&id, &record)?
+            .durable()
+            .await?;
+        Ok(TokenCreated {
+            token: record.view(),
+            secret: format!("{TOKEN_PREFIX}{id}.{secret}"),
+        })
+    }
+
+    /// The first management token, if there has been none; `None` once bootstrapped.
+    pub async fn bootstrap(&self, now: DateTime<Utc>) -> Result<Option<TokenCreated>, AclError> {
+        if self.stores.keys.get(BOOTSTRAP_KEY)?.is_some() {
+            return Ok(None);
+        }
+        let created = self
+            .create(Role::Management, Some("bootstrap".to_string()), None, now)
+            .await?;
+        let claimed = self
+            .stores
+            .keys
+            .put_if_queued(BOOTSTRAP_KEY, &created.token.id, Expected::Absent)?
+            .durable()
+            .await?;
+        if claimed.is_err() {
+            // Two bootstraps at once: the other won, this token goes.
+            self.stores.tokens.delete(&created.token.id)?;
+            return Ok(None);
+        }
+        Ok(Some(created))
+    }
+
+    pub fn list(&self) -> Result<Vec<TokenView>, AclError> {
+        Ok(self
+            .stores
+            .tokens
+            .list()?
+            .iter()
+            .map(TokenRecord::view)
+            .collect())
+    }
+
+    /// Revokes the token `id` (its node name is free again); whether there was one.
+    pub fn revoke(&self, id: &str) -> Result<bool, AclError> {
+        let Some(record) = self.stores.tokens.get(id)? else {
+            return Ok(false);
+        };
+        self.stores.tokens.delete(id)?;
+        if let Some(node) = &record.node {
+            let key = node_claim_key(node);
+            if self.stores.keys.get(&key)?.as_deref() == Some(id) {
+                self.stores.keys.delete(&key)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// A node token reporting as `node`: allowed when it joined as `node`, or when it has not
+    /// joined yet and nobody else has that name (then the name is its own). An error answer
+    /// otherwise.
+    async fn claim_node(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
+        match &token.node {
+            Some(joined) if joined == node => return Ok(()),
+            Some(joined) => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "token {:?} joined as node {joined:?}; it cannot report as {node:?}",
+                        token.name
+                    ),
+                ));
+            }
+            None => {}
+        }
+        let key = node_claim_key(node);
+        let claimed = self
+            .stores
+            .keys
+            .put_if_queued(&key, &token.id, Expected::Absent)
+            .map_err(store_error)?
+            .durable()
+            .await
+            .map_err(store_error)?;
+        if claimed.is_err()
+            && self.stores.keys.get(&key).map_err(store_error)?.as_deref()
+                != Some(token.id.as_str())
+        {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!(
+                    "node name {node:?} is taken: another node joined with it (a node name \
+                     belongs to the join token that registered it first; revoke that token to \
+                     free it)"
+                ),
+            ));
+        }
+        let mut joined = token.clone();
+        joined.node = Some(node.to_string());
+        self.stores
+            .tokens
+            .put_queued(&token.id, &joined)
+            .map_err(store_error)?
+            .durable()
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+}
+
+fn store_error(err: StoreError) -> ApiError {
+    let status = match err {
+        StoreError::Failed { .. } | StoreError::Unavailable { .. } | StoreError::Fenced { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    ApiError::new(status, format!("the ACL's store: {err}"))
+}
+
+impl From<AclError> for ApiError {
+    fn from(err: AclError) -> ApiError {
+        match err {
+            AclError::Store(err) => store_error(err),
+            AclError::Random(_) | AclError::WorkerTokenVanished => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
+            }
+        }
+    }
+}
+
+/// The append-only audit file, `<data-dir>/audit.jsonl`.
+pub struct AuditLog {
+    path: PathBuf,
+    /// A `std` mutex: held for one `write` of one line, never across an await.
+    file: Mutex<std::fs::File>,
+}
+
+impl std::fmt::Debug for AuditLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AuditLog({})", self.path.display())
+    }
+}
+
+/// The name of the audit file in the data directory.
+pub const AUDIT_FILE: &str = "audit.jsonl";
+
+impl AuditLog {
+    pub fn open(data_dir: &std::path::Path) -> std::io::Result<AuditLog> {
+        let path = data_dir.join(AUDIT_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        Ok(AuditLog {
+            path,
+            file: Mutex::new(file),
+        })
+    }
+
+    fn append(&self, line: &serde_json::Value) {
+        let mut text = line.to_string();
+        text.push('\n');
+        let mut file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(err) = file.write_all(text.as_bytes()) {
+            tracing::error!(path = %self.path.display(), error = %err, "cannot append to the audit log");
+        }
+    }
+}
+
+/// Who made a request, once the guard let it through.
+#[derive(Debug, Clone)]
+struct Caller {
+    name: String,
+    role: Option<Role>,
+}
+
+/// The layer on every route: checks the caller's token against the route's [`Need`] (with
+/// ACL on), lets the request through or answers 401/403, and records the outcome of every
+/// request that may change something in the audit log.
+pub async fn guard(
+    State(manager): State<Arc<Manager>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = request.method().clone();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+    let path = request.uri().path().to_string();
+    let (caller, response) = match &manager.config.acl {
+        None => (
+            Caller {
+                name: "anonymous".to_string(),
+                role: None,
+            },
+            next.run(request).await,
+        ),
+        Some(acl) => checked(acl, &method, &route, request, next).await,
+    };
+    // A heartbeat that was taken is no news (one a node every 2 s would drown the rest); a
+    // refused one, and every other change, is recorded.
+    let heartbeat =
+        method == Method::PUT && route == "/nodes/{name}" && response.status().is_success();
+    if method != Method::GET && method != Method::HEAD && !heartbeat {
+        let status = response.status().as_u16();
+        tracing::info!(target: "cube::audit", token = %caller.name, role = caller.role.map(Role::as_str), %method, %route, %path, status, "audit");
+        if let Some(audit) = &manager.config.audit {
+            audit.append(&serde_json::json!({
+                "Time": Utc::now().to_rfc3339(),
+                "Token": caller.name,
+                "Role": caller.role,
+                "Method": method.as_str(),
+                "Route": route,
+                "Path": path,
+                "Status": status,
+            }));
+        }
+    }
+    response
+}
+
+async fn checked(
+    acl: &Acl,
+    method: &Method,
+    route: &str,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> (Caller, Response) {
+    let refused = |name: &str, role: Option<Role>, error: ApiError| {
+        let caller = Caller {
+            name: name.to_string(),
+            role,
+        };
+        let mut response = error.into_response();
+        if response.status() == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        (caller, response)
+    };
+    let needed = match need(method, route) {
+        Need::Open | Need::Bootstrap => {
+            let caller = Caller {
+                name: "unauthenticated".to_string(),
+                role: None,
+            };
+            return (caller, next.run(request).await);
+        }
+        Need::Role(role) => role,
+    };
+    let record = match acl.check(request.headers(), needed, &format!("{method} {route}")) {
+        Ok(record) => record,
+        Err((caller, error)) => {
+            let name = caller
+                .as_ref()
+                .map_or("unauthenticated", |(name, _)| name.as_str());
+            return refused(name, caller.as_ref().map(|(_, role)| *role), error);
+        }
+    };
+    let caller = Caller {
+        name: record.name.clone(),
+        role: Some(record.role),
+    };
+    if record.role == Role::Node {
+        // The one route a node token may use: `PUT /nodes/{name}`, as its own node.
+        let (mut parts, body) = request.into_parts();
+        let node = match <Path<String> as axum::extract::FromRequestParts<()>>::from_request_parts(
+            &mut parts,
+            &(),
+        )
+        .await
+        {
+            Ok(Path(node)) => node,
+            Err(rejection) => {
+                return refused(&record.name, Some(record.role), ApiError::from(rejection));
+            }
+        };
+        if let Err(error) = acl.claim_node(&record, &node).await {
+            return refused(&record.name, Some(record.role), error);
+        }
+        let mut response = next
+            .run(axum::extract::Request::from_parts(parts, body))
+            .await;
+        if response.status().is_success()
+            && let Ok(value) = HeaderValue::from_str(acl.worker_token())
+        {
+            response
+                .headers_mut()
+                .insert(cube_api::server::WORKER_TOKEN_HEADER, value);
+        }
+        return (caller, response);
+    }
+    let response = next.run(request).await;
+    if STREAMED.contains(&route) && response.status().is_success() {
+        return (caller, acl.until_token_gone(response, &record));
+    }
+    (caller, response)
+}
+
+/// The routes whose answers last (a stream of events, followed logs, a command's output):
+/// checked when they open, and ended when their token is revoked or expires. (`cube exec -it`'s
+/// upgraded connection is not a body, and lasts.)
+const STREAMED: [&str; 3] = ["/events", "/tasks/{id}/logs", "/tasks/{id}/exec"];
+
+impl Acl {
+    /// `response`, whose body ends once `token` is revoked or expires.
+    fn until_token_gone(&self, response: Response, token: &TokenRecord) -> Response {
+        use futures_util::StreamExt;
+        let gone = Box::pin(token_gone(
+            self.stores.tokens.clone(),
+            token.id.clone(),
+            token.expire_time,
+        ));
+        let (parts, body) = response.into_parts();
+        let body = axum::body::Body::from_stream(body.into_data_stream().take_until(gone));
+        Response::from_parts(parts, body)
+    }
+}
+
+/// Resolves once the token `id` is no longer in `tokens` (revoked), or at `expiry`.
+async fn token_gone(
+    tokens: Arc<dyn Store<TokenRecord>>,
+    id: String,
+    expiry: Option<DateTime<Utc>>,
+) {
+    let expired = async {
+        match expiry {
+            Some(expiry) => {
+                let left = (expiry - Utc::now()).to_std().unwrap_or_default();
+                tokio::time::sleep(left).await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let revoked = async {
+        loop {
+            // The revision first, then the record: a revoke after the read is in the watch.
+            let Ok(revision) = tokens.revision() else {
+                return;
+            };
+            match tokens.get(&id) {
+                Ok(Some(_)) => {}
+                // Gone, or the store cannot say: the stream ends.
+                _ => return,
+            }
+            let Ok(mut watch) = tokens.watch(&id, revision) else {
+                return;
+            };
+            loop {
+                match watch.next().await {
+                    Ok(cube_store::Change::Delete { key, .. }) if key == id => return,
+                    Ok(_) => {}
+                    // Fell behind, or the feed broke: read the record again, after a pause
+                    // so that a store that keeps failing is not asked in a tight loop.
+                    Err(_) => {
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        () = expired => {}
+        () = revoked => {}
+    }
+}
+
+/// `submit (or operator, management)`: the roles that would do.
+fn needs_words(needed: Role) -> String {
+    let above: Vec<&str> = [Role::Read, Role::Submit, Role::Operator, Role::Management]
+        .into_iter()
+        .filter(|role| *role != needed && role.allows(needed))
+        .map(Role::as_str)
+        .collect();
+    if above.is_empty() {
+        needed.as_str().to_string()
+    } else {
+        format!("{needed} (or {})", above.join(", "))
+    }
+}
+
+/// `POST /acl/bootstrap`: the first management token, shown once; 409 once there is one.
+pub async fn bootstrap(State(manager): State<Arc<Manager>>) -> Result<Response, ApiError> {
+    let acl = enabled(&manager)?;
+    match acl.bootstrap(Utc::now()).await? {
+        Some(created) => Ok((StatusCode::CREATED, axum::Json(created)).into_response()),
+        None => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "the ACL is already bootstrapped: ask a management token's holder for a token \
+             (cube token create)",
+        )),
+    }
+}
+
+/// `POST /acl/tokens`: a new token, shown once.
+pub async fn create_token(
+    State(manager): State<Arc<Manager>>,
+    body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Response, ApiError> {
+    let acl = enabled(&manager)?;
+    let body = body?;
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    let request: TokenRequest = serde_path_to_error::deserialize(&mut deserializer)
+        .map_err(|err| ApiError::bad_request(format!("invalid token request: {err}")))?;
+    if let Some(name) = &request.name {
+        if name.trim().is_empty() || name.len() > cube_types::token::MAX_TOKEN_NAME {
+            return Err(ApiError::bad_request(format!(
+                "Name: must be 1 to {} characters",
+                cube_types::token::MAX_TOKEN_NAME
+            )));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(ApiError::bad_request(
+                "Name: must hold no control characters",
+            ));
+        }
+    }
+    let ttl = match &request.ttl {
+        None => None,
+        Some(text) => Some(
+            cube_types::duration::parse_duration(text)
+                .map_err(|err| ApiError::bad_request(format!("TTL: {err}")))?,
+        ),
+    };
+    if ttl.is_some_and(|ttl| ttl.is_zero()) {
+        return Err(ApiError::bad_request("TTL: must be longer than 0"));
+    }
+    if ttl.is_some_and(|ttl| ttl > cube_types::token::MAX_TOKEN_TTL) {
+        return Err(ApiError::bad_request(
+            "TTL: at most 8760h (a year); leave it out for a token that lasts until revoked",
+        ));
+    }
+    let created = acl
+        .create(request.role, request.name, ttl, Utc::now())
+        .await?;
+    Ok((StatusCode::CREATED, axum::Json(created)).into_response())
+}
+
+/// `GET /acl/tokens`: every token, without secrets.
+pub async fn list_tokens(
+    State(manager): State<Arc<Manager>>,
+) -> Result<axum::Json<Vec<TokenView>>, ApiError> {
+    Ok(axum::Json(enabled(&manager)?.list()?))
+}
+
+/// `DELETE /acl/tokens/{id}`: 204, or 404 when there is no such token.
+pub async fn revoke_token(
+    State(manager): State<Arc<Manager>>,
+    cube_api::JsonPath(id): cube_api::JsonPath<String>,
+) -> Result<StatusCode, ApiError> {
+    if enabled(&manager)?.revoke(&id)? {
+        tracing::info!(token = %id, "token revoked");
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no token with ID {id:?}"),
+        ))
+    }
+}
+
+fn enabled(manager: &Manager) -> Result<&Acl, ApiError> {
+    manager.config.acl.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "the ACL is off on this manager: start it with --acl to use tokens",
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_route_missing_from_the_table_needs_management() {
+        assert_eq!(
+            need(&Method::POST, "/something/new"),
+            Need::Role(Role::Management)
+        );
+        assert_eq!(need(&Method::HEAD, "/tasks"), Need::Role(Role::Read));
+        assert_eq!(need(&Method::GET, "/health"), Need::Open);
+    }
+
+    #[test]
+    fn secrets_compare_equal_only_when_equal() {
+        assert!(same_secret("abc", "abc"));
+        assert!(!same_secret("abc", "abd"));
+        assert!(!same_secret("abc", "abcd"));
+    }
+
+    #[tokio::test]
+    async fn a_token_is_refused_once_revoked_or_expired() {
+        let acl = Acl::open(AclStores {
+            tokens: Arc::new(cube_store::MemoryStore::new()),
+            keys: Arc::new(cube_store::MemoryStore::new()),
+        })
+        .unwrap();
+        let now = Utc::now();
+        let token = acl.create(Role::Read, None, None, now).await.unwrap();
+        assert!(acl.authenticate(&token.secret, now).is_ok());
+        let wrong = format!("{}0", &token.secret[..token.secret.len() - 1]);
+        let wrong = if wrong == token.secret {
+            format!("{}1", &token.secret[..token.secret.len() - 1])
+        } else {
+            wrong
+        };
+        assert!(acl.authenticate(&wrong, now).is_err());
+        assert!(acl.revoke(&token.token.id).unwrap());
+        assert!(acl.authenticate(&token.secret, now).is_err());
+
+        let short = acl
+            .create(
+                Role::Read,
+                None,
+                Some(std::time::Duration::from_secs(1)),
+                now,
+            )
+            .await
+            .unwrap();
+        assert!(acl.authenticate(&short.secret, now).is_ok());
+        let later = now + chrono::Duration::seconds(2);
+        assert!(acl.authenticate(&short.secret, later).is_err());
+    }
+}

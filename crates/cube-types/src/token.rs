@@ -1,0 +1,220 @@
+//! ACL tokens: who may drive a cluster started with `cube manager --acl`, and as what.
+//!
+//! A token is written `cube.<ID>.<SECRET>`: the ID (16 hex digits) names its record in the
+//! manager's store and may be shown (`cube token list`); the secret (64 hex digits, 256 random
+//! bits) is shown once, when the token is made, and only its SHA-256 is kept. The hashing and
+//! the randomness live in the manager; this file holds the nouns and the wire names.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// What a token may do. `Read` < `Submit` < `Operator` < `Management` each allow what the one
+/// before allows and more; `Node` stands apart: it only registers and reports as one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Every `GET` but logs, exec and the store's backup.
+    Read,
+    /// Also run, stop, scale, logs and exec of tasks and jobs.
+    Submit,
+    /// Also nodes: drain, eligibility, removal.
+    Operator,
+    /// Also tokens, and the store's backup.
+    Management,
+    /// A join token: registration and heartbeats of the one node it joined as.
+    Node,
+}
+
+impl Role {
+    pub const NAMES: [&'static str; 5] = ["read", "submit", "operator", "management", "node"];
+
+    /// Where the role stands in the chain read < submit < operator < management; a node
+    /// token is in no chain.
+    fn rank(self) -> Option<u8> {
+        match self {
+            Role::Read => Some(0),
+            Role::Submit => Some(1),
+            Role::Operator => Some(2),
+            Role::Management => Some(3),
+            Role::Node => None,
+        }
+    }
+
+    /// Whether a token of this role may do what `needed` allows.
+    pub fn allows(self, needed: Role) -> bool {
+        match (self.rank(), needed.rank()) {
+            (Some(have), Some(need)) => have >= need,
+            _ => self == needed,
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Role, String> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "read" => Ok(Role::Read),
+            "submit" => Ok(Role::Submit),
+            "operator" => Ok(Role::Operator),
+            "management" => Ok(Role::Management),
+            "node" => Ok(Role::Node),
+            _ => Err(format!(
+                "unknown role {text:?}; the roles are {}",
+                Role::NAMES.join(", ")
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Submit => "submit",
+            Role::Operator => "operator",
+            Role::Management => "management",
+            Role::Node => "node",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The prefix of every token's text.
+pub const TOKEN_PREFIX: &str = "cube.";
+/// Hex digits in a token's ID.
+pub const TOKEN_ID_LEN: usize = 16;
+/// Hex digits in a token's secret.
+pub const TOKEN_SECRET_LEN: usize = 64;
+/// The longest life a token may be given (`--ttl`): a year. Longer, make it without one.
+pub const MAX_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
+/// The longest name a token may be given.
+pub const MAX_TOKEN_NAME: usize = 128;
+
+/// A token's text split in its ID and its secret, or `None` when it is not of Cube's shape.
+pub fn split_token(text: &str) -> Option<(&str, &str)> {
+    let rest = text.trim().strip_prefix(TOKEN_PREFIX)?;
+    let (id, secret) = rest.split_once('.')?;
+    let hex = |part: &str, len: usize| {
+        part.len() == len && part.bytes().all(|byte| byte.is_ascii_hexdigit())
+    };
+    (hex(id, TOKEN_ID_LEN) && hex(secret, TOKEN_SECRET_LEN)).then_some((id, secret))
+}
+
+/// A token as the manager stores it: never its secret, only the secret's SHA-256.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRecord {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Role")]
+    pub role: Role,
+    /// SHA-256 of the secret, in hex.
+    #[serde(rename = "SecretHash")]
+    pub secret_hash: String,
+    #[serde(rename = "CreateTime")]
+    pub create_time: DateTime<Utc>,
+    /// After this the token is refused; `None`: it lasts until revoked.
+    #[serde(
+        rename = "ExpireTime",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expire_time: Option<DateTime<Utc>>,
+    /// A node token: the node it joined as (set at its first registration).
+    #[serde(rename = "Node", default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+impl TokenRecord {
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.expire_time.is_some_and(|expiry| expiry <= now)
+    }
+
+    /// What `GET /acl/tokens` shows of it.
+    pub fn view(&self) -> TokenView {
+        TokenView {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            role: self.role,
+            create_time: self.create_time,
+            expire_time: self.expire_time,
+            node: self.node.clone(),
+        }
+    }
+}
+
+/// A token as listed: everything but the hash of its secret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenView {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Role")]
+    pub role: Role,
+    #[serde(rename = "CreateTime")]
+    pub create_time: DateTime<Utc>,
+    #[serde(
+        rename = "ExpireTime",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub expire_time: Option<DateTime<Utc>>,
+    #[serde(rename = "Node", default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// `POST /acl/tokens`: the token to make.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    #[serde(rename = "Role")]
+    pub role: Role,
+    /// A name to know it by in lists and the audit log [default: `<role>-<ID>`].
+    #[serde(rename = "Name", default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// How long it lasts (`"24h"`, `"90s"`); none: until revoked.
+    #[serde(rename = "TTL", default, skip_serializing_if = "Option::is_none")]
+    pub ttl: Option<String>,
+}
+
+/// The answer to `POST /acl/tokens` and `POST /acl/bootstrap`: the token's text, shown once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenCreated {
+    #[serde(rename = "Token")]
+    pub token: TokenView,
+    /// `cube.<ID>.<SECRET>`: what `--token` and `CUBE_TOKEN` take. Not kept anywhere.
+    #[serde(rename = "Secret")]
+    pub secret: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_allow_what_the_roles_below_them_allow() {
+        assert!(Role::Management.allows(Role::Operator));
+        assert!(Role::Submit.allows(Role::Read));
+        assert!(!Role::Read.allows(Role::Submit));
+        assert!(!Role::Management.allows(Role::Node));
+        assert!(!Role::Node.allows(Role::Read));
+        assert!(Role::Node.allows(Role::Node));
+    }
+
+    #[test]
+    fn a_token_splits_only_when_it_has_cubes_shape() {
+        let id = "0123456789abcdef";
+        let secret = "ab".repeat(32);
+        let text = format!("cube.{id}.{secret}");
+        assert_eq!(split_token(&text), Some((id, secret.as_str())));
+        assert_eq!(split_token("cube.xyz.abc"), None);
+        assert_eq!(split_token(&format!("cube.{id}")), None);
+        assert_eq!(split_token(""), None);
+    }
+}

@@ -1,0 +1,97 @@
+//! The worker's door, when it joined its manager with a token (`cube worker --join HOST:PORT
+//! --token TOKEN`): only the manager may use the worker's API.
+//!
+//! The manager answers every heartbeat of a node token with the cluster's worker-command
+//! token (`X-Cube-Worker-Token`); the worker keeps the last one it was given (in memory: a
+//! restarted worker learns it again from its first heartbeat) and refuses any request but
+//! `GET /health` that does not carry it as `Authorization: Bearer`, compared in constant
+//! time. Until its first heartbeat was answered it refuses everything but `GET /health`.
+//! A worker started without a token has no gate: its API is open, as before.
+
+use std::sync::{Arc, RwLock};
+
+use axum::extract::{MatchedPath, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use cube_api::ApiError;
+use cube_api::server::{bearer_token, same_secret};
+
+/// The worker-command token this worker accepts, once the manager gave it.
+#[derive(Debug, Default)]
+pub struct CommandGate {
+    /// A `std` lock: held to read or replace a string, never across an await.
+    token: RwLock<Option<String>>,
+}
+
+impl CommandGate {
+    pub fn new() -> Arc<CommandGate> {
+        Arc::new(CommandGate::default())
+    }
+
+    /// Keeps `token`, told by the manager in a heartbeat's answer.
+    pub fn learn(&self, token: &str) {
+        let mut kept = self
+            .token
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if kept.as_deref() != Some(token) {
+            if kept.is_none() {
+                tracing::info!("the manager gave this worker its command token");
+            } else {
+                tracing::info!("the manager gave this worker a new command token");
+            }
+            *kept = Some(token.to_string());
+        }
+    }
+
+    /// Whether `presented` is the token the manager gave, or why not.
+    fn check(&self, presented: Option<&str>) -> Result<(), ApiError> {
+        let kept = self
+            .token
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(expected) = kept.as_deref() else {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this worker joined with a token and takes requests from its manager only; \
+                 it has not yet been answered by its manager",
+            ));
+        };
+        match presented {
+            Some(token) if same_secret(token, expected) => Ok(()),
+            Some(_) => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this worker takes requests from its manager only: the token given is not \
+                 the manager's worker-command token",
+            )),
+            None => Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "this worker takes requests from its manager only (Authorization: Bearer \
+                 <the manager's worker-command token>); none was given",
+            )),
+        }
+    }
+}
+
+/// The layer on every route of a joined worker's API: `GET /health` is open, the rest needs
+/// the manager's worker-command token.
+pub async fn guard(
+    State(gate): State<Arc<CommandGate>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let open = request.method() == axum::http::Method::GET
+        && request
+            .extensions()
+            .get::<MatchedPath>()
+            .is_some_and(|path| path.as_str() == "/health");
+    if !open && let Err(error) = gate.check(bearer_token(request.headers())) {
+        let mut response = error.into_response();
+        response.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer"),
+        );
+        return response;
+    }
+    next.run(request).await
+}
