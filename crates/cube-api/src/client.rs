@@ -83,17 +83,32 @@ impl ApiClient {
     /// A client for `address` (`HOST:PORT` or `http://HOST:PORT`) whose requests give up
     /// after `timeout` unless a request sets its own.
     pub fn new(address: &str, timeout: Duration) -> Result<ApiClient, ClientError> {
-        let base = normalize_address(address)?;
-        let http = reqwest::Client::builder()
+        ApiClient::with_tls(address, timeout, None)
+    }
+
+    /// A client for `address` over HTTPS with the TLS settings `tls` (`https://HOST:PORT`,
+    /// or `HOST:PORT` and `http://HOST:PORT` taken as HTTPS), or as [`ApiClient::new`] when
+    /// `tls` is `None`.
+    pub fn with_tls(
+        address: &str,
+        timeout: Duration,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Result<ApiClient, ClientError> {
+        // Installs the crypto reqwest's own TLS settings need too.
+        let _ = crate::tls::provider();
+        let base = normalize_address(address, tls.is_some())?;
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             // Let go of an idle connection before a Cube server closes it (its header timeout,
             // 30 s by default), so that a request is never sent on one being closed.
-            .pool_idle_timeout(Duration::from_secs(20))
-            .build()
-            .map_err(|err| ClientError::Unreachable {
-                url: base.clone(),
-                reason: err.to_string(),
-            })?;
+            .pool_idle_timeout(Duration::from_secs(20));
+        if let Some(tls) = tls {
+            builder = builder.tls_backend_preconfigured((*tls).clone());
+        }
+        let http = builder.build().map_err(|err| ClientError::Unreachable {
+            url: base.clone(),
+            reason: err.to_string(),
+        })?;
         Ok(ApiClient {
             http,
             base,
@@ -507,15 +522,19 @@ pub struct Changes<T> {
     pub complete: bool,
 }
 
-/// `HOST:PORT` or `http://HOST:PORT` as `http://HOST:PORT`.
-fn normalize_address(address: &str) -> Result<String, ClientError> {
+/// `HOST:PORT`, `http://HOST:PORT` or `https://HOST:PORT` as `http://HOST:PORT`, or with
+/// `tls` as `https://HOST:PORT`. An `https://` address without TLS settings is refused: Cube
+/// verifies a server only against its cluster's CA, whose fingerprint must be given.
+fn normalize_address(address: &str, tls: bool) -> Result<String, ClientError> {
     let trimmed = address.trim().trim_end_matches('/');
-    if trimmed.starts_with("https://") {
+    if trimmed.starts_with("https://") && !tls {
         return Err(ClientError::Address(format!(
-            "{address} (Cube's APIs speak plain HTTP)"
+            "{address} is HTTPS: give the cluster CA's fingerprint (--ca-fingerprint, \
+             CUBE_CA_FINGERPRINT or `cube config set-cluster --ca-fingerprint`) to verify it"
         )));
     }
-    let rest = trimmed.strip_prefix("http://").unwrap_or(trimmed);
+    let rest = trimmed.strip_prefix("https://").unwrap_or(trimmed);
+    let rest = rest.strip_prefix("http://").unwrap_or(rest);
     let valid = match rest.rsplit_once(':') {
         Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0),
         None => false,
@@ -523,7 +542,8 @@ fn normalize_address(address: &str) -> Result<String, ClientError> {
     if !valid || rest.contains('/') {
         return Err(ClientError::Address(address.to_string()));
     }
-    Ok(format!("http://{rest}"))
+    let scheme = if tls { "https" } else { "http" };
+    Ok(format!("{scheme}://{rest}"))
 }
 
 /// An error and its causes, one after the other ("connection refused" is in a source).
@@ -545,11 +565,11 @@ mod tests {
     #[test]
     fn addresses_are_read_with_or_without_scheme() {
         assert_eq!(
-            normalize_address("127.0.0.1:5555").unwrap(),
+            normalize_address("127.0.0.1:5555", false).unwrap(),
             "http://127.0.0.1:5555"
         );
         assert_eq!(
-            normalize_address("http://localhost:5555/").unwrap(),
+            normalize_address("http://localhost:5555/", false).unwrap(),
             "http://localhost:5555"
         );
         for bad in [
@@ -560,7 +580,7 @@ mod tests {
             "host:port",
             "h:1/x",
         ] {
-            assert!(normalize_address(bad).is_err(), "{bad} accepted");
+            assert!(normalize_address(bad, false).is_err(), "{bad} accepted");
         }
     }
 }

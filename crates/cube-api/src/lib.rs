@@ -12,10 +12,11 @@ pub mod attach;
 pub mod client;
 pub mod serve;
 pub mod server;
+pub mod tls;
 
 pub use client::{ApiClient, Changes, ClientError, LineStream, innermost_cause};
 pub use reqwest::Method;
-pub use serve::{ServeLimits, serve};
+pub use serve::{ServeLimits, serve, serve_tls};
 pub use server::{
     ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, OLDEST_INDEX_HEADER, SINCE_HEADER,
     parse_task_id, with_json_fallbacks,
@@ -25,5 +26,5 @@ pub use server::{
 /// they listen; tools that start them on port 0 (the tests, `cube-bench`) read it back.
 pub fn address_in_listening_line(line: &str) -> Option<&str> {
     line.split_whitespace()
-        .find(|word| word.starts_with("http://"))
+        .find(|word| word.starts_with("http://") || word.starts_with("https://"))
 }

@@ -82,6 +82,20 @@ pub async fn serve(
     limits: ServeLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_tls(listener, router, limits, None, shutdown).await
+}
+
+/// [`serve`], over TLS when `tls` is given: each accepted connection's handshake runs in its
+/// own task, within [`ServeLimits::header_timeout`], and every request of a connection whose
+/// client presented a certificate carries its [`crate::tls::PeerIdentity`] as an extension.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    limits: ServeLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
@@ -113,14 +127,28 @@ pub async fn serve(
             drop(stream);
             continue;
         };
-        connections.spawn(serve_connection(
-            stream,
-            router.clone(),
-            http.clone(),
-            limits.body_timeout,
-            shutdown.clone(),
-            slot,
-        ));
+        let connection = Connection {
+            router: router.clone(),
+            http: http.clone(),
+            body_timeout: limits.body_timeout,
+            shutdown: shutdown.clone(),
+            _slot: slot,
+        };
+        match &acceptor {
+            None => {
+                // Answers are small and often streamed line by line: send each at once.
+                let _ = stream.set_nodelay(true);
+                connections.spawn(connection.serve(stream, None));
+            }
+            Some(acceptor) => {
+                connections.spawn(handshake_then_serve(
+                    acceptor.clone(),
+                    stream,
+                    limits.header_timeout,
+                    connection,
+                ));
+            }
+        }
     }
     drop(listener);
     connections.close();
@@ -137,33 +165,83 @@ fn is_per_connection_error(err: &std::io::Error) -> bool {
     )
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+/// What serving one connection needs.
+struct Connection {
     router: Router,
     http: hyper::server::conn::http1::Builder,
     body_timeout: Duration,
     shutdown: CancellationToken,
+    /// Counted as the client's until the connection ends.
     _slot: ConnectionSlot,
+}
+
+/// The TLS handshake, bounded like a request's headers (a client that never finishes it
+/// holds its slot no longer), then the connection.
+async fn handshake_then_serve(
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    timeout: Duration,
+    connection: Connection,
 ) {
-    // Answers are small and often streamed line by line: send each at once.
     let _ = stream.set_nodelay(true);
-    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-        answer(router.clone(), request, body_timeout)
-    });
-    let connection = http
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades();
-    tokio::pin!(connection);
-    let result = tokio::select! {
-        result = connection.as_mut() => result,
-        () = shutdown.cancelled() => {
-            // Finish the request under way, then close.
-            connection.as_mut().graceful_shutdown();
-            connection.await
+    let peer = stream.peer_addr().ok();
+    let accepted = tokio::select! {
+        accepted = tokio::time::timeout(timeout, acceptor.accept(stream)) => accepted,
+        () = connection.shutdown.cancelled() => return,
+    };
+    let stream = match accepted {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(err)) => {
+            tracing::debug!(client = ?peer, error = %err, "TLS handshake refused");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(client = ?peer, "TLS handshake not finished in time");
+            return;
         }
     };
-    if let Err(err) = result {
-        tracing::debug!(error = %err, "connection ended with an error");
+    let identity = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(|leaf| crate::tls::identity_of(leaf));
+    connection.serve(stream, identity).await;
+}
+
+impl Connection {
+    async fn serve<S>(self, stream: S, identity: Option<crate::tls::PeerIdentity>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Connection {
+            router,
+            http,
+            body_timeout,
+            shutdown,
+            _slot,
+        } = self;
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            if let Some(identity) = &identity {
+                request.extensions_mut().insert(identity.clone());
+            }
+            answer(router.clone(), request, body_timeout)
+        });
+        let connection = http
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        tokio::pin!(connection);
+        let result = tokio::select! {
+            result = connection.as_mut() => result,
+            () = shutdown.cancelled() => {
+                // Finish the request under way, then close.
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "connection ended with an error");
+        }
     }
 }
 

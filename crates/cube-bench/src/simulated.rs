@@ -236,6 +236,7 @@ pub(crate) async fn sim_workers(
                 listener,
                 Some(heartbeat),
                 cube_api::ServeLimits::default(),
+                None,
                 shutdown,
             )
             .await;

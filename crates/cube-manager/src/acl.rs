@@ -80,6 +80,8 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/nodes/{name}", Need::Role(Role::Read)),
     ("PUT", "/nodes/{name}", Need::Role(Role::Node)),
     ("DELETE", "/nodes/{name}", Need::Role(Role::Operator)),
+    ("POST", "/nodes/{name}/certificate", Need::Role(Role::Node)),
+    ("GET", "/tls/ca", Need::Open),
     ("POST", "/nodes/{name}/drain", Need::Role(Role::Operator)),
     (
         "POST",
@@ -495,7 +497,10 @@ pub async fn guard(
             },
             next.run(request).await,
         ),
-        Some(acl) => checked(acl, &method, &route, request, next).await,
+        Some(acl) => {
+            let tls = manager.config.tls.is_some();
+            checked(acl, tls, &method, &route, request, next).await
+        }
     };
     // A heartbeat that was taken is no news (one a node every 2 s would drown the rest); a
     // refused one, and every other change, is recorded.
@@ -521,6 +526,7 @@ pub async fn guard(
 
 async fn checked(
     acl: &Acl,
+    tls: bool,
     method: &Method,
     route: &str,
     request: axum::extract::Request,
@@ -563,7 +569,8 @@ async fn checked(
         role: Some(record.role),
     };
     if record.role == Role::Node {
-        // The one route a node token may use: `PUT /nodes/{name}`, as its own node.
+        // The routes a node token may use: `PUT /nodes/{name}` and `POST
+        // /nodes/{name}/certificate`, as its own node.
         let (mut parts, body) = request.into_parts();
         let node = match <Path<String> as axum::extract::FromRequestParts<()>>::from_request_parts(
             &mut parts,
@@ -576,6 +583,15 @@ async fn checked(
                 return refused(&record.name, Some(record.role), ApiError::from(rejection));
             }
         };
+        if tls && route == "/nodes/{name}" {
+            // With TLS, a report for node N is taken only over N's certificate.
+            let peer = parts.extensions.get::<cube_api::tls::PeerIdentity>();
+            if let Err(error) =
+                crate::tls::check_node_peer(peer, &node, &format!("{method} {route}"))
+            {
+                return refused(&record.name, Some(record.role), error);
+            }
+        }
         if let Err(error) = acl.claim_node(&record, &node).await {
             return refused(&record.name, Some(record.role), error);
         }
@@ -732,9 +748,14 @@ pub async fn create_token(
             "TTL: at most 8760h (a year); leave it out for a token that lasts until revoked",
         ));
     }
-    let created = acl
+    let mut created = acl
         .create(request.role, request.name, ttl, Utc::now())
         .await?;
+    if let (Role::Node, Some(tls)) = (created.token.role, &manager.config.tls) {
+        // A join token carries the CA's fingerprint, for the worker to know its manager on
+        // first contact.
+        created.secret = format!("{}.{}", created.secret, tls.authority.fingerprint());
+    }
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
 }
 

@@ -113,6 +113,11 @@ pub fn router(manager: Arc<Manager>) -> Router {
             "/nodes/{name}",
             get(get_node).put(report_node).delete(remove_node),
         )
+        .route(
+            "/nodes/{name}/certificate",
+            post(crate::tls::issue_node_certificate),
+        )
+        .route("/tls/ca", get(crate::tls::ca))
         .route("/nodes/{name}/drain", post(drain_node))
         .route("/nodes/{name}/eligibility", post(node_eligibility))
         .route("/version", get(version))

@@ -39,6 +39,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         max_claimed_per_owner: None,
         acl: None,
         audit: None,
+        tls: None,
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")

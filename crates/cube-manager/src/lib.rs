@@ -36,6 +36,7 @@ mod relay;
 mod rollout;
 mod store_source;
 mod task_controller;
+pub mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,7 +90,21 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let mut loops = manager.start();
-    let serving = cube_api::serve(listener, api::router(manager), limits, shutdown.clone());
+    let tls = match &manager.config.tls {
+        None => None,
+        Some(tls) => {
+            let config = tls.server_config().map_err(std::io::Error::other)?;
+            loops.spawn(tls.clone().run_renewal(shutdown.clone()));
+            Some(config)
+        }
+    };
+    let serving = cube_api::serve_tls(
+        listener,
+        api::router(manager),
+        limits,
+        tls,
+        shutdown.clone(),
+    );
     // Long-lived answers (`GET /events`, blocking queries) end themselves at shutdown; one
     // whose client stopped reading cannot even be told, so the connections get the grace
     // period and no more.

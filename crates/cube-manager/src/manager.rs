@@ -87,12 +87,16 @@ pub struct ManagerConfig {
     pub acl: Option<Arc<crate::acl::Acl>>,
     /// The audit file under the data directory, when there is one (`acl.rs`).
     pub audit: Option<Arc<crate::acl::AuditLog>>,
+    /// Mutual TLS (`--tls`): `None` speaks plain HTTP. With it, every call to a worker is
+    /// HTTPS with the manager's certificate (`tls.rs`).
+    pub tls: Option<Arc<crate::tls::ManagerTls>>,
 }
 
 impl ManagerConfig {
     /// A client for the worker at `address`, with the worker-command token when ACL is on.
     pub(crate) fn worker_client(&self, address: &str) -> Result<ApiClient, cube_api::ClientError> {
-        Ok(ApiClient::new(address, self.request_timeout)?
+        let tls = self.tls.as_ref().map(|tls| tls.client.clone());
+        Ok(ApiClient::with_tls(address, self.request_timeout, tls)?
             .with_token(self.acl.as_ref().map(|acl| acl.worker_token())))
     }
 }
@@ -984,6 +988,7 @@ pub(crate) fn test_config() -> ManagerConfig {
         max_claimed_per_owner: None,
         acl: None,
         audit: None,
+        tls: None,
     }
 }
 

@@ -93,14 +93,37 @@ pub const MAX_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(36
 /// The longest name a token may be given.
 pub const MAX_TOKEN_NAME: usize = 128;
 
-/// A token's text split in its ID and its secret, or `None` when it is not of Cube's shape.
+/// Hex digits of the CA fingerprint a join token of a manager with TLS ends with.
+pub const TOKEN_CA_FINGERPRINT_LEN: usize = 64;
+
+fn is_hex(part: &str, len: usize) -> bool {
+    part.len() == len && part.bytes().all(|byte| byte.is_ascii_hexdigit())
+}
+
+/// A token's text split in its ID and its secret, or `None` when it is not of Cube's shape:
+/// `cube.<ID>.<SECRET>`, or a join token of a manager with TLS,
+/// `cube.<ID>.<SECRET>.<CA SHA-256>`.
 pub fn split_token(text: &str) -> Option<(&str, &str)> {
     let rest = text.trim().strip_prefix(TOKEN_PREFIX)?;
-    let (id, secret) = rest.split_once('.')?;
-    let hex = |part: &str, len: usize| {
-        part.len() == len && part.bytes().all(|byte| byte.is_ascii_hexdigit())
-    };
-    (hex(id, TOKEN_ID_LEN) && hex(secret, TOKEN_SECRET_LEN)).then_some((id, secret))
+    let mut parts = rest.split('.');
+    let (id, secret) = (parts.next()?, parts.next()?);
+    if let Some(fingerprint) = parts.next()
+        && !is_hex(fingerprint, TOKEN_CA_FINGERPRINT_LEN)
+    {
+        return None;
+    }
+    if parts.next().is_some() {
+        return None;
+    }
+    (is_hex(id, TOKEN_ID_LEN) && is_hex(secret, TOKEN_SECRET_LEN)).then_some((id, secret))
+}
+
+/// The CA fingerprint a join token carries (`cube.<ID>.<SECRET>.<CA SHA-256>`), if any.
+pub fn token_ca_fingerprint(text: &str) -> Option<&str> {
+    split_token(text)?;
+    let fingerprint = text.trim().rsplit('.').next()?;
+    let parts = text.trim().split('.').count();
+    (parts == 4).then_some(fingerprint)
 }
 
 /// A token as the manager stores it: never its secret, only the secret's SHA-256.
@@ -216,5 +239,12 @@ mod tests {
         assert_eq!(split_token("cube.xyz.abc"), None);
         assert_eq!(split_token(&format!("cube.{id}")), None);
         assert_eq!(split_token(""), None);
+        let fingerprint = "cd".repeat(32);
+        let joined = format!("cube.{id}.{secret}.{fingerprint}");
+        assert_eq!(split_token(&joined), Some((id, secret.as_str())));
+        assert_eq!(token_ca_fingerprint(&joined), Some(fingerprint.as_str()));
+        assert_eq!(token_ca_fingerprint(&text), None);
+        assert_eq!(split_token(&format!("{joined}.ab")), None);
+        assert_eq!(split_token(&format!("cube.{id}.{secret}.xyz")), None);
     }
 }

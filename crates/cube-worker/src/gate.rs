@@ -6,7 +6,10 @@
 //! restarted worker learns it again from its first heartbeat) and refuses any request but
 //! `GET /health` that does not carry it as `Authorization: Bearer`, compared in constant
 //! time. Until its first heartbeat was answered it refuses everything but `GET /health`.
-//! A worker started without a token has no gate: its API is open, as before.
+//! A worker started without a token has no gate: its API is open, as before. A worker joined
+//! with TLS (`tls.rs`) also takes requests only over the manager's certificate: its TLS
+//! handshake already refused clients without a certificate of the cluster's CA, and a node's
+//! certificate is refused here (403).
 
 use std::sync::{Arc, RwLock};
 
@@ -21,11 +24,21 @@ use cube_api::server::{bearer_token, same_secret};
 pub struct CommandGate {
     /// A `std` lock: held to read or replace a string, never across an await.
     token: RwLock<Option<String>>,
+    /// Joined with TLS: a request is taken only over the manager's certificate too.
+    manager_certificate: bool,
 }
 
 impl CommandGate {
     pub fn new() -> Arc<CommandGate> {
         Arc::new(CommandGate::default())
+    }
+
+    /// A gate that also asks for the manager's certificate (a worker joined with TLS).
+    pub fn with_manager_certificate() -> Arc<CommandGate> {
+        Arc::new(CommandGate {
+            token: RwLock::default(),
+            manager_certificate: true,
+        })
     }
 
     /// Keeps `token`, told by the manager in a heartbeat's answer.
@@ -85,6 +98,20 @@ pub async fn guard(
             .extensions()
             .get::<MatchedPath>()
             .is_some_and(|path| path.as_str() == "/health");
+    if !open && gate.manager_certificate {
+        let peer = request.extensions().get::<cube_api::tls::PeerIdentity>();
+        if peer.is_none_or(|peer| peer.role != cube_api::tls::PeerRole::Manager) {
+            let presented = peer.map_or_else(|| "none".to_string(), |peer| peer.to_string());
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "this worker takes requests only over its manager's certificate; this \
+                     connection presented {presented}"
+                ),
+            )
+            .into_response();
+        }
+    }
     if !open && let Err(error) = gate.check(bearer_token(request.headers())) {
         let mut response = error.into_response();
         response.headers_mut().insert(

@@ -19,6 +19,7 @@ pub mod metrics;
 mod namespace;
 pub mod plugin;
 pub mod stats;
+pub mod tls;
 mod worker;
 
 use std::sync::Arc;
@@ -55,6 +56,7 @@ pub async fn run<R: Runtime>(
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
     limits: cube_api::ServeLimits,
+    tls: Option<Arc<tls::WorkerTls>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let dispatcher = tokio::spawn(worker.clone().run_dispatcher(
@@ -86,12 +88,20 @@ pub async fn run<R: Runtime>(
     let gate = heartbeat
         .as_ref()
         .and_then(|heartbeat| heartbeat.gate.clone());
+    let renewal = match (&tls, &heartbeat) {
+        (Some(tls), Some(heartbeat)) => Some(tokio::spawn(
+            tls.clone()
+                .run_renewal(heartbeat.managers.clone(), shutdown.clone()),
+        )),
+        _ => None,
+    };
     let heartbeats =
         heartbeat.map(|heartbeat| tokio::spawn(heartbeat.run(worker.clone(), shutdown.clone())));
-    let served = cube_api::serve(
+    let served = cube_api::serve_tls(
         listener,
         api::router_with_gate(worker, gate),
         limits,
+        tls.map(|tls| tls.server.clone()),
         shutdown.clone(),
     )
     .await;
@@ -112,6 +122,11 @@ pub async fn run<R: Runtime>(
         && let Err(err) = handle.await
     {
         tracing::error!(error = %err, "heartbeat loop ended abnormally");
+    }
+    if let Some(handle) = renewal
+        && let Err(err) = handle.await
+    {
+        tracing::error!(error = %err, "certificate renewal loop ended abnormally");
     }
     served
 }

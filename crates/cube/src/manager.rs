@@ -70,6 +70,16 @@ pub struct ManagerArgs {
     /// workers join with `cube worker --join HOST:PORT --token NODE_TOKEN`.
     #[arg(long)]
     acl: bool,
+    /// Mutual TLS (needs --acl): the manager makes a cluster CA on its first start (kept in
+    /// --data-dir, under tls/) and its own certificate, serves HTTPS, signs the certificates of
+    /// nodes that join with a node token, and takes a node's reports only over that node's
+    /// certificate. Node tokens then carry the CA's fingerprint.
+    #[arg(long, requires = "acl")]
+    tls: bool,
+    /// How long the certificates the manager makes last (its own and the nodes'); each is
+    /// renewed, without a restart, once two thirds of its life have passed.
+    #[arg(long, default_value = "720h", value_parser = parse_duration, requires = "tls")]
+    cert_ttl: Duration,
 }
 
 impl ManagerArgs {
@@ -96,6 +106,8 @@ impl ManagerArgs {
             advertise: None,
             limits,
             acl,
+            tls: false,
+            cert_ttl: cube_api::tls::DEFAULT_CERT_TTL,
         }
     }
 }
@@ -181,6 +193,39 @@ pub async fn prepare(
     } else {
         None
     };
+    let tls = if args.tls {
+        anyhow::ensure!(
+            stores.etcd().is_none(),
+            "--tls with --store etcd is not supported yet: each manager would make its own CA"
+        );
+        anyhow::ensure!(
+            args.cert_ttl >= Duration::from_secs(3),
+            "--cert-ttl must be at least 3s"
+        );
+        let authority = cube_api::tls::Authority::load_or_create(args.store.data_dir())
+            .context("--tls: the cluster CA")?;
+        let mut hosts = vec![
+            args.host.clone(),
+            "127.0.0.1".to_string(),
+            "localhost".to_string(),
+        ];
+        if let Some(advertise) = &args.advertise {
+            let host = advertise
+                .rsplit_once(':')
+                .map_or(advertise.as_str(), |(host, _)| host);
+            hosts.push(host.to_string());
+        }
+        hosts.retain(|host| {
+            host.parse::<std::net::IpAddr>()
+                .map_or(true, |ip| !ip.is_unspecified())
+        });
+        let tls = cube_manager::tls::ManagerTls::new(authority, hosts, args.cert_ttl)
+            .context("--tls: the manager's certificate")?;
+        tracing::info!(ca_fingerprint = %tls.authority.fingerprint(), "TLS on: the cluster CA");
+        Some(std::sync::Arc::new(tls))
+    } else {
+        None
+    };
     let config = ManagerConfig {
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
@@ -192,10 +237,18 @@ pub async fn prepare(
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
         acl: acl.clone(),
         audit,
+        tls: tls.clone(),
     };
     let (listener, address) = crate::listen(&args.host, args.port, args.acl).await?;
-    let listening_line =
+    let mut listening_line =
         cube_manager::listening_line(address, scheduler.name(), &stores.description);
+    if let Some(tls) = &tls {
+        listening_line = format!(
+            "{} (CA fingerprint: {})",
+            listening_line.replacen("http://", "https://", 1),
+            tls.authority.fingerprint()
+        );
+    }
     let mode = match stores.etcd() {
         None => Mode::Alone(
             Manager::open(config, manager_stores, scheduler, shutdown)

@@ -191,6 +191,8 @@ pub struct PreparedWorker {
     stores: OpenedStores,
     /// What `cube worker` prints once it listens.
     pub listening_line: String,
+    /// Joined with TLS: the node's certificate and the settings that use it.
+    tls: Option<Arc<cube_worker::tls::WorkerTls>>,
 }
 
 /// Checks the configuration, opens the store, connects to Docker and binds the listener.
@@ -236,27 +238,72 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
             "--token: give the manager to join with --join HOST:PORT"
         );
     }
-    let managers = addresses
+    let addresses: Vec<String> = addresses
         .iter()
-        .map(|address| address.trim())
+        .map(|address| address.trim().to_string())
         .filter(|address| !address.is_empty())
-        .map(|address| {
-            ApiClient::new(address, Duration::from_secs(5))
-                .map(|client| client.with_token(args.token.as_deref()))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .context(flag)?;
-    let gate = args
+        .collect();
+    // A join token of a manager with --tls ends with its CA's fingerprint: join with TLS.
+    let ca_fingerprint = args
         .token
-        .is_some()
-        .then(cube_worker::gate::CommandGate::new);
+        .as_deref()
+        .and_then(cube_types::token::token_ca_fingerprint)
+        .map(str::to_string);
+    if ca_fingerprint.is_none() {
+        for address in &addresses {
+            ApiClient::new(address, Duration::from_secs(5)).context(flag)?;
+        }
+    }
 
-    // 2. Build: store, Docker, listener.
+    // 2. Build: store, Docker, listener, and with TLS the node's certificate.
     let stores = args.store.open(StoreOwner::Worker(name.clone()))?;
     let tasks = stores.table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
     let (listener, address) = crate::listen(&args.host, args.port, args.token.is_some()).await?;
-    let advertised = advertised_address(args.advertise.as_deref(), address, !managers.is_empty())?;
+    let mut advertised =
+        advertised_address(args.advertise.as_deref(), address, !addresses.is_empty())?;
+    let tls = match (&ca_fingerprint, &args.token) {
+        (Some(fingerprint), Some(token)) => {
+            let advertised_host = advertised
+                .trim_start_matches("http://")
+                .rsplit_once(':')
+                .map_or(String::new(), |(host, _)| host.to_string());
+            let mut hosts = vec![
+                advertised_host,
+                address.ip().to_string(),
+                "127.0.0.1".to_string(),
+                "localhost".to_string(),
+            ];
+            hosts.retain(|host| {
+                host.parse::<std::net::IpAddr>()
+                    .map_or(true, |ip| !ip.is_unspecified())
+            });
+            let joined =
+                cube_worker::tls::WorkerTls::join(&addresses, token, fingerprint, &name, hosts)
+                    .await
+                    .context("--join with a TLS join token")?;
+            advertised = advertised.replacen("http://", "https://", 1);
+            Some(std::sync::Arc::new(joined))
+        }
+        _ => None,
+    };
+    let managers = addresses
+        .iter()
+        .map(|address| {
+            ApiClient::with_tls(
+                address,
+                Duration::from_secs(5),
+                tls.as_ref().map(|tls| tls.client.clone()),
+            )
+            .map(|client| client.with_token(args.token.as_deref()))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .context(flag)?;
+    let gate = match (&args.token, &tls) {
+        (None, _) => None,
+        (Some(_), None) => Some(cube_worker::gate::CommandGate::new()),
+        (Some(_), Some(_)) => Some(cube_worker::gate::CommandGate::with_manager_certificate()),
+    };
     let stats = StatsCollector::new(args.store.data_dir());
     let machine = stats
         .machine_capacity()
@@ -276,6 +323,10 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         pods,
     };
     let (worker, commands) = Worker::new(config, tasks, runtime, stats);
+    let mut listening_line = cube_worker::listening_line(&name, address, &stores.description);
+    if tls.is_some() {
+        listening_line = listening_line.replacen("http://", "https://", 1);
+    }
     Ok(PreparedWorker {
         worker,
         commands,
@@ -286,7 +337,8 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
             interval: args.heartbeat_interval,
             gate,
         }),
-        listening_line: cube_worker::listening_line(&name, address, &stores.description),
+        listening_line,
+        tls,
         stores,
     })
 }
@@ -301,6 +353,7 @@ impl PreparedWorker {
                 self.listener,
                 self.heartbeat,
                 self.limits,
+                self.tls,
                 shutdown.clone(),
             )
             .await

@@ -1,0 +1,190 @@
+//! The worker's side of mutual TLS: joining a manager started with `--tls` by its join token
+//! (`cube.<ID>.<SECRET>.<CA SHA-256>`), and renewing the node's certificate in place.
+//!
+//! **Joining.** The worker knows the CA only by the fingerprint in its token. It makes a key
+//! and a signing request for its node name and asks `POST /nodes/{name}/certificate` with the
+//! token, over HTTPS verified by [`cube_api::tls::PinnedCaVerifier`]: the manager's chain must
+//! hold the CA of that fingerprint and its certificate must be a manager's, or the worker
+//! refuses to join. The answer is the node's certificate and the CA.
+//!
+//! **Serving.** The worker's API then takes only clients whose certificate the CA signed
+//! (the handshake refuses the others), and task commands only over the manager's certificate
+//! (`gate.rs`), on top of the worker-command token.
+//!
+//! **Renewal.** Once two thirds of the certificate's life have passed, the worker asks again,
+//! presenting its current certificate, and puts the new one in its [`CertSlot`]: the server
+//! and the heartbeat client read it at their next handshake. Nothing restarts.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use cube_api::tls::{
+    CertSlot, CertificateIssued, CertificateRequest, ClientCerts, PeerRole, PinnedCaVerifier,
+    TlsError,
+};
+use cube_api::{ApiClient, ClientError};
+use tokio_util::sync::CancellationToken;
+
+/// What went wrong joining with TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot get a certificate from {manager}: {cause}")]
+    Refused { manager: String, cause: String },
+    #[error(
+        "the manager's CA has fingerprint {got}, not {expected} as the join token says: refusing \
+         to join"
+    )]
+    WrongCa { expected: String, got: String },
+    #[error("no manager given")]
+    NoManager,
+}
+
+/// A worker's TLS state once joined.
+pub struct WorkerTls {
+    /// The node's certificate, served and presented to the manager.
+    pub slot: Arc<CertSlot>,
+    /// The worker API's settings: the node's certificate, clients' certificates required and
+    /// checked against the CA.
+    pub server: Arc<rustls::ServerConfig>,
+    /// The settings of calls to the manager: its certificate checked against the CA, the
+    /// node's presented.
+    pub client: Arc<rustls::ClientConfig>,
+    name: String,
+    hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for WorkerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerTls")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asks `manager` for a certificate for node `name`, valid for `hosts`: the new key with it.
+async fn request_certificate(
+    manager: &ApiClient,
+    name: &str,
+    hosts: &[String],
+) -> Result<(CertificateIssued, rustls::sign::CertifiedKey), JoinError> {
+    let (key, csr) = cube_api::tls::node_request(name, hosts)?;
+    let (_, issued): (_, CertificateIssued) = manager
+        .post(
+            &format!("/nodes/{name}/certificate"),
+            &CertificateRequest { csr },
+        )
+        .await
+        .map_err(|err: ClientError| JoinError::Refused {
+            manager: manager.base().to_string(),
+            cause: err.to_string(),
+        })?;
+    let certified = cube_api::tls::Issued {
+        chain_pem: issued.certificate.clone(),
+        key_pem: key.serialize_pem(),
+    }
+    .certified_key()?;
+    Ok((issued, certified))
+}
+
+impl WorkerTls {
+    /// Joins: gets node `name`'s certificate (valid for `hosts`) from the first of `managers`
+    /// that gives one, checking the CA against `fingerprint`.
+    pub async fn join(
+        managers: &[String],
+        token: &str,
+        fingerprint: &str,
+        name: &str,
+        hosts: Vec<String>,
+    ) -> Result<WorkerTls, JoinError> {
+        let verifier = PinnedCaVerifier::new(fingerprint, Some(PeerRole::Manager))?;
+        let first_contact = cube_api::tls::client_config(verifier.clone(), None)?;
+        let mut last = JoinError::NoManager;
+        for address in managers {
+            let manager = ApiClient::with_tls(
+                address,
+                Duration::from_secs(10),
+                Some(first_contact.clone()),
+            )
+            .map_err(|err| JoinError::Refused {
+                manager: address.clone(),
+                cause: err.to_string(),
+            })?
+            .with_token(Some(token));
+            let (issued, certified) = match request_certificate(&manager, name, &hosts).await {
+                Ok(answer) => answer,
+                Err(err) => {
+                    last = err;
+                    continue;
+                }
+            };
+            let ca = cube_api::tls::certificates_from_pem(&issued.ca, "the manager's CA")?
+                .into_iter()
+                .next()
+                .ok_or_else(|| JoinError::NoManager)?;
+            let got = cube_api::tls::fingerprint(&ca);
+            let expected = cube_api::tls::normalize_fingerprint(fingerprint).unwrap_or_default();
+            if got != expected {
+                return Err(JoinError::WrongCa { expected, got });
+            }
+            let slot = CertSlot::new(certified);
+            let server = cube_api::tls::server_config(slot.clone(), &ca, ClientCerts::Required)?;
+            let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
+            tracing::info!(manager = %manager.base(), node = %name, "joined with TLS: certificate received");
+            return Ok(WorkerTls {
+                slot,
+                server,
+                client,
+                name: name.to_string(),
+                hosts,
+            });
+        }
+        Err(last)
+    }
+
+    /// Renews the node's certificate whenever two thirds of its life have passed, asking the
+    /// first of `managers` (clients built with [`WorkerTls::client`]) that answers, until
+    /// `shutdown`. A failed renewal is tried again after a tenth of what is left of the
+    /// certificate's life (at least a second).
+    pub async fn run_renewal(
+        self: Arc<WorkerTls>,
+        managers: Vec<ApiClient>,
+        shutdown: CancellationToken,
+    ) {
+        loop {
+            let wait = self.slot.renewal_wait();
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            let mut renewed = false;
+            for manager in &managers {
+                match request_certificate(manager, &self.name, &self.hosts).await {
+                    Ok((_, certified)) => {
+                        self.slot.replace(certified);
+                        tracing::info!(manager = %manager.base(), "the node's certificate was renewed");
+                        renewed = true;
+                        break;
+                    }
+                    Err(err) => {
+                        tracing::warn!(manager = %manager.base(), error = %err, "cannot renew the node's certificate");
+                    }
+                }
+            }
+            if !renewed {
+                let left = self
+                    .slot
+                    .leaf_der()
+                    .and_then(|leaf| cube_api::tls::serial_and_validity(&leaf))
+                    .and_then(|(_, _, not_after)| not_after.duration_since(SystemTime::now()).ok())
+                    .unwrap_or_default();
+                let pause = (left / 10).max(Duration::from_secs(1));
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+}
