@@ -36,6 +36,12 @@ pub enum ClientError {
     Decode { url: String, reason: String },
     #[error("invalid address {0:?}: expected HOST:PORT or http://HOST:PORT")]
     Address(String),
+    #[error(
+        "{0} is HTTPS: give the cluster CA's SHA-256 fingerprint (--ca-fingerprint, \
+         CUBE_CA_FINGERPRINT, or `cube config set-cluster NAME --manager {0} --ca-fingerprint \
+         FP`) to verify the manager"
+    )]
+    HttpsWithoutCa(String),
 }
 
 /// The last cause of an error chain written as `outer: inner: innermost`.
@@ -242,7 +248,7 @@ impl ApiClient {
             .await
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
-                reason: error_chain(&err),
+                reason: with_https_hint(&url, error_chain(&err)),
             })?;
         let status = response.status();
         let number = |header: &str| {
@@ -528,10 +534,7 @@ pub struct Changes<T> {
 fn normalize_address(address: &str, tls: bool) -> Result<String, ClientError> {
     let trimmed = address.trim().trim_end_matches('/');
     if trimmed.starts_with("https://") && !tls {
-        return Err(ClientError::Address(format!(
-            "{address} is HTTPS: give the cluster CA's fingerprint (--ca-fingerprint, \
-             CUBE_CA_FINGERPRINT or `cube config set-cluster --ca-fingerprint`) to verify it"
-        )));
+        return Err(ClientError::HttpsWithoutCa(trimmed.to_string()));
     }
     let rest = trimmed.strip_prefix("https://").unwrap_or(trimmed);
     let rest = rest.strip_prefix("http://").unwrap_or(rest);
@@ -544,6 +547,18 @@ fn normalize_address(address: &str, tls: bool) -> Result<String, ClientError> {
     }
     let scheme = if tls { "https" } else { "http" };
     Ok(format!("{scheme}://{rest}"))
+}
+
+/// `reason`, with a hint when a plain-HTTP request got a TLS server's answer.
+fn with_https_hint(url: &str, reason: String) -> String {
+    if url.starts_with("http://") && reason.contains("invalid HTTP version") {
+        format!(
+            "{reason}: the server speaks HTTPS (a manager started with --tls); use \
+             https://HOST:PORT with the cluster CA's fingerprint (--ca-fingerprint)"
+        )
+    } else {
+        reason
+    }
 }
 
 /// An error and its causes, one after the other ("connection refused" is in a source).

@@ -54,6 +54,10 @@ pub struct ClusterEntry {
     /// gives one; hidden by `cube config view`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The SHA-256 fingerprint of the cluster's CA (a manager started with --tls): the CLI
+    /// then speaks HTTPS and trusts only a manager certificate from that CA.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_fingerprint: Option<String>,
 }
 
 /// The manager a command talks to, and what chose it.
@@ -63,6 +67,9 @@ pub struct ManagerTarget {
     pub source: TargetSource,
     /// The ACL token to send: --token or CUBE_TOKEN, else the chosen cluster's in the file.
     pub token: Option<String>,
+    /// The CA fingerprint to verify the manager with (HTTPS): --ca-fingerprint or
+    /// CUBE_CA_FINGERPRINT, else the chosen cluster's in the file.
+    pub ca_fingerprint: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -112,6 +119,7 @@ pub fn resolve_manager(flags: &ClusterFlags) -> anyhow::Result<ManagerTarget> {
             address: address.clone(),
             source: TargetSource::Flag,
             token: flags.token.clone(),
+            ca_fingerprint: flags.ca_fingerprint.clone(),
         });
     }
     let path = config_path()?;
@@ -119,6 +127,9 @@ pub fn resolve_manager(flags: &ClusterFlags) -> anyhow::Result<ManagerTarget> {
     let mut target = choose(flags.cluster.as_deref(), loaded.as_ref(), &path)?;
     if flags.token.is_some() {
         target.token = flags.token.clone();
+    }
+    if flags.ca_fingerprint.is_some() {
+        target.ca_fingerprint = flags.ca_fingerprint.clone();
     }
     Ok(target)
 }
@@ -139,6 +150,7 @@ fn choose(
                 address: DEFAULT_MANAGER.to_string(),
                 source: TargetSource::Default,
                 token: None,
+                ca_fingerprint: None,
             });
         }
     };
@@ -153,6 +165,7 @@ fn choose(
             address: entry.manager.clone(),
             source,
             token: entry.token.clone(),
+            ca_fingerprint: entry.ca_fingerprint.clone(),
         }),
         None => {
             let what = match source {
@@ -309,6 +322,10 @@ enum ConfigCommand {
         /// written readable by its owner only).
         #[arg(long, value_name = "TOKEN")]
         token: Option<String>,
+        /// The SHA-256 fingerprint of the cluster's CA, for a manager started with --tls
+        /// (it prints it when it starts): commands then reach it over HTTPS, verified.
+        #[arg(long, value_name = "SHA256")]
+        ca_fingerprint: Option<String>,
     },
     /// List the clusters; the current one is marked *.
     List,
@@ -344,9 +361,18 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
             name,
             manager,
             token,
+            ca_fingerprint,
         } => {
             // Checked as every command will read it, so that a typo fails here and not later.
-            cube_api::ApiClient::new(&manager, super::REQUEST_TIMEOUT)
+            let tls = match &ca_fingerprint {
+                None => None,
+                Some(fingerprint) => {
+                    let verifier = cube_api::tls::PinnedCaVerifier::new(fingerprint, None)
+                        .map_err(|err| anyhow!("--ca-fingerprint: {err}"))?;
+                    Some(cube_api::tls::client_config(verifier, None)?)
+                }
+            };
+            cube_api::ApiClient::with_tls(&manager, super::REQUEST_TIMEOUT, tls)
                 .map_err(|err| anyhow!("--manager {manager:?}: {err}"))?;
             let mut config = loaded.unwrap_or_default();
             let entry = config
@@ -355,10 +381,14 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
                 .or_insert_with(|| ClusterEntry {
                     manager: manager.clone(),
                     token: None,
+                    ca_fingerprint: None,
                 });
             entry.manager = manager.clone();
             if token.is_some() {
                 entry.token = token;
+            }
+            if ca_fingerprint.is_some() {
+                entry.ca_fingerprint = ca_fingerprint;
             }
             // The first cluster is the one a user means until they say otherwise.
             let made_current = config.current.is_none();

@@ -354,6 +354,7 @@ mod tests {
                     manager: None,
                     cluster: None,
                     token: None,
+                    ca_fingerprint: None,
                 },
                 output: OutputFormat::Table,
             },

@@ -88,6 +88,14 @@ pub struct ClusterFlags {
     /// config set-cluster NAME --manager HOST:PORT --token TOKEN`).
     #[arg(long, env = "CUBE_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     pub token: Option<String>,
+    /// The SHA-256 fingerprint of the cluster's CA, for a manager started with --tls: the
+    /// connection is then HTTPS, and the manager's certificate must come from that CA.
+    ///
+    /// The first of: --ca-fingerprint, CUBE_CA_FINGERPRINT, the config file's cluster's
+    /// (`cube config set-cluster NAME --manager https://HOST:PORT --ca-fingerprint FP`). The
+    /// manager prints it when it starts.
+    #[arg(long, env = "CUBE_CA_FINGERPRINT", value_name = "SHA256")]
+    pub ca_fingerprint: Option<String>,
 }
 
 impl ClusterFlags {
@@ -273,13 +281,24 @@ impl ManagerClient {
     /// be reached: each is tried in turn, the next on a connection error.
     fn connect_to(flags: &ClusterFlags) -> anyhow::Result<ManagerClient> {
         let target = config::resolve_manager(flags)?;
+        let tls = match &target.ca_fingerprint {
+            None => None,
+            Some(fingerprint) => {
+                let verifier = cube_api::tls::PinnedCaVerifier::new(
+                    fingerprint,
+                    Some(cube_api::tls::PeerRole::Manager),
+                )
+                .map_err(|err| anyhow!("--ca-fingerprint: {err}"))?;
+                Some(cube_api::tls::client_config(verifier, None)?)
+            }
+        };
         let apis = target
             .address
             .split(',')
             .map(str::trim)
             .filter(|address| !address.is_empty())
             .map(|address| {
-                ApiClient::new(address, REQUEST_TIMEOUT)
+                ApiClient::with_tls(address, REQUEST_TIMEOUT, tls.clone())
                     .map(|api| api.with_token(target.token.as_deref()))
                     .map_err(|err| {
                         anyhow!(
@@ -462,6 +481,7 @@ mod tests {
             manager: manager.map(String::from),
             cluster: cluster.map(String::from),
             token: None,
+            ca_fingerprint: None,
         };
         assert_eq!(flags(None, None).hint(), "");
         assert_eq!(flags(Some(DEFAULT_MANAGER), None).hint(), "");
