@@ -295,6 +295,8 @@ pub(crate) enum Through {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Every HTTP client of the process uses Cube's TLS crypto (reqwest has none of its own).
+    let _ = cube_api::tls::provider();
     match Cli::parse().command {
         Command::StartLatency {
             runs,

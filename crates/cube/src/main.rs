@@ -164,6 +164,9 @@ fn is_closed_output(err: &anyhow::Error) -> bool {
 
 fn main() -> ExitCode {
     end_quietly_on_closed_output();
+    // Every HTTP client of the process, plain or TLS, uses this crypto (reqwest has none of
+    // its own here).
+    let _ = cube_api::tls::provider();
     let arguments = cli::manager_flags_after_command(std::env::args_os());
     let cli = Cli::from_arg_matches(&command_line().get_matches_from(arguments))
         .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());

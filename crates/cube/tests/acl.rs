@@ -82,6 +82,11 @@ async fn every_route_but_health_needs_a_token_and_a_role_that_allows_it() {
         let body = matches!(*method, "POST" | "PUT").then_some("{}");
         let without = anonymous.request_answer(method, &path, body).await;
         match need {
+            // `GET /tls/ca` is open, and 404 on a manager without --tls (`tls.rs` tests it).
+            Need::Open if *route == "/tls/ca" => {
+                assert_eq!(without.status, 404, "{method} {route} without a token");
+                continue;
+            }
             Need::Open => {
                 assert_eq!(without.status, 200, "{method} {route} without a token");
                 continue;

@@ -365,7 +365,9 @@ fn by_label(scrape: &prometheus_parse::Scrape, family: &str, label: &str) -> Vec
 }
 
 async fn scrape(url: &str) -> prometheus_parse::Scrape {
-    let text = reqwest::get(format!("{url}/metrics"))
+    let text = support::http()
+        .get(format!("{url}/metrics"))
+        .send()
         .await
         .unwrap()
         .text()

@@ -122,7 +122,7 @@ async fn a_rolling_update_replaces_every_copy_and_never_leaves_fewer_than_count_
         let client = client.clone();
         let done = done.clone();
         tokio::spawn(async move {
-            let http = reqwest::Client::builder()
+            let http = support::http_builder()
                 .timeout(Duration::from_secs(1))
                 .build()
                 .unwrap();

@@ -339,7 +339,7 @@ async fn the_leader_killed_with_200_submissions_in_flight_loses_none_and_starts_
         .map(|manager| manager.url.clone())
         .collect();
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let http = reqwest::Client::builder()
+    let http = support::http_builder()
         .timeout(std::time::Duration::from_secs(20))
         .build()
         .unwrap();

@@ -536,7 +536,7 @@ async fn a_node_the_manager_cannot_reach_is_not_ready_and_a_stop_that_keeps_fail
     let name = worker.name.clone();
     worker.kill_9();
     let heartbeats = {
-        let http = reqwest::Client::new();
+        let http = support::http();
         let url = format!("{}/nodes/{name}", manager.url);
         let report = report.clone();
         tokio::spawn(async move {

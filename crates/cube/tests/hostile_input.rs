@@ -595,7 +595,7 @@ async fn fuzz(
     templates: &Templates,
     seed: u64,
 ) -> BTreeMap<String, BTreeMap<u16, usize>> {
-    let http = reqwest::Client::builder()
+    let http = support::http_builder()
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap();
@@ -625,7 +625,11 @@ async fn alive_and_healthy(pid: u32, base: &str) {
         std::path::Path::new(&format!("/proc/{pid}")).exists(),
         "{base}: the process {pid} is gone"
     );
-    let health = reqwest::get(format!("{base}/health")).await.unwrap();
+    let health = support::http()
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200, "{base}: /health");
 }
 

@@ -11,7 +11,7 @@ use support::*;
 const GIB: u64 = 1 << 30;
 
 async fn register(manager: &ManagerProcess, count: usize, memory: u64) {
-    let http = reqwest::Client::new();
+    let http = support::http();
     for n in 0..count {
         let name = format!("big-{n:03}");
         let report = json!({"Name": name, "Address": "http://127.0.0.1:1",
@@ -105,7 +105,7 @@ async fn tasks_are_listed_in_pages_with_filters_and_a_summary_form() {
                 .await,
         );
     }
-    let http = reqwest::Client::new();
+    let http = support::http();
     let mut listed = Vec::new();
     let mut next: Option<String> = None;
     let mut pages = 0;

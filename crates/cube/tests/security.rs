@@ -291,7 +291,9 @@ async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager
             "{url}: slow body held for {took:?}"
         );
         // Answers may be long: a blocking query waits past both limits and still answers.
-        let index = reqwest::get(format!("{url}/tasks"))
+        let index = support::http()
+            .get(format!("{url}/tasks"))
+            .send()
             .await
             .unwrap()
             .headers()
@@ -301,14 +303,18 @@ async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager
             .unwrap()
             .to_string();
         let started = Instant::now();
-        let answer = reqwest::get(format!("{url}/tasks?index={index}&wait=3s"))
+        let answer = support::http()
+            .get(format!("{url}/tasks?index={index}&wait=3s"))
+            .send()
             .await
             .unwrap();
         assert_eq!(answer.status(), 200, "{url}");
         assert!(started.elapsed() >= Duration::from_millis(2500), "{url}");
         // And the server is well.
         assert_eq!(
-            reqwest::get(format!("{url}/health"))
+            support::http()
+                .get(format!("{url}/health"))
+                .send()
                 .await
                 .unwrap()
                 .status(),

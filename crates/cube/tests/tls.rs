@@ -50,7 +50,7 @@ fn tls_client(
     }
     Client {
         base: base.to_string(),
-        http: reqwest::Client::builder()
+        http: support::http_builder()
             .tls_backend_preconfigured((*config).clone())
             .tls_info(true)
             .default_headers(headers)

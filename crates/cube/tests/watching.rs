@@ -25,7 +25,9 @@ fn index_of(response: &reqwest::Response) -> u64 {
 }
 
 async fn current_index(manager: &ManagerProcess) -> u64 {
-    let response = reqwest::get(format!("{}/tasks", manager.url))
+    let response = support::http()
+        .get(format!("{}/tasks", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
@@ -58,7 +60,9 @@ async fn a_blocking_query_on_tasks_waits_out_its_wait_when_nothing_changes() {
     let (manager, _dir) = lone_manager();
     let index = current_index(&manager).await;
     let started = Instant::now();
-    let response = reqwest::get(format!("{}/tasks?index={index}&wait=1s", manager.url))
+    let response = support::http()
+        .get(format!("{}/tasks?index={index}&wait=1s", manager.url))
+        .send()
         .await
         .unwrap();
     let waited = started.elapsed();
@@ -78,7 +82,7 @@ async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
     let index = current_index(&manager).await;
     let url = format!("{}/tasks?index={index}&wait=30s&summary=true", manager.url);
     let query = tokio::spawn(async move {
-        let response = reqwest::get(url).await.unwrap();
+        let response = support::http().get(url).send().await.unwrap();
         let answered = Instant::now();
         let index = index_of(&response);
         (answered, index, response.json::<Value>().await.unwrap())
@@ -100,7 +104,9 @@ async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
     assert_eq!(tasks[0]["ID"], id);
     assert!(tasks[0].get("History").is_none(), "filters still apply");
     // Paging still works, with the index on every page.
-    let response = reqwest::get(format!("{}/tasks?limit=1", manager.url))
+    let response = support::http()
+        .get(format!("{}/tasks?limit=1", manager.url))
+        .send()
         .await
         .unwrap();
     assert!(index_of(&response) >= new_index);
@@ -109,13 +115,15 @@ async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
 #[tokio::test]
 async fn a_blocking_query_on_nodes_answers_when_a_node_joins() {
     let (manager, _dir) = lone_manager();
-    let response = reqwest::get(format!("{}/nodes", manager.url))
+    let response = support::http()
+        .get(format!("{}/nodes", manager.url))
+        .send()
         .await
         .unwrap();
     let index = index_of(&response);
     let url = format!("{}/nodes?index={index}&wait=30s", manager.url);
     let query = tokio::spawn(async move {
-        let response = reqwest::get(url).await.unwrap();
+        let response = support::http().get(url).send().await.unwrap();
         (index_of(&response), response.json::<Value>().await.unwrap())
     });
     let name = unique_node("watch-node");
@@ -126,7 +134,9 @@ async fn a_blocking_query_on_nodes_answers_when_a_node_joins() {
         .unwrap();
     assert!(new_index > index);
     assert_eq!(nodes[0]["Name"], name.as_str());
-    let bad = reqwest::get(format!("{}/nodes?index={index}&wait=soon", manager.url))
+    let bad = support::http()
+        .get(format!("{}/nodes?index={index}&wait=soon", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(bad.status(), 400, "a wait that is not a duration");
@@ -174,7 +184,9 @@ async fn a_subscriber_sees_a_task_from_submitted_to_running_in_order_and_can_res
 #[tokio::test]
 async fn an_index_older_than_the_events_kept_is_gone_with_the_oldest_index() {
     let (manager, _dir) = lone_manager();
-    let response = reqwest::get(format!("{}/events?index=1", manager.url))
+    let response = support::http()
+        .get(format!("{}/events?index=1", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 410);
@@ -188,13 +200,17 @@ async fn an_index_older_than_the_events_kept_is_gone_with_the_oldest_index() {
     let message = body["Message"].as_str().unwrap();
     assert!(message.contains(&oldest.to_string()), "{message}");
     // From the oldest index, the stream starts.
-    let response = reqwest::get(format!("{}/events?index={oldest}", manager.url))
+    let response = support::http()
+        .get(format!("{}/events?index={oldest}", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
     // An index ahead of the newest event is a mistake.
     let ahead = current_index(&manager).await + 10;
-    let response = reqwest::get(format!("{}/events?index={ahead}", manager.url))
+    let response = support::http()
+        .get(format!("{}/events?index={ahead}", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(response.status(), 400);
@@ -213,7 +229,9 @@ async fn an_index_from_before_a_restart_never_names_another_event() {
     let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
     let after = current_index(&manager).await;
     assert!(after > before, "{before} then {after}");
-    let response = reqwest::get(format!("{}/events?index={before}", manager.url))
+    let response = support::http()
+        .get(format!("{}/events?index={before}", manager.url))
+        .send()
         .await
         .unwrap();
     assert_eq!(
@@ -226,7 +244,7 @@ async fn an_index_from_before_a_restart_never_names_another_event() {
 #[tokio::test]
 async fn a_request_that_accepts_server_sent_events_gets_them() {
     let (manager, _dir) = lone_manager();
-    let mut response = reqwest::Client::new()
+    let mut response = support::http()
         .get(format!("{}/events?topic=task", manager.url))
         .header("Accept", "text/event-stream")
         .send()
@@ -351,20 +369,22 @@ async fn blocking_queries_on_jobs_answer_when_the_job_changes() {
     let mut index = 0;
     loop {
         let url = format!("{}/jobs/web?index={index}&wait=500ms", manager.url);
-        let answered = index_of(&reqwest::get(url).await.unwrap());
+        let answered = index_of(&support::http().get(url).send().await.unwrap());
         if answered == index {
             break;
         }
         index = answered;
     }
-    let one = tokio::spawn(reqwest::get(format!(
-        "{}/jobs/web?index={index}&wait=30s",
-        manager.url
-    )));
-    let all = tokio::spawn(reqwest::get(format!(
-        "{}/jobs?index={index}&wait=30s",
-        manager.url
-    )));
+    let one = tokio::spawn(
+        support::http()
+            .get(format!("{}/jobs/web?index={index}&wait=30s", manager.url))
+            .send(),
+    );
+    let all = tokio::spawn(
+        support::http()
+            .get(format!("{}/jobs?index={index}&wait=30s", manager.url))
+            .send(),
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !one.is_finished() && !all.is_finished(),

@@ -41,7 +41,9 @@ async fn started_task_runs_and_its_host_port_answers() {
 
     let port = host_port(&task, "7777/tcp");
     assert_eq!(get_published(port, "/health").await, 200);
-    let missing = reqwest::get(format!("http://127.0.0.1:{port}/healthfail"))
+    let missing = support::http()
+        .get(format!("http://127.0.0.1:{port}/healthfail"))
+        .send()
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);

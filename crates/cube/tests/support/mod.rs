@@ -131,7 +131,7 @@ impl WorkerProcess {
     pub fn client(&self) -> Client {
         Client {
             base: self.url.clone(),
-            http: reqwest::Client::new(),
+            http: http(),
         }
     }
 
@@ -269,7 +269,7 @@ impl ManagerProcess {
     pub fn client(&self) -> Client {
         Client {
             base: self.url.clone(),
-            http: reqwest::Client::new(),
+            http: http(),
         }
     }
 
@@ -457,10 +457,7 @@ impl Client {
         );
         Client {
             base: base.to_string(),
-            http: reqwest::Client::builder()
-                .default_headers(headers)
-                .build()
-                .unwrap(),
+            http: http_builder().default_headers(headers).build().unwrap(),
         }
     }
 
@@ -776,7 +773,7 @@ pub async fn get_published(port: u16, path: &str) -> u16 {
     let url = format!("http://127.0.0.1:{port}{path}");
     let deadline = Instant::now() + STATE_BOUND;
     loop {
-        match reqwest::get(&url).await {
+        match http().get(&url).send().await {
             Ok(answer) => return answer.status().as_u16(),
             Err(err) => assert!(
                 Instant::now() < deadline,
@@ -795,7 +792,9 @@ pub struct EventReader {
 
 impl EventReader {
     pub async fn open(manager: &ManagerProcess, query: &str) -> EventReader {
-        let response = reqwest::get(format!("{}/events{query}", manager.url))
+        let response = http()
+            .get(format!("{}/events{query}", manager.url))
+            .send()
             .await
             .unwrap();
         assert_eq!(response.status(), 200, "GET /events{query}");
@@ -858,4 +857,16 @@ impl EventReader {
             }
         }
     }
+}
+
+/// A `reqwest` client builder, once Cube's TLS crypto is installed (reqwest is built without
+/// a crypto provider of its own: `cube_api::tls`).
+pub fn http_builder() -> reqwest::ClientBuilder {
+    let _ = cube_api::tls::provider();
+    reqwest::Client::builder()
+}
+
+/// A plain `reqwest` client: [`http_builder`] with its defaults.
+pub fn http() -> reqwest::Client {
+    http_builder().build().unwrap()
 }
