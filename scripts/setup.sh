@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
-# curl, docker-compose, protobuf-compiler for the etcd client's build, etcd-server for the etcd
-# store's tests) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+# curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
+# for the etcd store's tests) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -16,6 +16,8 @@ command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 # The etcd client (cube-store) compiles etcd's protobuf files: it needs protoc to build.
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# ring, the crypto under rustls (--tls), compiles C and assembly: it needs a C compiler.
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
 # The tests start real etcd members on loopback ports (cube-test-support); the package starts
 # no etcd of its own where there is no init system, and the tests never use its ports.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

@@ -19,8 +19,9 @@
 //! connection is accepted, every open one finishes the request it serves and closes, and
 //! [`serve`] returns when the last one has. Callers bound that wait with their own grace.
 //!
-//! This module knows connections and bytes, never who the client is: authentication is a
-//! layer of the routers.
+//! This module knows connections and bytes, never what a client may do: authentication is a
+//! layer of the routers. Over TLS ([`serve_tls`]) it tells them one fact, the identity of a
+//! client certificate the CA signed ([`crate::tls::PeerIdentity`], a request extension).
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -25,6 +25,9 @@
 //! /acl/tokens/{id}`; every route passes `acl::guard`, which checks its token against
 //! `acl::ROUTES` and writes the audit log.
 //!
+//! TLS (`tls.rs`, with `--tls`): `GET /tls/ca` (open), `POST /nodes/{name}/certificate` (a
+//! node token).
+//!
 //! `GET /tasks`, `GET /jobs`, `GET /jobs/{name}` and `GET /nodes` are also blocking queries,
 //! as Consul's are: with `?index=N&wait=30s` they answer once something they list changed
 //! after event index N (or when the wait, at most [`MAX_WAIT`], is over). Every answer of
@@ -95,7 +98,8 @@ pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /ta
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \
          GET /jobs/{name}/versions, POST /jobs/{name}/revert, POST /jobs/{name}/promote, \
          GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
-         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, GET /events, GET /queue, \
+         POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, \
+         POST /nodes/{name}/certificate, GET /tls/ca, GET /events, GET /queue, \
          GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
          GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}";
 

@@ -122,7 +122,10 @@ impl WorkerTls {
             let ca = cube_api::tls::certificates_from_pem(&issued.ca, "the manager's CA")?
                 .into_iter()
                 .next()
-                .ok_or_else(|| JoinError::NoManager)?;
+                .ok_or_else(|| JoinError::Refused {
+                    manager: manager.base().to_string(),
+                    cause: "its answer holds no CA certificate".to_string(),
+                })?;
             let got = cube_api::tls::fingerprint(&ca);
             let expected = cube_api::tls::normalize_fingerprint(fingerprint).unwrap_or_default();
             if got != expected {

@@ -199,6 +199,11 @@ pub async fn prepare(
             "--tls with --store etcd is not supported yet: each manager would make its own CA"
         );
         anyhow::ensure!(
+            args.workers.is_empty(),
+            "--tls with -w/--workers: a static worker has no certificate; join workers with \
+             `cube worker --join HOST:PORT --token TOKEN` instead"
+        );
+        anyhow::ensure!(
             args.cert_ttl >= Duration::from_secs(3),
             "--cert-ttl must be at least 3s"
         );
