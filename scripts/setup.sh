@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
 # curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
-# for the etcd store's tests) from Debian's packages, and starts dockerd when no engine answers. Safe to run again.
+# for the etcd store's tests, openssl for the tests' certificates) from Debian's packages, and
+# starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -21,6 +22,9 @@ command -v cc >/dev/null 2>&1 || missing+=(gcc)
 # The tests start real etcd members on loopback ports (cube-test-support); the package starts
 # no etcd of its own where there is no init system, and the tests never use its ports.
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+# The tests of certificates brought by the user (--tls-cert) make them as a user would, with
+# openssl.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq

@@ -345,6 +345,22 @@ impl Authority {
         })
     }
 
+    /// A CA brought by the user: its certificate (`--tls-ca`) and, to sign node
+    /// certificates, its key (`--tls-ca-key`).
+    pub fn from_files(
+        cert: &std::path::Path,
+        key: Option<&std::path::Path>,
+    ) -> Result<Authority, TlsError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read_to_string(path).map_err(|source| TlsError::File {
+                path: path.display().to_string(),
+                source,
+            })
+        };
+        let key_pem = key.map(read).transpose()?;
+        Authority::from_pem(&read(cert)?, key_pem.as_deref())
+    }
+
     /// The CA in `dir` (`tls/ca.pem`, `tls/ca-key.pem`), made and written there (the key
     /// readable by its owner only) when there is none yet.
     pub fn load_or_create(dir: &std::path::Path) -> Result<Authority, TlsError> {
@@ -469,6 +485,183 @@ pub fn node_request(name: &str, hosts: &[String]) -> Result<(KeyPair, String), T
     params.distinguished_name = subject(PeerRole::Node, name);
     let request = params.serialize_request(&key)?;
     Ok((key, request.pem()?))
+}
+
+/// How often brought certificate files are looked at for a change (their modification
+/// times): a certificate replaced on disk is in use within this long.
+pub const FILE_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A certificate and its key brought by the user (`--tls-cert`, `--tls-key`), checked
+/// against the cluster CA (`--tls-ca`) and read again whenever the files change, so that a
+/// certificate renewed by the user's own tooling is taken without a restart.
+///
+/// What Cube asks of such a certificate, as of the ones it makes itself: signed by the CA;
+/// usable for both server and client authentication (each side of a manager↔worker
+/// connection is both); its subject's organizational unit says the role (`OU=cube-manager`
+/// or `OU=cube-node`) and, for a node, its common name is the node's name.
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    ca: CertificateDer<'static>,
+    role: PeerRole,
+    /// A node's certificate: the name it must carry (`None`: whichever it carries).
+    name: Option<String>,
+}
+
+impl CertFiles {
+    pub fn new(
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        ca: &CertificateDer<'static>,
+        role: PeerRole,
+        name: Option<&str>,
+    ) -> CertFiles {
+        CertFiles {
+            cert,
+            key,
+            ca: ca.clone(),
+            role,
+            name: name.map(str::to_string),
+        }
+    }
+
+    fn read(path: &std::path::Path) -> Result<String, TlsError> {
+        std::fs::read_to_string(path).map_err(|source| TlsError::File {
+            path: path.display().to_string(),
+            source,
+        })
+    }
+
+    /// Reads and checks the files: the certificate (its chain ending with the CA, which is
+    /// added when the file lacks it) with its key, and who it says it is.
+    pub fn load(&self) -> Result<(CertifiedKey, PeerIdentity), TlsError> {
+        let what = format!("--tls-cert {}", self.cert.display());
+        let mut chain = certificates_from_pem(&Self::read(&self.cert)?, &what)?;
+        let key = private_key_from_pem(
+            &Self::read(&self.key)?,
+            &format!("--tls-key {}", self.key.display()),
+        )?;
+        let leaf = chain[0].clone();
+        let identity = check_brought(&leaf, &chain[1..], &self.ca, self.role)
+            .map_err(|reason| invalid(&what, reason))?;
+        if let Some(name) = &self.name
+            && identity.name != *name
+        {
+            return Err(invalid(
+                &what,
+                format!(
+                    "it is for node {:?} (its CN), not {name:?}: give --name {:?}, or a \
+                     certificate whose CN is {name:?}",
+                    identity.name, identity.name
+                ),
+            ));
+        }
+        let ca_fingerprint = fingerprint(&self.ca);
+        if !chain.iter().any(|cert| fingerprint(cert) == ca_fingerprint) {
+            chain.push(self.ca.clone());
+        }
+        let certified = CertifiedKey::from_der(chain, key, &provider()).map_err(|err| {
+            invalid(
+                &what,
+                format!("does not go with --tls-key {}: {err}", self.key.display()),
+            )
+        })?;
+        Ok((certified, identity))
+    }
+
+    /// When the files were last changed.
+    fn stamp(&self) -> Option<(SystemTime, SystemTime)> {
+        let modified = |path: &std::path::Path| std::fs::metadata(path).ok()?.modified().ok();
+        Some((modified(&self.cert)?, modified(&self.key)?))
+    }
+
+    /// Puts the files' certificate in `slot` whenever they change, until `shutdown`. A
+    /// changed certificate that does not pass [`CertFiles::load`]'s checks is logged and the
+    /// one in use stays (a certificate and its key are rarely written at the same instant:
+    /// the next look takes the pair once both are there).
+    pub async fn watch(self, slot: Arc<CertSlot>, shutdown: tokio_util::sync::CancellationToken) {
+        let mut seen = self.stamp();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(FILE_CHECK_INTERVAL) => {}
+            }
+            let now = self.stamp();
+            if now == seen {
+                continue;
+            }
+            match self.load() {
+                Ok((key, identity)) => {
+                    slot.replace(key);
+                    seen = now;
+                    tracing::info!(certificate = %self.cert.display(), %identity, "the certificate changed on disk: in use from the next connection");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the certificate files changed but cannot be used; the one in use stays");
+                }
+            }
+        }
+    }
+}
+
+/// Checks a brought certificate (DER) against the CA: signed by it (through `intermediates`
+/// when there are any), valid now, for both server and client authentication, with a Cube
+/// identity of `role`. The reason when it is not.
+fn check_brought(
+    leaf: &CertificateDer<'static>,
+    intermediates: &[CertificateDer<'static>],
+    ca: &CertificateDer<'static>,
+    role: PeerRole,
+) -> Result<PeerIdentity, String> {
+    let unit = match role {
+        PeerRole::Manager => MANAGER_UNIT,
+        PeerRole::Node => NODE_UNIT,
+    };
+    let identity = identity_of(leaf).ok_or_else(|| {
+        format!(
+            "its subject has no Cube identity: Cube reads the role from the organizational unit \
+             and the name from the common name (e.g. -subj \"/O=Cube/OU={unit}/CN=NAME\")"
+        )
+    })?;
+    if identity.role != role {
+        return Err(format!(
+            "it is {identity}, where {unit} (OU={unit}) was expected"
+        ));
+    }
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|err| format!("unreadable: {err}"))?;
+    let usages = cert
+        .extended_key_usage()
+        .ok()
+        .flatten()
+        .map(|usage| (usage.value.server_auth, usage.value.client_auth));
+    if let Some((server, client)) = usages
+        && !(server && client)
+    {
+        return Err(
+            "its extended key usage must allow both serverAuth and clientAuth (each side of a \
+             manager-worker connection is both)"
+                .to_string(),
+        );
+    }
+    let ca_fingerprint = fingerprint(ca);
+    let intermediates: Vec<CertificateDer<'static>> = intermediates
+        .iter()
+        .filter(|cert| fingerprint(cert) != ca_fingerprint)
+        .cloned()
+        .collect();
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(ca.clone())
+        .map_err(|err| format!("the CA cannot be used: {err}"))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|err| format!("the CA cannot be used: {err}"))?;
+    verifier
+        .verify_client_cert(leaf, &intermediates, UnixTime::now())
+        .map_err(|err| format!("not accepted with the CA of --tls-ca: {err}"))?;
+    Ok(identity)
 }
 
 /// The certificate a server or a client presents, which a renewal replaces while connections

@@ -18,8 +18,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use cube_api::ApiError;
 use cube_api::tls::{
-    Authority, CertSlot, CertificateIssued, CertificateRequest, ClientCerts, MANAGER_NAME,
-    PeerIdentity, PeerRole, PinnedCaVerifier,
+    Authority, CertFiles, CertSlot, CertificateIssued, CertificateRequest, ClientCerts,
+    MANAGER_NAME, PeerIdentity, PeerRole, PinnedCaVerifier,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +37,9 @@ pub struct ManagerTls {
     /// The settings of calls to workers: their certificates checked against the CA and for a
     /// node's role, the manager's certificate presented.
     pub client: Arc<rustls::ClientConfig>,
+    /// The manager's own certificate as brought by the user (`--tls-cert`, `--tls-key`):
+    /// read again when the files change rather than renewed by the manager.
+    pub files: Option<CertFiles>,
 }
 
 impl std::fmt::Debug for ManagerTls {
@@ -49,14 +52,21 @@ impl std::fmt::Debug for ManagerTls {
 }
 
 impl ManagerTls {
-    /// TLS with `authority`, a new manager certificate for `hosts` lasting `cert_ttl`.
+    /// TLS with `authority`: the manager's certificate from `files` when the user brought
+    /// one, else a new one for `hosts` lasting `cert_ttl`.
     pub fn new(
         authority: Authority,
         hosts: Vec<String>,
         cert_ttl: Duration,
+        files: Option<CertFiles>,
     ) -> Result<ManagerTls, cube_api::tls::TlsError> {
-        let issued = authority.issue(PeerRole::Manager, MANAGER_NAME, &hosts, cert_ttl)?;
-        let slot = CertSlot::new(issued.certified_key()?);
+        let key = match &files {
+            Some(files) => files.load()?.0,
+            None => authority
+                .issue(PeerRole::Manager, MANAGER_NAME, &hosts, cert_ttl)?
+                .certified_key()?,
+        };
+        let slot = CertSlot::new(key);
         let verifier = PinnedCaVerifier::new(&authority.fingerprint(), Some(PeerRole::Node))?;
         let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
         Ok(ManagerTls {
@@ -65,6 +75,7 @@ impl ManagerTls {
             cert_ttl,
             hosts,
             client,
+            files,
         })
     }
 
@@ -78,9 +89,13 @@ impl ManagerTls {
         )
     }
 
-    /// Renews the manager's certificate whenever two thirds of its life have passed, until
-    /// `shutdown`. Connections already open keep the certificate they started with.
+    /// Renews the manager's certificate whenever two thirds of its life have passed (a
+    /// brought one: whenever its files change), until `shutdown`. Connections already open
+    /// keep the certificate they started with.
     pub async fn run_renewal(self: Arc<ManagerTls>, shutdown: CancellationToken) {
+        if let Some(files) = &self.files {
+            return files.clone().watch(self.slot.clone(), shutdown).await;
+        }
         loop {
             let wait = self.slot.renewal_wait();
             tokio::select! {
@@ -135,6 +150,14 @@ pub async fn issue_node_certificate(
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tls = enabled(&manager)?;
+    if !tls.authority.can_sign() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "this manager's CA was brought without its key (--tls-ca without --tls-ca-key), so \
+             it signs no certificate: start the worker with its own --tls-cert, --tls-key and \
+             --tls-ca",
+        ));
+    }
     if let Some(axum::Extension(peer)) = &peer {
         check_node_peer(Some(peer), &name, "POST /nodes/{name}/certificate")?;
     }

@@ -11,6 +11,10 @@
 //! (the handshake refuses the others), and task commands only over the manager's certificate
 //! (`gate.rs`), on top of the worker-command token.
 //!
+//! **Bringing certificates.** With `--tls-cert`, `--tls-key` and `--tls-ca` the worker does
+//! not ask for a certificate: it serves and presents the one given (checked against the CA at
+//! start, read again whenever the files change) and verifies the manager against that CA.
+//!
 //! **Renewal.** Once two thirds of the certificate's life have passed, the worker asks again,
 //! presenting its current certificate, and puts the new one in its [`CertSlot`]: the server
 //! and the heartbeat client read it at their next handshake. Nothing restarts.
@@ -19,10 +23,11 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use cube_api::tls::{
-    CertSlot, CertificateIssued, CertificateRequest, ClientCerts, PeerRole, PinnedCaVerifier,
-    TlsError,
+    CertFiles, CertSlot, CertificateIssued, CertificateRequest, ClientCerts, PeerRole,
+    PinnedCaVerifier, TlsError,
 };
 use cube_api::{ApiClient, ClientError};
+use rustls::pki_types::CertificateDer;
 use tokio_util::sync::CancellationToken;
 
 /// What went wrong joining with TLS.
@@ -53,6 +58,9 @@ pub struct WorkerTls {
     pub client: Arc<rustls::ClientConfig>,
     name: String,
     hosts: Vec<String>,
+    /// The node's certificate as brought by the user (`--tls-cert`, `--tls-key`): read again
+    /// when the files change rather than renewed by the manager.
+    files: Option<CertFiles>,
 }
 
 impl std::fmt::Debug for WorkerTls {
@@ -141,9 +149,33 @@ impl WorkerTls {
                 client,
                 name: name.to_string(),
                 hosts,
+                files: None,
             });
         }
         Err(last)
+    }
+
+    /// TLS with a certificate the user brought (`--tls-cert`, `--tls-key`, `--tls-ca`)
+    /// instead of one the manager signs: `files` is checked against `ca` for node `name`.
+    pub fn from_files(
+        files: CertFiles,
+        ca: &CertificateDer<'static>,
+        name: &str,
+    ) -> Result<WorkerTls, TlsError> {
+        let (key, _) = files.load()?;
+        let slot = CertSlot::new(key);
+        let verifier =
+            PinnedCaVerifier::new(&cube_api::tls::fingerprint(ca), Some(PeerRole::Manager))?;
+        let server = cube_api::tls::server_config(slot.clone(), ca, ClientCerts::Required)?;
+        let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
+        Ok(WorkerTls {
+            slot,
+            server,
+            client,
+            name: name.to_string(),
+            hosts: Vec::new(),
+            files: Some(files),
+        })
     }
 
     /// Renews the node's certificate whenever two thirds of its life have passed, asking the
@@ -155,6 +187,9 @@ impl WorkerTls {
         managers: Vec<ApiClient>,
         shutdown: CancellationToken,
     ) {
+        if let Some(files) = &self.files {
+            return files.clone().watch(self.slot.clone(), shutdown).await;
+        }
         loop {
             let wait = self.slot.renewal_wait();
             tokio::select! {

@@ -80,6 +80,30 @@ pub struct ManagerArgs {
     /// renewed, without a restart, once two thirds of its life have passed.
     #[arg(long, default_value = "720h", value_parser = parse_duration, requires = "tls")]
     cert_ttl: Duration,
+    #[command(flatten)]
+    brought: BroughtTls,
+}
+
+/// Certificates brought by the user instead of the ones `--tls` makes (all PEM).
+#[derive(Debug, Clone, Default, Args)]
+pub struct BroughtTls {
+    /// The cluster CA's certificate, instead of the one made in --data-dir: the manager and
+    /// every node certificate must be signed by it.
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// The CA's private key: with it the manager still signs the certificates of nodes that
+    /// join by token (and its own, unless --tls-cert); without it, every node brings its own.
+    #[arg(long, value_name = "FILE", requires = "tls_ca")]
+    tls_ca_key: Option<std::path::PathBuf>,
+    /// The manager's own certificate (then the intermediates, if any), signed by --tls-ca, for
+    /// serverAuth and clientAuth, with OU=cube-manager in its subject; read again whenever the
+    /// file changes (renewing it is then the user's: --cert-ttl is for the certificates the
+    /// manager signs).
+    #[arg(long, value_name = "FILE", requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 impl ManagerArgs {
@@ -108,6 +132,7 @@ impl ManagerArgs {
             acl,
             tls: false,
             cert_ttl: cube_api::tls::DEFAULT_CERT_TTL,
+            brought: BroughtTls::default(),
         }
     }
 }
@@ -207,8 +232,28 @@ pub async fn prepare(
             args.cert_ttl >= Duration::from_secs(3),
             "--cert-ttl must be at least 3s"
         );
-        let authority = cube_api::tls::Authority::load_or_create(args.store.data_dir())
-            .context("--tls: the cluster CA")?;
+        let brought = &args.brought;
+        let authority = match &brought.tls_ca {
+            Some(ca) => cube_api::tls::Authority::from_files(ca, brought.tls_ca_key.as_deref())
+                .context("--tls-ca")?,
+            None => cube_api::tls::Authority::load_or_create(args.store.data_dir())
+                .context("--tls: the cluster CA")?,
+        };
+        anyhow::ensure!(
+            authority.can_sign() || brought.tls_cert.is_some(),
+            "--tls-ca without --tls-ca-key: the manager cannot make its own certificate; give \
+             it one with --tls-cert and --tls-key, or give the CA's key with --tls-ca-key"
+        );
+        let files = match (&brought.tls_cert, &brought.tls_key) {
+            (Some(cert), Some(key)) => Some(cube_api::tls::CertFiles::new(
+                cert.clone(),
+                key.clone(),
+                authority.ca_der(),
+                cube_api::tls::PeerRole::Manager,
+                None,
+            )),
+            _ => None,
+        };
         let mut hosts = vec![
             args.host.clone(),
             "127.0.0.1".to_string(),
@@ -224,7 +269,7 @@ pub async fn prepare(
             host.parse::<std::net::IpAddr>()
                 .map_or(true, |ip| !ip.is_unspecified())
         });
-        let tls = cube_manager::tls::ManagerTls::new(authority, hosts, args.cert_ttl)
+        let tls = cube_manager::tls::ManagerTls::new(authority, hosts, args.cert_ttl, files)
             .context("--tls: the manager's certificate")?;
         tracing::info!(ca_fingerprint = %tls.authority.fingerprint(), "TLS on: the cluster CA");
         Some(std::sync::Arc::new(tls))

@@ -106,6 +106,18 @@ pub struct WorkerArgs {
     labels: LabelArgs,
     #[command(flatten)]
     limits: crate::limits::LimitArgs,
+    /// With a manager started with --tls: this node's own certificate (PEM, then the
+    /// intermediates, if any) instead of one the manager signs at join. Signed by --tls-ca,
+    /// for serverAuth and clientAuth, its subject OU=cube-node and CN=the node's name (the
+    /// name by default); read again whenever the file changes.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_key", "tls_ca", "token"])]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// The cluster CA's certificate (PEM): the manager's certificate must be signed by it.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_ca: Option<std::path::PathBuf>,
 }
 
 /// `--label KEY=VALUE`, shared by `cube worker` and `cube dev`.
@@ -164,6 +176,9 @@ impl WorkerArgs {
             stop_timeout: None,
             config: None,
             parallelism: 8,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
             labels,
             limits,
         }
@@ -198,10 +213,28 @@ pub struct PreparedWorker {
 /// Checks the configuration, opens the store, connects to Docker and binds the listener.
 pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     // 1. Check the configuration.
+    let brought = match (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => {
+            let ca = cube_api::tls::Authority::from_files(ca, None).context("--tls-ca")?;
+            let files = cube_api::tls::CertFiles::new(
+                cert.clone(),
+                key.clone(),
+                ca.ca_der(),
+                cube_api::tls::PeerRole::Node,
+                args.name.as_deref(),
+            );
+            let (_, identity) = files.load()?;
+            Some((ca, files, identity.name))
+        }
+        _ => None,
+    };
     let name = match args.name {
         Some(name) if name.trim().is_empty() => anyhow::bail!("--name must not be empty"),
         Some(name) => name,
-        None => host_name()?,
+        None => match &brought {
+            Some((_, _, name)) => name.clone(),
+            None => host_name()?,
+        },
     };
     let labels = args.labels.into_labels()?;
     let limits = args.limits.limits()?;
@@ -249,7 +282,16 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         .as_deref()
         .and_then(cube_types::token::token_ca_fingerprint)
         .map(str::to_string);
-    if ca_fingerprint.is_none() {
+    if let (Some((ca, _, _)), Some(in_token)) = (&brought, &ca_fingerprint) {
+        let in_token = cube_api::tls::normalize_fingerprint(in_token).unwrap_or_default();
+        anyhow::ensure!(
+            in_token == ca.fingerprint(),
+            "--tls-ca has fingerprint {}, but the join token names the CA {in_token}: they are \
+             not the same cluster's",
+            ca.fingerprint()
+        );
+    }
+    if ca_fingerprint.is_none() && brought.is_none() {
         for address in &addresses {
             ApiClient::new(address, Duration::from_secs(5)).context(flag)?;
         }
@@ -262,8 +304,14 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
     let (listener, address) = crate::listen(&args.host, args.port, args.token.is_some()).await?;
     let mut advertised =
         advertised_address(args.advertise.as_deref(), address, !addresses.is_empty())?;
-    let tls = match (&ca_fingerprint, &args.token) {
-        (Some(fingerprint), Some(token)) => {
+    let tls = match (&brought, &ca_fingerprint, &args.token) {
+        (Some((ca, files, _)), _, _) => {
+            let tls = cube_worker::tls::WorkerTls::from_files(files.clone(), ca.ca_der(), &name)
+                .context("--tls-cert")?;
+            advertised = advertised.replacen("http://", "https://", 1);
+            Some(std::sync::Arc::new(tls))
+        }
+        (None, Some(fingerprint), Some(token)) => {
             let advertised_host = advertised
                 .trim_start_matches("http://")
                 .rsplit_once(':')

@@ -451,3 +451,385 @@ async fn the_cli_reaches_a_tls_manager_with_the_ca_fingerprint_and_says_what_is_
     let (ok, stdout, stderr) = cube_cli_env(&[("CUBE_CONFIG", config)], &["node"]);
     assert!(ok, "{stdout}{stderr}");
 }
+
+/// Runs openssl in `dir` as a user would to make their own certificates; panics with its
+/// output when it fails.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let output = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (scripts/setup.sh installs it)");
+    assert!(
+        output.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A CA of the user's own in `dir` (`ca.pem`, `ca-key.pem`), made with openssl.
+fn user_ca(dir: &std::path::Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            "ca-key.pem",
+            "-out",
+            "ca.pem",
+            "-days",
+            "3650",
+            "-subj",
+            "/O=Example/CN=Example cluster CA",
+        ],
+    );
+}
+
+/// A key (`{file}-key.pem`) and a certificate (`{file}.pem`) of subject `subject`, signed by
+/// the CA in `dir` for 127.0.0.1 and localhost, for server and client authentication: the
+/// README's commands.
+fn user_certificate(dir: &std::path::Path, file: &str, subject: &str) {
+    std::fs::write(
+        dir.join(format!("{file}.ext")),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n",
+    )
+    .unwrap();
+    let key = format!("{file}-key.pem");
+    let csr = format!("{file}.csr");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            subject,
+        ],
+    );
+    let next = format!("{file}.pem.next");
+    let ext = format!("{file}.ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-days",
+            "30",
+            "-out",
+            &next,
+            "-extfile",
+            &ext,
+        ],
+    );
+    // Put in place in one step, as a certificate renewed by the user's tooling would be.
+    std::fs::rename(dir.join(&next), dir.join(format!("{file}.pem"))).unwrap();
+}
+
+/// A new certificate for the key already in `dir` (`{file}-key.pem`): what renewing one's own
+/// certificate looks like.
+fn user_certificate_renewed(dir: &std::path::Path, file: &str) {
+    let csr = format!("{file}.csr");
+    let next = format!("{file}.pem.next");
+    let ext = format!("{file}.ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-days",
+            "30",
+            "-out",
+            &next,
+            "-extfile",
+            &ext,
+        ],
+    );
+    std::fs::rename(dir.join(&next), dir.join(format!("{file}.pem"))).unwrap();
+}
+
+#[tokio::test]
+async fn certificates_brought_by_the_user_run_a_task_and_are_taken_again_when_replaced() {
+    support::ensure_sample_image();
+    let certs = tempfile::tempdir().unwrap();
+    let certs_dir = certs.path();
+    let node = unique_node("byo");
+    user_ca(certs_dir);
+    user_certificate(
+        certs_dir,
+        "manager",
+        "/O=Example/OU=cube-manager/CN=cube-manager",
+    );
+    user_certificate(
+        certs_dir,
+        "node",
+        &format!("/O=Example/OU=cube-node/CN={node}"),
+    );
+    let path = |file: &str| certs_dir.join(file).to_str().unwrap().to_string();
+
+    // The manager with the user's CA (without its key) and its own certificate.
+    let (manager, _data) = tls_manager(&[
+        "--tls-ca",
+        &path("ca.pem"),
+        "--tls-cert",
+        &path("manager.pem"),
+        "--tls-key",
+        &path("manager-key.pem"),
+    ]);
+    let ca_pem = std::fs::read_to_string(certs_dir.join("ca.pem")).unwrap();
+    let ca = cube_api::tls::certificates_from_pem(&ca_pem, "ca").unwrap();
+    let fingerprint = cube_api::tls::fingerprint(&ca[0]);
+    let open = tls_client(&manager.url, &fingerprint, PeerRole::Manager, None, None);
+    let answer = open
+        .request_answer("POST", "/acl/bootstrap", Some("{}"))
+        .await;
+    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
+    let cluster = TlsCluster {
+        manager,
+        _dir: tempfile::tempdir().unwrap(),
+        fingerprint: fingerprint.clone(),
+        management: answer.body["Secret"].as_str().unwrap().to_string(),
+    };
+    let first_serial = served_serial(&cluster.client()).await;
+
+    // Without the CA's key the manager signs nothing: a node asking for a certificate is told
+    // to bring its own.
+    let token = cluster.node_token(&format!("{node}-join")).await;
+    assert!(
+        token.ends_with(&fingerprint),
+        "the node token names the user's CA: {token}"
+    );
+    let joiner = tls_client(
+        &cluster.manager.url,
+        &fingerprint,
+        PeerRole::Manager,
+        None,
+        Some(&token),
+    );
+    let (_, csr) = cube_api::tls::node_request(&node, &["127.0.0.1".to_string()]).unwrap();
+    let answer = joiner
+        .request_answer(
+            "POST",
+            &format!("/nodes/{node}/certificate"),
+            Some(&json!({ "CSR": csr }).to_string()),
+        )
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(
+        answer.message().contains("--tls-cert"),
+        "{}",
+        answer.message()
+    );
+
+    // The worker with its own certificate: it serves HTTPS, the manager dispatches to it.
+    let address = cluster.manager.address();
+    let worker = WorkerProcess::start_with(
+        &node,
+        "memory",
+        &cluster.manager.data_dir.join(&node),
+        &[
+            "--manager",
+            address.trim_start_matches("https://"),
+            "--token",
+            &token,
+            "--tls-cert",
+            &path("node.pem"),
+            "--tls-key",
+            &path("node-key.pem"),
+            "--tls-ca",
+            &path("ca.pem"),
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    assert!(worker.url.starts_with("https://"), "{}", worker.url);
+    cluster.await_ready(&node).await;
+    let client = cluster.client();
+    let id = client.submit(&web_task("byo-web")).await;
+    let task = client.await_state(&id, "Running").await;
+    assert_eq!(task["NodeName"], node.as_str());
+
+    // The user renews the manager's certificate on disk: the manager serves the new one
+    // without a restart, and the cluster goes on over it.
+    user_certificate_renewed(certs_dir, "manager");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let serial = served_serial(&cluster.client()).await;
+        if serial != first_serial {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the manager still serves the old certificate; {}",
+            cluster.manager.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let second = client.submit(&web_task("byo-web-2")).await;
+    client.await_state(&second, "Running").await;
+    cluster.await_ready(&node).await;
+    drop(worker);
+}
+
+#[tokio::test]
+async fn a_brought_certificate_that_is_not_what_cube_needs_is_refused_at_start_saying_why() {
+    let certs = tempfile::tempdir().unwrap();
+    let certs_dir = certs.path();
+    user_ca(certs_dir);
+    // A manager certificate without Cube's role in its subject.
+    user_certificate(certs_dir, "plain", "/O=Example/CN=manager.example");
+    user_certificate(certs_dir, "node", "/O=Example/OU=cube-node/CN=w1");
+    user_certificate(
+        certs_dir,
+        "manager",
+        "/O=Example/OU=cube-manager/CN=cube-manager",
+    );
+    let path = |file: &str| certs_dir.join(file).to_str().unwrap().to_string();
+    let data = tempfile::tempdir().unwrap();
+    let data = data.path().to_str().unwrap();
+    let manager = |extra: &[&str]| {
+        let mut args = vec![
+            "manager",
+            "--acl",
+            "--tls",
+            "-p",
+            "0",
+            "-d",
+            "memory",
+            "--data-dir",
+            data,
+        ];
+        args.extend_from_slice(extra);
+        support::cube_command(&args)
+    };
+
+    let (status, _, stderr) = manager(&[
+        "--tls-ca",
+        &path("ca.pem"),
+        "--tls-cert",
+        &path("plain.pem"),
+        "--tls-key",
+        &path("plain-key.pem"),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("OU=cube-manager"), "{stderr}");
+
+    // A node's certificate is not a manager's.
+    let (status, _, stderr) = manager(&[
+        "--tls-ca",
+        &path("ca.pem"),
+        "--tls-cert",
+        &path("node.pem"),
+        "--tls-key",
+        &path("node-key.pem"),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("cube-manager"), "{stderr}");
+
+    // A CA without its key and no certificate: the manager could make none.
+    let (status, _, stderr) = manager(&["--tls-ca", &path("ca.pem")]);
+    assert!(!status.success());
+    assert!(stderr.contains("--tls-ca-key"), "{stderr}");
+
+    // A certificate and a key that do not go together.
+    let (status, _, stderr) = manager(&[
+        "--tls-ca",
+        &path("ca.pem"),
+        "--tls-cert",
+        &path("manager.pem"),
+        "--tls-key",
+        &path("node-key.pem"),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("--tls-key"), "{stderr}");
+
+    // A worker whose certificate is another node's.
+    let token = format!("cube.{}.{}", "a".repeat(16), "b".repeat(64));
+    let (status, _, stderr) = support::cube_command(&[
+        "worker",
+        "-p",
+        "0",
+        "-d",
+        "memory",
+        "--data-dir",
+        data,
+        "--name",
+        "w2",
+        "--manager",
+        "127.0.0.1:9",
+        "--token",
+        &token,
+        "--tls-cert",
+        &path("node.pem"),
+        "--tls-key",
+        &path("node-key.pem"),
+        "--tls-ca",
+        &path("ca.pem"),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("\"w1\"") && stderr.contains("--name"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn with_the_users_ca_and_its_key_nodes_join_by_token_and_get_certificates_of_that_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    user_ca(certs.path());
+    let path = |file: &str| certs.path().join(file).to_str().unwrap().to_string();
+    let (manager, _data) = tls_manager(&[
+        "--tls-ca",
+        &path("ca.pem"),
+        "--tls-ca-key",
+        &path("ca-key.pem"),
+    ]);
+    let ca_pem = std::fs::read_to_string(certs.path().join("ca.pem")).unwrap();
+    let ca = cube_api::tls::certificates_from_pem(&ca_pem, "ca").unwrap();
+    let fingerprint = cube_api::tls::fingerprint(&ca[0]);
+    // No CA of its own was made in the data directory.
+    assert!(!manager.data_dir.join(cube_api::tls::CA_FILE).exists());
+    let open = tls_client(&manager.url, &fingerprint, PeerRole::Manager, None, None);
+    let answer = open
+        .request_answer("POST", "/acl/bootstrap", Some("{}"))
+        .await;
+    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
+    let cluster = TlsCluster {
+        manager,
+        _dir: tempfile::tempdir().unwrap(),
+        fingerprint,
+        management: answer.body["Secret"].as_str().unwrap().to_string(),
+    };
+    let name = unique_node("userca");
+    let worker = cluster.join(&name).await;
+    cluster.await_ready(&name).await;
+    let client = cluster.client();
+    let id = client.submit(&web_task("userca-web")).await;
+    let task = client.await_state(&id, "Running").await;
+    assert_eq!(task["NodeName"], name.as_str());
+    drop(worker);
+}
