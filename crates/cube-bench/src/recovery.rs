@@ -2,7 +2,12 @@
 //! task runs again — Cube (restart policy `always`, `RestartDelay` 0s) next to Docker Swarm
 //! (a one-replica service with `--restart-delay 0s`), alternating run by run in one session.
 //!
-//! Both sides are timed from the moment the kill was sent (through the Docker API, not the
+//! A third side is the floor of any orchestrator on Docker that restarts by starting a
+//! container made ahead of time: raw Docker, a running container killed, then the start of one
+//! created (untimed) before the kill. Cube makes the next run's container after the kill; the
+//! gap between the floor and create + start says what making it ahead could win.
+//!
+//! Every side is timed from the moment the kill was sent (through the Docker API, not the
 //! CLI, so that neither pays the CLI's start-up) until a new container of the task runs:
 //! Cube's manager reads `Running` with a new container ID (polled every 2 ms); for Swarm,
 //! Docker lists a new running container of the service (polled every 2 ms).
@@ -14,10 +19,12 @@ use anyhow::{Context, bail};
 use bollard::Docker;
 use bollard::query_parameters::KillContainerOptions;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
+use cube_runtime::{ContainerSpec, DockerRuntime, Runtime};
+use cube_types::Task;
 use serde_json::json;
 
 use crate::swarm::Swarm;
-use crate::{BenchCluster, RUN_BOUND, Summary, Through};
+use crate::{BenchCluster, RAW_NODE, RUN_BOUND, Summary, Through};
 
 const SERVICE: &str = "cube-bench-recovery";
 
@@ -43,23 +50,34 @@ pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::R
     )?;
     let mut swarm_container = swarm_running_container(&docker, &swarm, None).await?;
 
+    let runtime = DockerRuntime::connect().await?;
+    let mut raw = PreCreated::start(&runtime).await?;
+
     println!(
         "recovery: docker kill → running again, {sets} sets of {runs} kills each side, image \
          {SAMPLE_IMAGE}; Cube = restart policy always, RestartDelay 0s (manager + worker), \
-         Swarm = one replica, --restart-delay 0s"
+         Swarm = one replica, --restart-delay 0s; floor = raw Docker, kill then start of a \
+         container created ahead"
     );
     println!();
     println!(
-        "| set | Cube median ms | Cube p95 ms | Swarm median ms | Swarm p95 ms | ratio of medians |"
+        "| set | Cube median ms | Cube p95 ms | Swarm median ms | Swarm p95 ms | floor median ms \
+         | ratio of medians | floor / Swarm |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let (mut cube_medians, mut swarm_medians, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut floor_medians, mut floor_ratios) = (Vec::new(), Vec::new());
     for set in 0..sets {
         let mut cube_ms = Vec::with_capacity(runs);
         let mut swarm_ms = Vec::with_capacity(runs);
+        let mut floor_ms = Vec::with_capacity(runs);
         for run in 0..runs {
-            for side in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
-                if side == 0 {
+            // Each side goes first in turn.
+            let order = [run % 3, (run + 1) % 3, (run + 2) % 3];
+            for side in order {
+                if side == 2 {
+                    floor_ms.push(raw.restart(&runtime, &docker).await?);
+                } else if side == 0 {
                     let killed = kill(&docker, &cube_container).await?;
                     cube_container =
                         cube_running_container(&cluster, &id, Some(&cube_container)).await?;
@@ -73,20 +91,26 @@ pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::R
             }
         }
         let (cube_set, swarm_set) = (Summary::of(&mut cube_ms), Summary::of(&mut swarm_ms));
+        let floor_set = Summary::of(&mut floor_ms);
         let ratio = cube_set.median / swarm_set.median;
+        let floor_ratio = floor_set.median / swarm_set.median;
         println!(
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {ratio:.2} |",
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {ratio:.2} | {floor_ratio:.2} |",
             set + 1,
             cube_set.median,
             cube_set.p95,
             swarm_set.median,
-            swarm_set.p95
+            swarm_set.p95,
+            floor_set.median
         );
         cube_medians.push(cube_set.median);
         swarm_medians.push(swarm_set.median);
         ratios.push(ratio);
+        floor_medians.push(floor_set.median);
+        floor_ratios.push(floor_ratio);
     }
     drop(swarm);
+    raw.remove(&runtime).await;
     let answer = cluster
         .http
         .delete(format!("{}/tasks/{id}", cluster.base))
@@ -112,10 +136,70 @@ pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::R
         Summary::of(&mut swarm_medians).spread(1)
     );
     println!(
+        "| floor (raw, created ahead) median ms | {} |",
+        Summary::of(&mut floor_medians).spread(1)
+    );
+    println!(
         "| ratio of medians, Cube / Swarm | {} |",
         Summary::of(&mut ratios).spread(2)
     );
+    println!(
+        "| ratio of medians, floor / Swarm | {} |",
+        Summary::of(&mut floor_ratios).spread(2)
+    );
     Ok(())
+}
+
+/// Raw Docker with the next container made ahead: one runs, the next is created and waits.
+struct PreCreated {
+    running: String,
+    next: String,
+    made: usize,
+}
+
+impl PreCreated {
+    /// A container like the task's (same image, docker-init, no published port), for the
+    /// raw node's label.
+    async fn create(runtime: &DockerRuntime, made: usize) -> anyhow::Result<String> {
+        let mut task = Task::new(format!("recovery-raw-{made}"), SAMPLE_IMAGE);
+        task.normalize();
+        Ok(runtime
+            .create(&ContainerSpec::for_task(&task, RAW_NODE))
+            .await?)
+    }
+
+    async fn start(runtime: &DockerRuntime) -> anyhow::Result<PreCreated> {
+        let running = PreCreated::create(runtime, 0).await?;
+        runtime.start(&running).await?;
+        let next = PreCreated::create(runtime, 1).await?;
+        Ok(PreCreated {
+            running,
+            next,
+            made: 2,
+        })
+    }
+
+    /// Kills the running container and starts the one made ahead; the time from the kill
+    /// until the start returned, in ms. Then (untimed) the killed one is removed and the next
+    /// one made.
+    async fn restart(&mut self, runtime: &DockerRuntime, docker: &Docker) -> anyhow::Result<f64> {
+        let killed = kill(docker, &self.running).await?;
+        runtime.start(&self.next).await?;
+        let elapsed = killed.elapsed().as_secs_f64() * 1000.0;
+        runtime.remove(&self.running).await?;
+        self.running = std::mem::take(&mut self.next);
+        self.next = PreCreated::create(runtime, self.made).await?;
+        self.made += 1;
+        Ok(elapsed)
+    }
+
+    async fn remove(self, runtime: &DockerRuntime) {
+        for id in [self.running, self.next] {
+            if let Err(err) = runtime.remove(&id).await {
+                eprintln!("cannot remove raw container {id}: {err}");
+            }
+        }
+    }
 }
 
 /// Sends SIGKILL through the Docker API; returns when it was sent.
