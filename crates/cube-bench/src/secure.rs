@@ -22,9 +22,10 @@
 //! - **durable submissions**, as `store`'s setup without workers: each run a fresh manager of
 //!   each kind on a fresh data directory, and one with `--acl` alone (tokens over plain HTTP,
 //!   to tell the tokens' share from TLS's), N clients (then one) posting distinct tasks for
-//!   `--seconds`, then `kill -9`; acknowledged answers per second. Each side's clients share
-//!   one HTTP client whose pool keeps connections alive, so a connection (and its handshake,
-//!   on the secured side) serves request after request.
+//!   `--seconds`, then `kill -9`; acknowledged answers per second, the manager's CPU (in
+//!   cores) and the clients' CPU per submission. Each side's clients share one HTTP client
+//!   whose pool keeps connections alive, so a connection (and its handshake, on the secured
+//!   side) serves request after request.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -280,9 +281,9 @@ struct Durable {
     per_second: f64,
     /// Answers that were not 201.
     refused: usize,
-    /// The manager's CPU time (user and system) over the run, per acknowledged submission, µs.
-    manager_cpu_us: f64,
-    /// This process's (the clients'), likewise.
+    /// The manager's CPU time (user and system) over the run, in cores (CPU seconds per second).
+    manager_cores: f64,
+    /// This process's (the clients') CPU time over the run, per acknowledged submission, µs.
     clients_cpu_us: f64,
 }
 
@@ -309,14 +310,14 @@ async fn durable_submissions(cube: &Path, options: &Options) -> anyhow::Result<V
                 let side = Side::ALL[index];
                 let result = durable_once(cube, side, clients, duration).await?;
                 eprintln!(
-                    "{clients} clients, run {}/{}, {}: {:.0}/s, refused {}, CPU per submission: \
-                     manager {:.0} µs, clients {:.0} µs",
+                    "{clients} clients, run {}/{}, {}: {:.0}/s, refused {}, manager CPU {:.2} \
+                     cores, clients' CPU {:.0} µs per submission",
                     run + 1,
                     options.submit_runs,
                     side.name(),
                     result.per_second,
                     result.refused,
-                    result.manager_cpu_us,
+                    result.manager_cores,
                     result.clients_cpu_us
                 );
                 runs.runs[index].push(result);
@@ -373,13 +374,14 @@ async fn durable_once(
         manager_after,
     ) = submit_for(&http, &base, clients, duration, kill).await?;
     let own_after = cpu_ticks(own_pid)?;
-    let acknowledged = acknowledged.len().max(1) as f64;
-    let per_submission_us = |ticks: u64| ticks as f64 / TICKS_PER_SECOND * 1e6 / acknowledged;
+    let seconds = |ticks: u64| ticks as f64 / TICKS_PER_SECOND;
+    let clients_cpu = seconds(own_after.saturating_sub(own_before));
     Ok(Durable {
-        per_second: acknowledged / duration.as_secs_f64(),
+        per_second: acknowledged.len() as f64 / duration.as_secs_f64(),
         refused,
-        manager_cpu_us: per_submission_us(manager_after.saturating_sub(manager_before)),
-        clients_cpu_us: per_submission_us(own_after.saturating_sub(own_before)),
+        manager_cores: seconds(manager_after.saturating_sub(manager_before))
+            / duration.as_secs_f64(),
+        clients_cpu_us: clients_cpu * 1e6 / acknowledged.len().max(1) as f64,
     })
 }
 
@@ -580,8 +582,8 @@ fn print_durable(results: &[DurableRuns], options: &Options) {
     println!();
     println!(
         "| clients | manager | median acked/s | min | max | ratio to {PLAIN}, same run (median) \
-         | min | max | manager CPU per submission, µs (median) | clients' CPU per submission, µs \
-         (median) | refused |"
+         | min | max | manager CPU, cores (median) | clients' CPU per submission, µs (median) \
+         | refused |"
     );
     println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for result in results {
@@ -594,7 +596,7 @@ fn print_durable(results: &[DurableRuns], options: &Options) {
                 .zip(&plain)
                 .map(|(rate, plain)| rate / plain)
                 .collect();
-            let mut manager_cpu: Vec<f64> = runs.iter().map(|run| run.manager_cpu_us).collect();
+            let mut manager_cpu: Vec<f64> = runs.iter().map(|run| run.manager_cores).collect();
             let mut clients_cpu: Vec<f64> = runs.iter().map(|run| run.clients_cpu_us).collect();
             let refused: usize = runs.iter().map(|run| run.refused).sum();
             let rate = Summary::of(&mut rates);
@@ -603,7 +605,7 @@ fn print_durable(results: &[DurableRuns], options: &Options) {
                 _ => Summary::of(&mut ratios).spread(3),
             };
             println!(
-                "| {} | {} | {:.0} | {:.0} | {:.0} | {ratios} | {:.0} | {:.0} | {refused} |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {ratios} | {:.2} | {:.0} | {refused} |",
                 result.clients,
                 side.name(),
                 rate.median,
