@@ -34,7 +34,7 @@ const SUBMIT_PAUSE: Duration = Duration::from_millis(20);
 const EVENTS_PER_TASK: usize = 3;
 
 /// Clock ticks per second of /proc's CPU times (`getconf CLK_TCK`: 100 on Linux here).
-const TICKS_PER_SECOND: f64 = 100.0;
+pub(crate) const TICKS_PER_SECOND: f64 = 100.0;
 
 pub(crate) async fn events(
     tasks: usize,
@@ -119,7 +119,7 @@ async fn cost_over(pid: u32, period: Duration) -> anyhow::Result<Cost> {
 }
 
 /// A process's user and system CPU time so far, in clock ticks (/proc/PID/stat).
-fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
+pub(crate) fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let path = format!("/proc/{pid}/stat");
     let stat = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
     // The command name, in parentheses, may hold spaces: the fields counted are after it.

@@ -51,6 +51,18 @@ pub(crate) async fn spawn_cube_logged_at(
     data_dir: &Path,
     rust_log: &str,
 ) -> anyhow::Result<(Child, String)> {
+    let (child, base, _line) = spawn_cube_logged_line(cube, args, data_dir, rust_log).await?;
+    Ok((child, base))
+}
+
+/// [`spawn_cube_logged_at`], with the whole line the process printed (a `cube manager --tls`
+/// ends it with its CA's fingerprint: [`ca_fingerprint_in_line`]).
+pub(crate) async fn spawn_cube_logged_line(
+    cube: &Path,
+    args: &[&str],
+    data_dir: &Path,
+    rust_log: &str,
+) -> anyhow::Result<(Child, String, String)> {
     let log_path = data_dir.join("cube.log");
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -82,7 +94,10 @@ pub(crate) async fn spawn_cube_logged_at(
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).await?;
     match cube_api::address_in_listening_line(&line) {
-        Some(base) => Ok((child, base.to_string())),
+        Some(base) => {
+            let base = base.to_string();
+            Ok((child, base, line))
+        }
         None => {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
@@ -92,6 +107,15 @@ pub(crate) async fn spawn_cube_logged_at(
             )
         }
     }
+}
+
+/// The CA fingerprint `cube manager --tls` prints at the end of its listening line
+/// (`… listening on https://… (CA fingerprint: 3f9a…)`), as `--ca-fingerprint` takes it; `None`
+/// for a manager without TLS.
+pub(crate) fn ca_fingerprint_in_line(line: &str) -> Option<String> {
+    let (_, rest) = line.split_once("(CA fingerprint: ")?;
+    let (fingerprint, _) = rest.split_once(')')?;
+    cube_api::tls::normalize_fingerprint(fingerprint)
 }
 
 /// Where a `cube` process keeps its state (its `--dbtype`).
@@ -118,6 +142,8 @@ pub(crate) struct ManagerProcess {
     child: Child,
     pub(crate) base: String,
     pub(crate) pid: u32,
+    /// The cluster CA's fingerprint, printed by a manager started with `--tls`.
+    pub(crate) ca_fingerprint: Option<String>,
 }
 
 impl ManagerProcess {
@@ -131,9 +157,18 @@ impl ManagerProcess {
         let port = port.to_string();
         let mut args = vec!["manager", "-H", "127.0.0.1", "-p", &port];
         args.extend_from_slice(flags);
-        let (child, base) = spawn_cube_logged(cube, &args, data_dir).await?;
+        ManagerProcess::spawn(cube, &args, data_dir).await
+    }
+
+    async fn spawn(cube: &Path, args: &[&str], data_dir: &Path) -> anyhow::Result<ManagerProcess> {
+        let (child, base, line) = spawn_cube_logged_line(cube, args, data_dir, "warn").await?;
         let pid = child.id().context("the manager exited as it started")?;
-        Ok(ManagerProcess { child, base, pid })
+        Ok(ManagerProcess {
+            child,
+            base,
+            pid,
+            ca_fingerprint: ca_fingerprint_in_line(&line),
+        })
     }
 
     pub(crate) async fn start(
@@ -141,7 +176,7 @@ impl ManagerProcess {
         data_dir: &Path,
         dbtype: DbType,
     ) -> anyhow::Result<ManagerProcess> {
-        let (child, base) = spawn_cube_logged(
+        ManagerProcess::spawn(
             cube,
             &[
                 "manager",
@@ -154,9 +189,7 @@ impl ManagerProcess {
             ],
             data_dir,
         )
-        .await?;
-        let pid = child.id().context("the manager exited as it started")?;
-        Ok(ManagerProcess { child, base, pid })
+        .await
     }
 
     /// `kill -9`, and waits until the process is gone (its store file is closed).
@@ -374,4 +407,29 @@ pub(crate) fn memory_mb(pid: u32) -> anyhow::Result<(f64, f64)> {
         Ok(kib * 1024.0 / 1e6)
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ca_fingerprint_is_read_from_a_tls_managers_line_only() {
+        let fingerprint = "3f".repeat(32);
+        let line = format!(
+            "cube manager listening on https://127.0.0.1:5555 (scheduler: epvm, store: redb) (CA \
+             fingerprint: {fingerprint})\n"
+        );
+        assert_eq!(ca_fingerprint_in_line(&line), Some(fingerprint.clone()));
+        let upper = line.replace(&fingerprint, &fingerprint.to_uppercase());
+        assert_eq!(ca_fingerprint_in_line(&upper), Some(fingerprint));
+        assert_eq!(
+            ca_fingerprint_in_line("cube manager listening on http://127.0.0.1:5555\n"),
+            None
+        );
+        assert_eq!(
+            ca_fingerprint_in_line("listening on https://127.0.0.1:1 (CA fingerprint: 3f9a)"),
+            None
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! `cube-bench`: Cube measured next to its peers, raw Docker and Docker Swarm, in the same run:
 //! start latency, bursts, scaling, rolling updates, recovery, the waiting list's hand-over,
-//! footprint, the store and the event stream. Each subcommand (one module each) prints markdown tables for BENCHMARKS.md;
+//! footprint, the store, the event stream, and what `--acl --tls` costs next to a plain cluster. Each subcommand (one module each) prints markdown tables for BENCHMARKS.md;
 //! none fails on a time: the figures are whatever they are.
 
 mod burst;
@@ -15,6 +15,7 @@ mod queue;
 mod recovery;
 mod rolling;
 mod scale;
+mod secure;
 mod service_job;
 mod simulated;
 mod soak;
@@ -267,6 +268,35 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// What `cube manager --acl --tls` costs, next to a manager without them in the same run:
+    /// submit → Running through a real manager and worker of each kind (taking turns), one
+    /// request's round trip (kept-alive connection, new connection), and durable submissions
+    /// with N clients and with one.
+    Secure {
+        /// How many tasks each side starts in one set, one after another.
+        #[arg(long, default_value_t = 20)]
+        runs: usize,
+        /// How many sets: each gives a p50, a p95 and a ratio; the summary gives their
+        /// median, min and max.
+        #[arg(long, default_value_t = 5)]
+        sets: usize,
+        /// How many round trips of each kind each side makes.
+        #[arg(long, default_value_t = 500)]
+        requests: usize,
+        /// How many runs of durable submissions each side gets, for each client count (0:
+        /// none).
+        #[arg(long, default_value_t = 5)]
+        submit_runs: usize,
+        /// How long each run of durable submissions lasts, in seconds.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        /// How many clients submit at once (a run with one client follows).
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -384,6 +414,25 @@ async fn main() -> anyhow::Result<()> {
             dbtype,
             cube,
         } => day_two::metrics_scrape(tasks, scrapes, dbtype, &cube_binary(cube)?).await,
+        Command::Secure {
+            runs,
+            sets,
+            requests,
+            submit_runs,
+            seconds,
+            concurrency,
+            cube,
+        } => {
+            let options = secure::Options {
+                runs,
+                sets,
+                requests,
+                submit_runs,
+                seconds,
+                concurrency,
+            };
+            secure::secure(&options, &cube_binary(cube)?).await
+        }
         Command::SimWorkers {
             manager,
             count,
@@ -410,16 +459,24 @@ pub(crate) struct BenchCluster {
     /// Where tasks are submitted: the manager's API, or the worker's.
     pub base: String,
     pub node: String,
+    /// The client of `base`: plain HTTP, or for a secured cluster HTTPS pinned to its CA with
+    /// a `submit` token on every request.
     pub http: reqwest::Client,
+    /// The cluster CA's fingerprint, for a secured cluster.
+    pub ca_fingerprint: Option<String>,
     _processes: Vec<tokio::process::Child>,
     data_dir: tempfile::TempDir,
 }
 
-/// What a benchmark changes in its cluster: more arguments for `cube worker`, and the
-/// processes' `RUST_LOG`.
+/// What a benchmark changes in its cluster: more arguments for `cube worker`, the
+/// processes' `RUST_LOG`, and whether the cluster runs secured.
 pub(crate) struct ClusterOptions<'a> {
     pub worker_args: &'a [&'a str],
     pub rust_log: &'a str,
+    /// `cube manager --acl --tls`, the worker joined with a node token (its certificate
+    /// from the manager), and the cluster's client on HTTPS with a `submit` token
+    /// (`secure.rs`). Through the manager only.
+    pub secure: bool,
 }
 
 impl Default for ClusterOptions<'_> {
@@ -427,6 +484,7 @@ impl Default for ClusterOptions<'_> {
         ClusterOptions {
             worker_args: &[],
             rust_log: "warn",
+            secure: false,
         }
     }
 }
@@ -444,19 +502,35 @@ impl BenchCluster {
         let data_dir = tempfile::tempdir()?;
         let node = format!("bench-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         let mut processes = Vec::new();
-        let manager = match through {
+        let (manager, secured) = match through {
             Through::Manager => {
-                let (child, base) = load::spawn_cube_logged_at(
-                    cube,
-                    &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
-                    data_dir.path(),
-                    options.rust_log,
-                )
-                .await?;
+                let mut args = vec!["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"];
+                if options.secure {
+                    args.extend(["--acl", "--tls"]);
+                }
+                let (child, base, line) =
+                    load::spawn_cube_logged_line(cube, &args, data_dir.path(), options.rust_log)
+                        .await?;
                 processes.push(child);
-                Some(base)
+                let secured = match options.secure {
+                    true => {
+                        let fingerprint =
+                            load::ca_fingerprint_in_line(&line).with_context(|| {
+                                format!("cube manager --tls printed no CA fingerprint: {line:?}")
+                            })?;
+                        Some(secure::AclAccess::bootstrap(&base, Some(&fingerprint)).await?)
+                    }
+                    false => None,
+                };
+                (Some(base), secured)
             }
-            Through::Worker => None,
+            Through::Worker => {
+                anyhow::ensure!(
+                    !options.secure,
+                    "a secured cluster is reached through its manager"
+                );
+                (None, None)
+            }
         };
         let parallelism = PARALLELISM.to_string();
         let mut worker_args = vec![
@@ -472,20 +546,51 @@ impl BenchCluster {
             "--parallelism",
             &parallelism,
         ];
-        let manager_address = manager
-            .as_deref()
-            .map(|base| base.trim_start_matches("http://").to_string());
-        if let Some(address) = &manager_address {
-            worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"]);
+        let manager_address = manager.as_deref().map(|base| {
+            base.trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .to_string()
+        });
+        let join_token = match (&manager, &secured) {
+            (Some(base), Some(secured)) => {
+                Some(secured.token(base, "node", &format!("{node}-join")).await?)
+            }
+            _ => None,
+        };
+        match (&manager_address, &join_token) {
+            // A join token of a TLS manager carries its CA's fingerprint: the worker asks the
+            // manager for its certificate with it, as a user's worker does.
+            (Some(address), Some(token)) => worker_args.extend([
+                "--join",
+                address,
+                "--token",
+                token,
+                "--heartbeat-interval",
+                "500ms",
+            ]),
+            (Some(address), None) => {
+                worker_args.extend(["--manager", address, "--heartbeat-interval", "500ms"])
+            }
+            (None, _) => {}
         }
         worker_args.extend(options.worker_args);
         let (worker, worker_base) =
             load::spawn_cube_logged_at(cube, &worker_args, data_dir.path(), options.rust_log)
                 .await?;
         processes.push(worker);
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()?;
+        let http = match (&manager, &secured) {
+            (Some(base), Some(secured)) => {
+                let token = secured.token(base, "submit", "cube-bench").await?;
+                secure::manager_client(
+                    secured.fingerprint.as_deref(),
+                    Some(&token),
+                    Duration::from_secs(10),
+                )?
+            }
+            _ => reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+        };
         let base = match &manager {
             Some(manager) => {
                 await_ready_node(&http, manager, &node).await?;
@@ -497,6 +602,7 @@ impl BenchCluster {
             base,
             node: node.clone(),
             http,
+            ca_fingerprint: secured.and_then(|secured| secured.fingerprint),
             _processes: processes,
             data_dir,
         })
@@ -657,6 +763,58 @@ mod tests {
         );
         assert_eq!(
             parsed(&["cube-bench", "rolling", "--copies", "ten"]),
+            Err(clap::error::ErrorKind::ValueValidation)
+        );
+    }
+
+    #[test]
+    fn secure_takes_its_counts_and_defaults_to_5_sets_of_20_and_5_runs_of_64_clients() {
+        let parsed = |args: &[&str]| match Cli::try_parse_from(args).map(|cli| cli.command) {
+            Ok(Command::Secure {
+                runs,
+                sets,
+                requests,
+                submit_runs,
+                seconds,
+                concurrency,
+                cube,
+            }) => Ok((
+                runs,
+                sets,
+                requests,
+                submit_runs,
+                seconds,
+                concurrency,
+                cube,
+            )),
+            Ok(other) => panic!("{other:?}"),
+            Err(err) => Err(err.kind()),
+        };
+        assert_eq!(
+            parsed(&["cube-bench", "secure"]),
+            Ok((20, 5, 500, 5, 5, 64, None))
+        );
+        assert_eq!(
+            parsed(&[
+                "cube-bench",
+                "secure",
+                "--runs",
+                "4",
+                "--sets",
+                "2",
+                "--requests",
+                "10",
+                "--submit-runs",
+                "0",
+                "--seconds",
+                "1",
+                "--concurrency",
+                "8"
+            ]),
+            Ok((4, 2, 10, 0, 1, 8, None))
+        );
+        assert_eq!(
+            parsed(&["cube-bench", "secure", "--sets", "three"]),
             Err(clap::error::ErrorKind::ValueValidation)
         );
     }

@@ -100,6 +100,7 @@ pub(crate) async fn queue(
     let options = ClusterOptions {
         worker_args: &["--memory", MEMORY],
         rust_log: log_level,
+        ..ClusterOptions::default()
     };
     let cluster = BenchCluster::start_with(cube, Through::Manager, &options).await?;
     let label = cluster.container_label();

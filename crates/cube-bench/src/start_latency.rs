@@ -109,10 +109,11 @@ pub(crate) async fn start_latency(
 
 /// One task through Cube's API (manager or worker); the time until it reads back as `Running`, in ms.
 ///
-/// The task is stopped afterwards, and its container waited for until it is gone (untimed),
-/// as raw Docker's is removed before its run ends: neither side's next start meets Docker
-/// still busy with the other's removal.
-async fn cube_once(
+/// The task is stopped afterwards, then removed (`DELETE /tasks/{id}?purge=true`, `cube rm`:
+/// a stopped task's container is kept for its logs until then), and its container waited for
+/// until it is gone (untimed), as raw Docker's is removed before its run ends: neither side's
+/// next start meets Docker still busy with the other's removal.
+pub(crate) async fn cube_once(
     http: &reqwest::Client,
     base: &str,
     docker: &DockerRuntime,
@@ -136,8 +137,31 @@ async fn cube_once(
     let Some(container) = running["ContainerID"].as_str().filter(|c| !c.is_empty()) else {
         bail!("task {id} is Running without a ContainerID: {running}");
     };
-    http.delete(format!("{base}/tasks/{id}")).send().await?;
+    let stopped = http.delete(format!("{base}/tasks/{id}")).send().await?;
+    anyhow::ensure!(
+        stopped.status().is_success(),
+        "DELETE /tasks/{id} answered {}",
+        stopped.status()
+    );
     let stopping = Instant::now();
+    loop {
+        // 409 until the stop has ended the task.
+        let removed = http
+            .delete(format!("{base}/tasks/{id}?purge=true"))
+            .send()
+            .await?;
+        match removed.status().as_u16() {
+            status if (200..300).contains(&status) => break,
+            409 if stopping.elapsed() < RUN_BOUND => {
+                tokio::time::sleep(Duration::from_millis(5)).await
+            }
+            _ => bail!(
+                "DELETE /tasks/{id}?purge=true answered {}: {}",
+                removed.status(),
+                removed.text().await.unwrap_or_default()
+            ),
+        }
+    }
     while docker.inspect(container).await?.is_some() {
         if stopping.elapsed() > RUN_BOUND {
             bail!("the container of task {id} is still there {RUN_BOUND:?} after its stop");

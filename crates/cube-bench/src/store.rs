@@ -150,23 +150,14 @@ async fn durable_run(
         false => None,
     };
 
-    let stopped = Arc::new(AtomicBool::new(false));
-    let mut submitters = JoinSet::new();
-    for client in 0..clients {
-        let (http, base, stopped) = (http.clone(), manager.base.clone(), stopped.clone());
-        submitters.spawn(async move { submit_until_stopped(&http, &base, client, &stopped).await });
-    }
-    tokio::time::sleep(duration).await;
-    stopped.store(true, Ordering::SeqCst);
-    // While submissions are still in flight: an answer already sent counts as acknowledged.
-    manager.kill().await?;
-    let mut acknowledged = Vec::new();
-    let mut refused = 0;
-    while let Some(submitter) = submitters.join_next().await {
-        let (ids, refusals) = submitter.context("a submitting client panicked")?;
-        acknowledged.extend(ids);
-        refused += refusals;
-    }
+    let base = manager.base.clone();
+    let (
+        Submissions {
+            acknowledged,
+            refused,
+        },
+        (),
+    ) = submit_for(&http, &base, clients, duration, manager.kill()).await?;
     if let Some(sim) = sim {
         sim.stop().await?;
     }
@@ -188,6 +179,55 @@ async fn durable_run(
         refused,
         restart_ms,
     })
+}
+
+/// What the clients of one run of durable submissions got.
+pub(crate) struct Submissions {
+    /// The IDs of the tasks acknowledged (201).
+    pub(crate) acknowledged: Vec<String>,
+    /// Answers other than 201 before the stop.
+    pub(crate) refused: usize,
+}
+
+/// `clients` clients post distinct tasks to the manager at `base` through `http`, each one
+/// after another as fast as it is answered, for `duration`; then `kill` runs (the manager's
+/// `kill -9`) while submissions are still in flight, and what each client was answered is
+/// gathered, with what `kill` gave: an answer already sent counts as acknowledged.
+///
+/// The clients share `http`, whose pool keeps connections alive between requests: about as
+/// many are opened as there are clients (over HTTPS, one handshake each), and each is used
+/// again for request after request. `http` carries whatever else the manager needs (TLS
+/// settings, a token as a default header).
+pub(crate) async fn submit_for<T>(
+    http: &reqwest::Client,
+    base: &str,
+    clients: usize,
+    duration: Duration,
+    kill: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(Submissions, T)> {
+    let stopped = Arc::new(AtomicBool::new(false));
+    let mut submitters = JoinSet::new();
+    for client in 0..clients {
+        let (http, base, stopped) = (http.clone(), base.to_string(), stopped.clone());
+        submitters.spawn(async move { submit_until_stopped(&http, &base, client, &stopped).await });
+    }
+    tokio::time::sleep(duration).await;
+    stopped.store(true, Ordering::SeqCst);
+    let killed = kill.await?;
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    while let Some(submitter) = submitters.join_next().await {
+        let (ids, refusals) = submitter.context("a submitting client panicked")?;
+        acknowledged.extend(ids);
+        refused += refusals;
+    }
+    Ok((
+        Submissions {
+            acknowledged,
+            refused,
+        },
+        killed,
+    ))
 }
 
 /// Submits distinct tasks one after another until `stopped`; returns the IDs acknowledged
