@@ -709,6 +709,15 @@ impl CertSlot {
             .unwrap_or_default()
             .max(Duration::from_secs(1))
     }
+
+    /// Waits until the certificate in the slot is due for renewal: true then, false when
+    /// `shutdown` came first.
+    pub async fn renewal_due(&self, shutdown: &tokio_util::sync::CancellationToken) -> bool {
+        tokio::select! {
+            () = shutdown.cancelled() => false,
+            () = tokio::time::sleep(self.renewal_wait()) => true,
+        }
+    }
 }
 
 impl rustls::server::ResolvesServerCert for CertSlot {

@@ -96,12 +96,7 @@ impl ManagerTls {
         if let Some(files) = &self.files {
             return files.clone().watch(self.slot.clone(), shutdown).await;
         }
-        loop {
-            let wait = self.slot.renewal_wait();
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
+        while self.slot.renewal_due(&shutdown).await {
             let renewed = self
                 .authority
                 .issue(PeerRole::Manager, MANAGER_NAME, &self.hosts, self.cert_ttl)

@@ -190,12 +190,7 @@ impl WorkerTls {
         if let Some(files) = &self.files {
             return files.clone().watch(self.slot.clone(), shutdown).await;
         }
-        loop {
-            let wait = self.slot.renewal_wait();
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
+        while self.slot.renewal_due(&shutdown).await {
             let mut renewed = false;
             for manager in &managers {
                 match request_certificate(manager, &self.name, &self.hosts).await {

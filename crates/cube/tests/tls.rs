@@ -519,33 +519,12 @@ fn user_certificate(dir: &std::path::Path, file: &str, subject: &str) {
             subject,
         ],
     );
-    let next = format!("{file}.pem.next");
-    let ext = format!("{file}.ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-days",
-            "30",
-            "-out",
-            &next,
-            "-extfile",
-            &ext,
-        ],
-    );
-    // Put in place in one step, as a certificate renewed by the user's tooling would be.
-    std::fs::rename(dir.join(&next), dir.join(format!("{file}.pem"))).unwrap();
+    user_certificate_renewed(dir, file);
 }
 
-/// A new certificate for the key already in `dir` (`{file}-key.pem`): what renewing one's own
-/// certificate looks like.
+/// A new certificate for the key already in `dir` (`{file}-key.pem`, its request
+/// `{file}.csr`), put in place in one step, as a certificate renewed by the user's tooling
+/// would be.
 fn user_certificate_renewed(dir: &std::path::Path, file: &str) {
     let csr = format!("{file}.csr");
     let next = format!("{file}.pem.next");
