@@ -13,6 +13,8 @@
 //! - [`syncer`]: the diff of desired against observed (create, update, delete, duplicates,
 //!   deleting only what the controller owns) and a [`syncer::Syncer`] that carries it out
 //!   through an [`syncer::Executor`], only while both sides are in sync.
+//! - [`marks`]: the keys a pass over a whole collection must read again ([`marks::Marks`]),
+//!   so that each change costs a look at its key, not at the collection.
 //! - [`runner`]: the keyed delay queue that runs reconciles: one pending entry per key, never
 //!   two reconciles of one key at once, bounded concurrency, an error policy, a readiness gate,
 //!   panics caught, shutdown that waits.
@@ -27,6 +29,7 @@
 //! executors, sources). This crate knows nothing of tasks, HTTP, Docker or the store engine,
 //! and must not learn of them: it is generic over keys and values.
 
+pub mod marks;
 pub mod runner;
 pub mod store;
 pub mod syncer;

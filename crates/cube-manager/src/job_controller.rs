@@ -429,7 +429,7 @@ impl Manager {
         // What was queued is waited for even when a later task was refused.
         self.settle(writes).await?;
         stored?;
-        self.push_waiting();
+        self.push_to_place(accepted.iter().map(|task| task.id));
         Ok(accepted)
     }
 

@@ -302,6 +302,9 @@ pub(crate) struct Shared {
     pub(crate) just_admitted: HashMap<String, String>,
     /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
     pub(crate) queue_dirty: crate::queue_controller::QueueDirty,
+    /// The waiting tasks the next placement pass reads, with their requests, or every one
+    /// (`placement.rs`).
+    pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -388,6 +391,7 @@ impl Manager {
                 queue_number,
                 just_admitted: HashMap::new(),
                 queue_dirty: crate::queue_controller::QueueDirty::everything(),
+                placement_dirty: cube_controller::marks::Marks::everything(),
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),
             placement_runner: Runner::new(runner(1)),

@@ -10,7 +10,7 @@
 //! placed goes to the task controller's runner to be sent to its node.
 
 use std::cmp::Reverse;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -54,7 +54,12 @@ impl Manager {
     async fn place_waiting(&self) -> Result<Action, String> {
         let mut writes = Writes::default();
         let placed = self.placement_pass(&mut writes);
-        self.settle(writes).await.map_err(|err| err.to_string())?;
+        let settled = self.settle(writes).await;
+        if placed.is_err() || settled.is_err() {
+            // What this pass took in is not done: the next one reads every waiting task.
+            lock(&self.state).placement_dirty.mark_everything();
+        }
+        settled.map_err(|err| err.to_string())?;
         let placed = placed.map_err(|err| err.to_string())?;
         for id in placed {
             self.tasks_runner.push(id);
@@ -72,9 +77,21 @@ impl Manager {
     /// snapshot, and if one fits nowhere the ones tried are taken back off it. A request that
     /// does not fit does not hold up the ones behind it that do. A request not yet let in
     /// whose owner already has `--max-claimed-per-owner` requests in waits, saying so.
+    ///
+    /// The pass reads the requests of the tasks marked since the last one
+    /// ([`Manager::push_to_place`]), or every waiting request after a change that may have
+    /// made room ([`Manager::push_waiting`]). Reading only the marked ones decides what a
+    /// whole pass would: room only shrinks between passes that nothing marked everything,
+    /// so a request that did not fit at the last whole look still does not, and a request
+    /// that does not fit holds up none behind it.
     pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
         let mut state = lock(&self.state);
-        let requests = waiting_requests(&state, self.config.max_claimed_per_owner.is_some());
+        let marked = state.placement_dirty.take();
+        let requests = waiting_requests(
+            &state,
+            marked.as_ref(),
+            self.config.max_claimed_per_owner.is_some(),
+        );
         if requests.is_empty() {
             return Ok(Vec::new());
         }
@@ -433,8 +450,13 @@ struct WaitingRequest {
 /// The requests with waiting tasks, in the order the pass takes them: higher priority first,
 /// then the lower queue number (none yet: last), then the oldest. The waiting list is read
 /// once, into maps by task ID and by job name, not looked up by key string per task. The
-/// owners are kept `with_owners` only (the limit is set).
-fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
+/// owners are kept `with_owners` only (the limit is set). `only`: the requests of these
+/// tasks alone (a job's: with every copy of it that waits), else every waiting request.
+fn waiting_requests(
+    state: &Shared,
+    only: Option<&BTreeSet<Uuid>>,
+    with_owners: bool,
+) -> Vec<WaitingRequest> {
     type Order<'a> = (
         Reverse<u8>,
         u64,
@@ -444,7 +466,11 @@ fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
     /// A request being gathered: its order, its tasks, its owner and whether it is new.
     type Gathered<'a> = (Order<'a>, Vec<Uuid>, &'a str, bool);
     let mut by_request: HashMap<RequestRef, Gathered> = HashMap::new();
-    for id in state.cache.waiting() {
+    let candidates: Box<dyn Iterator<Item = Uuid> + '_> = match only {
+        None => Box::new(state.cache.waiting()),
+        Some(marked) => Box::new(marked_and_their_jobs(state, marked).into_iter()),
+    };
+    for id in candidates {
         let Some(task) = state.cache.get(&id) else {
             continue;
         };
@@ -526,6 +552,38 @@ fn waiting_requests(state: &Shared, with_owners: bool) -> Vec<WaitingRequest> {
             }
         })
         .collect()
+}
+
+/// The marked tasks, and every waiting copy of the (non-system) jobs they belong to: a job's
+/// copies are one request, placed together.
+fn marked_and_their_jobs(state: &Shared, marked: &BTreeSet<Uuid>) -> BTreeSet<Uuid> {
+    let mut ids = marked.clone();
+    let mut jobs_seen: BTreeSet<&str> = BTreeSet::new();
+    for id in marked {
+        let Some(task) = state.cache.get(id) else {
+            continue;
+        };
+        let job = task.spec.job.as_str();
+        if job.is_empty()
+            || jobs_seen.contains(job)
+            || state
+                .jobs
+                .get(job)
+                .is_some_and(|record| record.job.job_type == JobType::System)
+        {
+            continue;
+        }
+        jobs_seen.insert(job);
+        ids.extend(
+            state
+                .cache
+                .of_job(job)
+                .iter()
+                .filter(|copy| copy.status.state == State::Pending)
+                .map(|copy| copy.id),
+        );
+    }
+    ids
 }
 
 /// How many requests each owner has let in (`pending-N` or `claimed`): from the waiting
@@ -731,6 +789,98 @@ mod tests {
         // A bare task behind it that fits is not held up by it.
         let small = waiting(&manager, "small", 100 * MIB, "").await.id;
         assert_eq!(pass(&manager), vec![small]);
+    }
+
+    /// What a pass reads next: nothing marked, or these tasks.
+    fn marked(manager: &Manager) -> Option<Vec<uuid::Uuid>> {
+        let state = lock(&manager.state);
+        (!state.placement_dirty.is_everything())
+            .then(|| state.placement_dirty.keys().iter().copied().collect())
+    }
+
+    #[tokio::test]
+    async fn a_pass_after_a_submission_reads_its_request_alone_and_decides_as_a_whole_pass_would() {
+        let manager = manager();
+        one_node(&manager).await;
+        let big = waiting(&manager, "big", 700 * MIB, "").await.id;
+        assert_eq!(pass(&manager), vec![big]);
+        let wide = waiting(&manager, "wide", 500 * MIB, "").await.id;
+        assert_eq!(
+            marked(&manager),
+            Some(vec![wide]),
+            "a submission marks itself"
+        );
+        assert!(
+            pass(&manager).is_empty(),
+            "324 MiB are left: 500 do not fit"
+        );
+        assert_eq!(marked(&manager), Some(vec![]), "the pass took the marks");
+        // Its reason, changed behind the pass's back, shows whether a pass reads it again.
+        {
+            let mut state = lock(&manager.state);
+            let mut stale = state.cache.get(&wide).unwrap().clone();
+            stale.status.pending_reason = Some("stale".to_string());
+            state.cache.insert(stale);
+        }
+        let small = waiting(&manager, "small", 100 * MIB, "").await.id;
+        assert_eq!(pass(&manager), vec![small]);
+        assert_eq!(
+            task(&manager, wide).status.pending_reason.as_deref(),
+            Some("stale"),
+            "the pass for the new task read nothing else"
+        );
+        // A pass over every waiting task places nothing more: the new task's pass decided
+        // what a whole one would.
+        lock(&manager.state).placement_dirty.mark_everything();
+        assert!(pass(&manager).is_empty());
+        let reason = task(&manager, wide)
+            .status
+            .pending_reason
+            .unwrap_or_default();
+        assert!(
+            reason.contains("memory"),
+            "a whole pass reads it again: {reason}"
+        );
+        // Room that appears marks everything: a node that joins.
+        crate::manager::join_test_node(&manager, "w2", 1024 * MIB).await;
+        assert_eq!(marked(&manager), None);
+        assert_eq!(pass(&manager), vec![wide]);
+    }
+
+    #[tokio::test]
+    async fn a_job_waiting_whole_is_read_again_when_a_copy_of_it_is_stopped() {
+        let manager = manager();
+        lock(&manager.state)
+            .jobs
+            .insert("trio".to_string(), Arc::new(job_record("trio", "service")));
+        one_node(&manager).await;
+        let mut copies = Vec::new();
+        for n in 0..3 {
+            copies.push(
+                waiting(&manager, &format!("trio.g[{n}]"), 400 * MIB, "trio")
+                    .await
+                    .id,
+            );
+        }
+        assert!(
+            pass(&manager).is_empty(),
+            "three of 400 MiB do not fit in 1 GiB"
+        );
+        // One copy is no longer wanted (a scale-down): the job's request is two copies now.
+        {
+            let mut state = lock(&manager.state);
+            let mut unwanted = state.cache.get(&copies[2]).unwrap().clone();
+            unwanted.spec.desired_state = State::Completed;
+            state.cache.insert(unwanted);
+        }
+        manager.reconcile_task(copies[2]).await.unwrap();
+        assert_eq!(task(&manager, copies[2]).status.state, State::Completed);
+        assert_eq!(
+            marked(&manager),
+            Some(vec![copies[2]]),
+            "the stopped copy marks its job's request"
+        );
+        assert_eq!(pass(&manager), copies[..2]);
     }
 
     #[tokio::test]

@@ -16,7 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
+use cube_controller::marks::Marks;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::syncer::{SyncAction, diff_by_key};
 use cube_types::job::{JobRecord, JobType};
@@ -173,13 +174,16 @@ impl Manager {
     /// (the framework's `diff_by_key`), under one hold of the lock.
     ///
     /// An entry depends on its own request alone (its tasks, its job and the time), so a
-    /// look reads only the requests marked since the last one ([`QueueDirty`]) and those that
-    /// wait (whose `QueueTimeout` runs out with nothing changing): with 100,000 claimed tasks,
-    /// a task's change costs a look at one request, not at all of them. Every request is read
+    /// look reads only the requests marked since the last one ([`QueueDirty`]), and every
+    /// request that waits only once the first `QueueTimeout` it knows of runs out (an entry
+    /// that changes with nothing marked): with 100,000 claimed or 10,000 waiting tasks, a
+    /// task's change costs a look at one request, not at all of them. Every request is read
     /// at start and after a look that failed.
     fn plan_queue(&self) -> (QueuePlan, Vec<SyncAction<String, String>>) {
+        let now = Utc::now();
         let mut guard = lock(&self.state);
-        let marked = guard.queue_dirty.take();
+        let (marked, timeout_due) = guard.queue_dirty.take(now);
+        let all_waiting = marked.is_none() || timeout_due;
         let state = &*guard;
         let mut requests = Vec::new();
         let mut job_tasks: Vec<(&str, Vec<Arc<Task>>)> = Vec::new();
@@ -227,10 +231,13 @@ impl Manager {
                 None
             }
             Some(mut keys) => {
-                // The requests that wait, whose timeout may run out with nothing changed.
-                for id in state.cache.waiting() {
-                    if let Some(task) = state.cache.get(&id) {
-                        keys.insert(QueueDirty::key_of(task));
+                // The requests that wait, when a timeout may have run out with nothing
+                // changed.
+                if timeout_due {
+                    for id in state.cache.waiting() {
+                        if let Some(task) = state.cache.get(&id) {
+                            keys.insert(QueueDirty::key_of(task));
+                        }
                     }
                 }
                 for key in &keys {
@@ -281,9 +288,9 @@ impl Manager {
             requests,
             entries: &state.queue,
             last_number: state.queue_number,
-            now: Utc::now(),
+            now,
         };
-        let planned = plan(&look);
+        let mut planned = plan(&look);
         let same = |desired: &Arc<QueueEntry>, observed: &Arc<QueueEntry>| {
             Arc::ptr_eq(desired, observed) || desired == observed
         };
@@ -291,6 +298,9 @@ impl Manager {
             Some(observed) => diff_by_key(&planned.entries, observed, |_| true, same),
             None => diff_by_key(&planned.entries, &state.queue, |_| true, same),
         };
+        planned.look_again_at = guard
+            .queue_dirty
+            .keep_timeout(planned.look_again_at, all_waiting);
         (planned, actions)
     }
 
@@ -510,19 +520,23 @@ impl Manager {
 /// The requests whose entry the queue controller must look at again, by key (`task/<id>`,
 /// `job/<name>`): marked wherever a task or a job changes in the manager's state, taken by
 /// the next look. Kept under the manager's lock, with the state it describes.
-#[derive(Debug, Default)]
+///
+/// A waiting entry also changes with nothing marked, when its `QueueTimeout` runs out: the
+/// earliest such time a look found is kept, and the look at or after it reads every waiting
+/// request again. Between those, a waiting request is read only when it is marked.
+#[derive(Debug)]
 pub(crate) struct QueueDirty {
-    /// Every request: at start, or after a failed look.
-    everything: bool,
-    keys: BTreeSet<String>,
+    marks: Marks<String>,
+    /// When the first waiting request's `QueueTimeout` runs out, of those looked at.
+    timeout_due: Option<DateTime<Utc>>,
 }
 
 impl QueueDirty {
     /// Every request to look at: a manager that starts.
     pub(crate) fn everything() -> QueueDirty {
         QueueDirty {
-            everything: true,
-            ..QueueDirty::default()
+            marks: Marks::everything(),
+            timeout_due: None,
         }
     }
 
@@ -537,28 +551,43 @@ impl QueueDirty {
 
     /// The request of a task that changed (or was forgotten).
     pub(crate) fn mark_task(&mut self, task: &Task) {
-        if !self.everything {
-            self.keys.insert(QueueDirty::key_of(task));
+        if !self.marks.is_everything() {
+            self.marks.mark(QueueDirty::key_of(task));
         }
     }
 
     /// A job that changed (or was removed).
     pub(crate) fn mark_job(&mut self, name: &str) {
-        if !self.everything {
-            self.keys.insert(RequestKind::Job.key(name));
+        if !self.marks.is_everything() {
+            self.marks.mark(RequestKind::Job.key(name));
         }
     }
 
     pub(crate) fn mark_everything(&mut self) {
-        self.everything = true;
-        self.keys.clear();
+        self.marks.mark_everything();
     }
 
-    /// What the next look reads: `None` for every request, else the keys marked.
-    fn take(&mut self) -> Option<BTreeSet<String>> {
-        let everything = std::mem::take(&mut self.everything);
-        let keys = std::mem::take(&mut self.keys);
-        (!everything).then_some(keys)
+    /// What the next look reads: `None` for every request, else the keys marked; and
+    /// whether it reads every waiting request too (a timeout is due at `now`).
+    fn take(&mut self, now: DateTime<Utc>) -> (Option<BTreeSet<String>>, bool) {
+        let due = self.timeout_due.is_some_and(|at| at <= now);
+        (self.marks.take(), due)
+    }
+
+    /// Keeps when the next timeout runs out, from a look's plan: `all_waiting` when the look
+    /// read every waiting request (then its plan knows every timeout), else the earlier of
+    /// what was kept and what the look found. Returns it.
+    fn keep_timeout(
+        &mut self,
+        found: Option<DateTime<Utc>>,
+        all_waiting: bool,
+    ) -> Option<DateTime<Utc>> {
+        self.timeout_due = match (all_waiting, self.timeout_due, found) {
+            (true, _, found) => found,
+            (false, Some(kept), Some(found)) => Some(kept.min(found)),
+            (false, kept, found) => kept.or(found),
+        };
+        self.timeout_due
     }
 }
 
@@ -731,6 +760,45 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_waiting_request_expires_when_its_timeout_runs_out_with_nothing_marked() {
+        let manager = crate::manager::manager_for_tests();
+        crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
+        let waiting = |name: &str, timeout: Option<std::time::Duration>| {
+            let mut task = Task::new(name, "cube-sample:latest");
+            task.spec.memory = 2 << 30;
+            task.spec.queue_timeout = timeout;
+            task
+        };
+        let impatient = manager
+            .accept_task(
+                waiting("impatient", Some(std::time::Duration::from_millis(300))),
+                None,
+            )
+            .await
+            .unwrap()
+            .id;
+        manager.look_at_queue().await.unwrap();
+        // Another request after it: a look that reads it alone keeps the first's timeout.
+        let patient = manager
+            .accept_task(waiting("patient", None), None)
+            .await
+            .unwrap()
+            .id;
+        let again = manager.look_at_queue().await.unwrap();
+        assert!(
+            matches!(again, Action::RequeueAfter(wait) if wait <= std::time::Duration::from_millis(320)),
+            "the look comes back when the first timeout runs out: {again:?}"
+        );
+        let state_of = |id: Uuid| manager.queue_entry_of_task(id).map(|view| view.entry.state);
+        assert_eq!(state_of(impatient), Some(QueueState::Waiting));
+        tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+        assert!(lock(&manager.state).queue_dirty.marks.keys().is_empty());
+        manager.look_at_queue().await.unwrap();
+        assert_eq!(state_of(impatient), Some(QueueState::Expired));
+        assert_eq!(state_of(patient), Some(QueueState::Waiting));
+    }
+
+    #[tokio::test]
     async fn a_look_reads_only_the_requests_that_changed_and_keeps_the_list_a_whole_look_would() {
         let manager = crate::manager::manager_for_tests();
         crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
@@ -765,9 +833,9 @@ mod tests {
             .unwrap();
         {
             let state = lock(&manager.state);
-            assert!(!state.queue_dirty.everything);
+            assert!(!state.queue_dirty.marks.is_everything());
             assert_eq!(
-                state.queue_dirty.keys.iter().collect::<Vec<_>>(),
+                state.queue_dirty.marks.keys().iter().collect::<Vec<_>>(),
                 vec![&RequestKind::Task.key(&running.to_string())]
             );
         }

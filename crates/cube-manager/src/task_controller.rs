@@ -92,9 +92,24 @@ impl Manager {
         }
     }
 
-    /// Asks for a placement pass: room appeared (a task ended, a node joined or came back)
-    /// or a task waits to be placed.
+    /// Asks for a placement pass over every waiting task: room may have appeared (a task
+    /// ended, a node joined, came back or was let take work again), so any of them may fit.
     pub(crate) fn push_waiting(&self) {
+        lock(&self.state).placement_dirty.mark_everything();
+        self.placement_runner.push(());
+    }
+
+    /// Asks for a placement pass over these new waiting tasks (and the requests they belong
+    /// to): nothing else changed, so what waited before still does not fit, and a pass need
+    /// not read it again (with 10,000 tasks waiting for room, a submission costs a look at
+    /// its own request, not at all of them).
+    pub(crate) fn push_to_place(&self, ids: impl IntoIterator<Item = Uuid>) {
+        {
+            let mut state = lock(&self.state);
+            for id in ids {
+                state.placement_dirty.mark(id);
+            }
+        }
         self.placement_runner.push(());
     }
 
@@ -116,7 +131,7 @@ impl Manager {
     /// One reconcile of one task: decide and act. An action that moves the task on to
     /// another controller (a restart to the placement pass) hands it over; one that waits
     /// (a restart's backoff) asks the runner for the delay.
-    async fn reconcile_task(&self, id: Uuid) -> Result<Action, String> {
+    pub(crate) async fn reconcile_task(&self, id: Uuid) -> Result<Action, String> {
         let (task, client) = {
             let state = lock(&self.state);
             let Some(task) = state.cache.get(&id) else {
@@ -147,23 +162,29 @@ impl Manager {
                     .with_writes(|writes| self.restart(id, streak, writes))
                     .await
                 {
-                    // Pending again: the placement pass takes it from here.
+                    // Pending again: the placement pass takes it from here (every waiting
+                    // task: the run that ended left room).
                     Ok(true) => {
-                        self.placement_runner.push(());
+                        self.push_waiting();
                         Ok(Action::Done)
                     }
                     Ok(false) => Ok(Action::Done),
                     Err(err) => Err(failed(err)),
                 }
             }
+            // A job's request waits with one copy fewer, which may let it fit: its request
+            // is read again.
             Decision::CompleteUnplaced => self
                 .with_writes(|writes| self.complete_unplaced(id, writes))
                 .await
-                .map(|()| Action::Done)
+                .map(|()| {
+                    self.push_to_place([id]);
+                    Action::Done
+                })
                 .map_err(failed),
             // Placement is one pass over every waiting task, not a decision per task.
             Decision::Place => {
-                self.placement_runner.push(());
+                self.push_to_place([id]);
                 Ok(Action::Done)
             }
             Decision::Dispatch => self.dispatch(task, client).await,
