@@ -11,6 +11,7 @@
 pub mod api;
 mod attach;
 pub mod config;
+mod first_check;
 pub mod gate;
 mod health;
 mod heartbeat;

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::PodSettings;
+use crate::first_check::{self, FirstCheck, FirstChecks};
 use crate::health::{self, HealthSchedule};
 use crate::metrics::{Metered, WorkerMetrics};
 use crate::stats::{StatsCollector, StatsError};
@@ -164,6 +165,8 @@ pub struct Worker<R> {
     running: Mutex<HashSet<Uuid>>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
+    /// Pod containers' first health checks, run as they start (`first_check.rs`).
+    first_checks: FirstChecks,
     /// The worker's metrics, for `GET /metrics`.
     metrics: WorkerMetrics,
     /// The container engine's version, once it answered (asked again until it does).
@@ -195,6 +198,7 @@ impl<R: Runtime> Worker<R> {
             observed,
             running: Mutex::new(running),
             health: HealthSchedule::default(),
+            first_checks: FirstChecks::default(),
             metrics,
             engine: Mutex::new(None),
             closing: CancellationToken::new(),
@@ -760,6 +764,12 @@ impl<R: Runtime> Worker<R> {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = self.health.added() => {}
+                _ = self.first_checks.added() => {
+                    for check in self.first_checks.take() {
+                        let worker = self.clone();
+                        probes.spawn(async move { worker.first_check(check).await });
+                    }
+                }
                 Some(_) = probes.join_next(), if !probes.is_empty() => {}
                 _ = wake => {
                     for id in self.health.take_due(tokio::time::Instant::now()) {
@@ -770,6 +780,51 @@ impl<R: Runtime> Worker<R> {
             }
         }
         probes.abort_all();
+    }
+
+    /// Runs a pod container's first health checks until one passes or Docker's own first
+    /// check is due (see `first_check.rs`); a pass has the pod monitor look again.
+    async fn first_check(&self, check: FirstCheck) {
+        let mut pause = first_check::FIRST_RETRY;
+        loop {
+            if tokio::time::Instant::now() >= check.until {
+                return;
+            }
+            match self.runtime.inspect(&check.container_id).await {
+                Ok(Some(info)) if info.running && info.health == Some(Health::Starting) => {}
+                // Ended, gone, or Docker has a verdict of its own.
+                _ => return,
+            }
+            if self.check_passes(&check).await {
+                tracing::debug!(task = %check.task_id, container = %check.container_id, "first health check passed");
+                self.first_checks.pass(&check.container_id);
+                let _ = self.send(Command::Check(check.task_id)).await;
+                return;
+            }
+            let left = check.until.saturating_duration_since(tokio::time::Instant::now());
+            tokio::select! {
+                _ = self.closing.cancelled() => return,
+                _ = tokio::time::sleep(pause.min(left)) => {}
+            }
+            pause = (pause * 2).min(first_check::MAX_RETRY);
+        }
+    }
+
+    /// Whether one run of the check's command exits with 0 within its timeout.
+    async fn check_passes(&self, check: &FirstCheck) -> bool {
+        let run = async {
+            let session = self
+                .runtime
+                .exec(&check.container_id, &check.command, false, false)
+                .await
+                .ok()?;
+            session.output.for_each(|_| async {}).await;
+            self.exec_exit_code(&session.exec_id).await
+        };
+        let bound = check
+            .timeout
+            .min(check.until.saturating_duration_since(tokio::time::Instant::now()));
+        matches!(tokio::time::timeout(bound, run).await, Ok(Some(0)))
     }
 
     async fn probe_once(&self, id: Uuid) {

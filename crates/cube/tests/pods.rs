@@ -173,6 +173,59 @@ async fn a_compose_file_runs_as_one_task_whose_services_reach_each_other_on_loca
     }
 }
 
+/// A server whose health check Docker first runs a minute after the start, and a service
+/// that waits for it to be healthy; a third whose check never passes.
+const SLOW_CHECKS: &str = r#"services:
+  a:
+    image: cube-sample:latest
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O", "/dev/null", "http://localhost:7777/health"]
+      interval: 60s
+      timeout: 2s
+  b:
+    image: cube-sample:latest
+    command: ["sleep", "3600"]
+    depends_on:
+      a:
+        condition: service_healthy
+  c:
+    image: cube-sample:latest
+    command: ["sleep", "3600"]
+    healthcheck:
+      test: ["CMD-SHELL", "test -f /never-there"]
+      interval: 60s
+"#;
+
+#[tokio::test]
+async fn cube_runs_the_first_health_checks_at_once_rather_than_an_interval_later() {
+    let cluster = OneNodeCluster::start("firstcheck").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "slow.yml", SLOW_CHECKS);
+    let id = run_file(&cluster.manager, &file);
+    // b starts once a passed Cube's first check: Docker's own is a minute away.
+    let task = client
+        .await_task(&id, "a healthy by Cube's first check, b started", |task| {
+            task["State"] == "Running"
+                && containers(task)
+                    .iter()
+                    .any(|c| c["Name"] == "a" && c["Health"] == "Healthy")
+                && containers(task)
+                    .iter()
+                    .any(|c| c["Name"] == "b" && c["Status"] == "running")
+        })
+        .await;
+    let a = container(&task, "a")["ContainerID"].as_str().unwrap().to_string();
+    assert_eq!(
+        docker(&["inspect", "-f", "{{.State.Health.Status}}", &a]),
+        "starting",
+        "Docker has not run its own check yet"
+    );
+    // c's check fails: it is not made healthy, and neither is the pod.
+    assert_eq!(container(&task, "c")["Health"], "Starting", "{task}");
+    assert_eq!(task["Health"], "Starting", "{task}");
+}
+
 #[tokio::test]
 async fn the_plugins_run_in_the_configured_order_at_launch_and_kill() {
     let dir = tempfile::tempdir().unwrap();

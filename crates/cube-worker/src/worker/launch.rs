@@ -22,6 +22,7 @@ use cube_types::{Health, State, Task};
 use futures_util::StreamExt;
 
 use super::{Worker, WorkerError};
+use crate::first_check::FirstCheck;
 use crate::plugin::{LaunchPlan, PlannedContainer};
 
 /// Why a launch failed, in the words the task's `Error` shows.
@@ -234,6 +235,16 @@ impl<R: Runtime> Worker<R> {
                 }
                 None => self.start_stage(plan, stage, &made).await?,
             }
+            if plan.pod {
+                let started = tokio::time::Instant::now();
+                for (container, (id, _)) in stage.iter().zip(&made) {
+                    if let Some(check) = container.spec.healthcheck.as_ref().and_then(|check| {
+                        FirstCheck::of(plan.task_id, id, check, started)
+                    }) {
+                        self.first_checks.queue(check);
+                    }
+                }
+            }
             ids.extend(
                 stage
                     .iter()
@@ -393,8 +404,15 @@ impl<R: Runtime> Worker<R> {
         let since = Utc::now().timestamp() - 1;
         let mut events = self.runtime.events_since(&self.config.name, since);
         loop {
+            // Cube's own first checks may pass before Docker's first: a pass wakes this too.
+            let passed = self.first_checks.next_pass();
+            tokio::pin!(passed);
+            passed.as_mut().enable();
             let info = match self.runtime.inspect(container_id).await {
-                Ok(Some(info)) => info,
+                Ok(Some(mut info)) => {
+                    self.first_checks.apply(&mut info);
+                    info
+                }
                 Ok(None) => {
                     return Err(LaunchFailure(format!(
                         "container {service} disappeared before it was healthy"
@@ -431,6 +449,7 @@ impl<R: Runtime> Worker<R> {
                     _ = self.closing.cancelled() => {
                         return Err(LaunchFailure("the worker is stopping".to_string()));
                     }
+                    _ = &mut passed => break,
                     event = events.next() => event,
                 };
                 match event {
@@ -479,7 +498,10 @@ impl<R: Runtime> Worker<R> {
             .containers
             .iter()
             .zip(infos)
-            .map(|(planned, info)| (planned.name.clone(), planned.infra, Some(info)))
+            .map(|(planned, mut info)| {
+                self.first_checks.apply(&mut info);
+                (planned.name.clone(), planned.infra, Some(info))
+            })
             .collect();
         // The task's own container is the one that holds the pod's network (its ports).
         let main = &containers[0].2;
@@ -498,7 +520,12 @@ impl<R: Runtime> Worker<R> {
                 None
             } else {
                 match self.runtime.inspect(&status.container_id).await {
-                    Ok(info) => info,
+                    Ok(mut info) => {
+                        if let Some(info) = &mut info {
+                            self.first_checks.apply(info);
+                        }
+                        info
+                    }
                     Err(err) => {
                         tracing::warn!(task = %task.id, error = %err, "cannot inspect a pod's container");
                         return Ok(());
@@ -597,6 +624,7 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(task = %task.id, container = %id, error = %err, "cannot stop a container");
             }
         }
+        self.first_checks.forget(ids);
     }
 
     fn post_kill(&self, task: &Task) {
@@ -673,6 +701,7 @@ impl<R: Runtime> Worker<R> {
                 return self.record_error(task, format!("cannot stop the container: {err}"));
             }
         }
+        self.first_checks.forget(&ids);
         if let Some(main) = ids.first()
             && let Ok(Some(info)) = self.runtime.inspect(main).await
             && task.spec.pod.is_none()
