@@ -20,8 +20,8 @@ use bollard::Docker;
 use bollard::query_parameters::KillContainerOptions;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
 use cube_runtime::{ContainerSpec, DockerRuntime, Runtime, RuntimeEvent};
-use futures_util::StreamExt;
 use cube_types::Task;
+use futures_util::StreamExt;
 use serde_json::json;
 
 use crate::swarm::Swarm;
@@ -191,7 +191,9 @@ impl PreCreated {
         let died_then_started = async {
             loop {
                 match events.next().await {
-                    Some(Ok(RuntimeEvent::Died { container_id, .. })) if container_id == running => {
+                    Some(Ok(RuntimeEvent::Died { container_id, .. }))
+                        if container_id == running =>
+                    {
                         break;
                     }
                     Some(Ok(_)) => continue,

@@ -664,14 +664,36 @@ impl Manager {
                 findings.join("; ")
             )));
         }
-        let client = self
-            .config
-            .worker_client(&report.address)
-            .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
         let name = report.name.clone();
+        let build = |address: &str| {
+            self.config
+                .worker_client(address)
+                .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))
+        };
+        // The client for the report's address: the node's own when it is known there (a
+        // heartbeat; a client is a connection pool and TLS settings, not made every beat),
+        // else a new one, made outside the lock.
+        let known_client = |state: &Shared| {
+            state
+                .nodes
+                .get(&name)
+                .filter(|entry| entry.address == report.address)
+                .map(|entry| entry.client.clone())
+        };
+        let (mut client, mut fresh) = match known_client(&lock(&self.state)) {
+            Some(client) => (client, false),
+            None => (build(&report.address)?, true),
+        };
         let mut node_write = None;
-        let (effect, view) = {
+        let (effect, view) = loop {
             let mut state = lock(&self.state);
+            if !fresh && known_client(&state).is_none() {
+                // The node moved or went since the look above: a client for this address.
+                drop(state);
+                client = build(&report.address)?;
+                fresh = true;
+                continue;
+            }
             let now = Instant::now();
             let before = state
                 .nodes
@@ -701,7 +723,7 @@ impl Manager {
             if let Some(kind) = node_report_event(before, view.status, effect.changed) {
                 self.publish_node(&state, &name, kind);
             }
-            (effect, view)
+            break (effect, view);
         };
         if let Some(commit) = node_write {
             commit.durable().await?;
@@ -999,6 +1021,53 @@ pub(crate) fn test_config() -> ManagerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_node_that_reports_from_a_new_address_is_reached_there_and_a_bad_one_refused() {
+        let manager = manager_for_tests();
+        join_test_node(&manager, "w1", 1 << 30).await;
+        let report = |address: &str| NodeReport {
+            name: "w1".to_string(),
+            address: address.to_string(),
+            capacity: cube_types::Resources {
+                cpu: 2.0,
+                memory: 1 << 30,
+                disk: 0,
+            },
+            stats: None,
+            labels: Default::default(),
+            version: None,
+        };
+        let base = |manager: &Manager| {
+            lock(&manager.state)
+                .nodes
+                .get("w1")
+                .map(|entry| entry.client.base().to_string())
+        };
+        // A heartbeat at the same address keeps the node's client.
+        manager
+            .report_node(report("127.0.0.1:9"), NodeSource::Registered)
+            .await
+            .unwrap();
+        assert_eq!(base(&manager).as_deref(), Some("http://127.0.0.1:9"));
+        manager
+            .report_node(report("127.0.0.1:10"), NodeSource::Registered)
+            .await
+            .unwrap();
+        assert_eq!(
+            base(&manager).as_deref(),
+            Some("http://127.0.0.1:10"),
+            "the node moved: its client follows"
+        );
+        let refused = manager
+            .report_node(report("not an address"), NodeSource::Registered)
+            .await;
+        assert!(
+            matches!(&refused, Err(ManagerError::BadRequest(why)) if why.starts_with("Address")),
+            "{refused:?}"
+        );
+        assert_eq!(base(&manager).as_deref(), Some("http://127.0.0.1:10"));
+    }
 
     #[test]
     fn the_tasks_of_a_stored_node_whose_address_no_longer_parses_are_lost_at_start() {

@@ -801,7 +801,9 @@ impl<R: Runtime> Worker<R> {
                 let _ = self.send(Command::Check(check.task_id)).await;
                 return;
             }
-            let left = check.until.saturating_duration_since(tokio::time::Instant::now());
+            let left = check
+                .until
+                .saturating_duration_since(tokio::time::Instant::now());
             tokio::select! {
                 _ = self.closing.cancelled() => return,
                 _ = tokio::time::sleep(pause.min(left)) => {}
@@ -821,9 +823,11 @@ impl<R: Runtime> Worker<R> {
             session.output.for_each(|_| async {}).await;
             self.exec_exit_code(&session.exec_id).await
         };
-        let bound = check
-            .timeout
-            .min(check.until.saturating_duration_since(tokio::time::Instant::now()));
+        let bound = check.timeout.min(
+            check
+                .until
+                .saturating_duration_since(tokio::time::Instant::now()),
+        );
         matches!(tokio::time::timeout(bound, run).await, Ok(Some(0)))
     }
 

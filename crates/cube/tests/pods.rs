@@ -215,7 +215,10 @@ async fn cube_runs_the_first_health_checks_at_once_rather_than_an_interval_later
                     .any(|c| c["Name"] == "b" && c["Status"] == "running")
         })
         .await;
-    let a = container(&task, "a")["ContainerID"].as_str().unwrap().to_string();
+    let a = container(&task, "a")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(
         docker(&["inspect", "-f", "{{.State.Health.Status}}", &a]),
         "starting",

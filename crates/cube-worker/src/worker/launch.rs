@@ -238,9 +238,12 @@ impl<R: Runtime> Worker<R> {
             if plan.pod {
                 let started = tokio::time::Instant::now();
                 for (container, (id, _)) in stage.iter().zip(&made) {
-                    if let Some(check) = container.spec.healthcheck.as_ref().and_then(|check| {
-                        FirstCheck::of(plan.task_id, id, check, started)
-                    }) {
+                    if let Some(check) = container
+                        .spec
+                        .healthcheck
+                        .as_ref()
+                        .and_then(|check| FirstCheck::of(plan.task_id, id, check, started))
+                    {
                         self.first_checks.queue(check);
                     }
                 }
