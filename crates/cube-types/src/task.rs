@@ -102,7 +102,7 @@ pub struct TaskSpec {
     pub queue_timeout: Option<Duration>,
     /// Several containers as one task, from a compose file; then `Image`, `Cmd`, `Env` and
     /// the health-check fields are empty, and `Cpu`, `Memory` and the ports are the pod's sums.
-    pub pod: Option<Pod>,
+    pub pod: Option<Box<Pod>>,
     /// What the user asked for: `Running` to run it, `Completed` to stop it.
     pub desired_state: State,
 }
@@ -314,7 +314,7 @@ struct TaskWire {
     pub healthy_since: Option<DateTime<Utc>>,
     /// A pod: `{"Compose": "<compose file>", "EnvFiles": {"name": "contents"}}`.
     #[serde(rename = "Pod", default)]
-    pub pod: Option<Pod>,
+    pub pod: Option<Box<Pod>>,
     /// A pod's containers as the worker saw them.
     #[serde(rename = "Containers", default, deserialize_with = "null_as_default")]
     pub containers: Vec<ContainerStatus>,
@@ -460,7 +460,7 @@ struct TaskWireRef<'a> {
     )]
     healthy_since: &'a Option<DateTime<Utc>>,
     #[serde(rename = "Pod", skip_serializing_if = "unset")]
-    pod: &'a Option<Pod>,
+    pod: &'a Option<Box<Pod>>,
     #[serde(rename = "Containers", skip_serializing_if = "none_listed")]
     containers: &'a Vec<ContainerStatus>,
 }

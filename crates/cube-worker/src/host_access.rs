@@ -189,7 +189,9 @@ mod tests {
 
     fn pod_task(compose: &str) -> Task {
         let mut task = Task::new("p", "x");
-        task.spec.pod = Some(cube_types::pod::Pod::parse(compose, &BTreeMap::new()).unwrap());
+        task.spec.pod = Some(Box::new(
+            cube_types::pod::Pod::parse(compose, &BTreeMap::new()).unwrap(),
+        ));
         task
     }
 

@@ -603,7 +603,7 @@ mod tests {
     fn pod_task() -> Task {
         let compose = "services:\n  a:\n    image: cube-sample:latest\n    ports: [\"8080:7777\"]\n    volumes: [\"data:/data\"]\n  b:\n    image: cube-sample:latest\n    depends_on: [a]\nvolumes:\n  data:\n";
         let mut task = Task::new("web", "");
-        task.spec.pod = Some(Pod::parse(compose, &BTreeMap::new()).unwrap());
+        task.spec.pod = Some(Box::new(Pod::parse(compose, &BTreeMap::new()).unwrap()));
         task
     }
 
