@@ -172,7 +172,8 @@ fn from_worker(node: &str, err: ClientError) -> ManagerError {
         ClientError::Status {
             status, message, ..
         } if status.as_u16() == 404 => {
-            ManagerError::Unavailable(format!("node {node} no longer has the task: {message}"))
+            // The node answers, and says the run is gone: asking again will not help.
+            ManagerError::Conflict(format!("node {node} no longer has the task: {message}"))
         }
         other => ManagerError::Unavailable(format!("cannot reach node {node}: {}", other.cause())),
     }

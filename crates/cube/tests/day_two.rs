@@ -81,6 +81,21 @@ async fn cube_logs_follows_a_task_until_it_exits_and_its_logs_stay_readable_afte
     let (ok, out, err) = cube_cli(&address, &["logs", "--tail", "2", "--no-stderr", "talker"]);
     assert!(ok);
     assert_eq!((out.as_str(), err.as_str()), ("line 5\n", ""));
+    // Its run removed on the node behind the manager's back: the manager says the node no
+    // longer has it (a conflict with what it knows, not a node that cannot be reached).
+    let purged = cluster
+        .worker
+        .client()
+        .delete(&format!("/tasks/{id}?purge=true"))
+        .await;
+    assert!(purged.status < 300, "{}", purged.body);
+    let gone = client.get(&format!("/tasks/{id}/logs")).await;
+    assert_eq!(gone.status, 409, "{}", gone.body);
+    assert!(
+        gone.message().contains("no longer has the task"),
+        "{}",
+        gone.body
+    );
 
     // The API's own words for a task that has no container.
     let port = support::free_port().to_string();
