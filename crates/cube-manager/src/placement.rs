@@ -760,20 +760,26 @@ mod tests {
         .unwrap()
     }
 
-    #[tokio::test]
-    async fn a_job_is_placed_whole_or_not_at_all() {
-        let manager = manager();
+    /// The service job `trio` and its three waiting copies of 400 MiB each.
+    async fn trio(manager: &Arc<Manager>) -> Vec<uuid::Uuid> {
         lock(&manager.state)
             .jobs
             .insert("trio".to_string(), Arc::new(job_record("trio", "service")));
         let mut copies = Vec::new();
         for n in 0..3 {
             copies.push(
-                waiting(&manager, &format!("trio.g[{n}]"), 400 * MIB, "trio")
+                waiting(manager, &format!("trio.g[{n}]"), 400 * MIB, "trio")
                     .await
                     .id,
             );
         }
+        copies
+    }
+
+    #[tokio::test]
+    async fn a_job_is_placed_whole_or_not_at_all() {
+        let manager = manager();
+        let copies = trio(&manager).await;
         one_node(&manager).await;
         assert!(
             pass(&manager).is_empty(),
@@ -850,18 +856,8 @@ mod tests {
     #[tokio::test]
     async fn a_job_waiting_whole_is_read_again_when_a_copy_of_it_is_stopped() {
         let manager = manager();
-        lock(&manager.state)
-            .jobs
-            .insert("trio".to_string(), Arc::new(job_record("trio", "service")));
+        let copies = trio(&manager).await;
         one_node(&manager).await;
-        let mut copies = Vec::new();
-        for n in 0..3 {
-            copies.push(
-                waiting(&manager, &format!("trio.g[{n}]"), 400 * MIB, "trio")
-                    .await
-                    .id,
-            );
-        }
         assert!(
             pass(&manager).is_empty(),
             "three of 400 MiB do not fit in 1 GiB"

@@ -43,7 +43,7 @@ pub const LABEL_POD_CONTAINER: &str = "cube.pod-container";
 pub const LABEL_RUN: &str = "cube.run";
 
 /// What the engine says about one container.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ContainerInfo {
     pub id: String,
     /// Its name, without the engine's leading `/`.

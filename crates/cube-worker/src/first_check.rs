@@ -163,19 +163,9 @@ mod tests {
     fn info(id: &str, running: bool, health: Option<Health>) -> ContainerInfo {
         ContainerInfo {
             id: id.to_string(),
-            name: id.to_string(),
-            pod_container: None,
-            task_id: None,
-            node: None,
             running,
-            pid: None,
-            exit_code: None,
-            oom_killed: false,
-            error: String::new(),
-            started_at: None,
-            finished_at: None,
-            host_ports: Default::default(),
             health,
+            ..ContainerInfo::default()
         }
     }
 

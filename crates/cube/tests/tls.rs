@@ -79,6 +79,15 @@ impl TlsCluster {
     async fn start(extra: &[&str]) -> TlsCluster {
         let (manager, dir) = tls_manager(extra);
         let fingerprint = authority(&manager).fingerprint();
+        TlsCluster::bootstrapped(manager, dir, fingerprint).await
+    }
+
+    /// The cluster of a running manager whose CA has `fingerprint`: ACL bootstrapped over TLS.
+    async fn bootstrapped(
+        manager: ManagerProcess,
+        dir: tempfile::TempDir,
+        fingerprint: String,
+    ) -> TlsCluster {
         let open = tls_client(&manager.url, &fingerprint, PeerRole::Manager, None, None);
         let answer = open
             .request_answer("POST", "/acl/bootstrap", Some("{}"))
@@ -467,6 +476,13 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
     );
 }
 
+/// The fingerprint of the CA certificate in the PEM file at `path`.
+fn fingerprint_of(path: &std::path::Path) -> String {
+    let pem = std::fs::read_to_string(path).unwrap();
+    let ca = cube_api::tls::certificates_from_pem(&pem, "ca").unwrap();
+    cube_api::tls::fingerprint(&ca[0])
+}
+
 /// A CA of the user's own in `dir` (`ca.pem`, `ca-key.pem`), made with openssl.
 fn user_ca(dir: &std::path::Path) {
     openssl(
@@ -571,7 +587,7 @@ async fn certificates_brought_by_the_user_run_a_task_and_are_taken_again_when_re
     let path = |file: &str| certs_dir.join(file).to_str().unwrap().to_string();
 
     // The manager with the user's CA (without its key) and its own certificate.
-    let (manager, _data) = tls_manager(&[
+    let (manager, data_dir) = tls_manager(&[
         "--tls-ca",
         &path("ca.pem"),
         "--tls-cert",
@@ -579,20 +595,8 @@ async fn certificates_brought_by_the_user_run_a_task_and_are_taken_again_when_re
         "--tls-key",
         &path("manager-key.pem"),
     ]);
-    let ca_pem = std::fs::read_to_string(certs_dir.join("ca.pem")).unwrap();
-    let ca = cube_api::tls::certificates_from_pem(&ca_pem, "ca").unwrap();
-    let fingerprint = cube_api::tls::fingerprint(&ca[0]);
-    let open = tls_client(&manager.url, &fingerprint, PeerRole::Manager, None, None);
-    let answer = open
-        .request_answer("POST", "/acl/bootstrap", Some("{}"))
-        .await;
-    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
-    let cluster = TlsCluster {
-        manager,
-        _dir: tempfile::tempdir().unwrap(),
-        fingerprint: fingerprint.clone(),
-        management: answer.body["Secret"].as_str().unwrap().to_string(),
-    };
+    let fingerprint = fingerprint_of(&certs_dir.join("ca.pem"));
+    let cluster = TlsCluster::bootstrapped(manager, data_dir, fingerprint.clone()).await;
     let first_serial = served_serial(&cluster.client()).await;
 
     // Without the CA's key the manager signs nothing: a node asking for a certificate is told
@@ -706,45 +710,29 @@ async fn a_brought_certificate_that_is_not_what_cube_needs_is_refused_at_start_s
         support::cube_command(&args)
     };
 
-    let (status, _, stderr) = manager(&[
-        "--tls-ca",
-        &path("ca.pem"),
-        "--tls-cert",
-        &path("plain.pem"),
-        "--tls-key",
-        &path("plain-key.pem"),
-    ]);
-    assert!(!status.success());
-    assert!(stderr.contains("OU=cube-manager"), "{stderr}");
-
-    // A node's certificate is not a manager's.
-    let (status, _, stderr) = manager(&[
-        "--tls-ca",
-        &path("ca.pem"),
-        "--tls-cert",
-        &path("node.pem"),
-        "--tls-key",
-        &path("node-key.pem"),
-    ]);
-    assert!(!status.success());
-    assert!(stderr.contains("cube-manager"), "{stderr}");
+    // Each brought pair refused at start, saying why: no Cube OU; a node's certificate is not
+    // a manager's; a certificate and a key that do not go together.
+    for (cert, key, why) in [
+        ("plain.pem", "plain-key.pem", "OU=cube-manager"),
+        ("node.pem", "node-key.pem", "cube-manager"),
+        ("manager.pem", "node-key.pem", "--tls-key"),
+    ] {
+        let (status, _, stderr) = manager(&[
+            "--tls-ca",
+            &path("ca.pem"),
+            "--tls-cert",
+            &path(cert),
+            "--tls-key",
+            &path(key),
+        ]);
+        assert!(!status.success(), "{cert} with {key}");
+        assert!(stderr.contains(why), "{cert} with {key}: {stderr}");
+    }
 
     // A CA without its key and no certificate: the manager could make none.
     let (status, _, stderr) = manager(&["--tls-ca", &path("ca.pem")]);
     assert!(!status.success());
     assert!(stderr.contains("--tls-ca-key"), "{stderr}");
-
-    // A certificate and a key that do not go together.
-    let (status, _, stderr) = manager(&[
-        "--tls-ca",
-        &path("ca.pem"),
-        "--tls-cert",
-        &path("manager.pem"),
-        "--tls-key",
-        &path("node-key.pem"),
-    ]);
-    assert!(!status.success());
-    assert!(stderr.contains("--tls-key"), "{stderr}");
 
     // A worker whose certificate is another node's.
     let token = format!("cube.{}.{}", "a".repeat(16), "b".repeat(64));
@@ -781,28 +769,16 @@ async fn with_the_users_ca_and_its_key_nodes_join_by_token_and_get_certificates_
     let certs = tempfile::tempdir().unwrap();
     user_ca(certs.path());
     let path = |file: &str| certs.path().join(file).to_str().unwrap().to_string();
-    let (manager, _data) = tls_manager(&[
+    let (manager, data_dir) = tls_manager(&[
         "--tls-ca",
         &path("ca.pem"),
         "--tls-ca-key",
         &path("ca-key.pem"),
     ]);
-    let ca_pem = std::fs::read_to_string(certs.path().join("ca.pem")).unwrap();
-    let ca = cube_api::tls::certificates_from_pem(&ca_pem, "ca").unwrap();
-    let fingerprint = cube_api::tls::fingerprint(&ca[0]);
     // No CA of its own was made in the data directory.
     assert!(!manager.data_dir.join(cube_api::tls::CA_FILE).exists());
-    let open = tls_client(&manager.url, &fingerprint, PeerRole::Manager, None, None);
-    let answer = open
-        .request_answer("POST", "/acl/bootstrap", Some("{}"))
-        .await;
-    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
-    let cluster = TlsCluster {
-        manager,
-        _dir: tempfile::tempdir().unwrap(),
-        fingerprint,
-        management: answer.body["Secret"].as_str().unwrap().to_string(),
-    };
+    let fingerprint = fingerprint_of(&certs.path().join("ca.pem"));
+    let cluster = TlsCluster::bootstrapped(manager, data_dir, fingerprint).await;
     let name = unique_node("userca");
     let worker = cluster.join(&name).await;
     cluster.await_ready(&name).await;

@@ -256,7 +256,7 @@ impl<R: Runtime> Worker<R> {
             );
         }
         let inspected =
-            futures_util::future::join_all(ids.iter().map(|(_, id)| self.runtime.inspect(id)))
+            futures_util::future::join_all(ids.iter().map(|(_, id)| self.inspect_counted(id)))
                 .await;
         let mut infos = Vec::with_capacity(ids.len());
         for ((name, _), inspected) in ids.iter().zip(inspected) {
@@ -411,11 +411,8 @@ impl<R: Runtime> Worker<R> {
             let passed = self.first_checks.next_pass();
             tokio::pin!(passed);
             passed.as_mut().enable();
-            let info = match self.runtime.inspect(container_id).await {
-                Ok(Some(mut info)) => {
-                    self.first_checks.apply(&mut info);
-                    info
-                }
+            let info = match self.inspect_counted(container_id).await {
+                Ok(Some(info)) => info,
                 Ok(None) => {
                     return Err(LaunchFailure(format!(
                         "container {service} disappeared before it was healthy"
@@ -473,6 +470,17 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
+    /// What the engine says of a container, with Cube's first health checks counted (a pass
+    /// reads as healthy while Docker still says `starting`; see `first_check.rs`): how the
+    /// launch, the pod monitor and a wait on `depends_on` read a container.
+    async fn inspect_counted(&self, id: &str) -> Result<Option<ContainerInfo>, RuntimeError> {
+        let mut info = self.runtime.inspect(id).await?;
+        if let Some(info) = &mut info {
+            self.first_checks.apply(info);
+        }
+        Ok(info)
+    }
+
     /// Removes every container of the plan's run (those this launch created or adopted).
     async fn remove_run(&self, plan: &LaunchPlan) {
         for container in plan.containers.iter().rev() {
@@ -501,10 +509,7 @@ impl<R: Runtime> Worker<R> {
             .containers
             .iter()
             .zip(infos)
-            .map(|(planned, mut info)| {
-                self.first_checks.apply(&mut info);
-                (planned.name.clone(), planned.infra, Some(info))
-            })
+            .map(|(planned, info)| (planned.name.clone(), planned.infra, Some(info)))
             .collect();
         // The task's own container is the one that holds the pod's network (its ports).
         let main = &containers[0].2;
@@ -522,13 +527,8 @@ impl<R: Runtime> Worker<R> {
             let info = if status.container_id.is_empty() {
                 None
             } else {
-                match self.runtime.inspect(&status.container_id).await {
-                    Ok(mut info) => {
-                        if let Some(info) = &mut info {
-                            self.first_checks.apply(info);
-                        }
-                        info
-                    }
+                match self.inspect_counted(&status.container_id).await {
+                    Ok(info) => info,
                     Err(err) => {
                         tracing::warn!(task = %task.id, error = %err, "cannot inspect a pod's container");
                         return Ok(());
@@ -907,18 +907,10 @@ mod tests {
         ContainerInfo {
             id: "c".into(),
             name: "n".into(),
-            pod_container: None,
-            task_id: None,
-            node: None,
             running,
-            pid: None,
             exit_code,
-            oom_killed: false,
-            error: String::new(),
-            started_at: None,
-            finished_at: None,
-            host_ports: Default::default(),
             health,
+            ..ContainerInfo::default()
         }
     }
 
