@@ -189,13 +189,40 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
 /// Whether a copy still has the spec the job asks for now (a changed template replaces it).
 /// `template` is the group's copy as [`copy_of`] makes it without a pin, made once per group:
 /// a copy differs from it only in its name, its index and (system) the pin to its node.
+///
+/// A copy's constraints are the template's, or (a system copy) the template's followed by
+/// one `node.name =` pin. Only a constraint *beyond* the template's is taken for a pin: a job
+/// or group may well ask for `node.name =` itself, and such a constraint is the template's
+/// own (reading it as a pin once made every copy look changed, and the job replaced its copy
+/// in a tight loop).
 pub(crate) fn has_current_spec(task: &Task, template: &Task) -> bool {
-    let constraints = match pinned_node(task) {
-        Some(_) => &task.spec.constraints[..task.spec.constraints.len().saturating_sub(1)],
-        None => &task.spec.constraints[..],
-    };
-    constraints == template.spec.constraints.as_slice()
-        && task.same_spec_except(template, &["Name", "Index", "Constraints"])
+    let wanted = template.spec.constraints.as_slice();
+    let constraints = task.spec.constraints.as_slice();
+    let same_constraints = constraints == wanted
+        || constraints
+            .split_last()
+            .is_some_and(|(last, rest)| rest == wanted && is_pin(last));
+    same_constraints && task.same_spec_except(template, &["Name", "Index", "Constraints"])
+}
+
+/// A `node.name =` constraint: what [`copy_of`] adds to put a system copy on its node.
+fn is_pin(constraint: &Constraint) -> bool {
+    constraint.attribute == "node.name" && constraint.operator == Operator::Equal
+}
+
+/// Whether replacing `task` with `wanted` would change anything it runs. A replacement by an
+/// identical copy is never carried out: were [`has_current_spec`] ever to disagree with
+/// [`copy_of`] again, the job would otherwise stop and create copies in a loop.
+fn replacement_changes(task: &Task, wanted: &Task) -> bool {
+    let changes = !task.same_spec_except(wanted, &["Name", "Index"]);
+    if !changes {
+        tracing::error!(
+            task = %task.id,
+            name = %task.name,
+            "a copy read as changed has the job's spec; kept (a defect in the spec comparison)"
+        );
+    }
+    changes
 }
 
 /// The plan for one look at one job: what to create and stop, and (service jobs) how its
@@ -410,6 +437,10 @@ fn plan_counted<'a>(
             continue;
         }
         let wanted = copy_of(record, group_index, task.spec.index.unwrap_or(0), None);
+        if !replacement_changes(task, &wanted) {
+            keep.push(task.id);
+            continue;
+        }
         stops.push((
             task,
             format!(
@@ -562,23 +593,26 @@ fn plan_system<'a>(
                 stops.push((task, format!("a second copy on node {node}")))
             }
             Some(_) => {
-                if has_current_spec(task, &template) {
-                    keep.push(task.id);
-                } else {
-                    let wanted = copy_of(
+                let wanted = (!has_current_spec(task, &template)).then(|| {
+                    copy_of(
                         record,
                         group_index,
                         task.spec.index.unwrap_or(0),
                         Some(node),
-                    );
-                    stops.push((
-                        task,
-                        format!(
-                            "job {} version {} changed its spec",
-                            job.name, record.version
-                        ),
-                    ));
-                    create.push(copy_with_name(wanted, task));
+                    )
+                });
+                match wanted {
+                    Some(wanted) if replacement_changes(task, &wanted) => {
+                        stops.push((
+                            task,
+                            format!(
+                                "job {} version {} changed its spec",
+                                job.name, record.version
+                            ),
+                        ));
+                        create.push(copy_with_name(wanted, task));
+                    }
+                    _ => keep.push(task.id),
                 }
             }
         }
@@ -1109,5 +1143,146 @@ mod tests {
         assert!(plan(&job, &nodes, &[]).create.is_empty());
         let kept = plan(&job, &nodes, &[&on_w1]);
         assert!(kept.is_empty() && kept.keep == [on_w1.id], "{kept:?}");
+    }
+
+    mod generated {
+        //! A property over generated jobs: the copies a job's plan makes are, once running,
+        //! what the next plan expects — a converged job plans nothing, whatever its spec
+        //! says (issue 27: a `node.name` constraint at the job's level made every copy read
+        //! as changed, and the job replaced it in a loop).
+        use proptest::prelude::*;
+        use serde_json::{Value, json};
+
+        use super::*;
+
+        fn constraint() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                prop::sample::select(vec!["n1", "n2"]).prop_map(
+                    |node| json!({"Attribute": "node.name", "Operator": "=", "Value": node})
+                ),
+                Just(json!({"Attribute": "node.name", "Operator": "!=", "Value": "n3"})),
+                Just(json!({"Attribute": "label.zone", "Operator": "=", "Value": "eu"})),
+                Just(json!({"Attribute": "label.zone", "Operator": "in", "Value": "eu,us"})),
+                Just(json!({"Attribute": "label.disk", "Operator": "exists"})),
+            ]
+        }
+
+        /// A group's task: every kind of spec field a user may write, each present or not.
+        fn task() -> impl Strategy<Value = Value> {
+            (
+                prop::sample::select(vec!["cube-sample:latest", "registry.test:5000/a/b:v1"]),
+                prop::option::of(prop::sample::select(vec!["16MiB", "64Mi", "1GiB"])),
+                prop::option::of(prop::sample::select(vec![0.25, 1.0])),
+                prop::collection::vec("[A-Z]{1,3}=[a-z0-9]{0,4}", 0..3),
+                prop::collection::vec("[a-z/]{1,6}", 0..3),
+                prop::option::of(prop::sample::select(vec!["7777", "8080/tcp", "53/udp"])),
+                prop::option::of(prop::sample::select(vec!["no", "always", "on-failure"])),
+                prop::option::of(prop::sample::select(vec!["/health", "/"])),
+                prop::option::of(0u32..4),
+            )
+                .prop_map(
+                    |(image, memory, cpu, env, cmd, port, restart, health, max_restarts)| {
+                        let mut task = json!({"Image": image, "Env": env, "Cmd": cmd});
+                        if let Some(memory) = memory {
+                            task["Memory"] = json!(memory);
+                        }
+                        if let Some(cpu) = cpu {
+                            task["Cpu"] = json!(cpu);
+                        }
+                        if let Some(port) = port {
+                            let key = if port.contains('/') {
+                                port.to_string()
+                            } else {
+                                format!("{port}/tcp")
+                            };
+                            task["ExposedPorts"] = json!({ key.clone(): {} });
+                            task["PortBindings"] = json!({ key: "" });
+                        }
+                        if let Some(restart) = restart {
+                            task["RestartPolicy"] = json!(restart);
+                        }
+                        if let Some(health) = health {
+                            task["HealthCheck"] = json!(health);
+                        }
+                        if let Some(max) = max_restarts {
+                            task["MaxRestarts"] = json!(max);
+                        }
+                        task
+                    },
+                )
+        }
+
+        fn job() -> impl Strategy<Value = Value> {
+            (
+                prop::sample::select(vec!["service", "batch", "system"]),
+                prop::collection::vec(constraint(), 0..3),
+                prop::collection::vec(constraint(), 0..3),
+                1u32..4,
+                task(),
+            )
+                .prop_map(|(kind, at_job, at_group, count, task)| {
+                    let mut group = json!({"Name": "api", "Constraints": at_group, "Task": task});
+                    if kind != "system" {
+                        group["Count"] = json!(count);
+                    }
+                    json!({"Name": "gen", "Type": kind, "Constraints": at_job,
+                           "Groups": [group]})
+                })
+        }
+
+        fn nodes() -> Vec<NodeFacts> {
+            let labels = |pairs: &[(&str, &str)]| {
+                std::sync::Arc::new(
+                    pairs
+                        .iter()
+                        .map(|(key, value)| (key.to_string(), value.to_string()))
+                        .collect::<BTreeMap<_, _>>(),
+                )
+            };
+            vec![
+                NodeFacts::ready("n1", labels(&[("zone", "eu"), ("disk", "ssd")])),
+                NodeFacts::ready("n2", labels(&[("zone", "us")])),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn the_copies_a_plan_makes_are_what_the_next_plan_expects(body in job()) {
+                let parsed: Job = serde_json::from_value(body.clone())
+                    .map_err(|err| TestCaseError::fail(format!("{body}: {err}")))?;
+                prop_assume!(parsed.validate().is_empty());
+                let record = JobRecord {
+                    job: parsed,
+                    version: 1,
+                    submit_time: None,
+                    stopped: false,
+                    promoted: false,
+                    revert_of: None,
+                };
+                let nodes = nodes();
+                let first = plan(&record, &nodes, &[]);
+                // Every copy made is current against its group's template.
+                let template = copy_of(&record, 0, 0, None);
+                for copy in &first.create {
+                    prop_assert!(has_current_spec(copy, &template), "{copy:?}");
+                }
+                // Once they run (each where its pin or any node puts it), nothing changes.
+                let running: Vec<Task> = first
+                    .create
+                    .iter()
+                    .cloned()
+                    .map(|mut copy| {
+                        copy.status.state = State::Running;
+                        copy.status.node_name =
+                            pinned_node(&copy).unwrap_or("n1").to_string();
+                        copy
+                    })
+                    .collect();
+                let owned: Vec<&Task> = running.iter().collect();
+                let next = plan(&record, &nodes, &owned);
+                prop_assert!(next.create.is_empty(), "{body}: creates {:?}", names(&next.create));
+                prop_assert!(next.stop.is_empty(), "{body}: stops {:?}", next.stop);
+            }
+        }
     }
 }

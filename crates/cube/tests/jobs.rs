@@ -445,3 +445,42 @@ async fn a_job_only_a_down_node_could_hold_waits_saying_so_and_runs_when_the_nod
         "{placed}"
     );
 }
+
+/// A `node.name` constraint at the job's level and at a group's (issue 27: such a job once made
+/// and stopped copies in a tight loop, each new copy read as "changed its spec"): one copy runs,
+/// and it stays the only one the job ever made, for service and batch jobs alike.
+#[tokio::test]
+async fn a_job_pinned_to_a_node_by_name_makes_one_copy_and_no_more() {
+    let cluster = OneNodeCluster::start("pinned").await;
+    let client = cluster.manager.client();
+    let node = cluster.worker.name.clone();
+    let pin = json!([{"Attribute": "node.name", "Operator": "=", "Value": node}]);
+    let at_job = json!({"Name": "pin-job", "Type": "service", "Constraints": pin,
+        "Groups": [{"Name": "api", "Count": 1,
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB", "Cmd": ["sleep", "3600"]}}]});
+    let at_group = json!({"Name": "pin-group", "Type": "service",
+        "Groups": [{"Name": "api", "Count": 1, "Constraints": pin,
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB", "Cmd": ["sleep", "3600"]}}]});
+    for job in [&at_job, &at_group] {
+        let created = post_job(&client, "/jobs", job).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    for name in ["pin-job", "pin-group"] {
+        await_job(&client, name, "one copy running", |job| running(job) == 1).await;
+    }
+    // The loop made hundreds of copies a second: over a few heartbeats and job looks, each
+    // job still has the one copy it made first.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in ["pin-job", "pin-group"] {
+        let job = client.get(&format!("/jobs/{name}")).await.body;
+        let tasks = job["Tasks"].as_array().expect("the job's tasks");
+        assert_eq!(tasks.len(), 1, "{name} made more than one copy: {job}");
+        assert_eq!(tasks[0]["State"], "Running", "{job}");
+        assert_eq!(tasks[0]["NodeName"], node.as_str(), "{job}");
+    }
+    assert!(
+        !cluster.manager.stderr().contains("changed its spec"),
+        "a pinned copy was replaced:\n{}",
+        cluster.manager.stderr()
+    );
+}
