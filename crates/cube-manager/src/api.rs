@@ -52,6 +52,7 @@ use cube_types::deployment::Deployment;
 use cube_types::duration::parse_duration;
 use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
+use uuid::Uuid;
 
 use crate::event_stream::{EventsQuery, Framing, events_response};
 use crate::events::{Event, EventFilter, Topic};
@@ -72,7 +73,9 @@ impl From<ManagerError> for ApiError {
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             // Well-formed, but not something this cluster can ever do.
-            ManagerError::NeverFits(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ManagerError::NeverFits(_) | ManagerError::TooLarge(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             // A failed store takes no more writes until the manager is started again (and
             // it stops itself): the service is unavailable, not confused by one request.
             ManagerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -498,22 +501,7 @@ async fn list_tasks(
         None => None,
     };
     let blocking = blocking(query.index, query.wait.as_deref())?;
-    if let Some(limit) = query.limit
-        && !(1..=PAGE_LIMIT_MAX).contains(&limit)
-    {
-        return Err(ApiError::bad_request(format!(
-            "limit: {limit} is out of range; a page holds 1 to {PAGE_LIMIT_MAX} tasks"
-        )));
-    }
-    let start = match &query.next {
-        Some(token) => Some(parse_task_id(token).map_err(|_| {
-            ApiError::bad_request(format!(
-                "next: {token:?} is not a page token; pass the {NEXT_TOKEN_HEADER} header of \
-                 the previous page"
-            ))
-        })?),
-        None => None,
-    };
+    let (limit, start) = page_of(query.limit, query.next.as_deref())?;
     let index = settle_query(&manager, blocking, |event| event.topic == Topic::Task).await;
     let keep = |task: &Task| {
         state.is_none_or(|state| task.status.state == state)
@@ -525,15 +513,13 @@ async fn list_tasks(
             && query.job.as_ref().is_none_or(|job| &task.spec.job == job)
     };
     // Without a limit, every task that matches (in one page).
-    let (tasks, next) = manager
-        .tasks_page(start, query.limit.unwrap_or(usize::MAX), keep)
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "next: no task {} to start the page from (it was removed since)",
-                start.map(|id| id.to_string()).unwrap_or_default()
-            ))
-        })?;
-    let mut response = if query.summary == Some(true) {
+    let (tasks, next) = manager.tasks_page(start, limit, keep).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "next: no task {} to start the page from (it was removed since)",
+            start.map(|id| id.to_string()).unwrap_or_default()
+        ))
+    })?;
+    let response = if query.summary == Some(true) {
         let summaries: Vec<Task> = tasks
             .iter()
             .map(|task| {
@@ -546,12 +532,7 @@ async fn list_tasks(
     } else {
         Json(tasks).into_response()
     };
-    if let Some(next) = next
-        && let Ok(value) = HeaderValue::from_str(&next.to_string())
-    {
-        response.headers_mut().insert(NEXT_TOKEN_HEADER, value);
-    }
-    Ok(with_index(response, index))
+    Ok(with_index(with_next_token(response, next), index))
 }
 
 async fn submit_task(
@@ -612,13 +593,58 @@ async fn list_jobs(
 
 /// One job; a blocking query wakes on the job's events and its objects' (404 at once for a
 /// job the manager does not have).
+/// `GET /jobs/{name}`: a blocking query, and a page of the job's tasks.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobQuery {
+    index: Option<u64>,
+    wait: Option<String>,
+    /// At most this many of the job's tasks (1..=10,000); `X-Cube-Next-Token` then says where
+    /// the next page starts. Without it, every task of the job.
+    limit: Option<usize>,
+    /// The token a previous page gave.
+    next: Option<String>,
+}
+
+/// A page's `limit` and `next`, read as `GET /tasks` reads them.
+fn page_of(limit: Option<usize>, next: Option<&str>) -> Result<(usize, Option<Uuid>), ApiError> {
+    if let Some(limit) = limit
+        && !(1..=PAGE_LIMIT_MAX).contains(&limit)
+    {
+        return Err(ApiError::bad_request(format!(
+            "limit: {limit} is out of range; a page holds 1 to {PAGE_LIMIT_MAX} tasks"
+        )));
+    }
+    let start = match next {
+        Some(token) => Some(parse_task_id(token).map_err(|_| {
+            ApiError::bad_request(format!(
+                "next: {token:?} is not a page token; pass the {NEXT_TOKEN_HEADER} header of \
+                 the previous page"
+            ))
+        })?),
+        None => None,
+    };
+    Ok((limit.unwrap_or(usize::MAX), start))
+}
+
+/// Says where the next page starts, when there is one.
+fn with_next_token(mut response: Response, next: Option<Uuid>) -> Response {
+    if let Some(next) = next
+        && let Ok(value) = HeaderValue::from_str(&next.to_string())
+    {
+        response.headers_mut().insert(NEXT_TOKEN_HEADER, value);
+    }
+    response
+}
+
 async fn get_job(
     State(manager): State<Arc<Manager>>,
     JsonPath(name): JsonPath<String>,
-    query: Result<Query<BlockingQuery>, QueryRejection>,
+    query: Result<Query<JobQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
+    let (limit, start) = page_of(query.limit, query.next.as_deref())?;
     if blocking.is_some() {
         manager.job(&name)?;
     }
@@ -627,7 +653,11 @@ async fn get_job(
         job: Some(name.clone()),
     };
     let index = settle_query(&manager, blocking, |event| filter.admits(event)).await;
-    Ok(with_index(Json(manager.job(&name)?).into_response(), index))
+    let (view, next) = manager.job_page(&name, start, limit)?;
+    Ok(with_index(
+        with_next_token(Json(view).into_response(), next),
+        index,
+    ))
 }
 
 async fn stop_job(

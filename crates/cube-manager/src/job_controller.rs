@@ -27,10 +27,11 @@ use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::watcher::Watcher;
 
 use crate::events::{Topic, job_event_kind, job_object};
-use crate::jobs::{GroupSummary, JobLook, JobPlan, NodeFacts, plan, status_word, summarize};
+use crate::jobs::{GroupSummary, JobLook, NodeFacts, PlannedStop, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError, Writes, lock};
 use crate::queue_controller::QueueView;
 use crate::store_source::TableSource;
+use uuid::Uuid;
 
 /// A job as the API shows it: the stored record, its status in a word, a summary per group,
 /// and (for one job) its tasks.
@@ -87,9 +88,38 @@ pub struct PlanView {
     /// `MaxParallel` at a time, so `Create` and `Stop` hold its first step only.
     #[serde(rename = "Replace")]
     pub replace: usize,
-    /// `Create`, `Stop` and `Keep`, as the controller would carry them out now.
-    #[serde(flatten)]
-    pub plan: JobPlan,
+    /// The copies the controller would create now, named, not written out: each is its
+    /// group's task (in the job) under its name. Listing 10,000 full specs made a dry run of
+    /// one small request answer gigabytes.
+    #[serde(rename = "Create")]
+    pub create: Vec<PlannedCreate>,
+    /// The copies it would stop, with why.
+    #[serde(rename = "Stop")]
+    pub stop: Vec<PlannedStop>,
+    /// The copies that stay as they are.
+    #[serde(rename = "Keep")]
+    pub keep: Vec<Uuid>,
+}
+
+/// A copy a plan would create, as `POST /jobs/plan` names it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlannedCreate {
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Group")]
+    pub group: String,
+    #[serde(rename = "Index", skip_serializing_if = "Option::is_none")]
+    pub index: Option<u32>,
+}
+
+impl PlannedCreate {
+    fn of(task: &Task) -> PlannedCreate {
+        PlannedCreate {
+            name: task.name.clone(),
+            group: task.spec.group.clone(),
+            index: task.spec.index,
+        }
+    }
 }
 
 /// What the job transformer reads for one job: the record, every node's facts, the tasks
@@ -443,6 +473,7 @@ impl Manager {
         if !findings.is_empty() {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
+        refuse_if_too_large(&job)?;
         let name = job.name.clone();
         let outcome = {
             let _writing = self.job_writes.lock().await;
@@ -578,6 +609,7 @@ impl Manager {
             }
             if target.count != Some(count) {
                 target.count = Some(count);
+                refuse_if_too_large(&record.job)?;
                 self.refuse_if_never_fits(&record)?;
                 self.store_job(record).await?;
             }
@@ -683,6 +715,7 @@ impl Manager {
                 )));
             };
             let job = with_counts_of(target.job.clone(), &known.job);
+            refuse_if_too_large(&job)?;
             let (outcome, record) = next_record(Some(&known), job, Some(version));
             match outcome {
                 JobSubmitted::Changed | JobSubmitted::Created => {
@@ -744,6 +777,7 @@ impl Manager {
         if !findings.is_empty() {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
+        refuse_if_too_large(&job)?;
         // The job as the API last stored it (what a submission now would be compared with).
         let known = lock(&self.state).jobs.get(&job.name).cloned();
         let nodes = self.node_facts();
@@ -784,7 +818,9 @@ impl Manager {
             outcome: outcome.word(),
             diff,
             replace,
-            plan: planned,
+            create: planned.create.iter().map(PlannedCreate::of).collect(),
+            stop: planned.stop,
+            keep: planned.keep,
         })
     }
 
@@ -814,6 +850,18 @@ impl Manager {
 
     /// One job with its tasks (oldest first).
     pub fn job(&self, name: &str) -> Result<JobView, ManagerError> {
+        self.job_page(name, None, usize::MAX).map(|(view, _)| view)
+    }
+
+    /// One job with a page of its tasks (oldest first): at most `limit`, from the task
+    /// `start` on (the first when `None`), and the ID the next page starts from, if any. A
+    /// `start` that is not one of the job's tasks is a bad request (removed since, or made up).
+    pub fn job_page(
+        &self,
+        name: &str,
+        start: Option<Uuid>,
+        limit: usize,
+    ) -> Result<(JobView, Option<Uuid>), ManagerError> {
         let (record, tasks, deployment) = {
             let state = lock(&self.state);
             let record = state
@@ -828,14 +876,33 @@ impl Manager {
             )
         };
         let mut view = view_of(&record, &tasks, deployment.as_ref());
-        let mut listed: Vec<Task> = tasks.iter().map(|task| (**task).clone()).collect();
-        listed.sort_by_key(|task| (task.status.created_time, task.id));
-        for task in &mut listed {
-            task.status.history.clear();
-        }
+        let mut sorted: Vec<&Arc<Task>> = tasks.iter().collect();
+        sorted.sort_by_key(|task| (task.status.created_time, task.id));
+        let first = match start {
+            None => 0,
+            Some(id) => sorted
+                .iter()
+                .position(|task| task.id == id)
+                .ok_or_else(|| {
+                    ManagerError::BadRequest(format!(
+                        "next: job {name} has no task {id} to start the page from (it was \
+                         removed since)"
+                    ))
+                })?,
+        };
+        let end = first.saturating_add(limit).min(sorted.len());
+        let listed: Vec<Task> = sorted[first..end]
+            .iter()
+            .map(|task| {
+                let mut task = (***task).clone();
+                task.status.history.clear();
+                task
+            })
+            .collect();
+        let next = sorted.get(end).map(|task| task.id);
         view.tasks = Some(listed);
         view.queue = self.queue_entry_of_job(name);
-        Ok(view)
+        Ok((view, next))
     }
 
     /// Every job, by name, without its tasks.
@@ -860,6 +927,18 @@ impl Manager {
             .iter()
             .map(|(record, tasks, deployment)| view_of(record, tasks, deployment.as_ref()))
             .collect()
+    }
+}
+
+/// Refuses a job whose copies together would be more than one request may make
+/// ([`Job::expansion_finding`]): checked on every path that sets a spec or a count.
+fn refuse_if_too_large(job: &Job) -> Result<(), ManagerError> {
+    match job.expansion_finding() {
+        Some(finding) => Err(ManagerError::TooLarge(format!(
+            "job {}: {finding}",
+            job.name
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -83,27 +83,22 @@ impl<'a> JobLook<'a> {
     }
 }
 
-/// What a job's copies need, as a dry run would say it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// What a job's copies need: what the controller carries out (`POST /jobs/plan` shows it
+/// as a `PlanView`, the new copies named rather than written out).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct JobPlan {
     /// New copies, as the tasks to submit.
-    #[serde(rename = "Create")]
     pub create: Vec<Task>,
     /// Copies to stop, with why.
-    #[serde(rename = "Stop")]
     pub stop: Vec<PlannedStop>,
     /// Copies that stay as they are.
-    #[serde(rename = "Keep")]
     pub keep: Vec<Uuid>,
     /// The job's deployment as it is to be stored, when this look started, moved or ended
     /// it (nothing when it is as it was).
-    #[serde(skip)]
     pub deployment: Option<Deployment>,
     /// The version to go back to: the deployment failed with `AutoRevert`.
-    #[serde(skip)]
     pub revert_to: Option<u64>,
     /// When to look again even if nothing else happens (a deadline, `MinHealthyTime`).
-    #[serde(skip)]
     pub look_again_at: Option<DateTime<Utc>>,
 }
 

@@ -168,6 +168,10 @@ pub enum ManagerError {
     /// constraint no node satisfies): refused rather than queued for good.
     #[error("{0}")]
     NeverFits(String),
+    /// The request is well-formed but would make more than Cube lets one request make (a
+    /// job whose copies together are over `MAX_EXPANDED_BYTES`).
+    #[error("{0}")]
+    TooLarge(String),
     #[error("store failed: {0}")]
     Store(#[from] StoreError),
 }

@@ -17,6 +17,11 @@ use crate::task::Task;
 /// and 10,000 copies is already a large cluster's worth.
 pub const MAX_GROUPS: usize = 100;
 pub const MAX_COUNT: u32 = 10_000;
+/// The most one job may expand to: every copy's spec, as JSON, together. A request is at most
+/// 1 MiB, but a job multiplies its group's spec by `Count`: 10,000 copies of a 200 KB command
+/// once made a 1 MiB request cost gigabytes of memory and store. 64 MiB holds 10,000 copies
+/// of a 6 KB spec, far above what real copies need.
+pub const MAX_EXPANDED_BYTES: u64 = 64 * 1024 * 1024;
 /// Names of jobs and groups: at most this long, and made of `[A-Za-z0-9_-]` (they are part
 /// of task names, `<job>.<group>[<index>]`, and of URLs).
 pub const MAX_NAME_LEN: usize = 63;
@@ -384,6 +389,41 @@ fn name_findings(path: &str, name: &str) -> Vec<String> {
 }
 
 impl Job {
+    /// What the job expands to: the sum over its groups of `Count` copies of the group's
+    /// task spec, each as the JSON it is stored as, and a finding naming the largest group when
+    /// the sum is over [`MAX_EXPANDED_BYTES`]. A system job has no count (one copy per node)
+    /// and counts as one copy per group here.
+    pub fn expansion_finding(&self) -> Option<String> {
+        let groups: Vec<(usize, u64, u64)> = self
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(n, group)| {
+                let spec = serde_json::to_vec(&group.task).map_or(0, |json| json.len() as u64);
+                (n, u64::from(group.count.unwrap_or(1)), spec)
+            })
+            .collect();
+        let total: u64 = groups.iter().map(|(_, count, spec)| count * spec).sum();
+        if total <= MAX_EXPANDED_BYTES {
+            return None;
+        }
+        let (n, count, spec) = groups
+            .iter()
+            .max_by_key(|(_, count, spec)| count * spec)
+            .copied()
+            .unwrap_or_default();
+        let size = crate::size::format_size;
+        Some(format!(
+            "Groups[{n}]: {count} copies of a {} task spec expand to {} ({} for the whole job), \
+             more than the {} one job may expand to; lower Count, or make the task smaller \
+             (a long Cmd or Env)",
+            size(spec),
+            size(count * spec),
+            size(total),
+            size(MAX_EXPANDED_BYTES),
+        ))
+    }
+
     /// Everything wrong with the job as submitted, each finding naming its field
     /// (`Groups[0].Count: ...`); the group's task template is validated as a task is.
     pub fn validate(&self) -> Vec<String> {
@@ -718,6 +758,63 @@ pub fn task_name(job: &str, group: &str, index: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn one_group(count: Option<u32>, command_bytes: usize, job_type: JobType) -> Job {
+        let mut task = Task::new("", "cube-sample:latest");
+        task.spec.cmd = vec!["x".repeat(command_bytes)];
+        Job {
+            name: "p".into(),
+            job_type,
+            priority: DEFAULT_PRIORITY,
+            constraints: Vec::new(),
+            owner: String::new(),
+            queue_timeout: None,
+            groups: vec![Group {
+                name: "g".into(),
+                count,
+                constraints: Vec::new(),
+                task,
+                update: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_job_may_expand_to_64_mib_of_copies_and_no_more() {
+        // 10,000 copies of a small task, and one copy of a 200 KB one: well within.
+        assert_eq!(
+            one_group(Some(10_000), 10, JobType::Service).expansion_finding(),
+            None
+        );
+        assert_eq!(
+            one_group(Some(1), 200_000, JobType::Batch).expansion_finding(),
+            None
+        );
+        // 10,000 copies of a 200 KB command: 1.9 GiB, named by its group.
+        let finding = one_group(Some(10_000), 200_000, JobType::Service)
+            .expansion_finding()
+            .expect("refused");
+        assert!(
+            finding.starts_with("Groups[0]: 10000 copies of a 195.") && finding.contains("1.9 GiB"),
+            "{finding}"
+        );
+        // Around the line: 340 copies of a 200 KB task (and its JSON) are over 64 MiB, 330 under.
+        assert!(
+            one_group(Some(340), 200_000, JobType::Service)
+                .expansion_finding()
+                .is_some()
+        );
+        assert!(
+            one_group(Some(330), 200_000, JobType::Service)
+                .expansion_finding()
+                .is_none()
+        );
+        // A system job counts one copy per group.
+        assert_eq!(
+            one_group(None, 200_000, JobType::System).expansion_finding(),
+            None
+        );
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

@@ -106,12 +106,23 @@ pub struct PlanView {
     /// a time: `Create` and `Stop` are its first step).
     #[serde(rename = "Replace", default)]
     pub replace: usize,
+    /// The copies it would create, by name (the API does not write out their specs).
     #[serde(rename = "Create", default)]
-    pub create: Vec<Task>,
+    pub create: Vec<PlannedCreate>,
     #[serde(rename = "Stop", default)]
     pub stop: Vec<PlannedStop>,
     #[serde(rename = "Keep", default)]
     pub keep: Vec<Uuid>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedCreate {
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Group", default)]
+    pub group: String,
+    #[serde(rename = "Index", default)]
+    pub index: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -920,7 +931,11 @@ mod tests {
             outcome: "changed".to_string(),
             diff: vec!["Groups[api].Count: 3 -> 2".to_string()],
             replace: 0,
-            create: vec![copy(3, State::Pending, "")],
+            create: vec![PlannedCreate {
+                name: "web.api[3]".to_string(),
+                group: "api".to_string(),
+                index: Some(3),
+            }],
             stop: vec![PlannedStop {
                 id: Uuid::nil(),
                 name: "web.api[1]".to_string(),
