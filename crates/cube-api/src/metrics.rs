@@ -35,7 +35,10 @@ pub fn classic_text(openmetrics: &str) -> String {
         });
         if let Some(described) = described {
             text.push_str(&described);
-        } else if counters.iter().any(|name| is_sample_of(line, name, "_created")) {
+        } else if counters
+            .iter()
+            .any(|name| is_sample_of(line, name, "_created"))
+        {
             continue;
         } else {
             text.push_str(line);

@@ -203,10 +203,7 @@ async fn metrics(State(manager): State<Arc<Manager>>) -> Result<Response, ApiErr
         )
     })?;
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            cube_api::metrics::CONTENT_TYPE,
-        )],
+        [(header::CONTENT_TYPE, cube_api::metrics::CONTENT_TYPE)],
         text,
     )
         .into_response())

@@ -326,14 +326,24 @@ async fn a_worker_back_on_its_address_after_it_was_down_is_ready_and_takes_new_w
     // its address refusing connections meanwhile. The node stayed `Unreachable` for good
     // before, as the follower started afresh on its return never cleared that.
     let dir = tempfile::tempdir().unwrap();
-    let manager =
-        ManagerProcess::start_with("roundrobin", "memory", dir.path(), 0, &["--heartbeat-grace", "2s"]);
+    let manager = ManagerProcess::start_with(
+        "roundrobin",
+        "memory",
+        dir.path(),
+        0,
+        &["--heartbeat-grace", "2s"],
+    );
     ensure_sample_image();
     let name = unique_node("back");
     let data_dir = dir.path().join(&name);
     let port = free_port();
     let manager_address = manager.address();
-    let flags = ["--manager", manager_address.as_str(), "--heartbeat-interval", "300ms"];
+    let flags = [
+        "--manager",
+        manager_address.as_str(),
+        "--heartbeat-interval",
+        "300ms",
+    ];
     let worker = WorkerProcess::start_on(&name, "persistent", &data_dir, port, &flags);
     manager.await_ready_nodes(1).await;
 
