@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
 # curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
-# for the etcd store's tests, openssl for the tests' certificates) from Debian's packages, and
-# starts dockerd when no engine answers. Safe to run again.
+# for the etcd store's tests, openssl for the tests' certificates, etcd-client for etcdctl,
+# promtool for the metrics lint) from Debian's packages, and starts dockerd when no engine
+# answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -25,10 +26,31 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 # The tests of certificates brought by the user (--tls-cert) make them as a user would, with
 # openssl.
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# The README's backup of an etcd store (`etcdctl snapshot save`).
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The metrics tests lint both processes' /metrics with Prometheus's own checker, `promtool
+# check metrics`. Debian ships it only inside the `prometheus` package, whose installation
+# would also add a Prometheus server (started at once where services may start, on port 9090)
+# and ~100 MB of web assets: only the promtool binary is taken out of the package, so nothing
+# starts and nothing else changes.
+if ! command -v promtool >/dev/null 2>&1; then
+  log "installing promtool (the binary alone, from Debian's prometheus package)"
+  unpack=$(mktemp -d)
+  # apt's download sandbox user must be able to write there.
+  chmod 0755 "$unpack"
+  if ! (cd "$unpack" && apt-get download -qq prometheus >/dev/null 2>&1); then
+    as_root apt-get update -qq
+    (cd "$unpack" && apt-get download -qq prometheus >/dev/null)
+  fi
+  dpkg-deb -x "$unpack"/prometheus_*.deb "$unpack/root"
+  as_root install -m 0755 "$unpack/root/usr/bin/promtool" /usr/local/bin/promtool
+  rm -rf "$unpack"
 fi
 
 if ! docker info >/dev/null 2>&1; then

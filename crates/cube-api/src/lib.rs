@@ -10,6 +10,7 @@
 
 pub mod attach;
 pub mod client;
+pub mod metrics;
 pub mod serve;
 pub mod server;
 pub mod tls;

@@ -206,10 +206,7 @@ async fn metrics(State(manager): State<Arc<Manager>>) -> Result<Response, ApiErr
         )
     })?;
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, cube_api::metrics::CONTENT_TYPE)],
         text,
     )
         .into_response())

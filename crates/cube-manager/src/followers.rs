@@ -212,26 +212,35 @@ impl Manager {
                     index: reported_index,
                     complete,
                 }) => {
-                    if let Some(entry) = lock(&self.state).nodes.get_mut(&name) {
-                        entry.followed_at = Some(Instant::now());
-                    }
-                    if !reachable {
+                    // Any answer clears the node's `Unreachable`, whoever set it: a follower
+                    // started afresh (the node came back after it was `Down`) inherits the
+                    // mark its cancelled predecessor left, and must clear it too, or the
+                    // node would stay `Unreachable` while it answers.
+                    let back = {
+                        let mut state = lock(&self.state);
+                        // Checked under the lock: a replaced follower whose answer arrived
+                        // as it was cancelled must not write over its successor's view.
+                        if stop.is_cancelled() {
+                            return;
+                        }
+                        let back = state.nodes.set_unreachable(&name, None);
+                        if let Some(entry) = state.nodes.get_mut(&name) {
+                            entry.followed_at = Some(Instant::now());
+                        }
+                        if back {
+                            self.publish_node_status(&state, &name);
+                        }
+                        back
+                    };
+                    if !reachable || back {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
-                        let back = {
-                            let mut state = lock(&self.state);
-                            let back = state.nodes.set_unreachable(&name, None);
-                            if back {
-                                self.publish_node_status(&state, &name);
-                            }
-                            back
-                        };
-                        if back {
-                            // It can take work again, and what waits to be sent there can go.
-                            self.push_node_tasks(&name);
-                            self.push_waiting();
-                            self.mark_system_jobs_dirty();
-                        }
+                    }
+                    if back {
+                        // It can take work again, and what waits to be sent there can go.
+                        self.push_node_tasks(&name);
+                        self.push_waiting();
+                        self.mark_system_jobs_dirty();
                     }
                     let (strays, forgotten) = self.observe(&name, tasks, complete).await;
                     for id in forgotten {
@@ -270,6 +279,9 @@ impl Manager {
                     // Not `Ready` while it cannot be reached: nothing placed there could be
                     // sent, and `cube node` says why.
                     let mut state = lock(&self.state);
+                    if stop.is_cancelled() {
+                        return;
+                    }
                     if state.nodes.set_unreachable(&name, Some(err.cause())) {
                         self.publish_node_status(&state, &name);
                     }

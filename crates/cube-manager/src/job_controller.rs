@@ -189,15 +189,22 @@ impl Manager {
     }
 
     /// Follows the jobs table through the store's watch (a listing, then every change) into
-    /// [`Manager::jobs_observed`], and pushes the name of every job that changed to the job
-    /// controller. When the watch is lost the watcher lists again and every job is looked at.
+    /// [`Manager::jobs_observed`], and pushes to the job controller every job once the first
+    /// listing is in, then the name of every job that changed. When the watch is lost the watcher lists again and every job is looked at.
     pub(crate) async fn run_jobs_watcher(self: Arc<Self>) {
         let watcher = Watcher::new(
             TableSource::new(self.stores.jobs.clone()),
             self.jobs_observed.clone(),
         );
         let following = async {
+            // Every job is looked at once the first listing is in: a manager that starts (a
+            // new leader) converges each job at once, not at its next resync. The listing
+            // does not wait on anything, so it may come before or after this future first
+            // runs; its changes cannot be relied on to show up below, nor the look at start
+            // (`run_job_controller`, the first resync), which may come before it.
+            self.jobs_observed.wait_synced().await;
             let mut since = self.jobs_observed.index();
+            self.mark_all_jobs_dirty();
             loop {
                 match self.jobs_observed.wait_changes_since(since).await {
                     Ok(deltas) => {

@@ -91,3 +91,61 @@ impl Manager {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use cube_types::job::{Job, JobRecord};
+    use tokio_util::sync::CancellationToken;
+
+    use crate::manager::{Manager, ManagerStores, test_config};
+
+    /// A service job stored before the manager opens, as a new leader finds it in etcd.
+    fn stored_job() -> JobRecord {
+        let job: Job = serde_json::from_value(serde_json::json!({
+            "Name": "web", "Type": "service",
+            "Groups": [{"Name": "api", "Count": 2, "Task": {"Image": "cube-sample:latest"}}]
+        }))
+        .expect("a job");
+        JobRecord {
+            job,
+            version: 1,
+            submit_time: None,
+            stopped: false,
+            promoted: false,
+            revert_of: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_manager_that_starts_looks_at_every_stored_job_once_its_jobs_are_listed() {
+        // A new leader (or a restarted manager) must look at every job at once, not at its
+        // next resync, whatever order its loops start in. The jobs watcher lists the table
+        // in its first step (the stores' listing does not wait), which raced with the
+        // follower of its changes: when the listing came first, no job was marked, and the
+        // look at start had found the observed jobs still empty. Each round is a fresh
+        // manager; the race went either way, about half of the time each.
+        for round in 0..30 {
+            let stores = ManagerStores::in_memory();
+            stores.jobs.put("web", &stored_job()).expect("stored");
+            let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
+            let shutdown = CancellationToken::new();
+            let manager = Manager::open(test_config(), stores, scheduler, shutdown.clone())
+                .expect("a manager on memory stores");
+            assert!(manager.jobs_runner.deadline(&"web".to_string()).is_none());
+            let watcher = tokio::spawn(manager.clone().run_jobs_watcher());
+            manager.jobs_observed.wait_synced().await;
+            let listed = tokio::time::Instant::now();
+            while manager.jobs_runner.deadline(&"web".to_string()).is_none() {
+                assert!(
+                    listed.elapsed() < Duration::from_secs(2),
+                    "round {round}: the stored job was listed but not marked for a look"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            shutdown.cancel();
+            let _ = watcher.await;
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! The manager's metrics, in the Prometheus text format (`GET /metrics`), through the
-//! `prometheus-client` crate.
+//! `prometheus-client` crate (its OpenMetrics made classic by `cube_api::metrics`).
 //!
 //! Counters and histograms are updated where things happen: a placement or a failed one
 //! (`placement.rs`), a reconcile (the task and job controllers), a wait for the store
@@ -429,7 +429,7 @@ impl Manager {
         }
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &metrics.registry)?;
-        Ok(text)
+        Ok(cube_api::metrics::classic_text(&text))
     }
 }
 

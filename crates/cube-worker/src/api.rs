@@ -433,7 +433,7 @@ async fn metrics<R: Runtime>(State(worker): State<Arc<Worker<R>>>) -> Result<Res
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            cube_api::metrics::CONTENT_TYPE,
         )],
         text,
     )

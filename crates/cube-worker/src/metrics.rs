@@ -143,11 +143,11 @@ impl WorkerMetrics {
         self.probes.get_or_create(&ResultLabel { result }).inc();
     }
 
-    /// The registry in the text format.
+    /// The registry in the classic Prometheus text format (`cube_api::metrics`).
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
-        Ok(text)
+        Ok(cube_api::metrics::classic_text(&text))
     }
 }
 

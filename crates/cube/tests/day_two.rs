@@ -445,6 +445,76 @@ async fn metrics_parse_as_prometheus_text_and_the_task_gauges_match_get_tasks() 
     );
 }
 
+/// `promtool check metrics` (Prometheus's own linter) on a `/metrics` answer: its findings
+/// when it has any.
+fn promtool_findings(url: &str, text: &str) -> Option<String> {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|err| {
+            panic!("cannot run promtool ({err}): install it with scripts/setup.sh")
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    (!output.status.success()).then(|| {
+        format!(
+            "{url}/metrics: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
+#[tokio::test]
+async fn promtool_finds_nothing_to_lint_in_the_metrics_of_the_manager_and_the_worker() {
+    let cluster = OneNodeCluster::start("promtool").await;
+    let client = cluster.manager.client();
+    // Every kind of family with samples: counters (placements, requests, health probes),
+    // gauges, histograms.
+    let mut task = web_task("linted");
+    task["HealthCheck"] = json!("/health");
+    task["HealthCheckInterval"] = json!("200ms");
+    let id = client.submit(&task).await;
+    client
+        .await_task(&id, "Healthy", |task| task["Health"] == "Healthy")
+        .await;
+    let mut findings = Vec::new();
+    let manager_counters: &[&str] = &["cube_placements_total", "cube_http_requests_total"];
+    let worker_counters: &[&str] = &["cube_worker_health_probes_total"];
+    for (url, counters) in [
+        (&cluster.manager.url, manager_counters),
+        (&cluster.worker.url, worker_counters),
+    ] {
+        let answer = support::http()
+            .get(format!("{url}/metrics"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.headers()["content-type"],
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        let text = answer.text().await.unwrap();
+        for counter in counters {
+            assert!(
+                text.lines().any(|line| line.starts_with(counter)),
+                "{counter} has samples to lint: {text}"
+            );
+        }
+        findings.extend(promtool_findings(url, &text));
+    }
+    assert!(findings.is_empty(), "{findings:#?}");
+}
+
 #[tokio::test]
 async fn cube_version_names_the_client_the_manager_and_each_nodes_docker() {
     let cluster = OneNodeCluster::start("version").await;

@@ -321,6 +321,51 @@ async fn a_dead_worker_is_down_after_the_grace_its_tasks_move_and_nothing_runs_t
 }
 
 #[tokio::test]
+async fn a_worker_back_on_its_address_after_it_was_down_is_ready_and_takes_new_work() {
+    // The worker restarts on the port it had, after the grace: the manager's follower found
+    // its address refusing connections meanwhile. The node stayed `Unreachable` for good
+    // before, as the follower started afresh on its return never cleared that.
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_with(
+        "roundrobin",
+        "memory",
+        dir.path(),
+        0,
+        &["--heartbeat-grace", "2s"],
+    );
+    ensure_sample_image();
+    let name = unique_node("back");
+    let data_dir = dir.path().join(&name);
+    let port = free_port();
+    let manager_address = manager.address();
+    let flags = [
+        "--manager",
+        manager_address.as_str(),
+        "--heartbeat-interval",
+        "300ms",
+    ];
+    let worker = WorkerProcess::start_on(&name, "persistent", &data_dir, port, &flags);
+    manager.await_ready_nodes(1).await;
+
+    worker.kill_9();
+    let down = manager
+        .await_nodes("the killed node Down", |nodes| nodes[0]["Status"] == "Down")
+        .await;
+    let reason = down[0]["StatusReason"].as_str().unwrap_or_default();
+    assert!(reason.contains("cannot reach"), "{down}");
+
+    let _back = WorkerProcess::start_on(&name, "persistent", &data_dir, port, &flags);
+    let ready = manager.await_ready_nodes(1).await;
+    assert!(ready[0]["StatusReason"].is_null(), "{ready}");
+    let (id, running) = manager.client().run(&sleeper("back-new")).await;
+    assert_eq!(running["NodeName"], name.as_str(), "{running}");
+    assert_eq!(
+        running_containers_with_label(&format!("cube.task-id={id}")).len(),
+        1
+    );
+}
+
+#[tokio::test]
 async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_there() {
     let (manager, workers, _dir) = cluster("frozen", 2, "2s").await;
     let client = manager.client();

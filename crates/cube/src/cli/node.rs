@@ -17,14 +17,15 @@ use super::{ClusterFlags, ListFlags, ListFormat, ManagerClient};
 
 /// Show nodes: every worker as a table, or one in detail.
 ///
-/// The table has a line per node: NAME, STATUS (Ready, or Down after missed heartbeats), CPU,
+/// The table has a line per node: NAME, STATUS (Ready; Unreachable when it reports but the
+/// manager cannot reach its API; Down after missed heartbeats), CPU,
 /// MEMORY and DISK as allocated/capacity (what placed tasks declared, against what the worker
 /// offers) and TASKS (tasks holding resources there); -o wide adds ADDRESS, SOURCE
 /// (registered, or static from the manager's -w), HEARTBEAT (when it last reported) and
 /// LABELS (the worker's --label flags, key=value, comma-separated).
 ///
-/// With NAME it shows that node's fields one per line, its labels among them, with its last
-/// heartbeat and the
+/// With NAME it shows that node's fields one per line, its labels among them (StatusReason
+/// says why the manager cannot reach it, while it cannot), with its last heartbeat and the
 /// machine's stats as the worker last reported them (memory and disk used, CPU usage, load).
 /// -o json and -o yaml print the manager's objects: an array of nodes, or the one node; -o
 /// name and -q the names.
@@ -314,6 +315,11 @@ fn node_details(node: &Node, now: DateTime<Utc>) -> Vec<String> {
         ),
         ("LastHeartbeat", time_with_age(node.last_heartbeat, now)),
     ];
+    if let Some(reason) = &node.status_reason {
+        // Why a node that reports is not `Ready` (the manager cannot reach its API), right
+        // below its status.
+        pairs.insert(3, ("StatusReason", reason.clone()));
+    }
     if let Some(drain) = &node.drain {
         pairs.push((
             "Drain",
@@ -557,6 +563,23 @@ mod tests {
         assert!(lines.contains(&"Stats:         none reported yet".to_string()));
         assert!(lines.contains(&"LastHeartbeat: -".to_string()));
         assert!(lines.contains(&"Labels:        -".to_string()));
+    }
+
+    #[test]
+    fn details_say_why_a_node_is_not_ready() {
+        let now = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let mut unreachable = node("w1", NodeStatus::Unreachable);
+        unreachable.status_reason =
+            Some("cannot reach http://127.0.0.1:5556: Connection refused".to_string());
+        let lines = node_details(&unreachable, now);
+        let status = lines.iter().position(|line| line.starts_with("Status:"));
+        assert_eq!(
+            lines.get(status.unwrap() + 1).map(String::as_str),
+            Some("StatusReason:  cannot reach http://127.0.0.1:5556: Connection refused"),
+            "{lines:#?}"
+        );
+        let ready = node_details(&node("w2", NodeStatus::Ready), now);
+        assert!(!ready.iter().any(|line| line.starts_with("StatusReason")));
     }
 
     #[test]

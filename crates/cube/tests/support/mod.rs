@@ -71,12 +71,25 @@ impl WorkerProcess {
 
     /// Starts a worker with more flags (`--manager`, `--memory`, ...).
     pub fn start_with(name: &str, dbtype: &str, data_dir: &Path, extra: &[&str]) -> WorkerProcess {
+        WorkerProcess::start_on(name, dbtype, data_dir, 0, extra)
+    }
+
+    /// [`WorkerProcess::start_with`] on a given port (0: an ephemeral one), for a worker that
+    /// comes back at the address it had.
+    pub fn start_on(
+        name: &str,
+        dbtype: &str,
+        data_dir: &Path,
+        port: u16,
+        extra: &[&str],
+    ) -> WorkerProcess {
+        let port = port.to_string();
         let mut args = vec![
             "worker",
             "-H",
             "127.0.0.1",
             "-p",
-            "0",
+            &port,
             "-n",
             name,
             "-d",
