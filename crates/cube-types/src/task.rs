@@ -1494,8 +1494,11 @@ fn control_character(c: char) -> String {
 /// `[host[:port]/]path[:tag][@sha256:digest]`, where each path component is lowercase letters
 /// and digits separated by `.`, `_`, `__` or dashes, the name (host and path) is at most
 /// [`MAX_IMAGE_NAME_CHARS`], and a tag is 1-128 of letters, digits, `_`, `.` and `-`, not
-/// starting with `.` or `-`. The first component is a host when it has a `.` or `:`, is
-/// `localhost`, or has an uppercase letter (as Docker splits it).
+/// starting with `.` or `-`. The first component is a host when it has a `.` or `:` or is
+/// `localhost`. Newer Docker clients also read a first component with a capital letter
+/// (`UPPER/case`) as a host, but the daemon Cube runs on (20.10) reads it as a repository and
+/// refuses it ("repository name must be lowercase"), so Cube refuses it at submission too. A
+/// tag may hold capitals (`app:V1`); only the repository path may not.
 pub fn check_image_reference(image: &str) -> Result<(), String> {
     let (rest, digest) = match image.split_once('@') {
         Some((rest, digest)) => (rest, Some(digest)),
@@ -1544,9 +1547,7 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
     let mut components: Vec<&str> = name.split('/').collect();
     if components.len() > 1 {
         let first = components[0];
-        let is_host = first.contains(['.', ':'])
-            || first == "localhost"
-            || first.chars().any(|c| c.is_ascii_uppercase());
+        let is_host = first.contains(['.', ':']) || first == "localhost";
         if is_host {
             check_registry_host(first)?;
             components.remove(0);
@@ -2141,6 +2142,9 @@ mod validation_tests {
             "localhost/app",
             "registry.example.com:5000/team/app_v2__x:v1",
             "Registry.Example.com/app",
+            "UPPER:5000/app",
+            "app:V1",
+            "team/app:Release-2",
             "[::1]:5000/app",
             "my--image",
             "busybox@sha256:3fbc632167424a6d997e74f52b878d7cc478225cffac6bc977eedfe51c7f4e79",
@@ -2151,6 +2155,9 @@ mod validation_tests {
         for (invalid, why) in [
             ("Running", "must be lowercase"),
             ("team/App", "must be lowercase"),
+            ("UPPER/case:tag", "must be lowercase (\"UPPER\")"),
+            ("Team/app", "must be lowercase"),
+            ("LOCALHOST/app", "must be lowercase"),
             (&"x".repeat(300), "the limit is 255"),
             ("busy box", "not a name component"),
             ("a..b", "not a name component"),
