@@ -178,11 +178,18 @@ struct TaskWire {
         deserialize_with = "crate::size::deserialize_size"
     )]
     pub disk: u64,
-    /// `KEY=value` entries.
-    #[serde(rename = "Env", default, deserialize_with = "null_as_default")]
+    /// `KEY=value` entries: a list (`["A=1"]`) or, as in a compose file, a map
+    /// (`{"A": "1"}`, numbers and booleans read as text). Always written as a list.
+    #[serde(rename = "Env", default, deserialize_with = "env_list::deserialize")]
     pub env: Vec<String>,
-    /// Overrides the image's command when not empty.
-    #[serde(rename = "Cmd", default, deserialize_with = "null_as_default")]
+    /// Overrides the image's command when not empty: a list, or a string split into words
+    /// as docker-compose splits a string `command:` (shell-like quoting, no shell). Always
+    /// written as a list.
+    #[serde(
+        rename = "Cmd",
+        default,
+        deserialize_with = "command_words::deserialize"
+    )]
     pub cmd: Vec<String>,
     /// Container ports, `"7777/tcp"`, written as the book's set-as-object `{"7777/tcp": {}}`.
     #[serde(rename = "ExposedPorts", default, with = "port_set")]
@@ -1716,6 +1723,209 @@ where
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
+/// `Env` as a list of `KEY=value` entries, or as a map of names to values (as a compose
+/// file's `environment:` is written), or `null`. A map's entries become `KEY=value` in the
+/// order of their names (a map has no order of its own once the CLI has read it as JSON, so
+/// the same file gives the same list however it is sent; a name given twice keeps its last
+/// value); [`Task::validate`] then checks them as it checks a list's.
+mod env_list {
+    use super::*;
+
+    /// One value of the map form: text, or a number or boolean read as the text it says.
+    struct EnvValue(String);
+
+    impl<'de> Deserialize<'de> for EnvValue {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<EnvValue, D::Error> {
+            struct EnvValueVisitor;
+            impl Visitor<'_> for EnvValueVisitor {
+                type Value = EnvValue;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a string, a number or a boolean")
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_i64<E: de::Error>(self, v: i64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_f64<E: de::Error>(self, v: f64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_bool<E: de::Error>(self, v: bool) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+            }
+            deserializer.deserialize_any(EnvValueVisitor)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<String>, D::Error> {
+        struct EnvVisitor;
+
+        impl<'de> Visitor<'de> for EnvVisitor {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a list of "KEY=value" strings or a map such as {"KEY": "value"}"#)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element::<String>()? {
+                    entries.push(entry);
+                }
+                Ok(entries)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    // Compose takes a value left out from the shell that runs it; a task
+                    // has no such shell, so the value must be written (`""` for empty).
+                    let Some(EnvValue(value)) = map.next_value::<Option<EnvValue>>()? else {
+                        return Err(de::Error::custom(format!(
+                            "{key:?} has no value; write one (\"\" for an empty value)"
+                        )));
+                    };
+                    if key.contains('=') {
+                        return Err(de::Error::custom(format!(
+                            "the name {key:?} contains '='; a name is what comes before '='"
+                        )));
+                    }
+                    entries.insert(key, value);
+                }
+                Ok(entries
+                    .into_iter()
+                    .map(|(key, value)| format!("{key}={value}"))
+                    .collect())
+            }
+        }
+        deserializer.deserialize_option(EnvVisitor)
+    }
+}
+
+/// `Cmd` as a list of arguments, or as one string split into words as docker-compose 1.29
+/// splits a string `command:` (Python's `shlex.split`: spaces separate, quotes group, a
+/// backslash escapes), or `null`. No shell runs it: `"echo $HOME"` passes `$HOME` as it is;
+/// write `sh -c '...'` for a shell, as with compose.
+mod command_words {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<String>, D::Error> {
+        struct CommandVisitor;
+
+        impl<'de> Visitor<'de> for CommandVisitor {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    r#"a list of arguments such as ["echo", "hi"] or a string such as "echo hi""#,
+                )
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                split_command(text).map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut arguments = Vec::new();
+                while let Some(argument) = seq.next_element::<String>()? {
+                    arguments.push(argument);
+                }
+                Ok(arguments)
+            }
+        }
+        deserializer.deserialize_option(CommandVisitor)
+    }
+}
+
+/// Splits a command string into arguments as Python's `shlex.split` does, which is what
+/// docker-compose 1.29 (through docker-py) does with a string `command:`: spaces, tabs and
+/// line ends separate; single quotes keep everything; double quotes keep everything but
+/// `\"` and `\\`; outside quotes a backslash escapes the next character; `''` is an empty
+/// argument; `#` is an ordinary character.
+pub fn split_command(text: &str) -> Result<Vec<String>, String> {
+    let mut arguments = Vec::new();
+    let mut argument = String::new();
+    let mut in_argument = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' | '\r' | '\n' => {
+                if in_argument {
+                    arguments.push(std::mem::take(&mut argument));
+                    in_argument = false;
+                }
+            }
+            '\'' => {
+                in_argument = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => argument.push(c),
+                        None => return Err(format!("{text:?}: a ' is not closed")),
+                    }
+                }
+            }
+            '"' => {
+                in_argument = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.peek() {
+                            Some(&escaped @ ('"' | '\\')) => {
+                                argument.push(escaped);
+                                chars.next();
+                            }
+                            _ => argument.push('\\'),
+                        },
+                        Some(c) => argument.push(c),
+                        None => return Err(format!("{text:?}: a \" is not closed")),
+                    }
+                }
+            }
+            '\\' => {
+                in_argument = true;
+                match chars.next() {
+                    Some(c) => argument.push(c),
+                    None => {
+                        return Err(format!(
+                            "{text:?}: ends in a backslash that escapes nothing"
+                        ));
+                    }
+                }
+            }
+            c => {
+                in_argument = true;
+                argument.push(c);
+            }
+        }
+    }
+    if in_argument {
+        arguments.push(argument);
+    }
+    Ok(arguments)
+}
+
 /// A set of ports written as an object whose values are `{}` (Go's `map[Port]struct{}`);
 /// a plain array of strings and `null` are read too.
 mod port_set {
@@ -2115,6 +2325,118 @@ mod validation_tests {
             !findings.contains("Env[0]") && !findings.contains("Env[3]"),
             "{findings}"
         );
+    }
+
+    #[test]
+    fn env_may_be_a_map_as_in_compose_and_is_written_as_a_list() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "Env": {"B": "two words", "A": 1, "DEBUG": true, "EMPTY": ""}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            task.spec.env,
+            ["A=1", "B=two words", "DEBUG=true", "EMPTY="]
+        );
+        assert_eq!(task.validate(), Vec::<String>::new());
+        let written = serde_json::to_value(&task).unwrap();
+        assert_eq!(
+            written["Env"],
+            serde_json::json!(["A=1", "B=two words", "DEBUG=true", "EMPTY="])
+        );
+        let yaml: Task =
+            serde_norway::from_str("Image: x\nEnv:\n  PORT: 7777\n  A: \"1\"\n  A: \"2\"\n")
+                .unwrap();
+        assert_eq!(yaml.spec.env, ["A=2", "PORT=7777"]);
+        let list: Task = serde_json::from_str(r#"{"Image": "x", "Env": ["A=1"]}"#).unwrap();
+        assert_eq!(list.spec.env, ["A=1"]);
+        let null: Task = serde_json::from_str(r#"{"Image": "x", "Env": null}"#).unwrap();
+        assert!(null.spec.env.is_empty());
+    }
+
+    #[test]
+    fn an_env_map_entry_without_a_value_or_with_an_equals_sign_is_refused() {
+        let refusal = |json: &str| {
+            crate::event::decode::<Task>(json.as_bytes())
+                .unwrap_err()
+                .to_string()
+        };
+        let missing = refusal(r#"{"Image": "x", "Env": {"HOME": null}}"#);
+        assert!(
+            missing.starts_with("Env: \"HOME\" has no value"),
+            "{missing}"
+        );
+        let equals = refusal(r#"{"Image": "x", "Env": {"A=B": "1"}}"#);
+        assert!(
+            equals.starts_with("Env: the name \"A=B\" contains '='"),
+            "{equals}"
+        );
+        let nested = refusal(r#"{"Image": "x", "Env": {"A": [1]}}"#);
+        assert!(
+            nested.starts_with("Env.A: invalid type: sequence, expected a string, a number"),
+            "{nested}"
+        );
+        let empty_name = findings_for(r#"{"Image": "x", "Env": {"": "v"}}"#);
+        assert!(
+            empty_name.contains("Env[0]: \"=v\" has no name"),
+            "{empty_name}"
+        );
+    }
+
+    #[test]
+    fn cmd_may_be_a_string_split_as_docker_compose_splits_it() {
+        let cmd = |json: &str| -> Vec<String> {
+            let task: Task = serde_json::from_str(json).unwrap();
+            task.spec.cmd
+        };
+        assert_eq!(cmd(r#"{"Image": "x", "Cmd": "echo hi"}"#), ["echo", "hi"]);
+        assert_eq!(
+            cmd(r#"{"Image": "x", "Cmd": ["echo", "hi there"]}"#),
+            ["echo", "hi there"]
+        );
+        assert!(cmd(r#"{"Image": "x", "Cmd": ""}"#).is_empty());
+        assert!(cmd(r#"{"Image": "x", "Cmd": null}"#).is_empty());
+        let task: Task =
+            serde_json::from_str(r#"{"Image": "x", "Cmd": "sh -c 'echo a'"}"#).unwrap();
+        assert_eq!(
+            serde_json::to_value(&task).unwrap()["Cmd"],
+            serde_json::json!(["sh", "-c", "echo a"])
+        );
+        let yaml: Task = serde_norway::from_str("Image: x\nCmd: sh -c \"echo $HOME\"\n").unwrap();
+        assert_eq!(yaml.spec.cmd, ["sh", "-c", "echo $HOME"]);
+    }
+
+    /// Each expectation is what Python's `shlex.split` (docker-compose 1.29's splitter)
+    /// answers for the same text.
+    #[test]
+    fn a_command_string_splits_as_pythons_shlex() {
+        let cases: [(&str, &[&str]); 8] = [
+            ("echo hi", &["echo", "hi"]),
+            (
+                r#"sh -c "echo \"a b\" \$HOME \n" x\ y"#,
+                &["sh", "-c", r#"echo "a b" \$HOME \n"#, "x y"],
+            ),
+            (r#"echo 'it s' '' \"\""#, &["echo", "it s", "", "\"\""]),
+            ("a\tb\r\nc", &["a", "b", "c"]),
+            ("echo #no", &["echo", "#no"]),
+            (r#"a\\b \"q\""#, &["a\\b", "\"q\""]),
+            (r#"x "a\\b" "#, &["x", "a\\b"]),
+            ("  ", &[]),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(split_command(text).unwrap(), expected, "{text}");
+        }
+        for (text, why) in [
+            ("echo \"x", "a \" is not closed"),
+            ("echo 'x", "a ' is not closed"),
+            ("echo x\\", "ends in a backslash"),
+        ] {
+            let err = split_command(text).unwrap_err();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+        let refusal = crate::event::decode::<Task>(br#"{"Image": "x", "Cmd": "echo 'x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(refusal.starts_with("Cmd: "), "{refusal}");
     }
 
     #[test]

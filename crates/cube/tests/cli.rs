@@ -121,6 +121,39 @@ async fn a_task_file_on_stdin_runs_and_a_yaml_file_runs_and_is_unchanged_when_se
     );
 }
 
+/// `Env` written as a map and `Cmd` as one string, as in a compose file: the container gets
+/// the variables and the words docker-compose would give it, and the task reads back in lists.
+#[tokio::test]
+async fn a_yaml_task_with_an_env_map_and_a_command_string_runs_as_compose_would_run_it() {
+    let cluster = Cluster::start("envmap").await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("hello.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "Name: compose-like\nImage: {SAMPLE_IMAGE}\nEnv:\n  GREETING: hello\n  COUNT: 3\n\
+             Cmd: sh -c 'echo \"$GREETING x$COUNT\"; echo \"two  words\"'\n"
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", yaml.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    let done = cluster.manager.client().await_state(&id, "Completed").await;
+    assert_eq!(done["Env"], json!(["COUNT=3", "GREETING=hello"]));
+    assert_eq!(
+        done["Cmd"],
+        json!([
+            "sh",
+            "-c",
+            "echo \"$GREETING x$COUNT\"; echo \"two  words\""
+        ])
+    );
+    let (ok, out, err) = cluster.cube(&["logs", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "hello x3\ntwo  words\n");
+}
+
 #[test]
 fn a_yaml_mistake_is_reported_at_its_line_and_column_before_anything_is_sent() {
     let dir = tempfile::tempdir().unwrap();
