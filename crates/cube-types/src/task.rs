@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -74,7 +75,9 @@ pub struct TaskSpec {
     pub cmd: Vec<String>,
     /// Container ports, `"7777/tcp"`.
     pub exposed_ports: BTreeSet<String>,
-    /// Container port → host port; an empty host port lets Docker choose one.
+    /// Container port → host port, `IP:PORT` to publish on one address of the node only
+    /// (`"127.0.0.1:8080"`, `"[::1]:8080"`); an empty host port (`""`, `"127.0.0.1:"`) lets
+    /// Docker choose one. Read with [`parse_host_side`].
     pub port_bindings: BTreeMap<String, String>,
     pub restart_policy: RestartPolicy,
     /// The book's health check: an HTTP path such as `/health`.
@@ -194,7 +197,8 @@ struct TaskWire {
     /// Container ports, `"7777/tcp"`, written as the book's set-as-object `{"7777/tcp": {}}`.
     #[serde(rename = "ExposedPorts", default, with = "port_set")]
     pub exposed_ports: BTreeSet<String>,
-    /// Container port → host port; an empty host port lets Docker choose one.
+    /// Container port → host port, or `IP:PORT` to publish on one address only; an empty
+    /// host port lets Docker choose one.
     #[serde(rename = "PortBindings", default, deserialize_with = "null_as_default")]
     pub port_bindings: BTreeMap<String, String>,
     /// What Docker bound, in the book's shape: `{"7777/tcp": [{"HostIp": "0.0.0.0", "HostPort": "49155"}]}`.
@@ -1392,12 +1396,8 @@ impl Task {
             if let Err(why) = canonical_port(port) {
                 findings.push(format!("PortBindings: {why}"));
             }
-            let host = host.trim();
-            if !host.is_empty() && !matches!(host.parse::<u16>(), Ok(1..)) {
-                findings.push(format!(
-                    "PortBindings: host port {host:?} for {port} is not a port number 1-65535 \
-                     (or \"\" to let Docker choose)"
-                ));
+            if let Err(why) = parse_host_side(host) {
+                findings.push(format!("PortBindings: {port}: {why}"));
             }
         }
     }
@@ -1677,13 +1677,16 @@ impl fmt::Display for HostPort {
 impl Task {
     /// The host ports the task claims: each `PortBindings` entry whose host port is a number
     /// (not `""` or `0`, which let Docker choose), with its container port's protocol. The one
-    /// place a claim is read; the scheduler and the manager's node loads both use it.
+    /// place a claim is read; the scheduler and the manager's node loads both use it. A port
+    /// bound on one address (`127.0.0.1:8080`) claims the port on the whole node, as one bound
+    /// on every address does: two tasks never share a host port, whatever their addresses,
+    /// which is simple and never lets Docker refuse a placement the scheduler allowed.
     pub fn fixed_host_ports(&self) -> impl Iterator<Item = HostPort> + '_ {
         self.spec
             .port_bindings
             .iter()
             .filter_map(|(container, host)| {
-                let port = host.trim().parse::<u16>().ok().filter(|port| *port != 0)?;
+                let port = parse_host_side(host).ok()?.port?;
                 let protocol = match container
                     .split_once('/')
                     .map(|(_, p)| p.to_ascii_lowercase())
@@ -1694,6 +1697,81 @@ impl Task {
                 };
                 Some(HostPort { port, protocol })
             })
+    }
+}
+
+/// The host side of a `PortBindings` entry: the address to publish on (`None`: every
+/// address of the node, as Docker does by default) and the host port (`None`: Docker chooses
+/// one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSide {
+    pub ip: Option<IpAddr>,
+    pub port: Option<u16>,
+}
+
+/// Reads the host side of a `PortBindings` entry, as `docker run -p` writes it before the
+/// container port: `""` (Docker chooses the port), `"8080"`, `"127.0.0.1:8080"`,
+/// `"127.0.0.1:"` (Docker chooses the port on that address) or `"[::1]:8080"` (an IPv6
+/// address in brackets). Anything else, `"0"` included, is refused with the forms that work.
+pub fn parse_host_side(host: &str) -> Result<HostSide, String> {
+    let text = host.trim();
+    let forms = "write a port number 1-65535, IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\"), \
+                 IP: to let Docker choose the port on that address, or \"\" to let Docker choose";
+    let port_of = |digits: &str| -> Result<Option<u16>, String> {
+        if digits.is_empty() {
+            return Ok(None);
+        }
+        match digits.parse::<u16>() {
+            Ok(port @ 1..) => Ok(Some(port)),
+            _ => Err(format!("host port {digits:?} is not a port number 1-65535")),
+        }
+    };
+    if text.is_empty() {
+        return Ok(HostSide {
+            ip: None,
+            port: None,
+        });
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let Some((address, after)) = rest.split_once(']') else {
+            return Err(format!(
+                "{text:?}: the '[' of an IPv6 address is not closed; {forms}"
+            ));
+        };
+        let ip = address
+            .parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("{address:?} is not an IPv6 address; {forms}"))?;
+        let Some(digits) = after.strip_prefix(':') else {
+            return Err(format!("{text:?} has no ':' after the address; {forms}"));
+        };
+        return Ok(HostSide {
+            ip: Some(IpAddr::V6(ip)),
+            port: port_of(digits)?,
+        });
+    }
+    match text.rsplit_once(':') {
+        None => {
+            if text.chars().all(|c| c.is_ascii_digit()) {
+                return Ok(HostSide {
+                    ip: None,
+                    port: port_of(text)?,
+                });
+            }
+            Err(format!("host {text:?} is not a port number; {forms}"))
+        }
+        Some((address, digits)) => {
+            let ip = address.parse::<std::net::Ipv4Addr>().map_err(|_| {
+                if address.contains(':') {
+                    format!("{text:?}: write an IPv6 address in brackets, e.g. \"[::1]:8080\"")
+                } else {
+                    format!("{address:?} is not an IP address; {forms}")
+                }
+            })?;
+            Ok(HostSide {
+                ip: Some(IpAddr::V4(ip)),
+                port: port_of(digits)?,
+            })
+        }
     }
 }
 
@@ -2003,6 +2081,69 @@ mod tests {
         assert_eq!(
             task.spec.port_bindings.get("8080/tcp").map(String::as_str),
             Some("")
+        );
+    }
+
+    #[test]
+    fn a_host_side_may_name_the_address_to_publish_on() {
+        let v4 = |ip: [u8; 4]| Some(IpAddr::from(ip));
+        for (text, ip, port) in [
+            ("", None, None),
+            (" 8080 ", None, Some(8080)),
+            ("127.0.0.1:8080", v4([127, 0, 0, 1]), Some(8080)),
+            ("127.0.0.1:", v4([127, 0, 0, 1]), None),
+            ("0.0.0.0:80", v4([0, 0, 0, 0]), Some(80)),
+            (
+                "[::1]:8080",
+                Some(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+                Some(8080),
+            ),
+            (
+                "[::]:",
+                Some(IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)),
+                None,
+            ),
+        ] {
+            assert_eq!(parse_host_side(text), Ok(HostSide { ip, port }), "{text:?}");
+        }
+        for (text, why) in [
+            ("0", "\"0\" is not a port number 1-65535"),
+            ("99999", "is not a port number 1-65535"),
+            ("127.0.0.1:0", "is not a port number 1-65535"),
+            (
+                "web",
+                "is not a port number; write a port number 1-65535, IP:PORT",
+            ),
+            ("localhost:8080", "\"localhost\" is not an IP address"),
+            ("300.0.0.1:80", "is not an IP address"),
+            ("::1:8080", "write an IPv6 address in brackets"),
+            ("[::1]8080", "no ':' after the address"),
+            ("[::1:8080", "is not closed"),
+            ("[1.2.3.4]:80", "is not an IPv6 address"),
+            ("127.0.0.1", "is not a port number"),
+        ] {
+            let err = parse_host_side(text).expect_err(text);
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_binding_on_one_address_is_valid_and_claims_its_port_on_the_node() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "PortBindings": {"7777/tcp": "127.0.0.1:8080", "53/udp": "127.0.0.1:", "9000": "9000"}}"#,
+        )
+        .unwrap();
+        assert_eq!(task.validate(), Vec::<String>::new());
+        let claimed: Vec<HostPort> = task.fixed_host_ports().collect();
+        assert_eq!(claimed, [HostPort::tcp(8080), HostPort::tcp(9000)]);
+        let bad: Task = serde_json::from_str(
+            r#"{"Image": "x", "PortBindings": {"7777/tcp": "localhost:8080"}}"#,
+        )
+        .unwrap();
+        let findings = bad.validate().join("\n");
+        assert!(
+            findings.starts_with("PortBindings: 7777/tcp: \"localhost\" is not an IP address"),
+            "{findings}"
         );
     }
 

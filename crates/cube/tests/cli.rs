@@ -223,6 +223,104 @@ async fn run_wait_returns_once_the_task_runs_and_fails_with_the_error_of_a_faili
     assert!(stderr.contains("failed (exit code 3)"), "{stderr}");
 }
 
+/// What `docker port` says the task's container publishes, one `7777/tcp -> IP:PORT` a line.
+fn docker_port(task: &Value) -> Vec<String> {
+    let id = task["ContainerID"].as_str().expect("a container ID");
+    let output = Command::new("docker")
+        .args(["port", id])
+        .output()
+        .expect("run docker port");
+    assert!(output.status.success(), "docker port {id}: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `-p IP:HOST:CONTAINER` and a task file's `"IP:PORT"` publish on that address of the node
+/// only, as Docker's `HostIp`; `--wait` says what Docker bound; the port still counts as
+/// taken on the node for a task that wants it on every address.
+#[tokio::test]
+async fn a_port_published_on_loopback_is_bound_there_only_and_wait_says_what_docker_bound() {
+    let cluster = Cluster::start("loop").await;
+    let port = free_port();
+    let binding = format!("127.0.0.1:{port}:7777");
+    let (ok, stdout, stderr) = cluster.cube(&[
+        "run",
+        "--wait",
+        "--name",
+        "lo",
+        "-p",
+        &binding,
+        SAMPLE_IMAGE,
+    ]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    let client = cluster.manager.client();
+    let running = client.await_state(&id, "Running").await;
+    assert_eq!(
+        running["PortBindings"],
+        json!({"7777/tcp": format!("127.0.0.1:{port}")})
+    );
+    assert_eq!(
+        docker_port(&running),
+        [format!("7777/tcp -> 127.0.0.1:{port}")]
+    );
+    assert_eq!(get_published(port, "/health").await, 200);
+    assert!(
+        stderr.contains(&format!(
+            "lo: 127.0.0.1:{port}->7777/tcp (Docker bound 127.0.0.1:{port}: that address only)"
+        )),
+        "{stderr}"
+    );
+
+    // The same port on every address waits: a port is claimed on the whole node.
+    let clash = client
+        .submit(&json!({"Name": "clash", "Image": SAMPLE_IMAGE,
+                        "PortBindings": {"7777/tcp": port.to_string()}}))
+        .await;
+    client
+        .await_task(&clash, "waiting for the port", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|reason| reason.contains(&format!("port {port} taken")))
+        })
+        .await;
+
+    // A task file may ask for a loopback port Docker chooses.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lo.json");
+    std::fs::write(
+        &file,
+        json!({"Name": "lo-any", "Image": SAMPLE_IMAGE,
+               "PortBindings": {"7777/tcp": "127.0.0.1:"}})
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let running = client.await_state(&printed_id(&stdout), "Running").await;
+    let bound = docker_port(&running);
+    assert!(
+        bound.len() == 1 && bound[0].starts_with("7777/tcp -> 127.0.0.1:"),
+        "{bound:?}"
+    );
+
+    // A port on every address: --wait says so rather than show the node's loopback alone.
+    let (ok, _, stderr) =
+        cluster.cube(&["run", "--wait", "--name", "all", "-p", "7777", SAMPLE_IMAGE]);
+    assert!(ok, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|line| line.starts_with("all: "))
+        .unwrap_or_else(|| panic!("no address line: {stderr}"));
+    assert!(
+        line.contains("(Docker bound 0.0.0.0:")
+            && line.ends_with(&format!("every address of node {})", cluster.worker.name)),
+        "{line}"
+    );
+}
+
 #[tokio::test]
 async fn run_wait_gives_up_after_its_timeout_with_the_reason_the_task_waits() {
     let cluster = Cluster::start("late").await;
