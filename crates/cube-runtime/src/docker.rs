@@ -111,13 +111,7 @@ impl Runtime for DockerRuntime {
         let port_bindings: HashMap<String, Option<Vec<PortBinding>>> = spec
             .port_bindings
             .iter()
-            .map(|(port, host_port)| {
-                let binding = PortBinding {
-                    host_ip: None,
-                    host_port: Some(host_port.clone()),
-                };
-                (port.clone(), Some(vec![binding]))
-            })
+            .map(|(port, host)| (port.clone(), Some(vec![port_binding(host)])))
             .collect();
         let host_config = HostConfig {
             // docker-init as PID 1 forwards SIGTERM, so a stop takes ~100 ms instead of the
@@ -460,6 +454,23 @@ impl DockerRuntime {
     }
 }
 
+/// Docker's binding for the host side of a `PortBindings` entry: `"127.0.0.1:8080"` binds
+/// port 8080 on that address only (`HostIp`), `"8080"` on every address, an empty port lets
+/// Docker choose one. The task was validated before it got here; text that does not read
+/// is handed to Docker as the port, as it was written, for Docker to refuse in its words.
+fn port_binding(host: &str) -> PortBinding {
+    match cube_types::task::parse_host_side(host) {
+        Ok(side) => PortBinding {
+            host_ip: side.ip.map(|ip| ip.to_string()),
+            host_port: Some(side.port.map(|port| port.to_string()).unwrap_or_default()),
+        },
+        Err(_) => PortBinding {
+            host_ip: None,
+            host_port: Some(host.to_string()),
+        },
+    }
+}
+
 fn info_from(response: ContainerInspectResponse) -> ContainerInfo {
     let state = response.state.unwrap_or_default();
     let running = state.running.unwrap_or(false);
@@ -626,6 +637,22 @@ mod tests {
         );
         assert_eq!(with_default_tag("app:1.2"), "app:1.2");
         assert_eq!(with_default_tag("app@sha256:abc"), "app@sha256:abc");
+    }
+
+    #[test]
+    fn a_host_address_becomes_the_bindings_host_ip() {
+        let binding = |ip: Option<&str>, port: &str| PortBinding {
+            host_ip: ip.map(str::to_string),
+            host_port: Some(port.to_string()),
+        };
+        assert_eq!(port_binding("8080"), binding(None, "8080"));
+        assert_eq!(port_binding(""), binding(None, ""));
+        assert_eq!(
+            port_binding("127.0.0.1:8080"),
+            binding(Some("127.0.0.1"), "8080")
+        );
+        assert_eq!(port_binding("127.0.0.1:"), binding(Some("127.0.0.1"), ""));
+        assert_eq!(port_binding("[::1]:9000"), binding(Some("::1"), "9000"));
     }
 
     #[test]

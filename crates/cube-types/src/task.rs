@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -74,7 +75,9 @@ pub struct TaskSpec {
     pub cmd: Vec<String>,
     /// Container ports, `"7777/tcp"`.
     pub exposed_ports: BTreeSet<String>,
-    /// Container port → host port; an empty host port lets Docker choose one.
+    /// Container port → host port, `IP:PORT` to publish on one address of the node only
+    /// (`"127.0.0.1:8080"`, `"[::1]:8080"`); an empty host port (`""`, `"127.0.0.1:"`) lets
+    /// Docker choose one. Read with [`parse_host_side`].
     pub port_bindings: BTreeMap<String, String>,
     pub restart_policy: RestartPolicy,
     /// The book's health check: an HTTP path such as `/health`.
@@ -178,16 +181,24 @@ struct TaskWire {
         deserialize_with = "crate::size::deserialize_size"
     )]
     pub disk: u64,
-    /// `KEY=value` entries.
-    #[serde(rename = "Env", default, deserialize_with = "null_as_default")]
+    /// `KEY=value` entries: a list (`["A=1"]`) or, as in a compose file, a map
+    /// (`{"A": "1"}`, numbers and booleans read as text). Always written as a list.
+    #[serde(rename = "Env", default, deserialize_with = "env_list::deserialize")]
     pub env: Vec<String>,
-    /// Overrides the image's command when not empty.
-    #[serde(rename = "Cmd", default, deserialize_with = "null_as_default")]
+    /// Overrides the image's command when not empty: a list, or a string split into words
+    /// as docker-compose splits a string `command:` (shell-like quoting, no shell). Always
+    /// written as a list.
+    #[serde(
+        rename = "Cmd",
+        default,
+        deserialize_with = "command_words::deserialize"
+    )]
     pub cmd: Vec<String>,
     /// Container ports, `"7777/tcp"`, written as the book's set-as-object `{"7777/tcp": {}}`.
     #[serde(rename = "ExposedPorts", default, with = "port_set")]
     pub exposed_ports: BTreeSet<String>,
-    /// Container port → host port; an empty host port lets Docker choose one.
+    /// Container port → host port, or `IP:PORT` to publish on one address only; an empty
+    /// host port lets Docker choose one.
     #[serde(rename = "PortBindings", default, deserialize_with = "null_as_default")]
     pub port_bindings: BTreeMap<String, String>,
     /// What Docker bound, in the book's shape: `{"7777/tcp": [{"HostIp": "0.0.0.0", "HostPort": "49155"}]}`.
@@ -1385,12 +1396,8 @@ impl Task {
             if let Err(why) = canonical_port(port) {
                 findings.push(format!("PortBindings: {why}"));
             }
-            let host = host.trim();
-            if !host.is_empty() && !matches!(host.parse::<u16>(), Ok(1..)) {
-                findings.push(format!(
-                    "PortBindings: host port {host:?} for {port} is not a port number 1-65535 \
-                     (or \"\" to let Docker choose)"
-                ));
+            if let Err(why) = parse_host_side(host) {
+                findings.push(format!("PortBindings: {port}: {why}"));
             }
         }
     }
@@ -1494,8 +1501,11 @@ fn control_character(c: char) -> String {
 /// `[host[:port]/]path[:tag][@sha256:digest]`, where each path component is lowercase letters
 /// and digits separated by `.`, `_`, `__` or dashes, the name (host and path) is at most
 /// [`MAX_IMAGE_NAME_CHARS`], and a tag is 1-128 of letters, digits, `_`, `.` and `-`, not
-/// starting with `.` or `-`. The first component is a host when it has a `.` or `:`, is
-/// `localhost`, or has an uppercase letter (as Docker splits it).
+/// starting with `.` or `-`. The first component is a host when it has a `.` or `:` or is
+/// `localhost`. Newer Docker clients also read a first component with a capital letter
+/// (`UPPER/case`) as a host, but the daemon Cube runs on (20.10) reads it as a repository and
+/// refuses it ("repository name must be lowercase"), so Cube refuses it at submission too. A
+/// tag may hold capitals (`app:V1`); only the repository path may not.
 pub fn check_image_reference(image: &str) -> Result<(), String> {
     let (rest, digest) = match image.split_once('@') {
         Some((rest, digest)) => (rest, Some(digest)),
@@ -1544,9 +1554,7 @@ pub fn check_image_reference(image: &str) -> Result<(), String> {
     let mut components: Vec<&str> = name.split('/').collect();
     if components.len() > 1 {
         let first = components[0];
-        let is_host = first.contains(['.', ':'])
-            || first == "localhost"
-            || first.chars().any(|c| c.is_ascii_uppercase());
+        let is_host = first.contains(['.', ':']) || first == "localhost";
         if is_host {
             check_registry_host(first)?;
             components.remove(0);
@@ -1669,13 +1677,16 @@ impl fmt::Display for HostPort {
 impl Task {
     /// The host ports the task claims: each `PortBindings` entry whose host port is a number
     /// (not `""` or `0`, which let Docker choose), with its container port's protocol. The one
-    /// place a claim is read; the scheduler and the manager's node loads both use it.
+    /// place a claim is read; the scheduler and the manager's node loads both use it. A port
+    /// bound on one address (`127.0.0.1:8080`) claims the port on the whole node, as one bound
+    /// on every address does: two tasks never share a host port, whatever their addresses,
+    /// which is simple and never lets Docker refuse a placement the scheduler allowed.
     pub fn fixed_host_ports(&self) -> impl Iterator<Item = HostPort> + '_ {
         self.spec
             .port_bindings
             .iter()
             .filter_map(|(container, host)| {
-                let port = host.trim().parse::<u16>().ok().filter(|port| *port != 0)?;
+                let port = parse_host_side(host).ok()?.port?;
                 let protocol = match container
                     .split_once('/')
                     .map(|(_, p)| p.to_ascii_lowercase())
@@ -1686,6 +1697,81 @@ impl Task {
                 };
                 Some(HostPort { port, protocol })
             })
+    }
+}
+
+/// The host side of a `PortBindings` entry: the address to publish on (`None`: every
+/// address of the node, as Docker does by default) and the host port (`None`: Docker chooses
+/// one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSide {
+    pub ip: Option<IpAddr>,
+    pub port: Option<u16>,
+}
+
+/// Reads the host side of a `PortBindings` entry, as `docker run -p` writes it before the
+/// container port: `""` (Docker chooses the port), `"8080"`, `"127.0.0.1:8080"`,
+/// `"127.0.0.1:"` (Docker chooses the port on that address) or `"[::1]:8080"` (an IPv6
+/// address in brackets). Anything else, `"0"` included, is refused with the forms that work.
+pub fn parse_host_side(host: &str) -> Result<HostSide, String> {
+    let text = host.trim();
+    let forms = "write a port number 1-65535, IP:PORT (e.g. \"127.0.0.1:8080\", \"[::1]:8080\"), \
+                 IP: to let Docker choose the port on that address, or \"\" to let Docker choose";
+    let port_of = |digits: &str| -> Result<Option<u16>, String> {
+        if digits.is_empty() {
+            return Ok(None);
+        }
+        match digits.parse::<u16>() {
+            Ok(port @ 1..) => Ok(Some(port)),
+            _ => Err(format!("host port {digits:?} is not a port number 1-65535")),
+        }
+    };
+    if text.is_empty() {
+        return Ok(HostSide {
+            ip: None,
+            port: None,
+        });
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let Some((address, after)) = rest.split_once(']') else {
+            return Err(format!(
+                "{text:?}: the '[' of an IPv6 address is not closed; {forms}"
+            ));
+        };
+        let ip = address
+            .parse::<std::net::Ipv6Addr>()
+            .map_err(|_| format!("{address:?} is not an IPv6 address; {forms}"))?;
+        let Some(digits) = after.strip_prefix(':') else {
+            return Err(format!("{text:?} has no ':' after the address; {forms}"));
+        };
+        return Ok(HostSide {
+            ip: Some(IpAddr::V6(ip)),
+            port: port_of(digits)?,
+        });
+    }
+    match text.rsplit_once(':') {
+        None => {
+            if text.chars().all(|c| c.is_ascii_digit()) {
+                return Ok(HostSide {
+                    ip: None,
+                    port: port_of(text)?,
+                });
+            }
+            Err(format!("host {text:?} is not a port number; {forms}"))
+        }
+        Some((address, digits)) => {
+            let ip = address.parse::<std::net::Ipv4Addr>().map_err(|_| {
+                if address.contains(':') {
+                    format!("{text:?}: write an IPv6 address in brackets, e.g. \"[::1]:8080\"")
+                } else {
+                    format!("{address:?} is not an IP address; {forms}")
+                }
+            })?;
+            Ok(HostSide {
+                ip: Some(IpAddr::V4(ip)),
+                port: port_of(digits)?,
+            })
+        }
     }
 }
 
@@ -1713,6 +1799,209 @@ where
     T: Deserialize<'de> + Default,
 {
     Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// `Env` as a list of `KEY=value` entries, or as a map of names to values (as a compose
+/// file's `environment:` is written), or `null`. A map's entries become `KEY=value` in the
+/// order of their names (a map has no order of its own once the CLI has read it as JSON, so
+/// the same file gives the same list however it is sent; a name given twice keeps its last
+/// value); [`Task::validate`] then checks them as it checks a list's.
+mod env_list {
+    use super::*;
+
+    /// One value of the map form: text, or a number or boolean read as the text it says.
+    struct EnvValue(String);
+
+    impl<'de> Deserialize<'de> for EnvValue {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<EnvValue, D::Error> {
+            struct EnvValueVisitor;
+            impl Visitor<'_> for EnvValueVisitor {
+                type Value = EnvValue;
+                fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    f.write_str("a string, a number or a boolean")
+                }
+                fn visit_str<E: de::Error>(self, v: &str) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_i64<E: de::Error>(self, v: i64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_f64<E: de::Error>(self, v: f64) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+                fn visit_bool<E: de::Error>(self, v: bool) -> Result<EnvValue, E> {
+                    Ok(EnvValue(v.to_string()))
+                }
+            }
+            deserializer.deserialize_any(EnvValueVisitor)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<String>, D::Error> {
+        struct EnvVisitor;
+
+        impl<'de> Visitor<'de> for EnvVisitor {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#"a list of "KEY=value" strings or a map such as {"KEY": "value"}"#)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = seq.next_element::<String>()? {
+                    entries.push(entry);
+                }
+                Ok(entries)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = BTreeMap::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    // Compose takes a value left out from the shell that runs it; a task
+                    // has no such shell, so the value must be written (`""` for empty).
+                    let Some(EnvValue(value)) = map.next_value::<Option<EnvValue>>()? else {
+                        return Err(de::Error::custom(format!(
+                            "{key:?} has no value; write one (\"\" for an empty value)"
+                        )));
+                    };
+                    if key.contains('=') {
+                        return Err(de::Error::custom(format!(
+                            "the name {key:?} contains '='; a name is what comes before '='"
+                        )));
+                    }
+                    entries.insert(key, value);
+                }
+                Ok(entries
+                    .into_iter()
+                    .map(|(key, value)| format!("{key}={value}"))
+                    .collect())
+            }
+        }
+        deserializer.deserialize_option(EnvVisitor)
+    }
+}
+
+/// `Cmd` as a list of arguments, or as one string split into words as docker-compose 1.29
+/// splits a string `command:` (Python's `shlex.split`: spaces separate, quotes group, a
+/// backslash escapes), or `null`. No shell runs it: `"echo $HOME"` passes `$HOME` as it is;
+/// write `sh -c '...'` for a shell, as with compose.
+mod command_words {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<String>, D::Error> {
+        struct CommandVisitor;
+
+        impl<'de> Visitor<'de> for CommandVisitor {
+            type Value = Vec<String>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(
+                    r#"a list of arguments such as ["echo", "hi"] or a string such as "echo hi""#,
+                )
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(Vec::new())
+            }
+            fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                split_command(text).map_err(E::custom)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut arguments = Vec::new();
+                while let Some(argument) = seq.next_element::<String>()? {
+                    arguments.push(argument);
+                }
+                Ok(arguments)
+            }
+        }
+        deserializer.deserialize_option(CommandVisitor)
+    }
+}
+
+/// Splits a command string into arguments as Python's `shlex.split` does, which is what
+/// docker-compose 1.29 (through docker-py) does with a string `command:`: spaces, tabs and
+/// line ends separate; single quotes keep everything; double quotes keep everything but
+/// `\"` and `\\`; outside quotes a backslash escapes the next character; `''` is an empty
+/// argument; `#` is an ordinary character.
+pub fn split_command(text: &str) -> Result<Vec<String>, String> {
+    let mut arguments = Vec::new();
+    let mut argument = String::new();
+    let mut in_argument = false;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            ' ' | '\t' | '\r' | '\n' => {
+                if in_argument {
+                    arguments.push(std::mem::take(&mut argument));
+                    in_argument = false;
+                }
+            }
+            '\'' => {
+                in_argument = true;
+                loop {
+                    match chars.next() {
+                        Some('\'') => break,
+                        Some(c) => argument.push(c),
+                        None => return Err(format!("{text:?}: a ' is not closed")),
+                    }
+                }
+            }
+            '"' => {
+                in_argument = true;
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => match chars.peek() {
+                            Some(&escaped @ ('"' | '\\')) => {
+                                argument.push(escaped);
+                                chars.next();
+                            }
+                            _ => argument.push('\\'),
+                        },
+                        Some(c) => argument.push(c),
+                        None => return Err(format!("{text:?}: a \" is not closed")),
+                    }
+                }
+            }
+            '\\' => {
+                in_argument = true;
+                match chars.next() {
+                    Some(c) => argument.push(c),
+                    None => {
+                        return Err(format!(
+                            "{text:?}: ends in a backslash that escapes nothing"
+                        ));
+                    }
+                }
+            }
+            c => {
+                in_argument = true;
+                argument.push(c);
+            }
+        }
+    }
+    if in_argument {
+        arguments.push(argument);
+    }
+    Ok(arguments)
 }
 
 /// A set of ports written as an object whose values are `{}` (Go's `map[Port]struct{}`);
@@ -1792,6 +2081,69 @@ mod tests {
         assert_eq!(
             task.spec.port_bindings.get("8080/tcp").map(String::as_str),
             Some("")
+        );
+    }
+
+    #[test]
+    fn a_host_side_may_name_the_address_to_publish_on() {
+        let v4 = |ip: [u8; 4]| Some(IpAddr::from(ip));
+        for (text, ip, port) in [
+            ("", None, None),
+            (" 8080 ", None, Some(8080)),
+            ("127.0.0.1:8080", v4([127, 0, 0, 1]), Some(8080)),
+            ("127.0.0.1:", v4([127, 0, 0, 1]), None),
+            ("0.0.0.0:80", v4([0, 0, 0, 0]), Some(80)),
+            (
+                "[::1]:8080",
+                Some(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)),
+                Some(8080),
+            ),
+            (
+                "[::]:",
+                Some(IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED)),
+                None,
+            ),
+        ] {
+            assert_eq!(parse_host_side(text), Ok(HostSide { ip, port }), "{text:?}");
+        }
+        for (text, why) in [
+            ("0", "\"0\" is not a port number 1-65535"),
+            ("99999", "is not a port number 1-65535"),
+            ("127.0.0.1:0", "is not a port number 1-65535"),
+            (
+                "web",
+                "is not a port number; write a port number 1-65535, IP:PORT",
+            ),
+            ("localhost:8080", "\"localhost\" is not an IP address"),
+            ("300.0.0.1:80", "is not an IP address"),
+            ("::1:8080", "write an IPv6 address in brackets"),
+            ("[::1]8080", "no ':' after the address"),
+            ("[::1:8080", "is not closed"),
+            ("[1.2.3.4]:80", "is not an IPv6 address"),
+            ("127.0.0.1", "is not a port number"),
+        ] {
+            let err = parse_host_side(text).expect_err(text);
+            assert!(err.contains(why), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_binding_on_one_address_is_valid_and_claims_its_port_on_the_node() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "PortBindings": {"7777/tcp": "127.0.0.1:8080", "53/udp": "127.0.0.1:", "9000": "9000"}}"#,
+        )
+        .unwrap();
+        assert_eq!(task.validate(), Vec::<String>::new());
+        let claimed: Vec<HostPort> = task.fixed_host_ports().collect();
+        assert_eq!(claimed, [HostPort::tcp(8080), HostPort::tcp(9000)]);
+        let bad: Task = serde_json::from_str(
+            r#"{"Image": "x", "PortBindings": {"7777/tcp": "localhost:8080"}}"#,
+        )
+        .unwrap();
+        let findings = bad.validate().join("\n");
+        assert!(
+            findings.starts_with("PortBindings: 7777/tcp: \"localhost\" is not an IP address"),
+            "{findings}"
         );
     }
 
@@ -2117,6 +2469,118 @@ mod validation_tests {
     }
 
     #[test]
+    fn env_may_be_a_map_as_in_compose_and_is_written_as_a_list() {
+        let task: Task = serde_json::from_str(
+            r#"{"Image": "x", "Env": {"B": "two words", "A": 1, "DEBUG": true, "EMPTY": ""}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            task.spec.env,
+            ["A=1", "B=two words", "DEBUG=true", "EMPTY="]
+        );
+        assert_eq!(task.validate(), Vec::<String>::new());
+        let written = serde_json::to_value(&task).unwrap();
+        assert_eq!(
+            written["Env"],
+            serde_json::json!(["A=1", "B=two words", "DEBUG=true", "EMPTY="])
+        );
+        let yaml: Task =
+            serde_norway::from_str("Image: x\nEnv:\n  PORT: 7777\n  A: \"1\"\n  A: \"2\"\n")
+                .unwrap();
+        assert_eq!(yaml.spec.env, ["A=2", "PORT=7777"]);
+        let list: Task = serde_json::from_str(r#"{"Image": "x", "Env": ["A=1"]}"#).unwrap();
+        assert_eq!(list.spec.env, ["A=1"]);
+        let null: Task = serde_json::from_str(r#"{"Image": "x", "Env": null}"#).unwrap();
+        assert!(null.spec.env.is_empty());
+    }
+
+    #[test]
+    fn an_env_map_entry_without_a_value_or_with_an_equals_sign_is_refused() {
+        let refusal = |json: &str| {
+            crate::event::decode::<Task>(json.as_bytes())
+                .unwrap_err()
+                .to_string()
+        };
+        let missing = refusal(r#"{"Image": "x", "Env": {"HOME": null}}"#);
+        assert!(
+            missing.starts_with("Env: \"HOME\" has no value"),
+            "{missing}"
+        );
+        let equals = refusal(r#"{"Image": "x", "Env": {"A=B": "1"}}"#);
+        assert!(
+            equals.starts_with("Env: the name \"A=B\" contains '='"),
+            "{equals}"
+        );
+        let nested = refusal(r#"{"Image": "x", "Env": {"A": [1]}}"#);
+        assert!(
+            nested.starts_with("Env.A: invalid type: sequence, expected a string, a number"),
+            "{nested}"
+        );
+        let empty_name = findings_for(r#"{"Image": "x", "Env": {"": "v"}}"#);
+        assert!(
+            empty_name.contains("Env[0]: \"=v\" has no name"),
+            "{empty_name}"
+        );
+    }
+
+    #[test]
+    fn cmd_may_be_a_string_split_as_docker_compose_splits_it() {
+        let cmd = |json: &str| -> Vec<String> {
+            let task: Task = serde_json::from_str(json).unwrap();
+            task.spec.cmd
+        };
+        assert_eq!(cmd(r#"{"Image": "x", "Cmd": "echo hi"}"#), ["echo", "hi"]);
+        assert_eq!(
+            cmd(r#"{"Image": "x", "Cmd": ["echo", "hi there"]}"#),
+            ["echo", "hi there"]
+        );
+        assert!(cmd(r#"{"Image": "x", "Cmd": ""}"#).is_empty());
+        assert!(cmd(r#"{"Image": "x", "Cmd": null}"#).is_empty());
+        let task: Task =
+            serde_json::from_str(r#"{"Image": "x", "Cmd": "sh -c 'echo a'"}"#).unwrap();
+        assert_eq!(
+            serde_json::to_value(&task).unwrap()["Cmd"],
+            serde_json::json!(["sh", "-c", "echo a"])
+        );
+        let yaml: Task = serde_norway::from_str("Image: x\nCmd: sh -c \"echo $HOME\"\n").unwrap();
+        assert_eq!(yaml.spec.cmd, ["sh", "-c", "echo $HOME"]);
+    }
+
+    /// Each expectation is what Python's `shlex.split` (docker-compose 1.29's splitter)
+    /// answers for the same text.
+    #[test]
+    fn a_command_string_splits_as_pythons_shlex() {
+        let cases: [(&str, &[&str]); 8] = [
+            ("echo hi", &["echo", "hi"]),
+            (
+                r#"sh -c "echo \"a b\" \$HOME \n" x\ y"#,
+                &["sh", "-c", r#"echo "a b" \$HOME \n"#, "x y"],
+            ),
+            (r#"echo 'it s' '' \"\""#, &["echo", "it s", "", "\"\""]),
+            ("a\tb\r\nc", &["a", "b", "c"]),
+            ("echo #no", &["echo", "#no"]),
+            (r#"a\\b \"q\""#, &["a\\b", "\"q\""]),
+            (r#"x "a\\b" "#, &["x", "a\\b"]),
+            ("  ", &[]),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(split_command(text).unwrap(), expected, "{text}");
+        }
+        for (text, why) in [
+            ("echo \"x", "a \" is not closed"),
+            ("echo 'x", "a ' is not closed"),
+            ("echo x\\", "ends in a backslash"),
+        ] {
+            let err = split_command(text).unwrap_err();
+            assert!(err.contains(why), "{text}: {err}");
+        }
+        let refusal = crate::event::decode::<Task>(br#"{"Image": "x", "Cmd": "echo 'x"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(refusal.starts_with("Cmd: "), "{refusal}");
+    }
+
+    #[test]
     fn a_name_longer_than_the_limit_is_refused_with_the_limit() {
         let mut task = Task::new("x".repeat(5000), "busybox");
         let findings = task.validate().join("\n");
@@ -2141,6 +2605,9 @@ mod validation_tests {
             "localhost/app",
             "registry.example.com:5000/team/app_v2__x:v1",
             "Registry.Example.com/app",
+            "UPPER:5000/app",
+            "app:V1",
+            "team/app:Release-2",
             "[::1]:5000/app",
             "my--image",
             "busybox@sha256:3fbc632167424a6d997e74f52b878d7cc478225cffac6bc977eedfe51c7f4e79",
@@ -2151,6 +2618,9 @@ mod validation_tests {
         for (invalid, why) in [
             ("Running", "must be lowercase"),
             ("team/App", "must be lowercase"),
+            ("UPPER/case:tag", "must be lowercase (\"UPPER\")"),
+            ("Team/app", "must be lowercase"),
+            ("LOCALHOST/app", "must be lowercase"),
             (&"x".repeat(300), "the limit is 255"),
             ("busy box", "not a name component"),
             ("a..b", "not a name component"),

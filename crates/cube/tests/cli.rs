@@ -121,6 +121,39 @@ async fn a_task_file_on_stdin_runs_and_a_yaml_file_runs_and_is_unchanged_when_se
     );
 }
 
+/// `Env` written as a map and `Cmd` as one string, as in a compose file: the container gets
+/// the variables and the words docker-compose would give it, and the task reads back in lists.
+#[tokio::test]
+async fn a_yaml_task_with_an_env_map_and_a_command_string_runs_as_compose_would_run_it() {
+    let cluster = Cluster::start("envmap").await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("hello.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "Name: compose-like\nImage: {SAMPLE_IMAGE}\nEnv:\n  GREETING: hello\n  COUNT: 3\n\
+             Cmd: sh -c 'echo \"$GREETING x$COUNT\"; echo \"two  words\"'\n"
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", yaml.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    let done = cluster.manager.client().await_state(&id, "Completed").await;
+    assert_eq!(done["Env"], json!(["COUNT=3", "GREETING=hello"]));
+    assert_eq!(
+        done["Cmd"],
+        json!([
+            "sh",
+            "-c",
+            "echo \"$GREETING x$COUNT\"; echo \"two  words\""
+        ])
+    );
+    let (ok, out, err) = cluster.cube(&["logs", &id]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "hello x3\ntwo  words\n");
+}
+
 #[test]
 fn a_yaml_mistake_is_reported_at_its_line_and_column_before_anything_is_sent() {
     let dir = tempfile::tempdir().unwrap();
@@ -188,6 +221,104 @@ async fn run_wait_returns_once_the_task_runs_and_fails_with_the_error_of_a_faili
     assert!(!ok, "a failing task must fail the wait: {stdout} {stderr}");
     printed_id(&stdout);
     assert!(stderr.contains("failed (exit code 3)"), "{stderr}");
+}
+
+/// What `docker port` says the task's container publishes, one `7777/tcp -> IP:PORT` a line.
+fn docker_port(task: &Value) -> Vec<String> {
+    let id = task["ContainerID"].as_str().expect("a container ID");
+    let output = Command::new("docker")
+        .args(["port", id])
+        .output()
+        .expect("run docker port");
+    assert!(output.status.success(), "docker port {id}: {output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// `-p IP:HOST:CONTAINER` and a task file's `"IP:PORT"` publish on that address of the node
+/// only, as Docker's `HostIp`; `--wait` says what Docker bound; the port still counts as
+/// taken on the node for a task that wants it on every address.
+#[tokio::test]
+async fn a_port_published_on_loopback_is_bound_there_only_and_wait_says_what_docker_bound() {
+    let cluster = Cluster::start("loop").await;
+    let port = free_port();
+    let binding = format!("127.0.0.1:{port}:7777");
+    let (ok, stdout, stderr) = cluster.cube(&[
+        "run",
+        "--wait",
+        "--name",
+        "lo",
+        "-p",
+        &binding,
+        SAMPLE_IMAGE,
+    ]);
+    assert!(ok, "{stderr}");
+    let id = printed_id(&stdout);
+    let client = cluster.manager.client();
+    let running = client.await_state(&id, "Running").await;
+    assert_eq!(
+        running["PortBindings"],
+        json!({"7777/tcp": format!("127.0.0.1:{port}")})
+    );
+    assert_eq!(
+        docker_port(&running),
+        [format!("7777/tcp -> 127.0.0.1:{port}")]
+    );
+    assert_eq!(get_published(port, "/health").await, 200);
+    assert!(
+        stderr.contains(&format!(
+            "lo: 127.0.0.1:{port}->7777/tcp (Docker bound 127.0.0.1:{port}: that address only)"
+        )),
+        "{stderr}"
+    );
+
+    // The same port on every address waits: a port is claimed on the whole node.
+    let clash = client
+        .submit(&json!({"Name": "clash", "Image": SAMPLE_IMAGE,
+                        "PortBindings": {"7777/tcp": port.to_string()}}))
+        .await;
+    client
+        .await_task(&clash, "waiting for the port", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|reason| reason.contains(&format!("port {port} taken")))
+        })
+        .await;
+
+    // A task file may ask for a loopback port Docker chooses.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("lo.json");
+    std::fs::write(
+        &file,
+        json!({"Name": "lo-any", "Image": SAMPLE_IMAGE,
+               "PortBindings": {"7777/tcp": "127.0.0.1:"}})
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cluster.cube(&["run", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let running = client.await_state(&printed_id(&stdout), "Running").await;
+    let bound = docker_port(&running);
+    assert!(
+        bound.len() == 1 && bound[0].starts_with("7777/tcp -> 127.0.0.1:"),
+        "{bound:?}"
+    );
+
+    // A port on every address: --wait says so rather than show the node's loopback alone.
+    let (ok, _, stderr) =
+        cluster.cube(&["run", "--wait", "--name", "all", "-p", "7777", SAMPLE_IMAGE]);
+    assert!(ok, "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|line| line.starts_with("all: "))
+        .unwrap_or_else(|| panic!("no address line: {stderr}"));
+    assert!(
+        line.contains("(Docker bound 0.0.0.0:")
+            && line.ends_with(&format!("every address of node {})", cluster.worker.name)),
+        "{line}"
+    );
 }
 
 #[tokio::test]

@@ -183,11 +183,25 @@ async fn control_characters_long_names_and_bad_image_references_are_refused() {
                 task_with("Image", json!("x".repeat(300))),
                 &["Image: ", "the limit is 255"],
             ),
+            // Docker 20.10's daemon reads a capitalised first component as a repository,
+            // not a registry host, and refuses it only when the worker creates the container.
+            (
+                task_with("Image", json!("UPPER/case:tag")),
+                &[
+                    "Image: \"UPPER/case:tag\" is not a valid image reference",
+                    "repository names must be lowercase (\"UPPER\")",
+                ],
+            ),
         ],
     )
     .await;
     let hex_name = client.post(&task_with("Image", json!("0x10"))).await;
     assert_eq!(hex_name.status, 201, "{}", hex_name.body);
+    // A tag may hold capitals; only the repository path may not.
+    let capital_tag = client
+        .post(&task_with("Image", json!("cube-sample:V1")))
+        .await;
+    assert_eq!(capital_tag.status, 201, "{}", capital_tag.body);
 }
 
 #[tokio::test]
@@ -316,6 +330,10 @@ async fn the_worker_refuses_what_the_manager_refuses_and_ignores_status_it_does_
             ),
             (
                 task_with("Image", json!("Running")),
+                &["Image: ", "lowercase"],
+            ),
+            (
+                task_with("Image", json!("UPPER/case:tag")),
                 &["Image: ", "lowercase"],
             ),
             (

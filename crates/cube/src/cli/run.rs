@@ -8,13 +8,13 @@ use chrono::Utc;
 use clap::{Args, ValueEnum};
 use cube_api::ClientError;
 use cube_types::duration::parse_duration;
-use cube_types::task::canonical_port;
+use cube_types::task::{canonical_port, parse_host_side};
 use cube_types::{HealthCheckType, RestartPolicy, Submission, Task};
 use serde_json::Value;
 
 use super::input::{MAX_TASK_FILE_BYTES, read_task_file};
 use super::output::print_json;
-use super::queue::endpoint_addresses;
+use super::queue::{EndpointView, endpoint_addresses};
 use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
@@ -75,8 +75,10 @@ struct TaskFlags {
     #[arg(long)]
     name: Option<String>,
     /// Publish a port: HOST:CONTAINER, or CONTAINER alone to let Docker pick the host port;
-    /// CONTAINER may end in /tcp, /udp or /sctp. Repeatable.
-    #[arg(short, long = "publish", value_name = "[HOST:]CONTAINER[/PROTO]")]
+    /// IP:HOST:CONTAINER publishes on that address of the node only (127.0.0.1:8080:7777 keeps
+    /// it to loopback; IP::CONTAINER lets Docker pick the port there; an IPv6 address goes in
+    /// brackets, [::1]:8080:7777). CONTAINER may end in /tcp, /udp or /sctp. Repeatable.
+    #[arg(short, long = "publish", value_name = "[[IP:]HOST:]CONTAINER[/PROTO]")]
     publish: Vec<String>,
     /// Set an environment variable, KEY=value, or KEY to pass this shell's value. Repeatable.
     #[arg(short, long, value_name = "KEY=VALUE")]
@@ -192,13 +194,61 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
                 // words for people: stdout holds the ID alone, for `ID=$(cube run ...)`).
                 if let Some(entry) = entry {
                     for endpoint in &entry.services {
-                        eprintln!("{}: {}", endpoint.name, endpoint_addresses(endpoint));
+                        eprintln!("{}: {}", endpoint.name, published_at(endpoint, &running));
                     }
                 }
             }
         }
     }
     Ok(())
+}
+
+/// Where a running task answers, as `cube service` shows it (`127.0.0.1:49153->7777/tcp`:
+/// the node's address and the host port), and what Docker bound, so that a port published
+/// on every address is not mistaken for one kept to the node's loopback:
+/// `127.0.0.1:49153->7777/tcp (Docker bound 0.0.0.0:49153: every address of node w1)`, or
+/// `127.0.0.1:8080->7777/tcp (Docker bound 127.0.0.1:8080: that address only)`.
+fn published_at(endpoint: &EndpointView, task: &Task) -> String {
+    if endpoint.ports.is_empty() {
+        return endpoint_addresses(endpoint);
+    }
+    endpoint
+        .ports
+        .iter()
+        .map(|(port, address)| {
+            let bindings = task
+                .status
+                .run
+                .host_ports
+                .get(port)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if bindings.is_empty() {
+                return format!("{address}->{port}");
+            }
+            let bound: Vec<String> = bindings
+                .iter()
+                .map(|binding| match binding.host_ip.as_str() {
+                    "" => format!("0.0.0.0:{}", binding.host_port),
+                    ip if ip.contains(':') => format!("[{ip}]:{}", binding.host_port),
+                    ip => format!("{ip}:{}", binding.host_port),
+                })
+                .collect();
+            let everywhere = bindings
+                .iter()
+                .any(|binding| matches!(binding.host_ip.as_str(), "" | "0.0.0.0" | "::"));
+            let reach = if everywhere {
+                format!("every address of node {}", endpoint.node)
+            } else {
+                "that address only".to_string()
+            };
+            format!(
+                "{address}->{port} (Docker bound {}: {reach})",
+                bound.join(" and ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The manager's refusal in the words of the command line: a 409 means the task ID is taken
@@ -281,23 +331,19 @@ fn env_entry(entry: &str) -> anyhow::Result<String> {
     }
 }
 
-/// `-p HOST:CONTAINER[/PROTO]` or `-p CONTAINER[/PROTO]` → (`"80/tcp"`, host port or `""` to
-/// let Docker choose).
+/// `-p [[IP:]HOST:]CONTAINER[/PROTO]`, as `docker run -p` takes it → (`"80/tcp"`, the host
+/// side as a task file's `PortBindings` writes it: `"8080"`, `"127.0.0.1:8080"`,
+/// `"127.0.0.1:"`, or `""` to let Docker choose).
 fn parse_publish(text: &str) -> anyhow::Result<(String, String)> {
-    let parts: Vec<&str> = text.split(':').collect();
-    let (host, container) = match parts.as_slice() {
-        [container] => ("", *container),
-        [host, container] => (*host, *container),
-        _ => bail!(
-            "-p {text}: expected HOST:CONTAINER or CONTAINER (e.g. 8080:80, 80, 53:53/udp); \
-             Cube publishes on every host address, so a host IP cannot be given"
-        ),
-    };
+    let (host, container) = text.rsplit_once(':').unwrap_or(("", text));
     let container = canonical_port(container).map_err(|why| anyhow!("-p {text}: {why}"))?;
     let host = host.trim();
-    if !host.is_empty() && !matches!(host.parse::<u16>(), Ok(1..)) {
-        bail!("-p {text}: host port {host:?} is not a port number 1-65535");
-    }
+    parse_host_side(host).map_err(|why| {
+        anyhow!(
+            "-p {text}: {why}; -p takes CONTAINER, HOST:CONTAINER or IP:HOST:CONTAINER \
+             (e.g. 80, 8080:80, 127.0.0.1:8080:80, 53:53/udp)"
+        )
+    })?;
     Ok((container, host.to_string()))
 }
 
@@ -319,9 +365,79 @@ mod tests {
             parse_publish("53:53/udp").unwrap(),
             ("53/udp".to_string(), "53".to_string())
         );
-        assert!(parse_publish("127.0.0.1:80:80").is_err());
         assert!(parse_publish("99999:80").is_err());
         assert!(parse_publish("http").is_err());
+    }
+
+    #[test]
+    fn a_published_port_may_name_the_host_address() {
+        assert_eq!(
+            parse_publish("127.0.0.1:8080:7777").unwrap(),
+            ("7777/tcp".to_string(), "127.0.0.1:8080".to_string())
+        );
+        assert_eq!(
+            parse_publish("127.0.0.1::7777").unwrap(),
+            ("7777/tcp".to_string(), "127.0.0.1:".to_string())
+        );
+        assert_eq!(
+            parse_publish("[::1]:8080:53/udp").unwrap(),
+            ("53/udp".to_string(), "[::1]:8080".to_string())
+        );
+        let err = parse_publish("localhost:8080:7777")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("-p localhost:8080:7777: \"localhost\" is not an IP address")
+                && err.contains("IP:HOST:CONTAINER"),
+            "{err}"
+        );
+        let err = parse_publish("1:2:3:4").unwrap_err().to_string();
+        assert!(err.contains("-p takes CONTAINER, HOST:CONTAINER"), "{err}");
+    }
+
+    #[test]
+    fn a_published_port_says_what_docker_bound_beside_where_it_answers() {
+        let endpoint = |ports: &[(&str, &str)]| EndpointView {
+            id: None,
+            name: "web".to_string(),
+            node: "w1".to_string(),
+            address: "127.0.0.1".to_string(),
+            ports: ports
+                .iter()
+                .map(|(port, address)| (port.to_string(), address.to_string()))
+                .collect(),
+        };
+        let bound = |pairs: &[(&str, &str)]| -> Vec<cube_types::HostBinding> {
+            pairs
+                .iter()
+                .map(|(ip, port)| cube_types::HostBinding {
+                    host_ip: ip.to_string(),
+                    host_port: port.to_string(),
+                })
+                .collect()
+        };
+        let mut task = Task::new("web", "cube-sample:latest");
+        task.status.run.host_ports.insert(
+            "7777/tcp".into(),
+            bound(&[("0.0.0.0", "49153"), ("::", "49153")]),
+        );
+        task.status
+            .run
+            .host_ports
+            .insert("8080/tcp".into(), bound(&[("127.0.0.1", "8080")]));
+        assert_eq!(
+            published_at(
+                &endpoint(&[
+                    ("7777/tcp", "127.0.0.1:49153"),
+                    ("8080/tcp", "127.0.0.1:8080")
+                ]),
+                &task
+            ),
+            "127.0.0.1:49153->7777/tcp (Docker bound 0.0.0.0:49153 and [::]:49153: every \
+             address of node w1), 127.0.0.1:8080->8080/tcp (Docker bound 127.0.0.1:8080: that \
+             address only)"
+        );
+        assert_eq!(published_at(&endpoint(&[]), &task), "-");
     }
 
     #[test]
