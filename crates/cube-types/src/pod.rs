@@ -119,7 +119,7 @@ pub struct Service {
     /// Ports declared but not published (`expose`): `"80/tcp"`.
     pub expose: Vec<String>,
     pub mounts: Vec<Mount>,
-    /// The services that must be started (or healthy) before this one.
+    /// The services that must be started (or healthy, or completed with exit code 0) before this one.
     pub depends_on: Vec<Dependency>,
     pub healthcheck: Option<Healthcheck>,
     pub labels: BTreeMap<String, String>,

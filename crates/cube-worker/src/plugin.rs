@@ -68,7 +68,7 @@ pub struct PlannedContainer {
     pub name: String,
     pub infra: bool,
     pub spec: ContainerSpec,
-    /// The services (by name) that must have started, or be healthy, before this one.
+    /// The services (by name) that must have started, be healthy, or have completed successfully before this one.
     pub depends_on: Vec<Dependency>,
 }
 
