@@ -776,3 +776,36 @@ async fn a_restarted_pod_sends_a_running_event() {
         "the restarted run's Running event: {seen:?}"
     );
 }
+
+#[tokio::test]
+async fn cube_logs_follows_every_container_of_a_pod_each_line_after_its_name_until_it_ends() {
+    let cluster = OneNodeCluster::start("podfollow").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "talk.yml",
+        r#"services:
+  first:
+    image: cube-sample:latest
+    command: ["sh", "-c", "echo one; sleep 1; echo three"]
+  b:
+    image: cube-sample:latest
+    command: ["sh", "-c", "sleep 0.5; echo two >&2"]
+"#,
+    );
+    let id = run_file(&cluster.manager, &file);
+    client
+        .await_task(&id, "started", |task| !containers(task).is_empty())
+        .await;
+    let (ok, stdout, stderr) = cube_cli(&cluster.manager.address(), &["logs", "-f", &id]);
+    assert!(ok, "{stderr}");
+    // Names are padded to the longest, as docker-compose aligns them; stderr stays stderr.
+    assert!(stdout.contains("first | one\n"), "{stdout}");
+    assert!(stdout.contains("first | three\n"), "{stdout}");
+    assert!(stderr.contains("b     | two\n"), "{stderr}");
+    assert!(
+        stderr.contains("ended Completed"),
+        "how the pod ended: {stderr}"
+    );
+}
