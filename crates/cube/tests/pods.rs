@@ -530,6 +530,15 @@ async fn an_unsupported_compose_key_is_refused_naming_the_key_and_its_line() {
         message.contains("privileged") && message.contains("line 4"),
         "{message}"
     );
+    assert!(
+        !message.contains(" at line "),
+        "the compose file's place, not one in the request's JSON: {message}"
+    );
+    let (ok, _, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["run", "-f", &file.display().to_string()],
+    );
+    assert!(!ok && !stderr.contains(" at line "), "{stderr}");
 }
 
 /// `cube logs ID` (one service: its lines as written) once they hold `text`, within the bound.
@@ -566,7 +575,7 @@ async fn a_double_dollar_reaches_the_container_as_a_dollar_and_variables_come_fr
     image: "cube-sample:${IMAGE_TAG}"
     environment:
       WHO: the-container
-    command: ["sh", "-c", "echo who=$$WHO greeting=${GREETING} place=$PLACE port=${PORT:-7000}; sleep 3600"]
+    command: ["sh", "-c", "echo who=$$WHO greeting=${GREETING} place=$PLACE port=${PORT:-7000}${NOT_SET_ANYWHERE}; sleep 3600"]
 "#,
     );
     let manager = cluster.manager.address();
@@ -575,6 +584,10 @@ async fn a_double_dollar_reaches_the_container_as_a_dollar_and_variables_come_fr
         &["run", "-f", &file.display().to_string()],
     );
     assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("the variable NOT_SET_ANYWHERE is not set"),
+        "warned of, as compose does: {stderr}"
+    );
     let id = stdout.trim().to_string();
     cluster.manager.client().await_state(&id, "Running").await;
     let logs = logs_with(&cluster.manager, &id, "who=").await;
