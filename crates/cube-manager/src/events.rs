@@ -512,7 +512,33 @@ pub(crate) fn task_event_kind(before: Option<&Task>, after: &Task) -> Cow<'stati
     }
 }
 
-/// Publishes a task's change: `before` is the task the cache held (`None`: a new one).
+/// The `Type`s of a task's events for one change: every history entry the change added, the
+/// oldest first (the newest entries that were not in the history before), or `Updated`. A
+/// task seen for the first time (`before` is `None`: submitted, or read back at start) is one
+/// event, its newest entry: its whole history is not news.
+pub(crate) fn task_event_kinds(before: Option<&Task>, after: &Task) -> Vec<Cow<'static, str>> {
+    let Some(before) = before else {
+        return vec![task_event_kind(None, after)];
+    };
+    let mut added: Vec<Cow<'static, str>> = after
+        .status
+        .history
+        .iter()
+        .rev()
+        .take_while(|entry| !before.status.history.contains(entry))
+        .map(|entry| entry.event.clone())
+        .collect();
+    if added.is_empty() {
+        return vec![Cow::Borrowed("Updated")];
+    }
+    added.reverse();
+    added
+}
+
+/// Publishes a task's change: `before` is the task the cache held (`None`: a new one). A
+/// change that added several history entries at once (a worker's first report of a run that
+/// is already healthy adds `Running` and `Health`) is an event for each, in order, so that a
+/// subscriber waiting for `Running` sees it; the allocation flag goes with the last.
 pub(crate) fn publish_task(broker: &EventBroker, before: Option<&Task>, after: &Arc<Task>) {
     let allocation = match before {
         None => holds_resources(after),
@@ -521,14 +547,18 @@ pub(crate) fn publish_task(broker: &EventBroker, before: Option<&Task>, after: &
                 || (holds_resources(after) && before.status.node_name != after.status.node_name)
         }
     };
-    broker.publish(
-        Topic::Task,
-        task_event_kind(before, after),
-        after.id.to_string(),
-        job_of(after),
-        Payload::Task(after.clone()),
-        allocation,
-    );
+    let kinds = task_event_kinds(before, after);
+    let last = kinds.len().saturating_sub(1);
+    for (index, kind) in kinds.into_iter().enumerate() {
+        broker.publish(
+            Topic::Task,
+            kind,
+            after.id.to_string(),
+            job_of(after),
+            Payload::Task(after.clone()),
+            allocation && index == last,
+        );
+    }
 }
 
 fn job_of(task: &Task) -> Option<String> {
@@ -845,6 +875,37 @@ mod tests {
         assert_eq!(task_event_kind(Some(&placed), &retried), "Updated");
         // The store's older version put back adds nothing.
         assert_eq!(task_event_kind(Some(&placed), &task), "Updated");
+        assert_eq!(task_event_kinds(Some(&placed), &task), ["Updated"]);
+    }
+
+    #[test]
+    fn a_change_that_adds_running_and_health_at_once_is_an_event_for_each_in_order() {
+        let mut placed = Task::new("pod", "");
+        placed.status.state = State::Scheduled;
+        placed.status.node_name = "w1".into();
+        placed.record(Utc::now(), "Running", "on w1");
+        placed.record(Utc::now(), "Failed", "container a: killed");
+        placed.record(Utc::now(), "Restart", "restart 1");
+        placed.record(Utc::now(), "Placed", "on w1");
+        // A restarted pod's first report: running, and healthy already.
+        let mut running = placed.clone();
+        running.status.state = State::Running;
+        running.record(Utc::now(), "Running", "on w1");
+        running.record(Utc::now(), "Health", "healthy");
+        assert_eq!(
+            task_event_kinds(Some(&placed), &running),
+            ["Running", "Health"]
+        );
+        let broker = EventBroker::new(0, 10, 10);
+        let mut subscription = broker.subscribe(None).unwrap();
+        publish_task(&broker, Some(&placed), &Arc::new(running));
+        let mut kinds = Vec::new();
+        while let Some(Received::Event(event)) = subscription.try_next() {
+            kinds.push(event.kind.to_string());
+        }
+        assert_eq!(kinds, ["Running", "Health"]);
+        // A task read back at start is one event, not its whole history.
+        assert_eq!(task_event_kinds(None, &placed), ["Placed"]);
     }
 
     #[test]

@@ -123,6 +123,7 @@ impl Runtime for DockerRuntime {
             port_bindings: (!port_bindings.is_empty()).then_some(port_bindings),
             network_mode: spec.network_mode.clone(),
             binds: (!spec.binds.is_empty()).then(|| spec.binds.clone()),
+            extra_hosts: (!spec.extra_hosts.is_empty()).then(|| spec.extra_hosts.clone()),
             // No process in any container Cube creates (the infra container's included) may
             // gain privileges it did not start with (setuid binaries, file capabilities).
             security_opt: Some(vec!["no-new-privileges".to_string()]),
@@ -149,6 +150,8 @@ impl Runtime for DockerRuntime {
             exposed_ports: (!spec.exposed_ports.is_empty())
                 .then(|| spec.exposed_ports.iter().cloned().collect()),
             labels: Some(spec.labels.clone()),
+            user: spec.user.clone(),
+            working_dir: spec.working_dir.clone(),
             host_config: Some(host_config),
             ..Default::default()
         };

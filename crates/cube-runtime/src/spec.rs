@@ -8,7 +8,7 @@ use cube_types::pod::Healthcheck;
 use crate::{LABEL_NODE, LABEL_TASK_ID, LABEL_TASK_NAME};
 
 /// Everything the engine needs to create a task's container.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ContainerSpec {
     pub name: String,
     pub image: String,
@@ -31,6 +31,13 @@ pub struct ContainerSpec {
     pub binds: Vec<String>,
     /// A health check the engine runs in the container.
     pub healthcheck: Option<Healthcheck>,
+    /// The user the process runs as (`name`, `uid`, `uid:gid`); unset: the image's.
+    pub user: Option<String>,
+    /// The directory the process starts in; unset: the image's.
+    pub working_dir: Option<String>,
+    /// More `/etc/hosts` entries, `HOST:IP` (Docker refuses them on a container that joins
+    /// another's network: a pod's go on its infra container, whose hosts file they share).
+    pub extra_hosts: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -56,6 +63,9 @@ impl ContainerSpec {
             network_mode: None,
             binds: Vec::new(),
             healthcheck: None,
+            user: None,
+            working_dir: None,
+            extra_hosts: Vec::new(),
         }
     }
 }

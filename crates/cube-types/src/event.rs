@@ -100,7 +100,14 @@ pub fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Submissi
     serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
-        let message = suggest_field(&inner.to_string());
+        let mut message = suggest_field(&inner.to_string());
+        // A pod's compose file is refused with the place in the compose file; serde_json's
+        // place after it (the end of the `Pod` value in the body) would read as the one meant.
+        if (path == "Pod" || path.ends_with(".Pod"))
+            && let Some((text, _)) = message.rsplit_once(" at line ")
+        {
+            message = text.to_string();
+        }
         if path == "." || path.is_empty() {
             SubmissionError::Field(message)
         } else {

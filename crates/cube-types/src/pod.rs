@@ -1,19 +1,27 @@
 //! A pod: several containers that live together as one task, read from a compose file.
 //!
-//! On the wire a pod is the compose file's text and the contents of the `env_file`s it names
-//! (`{"Compose": "...", "EnvFiles": {"app.env": "KEY=value\n"}}`), so that a task carries all
-//! it needs to any worker. [`Pod::parse`] reads it into a [`PodSpec`]: the services in the
+//! On the wire a pod is the compose file's text, the contents of the `env_file`s it names and
+//! the values of the variables it uses (`{"Compose": "...", "EnvFiles": {"app.env":
+//! "KEY=value\n"}, "Variables": {"TAG": "1.2"}}`), so that a task carries all it needs to any
+//! worker, and every reader of it (CLI, manager, worker) reads the same pod. [`Pod::parse`] reads it into a [`PodSpec`]: the services in the
 //! order they start, each one's image, command, environment, ports, mounts, health check and
 //! limits. The parser accepts the common subset of the compose format and refuses anything
 //! else with the key and its line named: a key Cube would silently ignore is a pod that does
 //! not run as its author meant.
 //!
 //! Supported: `version` (read and ignored), `services` with `image`, `command`, `entrypoint`,
-//! `environment`, `env_file`, `ports`, `volumes` (named volumes and absolute bind mounts),
-//! `depends_on` (a list, or a map with `condition: service_started|service_healthy`),
-//! `healthcheck` (`test`, `interval`, `timeout`, `retries`, `start_period`, `disable`),
-//! `labels`, `restart`, `network_mode` (`host`, `none`; `bridge` is the default) and
-//! `deploy.resources.limits` (`cpus`, `memory`); and the top-level `volumes`.
+//! `environment`, `env_file`, `ports`, `expose`, `volumes` (named volumes and absolute bind
+//! mounts), `depends_on` (a list, or a map with `condition: service_started|service_healthy|
+//! service_completed_successfully`), `healthcheck` (`test`, `interval`, `timeout`, `retries`,
+//! `start_period`, `disable`), `labels`, `restart`, `user`, `working_dir`, `extra_hosts`,
+//! `network_mode` (`host`, `none`; `bridge` is the default) and `deploy.resources.limits`
+//! (`cpus`, `memory`); and the top-level `volumes`. `networks` is refused: a pod's services
+//! share one network.
+//!
+//! Values are interpolated as compose does ([`interpolate`]): `$VAR`, `${VAR}`,
+//! `${VAR:-default}`, `${VAR-default}`, `${VAR:?message}`, `${VAR:+other}`, and `$$` for a `$`.
+//! The variables are the pod's `Variables`, which `cube run -f` fills from its environment and
+//! the `.env` file beside the compose file; an unset one reads as empty, as in compose.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -62,6 +70,9 @@ pub struct Pod {
     pub compose: String,
     /// The contents of every `env_file` the compose file names, by the name it uses.
     pub env_files: BTreeMap<String, String>,
+    /// The values of the variables the compose file's values use (`${TAG}`), as the
+    /// submitter's environment and `.env` file gave them.
+    pub variables: BTreeMap<String, String>,
     /// What the compose file says, parsed.
     pub spec: PodSpec,
 }
@@ -105,8 +116,10 @@ pub struct Service {
     pub env: Vec<String>,
     /// Published ports.
     pub ports: Vec<ServicePort>,
+    /// Ports declared but not published (`expose`): `"80/tcp"`.
+    pub expose: Vec<String>,
     pub mounts: Vec<Mount>,
-    /// The services that must be started (or healthy) before this one.
+    /// The services that must be started (or healthy, or completed with exit code 0) before this one.
     pub depends_on: Vec<Dependency>,
     pub healthcheck: Option<Healthcheck>,
     pub labels: BTreeMap<String, String>,
@@ -114,6 +127,12 @@ pub struct Service {
     pub cpus: f64,
     /// Bytes; 0 is no limit.
     pub memory_bytes: u64,
+    /// The user (and group) the container's process runs as: `name`, `uid`, `uid:gid`.
+    pub user: Option<String>,
+    /// The directory the container's process starts in (absolute).
+    pub working_dir: Option<String>,
+    /// More `/etc/hosts` entries, `HOST:IP`.
+    pub extra_hosts: Vec<String>,
 }
 
 /// A container port and the host port it is published on (`""`: the engine chooses).
@@ -155,6 +174,8 @@ pub enum Condition {
     Started,
     /// Its health check passed.
     Healthy,
+    /// It ran to its end with exit code 0 (a one-off step, such as a migration).
+    CompletedSuccessfully,
 }
 
 /// A compose health check, carried out by the engine inside the container.
@@ -183,9 +204,19 @@ impl fmt::Display for ComposeError {
 impl std::error::Error for ComposeError {}
 
 impl Pod {
-    /// Reads a compose file (and the env files it names) into a pod, or says every problem
-    /// with its key and line.
+    /// Reads a compose file (and the env files it names) into a pod, with no variables set,
+    /// or says every problem with its key and line.
     pub fn parse(compose: &str, env_files: &BTreeMap<String, String>) -> Result<Pod, ComposeError> {
+        Pod::parse_with(compose, env_files, &BTreeMap::new())
+    }
+
+    /// Reads a compose file (and the env files it names) into a pod, its values interpolated
+    /// from `variables`, or says every problem with its key and line.
+    pub fn parse_with(
+        compose: &str,
+        env_files: &BTreeMap<String, String>,
+        variables: &BTreeMap<String, String>,
+    ) -> Result<Pod, ComposeError> {
         let refuse = |finding: String| ComposeError {
             findings: vec![finding],
         };
@@ -200,12 +231,14 @@ impl Pod {
         let spec = Interpreter {
             text: compose,
             env_files,
+            variables,
             findings: Vec::new(),
         }
         .spec(file)?;
         Ok(Pod {
             compose: compose.to_string(),
             env_files: env_files.clone(),
+            variables: variables.clone(),
             spec,
         })
     }
@@ -251,18 +284,49 @@ impl Pod {
     }
 }
 
-/// The engine's words for a YAML error, with the line it gives.
+/// The reader's words for a YAML error, said as the findings are: the key's path, then its
+/// place in the compose file (`services.a.build (line 4, column 5): unknown field ...`).
 fn describe_yaml_error(err: &serde_norway::Error) -> String {
     let text = err.to_string();
-    // serde_norway writes "path: message at line L column C"; say the key as a key.
-    match text.split_once(": ") {
-        Some((path, rest)) if !path.contains(' ') && rest.contains("unknown field") => {
-            format!("{path}: {rest} (Cube supports a subset of compose; see `cube run --help`)")
+    // serde_norway writes "path: message at line L column C"; the place goes after the path.
+    let message = match text.rsplit_once(" at line ") {
+        Some((message, place))
+            if place
+                .split_once(" column ")
+                .is_some_and(|(l, c)| l.parse::<u64>().is_ok() && c.parse::<u64>().is_ok()) =>
+        {
+            message
         }
-        _ if text.contains("unknown field") => {
-            format!("{text} (Cube supports a subset of compose; see `cube run --help`)")
+        _ => text.as_str(),
+    };
+    let (path, message) = match message.split_once(": ") {
+        Some((path, rest)) if !path.is_empty() && !path.contains(' ') => {
+            (Some(path.to_string()), rest)
         }
-        _ => text,
+        _ => (None, message),
+    };
+    let unknown = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(field, _)| field);
+    let path = match (path, unknown) {
+        (Some(path), Some(field)) => Some(format!("{path}.{field}")),
+        (None, Some(field)) => Some(field.to_string()),
+        (path, None) => path,
+    };
+    let hint = if unknown.is_some() {
+        " (Cube supports a subset of compose; see `cube run --help`)"
+    } else {
+        ""
+    };
+    let place = err
+        .location()
+        .map(|at| format!("line {}, column {}", at.line(), at.column()));
+    match (path, place) {
+        (Some(path), Some(place)) => format!("{path} ({place}): {message}{hint}"),
+        (Some(path), None) => format!("{path}: {message}{hint}"),
+        (None, Some(place)) => format!("{place}: {message}{hint}"),
+        (None, None) => format!("{message}{hint}"),
     }
 }
 
@@ -277,6 +341,8 @@ struct ComposeFile {
     services: BTreeMap<String, ComposeService>,
     #[serde(default)]
     volumes: BTreeMap<String, Option<ComposeVolume>>,
+    /// Read only to be refused with why: a pod's services share one network.
+    networks: Option<serde_norway::Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -294,6 +360,8 @@ struct ComposeService {
     #[serde(default)]
     ports: Vec<ComposePort>,
     #[serde(default)]
+    expose: Vec<Scalar>,
+    #[serde(default)]
     volumes: Vec<ComposeMount>,
     depends_on: Option<ComposeDependsOn>,
     healthcheck: Option<ComposeHealthcheck>,
@@ -301,6 +369,11 @@ struct ComposeService {
     restart: Option<String>,
     network_mode: Option<String>,
     deploy: Option<ComposeDeploy>,
+    user: Option<Scalar>,
+    working_dir: Option<String>,
+    extra_hosts: Option<ListOrMap>,
+    /// Read only to be refused with why: a pod's services share one network.
+    networks: Option<serde_norway::Value>,
     /// Read only to be refused by name (`HOST_TAKEOVER_KEYS`): each would hand the task its
     /// host, and no worker setting allows it.
     privileged: Option<serde_norway::Value>,
@@ -311,6 +384,11 @@ struct ComposeService {
     security_opt: Option<serde_norway::Value>,
     userns_mode: Option<serde_norway::Value>,
 }
+
+/// Why `networks` (a service's or the file's) is refused.
+const NETWORKS_REFUSED: &str = "refused: a pod's services share one network (they reach each \
+     other on localhost and by their service names, and its ports are published on it); \
+     remove networks";
 
 /// The compose keys that would let a task take over its host: refused whatever their value
 /// (even `privileged: false`, so that nobody believes a value is honoured), each with why.
@@ -474,6 +552,7 @@ struct ComposeLimits {
 struct Interpreter<'a> {
     text: &'a str,
     env_files: &'a BTreeMap<String, String>,
+    variables: &'a BTreeMap<String, String>,
     findings: Vec<String>,
 }
 
@@ -493,6 +572,9 @@ impl Interpreter<'_> {
                     file.services.len()
                 ),
             );
+        }
+        if file.networks.is_some() {
+            self.finding(&["networks"], NETWORKS_REFUSED.to_string());
         }
         let volumes: BTreeSet<String> = file.volumes.keys().cloned().collect();
         for name in &volumes {
@@ -548,6 +630,18 @@ impl Interpreter<'_> {
         }
     }
 
+    /// A value as written, its variables replaced ([`interpolate`]); a malformed reference is
+    /// a finding, and the value is kept as written.
+    fn value(&mut self, path: &[&str], text: String) -> String {
+        match interpolate(&text, self.variables) {
+            Ok(value) => value,
+            Err(why) => {
+                self.finding(path, why);
+                text
+            }
+        }
+    }
+
     /// A finding about the value at `path`, with the line of its key.
     fn finding(&mut self, path: &[&str], message: String) {
         let key = path.join(".");
@@ -566,7 +660,10 @@ impl Interpreter<'_> {
         names: &BTreeSet<String>,
         volumes: &BTreeSet<String>,
     ) -> Service {
-        let image = match written.image {
+        let image = written
+            .image
+            .map(|image| self.value(&["services", name, "image"], image));
+        let image = match image {
             Some(image) if !image.trim().is_empty() => {
                 if let Err(why) = crate::task::check_image_reference(&image) {
                     self.finding(
@@ -597,6 +694,53 @@ impl Interpreter<'_> {
             .into_iter()
             .filter_map(|port| self.port(name, port))
             .collect();
+        let expose = written
+            .expose
+            .into_iter()
+            .filter_map(|Scalar(port)| {
+                let path = ["services", name, "expose"];
+                let port = self.value(&path, port);
+                match canonical_port(&port) {
+                    Ok(port) => Some(port),
+                    Err(why) => {
+                        self.finding(&path, why);
+                        None
+                    }
+                }
+            })
+            .collect();
+        let user = written.user.map(|Scalar(user)| {
+            let path = ["services", name, "user"];
+            let user = self.value(&path, user);
+            if user.trim().is_empty() || user.chars().any(char::is_whitespace) {
+                self.finding(
+                    &path,
+                    format!("{user:?} is not a user: write a name or UID, and :GROUP or :GID"),
+                );
+            }
+            user
+        });
+        let working_dir = written.working_dir.map(|dir| {
+            let path = ["services", name, "working_dir"];
+            let dir = self.value(&path, dir);
+            if !dir.starts_with('/') {
+                self.finding(
+                    &path,
+                    format!("{dir:?} is not an absolute path in the container"),
+                );
+            }
+            dir
+        });
+        let extra_hosts = match written.extra_hosts {
+            Some(hosts) => self.extra_hosts(name, hosts),
+            None => Vec::new(),
+        };
+        if written.networks.is_some() {
+            self.finding(
+                &["services", name, "networks"],
+                NETWORKS_REFUSED.to_string(),
+            );
+        }
         let mounts = written
             .volumes
             .into_iter()
@@ -646,19 +790,79 @@ impl Interpreter<'_> {
             entrypoint,
             env,
             ports,
+            expose,
             mounts,
             depends_on,
             healthcheck,
             labels,
             cpus,
             memory_bytes,
+            user,
+            working_dir,
+            extra_hosts,
         }
+    }
+
+    /// `extra_hosts` as `HOST:IP` entries, from a list of them or a map of host to address;
+    /// each address must be an IP address (Docker writes it into `/etc/hosts` as it is).
+    fn extra_hosts(&mut self, name: &str, written: ListOrMap) -> Vec<String> {
+        let path = ["services", name, "extra_hosts"];
+        let pairs: Vec<(String, String)> = match written {
+            ListOrMap::List(entries) => entries
+                .into_iter()
+                .filter_map(|entry| {
+                    let entry = self.value(&path, entry);
+                    // `HOST:IP` or compose's newer `HOST=IP`; an IPv6 address has colons of
+                    // its own, so the host is what comes before the first separator.
+                    match entry.split_once(['=', ':']) {
+                        Some((host, ip)) => Some((host.trim().to_string(), ip.trim().to_string())),
+                        None => {
+                            self.finding(&path, format!("{entry:?} is not HOST:IP"));
+                            None
+                        }
+                    }
+                })
+                .collect(),
+            ListOrMap::Map(entries) => entries
+                .into_iter()
+                .filter_map(|(host, ip)| match ip {
+                    Some(Scalar(ip)) => Some((host, self.value(&path, ip))),
+                    None => {
+                        self.finding(&path, format!("{host} has no address"));
+                        None
+                    }
+                })
+                .collect(),
+        };
+        let mut hosts = Vec::with_capacity(pairs.len());
+        for (host, ip) in pairs {
+            let ip = ip
+                .strip_prefix('[')
+                .and_then(|ip| ip.strip_suffix(']'))
+                .unwrap_or(&ip)
+                .to_string();
+            if host.is_empty()
+                || !host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            {
+                self.finding(&path, format!("{host:?} is not a host name"));
+            } else if ip.parse::<std::net::IpAddr>().is_err() {
+                self.finding(&path, format!("{ip:?} (for {host}) is not an IP address"));
+            } else {
+                hosts.push(format!("{host}:{ip}"));
+            }
+        }
+        hosts
     }
 
     fn words(&mut self, path: &[&str], written: StringOrList) -> Vec<String> {
         match written {
-            StringOrList::List(words) => words,
-            StringOrList::String(text) => match split_words(&text) {
+            StringOrList::List(words) => words
+                .into_iter()
+                .map(|word| self.value(path, word))
+                .collect(),
+            StringOrList::String(text) => match split_words(&self.value(path, text)) {
                 Ok(words) => words,
                 Err(why) => {
                     self.finding(path, why);
@@ -720,6 +924,7 @@ impl Interpreter<'_> {
         match written {
             ListOrMap::List(entries) => {
                 for entry in entries {
+                    let entry = self.value(path, entry);
                     match entry.split_once('=') {
                         Some((key, value)) if !key.is_empty() => {
                             pairs.insert(key.to_string(), value.to_string());
@@ -735,6 +940,7 @@ impl Interpreter<'_> {
                 for (key, value) in entries {
                     match value {
                         Some(Scalar(value)) => {
+                            let value = self.value(path, value);
                             pairs.insert(key, value);
                         }
                         None => self.finding(
@@ -753,12 +959,14 @@ impl Interpreter<'_> {
         let (container, host) = match written {
             ComposePort::Long(long) => {
                 let protocol = long.protocol.unwrap_or_else(|| "tcp".to_string());
-                (
-                    format!("{}/{protocol}", long.target),
-                    long.published.map(|Scalar(host)| host).unwrap_or_default(),
-                )
+                let published = long
+                    .published
+                    .map(|Scalar(host)| self.value(&path, host))
+                    .unwrap_or_default();
+                (format!("{}/{protocol}", long.target), published)
             }
             ComposePort::Short(Scalar(text)) => {
+                let text = self.value(&path, text);
                 let (ports, protocol) = match text.split_once('/') {
                     Some((ports, protocol)) => (ports, protocol),
                     None => (text.as_str(), "tcp"),
@@ -817,9 +1025,12 @@ impl Interpreter<'_> {
                         return None;
                     }
                 };
-                (kind, long.source, long.target, long.read_only)
+                let source = self.value(&path, long.source);
+                let target = self.value(&path, long.target);
+                (kind, source, target, long.read_only)
             }
             ComposeMount::Short(text) => {
+                let text = self.value(&path, text);
                 let parts: Vec<&str> = text.split(':').collect();
                 let (source, target, mode) = match parts.as_slice() {
                     [source, target] => (*source, *target, ""),
@@ -919,12 +1130,13 @@ impl Interpreter<'_> {
             let condition = match condition.as_deref() {
                 None | Some("service_started") => Condition::Started,
                 Some("service_healthy") => Condition::Healthy,
+                Some("service_completed_successfully") => Condition::CompletedSuccessfully,
                 Some(other) => {
                     self.finding(
                         &path,
                         format!(
-                            "condition {other:?} is not supported: use service_started or \
-                             service_healthy"
+                            "condition {other:?} is not supported: use service_started, \
+                             service_healthy or service_completed_successfully"
                         ),
                     );
                     continue;
@@ -945,8 +1157,14 @@ impl Interpreter<'_> {
                 self.finding(&path, "test: missing (the command that checks)".to_string());
                 return None;
             }
-            Some(StringOrList::String(command)) => vec!["CMD-SHELL".to_string(), command],
+            Some(StringOrList::String(command)) => {
+                vec!["CMD-SHELL".to_string(), self.value(&path, command)]
+            }
             Some(StringOrList::List(words)) => {
+                let words: Vec<String> = words
+                    .into_iter()
+                    .map(|word| self.value(&path, word))
+                    .collect();
                 match words.first().map(String::as_str) {
                     Some("CMD" | "CMD-SHELL") if words.len() > 1 => {}
                     Some("NONE") => return None,
@@ -964,6 +1182,13 @@ impl Interpreter<'_> {
         };
         let mut duration = |key: &str, text: Option<String>| {
             let text = text?;
+            let text = match interpolate(&text, self.variables) {
+                Ok(text) => text,
+                Err(why) => {
+                    self.finding(&[path[0], path[1], path[2], key], why);
+                    return None;
+                }
+            };
             match compose_duration(&text) {
                 Ok(duration) => Some(duration),
                 Err(why) => {
@@ -993,7 +1218,7 @@ impl Interpreter<'_> {
         let path = ["services", name, "deploy"];
         let cpus = match limits.cpus {
             None => 0.0,
-            Some(Scalar(text)) => match crate::cpu::parse_cpu(&text) {
+            Some(Scalar(text)) => match crate::cpu::parse_cpu(&self.value(&path, text)) {
                 Ok(cpus) => cpus,
                 Err(why) => {
                     self.finding(&path, format!("resources.limits.cpus: {why}"));
@@ -1003,7 +1228,7 @@ impl Interpreter<'_> {
         };
         let memory = match limits.memory {
             None => 0,
-            Some(Scalar(text)) => match parse_compose_memory(&text) {
+            Some(Scalar(text)) => match parse_compose_memory(&self.value(&path, text)) {
                 Ok(memory) => memory,
                 Err(why) => {
                     self.finding(&path, format!("resources.limits.memory: {why}"));
@@ -1245,6 +1470,164 @@ fn line_of(text: &str, path: &[&str]) -> Option<usize> {
     found
 }
 
+// ----- interpolation -----
+
+/// A piece of a value as written: text as it is, or a variable to replace.
+#[derive(Debug, PartialEq)]
+enum Piece<'a> {
+    Text(&'a str),
+    /// `$NAME`, `${NAME}`, or `${NAME<op><argument>}` with op one of `:-`, `-`, `:?`, `?`,
+    /// `:+`, `+`.
+    Variable {
+        name: &'a str,
+        op: Option<(&'a str, &'a str)>,
+    },
+    /// A `$` that starts nothing compose reads: why.
+    Invalid(String),
+}
+
+fn is_variable_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The length of the variable name at the start of `text` (letters, digits, `_`).
+fn name_length(text: &str) -> usize {
+    text.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(text.len())
+}
+
+/// A value cut into text and variables, as compose reads it: `$$` is a `$`.
+fn pieces(text: &str) -> Vec<Piece<'_>> {
+    let mut pieces = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find('$') {
+        if at > 0 {
+            pieces.push(Piece::Text(&rest[..at]));
+        }
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            pieces.push(Piece::Text("$"));
+            rest = tail;
+        } else if let Some(inside) = after.strip_prefix('{') {
+            let Some(end) = inside.find('}') else {
+                pieces.push(Piece::Invalid(
+                    "a ${ is not closed with }; write $$ for a $".to_string(),
+                ));
+                return pieces;
+            };
+            let body = &inside[..end];
+            let length = name_length(body);
+            let (name, modifier) = body.split_at(length);
+            let op = ([":-", ":?", ":+", "-", "?", "+"])
+                .iter()
+                .find_map(|op| modifier.strip_prefix(op).map(|argument| (*op, argument)));
+            if !is_variable_name(name) || (op.is_none() && !modifier.is_empty()) {
+                pieces.push(Piece::Invalid(format!(
+                    "${{{body}}} is not a variable: write ${{NAME}}, ${{NAME:-default}}, \
+                     ${{NAME:?message}}, or $$ for a $"
+                )));
+            } else {
+                pieces.push(Piece::Variable { name, op });
+            }
+            rest = &inside[end + 1..];
+        } else {
+            let length = name_length(after);
+            let name = &after[..length];
+            if is_variable_name(name) {
+                pieces.push(Piece::Variable { name, op: None });
+            } else {
+                pieces.push(Piece::Invalid(
+                    "a $ that starts no variable: write $$ for a $ (as in compose)".to_string(),
+                ));
+            }
+            rest = &after[length..];
+        }
+    }
+    if !rest.is_empty() {
+        pieces.push(Piece::Text(rest));
+    }
+    pieces
+}
+
+/// A compose value with its variables replaced from `variables`, as compose does: `$NAME`
+/// and `${NAME}` (an unset variable is empty), `${NAME:-default}` (the default when unset or
+/// empty), `${NAME-default}` (when unset), `${NAME:?message}` and `${NAME?message}` (an error
+/// when unset or empty, or unset), `${NAME:+other}` and `${NAME+other}` (`other` when set and
+/// not empty, or set), and `$$` for a `$`. Anything else after a `$` is an error.
+pub fn interpolate(text: &str, variables: &BTreeMap<String, String>) -> Result<String, String> {
+    if !text.contains('$') {
+        return Ok(text.to_string());
+    }
+    let mut value = String::with_capacity(text.len());
+    for piece in pieces(text) {
+        match piece {
+            Piece::Text(text) => value.push_str(text),
+            Piece::Invalid(why) => return Err(format!("{text:?}: {why}")),
+            Piece::Variable { name, op } => {
+                let set = variables.get(name);
+                let non_empty = set.filter(|value| !value.is_empty());
+                let required = |message: &str| {
+                    if message.is_empty() {
+                        format!("{text:?}: the variable {name} is not set")
+                    } else {
+                        format!("{text:?}: the variable {name} is not set: {message}")
+                    }
+                };
+                match op {
+                    None => value.push_str(set.map(String::as_str).unwrap_or_default()),
+                    Some((":-", default)) => {
+                        value.push_str(non_empty.map(String::as_str).unwrap_or(default))
+                    }
+                    Some(("-", default)) => {
+                        value.push_str(set.map(String::as_str).unwrap_or(default))
+                    }
+                    Some((":?", message)) => match non_empty {
+                        Some(set) => value.push_str(set),
+                        None => return Err(required(message)),
+                    },
+                    Some(("?", message)) => match set {
+                        Some(set) => value.push_str(set),
+                        None => return Err(required(message)),
+                    },
+                    Some((":+", other)) if non_empty.is_some() => value.push_str(other),
+                    Some(("+", other)) if set.is_some() => value.push_str(other),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    Ok(value)
+}
+
+/// Every variable a compose file's text names (a name in a comment included: the text is
+/// not read as YAML here), for the submitter to look up.
+pub fn variables_used(text: &str) -> BTreeSet<String> {
+    pieces(text)
+        .into_iter()
+        .filter_map(|piece| match piece {
+            Piece::Variable { name, .. } => Some(name.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The variables a compose file's text uses with nothing to fall back on (`$NAME`, `${NAME}`)
+/// that `variables` does not set: what compose warns of ("defaulting to a blank string").
+pub fn unset_variables(text: &str, variables: &BTreeMap<String, String>) -> BTreeSet<String> {
+    pieces(text)
+        .into_iter()
+        .filter_map(|piece| match piece {
+            Piece::Variable { name, op: None } if !variables.contains_key(name) => {
+                Some(name.to_string())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 // ----- the wire form -----
 
 /// `{"Compose": "...", "EnvFiles": {...}}`.
@@ -1259,6 +1642,12 @@ struct PodWire {
         skip_serializing_if = "BTreeMap::is_empty"
     )]
     env_files: BTreeMap<String, String>,
+    #[serde(
+        rename = "Variables",
+        default,
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    variables: BTreeMap<String, String>,
 }
 
 impl Serialize for Pod {
@@ -1266,6 +1655,7 @@ impl Serialize for Pod {
         PodWire {
             compose: self.compose.clone(),
             env_files: self.env_files.clone(),
+            variables: self.variables.clone(),
         }
         .serialize(serializer)
     }
@@ -1274,7 +1664,7 @@ impl Serialize for Pod {
 impl<'de> Deserialize<'de> for Pod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Pod, D::Error> {
         let wire = PodWire::deserialize(deserializer)?;
-        Pod::parse(&wire.compose, &wire.env_files).map_err(de::Error::custom)
+        Pod::parse_with(&wire.compose, &wire.env_files, &wire.variables).map_err(de::Error::custom)
     }
 }
 
@@ -1423,6 +1813,183 @@ services:
             split_words(r#"sh -c "echo 'a b'" x\ y"#).unwrap(),
             ["sh", "-c", "echo 'a b'", "x y"]
         );
+    }
+
+    fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn values_are_interpolated_as_compose_does_and_a_double_dollar_is_a_dollar() {
+        let set = vars(&[("TAG", "1.2"), ("EMPTY", "")]);
+        let cases = [
+            ("img:${TAG}", "img:1.2"),
+            ("img:$TAG-x", "img:1.2-x"),
+            ("${MISSING}", ""),
+            ("${MISSING:-dflt}", "dflt"),
+            ("${EMPTY:-dflt}", "dflt"),
+            ("${EMPTY-dflt}", ""),
+            ("${MISSING-dflt}", "dflt"),
+            ("${TAG:+on}", "on"),
+            ("${EMPTY:+on}", ""),
+            ("${EMPTY+on}", "on"),
+            ("echo $$HOME $${X}", "echo $HOME ${X}"),
+            ("no dollar", "no dollar"),
+        ];
+        for (written, meant) in cases {
+            assert_eq!(interpolate(written, &set).unwrap(), meant, "{written}");
+        }
+        for (written, why) in [
+            (
+                "${MISSING:?give it}",
+                "the variable MISSING is not set: give it",
+            ),
+            ("${EMPTY:?}", "the variable EMPTY is not set"),
+            ("cost $5", "write $$ for a $"),
+            ("${TAG", "is not closed"),
+            ("${1X}", "is not a variable"),
+            ("${TAG/x}", "is not a variable"),
+        ] {
+            let err = interpolate(written, &set).unwrap_err();
+            assert!(err.contains(why), "{written}: {err}");
+        }
+        let text = "# $COMMENTED\nimage: ${A}:${B:-x}$$C $D\n";
+        assert_eq!(
+            variables_used(text).into_iter().collect::<Vec<_>>(),
+            ["A", "B", "COMMENTED", "D"]
+        );
+        assert_eq!(
+            unset_variables(text, &vars(&[("A", "a")]))
+                .into_iter()
+                .collect::<Vec<_>>(),
+            ["COMMENTED", "D"],
+            "B has a default"
+        );
+    }
+
+    #[test]
+    fn a_pods_values_are_interpolated_from_its_variables_before_they_are_read() {
+        let text = "services:\n  a:\n    image: \"cube-sample:${TAG:-latest}\"\n    command: sh -c 'echo $$HOME ${GREETING}'\n    environment:\n      PORT: \"${PORT}\"\n    ports: [\"${PORT}:7777\"]\n";
+        let pod = Pod::parse_with(
+            text,
+            &BTreeMap::new(),
+            &vars(&[("GREETING", "hi"), ("PORT", "8080")]),
+        )
+        .unwrap();
+        let a = &pod.spec.services[0];
+        assert_eq!(a.image, "cube-sample:latest");
+        assert_eq!(
+            a.command.as_deref().unwrap(),
+            ["sh", "-c", "echo $HOME hi"],
+            "$$ reaches the container as $"
+        );
+        assert_eq!(a.env, ["PORT=8080"]);
+        assert_eq!(a.ports[0].host, "8080");
+        // The variables travel with the pod, and read back the same.
+        let json = serde_json::to_value(&pod).unwrap();
+        assert_eq!(json["Variables"]["PORT"], "8080");
+        let back: Pod = serde_json::from_value(json).unwrap();
+        assert_eq!(back, pod);
+        let bad = "services:\n  a:\n    image: x\n    command: echo $1\n";
+        assert_eq!(
+            parse(bad).unwrap_err().to_string(),
+            "services.a.command (line 4): \"echo $1\": a $ that starts no variable: write $$ \
+             for a $ (as in compose)"
+        );
+    }
+
+    #[test]
+    fn user_working_dir_expose_and_extra_hosts_are_read_and_checked() {
+        let text = "services:\n  a:\n    image: x\n    user: 1000\n    working_dir: /srv\n    expose: [\"9000\", 53/udp]\n    extra_hosts:\n      - \"db:10.0.0.5\"\n      - \"v6:::1\"\n  b:\n    image: x\n    user: \"app:app\"\n    extra_hosts: {cache: 10.0.0.6}\n";
+        let pod = parse(text).unwrap();
+        let a = &pod.spec.services[0];
+        assert_eq!(a.user.as_deref(), Some("1000"));
+        assert_eq!(a.working_dir.as_deref(), Some("/srv"));
+        assert_eq!(a.expose, ["9000/tcp", "53/udp"]);
+        assert_eq!(a.extra_hosts, ["db:10.0.0.5", "v6:::1"]);
+        let b = &pod.spec.services[1];
+        assert_eq!(b.user.as_deref(), Some("app:app"));
+        assert_eq!(b.extra_hosts, ["cache:10.0.0.6"]);
+        for (key, value, line, why) in [
+            ("working_dir", "srv", 4, "not an absolute path"),
+            ("expose", "[\"http\"]", 4, "\"http\""),
+            (
+                "extra_hosts",
+                "[\"db:not-an-ip\"]",
+                4,
+                "is not an IP address",
+            ),
+            ("extra_hosts", "[\"db\"]", 4, "is not HOST:IP"),
+            ("user", "\"a b\"", 4, "is not a user"),
+        ] {
+            let text = format!("services:\n  a:\n    image: x\n    {key}: {value}\n");
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("services.a.{key} (line {line}): ")) && err.contains(why),
+                "{key}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn depends_on_a_service_completed_successfully_is_read() {
+        let text = "services:\n  web:\n    image: x\n    depends_on:\n      migrate:\n        condition: service_completed_successfully\n  migrate:\n    image: x\n";
+        let pod = parse(text).unwrap();
+        assert_eq!(pod.service_names(), ["migrate", "web"]);
+        assert_eq!(
+            pod.spec.services[1].depends_on[0].condition,
+            Condition::CompletedSuccessfully
+        );
+        let other = text.replace("service_completed_successfully", "service_done");
+        let err = parse(&other).unwrap_err().to_string();
+        assert!(
+            err.starts_with("services.web.depends_on (line 4): condition \"service_done\"")
+                && err.contains("service_completed_successfully"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn networks_are_refused_saying_that_a_pod_shares_one_network() {
+        let service = "services:\n  a:\n    image: x\n    networks: [front]\n";
+        let err = parse(service).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "services.a.networks (line 4): refused: a pod's services share one network"
+            ),
+            "{err}"
+        );
+        let top = "services:\n  a:\n    image: x\nnetworks:\n  front: {}\n";
+        let err = parse(top).unwrap_err().to_string();
+        assert!(err.starts_with("networks (line 4): refused"), "{err}");
+    }
+
+    #[test]
+    fn reading_errors_name_the_key_then_its_line_and_column_and_nothing_after() {
+        let text = "services:\n  a:\n    image: x\n    build: .\n";
+        let err = parse(text).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "compose file: services.a.build (line 4, column 5): unknown field `build`"
+            ),
+            "{err}"
+        );
+        assert!(err.ends_with("see `cube run --help`)"), "{err}");
+        let typed = "services:\n  a:\n    image: x\n    healthcheck:\n      retries: many\n";
+        let err = parse(typed).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "compose file: services.a.healthcheck.retries (line 5, column 16): invalid type"
+            ),
+            "{err}"
+        );
+        let syntax = "services:\n  a:\n    image: [x\n";
+        let err = parse(syntax).unwrap_err().to_string();
+        assert!(err.contains("(line ") || err.contains("line "), "{err}");
+        assert!(!err.contains(" at line "), "the place is said once: {err}");
     }
 
     #[test]

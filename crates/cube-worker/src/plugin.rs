@@ -11,7 +11,9 @@
 //! Built in: [`GeneralPlugin`] (`general`, always first in the default order) names the
 //! containers so that pods of one compose file coexist on a host, labels every container with
 //! its task, node, pod container and run, adds the infra container that holds a pod's network
-//! namespace and points the others at it, and publishes the ports on it. [`NodeEnvPlugin`]
+//! namespace and points the others at it, publishes the ports on it, and gives it a hosts
+//! entry per service (the service's name is the pod's loopback, as a compose network's DNS
+//! would answer it). [`NodeEnvPlugin`]
 //! (`node-env`) hands the containers the node's name and zone, as environment and labels, and
 //! the labels and environment the operator configured. [`JournalPlugin`] (`journal`) appends
 //! a line per call to a file: an audit trail of what was launched and killed on this node.
@@ -20,7 +22,7 @@
 //! fails the launch cleanly: what was started is removed, and the task is `Failed` with the
 //! plugin's name and message.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,6 +36,10 @@ use cube_runtime::{
 use cube_types::pod::{Dependency, INFRA, MountKind, PodNetwork};
 use cube_types::{Labels, Task};
 use uuid::Uuid;
+
+/// The address a pod's service names resolve to inside the pod: the loopback its services
+/// share.
+pub const POD_LOOPBACK: &str = "127.0.0.1";
 
 /// The containers a task's run is made of, as the chain rewrites them.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,7 +68,7 @@ pub struct PlannedContainer {
     pub name: String,
     pub infra: bool,
     pub spec: ContainerSpec,
-    /// The services (by name) that must have started, or be healthy, before this one.
+    /// The services (by name) that must have started, be healthy, or have completed successfully before this one.
     pub depends_on: Vec<Dependency>,
 }
 
@@ -115,7 +121,11 @@ impl LaunchPlan {
                     env: service.env.clone(),
                     cpu_cores: service.cpus,
                     memory_bytes: service.memory_bytes,
-                    exposed_ports: port_bindings.keys().cloned().collect(),
+                    exposed_ports: port_bindings
+                        .keys()
+                        .chain(&service.expose)
+                        .cloned()
+                        .collect(),
                     port_bindings,
                     labels: service
                         .labels
@@ -126,6 +136,9 @@ impl LaunchPlan {
                     network_mode: None,
                     binds,
                     healthcheck: service.healthcheck.clone(),
+                    user: service.user.clone(),
+                    working_dir: service.working_dir.clone(),
+                    extra_hosts: service.extra_hosts.clone(),
                 },
                 depends_on: service.depends_on.clone(),
             });
@@ -395,6 +408,21 @@ impl PodPlugin for GeneralPlugin {
             .map(|volume| format!("{volume_prefix}-{volume}"))
             .collect();
         let mut published: BTreeMap<String, String> = BTreeMap::new();
+        let mut exposed: BTreeSet<String> = BTreeSet::new();
+        // Every service's name answers on the pod's loopback, where the services listen: in a
+        // shared namespace (the infra container's) or the host's. Docker refuses hosts entries
+        // on a container that joins another's network, and such a container shares the other's
+        // `/etc/hosts`: in a shared pod they all go on the infra container, with the services'
+        // own `extra_hosts`. Without a network each container's loopback is its own: no entries.
+        let service_hosts: Vec<String> = match plan.network {
+            PodNetwork::Shared | PodNetwork::Host => plan
+                .containers
+                .iter()
+                .map(|container| format!("{}:{POD_LOOPBACK}", container.name))
+                .collect(),
+            PodNetwork::None => Vec::new(),
+        };
+        let mut pod_hosts = service_hosts.clone();
         let infra_name = prefix.clone();
         for container in &mut plan.containers {
             container.spec.name = format!("{prefix}-{}", container.name);
@@ -414,10 +442,13 @@ impl PodPlugin for GeneralPlugin {
                 PodNetwork::Shared => {
                     // The pod's ports are the infra container's: its namespace is theirs.
                     published.append(&mut container.spec.port_bindings);
-                    container.spec.exposed_ports.clear();
+                    exposed.append(&mut container.spec.exposed_ports);
                     container.spec.network_mode = Some(format!("container:{infra_name}"));
+                    pod_hosts.append(&mut container.spec.extra_hosts);
                 }
                 PodNetwork::Host | PodNetwork::None => {
+                    let own = std::mem::take(&mut container.spec.extra_hosts);
+                    container.spec.extra_hosts = service_hosts.iter().cloned().chain(own).collect();
                     container.spec.port_bindings.clear();
                     container.spec.exposed_ports.clear();
                     container.spec.network_mode = Some(match plan.network {
@@ -434,17 +465,11 @@ impl PodPlugin for GeneralPlugin {
                 spec: ContainerSpec {
                     name: infra_name,
                     image: PAUSE_IMAGE.to_string(),
-                    cmd: Vec::new(),
-                    env: Vec::new(),
-                    cpu_cores: 0.0,
-                    memory_bytes: 0,
-                    exposed_ports: published.keys().cloned().collect(),
+                    exposed_ports: published.keys().cloned().chain(exposed).collect(),
                     port_bindings: published,
                     labels: labels(INFRA),
-                    entrypoint: None,
-                    network_mode: None,
-                    binds: Vec::new(),
-                    healthcheck: None,
+                    extra_hosts: pod_hosts,
+                    ..ContainerSpec::default()
                 },
                 depends_on: Vec::new(),
             };
@@ -601,7 +626,7 @@ mod tests {
     use cube_types::Pod;
 
     fn pod_task() -> Task {
-        let compose = "services:\n  a:\n    image: cube-sample:latest\n    ports: [\"8080:7777\"]\n    volumes: [\"data:/data\"]\n  b:\n    image: cube-sample:latest\n    depends_on: [a]\nvolumes:\n  data:\n";
+        let compose = "services:\n  a:\n    image: cube-sample:latest\n    ports: [\"8080:7777\"]\n    volumes: [\"data:/data\"]\n  b:\n    image: cube-sample:latest\n    depends_on: [a]\n    expose: [9000]\n    extra_hosts: [\"db.example:10.0.0.5\"]\n    user: \"1000:1000\"\n    working_dir: /srv\nvolumes:\n  data:\n";
         let mut task = Task::new("web", "");
         task.spec.pod = Some(Box::new(Pod::parse(compose, &BTreeMap::new()).unwrap()));
         task
@@ -635,6 +660,56 @@ mod tests {
         let volume = format!("cube-{}-data", task.id.simple());
         assert_eq!(plan.volumes, std::slice::from_ref(&volume));
         assert_eq!(a.spec.binds, [format!("{volume}:/data")]);
+    }
+
+    #[test]
+    fn service_names_and_extra_hosts_go_on_the_infra_container_whose_hosts_file_the_pod_shares() {
+        let task = pod_task();
+        let mut plan = LaunchPlan::for_task(&task, "w1", &Labels::new());
+        PluginChain::default().pre_launch(&mut plan).unwrap();
+        let infra = &plan.containers[0];
+        assert_eq!(
+            infra.spec.extra_hosts,
+            ["a:127.0.0.1", "b:127.0.0.1", "db.example:10.0.0.5"]
+        );
+        assert!(
+            infra.spec.exposed_ports.contains("9000/tcp")
+                && infra.spec.exposed_ports.contains("7777/tcp"),
+            "{:?}",
+            infra.spec.exposed_ports
+        );
+        let b = &plan.containers[2];
+        assert!(
+            b.spec.extra_hosts.is_empty(),
+            "Docker refuses hosts entries on a container that joins another's network"
+        );
+        assert!(b.spec.exposed_ports.is_empty());
+        assert_eq!(b.spec.user.as_deref(), Some("1000:1000"));
+        assert_eq!(b.spec.working_dir.as_deref(), Some("/srv"));
+    }
+
+    #[test]
+    fn in_the_hosts_network_each_container_has_the_service_names_and_without_one_none() {
+        let compose = "services:\n  a:\n    image: x\n    network_mode: host\n    extra_hosts: [\"db:10.0.0.5\"]\n  b:\n    image: x\n    network_mode: host\n";
+        let mut task = Task::new("h", "");
+        task.spec.pod = Some(Box::new(Pod::parse(compose, &BTreeMap::new()).unwrap()));
+        let mut plan = LaunchPlan::for_task(&task, "w1", &Labels::new());
+        PluginChain::default().pre_launch(&mut plan).unwrap();
+        assert_eq!(plan.containers.len(), 2, "no infra container");
+        assert_eq!(
+            plan.containers[0].spec.extra_hosts,
+            ["a:127.0.0.1", "b:127.0.0.1", "db:10.0.0.5"]
+        );
+        assert_eq!(
+            plan.containers[1].spec.extra_hosts,
+            ["a:127.0.0.1", "b:127.0.0.1"]
+        );
+        let none = compose.replace("network_mode: host", "network_mode: none");
+        task.spec.pod = Some(Box::new(Pod::parse(&none, &BTreeMap::new()).unwrap()));
+        let mut plan = LaunchPlan::for_task(&task, "w1", &Labels::new());
+        PluginChain::default().pre_launch(&mut plan).unwrap();
+        assert_eq!(plan.containers[0].spec.extra_hosts, ["db:10.0.0.5"]);
+        assert!(plan.containers[1].spec.extra_hosts.is_empty());
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! worker's configuration names, the pod brought down when one container dies and brought
 //! back whole by its restart policy, every container removed on a stop when so configured, two
 //! pods of one file side by side, a pod re-adopted by a worker killed and started again, a job
-//! group of pods, and a compose key Cube does not support refused by name. Real `cube`
-//! processes and the real Docker engine.
+//! group of pods, and a compose key Cube does not support refused by name; compose files that
+//! work under docker-compose (`$$`, variables from the environment and `.env`, service names
+//! that resolve, `depends_on` a service that completed, `user` and `working_dir`), `cube logs`
+//! of a pod with each line after its service's name, and the `Running` event of a restarted
+//! pod. Real `cube` processes and the real Docker engine.
 
 mod support;
 
@@ -143,8 +146,22 @@ async fn a_compose_file_runs_as_one_task_whose_services_reach_each_other_on_loca
     );
     assert!(ok, "{stderr}");
     assert!(stdout.contains("Hello from a Cube task"), "{stdout}");
-    let (ok, _, stderr) = cube_cli(&cluster.manager.address(), &["logs", &id]);
-    assert!(!ok && stderr.contains("name one (a, b)"), "{stderr}");
+    // Without --container, every container's lines, each after its service's name, as
+    // docker-compose logs shows them.
+    let (ok, stdout, stderr) = cube_cli(&cluster.manager.address(), &["logs", &id]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|line| line.starts_with("b | ") && line.contains("Hello from a Cube task")),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .all(|line| line.starts_with("a | ") || line.starts_with("b | ")),
+        "{stdout}"
+    );
 
     // The pod's port is published on the infra container, and answers from a.
     let port = host_port(&task, "7777/tcp");
@@ -512,5 +529,296 @@ async fn an_unsupported_compose_key_is_refused_naming_the_key_and_its_line() {
     assert!(
         message.contains("privileged") && message.contains("line 4"),
         "{message}"
+    );
+    assert!(
+        !message.contains(" at line "),
+        "the compose file's place, not one in the request's JSON: {message}"
+    );
+    let (ok, _, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["run", "-f", &file.display().to_string()],
+    );
+    assert!(!ok && !stderr.contains(" at line "), "{stderr}");
+}
+
+/// `cube logs ID` (one service: its lines as written) once they hold `text`, within the bound.
+async fn logs_with(manager: &ManagerProcess, id: &str, text: &str) -> String {
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let (ok, stdout, stderr) = cube_cli(&manager.address(), &["logs", id]);
+        if ok && stdout.contains(text) {
+            return stdout;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} in the logs within {STATE_BOUND:?}: {stdout} {stderr}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_double_dollar_reaches_the_container_as_a_dollar_and_variables_come_from_env_and_dotenv()
+{
+    let cluster = OneNodeCluster::start("poddollar").await;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        dir.path(),
+        ".env",
+        "IMAGE_TAG=latest\nGREETING=from-dotenv\nPLACE=from-dotenv\n",
+    );
+    let file = write(
+        dir.path(),
+        "vars.yml",
+        r#"services:
+  a:
+    image: "cube-sample:${IMAGE_TAG}"
+    environment:
+      WHO: the-container
+    command: ["sh", "-c", "echo who=$$WHO greeting=${GREETING} place=$PLACE port=${PORT:-7000}${NOT_SET_ANYWHERE}; sleep 3600"]
+"#,
+    );
+    let manager = cluster.manager.address();
+    let (ok, stdout, stderr) = cube_cli_env(
+        &[("CUBE_MANAGER", &manager), ("GREETING", "from-shell")],
+        &["run", "-f", &file.display().to_string()],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("the variable NOT_SET_ANYWHERE is not set"),
+        "warned of, as compose does: {stderr}"
+    );
+    let id = stdout.trim().to_string();
+    cluster.manager.client().await_state(&id, "Running").await;
+    let logs = logs_with(&cluster.manager, &id, "who=").await;
+    assert!(
+        logs.contains("who=the-container greeting=from-shell place=from-dotenv port=7000"),
+        "$$ is a $ for the container's shell; the environment wins over .env: {logs}"
+    );
+}
+
+/// `web` serves the sample page; `client`, as another user in another directory, fetches it
+/// by the service's name once `web` is healthy.
+const BY_NAME: &str = r#"services:
+  web:
+    image: cube-sample:latest
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O", "/dev/null", "http://localhost:7777/health"]
+      interval: 300ms
+  client:
+    image: cube-sample:latest
+    command: ["sh", "-c", "wget -q -O - http://web:7777/"]
+    user: "1234:1234"
+    working_dir: /tmp
+    extra_hosts: ["db.internal:10.1.2.3"]
+    depends_on:
+      web:
+        condition: service_healthy
+"#;
+
+#[tokio::test]
+async fn service_names_resolve_inside_the_pod_and_user_and_working_dir_are_honoured() {
+    let cluster = OneNodeCluster::start("podnames").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_file(&cluster.manager, &write(dir.path(), "names.yml", BY_NAME));
+    let task = client
+        .await_task(&id, "client finished, or the pod failed", |task| {
+            task["State"] == "Failed"
+                || containers(task)
+                    .iter()
+                    .any(|c| c["Name"] == "client" && c["Status"] == "exited")
+        })
+        .await;
+    assert_eq!(
+        container(&task, "client")["ExitCode"],
+        0,
+        "client reached web by its name: {task}"
+    );
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["logs", "--container", "client", &id],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("Hello from a Cube task"), "{stdout}");
+
+    let infra = container(&task, "infra")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hosts = docker(&["exec", &infra, "cat", "/etc/hosts"]);
+    for entry in [
+        "127.0.0.1\tweb",
+        "127.0.0.1\tclient",
+        "10.1.2.3\tdb.internal",
+    ] {
+        assert!(hosts.contains(entry), "{entry:?} in {hosts}");
+    }
+    let own = container(&task, "client")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        docker(&[
+            "inspect",
+            "-f",
+            "{{.Config.User}} {{.Config.WorkingDir}}",
+            &own
+        ]),
+        "1234:1234 /tmp"
+    );
+}
+
+#[tokio::test]
+async fn a_service_starts_once_what_it_depends_on_completed_successfully_and_not_after_a_failure() {
+    let cluster = OneNodeCluster::start("podonce").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let compose = |code: u8| {
+        format!(
+            r#"services:
+  migrate:
+    image: cube-sample:latest
+    command: ["sh", "-c", "sleep 0.5; echo migrated; exit {code}"]
+  web:
+    image: cube-sample:latest
+    depends_on:
+      migrate:
+        condition: service_completed_successfully
+"#
+        )
+    };
+    let id = run_file(
+        &cluster.manager,
+        &write(dir.path(), "once.yml", &compose(0)),
+    );
+    let task = client
+        .await_task(&id, "web running after migrate", |task| {
+            task["State"] == "Running"
+                && containers(task)
+                    .iter()
+                    .any(|c| c["Name"] == "web" && c["Status"] == "running")
+        })
+        .await;
+    assert_eq!(container(&task, "migrate")["ExitCode"], 0, "{task}");
+    let time = |name: &str, field: &str| {
+        let id = container(&task, name)["ContainerID"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let text = docker(&["inspect", "-f", &format!("{{{{.State.{field}}}}}"), &id]);
+        chrono::DateTime::parse_from_rfc3339(&text).unwrap()
+    };
+    let (finished, started) = (time("migrate", "FinishedAt"), time("web", "StartedAt"));
+    assert!(
+        started >= finished,
+        "web started ({started}) after migrate finished ({finished})"
+    );
+
+    let failing = run_file(
+        &cluster.manager,
+        &write(dir.path(), "fails.yml", &compose(3)),
+    );
+    let failed = client.await_state(&failing, "Failed").await;
+    let error = failed["Error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("container migrate exited with code 3") && error.contains("was not started"),
+        "{failed}"
+    );
+}
+
+/// A served page with a health check and a service that waits for it to be healthy: a run is
+/// healthy by the time it is recorded running. Restarted as a whole when one dies.
+const HEALTHY_PAIR: &str = r#"services:
+  a:
+    image: cube-sample:latest
+    restart: always
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O", "/dev/null", "http://localhost:7777/health"]
+      interval: 300ms
+  b:
+    image: cube-sample:latest
+    command: ["sleep", "3600"]
+    restart: always
+    depends_on:
+      a:
+        condition: service_healthy
+"#;
+
+#[tokio::test]
+async fn a_restarted_pod_sends_a_running_event() {
+    let cluster = OneNodeCluster::start("podevent").await;
+    let client = cluster.manager.client();
+    let mut events = EventReader::open(&cluster.manager, "?topic=Task").await;
+    let dir = tempfile::tempdir().unwrap();
+    let id = run_file(&cluster.manager, &write(dir.path(), "hp.yml", HEALTHY_PAIR));
+    let first = running_pod(&client, &id, 2).await;
+    let b = container(&first, "b")["ContainerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    docker(&["kill", &b]);
+    client
+        .await_task(&id, "the pod back, healthy", |task| {
+            task["RestartCount"].as_u64() >= Some(1)
+                && task["State"] == "Running"
+                && task["Health"] == "Healthy"
+        })
+        .await;
+    // Every event of the task until the restarted run is seen healthy: a Running among them.
+    let mut seen = Vec::new();
+    loop {
+        let event = events.next_event().await;
+        if event["Key"] != id.as_str() {
+            continue;
+        }
+        let done = event["Object"]["RestartCount"].as_u64() >= Some(1)
+            && event["Object"]["State"] == "Running"
+            && event["Object"]["Health"] == "Healthy";
+        seen.push(event["Type"].as_str().unwrap_or_default().to_string());
+        if done {
+            break;
+        }
+    }
+    let restart = seen
+        .iter()
+        .position(|kind| kind == "Restart")
+        .unwrap_or_else(|| panic!("no Restart event: {seen:?}"));
+    assert!(
+        seen[restart..].iter().any(|kind| kind == "Running"),
+        "the restarted run's Running event: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn cube_logs_follows_every_container_of_a_pod_each_line_after_its_name_until_it_ends() {
+    let cluster = OneNodeCluster::start("podfollow").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "talk.yml",
+        r#"services:
+  first:
+    image: cube-sample:latest
+    command: ["sh", "-c", "echo one; sleep 1; echo three"]
+  b:
+    image: cube-sample:latest
+    command: ["sh", "-c", "sleep 0.5; echo two >&2"]
+"#,
+    );
+    let id = run_file(&cluster.manager, &file);
+    client
+        .await_task(&id, "started", |task| !containers(task).is_empty())
+        .await;
+    let (ok, stdout, stderr) = cube_cli(&cluster.manager.address(), &["logs", "-f", &id]);
+    assert!(ok, "{stderr}");
+    // Names are padded to the longest, as docker-compose aligns them; stderr stays stderr.
+    assert!(stdout.contains("first | one\n"), "{stdout}");
+    assert!(stdout.contains("first | three\n"), "{stdout}");
+    assert!(stderr.contains("b     | two\n"), "{stderr}");
+    assert!(
+        stderr.contains("ended Completed"),
+        "how the pod ended: {stderr}"
     );
 }

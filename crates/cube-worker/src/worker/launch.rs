@@ -210,14 +210,18 @@ impl<R: Runtime> Worker<R> {
         for (index, stage) in stages.iter().enumerate() {
             for container in stage {
                 for dependency in &container.depends_on {
-                    if dependency.condition != Condition::Healthy {
-                        continue; // started already: it came in an earlier stage
-                    }
                     let Some((_, id)) = ids.iter().find(|(name, _)| *name == dependency.service)
                     else {
                         continue;
                     };
-                    self.await_healthy(id, &dependency.service).await?;
+                    match dependency.condition {
+                        // Started already: it came in an earlier stage.
+                        Condition::Started => {}
+                        Condition::Healthy => self.await_healthy(id, &dependency.service).await?,
+                        Condition::CompletedSuccessfully => {
+                            self.await_completed(id, &dependency.service).await?
+                        }
+                    }
                 }
             }
             let made = match created_ahead.take() {
@@ -450,6 +454,65 @@ impl<R: Runtime> Worker<R> {
                         return Err(LaunchFailure("the worker is stopping".to_string()));
                     }
                     _ = &mut passed => break,
+                    event = events.next() => event,
+                };
+                match event {
+                    Some(Ok(event)) if event.container_id() == container_id => break,
+                    Some(Ok(_)) => continue,
+                    Some(Err(err)) => {
+                        return Err(LaunchFailure(format!(
+                            "lost the engine's events while waiting for {service}: {err}"
+                        )));
+                    }
+                    None => {
+                        return Err(LaunchFailure(format!(
+                            "the engine's events ended while waiting for {service}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits until the container has run to its end with exit code 0 (`depends_on: condition:
+    /// service_completed_successfully`): on the engine's events, subscribed to before each
+    /// look. Any other end fails the launch, naming the container and how it ended.
+    async fn await_completed(
+        &self,
+        container_id: &str,
+        service: &str,
+    ) -> Result<(), LaunchFailure> {
+        let since = Utc::now().timestamp() - 1;
+        let mut events = self.runtime.events_since(&self.config.name, since);
+        loop {
+            let info = match self.runtime.inspect(container_id).await {
+                Ok(Some(info)) => info,
+                Ok(None) => {
+                    return Err(LaunchFailure(format!(
+                        "container {service} disappeared before it completed"
+                    )));
+                }
+                Err(err) => {
+                    return Err(LaunchFailure(format!(
+                        "cannot inspect container {service}: {err}"
+                    )));
+                }
+            };
+            if !info.running {
+                return match info.exit_code {
+                    Some(0) if !info.oom_killed => Ok(()),
+                    _ => Err(LaunchFailure(format!(
+                        "container {service} {}; what depends on it completing successfully \
+                         was not started",
+                        describe_end(&info)
+                    ))),
+                };
+            }
+            loop {
+                let event = tokio::select! {
+                    _ = self.closing.cancelled() => {
+                        return Err(LaunchFailure("the worker is stopping".to_string()));
+                    }
                     event = events.next() => event,
                 };
                 match event {
@@ -933,17 +996,7 @@ mod tests {
             spec: cube_runtime::ContainerSpec {
                 name: name.into(),
                 image: "i".into(),
-                cmd: Vec::new(),
-                env: Vec::new(),
-                cpu_cores: 0.0,
-                memory_bytes: 0,
-                exposed_ports: Default::default(),
-                port_bindings: Default::default(),
-                labels: Default::default(),
-                entrypoint: None,
-                network_mode: None,
-                binds: Vec::new(),
-                healthcheck: None,
+                ..Default::default()
             },
             depends_on: depends_on
                 .iter()
@@ -981,6 +1034,8 @@ mod tests {
             planned("app", false, &[("db", Condition::Healthy)]),
             planned("proxy", false, &[("app", Condition::Started)]),
             planned("logs", false, &[("db", Condition::Started)]),
+            planned("seed", false, &[("db", Condition::Healthy)]),
+            planned("web", false, &[("seed", Condition::CompletedSuccessfully)]),
         ];
         assert_eq!(
             names(stages(&ordered)),
@@ -988,7 +1043,8 @@ mod tests {
                 vec![INFRA],
                 vec!["db", "cache"],
                 vec!["app"],
-                vec!["proxy", "logs"],
+                vec!["proxy", "logs", "seed"],
+                vec!["web"],
             ],
             "a container waits for its dependencies' stage; one whose dependency is earlier \
              joins the current stage"

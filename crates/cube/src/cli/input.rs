@@ -201,12 +201,15 @@ fn parse_task(origin: &str, format: Format, bytes: &[u8]) -> anyhow::Result<Task
 
 /// A compose file (a YAML document with `services`) as a pod: a task named after the file
 /// (or, for `docker-compose.yml` and `compose.yaml`, its directory, as compose names its
-/// project), carrying the file's text and the env files it names, read from next to it.
+/// project), carrying the file's text, the env files it names, read from next to it, and the
+/// values of the variables it uses, from the environment and the `.env` file next to it.
 fn compose_task(origin: &str, text: &str, document: &Value) -> anyhow::Result<TaskDocument> {
     let path = Path::new(origin);
     let directory = path.parent().filter(|_| origin != "stdin");
     let env_files =
         compose_env_files(document, directory).map_err(|why| anyhow!("{origin}: {why}"))?;
+    let variables = compose_variables(text, directory, |name| std::env::var(name).ok())
+        .map_err(|why| anyhow!("{origin}: {why}"))?;
     let stem = path
         .file_stem()
         .and_then(|stem| stem.to_str())
@@ -221,25 +224,113 @@ fn compose_task(origin: &str, text: &str, document: &Value) -> anyhow::Result<Ta
     };
     let task = serde_json::json!({
         "Name": name,
-        "Pod": {"Compose": text, "EnvFiles": env_files},
+        "Pod": {"Compose": text, "EnvFiles": env_files, "Variables": variables},
     });
     let encoded = serde_json::to_vec(&task)
         .with_context(|| format!("{origin}: cannot encode the pod as JSON"))?;
     refuse_oversized(origin, encoded.len() as u64, Kind::Task)?;
     let submission = Submission::parse(&encoded, Utc::now()).map_err(|err| {
-        // The compose parser names the key and its line in the compose file itself.
+        // The compose parser names the key and its line in the compose file itself; a place
+        // in the JSON Cube made of it would mean nothing to the user.
         let message = err.to_string();
         let message = message
             .strip_prefix("invalid task: ")
             .unwrap_or(&message)
             .trim_start_matches("Pod: ");
-        anyhow!("{origin}: {message}")
+        anyhow!("{origin}: {}", strip_location(message))
     })?;
+    warn_of_unset_variables(origin, text, &variables);
     Ok(TaskDocument {
         origin: origin.to_string(),
         document: task,
         submission,
     })
+}
+
+/// The values of the variables a compose file's text uses, as compose finds them: the
+/// environment (`lookup`) first, then the `.env` file in the compose file's directory (the
+/// working directory for stdin), when there is one. Only the variables the file names are sent.
+fn compose_variables(
+    text: &str,
+    directory: Option<&Path>,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<serde_json::Map<String, Value>, String> {
+    let used = cube_types::pod::variables_used(text);
+    let mut variables = serde_json::Map::new();
+    if used.is_empty() {
+        return Ok(variables);
+    }
+    let path = match directory {
+        Some(directory) => directory.join(".env"),
+        None => Path::new(".env").to_path_buf(),
+    };
+    let dotenv = match std::fs::read_to_string(&path) {
+        Ok(contents) => {
+            read_dotenv(&contents).map_err(|why| format!("{}: {why}", path.display()))?
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Default::default(),
+        Err(err) => return Err(format!("cannot read {}: {err}", path.display())),
+    };
+    for name in used {
+        if let Some(value) = lookup(&name).or_else(|| dotenv.get(&name).cloned()) {
+            variables.insert(name, Value::String(value));
+        }
+    }
+    Ok(variables)
+}
+
+/// A `.env` file: `KEY=value` lines (an `export ` before the key allowed), blank lines and
+/// `#` comments skipped, a value in matching quotes taken without them, and an unquoted
+/// value's ` # comment` left out, as compose reads it.
+fn read_dotenv(contents: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let mut values = std::collections::BTreeMap::new();
+    for (number, line) in contents.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let Some((key, value)) = line.split_once('=') else {
+            return Err(format!("line {}: {line:?} is not KEY=value", number + 1));
+        };
+        let key = key.trim();
+        if key.is_empty() || key.contains(char::is_whitespace) {
+            return Err(format!(
+                "line {}: {key:?} is not a variable's name",
+                number + 1
+            ));
+        }
+        let value = value.trim();
+        let quoted = ['"', '\''].iter().find_map(|quote| {
+            value
+                .strip_prefix(*quote)
+                .and_then(|rest| rest.strip_suffix(*quote))
+        });
+        let value = match quoted {
+            Some(inner) => inner,
+            None => value
+                .split_once(" #")
+                .map_or(value, |(value, _)| value)
+                .trim_end(),
+        };
+        values.insert(key.to_string(), value.to_string());
+    }
+    Ok(values)
+}
+
+/// Says on stderr which variables the compose file uses that nothing set, as compose warns:
+/// they read as empty.
+fn warn_of_unset_variables(origin: &str, text: &str, variables: &serde_json::Map<String, Value>) {
+    let set: std::collections::BTreeMap<String, String> = variables
+        .iter()
+        .map(|(name, value)| (name.clone(), value.as_str().unwrap_or_default().to_string()))
+        .collect();
+    for name in cube_types::pod::unset_variables(text, &set) {
+        eprintln!(
+            "cube: warning: {origin}: the variable {name} is not set (in the environment or \
+             .env); it reads as an empty string"
+        );
+    }
 }
 
 /// The contents of every `env_file` a compose document names, by the name it uses, read
@@ -305,8 +396,12 @@ fn resolve_compose_files(document: &mut Value, directory: Option<&Path>) -> anyh
         let compose = yaml_to_json(&path.display().to_string(), &text)?;
         let env_files = compose_env_files(&compose, path.parent())
             .map_err(|why| anyhow!("Groups[{index}].Task.Pod.ComposeFile: {why}"))?;
+        let variables = compose_variables(&text, path.parent(), |name| std::env::var(name).ok())
+            .map_err(|why| anyhow!("Groups[{index}].Task.Pod.ComposeFile: {why}"))?;
+        warn_of_unset_variables(&path.display().to_string(), &text, &variables);
         pod.insert("Compose".to_string(), Value::String(text));
         pod.insert("EnvFiles".to_string(), Value::Object(env_files));
+        pod.insert("Variables".to_string(), Value::Object(variables));
         changed = true;
     }
     Ok(changed)
@@ -760,6 +855,53 @@ mod tests {
             format_of(Path::new(name), text.as_bytes()),
             text.as_bytes(),
         )
+    }
+
+    #[test]
+    fn a_compose_error_ends_with_its_place_in_the_compose_file_not_in_cubes_json() {
+        let err = parse("bad.yml", "services:\n  a:\n    image: x\n    build: .\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("bad.yml: compose file: services.a.build (line 4, column 5): "),
+            "{err}"
+        );
+        assert!(!err.contains(" at line "), "{err}");
+        let err = parse(
+            "bad.yml",
+            "services:\n  a:\n    image: x\n    ports: [\"a:b:c:d\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("bad.yml: services.a.ports (line 4): ")
+                && err.ends_with("is not supported)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn compose_variables_come_from_the_environment_then_the_env_file_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(".env"),
+            "# settings\nTAG=1.2\nexport GREETING=\"hello there\"\nPORT=8080 # the web port\nUNUSED=x\n",
+        )
+        .unwrap();
+        let text =
+            "services:\n  a:\n    image: app:${TAG}\n    command: echo $GREETING $PORT $$HOME\n";
+        let variables = compose_variables(text, Some(dir.path()), |name| {
+            (name == "TAG").then(|| "from-shell".to_string())
+        })
+        .unwrap();
+        assert_eq!(
+            Value::Object(variables),
+            serde_json::json!({"TAG": "from-shell", "GREETING": "hello there", "PORT": "8080"}),
+            "the environment wins; only the variables the file uses are sent"
+        );
+        std::fs::write(dir.path().join(".env"), "no equals sign\n").unwrap();
+        let err = compose_variables(text, Some(dir.path()), |_| None).unwrap_err();
+        assert!(err.contains(".env: line 1"), "{err}");
     }
 
     #[test]

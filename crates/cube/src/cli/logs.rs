@@ -22,8 +22,9 @@ use super::{ClusterFlags, ManagerClient};
 ///
 /// -f follows new output until the task's run ends, then says how it ended (state, exit code,
 /// reason) on stderr. A stream that breaks (the worker stopped) says so and exits non-zero.
-/// A pod's output is one container's: name it with --container (a service of its compose
-/// file); a pod of one service needs none.
+/// A pod's output is its containers' lines as they come, each after its service's name and
+/// a `|` (as docker-compose logs shows them); --container NAME shows one container's alone,
+/// as written.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube logs web                 # everything web wrote so far\n  \
@@ -31,6 +32,7 @@ use super::{ClusterFlags, ManagerClient};
     cube logs --tail 20 3f2a      # the last 20 lines, by ID prefix\n  \
     cube logs --since 10m web.api[2]\n  \
     cube logs --no-stderr web 2>/dev/null | grep GET\n  \
+    cube logs shop                 # every container of the pod `shop`, prefixed\n  \
     cube logs --container b shop   # one container of the pod `shop`")]
 pub struct LogsArgs {
     /// The task: a full ID, a unique ID prefix, or a name.
@@ -70,6 +72,32 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
     }
     if args.no_stderr {
         query.push("stderr=false".to_string());
+    }
+    if args.container.is_none()
+        && let Some(pod) = &task.spec.pod
+        && pod.spec.services.len() > 1
+    {
+        let services: Vec<String> = pod
+            .service_names()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let mut streams = Vec::with_capacity(services.len());
+        for service in &services {
+            let mut query = query.clone();
+            query.push(format!("container={}", encode_query_value(service)));
+            let path = format!("/tasks/{}/logs?{}", task.id, query.join("&"));
+            let response = manager
+                .api
+                .open_stream::<()>(Method::GET, &path, None)
+                .await
+                .map_err(|err| manager.explain(err))?;
+            streams.push((service.clone(), LineStream::of(response)));
+        }
+        return match print_prefixed(streams).await? {
+            Ended::Error(message) => Err(anyhow!("{message}")),
+            _ => Ok(()),
+        };
     }
     if let Some(container) = &args.container {
         query.push(format!("container={}", encode_query_value(container)));
@@ -143,6 +171,98 @@ pub async fn print_output(mut lines: LineStream) -> anyhow::Result<Ended> {
             _ => return Ok(Ended::Error(output.text)),
         }
     }
+}
+
+/// Prints several containers' streams of output lines as they come, each line after its
+/// container's name padded to the longest and ` | `, as docker-compose logs does: stdout's to
+/// stdout, stderr's to stderr. Once every stream ended, says how the task ended (a followed
+/// log): the end that names a finished run if one does, else each different one once.
+pub async fn print_prefixed(streams: Vec<(String, LineStream)>) -> anyhow::Result<Ended> {
+    let width = streams
+        .iter()
+        .map(|(name, _)| name.chars().count())
+        .max()
+        .unwrap_or(0);
+    // One reader per stream, each sending its lines as they come; the channel closes once
+    // every reader has ended.
+    let (sender, mut lines) = tokio::sync::mpsc::channel(64);
+    for (name, mut stream) in streams {
+        let sender = sender.clone();
+        tokio::spawn(async move {
+            loop {
+                let line = stream.next_line().await;
+                let last = !matches!(line, Ok(Some(_)));
+                if sender.send((name.clone(), line)).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+    }
+    drop(sender);
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    let mut ends: Vec<(Option<cube_types::State>, String)> = Vec::new();
+    let mut broken = None;
+    while let Some((name, line)) = lines.recv().await {
+        let line = match line {
+            Ok(Some(line)) => line,
+            Ok(None) => continue,
+            Err(err) => {
+                broken.get_or_insert(format!("{name}: the stream broke: {err}"));
+                continue;
+            }
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let output: OutputLine = serde_json::from_str(&line)
+            .map_err(|err| anyhow!("cannot read a line of output ({err}): {line}"))?;
+        let prefix = format!("{name:<width$} | ");
+        match output.stream.as_str() {
+            "stdout" | "stderr" => {
+                let mut text = String::with_capacity(output.text.len() + prefix.len());
+                for piece in output.text.split_inclusive('\n') {
+                    text.push_str(&prefix);
+                    text.push_str(piece);
+                }
+                if output.stream == "stdout" {
+                    let mut out = stdout.lock();
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                } else {
+                    let mut err = stderr.lock();
+                    err.write_all(text.as_bytes())?;
+                    err.flush()?;
+                }
+            }
+            "end" => ends.push((output.state, output.text)),
+            _ => {
+                broken.get_or_insert(format!("{name}: {}", output.text));
+            }
+        }
+    }
+    if let Some(message) = broken {
+        return Ok(Ended::Error(message));
+    }
+    let finished: Vec<&String> = ends
+        .iter()
+        .filter(|(state, _)| state.is_some_and(|state| state.is_terminal()))
+        .map(|(_, text)| text)
+        .collect();
+    let mut said: Vec<&String> = if finished.is_empty() {
+        ends.iter().map(|(_, text)| text).collect()
+    } else {
+        finished
+    };
+    said.sort();
+    said.dedup();
+    for text in &said {
+        eprintln!("cube: {text}");
+    }
+    Ok(match said.last() {
+        Some(text) => Ended::Task(text.to_string()),
+        None => Ended::Done,
+    })
 }
 
 /// A query value with the characters a URL query cannot hold as they are percent-encoded.

@@ -45,6 +45,11 @@ pub async fn rm(args: RmArgs) -> anyhow::Result<()> {
 /// What is removed is what the manager's garbage collector would remove `--gc-after` after
 /// it ended: tasks that ended for good (not one that waits to restart, not a Lost one, not
 /// the ended copies of a batch job still running), then stopped jobs with no task left.
+///
+/// A pod's named volumes (`cube-<task ID>-<name>` on its worker) are kept: they hold data.
+/// Remove them with `docker volume rm` on the worker, or have the worker remove them when a
+/// pod stops (`stop: {remove_containers: true, remove_volumes: true}` in `cube worker
+/// --config`).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube prune\n  \

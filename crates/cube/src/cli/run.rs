@@ -28,6 +28,15 @@ use super::{ManagerClient, ManagerFlags, OutputFormat};
 /// unit ("512MiB"). The task is checked here first, so that a typo is named (with its line
 /// in the file) before anything is sent.
 ///
+/// A YAML file with `services` is a compose file, run as one pod: its services share one
+/// network (localhost, and each service's name) and are restarted together. Supported:
+/// image, command, entrypoint, environment, env_file, ports, expose, volumes, user,
+/// working_dir, extra_hosts, depends_on (service_started, service_healthy,
+/// service_completed_successfully), healthcheck, labels, restart, network_mode (host, none)
+/// and deploy.resources.limits; anything else is refused with its line. Values are
+/// interpolated as compose does (${VAR}, ${VAR:-default}, $$ for a $), from the environment,
+/// then the .env file beside the compose file.
+///
 /// Prints the task's full ID on stdout (with -o json: the task as the manager stored it), and
 /// on stderr its state and how to follow it. Submitting a file again with the same task ID
 /// does not start a second task; a changed file with the same ID is refused.
