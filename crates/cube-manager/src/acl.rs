@@ -17,10 +17,14 @@
 //! **Nodes** join with a `node` token: its first registration (`PUT /nodes/{name}`) claims the
 //! name for it (`acl_keys` `node/<name>` → the token's ID, written only if absent, so two
 //! tokens racing for one name cannot both win), and from then on it may report as that node
-//! only, and do nothing else. The answer to each of its heartbeats carries the cluster's
-//! **worker-command token** (`X-Cube-Worker-Token`), made once per cluster and kept in
-//! `acl_keys`: the manager sends it on every call to a worker, and a worker that joined with
-//! a token accepts no other.
+//! only, and do nothing else. The answer to each of its heartbeats carries **that node's
+//! worker-command token** (`X-Cube-Worker-Token`): the manager sends it on every call to that
+//! worker, and a worker that joined with a token accepts no other. It is per node, so that a
+//! node (or whoever holds its join token) can command no worker but its own: the token of node
+//! N is `cubeworker.` and the HMAC-SHA256 of N's name under the cluster's *worker-command
+//! key*, 256 random bits made once per cluster and kept in `acl_keys` (never sent anywhere).
+//! Every manager sharing the store derives the same token for N, before and after a restart,
+//! with nothing stored per node; a node learns only its own, and cannot derive another's.
 //!
 //! **Audit**: every request that is not a `GET` or `HEAD` (nor a heartbeat that was taken:
 //! `PUT /nodes/{name}` answered 2xx, a node every 2 s) is recorded once answered, with the
@@ -121,8 +125,10 @@ pub fn need(method: &Method, route: &str) -> Need {
         .map_or(Need::Role(Role::Management), |(_, _, need)| *need)
 }
 
-/// Keys of the `acl_keys` table.
-const WORKER_COMMAND_KEY: &str = "worker-command";
+/// Keys of the `acl_keys` table. (`worker-command`, the one token every worker took before
+/// it was made per node, is no longer read: every node was told it, so it must not be the
+/// key the per-node tokens are derived from.)
+const WORKER_COMMAND_KEY: &str = "worker-command-key";
 const BOOTSTRAP_KEY: &str = "bootstrap";
 fn node_claim_key(node: &str) -> String {
     format!("node/{node}")
@@ -133,15 +139,16 @@ fn node_claim_key(node: &str) -> String {
 pub struct AclStores {
     /// Every token's record, under its ID.
     pub tokens: Arc<dyn Store<TokenRecord>>,
-    /// `worker-command` → the worker-command token; `bootstrap` → the bootstrap token's ID;
+    /// `worker-command-key` → the key of the nodes' worker-command tokens (hex);
+    /// `bootstrap` → the bootstrap token's ID;
     /// `node/<name>` → the ID of the node token that joined as `<name>`.
     pub keys: Arc<dyn Store<String>>,
 }
 
-/// Authentication on: the token tables and the cluster's worker-command token.
+/// Authentication on: the token tables and the key of the nodes' worker-command tokens.
 pub struct Acl {
     stores: AclStores,
-    worker_token: String,
+    worker_key: ring::hmac::Key,
 }
 
 impl std::fmt::Debug for Acl {
@@ -157,8 +164,10 @@ pub enum AclError {
     Store(#[from] StoreError),
     #[error("cannot read random bytes from the operating system: {0}")]
     Random(String),
-    #[error("the worker-command token vanished from the store while it was being made")]
+    #[error("the worker-command key vanished from the store while it was being made")]
     WorkerTokenVanished,
+    #[error("the worker-command key in the store is not 64 hex digits")]
+    WorkerKeyMalformed,
 }
 
 /// `bytes` random bytes from the operating system's generator, in hex.
@@ -172,18 +181,29 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// The bytes of a text of hex digits, if it is one.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if text.len() % 2 != 0 {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
 fn hash_secret(secret: &str) -> String {
     hex(&Sha256::digest(secret.as_bytes()))
 }
 
 impl Acl {
-    /// Opens the ACL on `stores`, making the cluster's worker-command token the first time
+    /// Opens the ACL on `stores`, making the cluster's worker-command key the first time
     /// (once, even with several managers starting together on etcd).
     pub fn open(stores: AclStores) -> Result<Acl, AclError> {
-        let worker_token = match stores.keys.get(WORKER_COMMAND_KEY)? {
-            Some(token) => token,
+        let worker_key = match stores.keys.get(WORKER_COMMAND_KEY)? {
+            Some(key) => key,
             None => {
-                let made = format!("cubeworker.{}", random_hex(32)?);
+                let made = random_hex(32)?;
                 match stores
                     .keys
                     .put_if(WORKER_COMMAND_KEY, &made, Expected::Absent)?
@@ -197,15 +217,21 @@ impl Acl {
                 }
             }
         };
+        let worker_key = unhex(&worker_key)
+            .filter(|bytes| bytes.len() == 32)
+            .ok_or(AclError::WorkerKeyMalformed)?;
         Ok(Acl {
             stores,
-            worker_token,
+            worker_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &worker_key),
         })
     }
 
-    /// The token the manager sends on its calls to workers.
-    pub fn worker_token(&self) -> &str {
-        &self.worker_token
+    /// The token the manager sends on its calls to the worker of node `node`, and tells that
+    /// node only (in the answers to its heartbeats): the HMAC of the node's name under the
+    /// cluster's worker-command key.
+    pub fn worker_token(&self, node: &str) -> String {
+        let tag = ring::hmac::sign(&self.worker_key, format!("worker-command/{node}").as_bytes());
+        format!("cubeworker.{}", hex(tag.as_ref()))
     }
 
     /// The record of the token `text`, if it is a valid one now; or why not, in words.
@@ -419,7 +445,7 @@ impl From<AclError> for ApiError {
     fn from(err: AclError) -> ApiError {
         match err {
             AclError::Store(err) => store_error(err),
-            AclError::Random(_) | AclError::WorkerTokenVanished => {
+            AclError::Random(_) | AclError::WorkerTokenVanished | AclError::WorkerKeyMalformed => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
             }
         }
@@ -598,8 +624,9 @@ async fn checked(
         let mut response = next
             .run(axum::extract::Request::from_parts(parts, body))
             .await;
+        // The node's own worker-command token, and no other node's.
         if response.status().is_success()
-            && let Ok(value) = HeaderValue::from_str(acl.worker_token())
+            && let Ok(value) = HeaderValue::from_str(&acl.worker_token(&node))
         {
             response
                 .headers_mut()

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use cube_manager::acl::{Need, ROUTES};
 use cube_types::token::Role;
 use serde_json::{Value, json};
-use support::{Client, ManagerProcess, WorkerProcess, cube_cli_env, unique_node, web_task};
+use support::{
+    Client, ManagerProcess, WorkerProcess, containers_with_label, cube_cli_env,
+    running_containers_with_label, unique_node, web_task,
+};
 
 /// A manager with `--acl` (memory store unless `dbtype` says) and its management token.
 fn acl_manager(dbtype: &str) -> (ManagerProcess, tempfile::TempDir) {
@@ -283,6 +286,103 @@ async fn a_joined_node_runs_tasks_and_its_token_does_nothing_else() {
     }
     assert_eq!(admin.delete(&format!("/tasks/{id}")).await.status, 204);
     admin.await_state(&id, "Completed").await;
+}
+
+/// What a holder of node `name`'s join token learns: the worker-command token in the answer
+/// to a heartbeat sent with it (a report as the worker at `address` sends it).
+async fn worker_command_token(
+    manager: &ManagerProcess,
+    join_token: &str,
+    name: &str,
+    address: &str,
+) -> String {
+    let report = json!({
+        "Name": name,
+        "Address": address,
+        "Capacity": {"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"},
+    });
+    let answer = Client::with_token(&manager.url, join_token)
+        .http
+        .put(format!("{}/nodes/{name}", manager.url))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(report.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "a heartbeat as {name}");
+    answer
+        .headers()
+        .get("X-Cube-Worker-Token")
+        .expect("the answer to a node's heartbeat carries its worker-command token")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behind_the_managers_back_is_stopped()
+ {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let (a, b) = (unique_node("acl-a"), unique_node("acl-b"));
+    let join_a = secret(&token(&manager, &management, "node", "join-a").await);
+    let join_b = secret(&token(&manager, &management, "node", "join-b").await);
+    let worker_a = join(&manager, &a, &join_a);
+    let worker_b = join(&manager, &b, &join_b);
+    await_ready(&admin, &a).await;
+    await_ready(&admin, &b).await;
+
+    // What node a's join token gets from the manager commands worker a, and only worker a.
+    let a_token = worker_command_token(&manager, &join_a, &a, &worker_a.url).await;
+    let b_token = worker_command_token(&manager, &join_b, &b, &worker_b.url).await;
+    assert_ne!(a_token, b_token, "each node has a worker-command token of its own");
+    let as_a_on_a = Client::with_token(&worker_a.url, &a_token);
+    let as_a_on_b = Client::with_token(&worker_b.url, &a_token);
+    assert_eq!(as_a_on_a.get("/tasks").await.status, 200);
+    let refused = as_a_on_b.post(&web_task("from-node-a")).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert!(
+        refused.message().contains("manager"),
+        "the refusal says why: {}",
+        refused.body
+    );
+    assert_eq!(as_a_on_b.get("/tasks").await.status, 401);
+    assert!(
+        running_containers_with_label(&format!("cube.node={b}")).is_empty(),
+        "nothing started on worker b"
+    );
+
+    // A task sent straight to worker a with its own token, behind the manager's back: the
+    // manager sees a run it never placed, stops it and has it removed.
+    let sent = as_a_on_a.post(&web_task("behind-the-back")).await;
+    assert_eq!(sent.status, 201, "{}", sent.body);
+    let id = sent.body["ID"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + support::STATE_BOUND;
+    loop {
+        let on_worker = as_a_on_a.get(&format!("/tasks/{id}")).await;
+        let running = running_containers_with_label(&format!("cube.task-id={id}"));
+        if on_worker.status == 404 && running.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task sent behind the manager's back is still on worker a ({} {}), containers \
+             running: {running:?}",
+            on_worker.status,
+            on_worker.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "its container is removed"
+    );
+    assert_eq!(admin.get(&format!("/tasks/{id}")).await.status, 404);
+    assert!(
+        manager.stderr().contains("did not place"),
+        "the manager says what it stopped"
+    );
 }
 
 #[tokio::test]
