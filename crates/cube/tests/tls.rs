@@ -129,11 +129,16 @@ impl TlsCluster {
 
     /// A worker that joined with a node token.
     async fn join(&self, name: &str) -> WorkerProcess {
+        self.join_keeping_token(name).await.0
+    }
+
+    /// A worker that joined with a node token, and the token.
+    async fn join_keeping_token(&self, name: &str) -> (WorkerProcess, String) {
         support::ensure_sample_image();
         let token = self.node_token(&format!("{name}-join")).await;
         let address = self.manager.address();
         let address = address.trim_start_matches("https://");
-        WorkerProcess::start_with(
+        let worker = WorkerProcess::start_with(
             name,
             "memory",
             &self.manager.data_dir.join(name),
@@ -145,7 +150,8 @@ impl TlsCluster {
                 "--heartbeat-interval",
                 "300ms",
             ],
-        )
+        );
+        (worker, token)
     }
 
     /// Waits until node `name` is `Ready`.
@@ -274,6 +280,75 @@ async fn a_worker_joined_with_tls_runs_a_task_and_takes_commands_only_over_the_m
         answer.message()
     );
     drop(worker);
+}
+
+#[tokio::test]
+async fn a_nodes_certificate_and_command_token_command_no_worker_not_even_its_own() {
+    let cluster = TlsCluster::start(&[]).await;
+    let (a, b) = (unique_node("tls-a"), unique_node("tls-b"));
+    let (worker_a, join_a) = cluster.join_keeping_token(&a).await;
+    let worker_b = cluster.join(&b).await;
+    cluster.await_ready(&a).await;
+    cluster.await_ready(&b).await;
+
+    // All that node a holds: its certificate (the CA signs the same as it did at join) and
+    // the worker-command token the manager answers its heartbeats with.
+    let ca = authority(&cluster.manager);
+    let a_certificate = identity(&ca, PeerRole::Node, &a);
+    let report = json!({
+        "Name": a,
+        "Address": worker_a.url,
+        "Capacity": {"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"},
+    });
+    let heartbeat = tls_client(
+        &cluster.manager.url,
+        &cluster.fingerprint,
+        PeerRole::Manager,
+        Some(a_certificate.clone()),
+        Some(&join_a),
+    )
+    .http
+    .put(format!("{}/nodes/{a}", cluster.manager.url))
+    .header(reqwest::header::CONTENT_TYPE, "application/json")
+    .body(report.to_string())
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(heartbeat.status(), 200, "a heartbeat as {a}");
+    let a_token = heartbeat
+        .headers()
+        .get("X-Cube-Worker-Token")
+        .expect("the worker-command token")
+        .to_str()
+        .unwrap()
+        .to_string();
+
+    // With both, worker b refuses a command (the certificate is a node's, not the manager's),
+    // and so does worker a: commands come only over the manager's certificate.
+    let body = web_task("from-node-a").to_string();
+    for worker in [&worker_b, &worker_a] {
+        let as_a = tls_client(
+            &worker.url,
+            &cluster.fingerprint,
+            PeerRole::Node,
+            Some(a_certificate.clone()),
+            Some(&a_token),
+        );
+        let answer = as_a.request_answer("POST", "/tasks", Some(&body)).await;
+        assert_eq!(answer.status, 403, "{}: {}", worker.url, answer.body);
+        assert!(
+            answer.message().contains("manager's certificate"),
+            "{}",
+            answer.message()
+        );
+        assert_eq!(as_a.request("GET", "/tasks", None).await, 403);
+    }
+    for node in [&a, &b] {
+        assert!(
+            support::running_containers_with_label(&format!("cube.node={node}")).is_empty(),
+            "nothing started on {node}"
+        );
+    }
 }
 
 #[tokio::test]
