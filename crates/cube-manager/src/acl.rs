@@ -35,6 +35,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{MatchedPath, Path, State};
@@ -379,22 +380,38 @@ impl Acl {
         Ok(true)
     }
 
-    /// A node token reporting as `node`: allowed when it joined as `node`, or when it has not
-    /// joined yet and nobody else has that name (then the name is its own). An error answer
-    /// otherwise.
-    async fn claim_node(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
+    /// Whether a node token may act as `node`, before its request is read: yes when it joined
+    /// as `node`, or when it has not joined yet and no other token has that name (the claim is
+    /// then made by [`NodeClaim::make`] once the request proved valid). An error answer
+    /// otherwise. Nothing is written.
+    fn may_act_as(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
         match &token.node {
-            Some(joined) if joined == node => return Ok(()),
-            Some(joined) => {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "token {:?} joined as node {joined:?}; it cannot report as {node:?}",
-                        token.name
-                    ),
-                ));
-            }
-            None => {}
+            Some(joined) if joined == node => Ok(()),
+            Some(joined) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "token {:?} joined as node {joined:?}; it cannot report as {node:?}",
+                    token.name
+                ),
+            )),
+            None => match self
+                .stores
+                .keys
+                .get(&node_claim_key(node))
+                .map_err(store_error)?
+            {
+                Some(holder) if holder != token.id => Err(name_taken(node)),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// A node token that has not joined yet takes the name `node` (written only if absent, so
+    /// that two tokens racing for one name cannot both win). An error answer when another
+    /// token has it.
+    async fn claim_node(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
+        if token.node.is_some() {
+            return self.may_act_as(token, node);
         }
         let key = node_claim_key(node);
         let claimed = self
@@ -409,14 +426,7 @@ impl Acl {
             && self.stores.keys.get(&key).map_err(store_error)?.as_deref()
                 != Some(token.id.as_str())
         {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                format!(
-                    "node name {node:?} is taken: another node joined with it (a node name \
-                     belongs to the join token that registered it first; revoke that token to \
-                     free it)"
-                ),
-            ));
+            return Err(name_taken(node));
         }
         let mut joined = token.clone();
         joined.node = Some(node.to_string());
@@ -428,6 +438,52 @@ impl Acl {
             .await
             .map_err(store_error)?;
         Ok(())
+    }
+}
+
+fn name_taken(node: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        format!(
+            "node name {node:?} is taken: another node joined with it (a node name belongs to \
+             the join token that registered it first; revoke that token to free it)"
+        ),
+    )
+}
+
+/// The claim of a node name by a node token that has not joined yet, put in the request by
+/// [`guard`] for the route's handler to make once it has found the request valid (a report,
+/// a signing request): a malformed request binds no name to the token.
+#[derive(Clone)]
+pub struct NodeClaim {
+    acl: Arc<Acl>,
+    token: TokenRecord,
+    node: String,
+    made: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for NodeClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeClaim({:?} by token {})", self.node, self.token.id)
+    }
+}
+
+impl NodeClaim {
+    /// Binds the node name to the token; a 409 when another token took it meanwhile.
+    pub async fn make(&self) -> Result<(), ApiError> {
+        self.acl.claim_node(&self.token, &self.node).await?;
+        self.made.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Makes the claim a node route's request carries, if any (its token had not joined yet).
+pub async fn make_claim(
+    claim: Option<&axum::Extension<NodeClaim>>,
+) -> Result<(), ApiError> {
+    match claim {
+        Some(axum::Extension(claim)) => claim.make().await,
+        None => Ok(()),
     }
 }
 
@@ -525,7 +581,7 @@ pub async fn guard(
         ),
         Some(acl) => {
             let tls = manager.config.tls.is_some();
-            checked(acl, tls, &method, &route, request, next).await
+            checked(acl.clone(), tls, &method, &route, request, next).await
         }
     };
     // A heartbeat that was taken is no news (one a node every 2 s would drown the rest); a
@@ -551,7 +607,7 @@ pub async fn guard(
 }
 
 async fn checked(
-    acl: &Acl,
+    acl: Arc<Acl>,
     tls: bool,
     method: &Method,
     route: &str,
@@ -618,12 +674,36 @@ async fn checked(
                 return refused(&record.name, Some(record.role), error);
             }
         }
-        if let Err(error) = acl.claim_node(&record, &node).await {
+        if let Err(error) = acl.may_act_as(&record, &node) {
             return refused(&record.name, Some(record.role), error);
+        }
+        // A token that has not joined yet claims the name only once the handler found its
+        // request valid (`NodeClaim::make`), so that a malformed one binds nothing.
+        let made = Arc::new(AtomicBool::new(record.node.is_some()));
+        if record.node.is_none() {
+            parts.extensions.insert(NodeClaim {
+                acl: acl.clone(),
+                token: record.clone(),
+                node: node.clone(),
+                made: made.clone(),
+            });
         }
         let mut response = next
             .run(axum::extract::Request::from_parts(parts, body))
             .await;
+        if response.status().is_success() && !made.load(Ordering::SeqCst) {
+            // A node route whose handler does not make the claim: refuse rather than let a
+            // token act as a node it never claimed.
+            tracing::error!(%route, node, "a node route answered without claiming the node's name");
+            return refused(
+                &record.name,
+                Some(record.role),
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{method} {route} did not claim node {node:?} for its token"),
+                ),
+            );
+        }
         // The node's own worker-command token, and no other node's.
         if response.status().is_success()
             && let Ok(value) = HeaderValue::from_str(&acl.worker_token(&node))

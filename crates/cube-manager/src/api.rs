@@ -841,6 +841,7 @@ async fn get_node(
 async fn report_node(
     State(manager): State<Arc<Manager>>,
     JsonPath(name): JsonPath<String>,
+    claim: Option<axum::Extension<crate::acl::NodeClaim>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let body = body?;
@@ -852,6 +853,11 @@ async fn report_node(
             "Name: the report is for {:?} but was sent to /nodes/{name}",
             report.name
         )));
+    }
+    if claim.is_some() {
+        // A node token's first report: its name is claimed only once the report is valid.
+        manager.check_report(&report)?;
+        crate::acl::make_claim(claim.as_ref()).await?;
     }
     let node = manager.report_node(report, NodeSource::Registered).await?;
     let floor_ms = manager.heartbeat_floor().as_millis().to_string();

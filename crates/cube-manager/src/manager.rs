@@ -661,6 +661,23 @@ impl Manager {
     /// A worker's registration or heartbeat (or a static worker's answer to the manager's
     /// poll). A new node, or one whose address changed, is followed from now on; a node that
     /// can take more work than before gets the tasks waiting for room.
+    /// Whether [`Manager::report_node`] would take `report` as it is (its fields, and an
+    /// address the manager can call), without taking it: checked before a node token claims
+    /// its name.
+    pub fn check_report(&self, report: &NodeReport) -> Result<(), ManagerError> {
+        let findings = report.validate();
+        if !findings.is_empty() {
+            return Err(ManagerError::BadRequest(format!(
+                "invalid node report: {}",
+                findings.join("; ")
+            )));
+        }
+        self.config
+            .worker_client(Some(&report.name), &report.address)
+            .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
+        Ok(())
+    }
+
     pub async fn report_node(
         self: &Arc<Self>,
         report: NodeReport,

@@ -386,6 +386,57 @@ async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behin
 }
 
 #[tokio::test]
+async fn a_malformed_report_binds_no_node_name_to_a_fresh_node_token() {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let first = secret(&token(&manager, &management, "node", "fresh-a").await);
+    let second = secret(&token(&manager, &management, "node", "fresh-b").await);
+    let name = unique_node("claim");
+    let capacity = json!({"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"});
+    let as_first = Client::with_token(&manager.url, &first);
+    for bad in [
+        json!({}),
+        json!({"Name": name, "Address": "", "Capacity": capacity}),
+        json!({"Name": name, "Address": "http://127.0.0.1:1", "Capacity": {"Cpu": 0}}),
+        json!({"Name": "someone-else", "Address": "http://127.0.0.1:1", "Capacity": capacity}),
+    ] {
+        let answer = as_first
+            .request_answer("PUT", &format!("/nodes/{name}"), Some(&bad.to_string()))
+            .await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+    }
+    let tokens = admin.get("/acl/tokens").await.body;
+    let fresh = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|token| token["Name"] == "fresh-a")
+        .unwrap();
+    assert!(fresh.get("Node").is_none(), "no name bound: {fresh}");
+
+    // The name is still free: another token takes it with a valid report, and the first
+    // token may still join under a name of its own.
+    let valid = |node: &str| {
+        json!({"Name": node, "Address": "http://127.0.0.1:1", "Capacity": capacity}).to_string()
+    };
+    let taken = Client::with_token(&manager.url, &second)
+        .request_answer("PUT", &format!("/nodes/{name}"), Some(&valid(&name)))
+        .await;
+    assert_eq!(taken.status, 200, "{}", taken.body);
+    let other = unique_node("claim-other");
+    let joined = as_first
+        .request_answer("PUT", &format!("/nodes/{other}"), Some(&valid(&other)))
+        .await;
+    assert_eq!(joined.status, 200, "{}", joined.body);
+    // And a claimed name stays its token's: the first token is refused it, as before.
+    let refused = as_first
+        .request_answer("PUT", &format!("/nodes/{name}"), Some(&valid(&name)))
+        .await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+}
+
+#[tokio::test]
 async fn the_audit_log_records_a_mutating_request_with_its_tokens_name() {
     let (manager, dir) = acl_manager("persistent");
     let management = bootstrap(&manager).await;
