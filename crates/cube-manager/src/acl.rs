@@ -451,6 +451,48 @@ fn name_taken(node: &str) -> ApiError {
     )
 }
 
+/// Who a request's token is, put in the request by [`guard`] (with ACL on) for the handlers
+/// that record who asked (the waiting list's `Owner`).
+#[derive(Debug, Clone)]
+pub struct Submitter {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Submitter {
+    /// `owner` as the request gave it, settled for this token: left empty, the token's name
+    /// (`cube_types::token::owner_of_token`); another owner than that may be given only by an
+    /// `operator` or `management` token (on someone's behalf), so that a `submit` token cannot
+    /// pass as another owner (and around `--max-claimed-per-owner`).
+    pub fn settle_owner(&self, owner: &mut String) -> Result<(), ApiError> {
+        let own = cube_types::token::owner_of_token(&self.name);
+        if owner.is_empty() {
+            *owner = own;
+        } else if *owner != own && !self.role.allows(Role::Operator) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Owner: token {:?} (role {}) submits as owner {own:?} only, not {owner:?} \
+                     (leave Owner out; an operator or management token may name another)",
+                    self.name, self.role
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// [`Submitter::settle_owner`] when ACL is on (the request has a [`Submitter`]).
+pub fn settle_owner(
+    submitter: Option<&axum::Extension<Submitter>>,
+    owner: &mut String,
+) -> Result<(), ApiError> {
+    match submitter {
+        Some(axum::Extension(submitter)) => submitter.settle_owner(owner),
+        None => Ok(()),
+    }
+}
+
 /// The claim of a node name by a node token that has not joined yet, put in the request by
 /// [`guard`] for the route's handler to make once it has found the request valid (a report,
 /// a signing request): a malformed request binds no name to the token.
@@ -650,6 +692,11 @@ async fn checked(
         name: record.name.clone(),
         role: Some(record.role),
     };
+    let mut request = request;
+    request.extensions_mut().insert(Submitter {
+        name: record.name.clone(),
+        role: record.role,
+    });
     if record.role == Role::Node {
         // The routes a node token may use: `PUT /nodes/{name}` and `POST
         // /nodes/{name}/certificate`, as its own node.

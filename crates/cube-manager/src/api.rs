@@ -556,11 +556,17 @@ async fn list_tasks(
 
 async fn submit_task(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Task>), ApiError> {
     let body = body?;
-    let submission = Submission::parse(&body, Utc::now())
+    let mut submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
+    // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
+    crate::acl::settle_owner(
+        submitter.as_ref(),
+        &mut submission.event.task.spec.owner,
+    )?;
     match manager.submit(submission.event).await? {
         Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
         Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),
@@ -574,9 +580,11 @@ fn job_from(body: &[u8]) -> Result<Job, ApiError> {
 
 async fn submit_job(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let job = job_from(&body?)?;
+    let mut job = job_from(&body?)?;
+    crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     let (outcome, mut view) = manager.submit_job(job).await?;
     view.outcome = Some(outcome.word().to_string());
     let status = match outcome {
@@ -588,9 +596,12 @@ async fn submit_job(
 
 async fn plan_job(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PlanView>, ApiError> {
-    let job = job_from(&body?)?;
+    let mut job = job_from(&body?)?;
+    // As `POST /jobs` would store it, so that the plan shows no change of owner.
+    crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     Ok(Json(manager.plan_job(job)?))
 }
 

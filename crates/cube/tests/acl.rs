@@ -437,6 +437,63 @@ async fn a_malformed_report_binds_no_node_name_to_a_fresh_node_token() {
 }
 
 #[tokio::test]
+async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let name = unique_node("acl-owner");
+    let join_token = secret(&token(&manager, &management, "node", "join-owner").await);
+    let _worker = join(&manager, &name, &join_token);
+    await_ready(&admin, &name).await;
+    let ci = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "submit", "ci").await),
+    );
+    let night = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "submit", "night build").await),
+    );
+    let operator = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "operator", "ops").await),
+    );
+
+    // A task and a job without Owner: the token's name (made fit for Owner).
+    let id = ci.submit(&web_task("owned-task")).await;
+    let entry = ci.get(&format!("/queue/task/{id}")).await;
+    assert_eq!(entry.status, 200, "{}", entry.body);
+    assert_eq!(entry.body["Owner"], "ci", "{}", entry.body);
+    let job = json!({"Name": "owned-job", "Type": "batch",
+                     "Groups": [{"Name": "g", "Count": 1,
+                                 "Task": {"Image": support::SAMPLE_IMAGE, "Cmd": ["true"]}}]});
+    let submitted = night.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    let entry = night.get("/queue/job/owned-job").await;
+    assert_eq!(entry.status, 200, "{}", entry.body);
+    assert_eq!(entry.body["Owner"], "night-build", "{}", entry.body);
+    // The same job again from the same token changes nothing (the owner is not a change).
+    let again = night.post_raw("/jobs/plan", job.to_string()).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert!(
+        !again.body.to_string().contains("Owner"),
+        "the plan shows no change of owner: {}",
+        again.body
+    );
+
+    // A submit token cannot pass as another owner; an operator may submit on one's behalf.
+    let mut as_bob = web_task("as-bob");
+    as_bob["Owner"] = json!("bob");
+    let refused = ci.post(&as_bob).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(refused.message().contains("Owner"), "{}", refused.body);
+    let id = operator.submit(&as_bob).await;
+    assert_eq!(
+        operator.get(&format!("/queue/task/{id}")).await.body["Owner"],
+        "bob"
+    );
+}
+
+#[tokio::test]
 async fn the_audit_log_records_a_mutating_request_with_its_tokens_name() {
     let (manager, dir) = acl_manager("persistent");
     let management = bootstrap(&manager).await;
