@@ -231,7 +231,10 @@ impl Acl {
     /// node only (in the answers to its heartbeats): the HMAC of the node's name under the
     /// cluster's worker-command key.
     pub fn worker_token(&self, node: &str) -> String {
-        let tag = ring::hmac::sign(&self.worker_key, format!("worker-command/{node}").as_bytes());
+        let tag = ring::hmac::sign(
+            &self.worker_key,
+            format!("worker-command/{node}").as_bytes(),
+        );
         format!("cubeworker.{}", hex(tag.as_ref()))
     }
 
@@ -520,9 +523,7 @@ impl NodeClaim {
 }
 
 /// Makes the claim a node route's request carries, if any (its token had not joined yet).
-pub async fn make_claim(
-    claim: Option<&axum::Extension<NodeClaim>>,
-) -> Result<(), ApiError> {
+pub async fn make_claim(claim: Option<&axum::Extension<NodeClaim>>) -> Result<(), ApiError> {
     match claim {
         Some(axum::Extension(claim)) => claim.make().await,
         None => Ok(()),

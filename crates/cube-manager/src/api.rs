@@ -563,10 +563,7 @@ async fn submit_task(
     let mut submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
     // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
-    crate::acl::settle_owner(
-        submitter.as_ref(),
-        &mut submission.event.task.spec.owner,
-    )?;
+    crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
     match manager.submit(submission.event).await? {
         Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
         Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),

@@ -271,7 +271,10 @@ mod tests {
         assert_eq!(owner_of_token("alice@example.org"), "alice@example.org");
         assert_eq!(owner_of_token("night build"), "night-build");
         let long = owner_of_token(&"x".repeat(MAX_TOKEN_NAME));
-        assert!(crate::task::owner_findings("Owner", &long).is_empty(), "{long}");
+        assert!(
+            crate::task::owner_findings("Owner", &long).is_empty(),
+            "{long}"
+        );
         assert!(crate::task::owner_findings("Owner", &owner_of_token("é ü/")).is_empty());
     }
 }

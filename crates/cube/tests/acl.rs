@@ -336,7 +336,10 @@ async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behin
     // What node a's join token gets from the manager commands worker a, and only worker a.
     let a_token = worker_command_token(&manager, &join_a, &a, &worker_a.url).await;
     let b_token = worker_command_token(&manager, &join_b, &b, &worker_b.url).await;
-    assert_ne!(a_token, b_token, "each node has a worker-command token of its own");
+    assert_ne!(
+        a_token, b_token,
+        "each node has a worker-command token of its own"
+    );
     let as_a_on_a = Client::with_token(&worker_a.url, &a_token);
     let as_a_on_b = Client::with_token(&worker_b.url, &a_token);
     assert_eq!(as_a_on_a.get("/tasks").await.status, 200);

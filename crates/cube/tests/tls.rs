@@ -481,6 +481,95 @@ async fn certificates_are_renewed_before_expiry_with_no_interruption() {
 }
 
 #[tokio::test]
+async fn a_restarted_worker_serves_with_its_kept_certificate_and_does_not_join_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = TlsCluster::start(&[]).await;
+    let name = unique_node("tls-kept");
+    let (worker, token) = cluster.join_keeping_token(&name).await;
+    cluster.await_ready(&name).await;
+    let ca = authority(&cluster.manager);
+    let as_manager = |url: &str| {
+        tls_client(
+            url,
+            &cluster.fingerprint,
+            PeerRole::Node,
+            Some(identity(&ca, PeerRole::Manager, MANAGER_NAME)),
+            None,
+        )
+    };
+    let serial = served_serial(&as_manager(&worker.url)).await;
+    let issued = |manager: &ManagerProcess| {
+        manager
+            .stderr()
+            .matches("certificate issued to a node")
+            .count()
+    };
+    assert_eq!(issued(&cluster.manager), 1);
+
+    // The certificate, its key and the CA are in the worker's data directory, the key
+    // readable by its owner only.
+    let tls_dir = worker.data_dir.join("tls");
+    let key = tls_dir.join(format!("node-{name}-key.pem"));
+    let mode = std::fs::metadata(&key)
+        .unwrap_or_else(|err| panic!("{}: {err}", key.display()))
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+    for file in [format!("node-{name}.pem"), format!("node-{name}-ca.pem")] {
+        let mode = std::fs::metadata(tls_dir.join(&file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{file} is for its owner only");
+    }
+
+    // Restarted, the worker serves with the same certificate and asks for none.
+    let data_dir = worker.data_dir.clone();
+    worker.terminate(Duration::from_secs(10));
+    let address = cluster.manager.address();
+    let again = WorkerProcess::start_with(
+        &name,
+        "memory",
+        &data_dir,
+        &[
+            "--join",
+            address.trim_start_matches("https://"),
+            "--token",
+            &token,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    assert!(
+        again.stderr().contains("kept from the last start"),
+        "{}",
+        again.stderr()
+    );
+    assert_eq!(served_serial(&as_manager(&again.url)).await, serial);
+    let node = cluster.client().get(&format!("/nodes/{name}")).await;
+    assert_eq!(node.status, 200, "{}", node.body);
+    // The manager follows it at its new address and runs a task there.
+    let manager = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let node = manager.get(&format!("/nodes/{name}")).await.body;
+        if node["Address"] == again.url.as_str() && node["Status"] == "Ready" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not followed again: {node}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let id = manager.submit(&web_task("tls-kept-web")).await;
+    let task = manager.await_state(&id, "Running").await;
+    assert_eq!(task["NodeName"], name.as_str());
+    assert_eq!(
+        issued(&cluster.manager),
+        1,
+        "no second certificate was asked for"
+    );
+}
+
+#[tokio::test]
 async fn the_cli_reaches_a_tls_manager_with_the_ca_fingerprint_and_says_what_is_missing_without() {
     let cluster = TlsCluster::start(&[]).await;
     let url = cluster.manager.url.clone();
