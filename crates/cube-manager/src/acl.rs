@@ -967,6 +967,53 @@ mod tests {
         assert!(!same_secret("abc", "abcd"));
     }
 
+    #[test]
+    fn each_node_has_its_own_worker_command_token_the_same_on_every_manager_of_the_store() {
+        let stores = AclStores {
+            tokens: Arc::new(cube_store::MemoryStore::new()),
+            keys: Arc::new(cube_store::MemoryStore::new()),
+        };
+        let acl = Acl::open(stores.clone()).unwrap();
+        let a = acl.worker_token("a");
+        assert!(a.starts_with("cubeworker."), "{a}");
+        assert_ne!(a, acl.worker_token("b"));
+        assert_ne!(a, acl.worker_token("a "));
+        // Another manager on the same store (or this one restarted) derives the same.
+        let again = Acl::open(stores.clone()).unwrap();
+        assert_eq!(again.worker_token("a"), a);
+        // The key the tokens are derived from is never one of them.
+        let key = stores.keys.get(WORKER_COMMAND_KEY).unwrap().unwrap();
+        assert!(!a.contains(&key));
+        // Another cluster (another key): other tokens.
+        let other = Acl::open(AclStores {
+            tokens: Arc::new(cube_store::MemoryStore::new()),
+            keys: Arc::new(cube_store::MemoryStore::new()),
+        })
+        .unwrap();
+        assert_ne!(other.worker_token("a"), a);
+    }
+
+    #[test]
+    fn a_tokens_owner_is_its_name_and_only_an_operator_names_another() {
+        let submit = Submitter {
+            name: "night build".into(),
+            role: Role::Submit,
+        };
+        let mut owner = String::new();
+        submit.settle_owner(&mut owner).unwrap();
+        assert_eq!(owner, "night-build");
+        submit.settle_owner(&mut owner).unwrap();
+        let mut other = "bob".to_string();
+        let refused = submit.settle_owner(&mut other).unwrap_err();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        let operator = Submitter {
+            name: "ops".into(),
+            role: Role::Operator,
+        };
+        operator.settle_owner(&mut other).unwrap();
+        assert_eq!(other, "bob");
+    }
+
     #[tokio::test]
     async fn a_token_is_refused_once_revoked_or_expired() {
         let acl = Acl::open(AclStores {
