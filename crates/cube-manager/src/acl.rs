@@ -184,7 +184,7 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The bytes of a text of hex digits, if it is one.
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
