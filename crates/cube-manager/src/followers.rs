@@ -243,6 +243,9 @@ impl Manager {
                         }
                     }
                     for (stray, run) in strays {
+                        if self.stored_though_not_cached(stray).await {
+                            continue;
+                        }
                         // Another run replaced this one while the node was away, or the
                         // manager never placed it: stop it, so that the task does not run
                         // twice, nor at all unseen. Once it has ended, the worker's report
@@ -330,6 +333,32 @@ impl Manager {
                 }
                 Err(_) => {}
             }
+        }
+    }
+}
+
+impl Manager {
+    /// Whether a stray that the cache does not know is in the store all the same, or the
+    /// store cannot say: then it is not stopped. A manager that lost the lead without knowing
+    /// it yet (it was frozen) has a cache behind the new leader's, and must not stop what the
+    /// new leader placed; the store is read only for such tasks, which are rare.
+    async fn stored_though_not_cached(&self, id: Uuid) -> bool {
+        if lock(&self.state).cache.get(&id).is_some() {
+            return false;
+        }
+        let tasks = self.stores.tasks.clone();
+        let stored = tokio::task::spawn_blocking(move || tasks.get(&id.to_string())).await;
+        match stored {
+            Ok(Ok(None)) => false,
+            Ok(Ok(Some(_))) => {
+                tracing::debug!(task = %id, "a task the cache does not know is in the store: not stopped");
+                true
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(task = %id, error = %err, "cannot read whether a task the manager did not place is stored; not stopping it now");
+                true
+            }
+            Err(_) => true,
         }
     }
 }
