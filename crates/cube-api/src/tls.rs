@@ -167,6 +167,36 @@ pub fn serial_and_validity(der: &[u8]) -> Option<(String, SystemTime, SystemTime
     ))
 }
 
+/// The host names and IP addresses a certificate (DER) is valid for (its subject alternative
+/// names), IP addresses written as `std::net::IpAddr` writes them.
+pub fn subject_hosts(der: &[u8]) -> Option<Vec<String>> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let Some(names) = cert.subject_alternative_name().ok()? else {
+        return Some(Vec::new());
+    };
+    Some(
+        names
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::DNSName(host) => Some((*host).to_string()),
+                GeneralName::IPAddress(bytes) => match bytes.len() {
+                    4 => <[u8; 4]>::try_from(*bytes)
+                        .ok()
+                        .map(|ip| std::net::IpAddr::from(ip).to_string()),
+                    16 => <[u8; 16]>::try_from(*bytes)
+                        .ok()
+                        .map(|ip| std::net::IpAddr::from(ip).to_string()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 /// Every certificate of a PEM text, in order.
 pub fn certificates_from_pem(
     pem: &str,
@@ -940,6 +970,27 @@ mod tests {
             })
         );
         assert_eq!(fingerprint(&certs[1]), authority.fingerprint());
+    }
+
+    #[test]
+    fn a_certificates_hosts_are_read_back_as_they_were_asked() {
+        let authority = Authority::generate().unwrap();
+        let hosts = ["127.0.0.1", "::1", "node.example"].map(str::to_string);
+        let (_, request) = node_request("w1", &hosts).unwrap();
+        let chain = authority
+            .sign_node_request("w1", &request, Duration::from_secs(60))
+            .unwrap();
+        let certs = certificates_from_pem(&chain, "chain").unwrap();
+        let mut read = subject_hosts(&certs[0]).unwrap();
+        read.sort();
+        let mut expected = hosts.to_vec();
+        expected.sort();
+        assert_eq!(read, expected);
+        assert_eq!(
+            subject_hosts(&certs[1]),
+            Some(Vec::new()),
+            "the CA has none"
+        );
     }
 
     #[test]

@@ -17,10 +17,14 @@
 //! **Nodes** join with a `node` token: its first registration (`PUT /nodes/{name}`) claims the
 //! name for it (`acl_keys` `node/<name>` → the token's ID, written only if absent, so two
 //! tokens racing for one name cannot both win), and from then on it may report as that node
-//! only, and do nothing else. The answer to each of its heartbeats carries the cluster's
-//! **worker-command token** (`X-Cube-Worker-Token`), made once per cluster and kept in
-//! `acl_keys`: the manager sends it on every call to a worker, and a worker that joined with
-//! a token accepts no other.
+//! only, and do nothing else. The answer to each of its heartbeats carries **that node's
+//! worker-command token** (`X-Cube-Worker-Token`): the manager sends it on every call to that
+//! worker, and a worker that joined with a token accepts no other. It is per node, so that a
+//! node (or whoever holds its join token) can command no worker but its own: the token of node
+//! N is `cubeworker.` and the HMAC-SHA256 of N's name under the cluster's *worker-command
+//! key*, 256 random bits made once per cluster and kept in `acl_keys` (never sent anywhere).
+//! Every manager sharing the store derives the same token for N, before and after a restart,
+//! with nothing stored per node; a node learns only its own, and cannot derive another's.
 //!
 //! **Audit**: every request that is not a `GET` or `HEAD` (nor a heartbeat that was taken:
 //! `PUT /nodes/{name}` answered 2xx, a node every 2 s) is recorded once answered, with the
@@ -31,6 +35,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{MatchedPath, Path, State};
@@ -121,8 +126,10 @@ pub fn need(method: &Method, route: &str) -> Need {
         .map_or(Need::Role(Role::Management), |(_, _, need)| *need)
 }
 
-/// Keys of the `acl_keys` table.
-const WORKER_COMMAND_KEY: &str = "worker-command";
+/// Keys of the `acl_keys` table. (`worker-command`, the one token every worker took before
+/// it was made per node, is no longer read: every node was told it, so it must not be the
+/// key the per-node tokens are derived from.)
+const WORKER_COMMAND_KEY: &str = "worker-command-key";
 const BOOTSTRAP_KEY: &str = "bootstrap";
 fn node_claim_key(node: &str) -> String {
     format!("node/{node}")
@@ -133,15 +140,16 @@ fn node_claim_key(node: &str) -> String {
 pub struct AclStores {
     /// Every token's record, under its ID.
     pub tokens: Arc<dyn Store<TokenRecord>>,
-    /// `worker-command` → the worker-command token; `bootstrap` → the bootstrap token's ID;
+    /// `worker-command-key` → the key of the nodes' worker-command tokens (hex);
+    /// `bootstrap` → the bootstrap token's ID;
     /// `node/<name>` → the ID of the node token that joined as `<name>`.
     pub keys: Arc<dyn Store<String>>,
 }
 
-/// Authentication on: the token tables and the cluster's worker-command token.
+/// Authentication on: the token tables and the key of the nodes' worker-command tokens.
 pub struct Acl {
     stores: AclStores,
-    worker_token: String,
+    worker_key: ring::hmac::Key,
 }
 
 impl std::fmt::Debug for Acl {
@@ -157,8 +165,10 @@ pub enum AclError {
     Store(#[from] StoreError),
     #[error("cannot read random bytes from the operating system: {0}")]
     Random(String),
-    #[error("the worker-command token vanished from the store while it was being made")]
+    #[error("the worker-command key vanished from the store while it was being made")]
     WorkerTokenVanished,
+    #[error("the worker-command key in the store is not 64 hex digits")]
+    WorkerKeyMalformed,
 }
 
 /// `bytes` random bytes from the operating system's generator, in hex.
@@ -172,18 +182,29 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
+/// The bytes of a text of hex digits, if it is one.
+fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
 fn hash_secret(secret: &str) -> String {
     hex(&Sha256::digest(secret.as_bytes()))
 }
 
 impl Acl {
-    /// Opens the ACL on `stores`, making the cluster's worker-command token the first time
+    /// Opens the ACL on `stores`, making the cluster's worker-command key the first time
     /// (once, even with several managers starting together on etcd).
     pub fn open(stores: AclStores) -> Result<Acl, AclError> {
-        let worker_token = match stores.keys.get(WORKER_COMMAND_KEY)? {
-            Some(token) => token,
+        let worker_key = match stores.keys.get(WORKER_COMMAND_KEY)? {
+            Some(key) => key,
             None => {
-                let made = format!("cubeworker.{}", random_hex(32)?);
+                let made = random_hex(32)?;
                 match stores
                     .keys
                     .put_if(WORKER_COMMAND_KEY, &made, Expected::Absent)?
@@ -197,15 +218,24 @@ impl Acl {
                 }
             }
         };
+        let worker_key = unhex(&worker_key)
+            .filter(|bytes| bytes.len() == 32)
+            .ok_or(AclError::WorkerKeyMalformed)?;
         Ok(Acl {
             stores,
-            worker_token,
+            worker_key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &worker_key),
         })
     }
 
-    /// The token the manager sends on its calls to workers.
-    pub fn worker_token(&self) -> &str {
-        &self.worker_token
+    /// The token the manager sends on its calls to the worker of node `node`, and tells that
+    /// node only (in the answers to its heartbeats): the HMAC of the node's name under the
+    /// cluster's worker-command key.
+    pub fn worker_token(&self, node: &str) -> String {
+        let tag = ring::hmac::sign(
+            &self.worker_key,
+            format!("worker-command/{node}").as_bytes(),
+        );
+        format!("cubeworker.{}", hex(tag.as_ref()))
     }
 
     /// The record of the token `text`, if it is a valid one now; or why not, in words.
@@ -353,22 +383,38 @@ impl Acl {
         Ok(true)
     }
 
-    /// A node token reporting as `node`: allowed when it joined as `node`, or when it has not
-    /// joined yet and nobody else has that name (then the name is its own). An error answer
-    /// otherwise.
-    async fn claim_node(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
+    /// Whether a node token may act as `node`, before its request is read: yes when it joined
+    /// as `node`, or when it has not joined yet and no other token has that name (the claim is
+    /// then made by [`NodeClaim::make`] once the request proved valid). An error answer
+    /// otherwise. Nothing is written.
+    fn may_act_as(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
         match &token.node {
-            Some(joined) if joined == node => return Ok(()),
-            Some(joined) => {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "token {:?} joined as node {joined:?}; it cannot report as {node:?}",
-                        token.name
-                    ),
-                ));
-            }
-            None => {}
+            Some(joined) if joined == node => Ok(()),
+            Some(joined) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "token {:?} joined as node {joined:?}; it cannot report as {node:?}",
+                    token.name
+                ),
+            )),
+            None => match self
+                .stores
+                .keys
+                .get(&node_claim_key(node))
+                .map_err(store_error)?
+            {
+                Some(holder) if holder != token.id => Err(name_taken(node)),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// A node token that has not joined yet takes the name `node` (written only if absent, so
+    /// that two tokens racing for one name cannot both win). An error answer when another
+    /// token has it.
+    async fn claim_node(&self, token: &TokenRecord, node: &str) -> Result<(), ApiError> {
+        if token.node.is_some() {
+            return self.may_act_as(token, node);
         }
         let key = node_claim_key(node);
         let claimed = self
@@ -383,14 +429,7 @@ impl Acl {
             && self.stores.keys.get(&key).map_err(store_error)?.as_deref()
                 != Some(token.id.as_str())
         {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                format!(
-                    "node name {node:?} is taken: another node joined with it (a node name \
-                     belongs to the join token that registered it first; revoke that token to \
-                     free it)"
-                ),
-            ));
+            return Err(name_taken(node));
         }
         let mut joined = token.clone();
         joined.node = Some(node.to_string());
@@ -402,6 +441,92 @@ impl Acl {
             .await
             .map_err(store_error)?;
         Ok(())
+    }
+}
+
+fn name_taken(node: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        format!(
+            "node name {node:?} is taken: another node joined with it (a node name belongs to \
+             the join token that registered it first; revoke that token to free it)"
+        ),
+    )
+}
+
+/// Who a request's token is, put in the request by [`guard`] (with ACL on) for the handlers
+/// that record who asked (the waiting list's `Owner`).
+#[derive(Debug, Clone)]
+pub struct Submitter {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Submitter {
+    /// `owner` as the request gave it, settled for this token: left empty, the token's name
+    /// (`cube_types::token::owner_of_token`); another owner than that may be given only by an
+    /// `operator` or `management` token (on someone's behalf), so that a `submit` token cannot
+    /// pass as another owner (and around `--max-claimed-per-owner`).
+    pub fn settle_owner(&self, owner: &mut String) -> Result<(), ApiError> {
+        let own = cube_types::token::owner_of_token(&self.name);
+        if owner.is_empty() {
+            *owner = own;
+        } else if *owner != own && !self.role.allows(Role::Operator) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "Owner: token {:?} (role {}) submits as owner {own:?} only, not {owner:?} \
+                     (leave Owner out; an operator or management token may name another)",
+                    self.name, self.role
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// [`Submitter::settle_owner`] when ACL is on (the request has a [`Submitter`]).
+pub fn settle_owner(
+    submitter: Option<&axum::Extension<Submitter>>,
+    owner: &mut String,
+) -> Result<(), ApiError> {
+    match submitter {
+        Some(axum::Extension(submitter)) => submitter.settle_owner(owner),
+        None => Ok(()),
+    }
+}
+
+/// The claim of a node name by a node token that has not joined yet, put in the request by
+/// [`guard`] for the route's handler to make once it has found the request valid (a report,
+/// a signing request): a malformed request binds no name to the token.
+#[derive(Clone)]
+pub struct NodeClaim {
+    acl: Arc<Acl>,
+    token: TokenRecord,
+    node: String,
+    made: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for NodeClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NodeClaim({:?} by token {})", self.node, self.token.id)
+    }
+}
+
+impl NodeClaim {
+    /// Binds the node name to the token; a 409 when another token took it meanwhile.
+    pub async fn make(&self) -> Result<(), ApiError> {
+        self.acl.claim_node(&self.token, &self.node).await?;
+        self.made.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Makes the claim a node route's request carries, if any (its token had not joined yet).
+pub async fn make_claim(claim: Option<&axum::Extension<NodeClaim>>) -> Result<(), ApiError> {
+    match claim {
+        Some(axum::Extension(claim)) => claim.make().await,
+        None => Ok(()),
     }
 }
 
@@ -419,7 +544,7 @@ impl From<AclError> for ApiError {
     fn from(err: AclError) -> ApiError {
         match err {
             AclError::Store(err) => store_error(err),
-            AclError::Random(_) | AclError::WorkerTokenVanished => {
+            AclError::Random(_) | AclError::WorkerTokenVanished | AclError::WorkerKeyMalformed => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, err.to_string())
             }
         }
@@ -499,7 +624,7 @@ pub async fn guard(
         ),
         Some(acl) => {
             let tls = manager.config.tls.is_some();
-            checked(acl, tls, &method, &route, request, next).await
+            checked(acl.clone(), tls, &method, &route, request, next).await
         }
     };
     // A heartbeat that was taken is no news (one a node every 2 s would drown the rest); a
@@ -525,7 +650,7 @@ pub async fn guard(
 }
 
 async fn checked(
-    acl: &Acl,
+    acl: Arc<Acl>,
     tls: bool,
     method: &Method,
     route: &str,
@@ -568,6 +693,11 @@ async fn checked(
         name: record.name.clone(),
         role: Some(record.role),
     };
+    let mut request = request;
+    request.extensions_mut().insert(Submitter {
+        name: record.name.clone(),
+        role: record.role,
+    });
     if record.role == Role::Node {
         // The routes a node token may use: `PUT /nodes/{name}` and `POST
         // /nodes/{name}/certificate`, as its own node.
@@ -592,14 +722,39 @@ async fn checked(
                 return refused(&record.name, Some(record.role), error);
             }
         }
-        if let Err(error) = acl.claim_node(&record, &node).await {
+        if let Err(error) = acl.may_act_as(&record, &node) {
             return refused(&record.name, Some(record.role), error);
+        }
+        // A token that has not joined yet claims the name only once the handler found its
+        // request valid (`NodeClaim::make`), so that a malformed one binds nothing.
+        let made = Arc::new(AtomicBool::new(record.node.is_some()));
+        if record.node.is_none() {
+            parts.extensions.insert(NodeClaim {
+                acl: acl.clone(),
+                token: record.clone(),
+                node: node.clone(),
+                made: made.clone(),
+            });
         }
         let mut response = next
             .run(axum::extract::Request::from_parts(parts, body))
             .await;
+        if response.status().is_success() && !made.load(Ordering::SeqCst) {
+            // A node route whose handler does not make the claim: refuse rather than let a
+            // token act as a node it never claimed.
+            tracing::error!(%route, node, "a node route answered without claiming the node's name");
+            return refused(
+                &record.name,
+                Some(record.role),
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("{method} {route} did not claim node {node:?} for its token"),
+                ),
+            );
+        }
+        // The node's own worker-command token, and no other node's.
         if response.status().is_success()
-            && let Ok(value) = HeaderValue::from_str(acl.worker_token())
+            && let Ok(value) = HeaderValue::from_str(&acl.worker_token(&node))
         {
             response
                 .headers_mut()
@@ -810,6 +965,53 @@ mod tests {
         assert!(same_secret("abc", "abc"));
         assert!(!same_secret("abc", "abd"));
         assert!(!same_secret("abc", "abcd"));
+    }
+
+    #[test]
+    fn each_node_has_its_own_worker_command_token_the_same_on_every_manager_of_the_store() {
+        let stores = AclStores {
+            tokens: Arc::new(cube_store::MemoryStore::new()),
+            keys: Arc::new(cube_store::MemoryStore::new()),
+        };
+        let acl = Acl::open(stores.clone()).unwrap();
+        let a = acl.worker_token("a");
+        assert!(a.starts_with("cubeworker."), "{a}");
+        assert_ne!(a, acl.worker_token("b"));
+        assert_ne!(a, acl.worker_token("a "));
+        // Another manager on the same store (or this one restarted) derives the same.
+        let again = Acl::open(stores.clone()).unwrap();
+        assert_eq!(again.worker_token("a"), a);
+        // The key the tokens are derived from is never one of them.
+        let key = stores.keys.get(WORKER_COMMAND_KEY).unwrap().unwrap();
+        assert!(!a.contains(&key));
+        // Another cluster (another key): other tokens.
+        let other = Acl::open(AclStores {
+            tokens: Arc::new(cube_store::MemoryStore::new()),
+            keys: Arc::new(cube_store::MemoryStore::new()),
+        })
+        .unwrap();
+        assert_ne!(other.worker_token("a"), a);
+    }
+
+    #[test]
+    fn a_tokens_owner_is_its_name_and_only_an_operator_names_another() {
+        let submit = Submitter {
+            name: "night build".into(),
+            role: Role::Submit,
+        };
+        let mut owner = String::new();
+        submit.settle_owner(&mut owner).unwrap();
+        assert_eq!(owner, "night-build");
+        submit.settle_owner(&mut owner).unwrap();
+        let mut other = "bob".to_string();
+        let refused = submit.settle_owner(&mut other).unwrap_err();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        let operator = Submitter {
+            name: "ops".into(),
+            role: Role::Operator,
+        };
+        operator.settle_owner(&mut other).unwrap();
+        assert_eq!(other, "bob");
     }
 
     #[tokio::test]

@@ -534,11 +534,14 @@ async fn list_tasks(
 
 async fn submit_task(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Task>), ApiError> {
     let body = body?;
-    let submission = Submission::parse(&body, Utc::now())
+    let mut submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
+    // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
+    crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
     match manager.submit(submission.event).await? {
         Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
         Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),
@@ -552,9 +555,11 @@ fn job_from(body: &[u8]) -> Result<Job, ApiError> {
 
 async fn submit_job(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let job = job_from(&body?)?;
+    let mut job = job_from(&body?)?;
+    crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     let (outcome, mut view) = manager.submit_job(job).await?;
     view.outcome = Some(outcome.word().to_string());
     let status = match outcome {
@@ -566,9 +571,12 @@ async fn submit_job(
 
 async fn plan_job(
     State(manager): State<Arc<Manager>>,
+    submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PlanView>, ApiError> {
-    let job = job_from(&body?)?;
+    let mut job = job_from(&body?)?;
+    // As `POST /jobs` would store it, so that the plan shows no change of owner.
+    crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     Ok(Json(manager.plan_job(job)?))
 }
 
@@ -868,6 +876,7 @@ async fn get_node(
 async fn report_node(
     State(manager): State<Arc<Manager>>,
     JsonPath(name): JsonPath<String>,
+    claim: Option<axum::Extension<crate::acl::NodeClaim>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     let body = body?;
@@ -879,6 +888,11 @@ async fn report_node(
             "Name: the report is for {:?} but was sent to /nodes/{name}",
             report.name
         )));
+    }
+    if claim.is_some() {
+        // A node token's first report: its name is claimed only once the report is valid.
+        manager.check_report(&report)?;
+        crate::acl::make_claim(claim.as_ref()).await?;
     }
     let node = manager.report_node(report, NodeSource::Registered).await?;
     let floor_ms = manager.heartbeat_floor().as_millis().to_string();

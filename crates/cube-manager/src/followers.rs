@@ -66,16 +66,17 @@ impl Manager {
             let mut listed = HashSet::with_capacity(reported.len());
             for observed in reported {
                 listed.insert(observed.id);
-                let Some(known) = state.cache.get(&observed.id) else {
+                let known = state.cache.get(&observed.id);
+                if is_stray(known, &observed, node) {
+                    strays.push((observed.id, observed.status.restart_count));
+                    continue;
+                }
+                let Some(known) = known else {
                     if observed.status.state.is_terminal() {
                         forgotten.push(observed.id);
                     }
                     continue;
                 };
-                if is_stray(known, &observed, node) {
-                    strays.push((observed.id, observed.status.restart_count));
-                    continue;
-                }
                 if known.status.node_name != node {
                     continue;
                 }
@@ -251,9 +252,14 @@ impl Manager {
                         }
                     }
                     for (stray, run) in strays {
-                        // Another run replaced this one while the node was away: stop it,
-                        // so that the task does not run twice.
-                        tracing::warn!(task = %stray, node = %name, "stopping a run that was replaced elsewhere");
+                        if self.stored_though_not_cached(stray).await {
+                            continue;
+                        }
+                        // Another run replaced this one while the node was away, or the
+                        // manager never placed it: stop it, so that the task does not run
+                        // twice, nor at all unseen. Once it has ended, the worker's report
+                        // of it is of an ended task the manager does not have: it is purged.
+                        tracing::warn!(task = %stray, node = %name, "stopping a run the manager did not place there, or replaced");
                         // Only that run: the new run may be there by the time this arrives.
                         if let Err(err) = client.delete(&format!("/tasks/{stray}?run={run}")).await
                         {
@@ -306,7 +312,7 @@ impl Manager {
     /// Asks a static worker for its report every poll interval, as a registered worker would
     /// send it. The worker is recorded under the address the manager reaches it at.
     pub(crate) async fn poll_static_worker(self: Arc<Self>, address: String) {
-        let client = match self.config.worker_client(&address) {
+        let client = match self.config.worker_client(None, &address) {
             Ok(client) => client,
             Err(err) => {
                 tracing::error!(%address, error = %err, "cannot poll a static worker");
@@ -343,14 +349,44 @@ impl Manager {
     }
 }
 
-/// Whether a run a worker reports is one the manager no longer wants there: it still runs,
-/// but the task was placed elsewhere, restarted since (a higher count), or ended.
-fn is_stray(known: &Task, observed: &Task, node: &str) -> bool {
+impl Manager {
+    /// Whether a stray that the cache does not know is in the store all the same, or the
+    /// store cannot say: then it is not stopped. A manager that lost the lead without knowing
+    /// it yet (it was frozen) has a cache behind the new leader's, and must not stop what the
+    /// new leader placed; the store is read only for such tasks, which are rare.
+    async fn stored_though_not_cached(&self, id: Uuid) -> bool {
+        if lock(&self.state).cache.get(&id).is_some() {
+            return false;
+        }
+        let tasks = self.stores.tasks.clone();
+        let stored = tokio::task::spawn_blocking(move || tasks.get(&id.to_string())).await;
+        match stored {
+            Ok(Ok(None)) => false,
+            Ok(Ok(Some(_))) => {
+                tracing::debug!(task = %id, "a task the cache does not know is in the store: not stopped");
+                true
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(task = %id, error = %err, "cannot read whether a task the manager did not place is stored; not stopping it now");
+                true
+            }
+            Err(_) => true,
+        }
+    }
+}
+
+/// Whether a run a worker reports is one the manager does not want there: it still runs,
+/// but the manager never placed it (it has no such task: someone sent it to the worker
+/// behind the manager's back, or it was removed here while the node was away), or the task
+/// was placed elsewhere, restarted since (a higher count), or ended.
+fn is_stray(known: Option<&Task>, observed: &Task, node: &str) -> bool {
     matches!(observed.status.state, State::Scheduled | State::Running)
-        && (known.status.node_name != node
-            || observed.status.restart_count < known.status.restart_count
-            || known.status.state.is_terminal()
-            || known.status.state == State::Pending)
+        && known.is_none_or(|known| {
+            known.status.node_name != node
+                || observed.status.restart_count < known.status.restart_count
+                || known.status.state.is_terminal()
+                || known.status.state == State::Pending
+        })
 }
 
 /// The manager's task with what a worker observed, or `None` when nothing changed, the
@@ -514,5 +550,28 @@ mod tests {
             );
         }
         manager.shutdown.cancel();
+    }
+
+    #[test]
+    fn a_running_task_the_manager_never_placed_is_a_stray_and_an_ended_one_is_not() {
+        let mut observed = Task::new("behind-the-back", "img");
+        observed.status.node_name = "w1".into();
+        for state in [State::Scheduled, State::Running] {
+            observed.status.state = state;
+            assert!(is_stray(None, &observed, "w1"), "{state} and unknown");
+        }
+        for state in [State::Completed, State::Failed] {
+            observed.status.state = state;
+            assert!(
+                !is_stray(None, &observed, "w1"),
+                "{state}: ended, it is purged instead"
+            );
+        }
+        // The manager's own task, placed there and running: not a stray.
+        observed.status.state = State::Running;
+        let known = observed.clone();
+        assert!(!is_stray(Some(&known), &observed, "w1"));
+        // The same task reported by another node: a stray there.
+        assert!(is_stray(Some(&known), &observed, "w2"));
     }
 }

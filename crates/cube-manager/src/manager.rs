@@ -83,7 +83,7 @@ pub struct ManagerConfig {
     /// the owner's next request waits, saying so (`--max-claimed-per-owner`). None: no limit.
     pub max_claimed_per_owner: Option<usize>,
     /// Tokens and roles (`--acl`): `None` lets every request through. With it, every call
-    /// to a worker carries the cluster's worker-command token (`acl.rs`).
+    /// to a worker carries that node's worker-command token (`acl.rs`).
     pub acl: Option<Arc<crate::acl::Acl>>,
     /// The audit file under the data directory, when there is one (`acl.rs`).
     pub audit: Option<Arc<crate::acl::AuditLog>>,
@@ -93,11 +93,20 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    /// A client for the worker at `address`, with the worker-command token when ACL is on.
-    pub(crate) fn worker_client(&self, address: &str) -> Result<ApiClient, cube_api::ClientError> {
+    /// A client for the worker of node `node` at `address`, with that node's worker-command
+    /// token when ACL is on (`None`: a static worker not yet known by name, which has no gate
+    /// and is sent no token).
+    pub(crate) fn worker_client(
+        &self,
+        node: Option<&str>,
+        address: &str,
+    ) -> Result<ApiClient, cube_api::ClientError> {
         let tls = self.tls.as_ref().map(|tls| tls.client.clone());
-        Ok(ApiClient::with_tls(address, self.request_timeout, tls)?
-            .with_token(self.acl.as_ref().map(|acl| acl.worker_token())))
+        let token = match (&self.acl, node) {
+            (Some(acl), Some(node)) => Some(acl.worker_token(node)),
+            _ => None,
+        };
+        Ok(ApiClient::with_tls(address, self.request_timeout, tls)?.with_token(token.as_deref()))
     }
 }
 
@@ -359,7 +368,7 @@ impl Manager {
         })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
-            match config.worker_client(&node.address) {
+            match config.worker_client(Some(&node.name), &node.address) {
                 Ok(client) => nodes.load(&node, client),
                 Err(err) => {
                     // A node that cannot be reached at its address will never report: what
@@ -656,6 +665,23 @@ impl Manager {
     /// A worker's registration or heartbeat (or a static worker's answer to the manager's
     /// poll). A new node, or one whose address changed, is followed from now on; a node that
     /// can take more work than before gets the tasks waiting for room.
+    /// Whether [`Manager::report_node`] would take `report` as it is (its fields, and an
+    /// address the manager can call), without taking it: checked before a node token claims
+    /// its name.
+    pub fn check_report(&self, report: &NodeReport) -> Result<(), ManagerError> {
+        let findings = report.validate();
+        if !findings.is_empty() {
+            return Err(ManagerError::BadRequest(format!(
+                "invalid node report: {}",
+                findings.join("; ")
+            )));
+        }
+        self.config
+            .worker_client(Some(&report.name), &report.address)
+            .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))?;
+        Ok(())
+    }
+
     pub async fn report_node(
         self: &Arc<Self>,
         report: NodeReport,
@@ -671,7 +697,7 @@ impl Manager {
         let name = report.name.clone();
         let build = |address: &str| {
             self.config
-                .worker_client(address)
+                .worker_client(Some(&name), address)
                 .map_err(|err| ManagerError::BadRequest(format!("Address: {err}")))
         };
         // The client for the report's address: the node's own when it is known there (a

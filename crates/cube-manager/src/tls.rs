@@ -5,7 +5,7 @@
 //! - `GET /tls/ca` (open): the CA certificate, PEM. Anyone may read it; a client checks its
 //!   SHA-256 against the fingerprint it was told (join token, `--ca-fingerprint`).
 //! - `POST /nodes/{name}/certificate` (a node token, which claims `{name}` as a heartbeat
-//!   does): signs the node's certificate signing request (`{"CSR": "<PEM>"}`) for `{name}`
+//!   does, once the signing request proved valid): signs the node's certificate signing request (`{"CSR": "<PEM>"}`) for `{name}`
 //!   and answers `{"Certificate": "<PEM chain>", "CA": "<PEM>"}`. A worker asks on joining
 //!   and again to renew; when the connection presents a certificate, it must be `{name}`'s.
 //! - `PUT /nodes/{name}` with TLS on is taken only over `{name}`'s certificate (`guard`).
@@ -142,6 +142,7 @@ pub async fn issue_node_certificate(
     State(manager): State<Arc<Manager>>,
     cube_api::JsonPath(name): cube_api::JsonPath<String>,
     peer: Option<axum::Extension<PeerIdentity>>,
+    claim: Option<axum::Extension<crate::acl::NodeClaim>>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
     let tls = enabled(&manager)?;
@@ -164,6 +165,9 @@ pub async fn issue_node_certificate(
         .authority
         .sign_node_request(&name, &request.csr, tls.cert_ttl)
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
+    // A join token's first request: the name is its own only now that the signing request
+    // proved valid, and before the certificate leaves.
+    crate::acl::make_claim(claim.as_ref()).await?;
     tracing::info!(node = %name, "certificate issued to a node");
     Ok((
         StatusCode::CREATED,

@@ -93,6 +93,23 @@ pub const MAX_TOKEN_TTL: std::time::Duration = std::time::Duration::from_secs(36
 /// The longest name a token may be given.
 pub const MAX_TOKEN_NAME: usize = 128;
 
+/// The waiting list's `Owner` of what a token submits (with `--acl`): the token's name, each
+/// character `Owner` does not allow (it takes letters, digits, `.`, `_`, `-` and `@`) written
+/// `-`, cut to `Owner`'s length.
+pub fn owner_of_token(name: &str) -> String {
+    name.trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(crate::task::MAX_OWNER_LEN)
+        .collect()
+}
+
 /// Hex digits of the CA fingerprint a join token of a manager with TLS ends with.
 pub const TOKEN_CA_FINGERPRINT_LEN: usize = 64;
 
@@ -246,5 +263,18 @@ mod tests {
         assert_eq!(token_ca_fingerprint(&text), None);
         assert_eq!(split_token(&format!("{joined}.ab")), None);
         assert_eq!(split_token(&format!("cube.{id}.{secret}.xyz")), None);
+    }
+
+    #[test]
+    fn a_tokens_name_becomes_an_owner_the_owner_rules_take() {
+        assert_eq!(owner_of_token("ci"), "ci");
+        assert_eq!(owner_of_token("alice@example.org"), "alice@example.org");
+        assert_eq!(owner_of_token("night build"), "night-build");
+        let long = owner_of_token(&"x".repeat(MAX_TOKEN_NAME));
+        assert!(
+            crate::task::owner_findings("Owner", &long).is_empty(),
+            "{long}"
+        );
+        assert!(crate::task::owner_findings("Owner", &owner_of_token("é ü/")).is_empty());
     }
 }

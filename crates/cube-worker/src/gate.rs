@@ -1,8 +1,9 @@
 //! The worker's door, when it joined its manager with a token (`cube worker --join HOST:PORT
 //! --token TOKEN`): only the manager may use the worker's API.
 //!
-//! The manager answers every heartbeat of a node token with the cluster's worker-command
-//! token (`X-Cube-Worker-Token`); the worker keeps the last one it was given (in memory: a
+//! The manager answers every heartbeat of a node token with that node's worker-command
+//! token (`X-Cube-Worker-Token`, one per node: another node's is refused here); the worker
+//! keeps the last one it was given (in memory: a
 //! restarted worker learns it again from its first heartbeat) and refuses any request but
 //! `GET /health` that does not carry it as `Authorization: Bearer`, compared in constant
 //! time. Until its first heartbeat was answered it refuses everything but `GET /health`.

@@ -326,10 +326,17 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
                 host.parse::<std::net::IpAddr>()
                     .map_or(true, |ip| !ip.is_unspecified())
             });
-            let joined =
-                cube_worker::tls::WorkerTls::join(&addresses, token, fingerprint, &name, hosts)
-                    .await
-                    .context("--join with a TLS join token")?;
+            let kept = cube_worker::tls::KeptCertificate::in_dir(args.store.data_dir(), &name);
+            let joined = cube_worker::tls::WorkerTls::join(
+                &addresses,
+                token,
+                fingerprint,
+                &name,
+                hosts,
+                kept,
+            )
+            .await
+            .context("--join with a TLS join token")?;
             advertised = advertised.replacen("http://", "https://", 1);
             Some(std::sync::Arc::new(joined))
         }

@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 use cube_manager::acl::{Need, ROUTES};
 use cube_types::token::Role;
 use serde_json::{Value, json};
-use support::{Client, ManagerProcess, WorkerProcess, cube_cli_env, unique_node, web_task};
+use support::{
+    Client, ManagerProcess, WorkerProcess, containers_with_label, cube_cli_env,
+    running_containers_with_label, unique_node, web_task,
+};
 
 /// A manager with `--acl` (memory store unless `dbtype` says) and its management token.
 fn acl_manager(dbtype: &str) -> (ManagerProcess, tempfile::TempDir) {
@@ -283,6 +286,214 @@ async fn a_joined_node_runs_tasks_and_its_token_does_nothing_else() {
     }
     assert_eq!(admin.delete(&format!("/tasks/{id}")).await.status, 204);
     admin.await_state(&id, "Completed").await;
+}
+
+/// What a holder of node `name`'s join token learns: the worker-command token in the answer
+/// to a heartbeat sent with it (a report as the worker at `address` sends it).
+async fn worker_command_token(
+    manager: &ManagerProcess,
+    join_token: &str,
+    name: &str,
+    address: &str,
+) -> String {
+    let report = json!({
+        "Name": name,
+        "Address": address,
+        "Capacity": {"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"},
+    });
+    let answer = Client::with_token(&manager.url, join_token)
+        .http
+        .put(format!("{}/nodes/{name}", manager.url))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(report.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "a heartbeat as {name}");
+    answer
+        .headers()
+        .get("X-Cube-Worker-Token")
+        .expect("the answer to a node's heartbeat carries its worker-command token")
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behind_the_managers_back_is_stopped()
+ {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let (a, b) = (unique_node("acl-a"), unique_node("acl-b"));
+    let join_a = secret(&token(&manager, &management, "node", "join-a").await);
+    let join_b = secret(&token(&manager, &management, "node", "join-b").await);
+    let worker_a = join(&manager, &a, &join_a);
+    let worker_b = join(&manager, &b, &join_b);
+    await_ready(&admin, &a).await;
+    await_ready(&admin, &b).await;
+
+    // What node a's join token gets from the manager commands worker a, and only worker a.
+    let a_token = worker_command_token(&manager, &join_a, &a, &worker_a.url).await;
+    let b_token = worker_command_token(&manager, &join_b, &b, &worker_b.url).await;
+    assert_ne!(
+        a_token, b_token,
+        "each node has a worker-command token of its own"
+    );
+    let as_a_on_a = Client::with_token(&worker_a.url, &a_token);
+    let as_a_on_b = Client::with_token(&worker_b.url, &a_token);
+    assert_eq!(as_a_on_a.get("/tasks").await.status, 200);
+    let refused = as_a_on_b.post(&web_task("from-node-a")).await;
+    assert_eq!(refused.status, 401, "{}", refused.body);
+    assert!(
+        refused.message().contains("manager"),
+        "the refusal says why: {}",
+        refused.body
+    );
+    assert_eq!(as_a_on_b.get("/tasks").await.status, 401);
+    assert!(
+        running_containers_with_label(&format!("cube.node={b}")).is_empty(),
+        "nothing started on worker b"
+    );
+
+    // A task sent straight to worker a with its own token, behind the manager's back: the
+    // manager sees a run it never placed, stops it and has it removed.
+    let sent = as_a_on_a.post(&web_task("behind-the-back")).await;
+    assert_eq!(sent.status, 201, "{}", sent.body);
+    let id = sent.body["ID"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + support::STATE_BOUND;
+    loop {
+        let on_worker = as_a_on_a.get(&format!("/tasks/{id}")).await;
+        let running = running_containers_with_label(&format!("cube.task-id={id}"));
+        if on_worker.status == 404 && running.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the task sent behind the manager's back is still on worker a ({} {}), containers \
+             running: {running:?}",
+            on_worker.status,
+            on_worker.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        containers_with_label(&format!("cube.task-id={id}")).is_empty(),
+        "its container is removed"
+    );
+    assert_eq!(admin.get(&format!("/tasks/{id}")).await.status, 404);
+    assert!(
+        manager.stderr().contains("did not place"),
+        "the manager says what it stopped"
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_report_binds_no_node_name_to_a_fresh_node_token() {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let first = secret(&token(&manager, &management, "node", "fresh-a").await);
+    let second = secret(&token(&manager, &management, "node", "fresh-b").await);
+    let name = unique_node("claim");
+    let capacity = json!({"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"});
+    let as_first = Client::with_token(&manager.url, &first);
+    for bad in [
+        json!({}),
+        json!({"Name": name, "Address": "", "Capacity": capacity}),
+        json!({"Name": name, "Address": "http://127.0.0.1:1", "Capacity": {"Cpu": 0}}),
+        json!({"Name": "someone-else", "Address": "http://127.0.0.1:1", "Capacity": capacity}),
+    ] {
+        let answer = as_first
+            .request_answer("PUT", &format!("/nodes/{name}"), Some(&bad.to_string()))
+            .await;
+        assert_eq!(answer.status, 400, "{bad}: {}", answer.body);
+    }
+    let tokens = admin.get("/acl/tokens").await.body;
+    let fresh = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|token| token["Name"] == "fresh-a")
+        .unwrap();
+    assert!(fresh.get("Node").is_none(), "no name bound: {fresh}");
+
+    // The name is still free: another token takes it with a valid report, and the first
+    // token may still join under a name of its own.
+    let valid = |node: &str| {
+        json!({"Name": node, "Address": "http://127.0.0.1:1", "Capacity": capacity}).to_string()
+    };
+    let taken = Client::with_token(&manager.url, &second)
+        .request_answer("PUT", &format!("/nodes/{name}"), Some(&valid(&name)))
+        .await;
+    assert_eq!(taken.status, 200, "{}", taken.body);
+    let other = unique_node("claim-other");
+    let joined = as_first
+        .request_answer("PUT", &format!("/nodes/{other}"), Some(&valid(&other)))
+        .await;
+    assert_eq!(joined.status, 200, "{}", joined.body);
+    // And a claimed name stays its token's: the first token is refused it, as before.
+    let refused = as_first
+        .request_answer("PUT", &format!("/nodes/{name}"), Some(&valid(&name)))
+        .await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+}
+
+#[tokio::test]
+async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
+    let (manager, _dir) = acl_manager("memory");
+    let management = bootstrap(&manager).await;
+    let admin = Client::with_token(&manager.url, &management);
+    let name = unique_node("acl-owner");
+    let join_token = secret(&token(&manager, &management, "node", "join-owner").await);
+    let _worker = join(&manager, &name, &join_token);
+    await_ready(&admin, &name).await;
+    let ci = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "submit", "ci").await),
+    );
+    let night = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "submit", "night build").await),
+    );
+    let operator = Client::with_token(
+        &manager.url,
+        &secret(&token(&manager, &management, "operator", "ops").await),
+    );
+
+    // A task and a job without Owner: the token's name (made fit for Owner).
+    let id = ci.submit(&web_task("owned-task")).await;
+    let entry = ci.get(&format!("/queue/task/{id}")).await;
+    assert_eq!(entry.status, 200, "{}", entry.body);
+    assert_eq!(entry.body["Owner"], "ci", "{}", entry.body);
+    let job = json!({"Name": "owned-job", "Type": "batch",
+                     "Groups": [{"Name": "g", "Count": 1,
+                                 "Task": {"Image": support::SAMPLE_IMAGE, "Cmd": ["true"]}}]});
+    let submitted = night.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(submitted.status, 201, "{}", submitted.body);
+    let entry = night.get("/queue/job/owned-job").await;
+    assert_eq!(entry.status, 200, "{}", entry.body);
+    assert_eq!(entry.body["Owner"], "night-build", "{}", entry.body);
+    // The same job again from the same token changes nothing (the owner is not a change).
+    let again = night.post_raw("/jobs/plan", job.to_string()).await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert!(
+        !again.body.to_string().contains("Owner"),
+        "the plan shows no change of owner: {}",
+        again.body
+    );
+
+    // A submit token cannot pass as another owner; an operator may submit on one's behalf.
+    let mut as_bob = web_task("as-bob");
+    as_bob["Owner"] = json!("bob");
+    let refused = ci.post(&as_bob).await;
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(refused.message().contains("Owner"), "{}", refused.body);
+    let id = operator.submit(&as_bob).await;
+    assert_eq!(
+        operator.get(&format!("/queue/task/{id}")).await.body["Owner"],
+        "bob"
+    );
 }
 
 #[tokio::test]

@@ -129,11 +129,16 @@ impl TlsCluster {
 
     /// A worker that joined with a node token.
     async fn join(&self, name: &str) -> WorkerProcess {
+        self.join_keeping_token(name).await.0
+    }
+
+    /// A worker that joined with a node token, and the token.
+    async fn join_keeping_token(&self, name: &str) -> (WorkerProcess, String) {
         support::ensure_sample_image();
         let token = self.node_token(&format!("{name}-join")).await;
         let address = self.manager.address();
         let address = address.trim_start_matches("https://");
-        WorkerProcess::start_with(
+        let worker = WorkerProcess::start_with(
             name,
             "memory",
             &self.manager.data_dir.join(name),
@@ -145,7 +150,8 @@ impl TlsCluster {
                 "--heartbeat-interval",
                 "300ms",
             ],
-        )
+        );
+        (worker, token)
     }
 
     /// Waits until node `name` is `Ready`.
@@ -277,6 +283,75 @@ async fn a_worker_joined_with_tls_runs_a_task_and_takes_commands_only_over_the_m
 }
 
 #[tokio::test]
+async fn a_nodes_certificate_and_command_token_command_no_worker_not_even_its_own() {
+    let cluster = TlsCluster::start(&[]).await;
+    let (a, b) = (unique_node("tls-a"), unique_node("tls-b"));
+    let (worker_a, join_a) = cluster.join_keeping_token(&a).await;
+    let worker_b = cluster.join(&b).await;
+    cluster.await_ready(&a).await;
+    cluster.await_ready(&b).await;
+
+    // All that node a holds: its certificate (the CA signs the same as it did at join) and
+    // the worker-command token the manager answers its heartbeats with.
+    let ca = authority(&cluster.manager);
+    let a_certificate = identity(&ca, PeerRole::Node, &a);
+    let report = json!({
+        "Name": a,
+        "Address": worker_a.url,
+        "Capacity": {"Cpu": 1, "Memory": "1GiB", "Disk": "1GiB"},
+    });
+    let heartbeat = tls_client(
+        &cluster.manager.url,
+        &cluster.fingerprint,
+        PeerRole::Manager,
+        Some(a_certificate.clone()),
+        Some(&join_a),
+    )
+    .http
+    .put(format!("{}/nodes/{a}", cluster.manager.url))
+    .header(reqwest::header::CONTENT_TYPE, "application/json")
+    .body(report.to_string())
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(heartbeat.status(), 200, "a heartbeat as {a}");
+    let a_token = heartbeat
+        .headers()
+        .get("X-Cube-Worker-Token")
+        .expect("the worker-command token")
+        .to_str()
+        .unwrap()
+        .to_string();
+
+    // With both, worker b refuses a command (the certificate is a node's, not the manager's),
+    // and so does worker a: commands come only over the manager's certificate.
+    let body = web_task("from-node-a").to_string();
+    for worker in [&worker_b, &worker_a] {
+        let as_a = tls_client(
+            &worker.url,
+            &cluster.fingerprint,
+            PeerRole::Node,
+            Some(a_certificate.clone()),
+            Some(&a_token),
+        );
+        let answer = as_a.request_answer("POST", "/tasks", Some(&body)).await;
+        assert_eq!(answer.status, 403, "{}: {}", worker.url, answer.body);
+        assert!(
+            answer.message().contains("manager's certificate"),
+            "{}",
+            answer.message()
+        );
+        assert_eq!(as_a.request("GET", "/tasks", None).await, 403);
+    }
+    for node in [&a, &b] {
+        assert!(
+            support::running_containers_with_label(&format!("cube.node={node}")).is_empty(),
+            "nothing started on {node}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn the_manager_takes_a_report_for_a_node_only_over_that_nodes_certificate() {
     let cluster = TlsCluster::start(&[]).await;
     let ca = authority(&cluster.manager);
@@ -402,6 +477,95 @@ async fn certificates_are_renewed_before_expiry_with_no_interruption() {
         worker.stderr().contains("certificate was renewed"),
         "{}",
         worker.stderr()
+    );
+}
+
+#[tokio::test]
+async fn a_restarted_worker_serves_with_its_kept_certificate_and_does_not_join_again() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = TlsCluster::start(&[]).await;
+    let name = unique_node("tls-kept");
+    let (worker, token) = cluster.join_keeping_token(&name).await;
+    cluster.await_ready(&name).await;
+    let ca = authority(&cluster.manager);
+    let as_manager = |url: &str| {
+        tls_client(
+            url,
+            &cluster.fingerprint,
+            PeerRole::Node,
+            Some(identity(&ca, PeerRole::Manager, MANAGER_NAME)),
+            None,
+        )
+    };
+    let serial = served_serial(&as_manager(&worker.url)).await;
+    let issued = |manager: &ManagerProcess| {
+        manager
+            .stderr()
+            .matches("certificate issued to a node")
+            .count()
+    };
+    assert_eq!(issued(&cluster.manager), 1);
+
+    // The certificate, its key and the CA are in the worker's data directory, the key
+    // readable by its owner only.
+    let tls_dir = worker.data_dir.join("tls");
+    let key = tls_dir.join(format!("node-{name}-key.pem"));
+    let mode = std::fs::metadata(&key)
+        .unwrap_or_else(|err| panic!("{}: {err}", key.display()))
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{}", key.display());
+    for file in [format!("node-{name}.pem"), format!("node-{name}-ca.pem")] {
+        let mode = std::fs::metadata(tls_dir.join(&file))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{file} is for its owner only");
+    }
+
+    // Restarted, the worker serves with the same certificate and asks for none.
+    let data_dir = worker.data_dir.clone();
+    worker.terminate(Duration::from_secs(10));
+    let address = cluster.manager.address();
+    let again = WorkerProcess::start_with(
+        &name,
+        "memory",
+        &data_dir,
+        &[
+            "--join",
+            address.trim_start_matches("https://"),
+            "--token",
+            &token,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    assert!(
+        again.stderr().contains("kept from the last start"),
+        "{}",
+        again.stderr()
+    );
+    assert_eq!(served_serial(&as_manager(&again.url)).await, serial);
+    let node = cluster.client().get(&format!("/nodes/{name}")).await;
+    assert_eq!(node.status, 200, "{}", node.body);
+    // The manager follows it at its new address and runs a task there.
+    let manager = cluster.client();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let node = manager.get(&format!("/nodes/{name}")).await.body;
+        if node["Address"] == again.url.as_str() && node["Status"] == "Ready" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not followed again: {node}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let id = manager.submit(&web_task("tls-kept-web")).await;
+    let task = manager.await_state(&id, "Running").await;
+    assert_eq!(task["NodeName"], name.as_str());
+    assert_eq!(
+        issued(&cluster.manager),
+        1,
+        "no second certificate was asked for"
     );
 }
 

@@ -113,7 +113,9 @@ struct TaskFlags {
     /// How the health check probes: http (the path) or tcp (a connection).
     #[arg(long, value_enum, value_name = "TYPE")]
     health_check_type: Option<HealthCheckFlag>,
-    /// Who asks for the task, in the waiting list (default: anonymous).
+    /// Who asks for the task, in the waiting list (default: anonymous; with a manager
+    /// running --acl, the token's name, and only an operator or management token may give
+    /// another).
     #[arg(long, value_name = "NAME")]
     owner: Option<String>,
     /// Its place in the waiting list: 0 (least) to 100 (most) [default: 50].
