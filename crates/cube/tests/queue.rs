@@ -358,6 +358,22 @@ async fn a_request_that_waits_past_its_queue_timeout_expires_and_is_stopped() {
         task["DesiredState"], "Completed",
         "the request was stopped: {task}"
     );
+    // An expiry is a failure, with the reason as the task's error, not a success.
+    let ended = cluster
+        .manager
+        .client()
+        .await_task(&id, "ended", |task| {
+            matches!(task["State"].as_str(), Some("Completed" | "Failed"))
+        })
+        .await;
+    assert_eq!(ended["State"], "Failed", "{ended}");
+    assert!(
+        ended["Error"]
+            .as_str()
+            .is_some_and(|error| error.contains("expired in the queue")
+                && error.contains("QueueTimeout")),
+        "{ended}"
+    );
 }
 
 #[tokio::test]
