@@ -820,7 +820,10 @@ mod tests {
             error.contains("expired in the queue") && error.contains("QueueTimeout"),
             "{error}"
         );
-        assert_eq!(manager.task(patient).unwrap().status.state, State::Completed);
+        assert_eq!(
+            manager.task(patient).unwrap().status.state,
+            State::Completed
+        );
     }
 
     #[tokio::test]
