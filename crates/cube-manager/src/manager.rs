@@ -987,6 +987,7 @@ pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u
         stats: None,
         labels: Default::default(),
         version: None,
+        host_policy: None,
     };
     manager
         .report_node(report, NodeSource::Registered)
@@ -1030,6 +1031,7 @@ mod tests {
             stats: None,
             labels: Default::default(),
             version: None,
+            host_policy: None,
         };
         let base = |manager: &Manager| {
             lock(&manager.state)

@@ -345,6 +345,7 @@ impl Manager {
                         .map(|load| load.host_ports.keys().copied().collect())
                         .unwrap_or_default(),
                     labels: entry.labels.clone(),
+                    host_policy: entry.host_policy.clone(),
                 }
             })
             .collect()

@@ -474,6 +474,7 @@ mod tests {
             drain: None,
             version: None,
             version_warning: None,
+            host_policy: None,
         }
     }
 
