@@ -310,10 +310,27 @@ async fn a_request_larger_than_every_node_is_accepted_with_a_warning_and_waits_s
         "{}",
         accepted.body
     );
-    // Both wait in the queue, each saying why.
+    // `cube job run` says so on stderr, and is accepted.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wider.json");
+    let wider = json!({"Name": "wider", "Type": "batch",
+        "Groups": [{"Name": "work", "Count": 5,
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "128MiB"}}]});
+    std::fs::write(&file, wider.to_string()).unwrap();
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["job", "run", "--detach", file.to_str().unwrap()],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("warning: job wider: no node could hold it today: its 5 copies need"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("warning"), "{stdout}");
+    // Each waits in the queue, saying why.
     let queue = cluster
-        .await_queue("both waiting with a reason", |queue| {
-            queue.len() == 2
+        .await_queue("all three waiting with a reason", |queue| {
+            queue.len() == 3
                 && queue.iter().all(|entry| {
                     entry["State"] == "waiting"
                         && entry["WaitingFor"]
