@@ -72,10 +72,8 @@ impl From<ManagerError> for ApiError {
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            // Well-formed, but not something this cluster can ever do.
-            ManagerError::NeverFits(_) | ManagerError::TooLarge(_) => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            // Well-formed, but more than one request may make.
+            ManagerError::TooLarge(_) => StatusCode::UNPROCESSABLE_ENTITY,
             // A failed store takes no more writes until the manager is started again (and
             // it stops itself): the service is unavailable, not confused by one request.
             ManagerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,
@@ -532,20 +530,31 @@ async fn list_tasks(
     Ok(with_index(with_next_token(response, next), index))
 }
 
+/// The answer to `POST /tasks`: the task, and what the user should know about it now
+/// (`Warnings`: why no node could hold it today; it waits all the same).
+#[derive(Debug, serde::Serialize)]
+struct AcceptedTask {
+    #[serde(flatten)]
+    task: Task,
+    #[serde(rename = "Warnings", skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
+}
+
 async fn submit_task(
     State(manager): State<Arc<Manager>>,
     submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Task>), ApiError> {
+) -> Result<(StatusCode, Json<AcceptedTask>), ApiError> {
     let body = body?;
     let mut submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
     // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
     crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
-    match manager.submit(submission.event).await? {
-        Submitted::Created(task) => Ok((StatusCode::CREATED, Json(task))),
-        Submitted::Existing(task) => Ok((StatusCode::OK, Json(task))),
-    }
+    let (status, task, warnings) = match manager.submit(submission.event).await? {
+        Submitted::Created(task, warnings) => (StatusCode::CREATED, task, warnings),
+        Submitted::Existing(task) => (StatusCode::OK, task, Vec::new()),
+    };
+    Ok((status, Json(AcceptedTask { task, warnings })))
 }
 
 /// Reads a job from a request body: its fields named at fault, validated by the manager.

@@ -61,6 +61,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
                 stats: None,
                 labels: Default::default(),
                 version: None,
+                host_policy: None,
             };
             state.nodes.report(
                 report,

@@ -1035,7 +1035,8 @@ mod tests {
             "State": "Running", "Task": {"Name": "web", "Image": "img"}
         }))
         .unwrap();
-        let crate::manager::Submitted::Created(task) = manager.submit(event).await.unwrap() else {
+        let crate::manager::Submitted::Created(task, _) = manager.submit(event).await.unwrap()
+        else {
             panic!("not created");
         };
         let Some(Received::Event(submitted)) = subscription.try_next() else {

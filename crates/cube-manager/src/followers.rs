@@ -519,6 +519,7 @@ mod tests {
             stats: None,
             labels: Default::default(),
             version: None,
+            host_policy: None,
         };
         manager
             .report_node(report, NodeSource::Registered)

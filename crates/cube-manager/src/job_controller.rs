@@ -66,6 +66,10 @@ pub struct JobView {
     /// and why, its addresses once claimed). System jobs are not queued.
     #[serde(rename = "Queue", default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueView>,
+    /// In the answer to a submission or a scale only: why no node could hold the job today
+    /// (it is accepted and waits all the same).
+    #[serde(rename = "Warnings", default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// What `POST /jobs/plan` answers: the version the job would get, whether its spec changed,
@@ -482,12 +486,13 @@ impl Manager {
         }
         refuse_if_too_large(&job)?;
         let name = job.name.clone();
+        let mut warnings = Vec::new();
         let outcome = {
             let _writing = self.job_writes.lock().await;
             let known = lock(&self.state).jobs.get(&name).cloned();
             let (outcome, record) = next_record(known.as_deref(), job, None);
             if outcome != JobSubmitted::Unchanged {
-                self.refuse_if_never_fits(&record)?;
+                warnings = self.job_fits_nowhere_today(&record);
             }
             match outcome {
                 JobSubmitted::Created | JobSubmitted::Changed => {
@@ -498,7 +503,9 @@ impl Manager {
             }
             outcome
         };
-        Ok((outcome, self.job(&name)?))
+        let mut view = self.job(&name)?;
+        view.warnings = warnings;
+        Ok((outcome, view))
     }
 
     /// Stores a new version of a job: its entry in the job's history (with what changed),
@@ -591,6 +598,7 @@ impl Manager {
         group: &str,
         count: u32,
     ) -> Result<JobView, ManagerError> {
+        let mut warnings = Vec::new();
         {
             let _writing = self.job_writes.lock().await;
             let known = self.known_job(name)?;
@@ -617,19 +625,23 @@ impl Manager {
             if target.count != Some(count) {
                 target.count = Some(count);
                 refuse_if_too_large(&record.job)?;
-                self.refuse_if_never_fits(&record)?;
+                warnings = self.job_fits_nowhere_today(&record);
                 self.store_job(record).await?;
             }
         }
-        self.job(name)
+        let mut view = self.job(name)?;
+        view.warnings = warnings;
+        Ok(view)
     }
 
-    /// Refuses a job (`service` or `batch`) that could never be placed whole on this cluster:
-    /// a group whose copy fits no node even empty, or copies that ask for more than every
-    /// node has together. A system job is placed node by node, and is not refused.
-    fn refuse_if_never_fits(&self, record: &JobRecord) -> Result<(), ManagerError> {
+    /// Why no node known today could hold a job (`service` or `batch`) whole: a group whose
+    /// copy fits no node even empty, or copies that ask for more than every node has
+    /// together. The job is accepted and waits all the same (nodes join later); these are the
+    /// warnings its submission is answered with. A system job is placed node by node, and
+    /// has none.
+    fn job_fits_nowhere_today(&self, record: &JobRecord) -> Vec<String> {
         if record.job.job_type == JobType::System {
-            return Ok(());
+            return Vec::new();
         }
         let copies: Vec<(Task, usize)> = record
             .job
@@ -645,13 +657,7 @@ impl Manager {
             .collect();
         let asked: Vec<(&Task, usize)> =
             copies.iter().map(|(task, count)| (task, *count)).collect();
-        match self.never_fits(&asked) {
-            Some(why) => Err(ManagerError::NeverFits(format!(
-                "job {} can never run on this cluster: {why}",
-                record.job.name
-            ))),
-            None => Ok(()),
-        }
+        self.fits_nowhere_today(&asked)
     }
 
     /// `POST /jobs/{name}/promote`: the canaries of the running deployment are good; the
@@ -1045,5 +1051,6 @@ fn view_of(
         deployment: deployment.map(|deployment| (**deployment).clone()),
         outcome: None,
         queue: None,
+        warnings: Vec::new(),
     }
 }

@@ -173,10 +173,6 @@ pub enum ManagerError {
     /// Something the request needs cannot be reached now (the task's worker).
     #[error("{0}")]
     Unavailable(String),
-    /// The request could never be placed on this cluster (bigger than every node, a
-    /// constraint no node satisfies): refused rather than queued for good.
-    #[error("{0}")]
-    NeverFits(String),
     /// The request is well-formed but would make more than Cube lets one request make (a
     /// job whose copies together are over `MAX_EXPANDED_BYTES`).
     #[error("{0}")]
@@ -185,10 +181,11 @@ pub enum ManagerError {
     Store(#[from] StoreError),
 }
 
-/// What a submission did: created a task, or found it already there.
+/// What a submission did: created a task (with warnings: why no node could hold it today),
+/// or found it already there.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Submitted {
-    Created(Task),
+    Created(Task, Vec<String>),
     Existing(Task),
 }
 
@@ -519,18 +516,14 @@ impl Manager {
                     .to_string(),
             ));
         }
-        // A request no node could ever hold is refused now, not queued for good.
-        if let Some(why) = self.never_fits(&[(&event.task, 1)]) {
-            return Err(ManagerError::NeverFits(format!(
-                "task {} can never run on this cluster: {why}",
-                event.task.name
-            )));
-        }
+        // A request no node could hold today is accepted and waits, with a warning: nodes
+        // join later (a bigger one, one with the right labels, one back from maintenance).
+        let warnings = self.fits_nowhere_today(&[(&event.task, 1)]);
         // The manager owns placement and observation: whatever the submission said about
         // them (state, restarts, history, ...) is not the manager's to believe.
         let task = event.task.clone();
         let task = self.accept_task(task, Some(&event)).await?;
-        Ok(Submitted::Created(task))
+        Ok(Submitted::Created(task, warnings))
     }
 
     /// Records that the user wants the task stopped and queues the stop.
@@ -1024,6 +1017,7 @@ pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u
         stats: None,
         labels: Default::default(),
         version: None,
+        host_policy: None,
     };
     manager
         .report_node(report, NodeSource::Registered)
@@ -1067,6 +1061,7 @@ mod tests {
             stats: None,
             labels: Default::default(),
             version: None,
+            host_policy: None,
         };
         let base = |manager: &Manager| {
             lock(&manager.state)

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use cube_api::ApiClient;
 use cube_types::node::Drain;
 use cube_types::version::VersionInfo;
-use cube_types::{Labels, Node, NodeReport, NodeStatus, Resources, Stats};
+use cube_types::{HostPolicy, Labels, Node, NodeReport, NodeStatus, Resources, Stats};
 
 use crate::cache::TaskCache;
 
@@ -48,6 +48,10 @@ pub struct NodeEntry {
     /// The labels the node last reported, shared with every scheduler snapshot
     /// ([`cube_scheduler::NodeView::labels`]) so that building one copies no map.
     pub labels: Arc<Labels>,
+    /// What the worker lets a task reach of its host, as it last reported it (`None`: it did
+    /// not say, and placement leaves the check to the worker). Shared with every scheduler
+    /// snapshot, as the labels are.
+    pub host_policy: Option<Arc<HostPolicy>>,
     pub source: NodeSource,
     pub stats: Option<Stats>,
     pub last_heartbeat: Option<DateTime<Utc>>,
@@ -118,6 +122,7 @@ impl NodeRegistry {
                 address: node.address.clone(),
                 capacity: node.capacity,
                 labels: Arc::new(node.labels.clone()),
+                host_policy: node.host_policy.clone().map(Arc::new),
                 source: NodeSource::parse(&node.source),
                 stats: None,
                 last_heartbeat: node.last_heartbeat,
@@ -165,12 +170,15 @@ impl NodeRegistry {
                     || report.capacity.memory > entry.capacity.memory
                     || report.capacity.disk > entry.capacity.disk;
                 let relabelled = *entry.labels != report.labels;
+                // Another host policy may let in a pod that waits for one.
+                let repolicied = entry.host_policy.as_deref() != report.host_policy.as_ref();
                 let version_warning = cube_types::version::worker_mismatch(
                     cube_types::version::VERSION,
                     report.version.as_ref(),
                 );
                 let changed = moved
                     || relabelled
+                    || repolicied
                     || entry.capacity != report.capacity
                     || entry.source != source
                     || entry.version != report.version;
@@ -186,6 +194,9 @@ impl NodeRegistry {
                 if relabelled {
                     entry.labels = Arc::new(report.labels);
                 }
+                if repolicied {
+                    entry.host_policy = report.host_policy.map(Arc::new);
+                }
                 entry.source = source;
                 entry.stats = report.stats;
                 entry.last_heartbeat = Some(wall);
@@ -194,7 +205,7 @@ impl NodeRegistry {
                 ReportEffect {
                     changed,
                     moved,
-                    more_room: !was_ready || bigger || relabelled,
+                    more_room: !was_ready || bigger || relabelled || repolicied,
                 }
             }
             None => {
@@ -207,6 +218,7 @@ impl NodeRegistry {
                     address: report.address,
                     capacity: report.capacity,
                     labels: Arc::new(report.labels),
+                    host_policy: report.host_policy.map(Arc::new),
                     source,
                     stats: report.stats,
                     last_heartbeat: Some(wall),
@@ -313,6 +325,7 @@ impl NodeEntry {
             }),
             version: self.version.clone(),
             version_warning: self.version_warning.clone(),
+            host_policy: self.host_policy.as_deref().cloned(),
         }
     }
 }
@@ -359,6 +372,7 @@ mod tests {
                 .map(|(key, value)| (key.to_string(), value.to_string()))
                 .collect(),
             version: None,
+            host_policy: None,
         }
     }
 

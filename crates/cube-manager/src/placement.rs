@@ -16,7 +16,9 @@ use std::time::Instant;
 
 use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
-use cube_scheduler::{Decision, FilterChain, NodeView, TaskRequest, summarize_rejections};
+use cube_scheduler::{
+    Decision, FilterChain, NodeView, TaskRequest, fits_no_node_today, summarize_rejections,
+};
 use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
 use cube_types::queue::RequestKind;
 use cube_types::task::ANONYMOUS;
@@ -243,53 +245,38 @@ impl Manager {
         Ok(nodes)
     }
 
-    /// Why a request could never be placed, whatever runs now, or `None` when it could (or
-    /// when no node has joined yet, so nothing can be said). A request never fits when one
-    /// of its tasks fits no known node even empty (ready or not: a node that is down may come
-    /// back), or when it asks for more CPU, memory or disk in all than every known node has
-    /// together. Only what is certain is refused: a request that might fit with a better
-    /// packing waits instead.
-    pub(crate) fn never_fits(&self, tasks: &[(&Task, usize)]) -> Option<String> {
+    /// Why no node known today could hold a request, whatever runs now: the warnings a
+    /// submission is answered with (empty when it could fit, or when no node has joined yet,
+    /// so nothing can be said). The request is accepted all the same and waits with the
+    /// reason, since nodes join later (autoscaling, a bigger node, one back from
+    /// maintenance). A request fits nowhere today when one of its tasks fits no known node
+    /// even empty (ready or not: a node that is down may come back), or when it asks for
+    /// more CPU, memory or disk in all than every known node has together. Only what is
+    /// certain is said: a request that might fit with a better packing waits in silence.
+    pub(crate) fn fits_nowhere_today(&self, tasks: &[(&Task, usize)]) -> Vec<String> {
         let state = lock(&self.state);
-        let mut views = self.node_views(&state);
+        let views = self.node_views(&state);
         drop(state);
         let copies: usize = tasks.iter().map(|(_, count)| count).sum();
         if views.is_empty() || copies == 0 {
-            return None;
+            return Vec::new();
         }
-        for view in &mut views {
-            view.ready = true;
-            // A node out of service may be put back in.
-            view.ineligible = false;
-            view.allocated = Resources::default();
-            view.task_count = 0;
-            view.host_ports_taken.clear();
-        }
-        let chain = FilterChain::standard();
+        let mut warnings = Vec::new();
         for (task, count) in tasks {
             if *count == 0 {
                 continue;
             }
-            let request = TaskRequest::for_task(task);
-            let rejections = chain.rejections(&request, &views);
-            if rejections.len() == views.len() {
-                let why = summarize_rejections(&request, &views, &rejections);
-                // The summary says "no node could ever hold it" itself when the task is
-                // bigger than every node; a constraint or a port says why in its own words.
-                let why = if why.starts_with("no node could ever hold it") {
-                    why
-                } else {
-                    format!("no node could ever hold it, even empty: {why}")
-                };
-                return Some(if copies > 1 {
-                    format!("{}: {why}", task.name)
-                } else {
-                    why
+            if let Some(why) = fits_no_node_today(&TaskRequest::for_task(task), &views) {
+                // Among several, say which: a job's group, or the task.
+                warnings.push(match (copies > 1, task.spec.group.as_str()) {
+                    (false, _) => why,
+                    (true, "") => format!("{}: {why}", task.name),
+                    (true, group) => format!("group {group}: {why}"),
                 });
             }
         }
-        if copies == 1 {
-            return None;
+        if copies == 1 || !warnings.is_empty() {
+            return warnings;
         }
         let asked = |of: fn(&Task) -> f64| {
             tasks
@@ -321,7 +308,7 @@ impl Manager {
         ]
         .into_iter()
         .find(|(_, need, has, _)| *need > *has + 1e-6);
-        too_much.map(|(what, need, has, bytes)| {
+        warnings.extend(too_much.map(|(what, need, has, bytes)| {
             let shown = |value: f64| {
                 if bytes {
                     cube_types::size::format_size(value as u64)
@@ -330,11 +317,13 @@ impl Manager {
                 }
             };
             format!(
-                "its {copies} copies need {} {what} in all, and every node together has {}",
+                "no node could hold it today: its {copies} copies need {} {what} in all, and \
+                 every node together has {}",
                 shown(need),
                 shown(has)
             )
-        })
+        }));
+        warnings
     }
 
     /// The scheduler's snapshot of every node: what it offers, what is placed there.
@@ -356,6 +345,7 @@ impl Manager {
                         .map(|load| load.host_ports.keys().copied().collect())
                         .unwrap_or_default(),
                     labels: entry.labels.clone(),
+                    host_policy: entry.host_policy.clone(),
                 }
             })
             .collect()

@@ -21,7 +21,7 @@ use cube_types::queue::{Endpoint, QueueEntry, QueueState, RequestKind};
 use cube_types::task::ANONYMOUS;
 use cube_types::{State, Task};
 
-use crate::jobs::is_live;
+use crate::jobs::{is_live, status_word, summarize};
 
 /// What a request is, as submitted.
 #[derive(Debug, Clone, Copy)]
@@ -139,7 +139,7 @@ fn settings(request: &Request) -> Settings {
             owner: owner(&record.job.owner),
             timeout: record.job.queue_timeout,
             version: Some(record.version),
-            live: !record.stopped,
+            live: !record.stopped && !batch_finished(record, &request.tasks),
             wanted: record
                 .job
                 .groups
@@ -148,6 +148,19 @@ fn settings(request: &Request) -> Settings {
                 .sum(),
         },
     }
+}
+
+/// Whether a batch job is done with: none of its copies is still meant to run, and the job
+/// reads `complete` (every copy finished its work) or `failed` (a copy gave up, and is not
+/// created again). Its request is then no longer asked for and leaves the list, as a bare
+/// task that ended does: it holds no room, and a finished job left `claimed` or `pending-N`
+/// would count in the queue's depth for ever.
+fn batch_finished(record: &JobRecord, tasks: &[&Task]) -> bool {
+    if record.job.job_type != JobType::Batch || tasks.iter().any(|task| is_live(task)) {
+        return false;
+    }
+    let summary = summarize(record, tasks);
+    matches!(status_word(record, tasks, &summary), "complete" | "failed")
 }
 
 /// What was submitted, for the entry's `Request`: the task without what Cube observed of
@@ -565,6 +578,88 @@ mod tests {
         let none = BTreeMap::new();
         task.spec.desired_state = State::Completed;
         assert!(plan(&look(vec![of(&task)], &none, 1)).entries.is_empty());
+    }
+
+    fn batch_job(count: u32) -> JobRecord {
+        use cube_types::job::{Group, Job};
+        JobRecord {
+            job: Job {
+                name: "crunch".into(),
+                job_type: JobType::Batch,
+                priority: 50,
+                constraints: Vec::new(),
+                owner: String::new(),
+                queue_timeout: None,
+                groups: vec![Group {
+                    name: "work".into(),
+                    count: Some(count),
+                    constraints: Vec::new(),
+                    task: Task::new("", "cube-sample:latest"),
+                    update: None,
+                }],
+            },
+            version: 1,
+            submit_time: Some(at(0)),
+            stopped: false,
+            promoted: false,
+            revert_of: None,
+        }
+    }
+
+    /// A copy of the batch job that ran on `w1` and ended in `state` for good.
+    fn ended_copy(record: &JobRecord, index: u32, state: State) -> Task {
+        let mut task = crate::jobs::copy_of(record, 0, index, None);
+        task.status.created_time = Some(at(1));
+        task.status.node_name = "w1".to_string();
+        task.status.state = state;
+        task
+    }
+
+    #[test]
+    fn a_finished_batch_job_leaves_the_list_whether_it_completed_or_failed() {
+        let job = batch_job(2);
+        let both_running = [
+            running(ended_copy(&job, 0, State::Running), "w1"),
+            running(ended_copy(&job, 1, State::Running), "w1"),
+        ];
+        let none = BTreeMap::new();
+        fn request<'a>(
+            job: &'a JobRecord,
+            tasks: &'a [Task],
+            entries: &'a BTreeMap<String, Arc<QueueEntry>>,
+        ) -> QueueLook<'a> {
+            QueueLook {
+                requests: vec![Request {
+                    source: Source::Job(job),
+                    tasks: tasks.iter().collect(),
+                }],
+                entries,
+                last_number: 0,
+                now: at(5),
+            }
+        }
+        let while_running = plan(&request(&job, &both_running, &none));
+        assert_eq!(
+            while_running.entries.values().next().unwrap().state,
+            QueueState::Claimed,
+            "every copy runs"
+        );
+        let kept = stored(&while_running);
+        for end in [State::Completed, State::Failed] {
+            let ended = [ended_copy(&job, 0, end), ended_copy(&job, 1, end)];
+            let after = plan(&request(&job, &ended, &kept));
+            assert!(
+                after.entries.is_empty(),
+                "a batch job whose copies all {end} is still listed: {:?}",
+                after.entries
+            );
+        }
+        // One copy gave up while the other still runs: the job is listed until it ends.
+        let half = [
+            ended_copy(&job, 0, State::Failed),
+            running(ended_copy(&job, 1, State::Running), "w1"),
+        ];
+        assert_eq!(plan(&request(&job, &half, &none)).entries.len(), 1);
     }
 
     #[test]

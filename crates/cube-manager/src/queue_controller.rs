@@ -591,6 +591,17 @@ impl QueueDirty {
     }
 }
 
+/// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
+/// the task controller ends such a task `Failed` with this as its error, where a stop the
+/// user asked for ends it `Completed`.
+pub(crate) fn expiry_of(state: &crate::manager::Shared, task: &Task) -> Option<String> {
+    let entry = state.queue.get(&QueueDirty::key_of(task))?;
+    let version = state.jobs.get(&task.spec.job).map(|record| record.version);
+    // A job submitted again after it expired is a new request: its copies did not expire.
+    let same_request = task.spec.job.is_empty() || entry.version == version;
+    (entry.state == QueueState::Expired && same_request).then(|| entry.reason.clone())
+}
+
 /// The task a bare task's entry is for, while the manager holds it.
 fn task_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
     let id = entry.id.parse::<Uuid>().ok()?;
@@ -796,6 +807,23 @@ mod tests {
         manager.look_at_queue().await.unwrap();
         assert_eq!(state_of(impatient), Some(QueueState::Expired));
         assert_eq!(state_of(patient), Some(QueueState::Waiting));
+        // The expired task ends as a failure, with the expiry as its error; a stop the user
+        // asks for still ends a waiting task `Completed`.
+        manager.request_stop(patient).await.unwrap();
+        for id in [impatient, patient] {
+            manager.reconcile_task(id).await.unwrap();
+        }
+        let expired = manager.task(impatient).unwrap();
+        assert_eq!(expired.status.state, State::Failed);
+        let error = expired.status.run.error.clone().unwrap_or_default();
+        assert!(
+            error.contains("expired in the queue") && error.contains("QueueTimeout"),
+            "{error}"
+        );
+        assert_eq!(
+            manager.task(patient).unwrap().status.state,
+            State::Completed
+        );
     }
 
     #[tokio::test]

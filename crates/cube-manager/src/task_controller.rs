@@ -288,10 +288,26 @@ impl Manager {
             return Ok(());
         }
         let mut task = task.clone();
-        if task.move_to(State::Completed).is_err() {
-            return Ok(());
+        // A request that waited past its `QueueTimeout` gave up: that is a failure, with the
+        // expiry as its error, not a stop the user asked for.
+        let expired = crate::queue_controller::expiry_of(&state, &task);
+        let now = Utc::now();
+        match expired {
+            Some(reason) => {
+                if task.move_to(State::Failed).is_err() {
+                    return Ok(());
+                }
+                let error = format!("expired in the queue: {reason}");
+                task.record(now, "Failed", error.clone());
+                task.status.run.error = Some(error);
+            }
+            None => {
+                if task.move_to(State::Completed).is_err() {
+                    return Ok(());
+                }
+            }
         }
-        task.status.run.finish_time = Some(Utc::now());
+        task.status.run.finish_time = Some(now);
         task.status.pending_reason = None;
         self.save(&mut state, writes, task)
     }

@@ -322,6 +322,7 @@ fn cluster(node_count: usize, placements: usize, seed: u64) -> Vec<NodeView> {
                 task_count: 0,
                 host_ports_taken: BTreeSet::new(),
                 labels: Default::default(),
+                host_policy: None,
             }
         })
         .collect()
@@ -349,6 +350,7 @@ impl TaskStream {
             disk: 0,
             host_ports: BTreeSet::new(),
             constraints: Vec::new(),
+            host_needs: None,
         }
     }
 }

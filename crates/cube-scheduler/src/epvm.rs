@@ -441,6 +441,7 @@ mod tests {
             task_count,
             host_ports_taken: BTreeSet::new(),
             labels: Default::default(),
+            host_policy: None,
         }
     }
 

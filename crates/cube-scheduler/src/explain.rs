@@ -40,8 +40,9 @@ pub fn summarize_rejections(
     }
 }
 
-/// "no node could ever hold it: needs 16.0 TiB memory, the largest node has 8.0 GiB" when
-/// the request is bigger than every node's whole capacity (not only what is free now).
+/// "no node could hold it today: needs 16.0 TiB memory, the largest node has 8.0 GiB" when
+/// the request is bigger than every node's whole capacity (not only what is free now). A
+/// bigger node may join later, so this is a reason to wait, not to refuse.
 pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<String> {
     if nodes.is_empty() {
         return None;
@@ -73,8 +74,56 @@ pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<
     if needs.is_empty() {
         None
     } else {
-        Some(format!("no node could ever hold it: {}", needs.join(", ")))
+        Some(format!("no node could hold it today: {}", needs.join(", ")))
     }
+}
+
+/// Why no node known today could hold the task even empty, ready and in service, or `None`
+/// when one could (or when no node has joined: nothing can be said). What a submission is
+/// answered with as a warning: the request is accepted and waits, since nodes join later
+/// (a bigger one, one with the right labels, one back from maintenance).
+///
+/// In the words a user needs: `no node could hold it today: needs 16.0 GiB memory, the
+/// largest node has 8.0 GiB`; `no node matches label.zone = eu (0 of 3)`; otherwise every
+/// node's own reason (`no node could hold it today, even empty: ...`).
+pub fn fits_no_node_today(task: &TaskRequest, nodes: &[NodeView]) -> Option<String> {
+    if nodes.is_empty() {
+        return None;
+    }
+    let empty: Vec<NodeView> = nodes
+        .iter()
+        .map(|node| NodeView {
+            ready: true,
+            ineligible: false,
+            allocated: cube_types::Resources::default(),
+            task_count: 0,
+            host_ports_taken: BTreeSet::new(),
+            ..node.clone()
+        })
+        .collect();
+    let chain = crate::FilterChain::standard();
+    let rejections = chain.rejections(task, &empty);
+    if rejections.len() < empty.len() {
+        return None;
+    }
+    if let Some(why) = too_big_for_every_node(task, &empty) {
+        return Some(why);
+    }
+    let total = empty.len();
+    if let Some(constraint) = task.constraints.iter().find(|constraint| {
+        !empty
+            .iter()
+            .any(|node| constraint.admits(&node.name, &node.labels))
+    }) {
+        return Some(format!(
+            "no node matches {} (0 of {total})",
+            describe(constraint)
+        ));
+    }
+    Some(format!(
+        "no node could hold it today, even empty: {}",
+        summarize_rejections(task, &empty, &rejections)
+    ))
 }
 
 /// What kept one node out, for counting.
@@ -264,7 +313,7 @@ mod tests {
         let reason = explain(&task, &nodes);
         assert!(
             reason.starts_with(
-                "no node could ever hold it: needs 16.0 TiB memory, the largest node has 8.0 GiB; "
+                "no node could hold it today: needs 16.0 TiB memory, the largest node has 8.0 GiB; "
             ),
             "{reason}"
         );
@@ -322,6 +371,54 @@ mod tests {
         assert_eq!(
             explain(&task, &nodes),
             r#"w1: label.zone is not set, wants "ap"; w2: label.zone is "us", wants "ap""#
+        );
+    }
+
+    #[test]
+    fn a_request_no_node_could_hold_even_empty_says_why_in_a_users_words() {
+        let mut nodes = vec![node("w1", 4, 4), node("w2", 8, 8), node("w3", 8, 0)];
+        nodes[0].ready = false;
+        nodes[1].ineligible = true;
+        for node in &mut nodes {
+            node.labels = std::sync::Arc::new([("zone".to_string(), "eu".to_string())].into());
+        }
+        // Full, down or out of service today, but each could hold it: nothing to warn of.
+        let fits = TaskRequest {
+            memory: 8 * GIB,
+            host_ports: [cube_types::HostPort::tcp(7777)].into(),
+            ..TaskRequest::default()
+        };
+        nodes[2]
+            .host_ports_taken
+            .insert(cube_types::HostPort::tcp(7777));
+        nodes[2].allocated.memory = 8 * GIB;
+        assert_eq!(fits_no_node_today(&fits, &nodes), None);
+        let big = TaskRequest {
+            memory: 16 * GIB,
+            ..TaskRequest::default()
+        };
+        assert_eq!(
+            fits_no_node_today(&big, &nodes).as_deref(),
+            Some(
+                "no node could hold it today: needs 16.0 GiB memory, the largest node has 8.0 GiB"
+            )
+        );
+        let elsewhere = TaskRequest {
+            constraints: vec![Constraint {
+                attribute: "label.zone".into(),
+                operator: Operator::Equal,
+                value: "eu-wset".into(),
+            }],
+            ..TaskRequest::default()
+        };
+        assert_eq!(
+            fits_no_node_today(&elsewhere, &nodes).as_deref(),
+            Some("no node matches label.zone = eu-wset (0 of 3)")
+        );
+        assert_eq!(
+            fits_no_node_today(&big, &[]),
+            None,
+            "no node has joined yet"
         );
     }
 

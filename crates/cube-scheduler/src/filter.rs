@@ -76,6 +76,7 @@ impl FilterChain {
             ReadyFilter
                 .then(EligibleFilter)
                 .then(ConstraintFilter)
+                .then(HostPolicyFilter)
                 .then(CpuFilter)
                 .then(MemoryFilter)
                 .then(DiskFilter)
@@ -188,6 +189,33 @@ impl Filter for ConstraintFilter {
             Some((_, constraint)) => constraint.reason(&node.name, &node.labels),
             None => "constraints met".to_string(),
         }
+    }
+}
+
+/// Does the node's worker let the task reach what it asks of the host (a pod's bind mounts,
+/// the host's network)? A node whose worker did not report its policy is not refused here:
+/// the worker's own check decides.
+pub struct HostPolicyFilter;
+
+impl Filter for HostPolicyFilter {
+    fn admits(&self, task: &TaskRequest, node: &NodeView) -> bool {
+        match (&task.host_needs, &node.host_policy) {
+            (Some(needs), Some(policy)) => policy.allows(needs),
+            _ => true,
+        }
+    }
+
+    /// The policy's own words, naming the setting: `host policy: services.a: bind mount of
+    /// /srv is not under the node's allowed_host_paths (none)`.
+    fn reason(&self, task: &TaskRequest, node: &NodeView) -> String {
+        let refusal = match (&task.host_needs, &node.host_policy) {
+            (Some(needs), Some(policy)) => policy.refusal(needs),
+            _ => None,
+        };
+        format!(
+            "host policy: {}",
+            refusal.unwrap_or_else(|| "allowed".to_string())
+        )
     }
 }
 
@@ -315,6 +343,7 @@ mod tests {
             task_count: 0,
             host_ports_taken: BTreeSet::new(),
             labels: Default::default(),
+            host_policy: None,
         }
     }
 
@@ -329,6 +358,7 @@ mod tests {
             disk,
             host_ports: BTreeSet::new(),
             constraints: Vec::new(),
+            host_needs: None,
         }
     }
 
@@ -356,6 +386,59 @@ mod tests {
             ),
             ..NodeView::default()
         }
+    }
+
+    #[test]
+    fn a_node_whose_host_policy_refuses_a_pods_bind_mount_is_refused_naming_the_setting() {
+        let needs = cube_types::HostNeeds {
+            bind_mounts: vec![("db".to_string(), "/srv/data".to_string())],
+            host_network: false,
+        };
+        let task = TaskRequest {
+            host_needs: Some(std::sync::Arc::new(needs)),
+            ..TaskRequest::default()
+        };
+        let policy = |paths: &[&str]| {
+            Some(std::sync::Arc::new(cube_types::HostPolicy {
+                allowed_host_paths: paths.iter().map(|path| path.to_string()).collect(),
+                ..cube_types::HostPolicy::default()
+            }))
+        };
+        let mut strict = labelled("w1", &[]);
+        strict.host_policy = policy(&[]);
+        let mut open = labelled("w2", &[]);
+        open.host_policy = policy(&["/srv"]);
+        let unknown = labelled("w3", &[]);
+        assert_eq!(
+            HostPolicyFilter.check(&task, &strict),
+            Err(
+                "host policy: services.db: bind mount of /srv/data is not under the node's \
+                 allowed_host_paths (none)"
+                    .to_string()
+            )
+        );
+        assert_eq!(HostPolicyFilter.check(&task, &open), Ok(()));
+        assert_eq!(
+            HostPolicyFilter.check(&task, &unknown),
+            Ok(()),
+            "a worker that did not say decides itself"
+        );
+        assert!(
+            HostPolicyFilter.admits(&TaskRequest::default(), &strict),
+            "a task that asks nothing of the host"
+        );
+        let chain = FilterChain::standard();
+        let mut nodes = [strict, open];
+        for node in &mut nodes {
+            node.capacity = Resources {
+                cpu: 1.0,
+                memory: 1 << 30,
+                disk: 0,
+            };
+        }
+        let rejections = chain.rejections(&task, &nodes);
+        assert_eq!(rejections.len(), 1);
+        assert_eq!(rejections[0].node, "w1");
     }
 
     #[test]

@@ -26,7 +26,7 @@ pub mod view;
 
 pub use epvm::Epvm;
 pub use epvm_sampled::EpvmSampled;
-pub use explain::summarize_rejections;
+pub use explain::{fits_no_node_today, summarize_rejections};
 pub use filter::{Filter, FilterChain};
 pub use round_robin::RoundRobin;
 pub use view::{NodeView, TaskRequest};

@@ -138,6 +138,7 @@ mod tests {
                 task_count: 0,
                 host_ports_taken: BTreeSet::new(),
                 labels: Default::default(),
+                host_policy: None,
             })
             .collect()
     }

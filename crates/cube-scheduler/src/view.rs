@@ -4,7 +4,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cube_types::{Constraint, HostPort, Labels, Node, NodeStatus, Resources, Task};
+use cube_types::{
+    Constraint, HostNeeds, HostPolicy, HostPort, Labels, Node, NodeStatus, Resources, Task,
+};
 
 /// An immutable snapshot of one node, built by the manager from its cached node state.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -26,6 +28,9 @@ pub struct NodeView {
     /// The node's labels, shared with the manager's registry: a snapshot is built for every
     /// placement, and copying a pointer costs less than copying the map.
     pub labels: Arc<Labels>,
+    /// What the node's worker lets a task reach of its host; `None` when it did not say (the
+    /// worker's own check then decides). Shared with the manager's registry.
+    pub host_policy: Option<Arc<HostPolicy>>,
 }
 
 impl NodeView {
@@ -41,6 +46,7 @@ impl NodeView {
             task_count: node.task_count,
             host_ports_taken,
             labels: Arc::new(node.labels.clone()),
+            host_policy: node.host_policy.clone().map(Arc::new),
         }
     }
 
@@ -69,6 +75,9 @@ pub struct TaskRequest {
     pub host_ports: BTreeSet<HostPort>,
     /// What the node's name and labels must satisfy, every one of them.
     pub constraints: Vec<Constraint>,
+    /// What the task asks of its node's host (a pod's bind mounts, the host's network);
+    /// `None` for a task that asks nothing, as every single container.
+    pub host_needs: Option<Arc<HostNeeds>>,
 }
 
 impl TaskRequest {
@@ -83,6 +92,7 @@ impl TaskRequest {
             disk: task.spec.disk,
             host_ports,
             constraints: task.spec.constraints.clone(),
+            host_needs: HostNeeds::of(task).map(Arc::new),
         }
     }
 
@@ -189,6 +199,7 @@ mod tests {
             drain: None,
             version: None,
             version_warning: None,
+            host_policy: None,
         };
         assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);
         node.status = NodeStatus::Ready;

@@ -57,6 +57,7 @@ fn node() -> impl Strategy<Value = NodeView> {
                     task_count,
                     host_ports_taken: ports,
                     labels: Default::default(),
+                    host_policy: None,
                 }
             },
         )
@@ -79,6 +80,7 @@ fn task() -> impl Strategy<Value = TaskRequest> {
             disk: disk_mib * MIB,
             host_ports,
             constraints: Vec::new(),
+            host_needs: None,
         },
     )
 }

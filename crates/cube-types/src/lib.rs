@@ -36,7 +36,7 @@ pub mod version;
 pub use error::ErrorBody;
 pub use event::{Submission, SubmissionError, TaskEvent};
 pub use job::{Constraint, Group, Job, JobType, Operator};
-pub use node::{Labels, Node, NodeReport, NodeStatus, Resources};
+pub use node::{HostNeeds, HostPolicy, Labels, Node, NodeReport, NodeStatus, Resources};
 pub use pod::{ComposeError, ContainerStatus, Pod, PodNetwork, PodSpec};
 pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};

@@ -137,6 +137,14 @@ pub struct NodeReport {
     /// The worker's build and its container engine's version.
     #[serde(rename = "Version", default, skip_serializing_if = "Option::is_none")]
     pub version: Option<crate::version::VersionInfo>,
+    /// What the worker lets a task reach of its host; `None` from a worker that does not say
+    /// (placement then leaves the check to the worker).
+    #[serde(
+        rename = "HostPolicy",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host_policy: Option<HostPolicy>,
 }
 
 /// A drain under way: the node's service and batch job copies move elsewhere (each new copy
@@ -191,6 +199,151 @@ pub fn parse_label(text: &str) -> Result<(String, String), String> {
         Some(problem) => Err(format!("{text:?}: {problem}")),
         None => Ok((key.to_string(), value.to_string())),
     }
+}
+
+/// Where the container engine listens, in the two usual spellings (`/var/run` is a link to
+/// `/run`): a bind mount of either (or of a directory holding it) hands a task the host.
+pub const DOCKER_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/docker.sock"];
+
+/// What a worker lets a task reach of its host (`allowed_host_paths`, `allow_host_network`,
+/// `allow_docker_socket` in `cube worker --config`), reported with the node so that placement
+/// leaves out a node that would refuse a task rather than send it there to fail.
+///
+/// The worker's own check (`cube-worker/src/host_access.rs`) stays the authority: it also
+/// resolves symbolic links on its host. What is reported here is never stricter than it:
+/// `AllowedHostPaths` holds each allowed directory both as written and as the worker's host
+/// resolves it, and [`HostPolicy::refusal`] refuses only what the worker would refuse too.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostPolicy {
+    /// Directories a bind mount may be under (itself or below): absolute and normalised.
+    #[serde(rename = "AllowedHostPaths", default)]
+    pub allowed_host_paths: Vec<String>,
+    #[serde(rename = "AllowHostNetwork", default)]
+    pub allow_host_network: bool,
+    #[serde(rename = "AllowDockerSocket", default)]
+    pub allow_docker_socket: bool,
+}
+
+/// What a task asks of its node's host: the host paths its pod bind-mounts and whether it
+/// takes the host's network. Empty for a single container, which can ask for neither.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostNeeds {
+    /// Each bind mount's host path, normalised, with the service that asks for it.
+    pub bind_mounts: Vec<(String, String)>,
+    pub host_network: bool,
+}
+
+impl HostNeeds {
+    /// What `task` asks of its host; `None` when it asks for nothing.
+    pub fn of(task: &crate::Task) -> Option<HostNeeds> {
+        let pod = task.spec.pod.as_ref()?;
+        let bind_mounts: Vec<(String, String)> = pod
+            .spec
+            .services
+            .iter()
+            .flat_map(|service| {
+                service
+                    .mounts
+                    .iter()
+                    .filter(|mount| mount.kind == crate::pod::MountKind::Bind)
+                    .map(|mount| {
+                        let path = normalise_host_path(&mount.source);
+                        (service.name.clone(), path)
+                    })
+            })
+            .collect();
+        let host_network = pod.spec.network == crate::pod::PodNetwork::Host;
+        (host_network || !bind_mounts.is_empty()).then_some(HostNeeds {
+            bind_mounts,
+            host_network,
+        })
+    }
+}
+
+impl HostPolicy {
+    /// Whether a node with this policy takes a task asking `needs`: what
+    /// [`HostPolicy::refusal`] says, without building its words (placement asks it of every
+    /// node).
+    pub fn allows(&self, needs: &HostNeeds) -> bool {
+        (!needs.host_network || self.allow_host_network)
+            && needs
+                .bind_mounts
+                .iter()
+                .all(|(_, path)| self.allows_path(path) && !self.gives_socket(path))
+    }
+
+    /// Whether `path` is at or under one of the allowed directories.
+    fn allows_path(&self, path: &str) -> bool {
+        self.allowed_host_paths
+            .iter()
+            .any(|allowed| path_is_under(path, allowed))
+    }
+
+    /// Whether a bind mount of `path` would hand over the Docker socket this policy refuses.
+    fn gives_socket(&self, path: &str) -> bool {
+        !self.allow_docker_socket
+            && DOCKER_SOCKETS
+                .iter()
+                .any(|socket| path_is_under(socket, path))
+    }
+
+    /// Why a node with this policy would refuse a task asking `needs`, naming the setting
+    /// that would allow it, or `None` when it would not. Paths are compared as written
+    /// (normalised); the worker also compares them resolved, which can only refuse more.
+    pub fn refusal(&self, needs: &HostNeeds) -> Option<String> {
+        let mut refusals = Vec::new();
+        if needs.host_network && !self.allow_host_network {
+            refusals.push("network_mode: host (the node has allow_host_network off)".to_string());
+        }
+        for (service, path) in &needs.bind_mounts {
+            if !self.allows_path(path) {
+                let allowed = if self.allowed_host_paths.is_empty() {
+                    "none".to_string()
+                } else {
+                    self.allowed_host_paths.join(", ")
+                };
+                refusals.push(format!(
+                    "services.{service}: bind mount of {path} is not under the node's \
+                     allowed_host_paths ({allowed})"
+                ));
+            } else if self.gives_socket(path) {
+                refusals.push(format!(
+                    "services.{service}: bind mount of {path} gives the Docker socket (the node \
+                     has allow_docker_socket off)"
+                ));
+            }
+        }
+        (!refusals.is_empty()).then(|| refusals.join("; "))
+    }
+}
+
+/// Whether `path` is `dir` or below it, both absolute and normalised, component by
+/// component (`/data2` is not under `/data`).
+fn path_is_under(path: &str, dir: &str) -> bool {
+    std::path::Path::new(path).starts_with(dir)
+}
+
+/// `path` made absolute and without `.`, `..` or repeated separators, without asking the
+/// file system: `..` at the root stays at the root, as the kernel has it.
+pub fn normalise_host_path(path: &str) -> String {
+    normalised(std::path::Path::new(path)).display().to_string()
+}
+
+/// [`normalise_host_path`] on a path.
+pub fn normalised(path: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut normal = std::path::PathBuf::from("/");
+    for component in path.components() {
+        match component {
+            Component::Normal(part) => normal.push(part),
+            Component::ParentDir => {
+                normal.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    normal
 }
 
 /// The longest node name the manager takes.
@@ -295,6 +448,13 @@ pub struct Node {
         skip_serializing_if = "Option::is_none"
     )]
     pub version_warning: Option<String>,
+    /// What the worker lets a task reach of its host, as it last reported it.
+    #[serde(
+        rename = "HostPolicy",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub host_policy: Option<HostPolicy>,
 }
 
 fn eligible_by_default() -> bool {
@@ -303,6 +463,86 @@ fn eligible_by_default() -> bool {
 
 #[cfg(test)]
 mod tests {
+    fn pod(compose: &str) -> crate::Task {
+        let mut task = crate::Task::new("p", "x");
+        task.spec.pod = Some(Box::new(
+            crate::pod::Pod::parse(compose, &BTreeMap::new()).unwrap(),
+        ));
+        task
+    }
+
+    fn binding(source: &str) -> HostNeeds {
+        HostNeeds::of(&pod(&format!(
+            "services:\n  a:\n    image: x\n    volumes:\n      - {source}:/mnt\n"
+        )))
+        .expect("a bind mount is a need")
+    }
+
+    #[test]
+    fn a_host_policy_refuses_what_the_worker_would_naming_the_setting() {
+        let none = HostPolicy::default();
+        assert_eq!(
+            none.refusal(&binding("/srv/data")).as_deref(),
+            Some(
+                "services.a: bind mount of /srv/data is not under the node's \
+                 allowed_host_paths (none)"
+            )
+        );
+        let srv = HostPolicy {
+            allowed_host_paths: vec!["/srv".to_string()],
+            ..HostPolicy::default()
+        };
+        assert_eq!(srv.refusal(&binding("/srv/data/../data/x")), None);
+        assert!(
+            srv.refusal(&binding("/srv2")).is_some(),
+            "a sibling is not under it"
+        );
+        assert!(srv.refusal(&binding("/srv/../etc")).is_some());
+        let root = HostPolicy {
+            allowed_host_paths: vec!["/".to_string()],
+            ..HostPolicy::default()
+        };
+        let socket = root.refusal(&binding("/var/run")).unwrap();
+        assert!(socket.contains("allow_docker_socket"), "{socket}");
+        let network = HostNeeds::of(&pod(
+            "services:\n  a:\n    image: x\n    network_mode: host\n",
+        ))
+        .unwrap();
+        assert!(
+            root.refusal(&network)
+                .unwrap()
+                .contains("allow_host_network")
+        );
+        let open = HostPolicy {
+            allow_host_network: true,
+            allow_docker_socket: true,
+            ..root.clone()
+        };
+        assert_eq!(open.refusal(&network), None);
+        assert_eq!(open.refusal(&binding("/var/run/docker.sock")), None);
+        assert_eq!(
+            HostNeeds::of(&crate::Task::new("single", "x")),
+            None,
+            "a single container asks nothing of its host"
+        );
+        // Placement asks `allows`, and says `refusal`: they must agree.
+        for policy in [&none, &srv, &root, &open] {
+            for needs in [
+                binding("/srv/data"),
+                binding("/srv2"),
+                binding("/var/run"),
+                binding("/"),
+                network.clone(),
+            ] {
+                assert_eq!(
+                    policy.allows(&needs),
+                    policy.refusal(&needs).is_none(),
+                    "{policy:?} {needs:?}"
+                );
+            }
+        }
+    }
+
     use super::*;
 
     fn report(capacity: &str) -> NodeReport {

@@ -49,11 +49,13 @@ impl State {
     /// is listed, so that a repeated report of the same state is harmless.
     ///
     /// - `Scheduled → Completed` and `Pending → Completed`: stopped before it ever ran.
+    /// - `Pending → Failed`: it gave up before it ever ran, having waited in the queue past
+    ///   its `QueueTimeout` (an expiry is a failure, with the reason as the task's error).
     /// - `Lost → Running | Completed | Failed`: its node came back and told what happened.
     pub fn successors(self) -> &'static [State] {
         use State::*;
         match self {
-            Pending => &[Scheduled, Completed],
+            Pending => &[Scheduled, Completed, Failed],
             Scheduled => &[Scheduled, Running, Completed, Failed, Lost],
             Running => &[Running, Completed, Failed, Lost],
             Completed => &[],
@@ -184,6 +186,7 @@ mod tests {
     const ALLOWED: &[(State, State)] = &[
         (Pending, Scheduled),
         (Pending, Completed),
+        (Pending, Failed),
         (Scheduled, Scheduled),
         (Scheduled, Running),
         (Scheduled, Completed),

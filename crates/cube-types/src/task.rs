@@ -1422,19 +1422,39 @@ impl Task {
                 );
             }
         }
+        // Each duration that must be positive says why in its own words: a zero
+        // `QueueTimeout` has nothing to do with health probes.
+        const PROBE: &str = "a probe needs time to run and to wait between runs";
         let durations = [
-            ("HealthCheckInterval", self.spec.health_check_interval, true),
-            ("HealthCheckTimeout", self.spec.health_check_timeout, true),
-            ("RestartDelay", self.spec.restart_delay, false),
-            ("RestartDelayMax", self.spec.restart_delay_max, false),
-            ("QueueTimeout", self.spec.queue_timeout, true),
+            (
+                "HealthCheckInterval",
+                self.spec.health_check_interval,
+                Some(PROBE),
+            ),
+            (
+                "HealthCheckTimeout",
+                self.spec.health_check_timeout,
+                Some(PROBE),
+            ),
+            ("RestartDelay", self.spec.restart_delay, None),
+            ("RestartDelayMax", self.spec.restart_delay_max, None),
+            (
+                "QueueTimeout",
+                self.spec.queue_timeout,
+                Some(
+                    "how long the request may wait in the queue for room before it fails; \
+                     leave it out to wait without limit",
+                ),
+            ),
         ];
-        for (field, duration, positive) in durations {
+        for (field, duration, why_positive) in durations {
             let Some(duration) = duration else { continue };
-            if positive && duration.is_zero() {
+            if let Some(why) = why_positive
+                && duration.is_zero()
+            {
                 findings.push(format!(
-                    "{field}: must be longer than 0 (a probe needs time to run and to wait \
-                     between runs); durations count whole milliseconds, e.g. \"500ms\""
+                    "{field}: must be longer than 0 ({why}); durations count whole \
+                     milliseconds, e.g. \"500ms\""
                 ));
             } else if duration > MAX_TASK_DURATION {
                 findings.push(format!(
@@ -2662,6 +2682,17 @@ mod validation_tests {
             "{findings}"
         );
         assert_eq!(findings_for(r#"{"Image": "x", "RestartDelay": "0s"}"#), "");
+    }
+
+    #[test]
+    fn a_zero_queue_timeout_is_refused_for_what_a_queue_timeout_is() {
+        let findings = findings_for(r#"{"Image": "x", "QueueTimeout": "0s"}"#);
+        assert!(
+            findings.contains("QueueTimeout: must be longer than 0"),
+            "{findings}"
+        );
+        assert!(findings.contains("wait in the queue"), "{findings}");
+        assert!(!findings.contains("probe"), "{findings}");
     }
 
     #[test]

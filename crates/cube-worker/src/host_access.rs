@@ -9,19 +9,19 @@
 //! (`cube_types::pod`). Every container Cube creates runs with `no-new-privileges`
 //! (`cube_runtime::docker`).
 //!
-//! The check runs when a task is submitted to the worker (the manager then fails the task
-//! with the refusal, which `cube status` shows) and again when it starts, for a task accepted
-//! under an earlier configuration. Paths are compared once normalised (`/data/../etc` is
+//! The worker reports this configuration with its node (`HostPolicy`, [`HostAccess::policy`]),
+//! and the manager's placement leaves out a node that would refuse a task. The check here
+//! still runs when a task is submitted to the worker (the manager then fails the task with the
+//! refusal, which `cube status` shows) and again when it starts, for a task accepted under an
+//! earlier configuration. Paths are compared once normalised (`/data/../etc` is
 //! `/etc`, not under `/data`), and once more with symbolic links resolved where the path
 //! exists on this host, as the engine would resolve them.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use cube_types::Task;
+use cube_types::node::{DOCKER_SOCKETS, normalised as normalise};
 use cube_types::pod::{MountKind, PodNetwork};
-
-/// Where the engine listens, in the two usual spellings (`/var/run` is a link to `/run`).
-const DOCKER_SOCKETS: [&str; 2] = ["/var/run/docker.sock", "/run/docker.sock"];
+use cube_types::{HostPolicy, Task};
 
 /// What the worker's configuration lets a task reach of the host.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,6 +55,28 @@ impl HostAccess {
             allow_host_network,
             allow_docker_socket,
         })
+    }
+
+    /// This configuration as the worker reports it with its node, for placement: each
+    /// allowed directory as written and, where it differs, as this host resolves it (a bind
+    /// mount may be written either way), so that the manager never refuses what this worker
+    /// would take. The check here stays the authority.
+    pub fn policy(&self) -> HostPolicy {
+        let mut allowed_host_paths: Vec<String> = Vec::new();
+        for allowed in &self.allowed_host_paths {
+            let resolved = std::fs::canonicalize(allowed).ok();
+            for path in std::iter::once(allowed).chain(resolved.as_ref()) {
+                let shown = path.display().to_string();
+                if !allowed_host_paths.contains(&shown) {
+                    allowed_host_paths.push(shown);
+                }
+            }
+        }
+        HostPolicy {
+            allowed_host_paths,
+            allow_host_network: self.allow_host_network,
+            allow_docker_socket: self.allow_docker_socket,
+        }
     }
 
     /// Whether `task` stays within what this worker allows; else every refusal, each naming
@@ -166,22 +188,6 @@ fn docker_socket_under(forms: &[&Path]) -> Option<(&'static Path, bool)> {
     })
 }
 
-/// `path` made absolute and without `.`, `..` or repeated separators, without asking the
-/// file system: `..` at the root stays at the root, as the kernel has it.
-fn normalise(path: &Path) -> PathBuf {
-    let mut normal = PathBuf::from("/");
-    for component in path.components() {
-        match component {
-            Component::Normal(part) => normal.push(part),
-            Component::ParentDir => {
-                normal.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    normal
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +205,31 @@ mod tests {
         pod_task(&format!(
             "services:\n  a:\n    image: x\n    volumes:\n      - {source}:/mnt\n"
         ))
+    }
+
+    #[test]
+    fn the_reported_policy_holds_each_allowed_path_as_written_and_resolved() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let access = HostAccess::new(&[link.display().to_string()], true, false).unwrap();
+        let policy = access.policy();
+        let resolved = std::fs::canonicalize(&real).unwrap();
+        assert_eq!(
+            policy.allowed_host_paths,
+            vec![link.display().to_string(), resolved.display().to_string()]
+        );
+        assert!(policy.allow_host_network);
+        assert!(!policy.allow_docker_socket);
+        // What the worker takes, the policy never refuses: a mount written either way.
+        for written in [&link, &resolved] {
+            let task = bind(&format!("{}/data", written.display()));
+            assert!(access.check(&task).is_ok());
+            let needs = cube_types::HostNeeds::of(&task).unwrap();
+            assert_eq!(policy.refusal(&needs), None, "{}", written.display());
+        }
     }
 
     #[test]

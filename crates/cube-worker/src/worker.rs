@@ -432,6 +432,7 @@ impl<R: Runtime> Worker<R> {
             capacity: self.config.capacity,
             stats: Some(stats),
             labels: self.config.labels.clone(),
+            host_policy: Some(self.config.pods.host_access.policy()),
             version: Some({
                 let mut info = cube_types::version::VersionInfo::this_build();
                 if let Some(engine) = lock_engine(&self.engine).clone() {

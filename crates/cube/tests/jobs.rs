@@ -376,23 +376,27 @@ async fn a_job_only_a_down_node_could_hold_waits_saying_so_and_runs_when_the_nod
     let eu = manager.join_worker(&unique_node("wait-eu"), &["--label", "zone=eu"]);
     manager.await_ready_nodes(2).await;
     let client = manager.client();
-    let mut job = service("waiting", 2);
-    job["Constraints"] = json!([{"Attribute": "label.zone", "Operator": "=", "Value": "ap"}]);
-    // No node could ever hold it: refused at once, with each node's reason.
-    let refused = post_job(&client, "/jobs", &job).await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
-    assert!(
-        refused
-            .message()
-            .contains(r#"label.zone is "us", wants "ap""#),
-        "{}",
-        refused.body
-    );
+    // No node could hold it today: accepted with a warning naming the constraint, and it
+    // waits (a node in that zone may join).
+    let mut elsewhere = service("elsewhere", 2);
+    elsewhere["Constraints"] = json!([{"Attribute": "label.zone", "Operator": "=", "Value": "ap"}]);
+    let accepted = post_job(&client, "/jobs", &elsewhere).await;
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
     assert_eq!(
-        client.get("/jobs/waiting").await.status,
-        404,
-        "nothing kept"
+        accepted.body["Warnings"],
+        json!(["group api: no node matches label.zone = ap (0 of 2)"]),
+        "{}",
+        accepted.body
     );
+    await_job(&client, "elsewhere", "waiting, saying why", |job| {
+        job["Queue"]["State"] == "waiting"
+            && job["Queue"]["WaitingFor"]
+                .as_str()
+                .is_some_and(|why| why.contains(r#"label.zone is "us", wants "ap""#))
+    })
+    .await;
+    assert_eq!(client.delete("/jobs/elsewhere").await.status, 200);
+    let mut job = service("waiting", 2);
 
     // The eu node goes silent (frozen), and is Down: a job only it could hold waits.
     eu.signal("-STOP");

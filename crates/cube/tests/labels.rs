@@ -100,26 +100,39 @@ async fn a_zone_constraint_places_every_task_on_the_matching_worker() {
 }
 
 #[tokio::test]
-async fn a_constraint_no_node_meets_is_refused_with_each_nodes_reason() {
+async fn a_constraint_no_node_meets_is_accepted_with_a_warning_and_runs_once_a_matching_worker_joins()
+ {
     let cluster = ZonedCluster::start("nowhere").await;
     let client = cluster.manager.client();
-    let refused = client
+    let accepted = client
         .post(&constrained("in-ap", "label.zone", "=", "ap"))
         .await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
-    let reason = refused.message();
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
+    assert_eq!(
+        accepted.body["Warnings"],
+        json!(["no node matches label.zone = ap (0 of 2)"]),
+        "{}",
+        accepted.body
+    );
+    let id = accepted.body["ID"].as_str().unwrap().to_string();
+    let waiting = client
+        .await_task(&id, "waiting with each node's reason", |task| {
+            task["PendingReason"].as_str().is_some()
+        })
+        .await;
+    let reason = waiting["PendingReason"].as_str().unwrap();
     for expected in [
         format!(r#"{}: label.zone is "eu", wants "ap""#, cluster.eu.name),
         format!(r#"{}: label.zone is "us", wants "ap""#, cluster.us.name),
     ] {
         assert!(reason.contains(&expected), "{expected:?} not in {reason:?}");
     }
-    let tasks = client.get("/tasks").await.body;
-    assert_eq!(
-        tasks.as_array().map(Vec::len),
-        Some(0),
-        "nothing was kept: {tasks}"
-    );
+    // A node in that zone joins: the task goes there.
+    let ap = cluster
+        .manager
+        .join_worker(&unique_node("nowhere-ap"), &["--label", "zone=ap"]);
+    let running = client.await_state(&id, "Running").await;
+    assert_eq!(running["NodeName"], ap.name.as_str(), "{running}");
 }
 
 #[tokio::test]

@@ -106,45 +106,61 @@ async fn epvm_avoids_the_worker_that_holds_most_of_the_allocated_memory() {
 }
 
 #[tokio::test]
-async fn a_task_too_big_for_every_worker_is_refused_with_why_and_runs_once_a_bigger_worker_joined()
-{
+async fn a_task_too_big_for_every_worker_is_accepted_with_a_warning_waits_and_runs_once_a_bigger_worker_joined()
+ {
     let cluster = Cluster::start("epvm", "tb", &["--memory", "256MiB"]).await;
     let client = cluster.manager.client();
-    // No worker could ever hold it, even empty: refused at once, not queued for good.
-    let refused = client.post(&with_memory(sleeper("too-big"), "1GiB")).await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
-    let reason = refused.message();
-    assert!(
-        reason.contains("task too-big can never run on this cluster")
-            && reason.contains("no node could ever hold it"),
-        "{reason}"
+    // No worker could hold it today, even empty: accepted all the same, with a warning,
+    // since a bigger node may join.
+    let accepted = client.post(&with_memory(sleeper("too-big"), "1GiB")).await;
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
+    assert_eq!(
+        accepted.body["Warnings"],
+        serde_json::json!([
+            "no node could hold it today: needs 1.0 GiB memory, the largest node has 256.0 MiB"
+        ]),
+        "{}",
+        accepted.body
     );
-    for worker in &cluster.workers {
-        assert!(
-            reason.contains(&format!(
-                "{}: needs 1.0 GiB memory, 256.0 MiB free",
-                worker.name
-            )),
-            "{reason}"
-        );
-    }
-    let (ok, _, stderr) = cube_cli(
+    let id = accepted.body["ID"].as_str().unwrap().to_string();
+    let waiting = client
+        .await_task(&id, "waiting with the reason", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|why| why.contains("no node could hold it today"))
+        })
+        .await;
+    assert_eq!(waiting["State"], "Pending", "{waiting}");
+    // The command line says so on stderr, and succeeds: the task was accepted.
+    let (ok, stdout, stderr) = cube_cli(
         &cluster.manager.address(),
-        &["run", "--memory", "1GiB", "--name", "too-big", SAMPLE_IMAGE],
+        &[
+            "run",
+            "--memory",
+            "1GiB",
+            "--name",
+            "too-big-cli",
+            SAMPLE_IMAGE,
+        ],
     );
-    assert!(!ok, "the command fails too");
-    assert!(stderr.contains("can never run on this cluster"), "{stderr}");
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: task too-big-cli: no node could hold it today: needs 1.0 GiB memory"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("warning"),
+        "stdout holds the ID alone: {stdout}"
+    );
 
     let big = cluster
         .manager
         .join_worker(&unique_node("tb-big"), &["--memory", "2GiB"]);
-    cluster
-        .manager
-        .await_ready_nodes(cluster.workers.len() + 1)
-        .await;
-    let (_, running) = client.run(&with_memory(sleeper("too-big"), "1GiB")).await;
+    let running = client.await_state(&id, "Running").await;
     assert_eq!(running["NodeName"], big.name.as_str());
-    assert!(running.get("PendingReason").is_none(), "{running}");
+    assert!(running["PendingReason"].is_null(), "{running}");
 }
 
 #[tokio::test]

@@ -32,20 +32,37 @@ async fn a_waiting_task_in_a_large_cluster_says_why_in_one_counted_line() {
     let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
     register(&manager, 40, 512 << 20).await;
     let client = manager.client();
-    // Bigger than every node: refused, in one counted line.
-    let refused = client
-        .post(&json!({"Name": "wide", "Image": SAMPLE_IMAGE, "Memory": "1GiB"}))
+    // Bigger than every node: accepted with a warning in one short line, and it waits
+    // saying why in one counted line.
+    let accepted = client
+        .post(&json!({"Name": "huge", "Image": SAMPLE_IMAGE, "Memory": "1GiB"}))
         .await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
-    let reason = refused.message();
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
+    assert_eq!(
+        accepted.body["Warnings"],
+        json!([
+            "no node could hold it today: needs 1.0 GiB memory, the largest node has 512.0 MiB"
+        ]),
+        "{}",
+        accepted.body
+    );
+    let huge = accepted.body["ID"].as_str().unwrap().to_string();
+    let task = client
+        .await_task(&huge, "a reason naming 40 nodes", |task| {
+            task["PendingReason"]
+                .as_str()
+                .is_some_and(|reason| reason.contains("40 nodes:"))
+        })
+        .await;
+    let reason = task["PendingReason"].as_str().unwrap();
     assert!(reason.len() < 300, "one short line: {reason}");
     assert!(
-        reason.contains("40 nodes:")
-            && reason.contains(
-                "no node could ever hold it: needs 1.0 GiB memory, the largest node has 512.0 MiB"
-            ),
+        reason.starts_with(
+            "no node could hold it today: needs 1.0 GiB memory, the largest node has 512.0 MiB"
+        ),
         "{reason}"
     );
+    client.delete(&format!("/tasks/{huge}")).await;
     // Forty that take every node's room (the nodes are not real: they end up Unreachable),
     // then one that waits, saying why in one counted line.
     for n in 0..40 {

@@ -1,9 +1,10 @@
 //! The waiting list as a user meets it: with room for four tasks on two workers, six
 //! requests make four claimed and two waiting in order; freed room goes to the head; a job is
-//! let in whole or not at all; priority goes first; a request that can never fit is refused;
-//! `QueueTimeout` expires a request; `--max-claimed-per-owner` holds an owner's second
-//! request; a manager killed and restarted keeps the list; a list with nothing changing writes
-//! nothing; `cube run --wait` prints the addresses, which answer. Real `cube` processes and
+//! let in whole or not at all; priority goes first; a request no node can hold today is
+//! accepted with a warning and waits; `QueueTimeout` expires a request, which fails;
+//! `--max-claimed-per-owner` holds an owner's second request; a manager killed and restarted
+//! keeps the list; a list with nothing changing writes nothing; a finished batch job leaves
+//! the list; `cube run --wait` prints the addresses, which answer. Real `cube` processes and
 //! the real Docker engine.
 
 mod support;
@@ -276,38 +277,75 @@ async fn a_higher_priority_request_submitted_later_goes_ahead() {
 }
 
 #[tokio::test]
-async fn a_request_larger_than_every_node_is_refused_saying_why() {
+async fn a_request_larger_than_every_node_is_accepted_with_a_warning_and_waits_saying_why() {
     let cluster = FourSlots::start("large", &[]).await;
-    let refused = cluster
+    let accepted = cluster
         .manager
         .client()
         .post(&json!({"Name": "huge", "Image": SAMPLE_IMAGE, "Memory": "1GiB"}))
         .await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
+    let warnings = accepted.body["Warnings"].to_string();
     assert!(
-        refused.message().contains("no node could ever hold it")
-            && refused.message().contains("needs 1.0 GiB memory"),
+        warnings.contains("no node could hold it today")
+            && warnings.contains("needs 1.0 GiB memory"),
         "{}",
-        refused.body
+        accepted.body
     );
+    let huge = accepted.body["ID"].as_str().unwrap().to_string();
     // A job that fits no node whole, though each copy fits one: 5 × 128 MiB > 512 MiB.
     let job = json!({"Name": "wide", "Type": "service",
         "Groups": [{"Name": "api", "Count": 5,
                     "Task": {"Image": SAMPLE_IMAGE, "Memory": "128MiB"}}]});
-    let refused = cluster
+    let accepted = cluster
         .manager
         .client()
         .post_raw("/jobs", job.to_string())
         .await;
-    assert_eq!(refused.status, 422, "{}", refused.body);
+    assert_eq!(accepted.status, 201, "{}", accepted.body);
     assert!(
-        refused
-            .message()
+        accepted.body["Warnings"]
+            .to_string()
             .contains("its 5 copies need 640.0 MiB memory in all"),
         "{}",
-        refused.body
+        accepted.body
     );
-    assert!(cluster.queue().await.is_empty());
+    // `cube job run` says so on stderr, and is accepted.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wider.json");
+    let wider = json!({"Name": "wider", "Type": "batch",
+        "Groups": [{"Name": "work", "Count": 5,
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "128MiB"}}]});
+    std::fs::write(&file, wider.to_string()).unwrap();
+    let (ok, stdout, stderr) = cube_cli(
+        &cluster.manager.address(),
+        &["job", "run", "--detach", file.to_str().unwrap()],
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("warning: job wider: no node could hold it today: its 5 copies need"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("warning"), "{stdout}");
+    // Each waits in the queue, saying why.
+    let queue = cluster
+        .await_queue("all three waiting with a reason", |queue| {
+            queue.len() == 3
+                && queue.iter().all(|entry| {
+                    entry["State"] == "waiting"
+                        && entry["WaitingFor"]
+                            .as_str()
+                            .is_some_and(|why| why.contains("memory"))
+                })
+        })
+        .await;
+    assert!(
+        entry(&queue, &huge)["WaitingFor"]
+            .as_str()
+            .unwrap()
+            .contains("no node could hold it today"),
+        "{queue:?}"
+    );
 }
 
 #[tokio::test]
@@ -358,6 +396,59 @@ async fn a_request_that_waits_past_its_queue_timeout_expires_and_is_stopped() {
         task["DesiredState"], "Completed",
         "the request was stopped: {task}"
     );
+    // An expiry is a failure, with the reason as the task's error, not a success.
+    let ended = cluster
+        .manager
+        .client()
+        .await_task(&id, "ended", |task| {
+            matches!(task["State"].as_str(), Some("Completed" | "Failed"))
+        })
+        .await;
+    assert_eq!(ended["State"], "Failed", "{ended}");
+    assert!(
+        ended["Error"].as_str().is_some_and(
+            |error| error.contains("expired in the queue") && error.contains("QueueTimeout")
+        ),
+        "{ended}"
+    );
+}
+
+#[tokio::test]
+async fn a_finished_batch_job_leaves_the_queue_whether_it_completed_or_failed() {
+    let cluster = FourSlots::start("batch", &[]).await;
+    let client = cluster.manager.client();
+    for (name, script) in [("done", "exit 0"), ("broken", "exit 1")] {
+        let job = json!({"Name": name, "Type": "batch",
+            "Groups": [{"Name": "work", "Count": 2,
+                        "Task": {"Image": SAMPLE_IMAGE, "Memory": "64MiB",
+                                 "Cmd": ["sh", "-c", script]}}]});
+        let created = client.post_raw("/jobs", job.to_string()).await;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    client
+        .await_job("done", "complete", |job| job["Status"] == "complete")
+        .await;
+    client
+        .await_job("broken", "failed", |job| job["Status"] == "failed")
+        .await;
+    // Nothing of them waits or holds room any more: neither is listed.
+    let queue = cluster.await_queue("empty", |queue| queue.is_empty()).await;
+    assert!(queue.is_empty());
+    let metrics = http()
+        .get(format!("{}/metrics", cluster.manager.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for state in ["waiting", "pending", "claimed"] {
+        let line = format!("cube_queue_depth{{state=\"{state}\"}} 0");
+        assert!(
+            metrics.lines().any(|shown| shown == line),
+            "{line} not in the metrics"
+        );
+    }
 }
 
 #[tokio::test]

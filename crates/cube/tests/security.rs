@@ -1,7 +1,7 @@
 //! Security as a user (or an attacker) meets it: a task cannot take over its host (a bind
-//! mount of `/` refused by the worker and the task `Failed` with the setting named, a
-//! privileged service refused at submission, a bind mount under an allowed path run, every
-//! container with `no-new-privileges`), and a server cannot be held by a hostile client (slow
+//! mount of `/` that no worker's policy allows waits with the setting named, a pod goes to the
+//! worker whose policy allows its bind mount, a privileged service refused at submission, a
+//! bind mount under an allowed path run, every container with `no-new-privileges`), and a server cannot be held by a hostile client (slow
 //! headers and slow bodies cut off within their limits while long answers go on, connections
 //! beyond the per-client bound closed while other clients are served). Real `cube`
 //! processes, the real Docker engine, raw TCP for the clients.
@@ -44,15 +44,22 @@ fn run_file(manager: &ManagerProcess, file: &Path) -> (bool, String, String) {
     )
 }
 
-async fn failed_with(client: &Client, id: &str) -> String {
+/// Waits until the task waits with a reason, and returns the reason.
+async fn waiting_because(client: &Client, id: &str) -> String {
     let task = client
-        .await_task(id, "State Failed", |task| task["State"] == "Failed")
+        .await_task(id, "a PendingReason", |task| {
+            task["PendingReason"].as_str().is_some()
+        })
         .await;
-    task["Error"].as_str().unwrap_or_default().to_string()
+    assert_eq!(task["State"], "Pending", "{task}");
+    task["PendingReason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 #[tokio::test]
-async fn a_bind_mount_of_the_root_is_refused_by_the_worker_and_the_task_fails_naming_the_setting() {
+async fn a_bind_mount_of_the_root_no_worker_allows_waits_naming_the_setting() {
     let cluster = OneNodeCluster::start("secroot").await;
     let client = cluster.manager.client();
     let dir = tempfile::tempdir().unwrap();
@@ -61,23 +68,23 @@ async fn a_bind_mount_of_the_root_is_refused_by_the_worker_and_the_task_fails_na
         "root.yml",
         "services:\n  a:\n    image: cube-sample:latest\n    volumes:\n      - /:/host\n",
     );
-    // The manager cannot know the worker's configuration: it accepts and places the task,
-    // the worker refuses it, and the user reads why.
+    // The worker reports its policy with its node: the manager does not send it a task it
+    // would refuse, and the task waits (a worker that allows it may join), saying why.
     let (ok, stdout, stderr) = run_file(&cluster.manager, &file);
     assert!(ok, "{stderr}");
     let id = stdout.trim();
-    let error = failed_with(&client, id).await;
+    let reason = waiting_because(&client, id).await;
     assert!(
-        error.contains(
-            "services.a.volumes: bind mount of / refused: not under any allowed_host_paths in \
-             the worker's configuration (empty)"
+        reason.contains(
+            "host policy: services.a: bind mount of / is not under the node's \
+             allowed_host_paths (none)"
         ),
-        "{error}"
+        "{reason}"
     );
     let (ok, status, stderr) = cube_cli(&cluster.manager.address(), &["status", id]);
     assert!(ok, "{stderr}");
     assert!(
-        status.contains("Failed") && status.contains("allowed_host_paths"),
+        status.contains("Pending") && status.contains("allowed_host_paths"),
         "{status}"
     );
     assert!(
@@ -93,10 +100,10 @@ async fn a_bind_mount_of_the_root_is_refused_by_the_worker_and_the_task_fails_na
     );
     let (ok, stdout, stderr) = run_file(&cluster.manager, &socket);
     assert!(ok, "{stderr}");
-    let error = failed_with(&client, stdout.trim()).await;
+    let reason = waiting_because(&client, stdout.trim()).await;
     assert!(
-        error.contains("bind mount of /var/run/docker.sock refused"),
-        "{error}"
+        reason.contains("bind mount of /var/run/docker.sock"),
+        "{reason}"
     );
     let host = write(
         dir.path(),
@@ -105,8 +112,70 @@ async fn a_bind_mount_of_the_root_is_refused_by_the_worker_and_the_task_fails_na
     );
     let (ok, stdout, stderr) = run_file(&cluster.manager, &host);
     assert!(ok, "{stderr}");
-    let error = failed_with(&client, stdout.trim()).await;
-    assert!(error.contains("allow_host_network: true"), "{error}");
+    let reason = waiting_because(&client, stdout.trim()).await;
+    assert!(reason.contains("allow_host_network"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_bind_mount_pod_goes_to_the_worker_whose_policy_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let config = write(
+        dir.path(),
+        "worker.yaml",
+        &format!("allowed_host_paths: [{}]\n", shared.display()),
+    );
+    let allowing = manager.join_worker(
+        &unique_node("policy-allows"),
+        &["--config", &config.display().to_string()],
+    );
+    let _strict = manager.join_worker(&unique_node("policy-strict"), &[]);
+    manager.await_ready_nodes(2).await;
+    let nodes = manager.client().get("/nodes").await.body;
+    let reported = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["Name"] == allowing.name.as_str())
+        .map(|node| node["HostPolicy"]["AllowedHostPaths"].clone());
+    assert_eq!(
+        reported,
+        Some(json!([shared.display().to_string()])),
+        "{nodes}"
+    );
+    let client = manager.client();
+    let compose = format!(
+        "services:\n  a:\n    image: cube-sample:latest\n    command: [\"sh\", \"-c\", \"sleep 3600\"]\n    volumes:\n      - {}:/data\n",
+        shared.display()
+    );
+    let file = write(dir.path(), "bind.yml", &compose);
+    // Each goes to the one worker that takes it, never to the other to be refused there.
+    for _ in 0..3 {
+        let (ok, stdout, stderr) = run_file(&manager, &file);
+        assert!(ok, "{stderr}");
+        let running = client.await_state(stdout.trim(), "Running").await;
+        assert_eq!(running["NodeName"], allowing.name.as_str(), "{running}");
+    }
+    // A path neither allows: it waits, each node's policy named.
+    let elsewhere = write(
+        dir.path(),
+        "elsewhere.yml",
+        "services:\n  a:\n    image: cube-sample:latest\n    volumes:\n      - /etc:/host-etc\n",
+    );
+    let (ok, stdout, stderr) = run_file(&manager, &elsewhere);
+    assert!(ok, "{stderr}");
+    let reason = waiting_because(&client, stdout.trim()).await;
+    assert!(
+        reason.contains(&format!(
+            "{}: host policy: services.a: bind mount of /etc is not under the node's \
+             allowed_host_paths ({})",
+            allowing.name,
+            shared.display()
+        )),
+        "{reason}"
+    );
 }
 
 #[tokio::test]

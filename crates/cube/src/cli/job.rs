@@ -349,6 +349,11 @@ async fn run(args: JobRunArgs) -> anyhow::Result<()> {
     if table {
         println!("{}", submitted_line(&submitted, before));
     }
+    // Accepted, but no node could hold it today: it waits for one that can (on stderr, so
+    // that stdout stays what scripts read).
+    for warning in &submitted.warnings {
+        eprintln!("warning: job {name}: {warning}");
+    }
     if args.detach {
         if !table {
             print_json(&raw)?;

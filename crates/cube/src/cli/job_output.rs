@@ -50,6 +50,9 @@ pub struct JobView {
     /// The job's entry in the waiting list (one job's answer only).
     #[serde(rename = "Queue", default, skip_serializing_if = "Option::is_none")]
     pub queue: Option<QueueEntryView>,
+    /// In the answer to a submission: why no node could hold the job today (it waits).
+    #[serde(rename = "Warnings", default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One kept version, as `GET /jobs/{name}/versions` lists it.
@@ -714,6 +717,7 @@ mod tests {
             deployment: None,
             outcome: None,
             queue: None,
+            warnings: Vec::new(),
         }
     }
 

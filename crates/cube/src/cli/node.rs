@@ -480,6 +480,7 @@ mod tests {
             drain: None,
             version: None,
             version_warning: None,
+            host_policy: None,
         }
     }
 

@@ -151,10 +151,22 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
         None => task_from_flags(&args.task)?,
     };
     let manager = ManagerClient::connect(&args.flags)?;
-    let (status, task): (u16, Task) = manager
+    let (status, mut answer): (u16, serde_json::Value) = manager
         .post("/tasks", &document)
         .await
         .map_err(|err| explain_refusal(err, &origin))?;
+    // The answer is the task, with `Warnings` beside its fields when no node could hold it
+    // today (it is accepted and waits all the same).
+    let warnings: Vec<String> = answer
+        .as_object_mut()
+        .and_then(|fields| fields.remove("Warnings"))
+        .and_then(|warnings| serde_json::from_value(warnings).ok())
+        .unwrap_or_default();
+    let task: Task = serde_json::from_value(answer)
+        .map_err(|err| anyhow!("cannot read the manager's answer: {err}"))?;
+    for warning in &warnings {
+        eprintln!("warning: task {}: {warning}", task.name);
+    }
 
     match args.flags.output {
         OutputFormat::Json if !args.wait => print_json(&task)?,
