@@ -115,6 +115,24 @@ pub(crate) fn assess(
     (Verdict::Running { health }, statuses)
 }
 
+/// What a launch waiting on a container (until it `what`: is healthy, completed) reads of it
+/// at each look: the container, or why the launch fails.
+fn awaited(
+    inspected: Result<Option<ContainerInfo>, RuntimeError>,
+    service: &str,
+    what: &str,
+) -> Result<ContainerInfo, LaunchFailure> {
+    match inspected {
+        Ok(Some(info)) => Ok(info),
+        Ok(None) => Err(LaunchFailure(format!(
+            "container {service} disappeared before it {what}"
+        ))),
+        Err(err) => Err(LaunchFailure(format!(
+            "cannot inspect container {service}: {err}"
+        ))),
+    }
+}
+
 fn describe_end(info: &ContainerInfo) -> String {
     match info.exit_code {
         _ if info.oom_killed => "killed for using more than its memory limit".to_string(),
@@ -415,19 +433,11 @@ impl<R: Runtime> Worker<R> {
             let passed = self.first_checks.next_pass();
             tokio::pin!(passed);
             passed.as_mut().enable();
-            let info = match self.inspect_counted(container_id).await {
-                Ok(Some(info)) => info,
-                Ok(None) => {
-                    return Err(LaunchFailure(format!(
-                        "container {service} disappeared before it was healthy"
-                    )));
-                }
-                Err(err) => {
-                    return Err(LaunchFailure(format!(
-                        "cannot inspect container {service}: {err}"
-                    )));
-                }
-            };
+            let info = awaited(
+                self.inspect_counted(container_id).await,
+                service,
+                "was healthy",
+            )?;
             if !info.running {
                 return Err(LaunchFailure(format!(
                     "container {service} ended before it was healthy: {}",
@@ -485,19 +495,11 @@ impl<R: Runtime> Worker<R> {
         let since = Utc::now().timestamp() - 1;
         let mut events = self.runtime.events_since(&self.config.name, since);
         loop {
-            let info = match self.runtime.inspect(container_id).await {
-                Ok(Some(info)) => info,
-                Ok(None) => {
-                    return Err(LaunchFailure(format!(
-                        "container {service} disappeared before it completed"
-                    )));
-                }
-                Err(err) => {
-                    return Err(LaunchFailure(format!(
-                        "cannot inspect container {service}: {err}"
-                    )));
-                }
-            };
+            let info = awaited(
+                self.runtime.inspect(container_id).await,
+                service,
+                "completed",
+            )?;
             if !info.running {
                 return match info.exit_code {
                     Some(0) if !info.oom_killed => Ok(()),
