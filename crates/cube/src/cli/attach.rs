@@ -72,7 +72,6 @@ pub async fn attach(
     let cmd = serde_json::to_string(command)?;
     let path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
     let response = manager
-        .api
         .open_upgrade(&path, PROTOCOL)
         .await
         .map_err(|err| manager.explain(err))?;

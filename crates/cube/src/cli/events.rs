@@ -95,11 +95,7 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
     let mut followed = false;
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
-        let (mut lines, start) = match manager
-            .api
-            .get_lines(&events_path(args, position), None)
-            .await
-        {
+        let (mut lines, start) = match manager.get_lines(&events_path(args, position), None).await {
             Ok(opened) => opened,
             Err(ClientError::Gone { oldest_index, .. }) if position.is_some() => {
                 eprintln!(

@@ -55,7 +55,6 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<i32> {
     }
     let body = serde_json::json!({"Cmd": args.command});
     let response = manager
-        .api
         .open_stream(
             Method::POST,
             &format!("/tasks/{}/exec", task.id),

@@ -42,11 +42,7 @@ async fn next_job_answer(
 ) -> anyhow::Result<Option<(Value, JobView)>> {
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let wait = left.min(QUERY_WAIT).max(Duration::from_millis(1));
-    let raw: Value = match manager
-        .api
-        .get_blocking(&job_path(name)?, *index, wait)
-        .await
-    {
+    let raw: Value = match manager.get_blocking(&job_path(name)?, *index, wait).await {
         Ok((raw, next)) => {
             match next {
                 Some(next) => *index = next,
@@ -313,7 +309,7 @@ fn job_path(name: &str) -> anyhow::Result<String> {
 /// The job the manager has under `name` (the raw answer, for -o json, and as read), or `None`
 /// when it has none (404).
 async fn find_job(manager: &ManagerClient, name: &str) -> anyhow::Result<Option<(Value, JobView)>> {
-    let raw: Value = match manager.api.get(&job_path(name)?).await {
+    let raw: Value = match manager.try_get(&job_path(name)?).await {
         Ok(raw) => raw,
         Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => return Ok(None),
         Err(err) => return Err(manager.explain(err)),

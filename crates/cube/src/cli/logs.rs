@@ -79,7 +79,6 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
         path = format!("{path}?{}", query.join("&"));
     }
     let response = manager
-        .api
         .open_stream::<()>(Method::GET, &path, None)
         .await
         .map_err(|err| manager.explain(err))?;

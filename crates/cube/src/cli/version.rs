@@ -51,7 +51,7 @@ pub async fn version(args: VersionArgs) -> anyhow::Result<()> {
         "Manager: cube {} (commit {}) at {}",
         server.version,
         server.commit,
-        manager.api.base()
+        manager.api().base()
     );
     if nodes.is_empty() {
         println!("Nodes:   none has joined");
