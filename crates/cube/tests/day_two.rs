@@ -465,3 +465,67 @@ async fn cube_version_names_the_client_the_manager_and_each_nodes_docker() {
     let worker = cluster.worker.client().get("/version").await.body;
     assert_eq!(worker["Docker"], docker.as_str());
 }
+
+/// `cube exec -it TASK -- cat` in a real terminal (`script` gives it a pty): Ctrl-D ends `cat`,
+/// and with it the command, at once; nothing waits for another key.
+#[tokio::test]
+async fn cube_exec_it_ends_when_ctrl_d_ends_the_command_in_a_terminal() {
+    use std::io::{Read, Write};
+    let cluster = OneNodeCluster::start("exec-tty").await;
+    let client = cluster.manager.client();
+    client.run(&web_task("typist")).await;
+    let command = format!("{} exec -it typist -- cat", env!("CARGO_BIN_EXE_cube"));
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
+        .env("CUBE_MANAGER", cluster.manager.address())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs the command in a pty");
+    let mut keyboard = child.stdin.take().unwrap();
+    let mut screen = child.stdout.take().unwrap();
+    // What the terminal shows, read as it comes.
+    let (shown, mut showing) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(read) = screen.read(&mut buffer) {
+            if read == 0 || shown.send(buffer[..read].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    keyboard.write_all(b"typed-by-hand\r").unwrap();
+    keyboard.flush().unwrap();
+    // `cat` answers with the line (after the terminal's echo of it): the session runs, and
+    // this terminal is raw.
+    let mut screen_text = String::new();
+    let deadline = Instant::now() + STATE_BOUND;
+    while screen_text.matches("typed-by-hand").count() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, showing.recv()).await {
+            Ok(Some(bytes)) => screen_text.push_str(&String::from_utf8_lossy(&bytes)),
+            _ => panic!("cat never answered: {screen_text:?}"),
+        }
+    }
+    // Ctrl-D.
+    keyboard.write_all(&[4]).unwrap();
+    keyboard.flush().unwrap();
+    let deadline = Instant::now() + STATE_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "cube exec -it still runs after Ctrl-D ended cat: {screen_text:?} / {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}: {screen_text:?}");
+    drop(keyboard);
+}
