@@ -529,3 +529,71 @@ async fn cube_exec_it_ends_when_ctrl_d_ends_the_command_in_a_terminal() {
     assert!(status.success(), "{status:?}: {screen_text:?}");
     drop(keyboard);
 }
+
+/// `cube exec -c NAME`: a command in one of a pod's containers, as `cube logs -c` reads one;
+/// without it, the first service's (`alpha`, first by name and in the file).
+#[tokio::test]
+async fn cube_exec_with_a_container_runs_in_that_service_of_a_pod() {
+    let cluster = OneNodeCluster::start("exec-pod").await;
+    let address = cluster.manager.address();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("duo.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "services:\n  alpha:\n    image: {SAMPLE_IMAGE}\n    environment:\n      WHO: alpha\n  \
+             beta:\n    image: {SAMPLE_IMAGE}\n    command: [\"sleep\", \"3600\"]\n    \
+             environment:\n      WHO: beta\n"
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cube_cli(&address, &["run", "-f", &file.display().to_string()]);
+    assert!(ok, "{stderr}");
+    let id = stdout.trim().to_string();
+    cluster.manager.client().await_state(&id, "Running").await;
+    let who = ["--", "sh", "-c", "echo I am $WHO"];
+    let exec = |extra: &[&str]| {
+        let mut args = vec!["exec"];
+        args.extend_from_slice(extra);
+        args.push("duo");
+        args.extend_from_slice(&who);
+        cube_cli(&address, &args)
+    };
+    let (ok, out, err) = exec(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am alpha\n");
+    let (ok, out, err) = exec(&["-c", "beta"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am beta\n");
+    let (ok, out, err) = exec(&["--container", "alpha"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am alpha\n");
+    let (ok, _, err) = exec(&["-c", "nope"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no container \"nope\"") && err.contains("beta"),
+        "{err}"
+    );
+    // -i: the same container choice over the interactive connection.
+    let mut child = cube()
+        .args(["exec", "-i", "-c", "beta", "duo", "--", "sh"])
+        .env("CUBE_MANAGER", &address)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"echo typed in $WHO\nexit 0\n").unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} / {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout, "typed in beta\n");
+}

@@ -93,10 +93,14 @@ pub async fn attach(
     manager: &ManagerClient,
     task: Uuid,
     command: &[String],
+    container: Option<&str>,
     tty: bool,
 ) -> anyhow::Result<i32> {
     let cmd = serde_json::to_string(command)?;
-    let path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
+    let mut path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
+    if let Some(container) = container {
+        path.push_str(&format!("&container={}", encode(container)));
+    }
     let response = manager
         .open_upgrade(&path, PROTOCOL)
         .await
