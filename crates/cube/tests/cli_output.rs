@@ -267,3 +267,82 @@ async fn a_broken_config_file_or_an_unknown_cluster_is_a_clear_error() {
     assert!(!ok, "an address without a host is refused");
     assert!(stderr.contains(":5555"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_token_flag_works_before_the_command_as_the_other_manager_flags_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let (status, _, stderr) =
+        cube_command(&["--token", "cube.unused", "-m", &manager.address(), "status"]);
+    assert!(status.success(), "{stderr}");
+}
+
+#[tokio::test]
+async fn cube_version_prints_yaml_as_the_listings_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let (ok, stdout, stderr) = cube_cli(&manager.address(), &["version", "-o", "yaml"]);
+    assert!(ok, "{stderr}");
+    let versions = yaml(&stdout);
+    assert!(versions["Client"]["Version"].is_string(), "{stdout}");
+    assert!(versions["Manager"]["Version"].is_string(), "{stdout}");
+    assert_eq!(versions["Nodes"], Value::Array(Vec::new()), "{stdout}");
+}
+
+#[tokio::test]
+async fn cube_events_follows_the_queue_topic_the_api_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    // With no worker, the task waits in the queue: its entry's events are published, and
+    // --index 0 shows the ones kept from before the command started.
+    manager.client().submit(&web_task("queued")).await;
+    let mut events = std::process::Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args([
+            "events",
+            "--topic",
+            "queue",
+            "--index",
+            "0",
+            "-m",
+            &manager.address(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = events.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout).lines().next()
+    });
+    let line = tokio::time::timeout(STATE_BOUND, first).await;
+    events.kill().unwrap();
+    let output = events.wait_with_output().unwrap();
+    let line = line
+        .expect("a Queue event within the bound")
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&output.stderr)))
+        .unwrap();
+    assert!(line.contains(" Queue "), "{line}");
+    assert!(line.contains("task"), "{line}");
+}
+
+#[test]
+fn a_gc_after_beyond_a_day_is_refused_as_the_help_says() {
+    let (status, _, stderr) = cube_command(&["manager", "-p", "0", "--gc-after", "48h"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--gc-after") && stderr.contains("longer than the limit of 24h"),
+        "{stderr}"
+    );
+    let (_, help, _) = cube_command(&["manager", "--help"]);
+    assert!(help.contains("At most 24h"), "{help}");
+}
+
+#[test]
+fn cube_stop_help_says_the_container_is_kept() {
+    let (status, help, _) = cube_command(&["stop", "--help"]);
+    assert!(status.success());
+    assert!(!help.contains("container gone"), "{help}");
+    assert!(help.contains("container is kept"), "{help}");
+}

@@ -186,7 +186,7 @@ pub enum ListFormat {
 }
 
 /// `cube -o json status` read as `cube status -o json`: the manager flags (`-o`, `-m`,
-/// `--cluster`) given before the command's name are moved to just after it, where the command
+/// `--cluster`, `--token`, `--ca-fingerprint`) given before the command's name are moved to just after it, where the command
 /// defines them. Other arguments, and a line with nothing after the flags, are left as they
 /// are, for clap to judge.
 ///
@@ -245,7 +245,13 @@ enum LeadingFlag {
 }
 
 fn leading_flag(arg: &str) -> LeadingFlag {
-    const LONG: [&str; 3] = ["--output", "--manager", "--cluster"];
+    const LONG: [&str; 5] = [
+        "--output",
+        "--manager",
+        "--cluster",
+        "--token",
+        "--ca-fingerprint",
+    ];
     const SHORT: [&str; 2] = ["-o", "-m"];
     if LONG.contains(&arg) || SHORT.contains(&arg) {
         return LeadingFlag::ValueNext;
@@ -705,6 +711,14 @@ mod tests {
         assert_eq!(
             moved(&["cube", "-o", "json", "job", "status", "web"]),
             vec!["cube", "job", "status", "-o", "json", "web"]
+        );
+        assert_eq!(
+            moved(&["cube", "--token", "cube.1a2b", "status"]),
+            vec!["cube", "status", "--token", "cube.1a2b"]
+        );
+        assert_eq!(
+            moved(&["cube", "--ca-fingerprint=ab:cd", "-m", "h:1", "node", "-q"]),
+            vec!["cube", "node", "--ca-fingerprint=ab:cd", "-m", "h:1", "-q"]
         );
         assert_eq!(
             moved(&["cube", "-o", "json", "job", "--help"]),
