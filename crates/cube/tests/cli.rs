@@ -116,7 +116,10 @@ async fn a_task_file_on_stdin_runs_and_a_yaml_file_runs_and_is_unchanged_when_se
     let (ok, _, stderr) = cluster.cube(&["run", "-f", yaml]);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains(&format!("task {id}")) && stderr.contains("already exists, unchanged"),
+        stderr.contains(&format!(
+            "task from-yaml ({}) already exists, unchanged",
+            &id.to_string()[..8]
+        )),
         "{stderr}"
     );
 }
