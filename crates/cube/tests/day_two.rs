@@ -597,3 +597,48 @@ async fn cube_exec_with_a_container_runs_in_that_service_of_a_pod() {
     );
     assert_eq!(stdout, "typed in beta\n");
 }
+
+#[tokio::test]
+async fn cube_logs_follow_of_a_task_that_waits_for_a_node_follows_it_once_it_runs() {
+    support::ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    // No node yet: the task waits, Pending.
+    let id = client
+        .submit(&shell_task(
+            "late",
+            "echo hello-from-late; sleep 1; echo bye",
+        ))
+        .await;
+    client.await_state(&id, "Pending").await;
+    let follower = cube()
+        .args(["logs", "-f", "late"])
+        .env("CUBE_MANAGER", manager.address())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The follower says it waits; only then does a node come.
+    let mut follower = follower;
+    let stderr = follower.stderr.take().unwrap();
+    let mut stderr = BufReader::new(stderr);
+    let mut said = String::new();
+    stderr.read_line(&mut said).unwrap();
+    assert!(said.contains("waiting for it to start"), "{said}");
+    let _worker = manager.join_worker(&unique_node("late"), &[]);
+    let output = tokio::task::spawn_blocking(move || follower.wait_with_output());
+    let output = tokio::time::timeout(STATE_BOUND, output)
+        .await
+        .expect("cube logs -f ends when the task ends")
+        .unwrap()
+        .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(output.status.success(), "{said}{rest}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello-from-late\nbye\n"
+    );
+    assert!(rest.contains("Completed"), "{rest}");
+}
