@@ -15,8 +15,14 @@ use crate::server::{
 /// Why a request to a Cube API did not give the answer asked for.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// No whole answer came: `kind` says how far the request got, which tells a caller whether
+    /// the server may have acted on it.
     #[error("cannot reach {url}: {reason}")]
-    Unreachable { url: String, reason: String },
+    Unreachable {
+        url: String,
+        reason: String,
+        kind: Unreached,
+    },
     /// The server answered with an error status; `message` is its JSON error's message.
     #[error("{url} answered {status}: {message}")]
     Status {
@@ -42,6 +48,33 @@ pub enum ClientError {
          FP`) to verify the manager"
     )]
     HttpsWithoutCa(String),
+}
+
+/// How far a request that got no whole answer went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreached {
+    /// No connection was made (refused, no route, the TLS handshake failed): the server saw
+    /// nothing of the request, which may be sent anywhere again.
+    Connect,
+    /// No answer within the timeout (the duration): the server may still be acting on it.
+    TimedOut(Duration),
+    /// The connection broke after the request was sent, or while the answer came: the server
+    /// may or may not have acted on it.
+    Broken,
+}
+
+impl Unreached {
+    /// How far a request that failed with `err` went; `timeout` is the one it was sent with.
+    fn of(err: &reqwest::Error, timeout: Duration) -> Unreached {
+        // A connect timeout is both: the server saw nothing.
+        if err.is_connect() {
+            Unreached::Connect
+        } else if err.is_timeout() {
+            Unreached::TimedOut(timeout)
+        } else {
+            Unreached::Broken
+        }
+    }
 }
 
 /// The last cause of an error chain written as `outer: inner: innermost`.
@@ -114,6 +147,7 @@ impl ApiClient {
         let http = builder.build().map_err(|err| ClientError::Unreachable {
             url: base.clone(),
             reason: err.to_string(),
+            kind: Unreached::Connect,
         })?;
         Ok(ApiClient {
             http,
@@ -237,9 +271,8 @@ impl ApiClient {
         timeout: Option<Duration>,
     ) -> Result<Answer<T>, ClientError> {
         let url = format!("{}{path}", self.base);
-        let mut request = self
-            .request(method, &url)
-            .timeout(timeout.unwrap_or(self.timeout));
+        let timeout = timeout.unwrap_or(self.timeout);
+        let mut request = self.request(method, &url).timeout(timeout);
         if let Some(body) = body {
             request = request.json(body);
         }
@@ -249,6 +282,7 @@ impl ApiClient {
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
                 reason: with_https_hint(&url, error_chain(&err)),
+                kind: Unreached::of(&err, timeout),
             })?;
         let status = response.status();
         let number = |header: &str| {
@@ -274,6 +308,11 @@ impl ApiClient {
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
                 reason: error_chain(&err),
+                kind: match Unreached::of(&err, timeout) {
+                    // The request was sent: the server has it.
+                    Unreached::Connect => Unreached::Broken,
+                    other => other,
+                },
             })?;
         // A 204 has no body; `IgnoredAny` and `()` read `null` happily.
         let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
@@ -314,6 +353,7 @@ impl ApiClient {
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
                 reason: error_chain(&err),
+                kind: Unreached::of(&err, self.timeout),
             })?;
         if !response.status().is_success() {
             return Err(error_answer(url, response).await);
@@ -356,10 +396,12 @@ impl ApiClient {
             .map_err(|_| ClientError::Unreachable {
                 url: url.clone(),
                 reason: format!("no answer within {:?}", self.timeout),
+                kind: Unreached::TimedOut(self.timeout),
             })?
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
                 reason: error_chain(&err),
+                kind: Unreached::of(&err, self.timeout),
             })?;
         if !response.status().is_success() {
             return Err(error_answer(url, response).await);
@@ -386,10 +428,12 @@ impl ApiClient {
             .map_err(|_| ClientError::Unreachable {
                 url: url.clone(),
                 reason: format!("no answer within {:?}", self.timeout),
+                kind: Unreached::TimedOut(self.timeout),
             })?
             .map_err(|err| ClientError::Unreachable {
                 url: url.clone(),
                 reason: error_chain(&err),
+                kind: Unreached::of(&err, self.timeout),
             })?;
         if response.status() != StatusCode::SWITCHING_PROTOCOLS {
             if response.status().is_success() {
@@ -464,6 +508,7 @@ impl LineStream {
                     return Err(ClientError::Unreachable {
                         url: self.url.clone(),
                         reason: error_chain(&err),
+                        kind: Unreached::Broken,
                     });
                 }
             }
@@ -486,6 +531,7 @@ async fn error_answer(url: String, response: reqwest::Response) -> ClientError {
             return ClientError::Unreachable {
                 url,
                 reason: error_chain(&err),
+                kind: Unreached::Broken,
             };
         }
     };

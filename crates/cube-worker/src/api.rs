@@ -287,6 +287,9 @@ async fn task_logs<R: Runtime>(
 struct ExecRequest {
     #[serde(rename = "Cmd")]
     cmd: Vec<String>,
+    /// Which of a pod's containers (a service's name); the first service's when unset.
+    #[serde(rename = "Container", default)]
+    container: Option<String>,
 }
 
 /// Runs a command in the task's container: its output as lines of JSON, then a last line
@@ -299,7 +302,9 @@ async fn exec<R: Runtime>(
     let request: ExecRequest =
         cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
     let id = parse_task_id(&id)?;
-    let session = worker.exec(id, &request.cmd, false, false).await?;
+    let session = worker
+        .exec(id, &request.cmd, request.container.as_deref(), false, false)
+        .await?;
     let exec_id = session.exec_id.clone();
     // The command's input is not attached: dropping it leaves nothing open.
     drop(session.input);
@@ -340,6 +345,8 @@ pub struct AttachQuery {
     /// The command and its arguments, as a JSON array.
     pub cmd: String,
     pub tty: Option<bool>,
+    /// Which of a pod's containers (a service's name); the first service's when unset.
+    pub container: Option<String>,
 }
 
 async fn exec_attach<R: Runtime>(
@@ -363,7 +370,9 @@ async fn exec_attach<R: Runtime>(
         )));
     }
     let tty = query.tty == Some(true);
-    let session = worker.exec(id, &cmd, tty, true).await?;
+    let session = worker
+        .exec(id, &cmd, query.container.as_deref(), tty, true)
+        .await?;
     let on_upgrade = hyper::upgrade::on(request);
     tokio::spawn(async move {
         match on_upgrade.await {

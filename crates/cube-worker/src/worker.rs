@@ -530,11 +530,13 @@ impl<R: Runtime> Worker<R> {
         }
     }
 
-    /// Starts `cmd` in the task's running container.
+    /// Starts `cmd` in the task's running container; of a pod's, the one named `container`
+    /// (a service's name), or its first service's.
     pub async fn exec(
         &self,
         id: Uuid,
         cmd: &[String],
+        container: Option<&str>,
         tty: bool,
         stdin: bool,
     ) -> Result<ExecSession, WorkerError> {
@@ -550,10 +552,13 @@ impl<R: Runtime> Worker<R> {
                 "Cmd: the command to run is empty".to_string(),
             ));
         }
-        // A pod's command runs in its first service.
+        // A pod's command runs in the service named, or its first.
         let container_id = match &task.spec.pod {
-            Some(pod) => Worker::<R>::container_for(&task, pod.service_names().first().copied())?,
-            None => task.status.run.container_id.clone(),
+            Some(pod) => Worker::<R>::container_for(
+                &task,
+                container.or_else(|| pod.service_names().first().copied()),
+            )?,
+            None => Worker::<R>::container_for(&task, container)?,
         };
         self.runtime
             .exec(&container_id, cmd, tty, stdin)

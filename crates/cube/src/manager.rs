@@ -49,7 +49,7 @@ pub struct ManagerArgs {
     /// How long an ended task (Completed, Failed with no restart to come, or stopped) is kept,
     /// with its container and its logs, before it is removed; a stopped job without tasks
     /// goes too. `cube rm` and `cube prune` remove them at once. At most 24h.
-    #[arg(long, default_value = "1h", value_parser = parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = parse_gc_after)]
     gc_after: Duration,
     /// At most N requests of one owner let in at once (pending or claimed); the owner's next
     /// request waits in the queue, saying why. Unset: no limit.
@@ -164,6 +164,19 @@ enum Mode {
 }
 
 /// The stores of the manager's tables.
+/// `--gc-after`: a duration of at most a day, as its help says (ended tasks are kept in the
+/// manager's memory and store until then).
+fn parse_gc_after(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration > cube_types::duration::MAX_TASK_DURATION {
+        return Err(format!(
+            "{text:?} is longer than the limit of {}",
+            cube_types::duration::MAX_TASK_DURATION_TEXT
+        ));
+    }
+    Ok(duration)
+}
+
 fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
     Ok(ManagerStores {
         tasks: stores.table("tasks")?,

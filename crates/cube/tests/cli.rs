@@ -116,7 +116,10 @@ async fn a_task_file_on_stdin_runs_and_a_yaml_file_runs_and_is_unchanged_when_se
     let (ok, _, stderr) = cluster.cube(&["run", "-f", yaml]);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains(&format!("task {id}")) && stderr.contains("already exists, unchanged"),
+        stderr.contains(&format!(
+            "task from-yaml ({}) already exists, unchanged",
+            &id.to_string()[..8]
+        )),
         "{stderr}"
     );
 }
@@ -602,4 +605,48 @@ async fn a_changed_file_sent_again_with_its_task_id_fails_with_the_differences()
         stderr.contains("differs from it in Memory") && stderr.contains("stop it"),
         "{stderr}"
     );
+}
+
+#[tokio::test]
+async fn stop_and_rm_take_several_tasks_and_rm_force_stops_a_running_one_first() {
+    let cluster = Cluster::start("several").await;
+    let client = cluster.manager.client();
+    let mut ids = Vec::new();
+    for name in ["first", "second", "third"] {
+        ids.push(client.run(&web_task(name)).await.0);
+    }
+    let (ok, stdout, stderr) = cluster.cube(&["stop", "--wait", "first", "second"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("stopping first") && stdout.contains("stopping second"),
+        "{stdout}"
+    );
+    for id in &ids[..2] {
+        let task = client.get(&format!("/tasks/{id}")).await.body;
+        assert_eq!(task["State"], "Completed", "{task}");
+    }
+    // One that cannot be found does not keep the others from being handled; the command fails
+    // naming it.
+    let (ok, _, stderr) = cluster.cube(&["rm", "first", "no-such-task", "second"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("no-such-task") && stderr.contains("1 of 3 tasks not removed"),
+        "{stderr}"
+    );
+    for id in &ids[..2] {
+        assert_eq!(client.get(&format!("/tasks/{id}")).await.status, 404);
+    }
+    // A running task is refused by rm, and stopped then removed by rm -f.
+    let (ok, _, stderr) = cluster.cube(&["rm", "third"]);
+    assert!(!ok, "a running task was removed without -f");
+    assert_eq!(
+        client.get(&format!("/tasks/{}", ids[2])).await.status,
+        200,
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = cluster.cube(&["rm", "-f", "third"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("removed third"), "{stdout}");
+    assert_eq!(client.get(&format!("/tasks/{}", ids[2])).await.status, 404);
+    assert!(containers_with_label(&format!("cube.task-id={}", ids[2])).is_empty());
 }

@@ -267,3 +267,106 @@ async fn a_broken_config_file_or_an_unknown_cluster_is_a_clear_error() {
     assert!(!ok, "an address without a host is refused");
     assert!(stderr.contains(":5555"), "{stderr}");
 }
+
+#[tokio::test]
+async fn the_token_flag_works_before_the_command_as_the_other_manager_flags_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let (status, _, stderr) =
+        cube_command(&["--token", "cube.unused", "-m", &manager.address(), "status"]);
+    assert!(status.success(), "{stderr}");
+}
+
+#[tokio::test]
+async fn cube_version_prints_yaml_as_the_listings_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let (ok, stdout, stderr) = cube_cli(&manager.address(), &["version", "-o", "yaml"]);
+    assert!(ok, "{stderr}");
+    let versions = yaml(&stdout);
+    assert!(versions["Client"]["Version"].is_string(), "{stdout}");
+    assert!(versions["Manager"]["Version"].is_string(), "{stdout}");
+    assert_eq!(versions["Nodes"], Value::Array(Vec::new()), "{stdout}");
+}
+
+#[tokio::test]
+async fn cube_events_follows_the_queue_topic_the_api_publishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    // With no worker, the task waits in the queue: its entry's events are published, and
+    // --index 0 shows the ones kept from before the command started.
+    manager.client().submit(&web_task("queued")).await;
+    let mut events = std::process::Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args([
+            "events",
+            "--topic",
+            "queue",
+            "--index",
+            "0",
+            "-m",
+            &manager.address(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = events.stdout.take().unwrap();
+    let first = tokio::task::spawn_blocking(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout).lines().next()
+    });
+    let line = tokio::time::timeout(STATE_BOUND, first).await;
+    events.kill().unwrap();
+    let output = events.wait_with_output().unwrap();
+    let line = line
+        .expect("a Queue event within the bound")
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&output.stderr)))
+        .unwrap();
+    assert!(line.contains(" Queue "), "{line}");
+    assert!(line.contains("task"), "{line}");
+}
+
+#[test]
+fn a_gc_after_beyond_a_day_is_refused_as_the_help_says() {
+    // A manager that took the flag would start and serve: it is started on the memory store,
+    // in a folder of the test's own, and killed (failing the test) if it has not refused
+    // within the bound.
+    let dir = tempfile::tempdir().unwrap();
+    let mut manager = std::process::Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args(["manager", "-H", "127.0.0.1", "-p", "0", "-d", "memory"])
+        .args(["--gc-after", "48h"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    let status = loop {
+        if let Some(status) = manager.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            manager.kill().unwrap();
+            panic!("cube manager --gc-after 48h started instead of refusing the flag");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut manager.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--gc-after") && stderr.contains("longer than the limit of 24h"),
+        "{stderr}"
+    );
+    let (_, help, _) = cube_command(&["manager", "--help"]);
+    assert!(help.contains("At most 24h"), "{help}");
+}
+
+#[test]
+fn cube_stop_help_says_the_container_is_kept() {
+    let (status, help, _) = cube_command(&["stop", "--help"]);
+    assert!(status.success());
+    assert!(!help.contains("container gone"), "{help}");
+    assert!(help.contains("container is kept"), "{help}");
+}

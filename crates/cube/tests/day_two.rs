@@ -535,3 +535,180 @@ async fn cube_version_names_the_client_the_manager_and_each_nodes_docker() {
     let worker = cluster.worker.client().get("/version").await.body;
     assert_eq!(worker["Docker"], docker.as_str());
 }
+
+/// `cube exec -it TASK -- cat` in a real terminal (`script` gives it a pty): Ctrl-D ends `cat`,
+/// and with it the command, at once; nothing waits for another key.
+#[tokio::test]
+async fn cube_exec_it_ends_when_ctrl_d_ends_the_command_in_a_terminal() {
+    use std::io::{Read, Write};
+    let cluster = OneNodeCluster::start("exec-tty").await;
+    let client = cluster.manager.client();
+    client.run(&web_task("typist")).await;
+    let command = format!("{} exec -it typist -- cat", env!("CARGO_BIN_EXE_cube"));
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-f", "-c", &command, "/dev/null"])
+        .env("CUBE_MANAGER", cluster.manager.address())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("script (util-linux) runs the command in a pty");
+    let mut keyboard = child.stdin.take().unwrap();
+    let mut screen = child.stdout.take().unwrap();
+    // What the terminal shows, read as it comes.
+    let (shown, mut showing) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(read) = screen.read(&mut buffer) {
+            if read == 0 || shown.send(buffer[..read].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    keyboard.write_all(b"typed-by-hand\r").unwrap();
+    keyboard.flush().unwrap();
+    // `cat` answers with the line (after the terminal's echo of it): the session runs, and
+    // this terminal is raw.
+    let mut screen_text = String::new();
+    let deadline = Instant::now() + STATE_BOUND;
+    while screen_text.matches("typed-by-hand").count() < 2 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, showing.recv()).await {
+            Ok(Some(bytes)) => screen_text.push_str(&String::from_utf8_lossy(&bytes)),
+            _ => panic!("cat never answered: {screen_text:?}"),
+        }
+    }
+    // Ctrl-D.
+    keyboard.write_all(&[4]).unwrap();
+    keyboard.flush().unwrap();
+    let deadline = Instant::now() + STATE_BOUND;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "cube exec -it still runs after Ctrl-D ended cat: {screen_text:?} / {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status:?}: {screen_text:?}");
+    drop(keyboard);
+}
+
+/// `cube exec -c NAME`: a command in one of a pod's containers, as `cube logs -c` reads one;
+/// without it, the first service's (`alpha`, first by name and in the file).
+#[tokio::test]
+async fn cube_exec_with_a_container_runs_in_that_service_of_a_pod() {
+    let cluster = OneNodeCluster::start("exec-pod").await;
+    let address = cluster.manager.address();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("duo.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "services:\n  alpha:\n    image: {SAMPLE_IMAGE}\n    environment:\n      WHO: alpha\n  \
+             beta:\n    image: {SAMPLE_IMAGE}\n    command: [\"sleep\", \"3600\"]\n    \
+             environment:\n      WHO: beta\n"
+        ),
+    )
+    .unwrap();
+    let (ok, stdout, stderr) = cube_cli(&address, &["run", "-f", &file.display().to_string()]);
+    assert!(ok, "{stderr}");
+    let id = stdout.trim().to_string();
+    cluster.manager.client().await_state(&id, "Running").await;
+    let who = ["--", "sh", "-c", "echo I am $WHO"];
+    let exec = |extra: &[&str]| {
+        let mut args = vec!["exec"];
+        args.extend_from_slice(extra);
+        args.push("duo");
+        args.extend_from_slice(&who);
+        cube_cli(&address, &args)
+    };
+    let (ok, out, err) = exec(&[]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am alpha\n");
+    let (ok, out, err) = exec(&["-c", "beta"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am beta\n");
+    let (ok, out, err) = exec(&["--container", "alpha"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "I am alpha\n");
+    let (ok, _, err) = exec(&["-c", "nope"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no container \"nope\"") && err.contains("beta"),
+        "{err}"
+    );
+    // -i: the same container choice over the interactive connection.
+    let mut child = cube()
+        .args(["exec", "-i", "-c", "beta", "duo", "--", "sh"])
+        .env("CUBE_MANAGER", &address)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"echo typed in $WHO\nexit 0\n").unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout} / {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(stdout, "typed in beta\n");
+}
+
+#[tokio::test]
+async fn cube_logs_follow_of_a_task_that_waits_for_a_node_follows_it_once_it_runs() {
+    support::ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    // No node yet: the task waits, Pending.
+    let id = client
+        .submit(&shell_task(
+            "late",
+            "echo hello-from-late; sleep 1; echo bye",
+        ))
+        .await;
+    client.await_state(&id, "Pending").await;
+    let follower = cube()
+        .args(["logs", "-f", "late"])
+        .env("CUBE_MANAGER", manager.address())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The follower says it waits; only then does a node come.
+    let mut follower = follower;
+    let stderr = follower.stderr.take().unwrap();
+    let mut stderr = BufReader::new(stderr);
+    let mut said = String::new();
+    stderr.read_line(&mut said).unwrap();
+    assert!(said.contains("waiting for it to start"), "{said}");
+    let _worker = manager.join_worker(&unique_node("late"), &[]);
+    let output = tokio::task::spawn_blocking(move || follower.wait_with_output());
+    let output = tokio::time::timeout(STATE_BOUND, output)
+        .await
+        .expect("cube logs -f ends when the task ends")
+        .unwrap()
+        .unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(output.status.success(), "{said}{rest}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "hello-from-late\nbye\n"
+    );
+    assert!(rest.contains("Completed"), "{rest}");
+}

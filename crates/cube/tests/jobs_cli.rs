@@ -152,7 +152,8 @@ async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job_running(
     );
     assert_eq!(cluster.running_containers(), 5);
 
-    let (ok, stdout, stderr) = cluster.cube(&["job", "scale", "--wait", "web", "api", "1"]);
+    // Without a flag, scale waits as job run does.
+    let (ok, stdout, stderr) = cluster.cube(&["job", "scale", "web", "api", "1"]);
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("api: 1/1 running"), "{stdout}");
     cluster.await_running_containers(1).await;
@@ -162,6 +163,11 @@ async fn job_scale_up_and_down_then_stop_leaves_no_container_of_the_job_running(
     let (ok, _, stderr) = cluster.cube(&["job", "scale", "web", "nosuchgroup", "2"]);
     assert!(!ok);
     assert!(stderr.contains("nosuchgroup"), "{stderr}");
+    // --detach returns once the manager has the count.
+    let (ok, stdout, stderr) = cluster.cube(&["job", "scale", "--detach", "web", "api", "2"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("group api scaled to 2"), "{stdout}");
+    cluster.await_running_containers(2).await;
 
     let (ok, stdout, stderr) = cluster.cube(&["job", "stop", "--wait", "web"]);
     assert!(ok, "{stdout}\n{stderr}");

@@ -2,12 +2,11 @@
 //! manager (`Upgrade: cube-exec`, frames of `cube_api::attach`), this terminal raw while it
 //! runs (with -t), its size passed on as it changes.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::os::fd::AsFd;
 
 use anyhow::{Context, anyhow};
 use cube_api::attach::{Frame, PROTOCOL, read_frame, write_frame};
-use tokio::io::AsyncReadExt;
 use uuid::Uuid;
 
 use super::ManagerClient;
@@ -62,17 +61,47 @@ fn encode(text: &str) -> String {
         .collect()
 }
 
+/// This process's input as it comes, in chunks; an empty chunk is its end.
+///
+/// Read on a thread of its own, not tokio's `stdin`: that one reads on the runtime's blocking
+/// pool, which the runtime waits for when it shuts down, so a read still waiting for a key
+/// kept `cube exec -it T -- cat` alive after Ctrl-D ended `cat`, until the next Enter, which
+/// it swallowed. A plain thread ends with the process, whatever it waits for.
+fn read_input() -> tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    // A few chunks in flight: the reader waits for the connection, not the other way round.
+    let (chunks, receiver) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buffer = vec![0u8; 8192];
+        loop {
+            let chunk = match stdin.read(&mut buffer) {
+                Ok(read) => Ok(buffer[..read].to_vec()),
+                Err(err) if err.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(err) => Err(err),
+            };
+            let last = !matches!(&chunk, Ok(bytes) if !bytes.is_empty());
+            if chunks.blocking_send(chunk).is_err() || last {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
 /// Runs `command` in the task interactively; returns its exit code.
 pub async fn attach(
     manager: &ManagerClient,
     task: Uuid,
     command: &[String],
+    container: Option<&str>,
     tty: bool,
 ) -> anyhow::Result<i32> {
     let cmd = serde_json::to_string(command)?;
-    let path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
+    let mut path = format!("/tasks/{task}/exec/attach?cmd={}&tty={tty}", encode(&cmd));
+    if let Some(container) = container {
+        path.push_str(&format!("&container={}", encode(container)));
+    }
     let response = manager
-        .api
         .open_upgrade(&path, PROTOCOL)
         .await
         .map_err(|err| manager.explain(err))?;
@@ -89,18 +118,17 @@ pub async fn attach(
         }
         let mut resized =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())?;
-        let mut stdin = tokio::io::stdin();
-        let mut buffer = vec![0u8; 8192];
+        let mut stdin = read_input();
         loop {
             tokio::select! {
-                read = stdin.read(&mut buffer) => {
-                    let read = read?;
-                    if read == 0 {
+                read = stdin.recv() => {
+                    let read = read.unwrap_or_else(|| Ok(Vec::new()))?;
+                    if read.is_empty() {
                         write_frame(&mut to_server, &Frame::InputClosed).await?;
                         // Nothing more to send; the command's end ends the session.
                         std::future::pending::<()>().await;
                     }
-                    write_frame(&mut to_server, &Frame::Input(buffer[..read].to_vec())).await?;
+                    write_frame(&mut to_server, &Frame::Input(read)).await?;
                 }
                 _ = resized.recv() => {
                     if let Some((width, height)) = terminal_size() {

@@ -18,7 +18,7 @@ use serde_json::Value;
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
 /// The topics the manager publishes.
-const TOPICS: [&str; 4] = ["Task", "Job", "Node", "Deployment"];
+const TOPICS: [&str; 5] = ["Task", "Job", "Node", "Deployment", "Queue"];
 
 /// The manager writes a heartbeat after 15 s of silence: nothing at all for this long means
 /// the connection is dead, whatever TCP says.
@@ -47,7 +47,8 @@ const RECONNECT_FOR: Duration = Duration::from_secs(30);
     cube events --index 1000000000042        # the kept events after that index, then new ones\n  \
     cube events -o json | jq -c 'select(.Type == \"Failed\") | .Object.Error'")]
 pub struct EventsArgs {
-    /// Only events of this topic: Task, Job, Node or Deployment (repeatable).
+    /// Only events of this topic: Task, Job, Node, Deployment or Queue (the waiting list's
+    /// entries) (repeatable).
     #[arg(long = "topic", value_name = "TOPIC", value_parser = parse_topic)]
     topics: Vec<String>,
     /// Only the events of this job: the job's own and those of its copies.
@@ -95,11 +96,7 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
     let mut followed = false;
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
-        let (mut lines, start) = match manager
-            .api
-            .get_lines(&events_path(args, position), None)
-            .await
-        {
+        let (mut lines, start) = match manager.get_lines(&events_path(args, position), None).await {
             Ok(opened) => opened,
             Err(ClientError::Gone { oldest_index, .. }) if position.is_some() => {
                 eprintln!(
@@ -303,6 +300,19 @@ fn summary(topic: &str, object: &Value) -> String {
             }
             words
         }
+        // A waiting-list entry: its state, kind and owner.
+        "Queue" => [
+            text("State"),
+            text("Kind").to_lowercase(),
+            match text("Owner").as_str() {
+                "" => String::new(),
+                owner => format!("of {owner}"),
+            },
+        ]
+        .into_iter()
+        .filter(|word| !word.is_empty())
+        .collect::<Vec<_>>()
+        .join(" "),
         _ => text("Status"),
     }
 }
@@ -364,6 +374,7 @@ mod tests {
             "/events?topic=Task&topic=Node&job=web%20site&index=5"
         );
         assert_eq!(parse_topic("task").unwrap(), "Task");
+        assert_eq!(parse_topic("queue").unwrap(), "Queue");
         assert!(parse_topic("tasks").unwrap_err().contains("Deployment"));
     }
 }

@@ -22,13 +22,17 @@ use super::{ClusterFlags, ManagerClient};
 /// shell in the container, over one upgraded HTTP connection through the manager. With -t
 /// and a terminal here, this terminal is raw while the command runs, and its size follows
 /// this one's.
+///
+/// A pod's command runs in its first service's container, or in the one named with
+/// --container (-c), as for `cube logs`.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube exec web -- ls -l /www\n  \
     cube exec web.api[2] -- sh -c 'wget -qO- 127.0.0.1:7777/health'\n  \
     cube exec 3f2a -- cat /etc/hostname\n  \
     cube exec -it web -- sh                  # a shell in the container\n  \
-    echo ls | cube exec -i web -- sh")]
+    echo ls | cube exec -i web -- sh\n  \
+    cube exec -c db shop -- ps               # in the pod `shop`'s service db")]
 pub struct ExecArgs {
     /// The task: a full ID, a unique ID prefix, or a name.
     #[arg(value_name = "TASK")]
@@ -42,6 +46,10 @@ pub struct ExecArgs {
     /// Give the command a terminal.
     #[arg(short, long)]
     tty: bool,
+    /// Which of a pod's containers: a service's name in its compose file (default: the
+    /// first service).
+    #[arg(short, long, value_name = "NAME")]
+    container: Option<String>,
     #[command(flatten)]
     target: ClusterFlags,
 }
@@ -51,11 +59,20 @@ pub async fn exec(args: ExecArgs) -> anyhow::Result<i32> {
     let manager = ManagerClient::connect_to(&args.target)?;
     let task = find_task(&manager, &args.task).await?;
     if args.interactive || args.tty {
-        return super::attach::attach(&manager, task.id, &args.command, args.tty).await;
+        return super::attach::attach(
+            &manager,
+            task.id,
+            &args.command,
+            args.container.as_deref(),
+            args.tty,
+        )
+        .await;
     }
-    let body = serde_json::json!({"Cmd": args.command});
+    let mut body = serde_json::json!({"Cmd": args.command});
+    if let Some(container) = &args.container {
+        body["Container"] = serde_json::json!(container);
+    }
     let response = manager
-        .api
         .open_stream(
             Method::POST,
             &format!("/tasks/{}/exec", task.id),

@@ -42,11 +42,7 @@ async fn next_job_answer(
 ) -> anyhow::Result<Option<(Value, JobView)>> {
     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
     let wait = left.min(QUERY_WAIT).max(Duration::from_millis(1));
-    let raw: Value = match manager
-        .api
-        .get_blocking(&job_path(name)?, *index, wait)
-        .await
-    {
+    let raw: Value = match manager.get_blocking(&job_path(name)?, *index, wait).await {
         Ok((raw, next)) => {
             match next {
                 Some(next) => *index = next,
@@ -193,11 +189,12 @@ pub struct JobStopArgs {
     flags: ManagerFlags,
 }
 
-/// Change how many copies of a group a job wants (not a new version of the job).
+/// Change how many copies of a group a job wants (not a new version of the job), and wait
+/// until the job has converged to it, as `cube job run` does (--detach returns at once).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
-    cube job scale web api 5\n  \
-    cube job scale --wait web api 1     # return once only one copy runs")]
+    cube job scale web api 5            # return once the group runs 5 copies\n  \
+    cube job scale --detach web api 1   # return once the manager has the new count")]
 pub struct JobScaleArgs {
     /// The job's name.
     #[arg(value_name = "NAME")]
@@ -208,11 +205,14 @@ pub struct JobScaleArgs {
     /// How many copies the group should have.
     #[arg(value_name = "COUNT")]
     count: u32,
-    /// Wait until the job has converged to the new count.
-    #[arg(long)]
+    /// Return as soon as the manager has the new count, without waiting for the copies.
+    #[arg(short, long)]
+    detach: bool,
+    /// Wait until the job has converged (the default; kept for scripts that say so).
+    #[arg(long, hide = true, conflicts_with = "detach")]
     wait: bool,
-    /// How long --wait waits (e.g. 30s, 5m).
-    #[arg(long, default_value = "5m", value_parser = parse_duration, requires = "wait")]
+    /// How long to wait for the job to converge (e.g. 30s, 5m).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, conflicts_with = "detach")]
     timeout: Duration,
     #[command(flatten)]
     flags: ManagerFlags,
@@ -313,7 +313,7 @@ fn job_path(name: &str) -> anyhow::Result<String> {
 /// The job the manager has under `name` (the raw answer, for -o json, and as read), or `None`
 /// when it has none (404).
 async fn find_job(manager: &ManagerClient, name: &str) -> anyhow::Result<Option<(Value, JobView)>> {
-    let raw: Value = match manager.api.get(&job_path(name)?).await {
+    let raw: Value = match manager.try_get(&job_path(name)?).await {
         Ok(raw) => raw,
         Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => return Ok(None),
         Err(err) => return Err(manager.explain(err)),
@@ -430,7 +430,7 @@ async fn finish_waiting(
 /// What a waiting command waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waits {
-    /// The copies (`cube job scale --wait`): the deployment does not matter.
+    /// The copies (`cube job scale`): the deployment does not matter.
     Copies,
     /// The deployment of the job's version (`run`, `revert`): done when it succeeded or
     /// waits for a promotion.
@@ -622,7 +622,7 @@ async fn scale(args: JobScaleArgs) -> anyhow::Result<()> {
     let path = format!("{}/scale", job_path(&args.job)?);
     let body = json!({"Group": args.group, "Count": args.count});
     let (_, raw): (u16, Value) = manager.post(&path, &body).await?;
-    let (raw, view) = if args.wait {
+    let (raw, view) = if !args.detach {
         let (raw, view, _) =
             wait_until_converged(&manager, &args.job, args.timeout, Waits::Copies).await?;
         (raw, view)

@@ -2,11 +2,13 @@
 //! `-f` follows it until the task ends, and says how it ended.
 
 use std::io::Write;
+use std::time::Duration;
 
 use anyhow::anyhow;
 use clap::Args;
 use cube_api::{LineStream, Method};
 use cube_types::output::OutputLine;
+use cube_types::{State, Task};
 
 use super::resolve::find_task;
 use super::{ClusterFlags, ManagerClient};
@@ -21,7 +23,8 @@ use super::{ClusterFlags, ManagerClient};
 /// stdout, its stderr to stderr.
 ///
 /// -f follows new output until the task's run ends, then says how it ended (state, exit code,
-/// reason) on stderr. A stream that breaks (the worker stopped) says so and exits non-zero.
+/// reason) on stderr. A task that has not started yet (Pending, Scheduled) is waited for
+/// first, as stderr says. A stream that breaks (the worker stopped) says so and exits non-zero.
 /// A pod's output is its containers' lines as they come, each after its service's name and
 /// a `|` (as docker-compose logs shows them); --container NAME shows one container's alone,
 /// as written.
@@ -60,6 +63,15 @@ pub struct LogsArgs {
 pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect_to(&args.target)?;
     let task = find_task(&manager, &args.task).await?;
+    if args.follow && not_started(&task) {
+        eprintln!(
+            "cube: task {} ({}) is {}: waiting for it to start",
+            task.name,
+            task.short_id(),
+            task.status.state
+        );
+        await_start(&manager, task.id).await?;
+    }
     let mut query = Vec::new();
     if args.follow {
         query.push("follow=true".to_string());
@@ -88,7 +100,6 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
             query.push(format!("container={}", encode_query_value(service)));
             let path = format!("/tasks/{}/logs?{}", task.id, query.join("&"));
             let response = manager
-                .api
                 .open_stream::<()>(Method::GET, &path, None)
                 .await
                 .map_err(|err| manager.explain(err))?;
@@ -107,7 +118,6 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
         path = format!("{path}?{}", query.join("&"));
     }
     let response = manager
-        .api
         .open_stream::<()>(Method::GET, &path, None)
         .await
         .map_err(|err| manager.explain(err))?;
@@ -115,6 +125,38 @@ pub async fn logs(args: LogsArgs) -> anyhow::Result<()> {
     match outcome {
         Ended::Error(message) => Err(anyhow!("{message}")),
         _ => Ok(()),
+    }
+}
+
+/// Whether the task has no container yet, and may get one: it waits for a node, or its
+/// worker has not started it.
+fn not_started(task: &Task) -> bool {
+    matches!(task.status.state, State::Pending | State::Scheduled)
+}
+
+/// How long one blocking query for the task's start waits before it is asked again.
+const START_QUERY_WAIT: Duration = Duration::from_secs(30);
+
+/// Returns once the task has started (or ended without starting), learnt from blocking
+/// queries: `cube logs -f` on a task that waits follows it once it runs, as `docker logs -f`
+/// does a container that was created and not started. Ctrl-C ends the wait.
+async fn await_start(manager: &ManagerClient, id: uuid::Uuid) -> anyhow::Result<()> {
+    let path = format!("/tasks/{id}");
+    let mut index = 0;
+    loop {
+        let (task, next): (Task, Option<u64>) = manager
+            .get_blocking(&path, index, START_QUERY_WAIT)
+            .await
+            .map_err(|err| manager.explain(err))?;
+        if !not_started(&task) {
+            return Ok(());
+        }
+        match next {
+            Some(next) => index = next,
+            // A manager without blocking queries answers at once: do not ask it in a tight
+            // loop.
+            None => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
     }
 }
 

@@ -34,11 +34,13 @@ mod wait;
 mod watch;
 
 use std::ffi::OsString;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
 use clap::{Args, ValueEnum};
-use cube_api::{ApiClient, ClientError, innermost_cause};
+use cube_api::{ApiClient, ClientError, Unreached, innermost_cause};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -184,7 +186,7 @@ pub enum ListFormat {
 }
 
 /// `cube -o json status` read as `cube status -o json`: the manager flags (`-o`, `-m`,
-/// `--cluster`) given before the command's name are moved to just after it, where the command
+/// `--cluster`, `--token`, `--ca-fingerprint`) given before the command's name are moved to just after it, where the command
 /// defines them. Other arguments, and a line with nothing after the flags, are left as they
 /// are, for clap to judge.
 ///
@@ -243,7 +245,13 @@ enum LeadingFlag {
 }
 
 fn leading_flag(arg: &str) -> LeadingFlag {
-    const LONG: [&str; 3] = ["--output", "--manager", "--cluster"];
+    const LONG: [&str; 5] = [
+        "--output",
+        "--manager",
+        "--cluster",
+        "--token",
+        "--ca-fingerprint",
+    ];
     const SHORT: [&str; 2] = ["-o", "-m"];
     if LONG.contains(&arg) || SHORT.contains(&arg) {
         return LeadingFlag::ValueNext;
@@ -262,13 +270,65 @@ fn leading_flag(arg: &str) -> LeadingFlag {
     }
 }
 
+/// How long a request is tried again after a manager answered 503 (no manager leads yet, or
+/// the leader does not answer): longer than an election after a leader died (`--leader-ttl`,
+/// 5 s by default, then the new leader loads the state), short enough that a cluster with
+/// no leader for good is reported rather than waited for.
+const FAILOVER_FOR: Duration = Duration::from_secs(20);
+
+/// The pause before the first round of tries again; it doubles each round, up to
+/// [`MOST_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+const MOST_PAUSE: Duration = Duration::from_secs(2);
+
+/// Which failures of a request may be sent again, to the next manager or the same one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// A read, a blocking query, a `DELETE` or a `PUT`: asking twice does what asking once
+    /// does, so a 503 or a broken connection is tried again too.
+    Idempotent,
+    /// A `POST`: only a request no manager saw (the connection was refused) is sent again.
+    OnlyUnsent,
+}
+
+/// Whether `err` may be answered by trying again, on the next manager or, after a pause, the
+/// same one. A timeout never is: the manager may still be carrying the request out.
+fn worth_another_try(err: &ClientError, retry: Retry) -> bool {
+    match err {
+        ClientError::Unreachable {
+            kind: Unreached::Connect,
+            ..
+        } => true,
+        ClientError::Unreachable {
+            kind: Unreached::Broken,
+            ..
+        } => retry == Retry::Idempotent,
+        ClientError::Status { status, .. } => {
+            retry == Retry::Idempotent && *status == reqwest::StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ => false,
+    }
+}
+
 /// The manager's API as the commands use it: every failure becomes an error that says what
 /// to do about it, most of all when no manager answers.
+///
+/// Given several managers (`-m a:5555,b:5555`, managers sharing one etcd cluster), a request
+/// goes to the one that answered last (the first, at the start); one that cannot be reached,
+/// or (for an idempotent request) answers 503 or breaks the connection, is tried on the next.
+/// Once every manager failed so, and one of them answered 503 (the cluster is there but
+/// elects a leader), the round is tried again after a pause that doubles, for at most
+/// [`FAILOVER_FOR`]. When every one refused the connection, none runs: that is said at once.
 struct ManagerClient {
-    api: ApiClient,
-    /// Which manager this is, for errors: "the manager at URL", with the cluster it came
-    /// from, if any.
-    described: String,
+    /// One client per manager given, in the order given; never empty.
+    apis: Vec<ApiClient>,
+    /// The index in `apis` of the manager asked first: the one that answered last.
+    current: AtomicUsize,
+    /// "the manager", or "the manager of cluster ..." when the config file chose it.
+    origin: String,
+    /// What the last request that gave up tried (`tried 6 times in 20 s on ...`), for the
+    /// error that ends the command. A `std` lock: held only to set or take the text.
+    gave_up: Mutex<Option<String>>,
 }
 
 impl ManagerClient {
@@ -276,9 +336,7 @@ impl ManagerClient {
         ManagerClient::connect_to(&flags.target)
     }
 
-    /// A client for the manager the flags, `CUBE_MANAGER` or the config file name. Given
-    /// several (`-m a:5555,b:5555`, managers sharing one etcd cluster), the first that can
-    /// be reached: each is tried in turn, the next on a connection error.
+    /// A client for the managers the flags, `CUBE_MANAGER` or the config file name.
     fn connect_to(flags: &ClusterFlags) -> anyhow::Result<ManagerClient> {
         let target = config::resolve_manager(flags)?;
         let tls = match &target.ca_fingerprint {
@@ -309,20 +367,99 @@ impl ManagerClient {
                     })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let Some(first) = apis.first().cloned() else {
+        if apis.is_empty() {
             bail!("no manager address given; set one with -m HOST:PORT or CUBE_MANAGER");
-        };
-        let api = if apis.len() == 1 {
-            first
-        } else {
-            first_reachable(apis).unwrap_or(first)
-        };
-        let described = format!("{} at {}", target.described(), api.base());
-        Ok(ManagerClient { api, described })
+        }
+        Ok(ManagerClient {
+            apis,
+            current: AtomicUsize::new(0),
+            origin: target.described(),
+            gave_up: Mutex::new(None),
+        })
+    }
+
+    /// The client of the manager asked first.
+    fn api(&self) -> &ApiClient {
+        &self.apis[self.current.load(Ordering::Relaxed) % self.apis.len()]
+    }
+
+    /// "the manager at URL" (with the cluster it came from, if any), for errors.
+    fn described(&self) -> String {
+        format!("{} at {}", self.origin, self.api().base())
+    }
+
+    /// `call` on the manager asked first, and on the others as the type's doc says.
+    async fn failover<T, F, Fut>(&self, retry: Retry, call: F) -> Result<T, ClientError>
+    where
+        F: Fn(ApiClient) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        *self.gave_up.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let started = tokio::time::Instant::now();
+        let mut pause = FIRST_PAUSE;
+        let mut tries = 0usize;
+        loop {
+            let mut unavailable = false;
+            let mut last = None;
+            for _ in 0..self.apis.len() {
+                let index = self.current.load(Ordering::Relaxed) % self.apis.len();
+                match call(self.apis[index].clone()).await {
+                    Ok(answer) => return Ok(answer),
+                    Err(err) if worth_another_try(&err, retry) => {
+                        tries += 1;
+                        unavailable |= err.status().is_some();
+                        if self.apis.len() > 1 {
+                            self.current
+                                .store((index + 1) % self.apis.len(), Ordering::Relaxed);
+                        }
+                        last = Some(err);
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            let Some(err) = last else {
+                // `apis` is never empty, so a round without an answer had an error.
+                unreachable!("a round of tries over no manager");
+            };
+            if !unavailable || started.elapsed() + pause > FAILOVER_FOR {
+                if tries > 1 {
+                    let bases: Vec<&str> = self.apis.iter().map(ApiClient::base).collect();
+                    *self.gave_up.lock().unwrap_or_else(|p| p.into_inner()) = Some(format!(
+                        "tried {tries} times in {} s on {}",
+                        started.elapsed().as_secs(),
+                        bases.join(", ")
+                    ));
+                }
+                return Err(err);
+            }
+            // A pause between rounds, bounded above: a leader is being elected.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MOST_PAUSE);
+        }
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
-        self.api.get(path).await.map_err(|err| self.explain(err))
+        self.try_get(path).await.map_err(|err| self.explain(err))
+    }
+
+    /// A `GET` whose error is left to the caller (a 404 may be an answer).
+    async fn try_get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        self.failover(Retry::Idempotent, |api| async move { api.get(path).await })
+            .await
+    }
+
+    /// A blocking query ([`ApiClient::get_blocking`]), tried again on another manager as any
+    /// read is: the wait goes on there, from the same index.
+    async fn get_blocking<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        index: u64,
+        wait: Duration,
+    ) -> Result<(T, Option<u64>), ClientError> {
+        self.failover(Retry::Idempotent, |api| async move {
+            api.get_blocking(path, index, wait).await
+        })
+        .await
     }
 
     /// A `POST`; answers with the HTTP status code (201 created, 200 already there) and body.
@@ -332,62 +469,128 @@ impl ManagerClient {
         body: &B,
     ) -> anyhow::Result<(u16, T)> {
         let (status, answer) = self
-            .api
-            .post(path, body)
+            .failover(Retry::OnlyUnsent, |api| async move {
+                api.post(path, body).await
+            })
             .await
             .map_err(|err| self.explain(err))?;
         Ok((status.as_u16(), answer))
     }
 
     async fn delete(&self, path: &str) -> anyhow::Result<()> {
-        self.api.delete(path).await.map_err(|err| self.explain(err))
+        self.failover(
+            Retry::Idempotent,
+            |api| async move { api.delete(path).await },
+        )
+        .await
+        .map_err(|err| self.explain(err))
     }
 
-    /// A client error in words for the user of the command line.
+    /// A streamed answer ([`ApiClient::open_stream`]): a `GET` is tried again as any read,
+    /// anything else only when no manager saw it.
+    async fn open_stream<B: Serialize>(
+        &self,
+        method: cube_api::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<reqwest::Response, ClientError> {
+        let retry = if method == cube_api::Method::GET {
+            Retry::Idempotent
+        } else {
+            Retry::OnlyUnsent
+        };
+        self.failover(retry, |api| {
+            let method = method.clone();
+            async move { api.open_stream(method, path, body).await }
+        })
+        .await
+    }
+
+    /// An interactive command's connection ([`ApiClient::open_upgrade`]): it starts a
+    /// command, so it is sent again only when no manager saw it.
+    async fn open_upgrade(
+        &self,
+        path: &str,
+        protocol: &str,
+    ) -> Result<reqwest::Response, ClientError> {
+        self.failover(Retry::OnlyUnsent, |api| async move {
+            api.open_upgrade(path, protocol).await
+        })
+        .await
+    }
+
+    /// A stream of lines ([`ApiClient::get_lines`], `GET /events`), opened as any read.
+    async fn get_lines(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+    ) -> Result<(cube_api::LineStream, Option<u64>), ClientError> {
+        self.failover(Retry::Idempotent, |api| async move {
+            api.get_lines(path, accept).await
+        })
+        .await
+    }
+
+    /// A client error in words for the user of the command line, with what was tried when
+    /// the request went to more than one manager or more than once.
     fn explain(&self, err: ClientError) -> anyhow::Error {
-        explain(&self.described, err)
-    }
-}
-
-/// The first manager of `apis` that answers at all (any status counts: only a connection
-/// error moves on to the next), asked with `GET /health` within a second each. Asked on a
-/// thread of its own, with a runtime of its own: the caller may be on a runtime's thread.
-fn first_reachable(apis: Vec<ApiClient>) -> Option<ApiClient> {
-    std::thread::scope(|scope| scope.spawn(|| probe_in_turn(apis)).join().ok().flatten())
-}
-
-fn probe_in_turn(apis: Vec<ApiClient>) -> Option<ApiClient> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .ok()?;
-    runtime.block_on(async {
-        for api in apis {
-            let probe = tokio::time::timeout(
-                std::time::Duration::from_secs(1),
-                api.get::<serde::de::IgnoredAny>("/health"),
-            )
-            .await;
-            match probe {
-                Ok(Err(ClientError::Unreachable { .. })) | Err(_) => continue,
-                Ok(_) => return Some(api),
-            }
+        let explained = explain(&self.described(), err);
+        match self
+            .gave_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            Some(tried) => anyhow!("{explained:#} ({tried})"),
+            None => explained,
         }
-        None
-    })
+    }
 }
 
 /// A client error in words: an unreachable manager is named (`described`: "the manager at
-/// URL", with the cluster it came from) with the way to point at one; an error answer keeps
-/// the server's message, which names the field or ID at fault.
+/// URL", with the cluster it came from) with the way to point at one; one that took too long
+/// is said to have, since what was asked may still be under way; an error answer keeps the
+/// server's message, which names the field or ID at fault.
 fn explain(described: &str, err: ClientError) -> anyhow::Error {
     match err {
-        ClientError::Unreachable { reason, .. } => anyhow!(
+        ClientError::Unreachable {
+            reason,
+            kind: Unreached::Connect,
+            ..
+        } => anyhow!(
             "cannot reach {described} ({}); is it running? Start one with \
              'cube dev' or pass -m HOST:PORT / set CUBE_MANAGER / --cluster NAME",
             innermost_cause(&reason)
         ),
+        ClientError::Unreachable {
+            kind: Unreached::TimedOut(after),
+            ..
+        } => anyhow!(
+            "{described} gave no answer within {}: the request timed out here, and what it \
+             asked for may still be under way there (look with 'cube status')",
+            seconds(after)
+        ),
+        ClientError::Unreachable { reason, .. } => anyhow!(
+            "the connection to {described} broke before its whole answer came ({}); what was \
+             asked may or may not have been done",
+            innermost_cause(&reason)
+        ),
+        ClientError::Status {
+            status, message, ..
+        } if status == reqwest::StatusCode::SERVICE_UNAVAILABLE => {
+            anyhow!("{described} is unavailable (503): {message}")
+        }
         other => anyhow!(other),
+    }
+}
+
+/// A duration in seconds as people write it: `10 s`, `2.5 s`.
+fn seconds(duration: Duration) -> String {
+    let whole = duration.as_secs();
+    if duration.subsec_millis() == 0 {
+        format!("{whole} s")
+    } else {
+        format!("{:.1} s", duration.as_secs_f64())
     }
 }
 
@@ -404,6 +607,7 @@ mod tests {
                 reason: "error sending request for url (http://127.0.0.1:5555/tasks): client \
                          error (Connect): tcp connect error: Connection refused (os error 111)"
                     .to_string(),
+                kind: Unreached::Connect,
             },
         );
         assert_eq!(
@@ -412,6 +616,59 @@ mod tests {
              111)); is it running? Start one with 'cube dev' or pass -m HOST:PORT / set \
              CUBE_MANAGER / --cluster NAME"
         );
+    }
+
+    fn unreached(kind: Unreached) -> ClientError {
+        ClientError::Unreachable {
+            url: "http://127.0.0.1:5555/tasks".to_string(),
+            reason: "operation timed out".to_string(),
+            kind,
+        }
+    }
+
+    fn answered(status: u16) -> ClientError {
+        ClientError::Status {
+            url: "http://127.0.0.1:5555/tasks".to_string(),
+            status: reqwest::StatusCode::from_u16(status).unwrap(),
+            message: "no manager leads at the moment".to_string(),
+        }
+    }
+
+    #[test]
+    fn a_read_is_tried_again_on_a_503_or_a_broken_connection_and_a_post_only_when_unsent() {
+        let refused = || unreached(Unreached::Connect);
+        let broken = || unreached(Unreached::Broken);
+        let timed_out = || unreached(Unreached::TimedOut(REQUEST_TIMEOUT));
+        assert!(worth_another_try(&refused(), Retry::Idempotent));
+        assert!(worth_another_try(&refused(), Retry::OnlyUnsent));
+        assert!(worth_another_try(&broken(), Retry::Idempotent));
+        assert!(!worth_another_try(&broken(), Retry::OnlyUnsent));
+        assert!(worth_another_try(&answered(503), Retry::Idempotent));
+        assert!(!worth_another_try(&answered(503), Retry::OnlyUnsent));
+        // The manager may still be at work on it; and a refusal is an answer.
+        assert!(!worth_another_try(&timed_out(), Retry::Idempotent));
+        for status in [400, 404, 409, 500] {
+            assert!(!worth_another_try(&answered(status), Retry::Idempotent));
+        }
+    }
+
+    #[test]
+    fn a_timeout_and_a_503_say_what_happened_not_that_the_manager_is_down() {
+        let described = "the manager at http://127.0.0.1:5555";
+        let timed_out = explain(described, unreached(Unreached::TimedOut(REQUEST_TIMEOUT)));
+        assert_eq!(
+            timed_out.to_string(),
+            "the manager at http://127.0.0.1:5555 gave no answer within 10 s: the request timed \
+             out here, and what it asked for may still be under way there (look with 'cube \
+             status')"
+        );
+        let unavailable = explain(described, answered(503)).to_string();
+        assert_eq!(
+            unavailable,
+            "the manager at http://127.0.0.1:5555 is unavailable (503): no manager leads at the \
+             moment"
+        );
+        assert_eq!(seconds(Duration::from_millis(2500)), "2.5 s");
     }
 
     #[test]
@@ -454,6 +711,14 @@ mod tests {
         assert_eq!(
             moved(&["cube", "-o", "json", "job", "status", "web"]),
             vec!["cube", "job", "status", "-o", "json", "web"]
+        );
+        assert_eq!(
+            moved(&["cube", "--token", "cube.1a2b", "status"]),
+            vec!["cube", "status", "--token", "cube.1a2b"]
+        );
+        assert_eq!(
+            moved(&["cube", "--ca-fingerprint=ab:cd", "-m", "h:1", "node", "-q"]),
+            vec!["cube", "node", "--ca-fingerprint=ab:cd", "-m", "h:1", "-q"]
         );
         assert_eq!(
             moved(&["cube", "-o", "json", "job", "--help"]),

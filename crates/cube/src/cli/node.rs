@@ -111,7 +111,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
     match &args.name {
         Some(name) => {
             let path = format!("/nodes/{}", encode_path_segment(name));
-            let node: Node = match manager.api.get(&path).await {
+            let node: Node = match manager.try_get(&path).await {
                 Ok(node) => node,
                 Err(err) if err.status().is_some_and(|status| status.as_u16() == 404) => {
                     return Err(anyhow!(
@@ -134,7 +134,7 @@ pub async fn node(args: NodeArgs) -> anyhow::Result<()> {
             match format {
                 ListFormat::Table | ListFormat::Wide => {
                     // Managers sharing etcd say who leads; a manager alone has no /leader.
-                    if let Ok(leader) = manager.api.get::<serde_json::Value>("/leader").await {
+                    if let Ok(leader) = manager.try_get::<serde_json::Value>("/leader").await {
                         println!("{}", leader_line(&leader));
                     }
                     print_lines(&node_table(&nodes, now, format == ListFormat::Wide));
@@ -240,7 +240,6 @@ async fn follow_drain(manager: &ManagerClient, name: &str, node: Node) -> anyhow
             last = Some(now);
         }
         let (nodes, next): (Vec<Node>, Option<u64>) = manager
-            .api
             .get_blocking("/nodes", index, Duration::from_secs(30))
             .await
             .map_err(|err| manager.explain(err))?;

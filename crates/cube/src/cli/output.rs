@@ -8,15 +8,16 @@ use serde::Serialize;
 /// Spaces between two columns, as `docker ps` separates them.
 const COLUMN_GAP: &str = "   ";
 
-/// Rows of cells as lines: every column is as wide as its widest cell, cells are
-/// left-aligned and columns are separated by three spaces. The last column is not padded, so
-/// no line ends in spaces. The first row is usually the header.
+/// Rows of cells as lines: every column is as wide as its widest cell (as a terminal shows
+/// it: see [`display_width`]), cells are left-aligned and columns are separated by three
+/// spaces. The last column is not padded, so no line ends in spaces. The first row is usually
+/// the header.
 pub fn table(rows: &[Vec<String>]) -> Vec<String> {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let mut widths = vec![0; columns];
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
+            *width = (*width).max(display_width(cell));
         }
     }
     rows.iter()
@@ -27,13 +28,124 @@ pub fn table(rows: &[Vec<String>]) -> Vec<String> {
                     line.push_str(COLUMN_GAP);
                 }
                 line.push_str(cell);
-                let padding = widths[index] - cell.chars().count();
+                let padding = widths[index].saturating_sub(display_width(cell));
                 line.extend(std::iter::repeat_n(' ', padding));
             }
             line.truncate(line.trim_end().len());
             line
         })
         .collect()
+}
+
+/// How many columns a terminal gives `text`: two for a wide character (CJK ideographs,
+/// Hangul, fullwidth forms, emoji shown as pictures), none for a combining mark, a zero-width
+/// character, a variation selector or a control character, one for the rest. A name with an
+/// emoji (`🚀web`) would otherwise push every later column of its row one place right.
+pub fn display_width(text: &str) -> usize {
+    text.chars().map(char_width).sum()
+}
+
+fn char_width(c: char) -> usize {
+    let code = u32::from(c);
+    // Ranges from Unicode's East Asian Width (W and F) and its zero-width classes, the
+    // blocks a name or a message may hold; what is not listed counts as one.
+    const ZERO: &[(u32, u32)] = &[
+        (0x0000, 0x001F),
+        (0x007F, 0x009F),
+        (0x0300, 0x036F),
+        (0x200B, 0x200F),
+        (0x2028, 0x202E),
+        (0x2060, 0x2064),
+        (0x20D0, 0x20FF),
+        (0xFE00, 0xFE0F),
+        (0xFE20, 0xFE2F),
+        (0xFEFF, 0xFEFF),
+        (0x1F3FB, 0x1F3FF),
+        (0xE0000, 0xE01EF),
+    ];
+    const WIDE: &[(u32, u32)] = &[
+        (0x1100, 0x115F),
+        (0x231A, 0x231B),
+        (0x2329, 0x232A),
+        (0x23E9, 0x23EC),
+        (0x23F0, 0x23F0),
+        (0x23F3, 0x23F3),
+        (0x25FD, 0x25FE),
+        (0x2614, 0x2615),
+        (0x2648, 0x2653),
+        (0x267F, 0x267F),
+        (0x2693, 0x2693),
+        (0x26A1, 0x26A1),
+        (0x26AA, 0x26AB),
+        (0x26BD, 0x26BE),
+        (0x26C4, 0x26C5),
+        (0x26CE, 0x26CE),
+        (0x26D4, 0x26D4),
+        (0x26EA, 0x26EA),
+        (0x26F2, 0x26F3),
+        (0x26F5, 0x26F5),
+        (0x26FA, 0x26FA),
+        (0x26FD, 0x26FD),
+        (0x2705, 0x2705),
+        (0x270A, 0x270B),
+        (0x2728, 0x2728),
+        (0x274C, 0x274C),
+        (0x274E, 0x274E),
+        (0x2753, 0x2755),
+        (0x2757, 0x2757),
+        (0x2795, 0x2797),
+        (0x27B0, 0x27B0),
+        (0x27BF, 0x27BF),
+        (0x2B1B, 0x2B1C),
+        (0x2B50, 0x2B50),
+        (0x2B55, 0x2B55),
+        (0x2E80, 0x303E),
+        (0x3041, 0x33FF),
+        (0x3400, 0x4DBF),
+        (0x4E00, 0x9FFF),
+        (0xA000, 0xA4CF),
+        (0xA960, 0xA97F),
+        (0xAC00, 0xD7A3),
+        (0xF900, 0xFAFF),
+        (0xFE10, 0xFE19),
+        (0xFE30, 0xFE6F),
+        (0xFF00, 0xFF60),
+        (0xFFE0, 0xFFE6),
+        (0x16FE0, 0x18AFF),
+        (0x1B000, 0x1B2FF),
+        (0x1F004, 0x1F004),
+        (0x1F0CF, 0x1F0CF),
+        (0x1F18E, 0x1F18E),
+        (0x1F191, 0x1F19A),
+        (0x1F200, 0x1F251),
+        (0x1F300, 0x1F64F),
+        (0x1F680, 0x1F6FF),
+        (0x1F7E0, 0x1F7EB),
+        (0x1F90C, 0x1F9FF),
+        (0x1FA70, 0x1FAFF),
+        (0x20000, 0x2FFFD),
+        (0x30000, 0x3FFFD),
+    ];
+    let within = |ranges: &[(u32, u32)]| {
+        ranges
+            .binary_search_by(|&(low, high)| {
+                if high < code {
+                    std::cmp::Ordering::Less
+                } else if low > code {
+                    std::cmp::Ordering::Greater
+                } else {
+                    std::cmp::Ordering::Equal
+                }
+            })
+            .is_ok()
+    };
+    if within(ZERO) {
+        0
+    } else if within(WIDE) {
+        2
+    } else {
+        1
+    }
 }
 
 /// `key: value` lines with the values aligned; an empty value reads `-`. A value of several
@@ -176,6 +288,32 @@ mod tests {
     fn widths_count_characters_not_bytes() {
         let lines = table(&[row(&["é", "x"]), row(&["ab", "y"])]);
         assert_eq!(lines, vec!["é    x", "ab   y"]);
+    }
+
+    #[test]
+    fn wide_characters_take_two_columns_and_combining_marks_none() {
+        let lines = table(&[
+            row(&["NAME", "STATE"]),
+            row(&["🚀web", "Running"]),
+            row(&["日本", "Pending"]),
+            row(&["cafe\u{301}", "Failed"]),
+            row(&["plain", "Completed"]),
+        ]);
+        // The second column starts at the same terminal column on every line.
+        let starts: Vec<usize> = lines
+            .iter()
+            .map(|line| {
+                let second = line.rfind(' ').unwrap() + 1;
+                display_width(&line[..second])
+            })
+            .collect();
+        assert_eq!(starts, vec![8; 5], "{lines:#?}");
+        assert_eq!(lines[1], "🚀web   Running");
+        assert_eq!(lines[2], "日本    Pending");
+        assert_eq!(lines[3], "cafe\u{301}    Failed");
+        assert_eq!(display_width("🚀web"), 5);
+        assert_eq!(display_width("日本"), 4);
+        assert_eq!(display_width("é"), 1);
     }
 
     #[test]

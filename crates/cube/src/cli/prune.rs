@@ -1,42 +1,100 @@
-//! `cube rm TASK` and `cube prune`: ended tasks removed now, with their containers (and so
+//! `cube rm TASK...` and `cube prune`: ended tasks removed now, with their containers (and so
 //! their logs), instead of after the manager's `--gc-after`.
 
+use std::time::Duration;
+
 use clap::Args;
+use cube_types::duration::parse_duration;
+use cube_types::{State, Task};
 use serde::Deserialize;
 
 use super::output::print_json;
 use super::resolve::find_task;
+use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
-/// Remove an ended task now, with its container and its logs.
+/// Remove ended tasks now, with their containers and their logs.
 ///
-/// Only a task that ended for good is removed (Completed, or Failed with no restart to come;
-/// `cube stop` first for one that runs). The manager removes ended tasks by itself
-/// `--gc-after` (1h) after they ended. The ended copies of a batch job that was not stopped
-/// stay: they are its record of the work done.
+/// Only a task that ended for good is removed (Completed, or Failed with no restart to come);
+/// one that runs is refused, unless -f, which stops it first and waits until it stopped. The
+/// manager removes ended tasks by itself `--gc-after` (1h) after they ended. The ended copies
+/// of a batch job that was not stopped stay: they are its record of the work done. Given
+/// several tasks, each is removed even when another could not be, and the command fails if
+/// any could not.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube rm 3f2a                  # by ID prefix\n  \
-    cube stop --wait web && cube rm web")]
+    cube rm web db                # several tasks\n  \
+    cube rm -f web                # stop it first if it runs")]
 pub struct RmArgs {
-    /// The task: a full ID, a unique ID prefix, or a name.
-    #[arg(value_name = "TASK")]
-    task: String,
+    /// The tasks: each a full ID, a unique ID prefix, or a name.
+    #[arg(value_name = "TASK", required = true)]
+    tasks: Vec<String>,
+    /// Stop a task that has not ended first (and wait until it stopped, at most --timeout).
+    #[arg(short, long)]
+    force: bool,
+    /// How long -f waits for each task to stop (e.g. 30s, 2m).
+    #[arg(long, default_value = "2m", value_parser = parse_duration, requires = "force")]
+    timeout: Duration,
     #[command(flatten)]
     flags: ManagerFlags,
 }
 
 pub async fn rm(args: RmArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
-    let task = find_task(&manager, &args.task).await?;
+    let mut removed = Vec::new();
+    let mut failed = Vec::new();
+    for name in &args.tasks {
+        match rm_one(&manager, name, &args).await {
+            Ok(task) => removed.push(task),
+            // One task: its error is the command's, as it always was.
+            Err(err) if args.tasks.len() == 1 => return Err(err),
+            Err(err) => {
+                eprintln!("cube: {name}: {err:#}");
+                failed.push(name.as_str());
+            }
+        }
+    }
+    if args.flags.output == OutputFormat::Json {
+        let removed: Vec<serde_json::Value> = removed
+            .iter()
+            .map(|task| serde_json::json!({"ID": task.id, "Name": task.name}))
+            .collect();
+        match removed.as_slice() {
+            [one] if args.tasks.len() == 1 => print_json(one)?,
+            _ => print_json(&removed)?,
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} tasks not removed: {}",
+        failed.len(),
+        args.tasks.len(),
+        failed.join(", ")
+    );
+    Ok(())
+}
+
+/// Removes one task (stopping it first with -f) and says so.
+async fn rm_one(manager: &ManagerClient, name: &str, args: &RmArgs) -> anyhow::Result<Task> {
+    let task = find_task(manager, name).await?;
+    // A task that ended and waits to restart is not ended for good either.
+    let live = !task.status.state.is_terminal()
+        || (task.status.next_restart.is_some() && task.spec.desired_state == State::Running);
+    if args.force && live {
+        manager.delete(&format!("/tasks/{}", task.id)).await?;
+        if args.flags.output == OutputFormat::Table {
+            println!("stopping {} ({})", task.name, task.short_id());
+        }
+        wait_for(manager, task.id, Goal::Stopped, args.timeout).await?;
+    }
     manager
         .delete(&format!("/tasks/{}?purge=true", task.id))
         .await?;
-    match args.flags.output {
-        OutputFormat::Json => print_json(&serde_json::json!({"ID": task.id, "Name": task.name}))?,
-        OutputFormat::Table => println!("removed {} ({})", task.name, task.short_id()),
+    if args.flags.output == OutputFormat::Table {
+        println!("removed {} ({})", task.name, task.short_id());
     }
-    Ok(())
+    Ok(task)
 }
 
 /// Remove every ended task now, with its container and logs, and the stopped jobs left

@@ -178,7 +178,7 @@ pub async fn run_task(args: RunArgs) -> anyhow::Result<()> {
                 eprintln!(
                     "task {} ({short}) already exists, unchanged: {}; see it with: cube status \
                      {short}{}",
-                    task.id,
+                    task.name,
                     task.status.state,
                     args.flags.manager_hint()
                 );

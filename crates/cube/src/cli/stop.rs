@@ -1,4 +1,4 @@
-//! `cube stop ID`: asks the manager to stop a task.
+//! `cube stop ID...`: asks the manager to stop tasks.
 
 use std::time::Duration;
 
@@ -11,26 +11,31 @@ use super::resolve::find_task;
 use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
-/// Stop a task: the manager stops its container and marks it Completed.
+/// Stop tasks: the manager stops each one's container and marks it Completed.
 ///
-/// ID is the task's full ID, a prefix of it that no other task shares (like Docker's), or the
-/// task's exact name when no other task has that name. When it could mean several tasks,
-/// nothing is stopped and the candidates are listed. A task that ended and waits out its
+/// Each ID is a task's full ID, a prefix of it that no other task shares (like Docker's), or
+/// the task's exact name when no other task has that name. When one could mean several tasks,
+/// it is not stopped and the candidates are listed. A task that ended and waits out its
 /// restart backoff is stopped too: its restart is cancelled. Stopping returns at once; the
-/// worker stops the container in the background (see `cube status`), unless --wait.
+/// worker stops the container in the background (see `cube status`), unless --wait. The
+/// stopped container is kept, with its output, until the task is removed (`cube rm`, `cube
+/// prune`, or the manager's --gc-after). Given several tasks, each is stopped even when
+/// another could not be, and the command fails if any could not.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube stop 3f2a                                   # a unique ID prefix\n  \
     cube stop bb1d59ef-9fc1-4e4b-a44d-db571eeed203   # a full ID\n  \
+    cube stop web db cache                           # several tasks\n  \
     cube stop --wait test-chapter-9.1                # a unique task name; wait until it ended")]
 pub struct StopArgs {
-    /// The task: a full ID, a unique ID prefix, or a unique exact name.
-    #[arg(value_name = "ID")]
-    task: String,
-    /// Wait until the task has stopped (Completed or Failed, its container gone).
+    /// The tasks: each a full ID, a unique ID prefix, or a unique exact name.
+    #[arg(value_name = "ID", required = true)]
+    tasks: Vec<String>,
+    /// Wait until each task has stopped (Completed or Failed; its container is kept, stopped,
+    /// with its output, until the task is removed).
     #[arg(long)]
     wait: bool,
-    /// How long --wait waits (e.g. 30s, 2m).
+    /// How long --wait waits for each task (e.g. 30s, 2m).
     #[arg(long, default_value = "2m", value_parser = parse_duration, requires = "wait")]
     timeout: Duration,
     #[command(flatten)]
@@ -60,7 +65,44 @@ fn stop_kind(task: &Task) -> StopKind {
 
 pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
-    let task = find_task(&manager, &args.task).await?;
+    let mut shown = Vec::new();
+    let mut failed = Vec::new();
+    for name in &args.tasks {
+        match stop_one(&manager, name, &args).await {
+            Ok(Some(task)) => shown.push(task),
+            Ok(None) => {}
+            // One task: its error is the command's, as it always was.
+            Err(err) if args.tasks.len() == 1 => return Err(err),
+            Err(err) => {
+                eprintln!("cube: {name}: {err:#}");
+                failed.push(name.as_str());
+            }
+        }
+    }
+    if args.flags.output == OutputFormat::Json {
+        match shown.as_slice() {
+            [one] if args.tasks.len() == 1 => print_json(one)?,
+            _ => print_json(&shown)?,
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} tasks not stopped: {}",
+        failed.len(),
+        args.tasks.len(),
+        failed.join(", ")
+    );
+    Ok(())
+}
+
+/// Stops one task and says so; answers with the task after the request for -o json (after
+/// it stopped with --wait).
+async fn stop_one(
+    manager: &ManagerClient,
+    name: &str,
+    args: &StopArgs,
+) -> anyhow::Result<Option<Task>> {
+    let task = find_task(manager, name).await?;
     let path = format!("/tasks/{}", task.id);
     let kind = stop_kind(&task);
     // Sent for an ended task too: the manager may have restarted it since it was read, and
@@ -77,20 +119,20 @@ pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
         }
     }
     let after: Task = if args.wait {
-        wait_for(&manager, task.id, Goal::Stopped, args.timeout)
+        wait_for(manager, task.id, Goal::Stopped, args.timeout)
             .await?
             .0
     } else if args.flags.output == OutputFormat::Json {
         // The task after the request, so that a script sees its new desired state.
         manager.get(&path).await?
     } else {
-        return Ok(());
+        return Ok(None);
     };
-    match args.flags.output {
-        OutputFormat::Json => print_json(&after)?,
-        OutputFormat::Table => println!("stopped {}: {}", after.short_id(), after.status.state),
+    if args.flags.output == OutputFormat::Table {
+        println!("stopped {}: {}", after.short_id(), after.status.state);
+        return Ok(None);
     }
-    Ok(())
+    Ok(Some(after))
 }
 
 #[cfg(test)]

@@ -4,30 +4,44 @@ use clap::Args;
 use cube_types::Node;
 use cube_types::version::VersionInfo;
 
-use super::output::{print_json, table};
-use super::{ManagerClient, ManagerFlags, OutputFormat};
+use super::output::{print_json, print_yaml, table};
+use super::{ClusterFlags, ManagerClient};
 
 /// Show versions: this client's, the manager's (and the commit each was built from), and each
 /// node's Cube and Docker, with what the manager found wrong with a worker's version.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube version\n  \
-    cube version -o json")]
+    cube version -o json\n  \
+    cube version -o yaml")]
 pub struct VersionArgs {
     #[command(flatten)]
-    flags: ManagerFlags,
+    target: ClusterFlags,
+    /// How to print: lines for people, or the versions as JSON or YAML for scripts.
+    #[arg(short, long, value_enum, default_value_t = VersionFormat::Table)]
+    output: VersionFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum VersionFormat {
+    /// The client's and manager's versions, then a table of the nodes'.
+    Table,
+    /// `{"Client": …, "Manager": …, "Nodes": […]}`, pretty-printed.
+    Json,
+    /// The same object as YAML.
+    Yaml,
 }
 
 pub async fn version(args: VersionArgs) -> anyhow::Result<()> {
     let client = VersionInfo::this_build();
-    let manager = ManagerClient::connect(&args.flags)?;
+    let manager = ManagerClient::connect_to(&args.target)?;
     let answered: anyhow::Result<(VersionInfo, Vec<Node>)> = async {
         let version: VersionInfo = manager.get("/version").await?;
         let nodes: Vec<Node> = manager.get("/nodes").await?;
         Ok((version, nodes))
     }
     .await;
-    if args.flags.output == OutputFormat::Json {
+    if args.output != VersionFormat::Table {
         let (server, nodes) = answered?;
         let nodes: Vec<serde_json::Value> = nodes
             .iter()
@@ -38,9 +52,13 @@ pub async fn version(args: VersionArgs) -> anyhow::Result<()> {
                 })
             })
             .collect();
-        return print_json(&serde_json::json!({
+        let versions = serde_json::json!({
             "Client": client, "Manager": server, "Nodes": nodes,
-        }));
+        });
+        return match args.output {
+            VersionFormat::Yaml => print_yaml(&versions),
+            _ => print_json(&versions),
+        };
     }
     println!(
         "Client:  cube {} (commit {})",
@@ -51,7 +69,7 @@ pub async fn version(args: VersionArgs) -> anyhow::Result<()> {
         "Manager: cube {} (commit {}) at {}",
         server.version,
         server.commit,
-        manager.api.base()
+        manager.api().base()
     );
     if nodes.is_empty() {
         println!("Nodes:   none has joined");

@@ -59,7 +59,6 @@ async fn next_look(
     wait: Duration,
 ) -> anyhow::Result<Task> {
     let (task, next): (Task, Option<u64>) = manager
-        .api
         .get_blocking(path, *index, wait.max(Duration::from_millis(1)))
         .await
         .map_err(|err| manager.explain(err))?;
@@ -73,7 +72,7 @@ async fn next_look(
 
 /// The task's entry in the waiting list, if it has one (an older manager has none).
 pub async fn queue_entry(manager: &ManagerClient, id: Uuid) -> Option<QueueEntryView> {
-    match manager.api.get(&format!("/queue/task/{id}")).await {
+    match manager.try_get(&format!("/queue/task/{id}")).await {
         Ok(entry) => Some(entry),
         Err(ClientError::Status { .. }) => None,
         Err(_) => None,

@@ -41,7 +41,6 @@ where
         let mut index = 0;
         loop {
             let (answer, next) = manager
-                .api
                 .get_blocking::<Value>(path, index, WATCH_WAIT)
                 .await
                 .map_err(|err| manager.explain(err))?;
@@ -51,7 +50,7 @@ where
                 anyhow!(
                     "{} does not answer blocking queries (no X-Cube-Index): is it an older \
                      Cube? Use the command without --watch",
-                    manager.described
+                    manager.described()
                 )
             })?;
         }
