@@ -224,6 +224,30 @@ async fn request_certificate(
 }
 
 impl WorkerTls {
+    /// Serving and calling with a certificate the manager signed (received now or kept from
+    /// the last start), renewed in place and kept in `kept` at each renewal.
+    fn joined(
+        certified: rustls::sign::CertifiedKey,
+        ca: &CertificateDer<'static>,
+        verifier: PinnedCaVerifier,
+        name: &str,
+        hosts: Vec<String>,
+        kept: KeptCertificate,
+    ) -> Result<WorkerTls, JoinError> {
+        let slot = CertSlot::new(certified);
+        let server = cube_api::tls::server_config(slot.clone(), ca, ClientCerts::Required)?;
+        let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
+        Ok(WorkerTls {
+            slot,
+            server,
+            client,
+            name: name.to_string(),
+            hosts,
+            files: None,
+            kept: Some(kept),
+        })
+    }
+
     /// Joins: serves with the certificate kept in `kept` when there is a fitting one (see
     /// [`KeptCertificate::load`]); else gets node `name`'s certificate (valid for `hosts`)
     /// from the first of `managers` that gives one, checking the CA against `fingerprint`,
@@ -239,20 +263,8 @@ impl WorkerTls {
         let verifier = PinnedCaVerifier::new(fingerprint, Some(PeerRole::Manager))?;
         match kept.load(fingerprint, name, &hosts) {
             Ok(Some((certified, ca))) => {
-                let slot = CertSlot::new(certified);
-                let server =
-                    cube_api::tls::server_config(slot.clone(), &ca, ClientCerts::Required)?;
-                let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
                 tracing::info!(certificate = %kept.cert.display(), node = %name, "serving with the certificate kept from the last start; not joining again");
-                return Ok(WorkerTls {
-                    slot,
-                    server,
-                    client,
-                    name: name.to_string(),
-                    hosts,
-                    files: None,
-                    kept: Some(kept),
-                });
+                return WorkerTls::joined(certified, &ca, verifier, name, hosts, kept);
             }
             Ok(None) => {}
             Err(why) => {
@@ -292,24 +304,13 @@ impl WorkerTls {
             if got != expected {
                 return Err(JoinError::WrongCa { expected, got });
             }
-            let slot = CertSlot::new(certified);
-            let server = cube_api::tls::server_config(slot.clone(), &ca, ClientCerts::Required)?;
-            let client = cube_api::tls::client_config(verifier, Some(slot.clone()))?;
             tracing::info!(manager = %manager.base(), node = %name, "joined with TLS: certificate received");
             // Kept for the next start; one that cannot be written is said and not fatal (the
             // next start joins again).
             if let Err(err) = kept.save(&pems, &issued.ca) {
                 tracing::warn!(error = %err, "cannot keep the node's certificate in the data directory; the next start joins again");
             }
-            return Ok(WorkerTls {
-                slot,
-                server,
-                client,
-                name: name.to_string(),
-                hosts,
-                files: None,
-                kept: Some(kept),
-            });
+            return WorkerTls::joined(certified, &ca, verifier, name, hosts, kept);
         }
         Err(last)
     }

@@ -115,6 +115,24 @@ pub(crate) fn assess(
     (Verdict::Running { health }, statuses)
 }
 
+/// Whether an event a launch waits on is about its container (then it looks again), or why
+/// the wait fails (the engine's events broke or ended).
+fn about(
+    event: Option<Result<RuntimeEvent, RuntimeError>>,
+    container_id: &str,
+    service: &str,
+) -> Result<bool, LaunchFailure> {
+    match event {
+        Some(Ok(event)) => Ok(event.container_id() == container_id),
+        Some(Err(err)) => Err(LaunchFailure(format!(
+            "lost the engine's events while waiting for {service}: {err}"
+        ))),
+        None => Err(LaunchFailure(format!(
+            "the engine's events ended while waiting for {service}"
+        ))),
+    }
+}
+
 /// What a launch waiting on a container (until it `what`: is healthy, completed) reads of it
 /// at each look: the container, or why the launch fails.
 fn awaited(
@@ -466,19 +484,8 @@ impl<R: Runtime> Worker<R> {
                     _ = &mut passed => break,
                     event = events.next() => event,
                 };
-                match event {
-                    Some(Ok(event)) if event.container_id() == container_id => break,
-                    Some(Ok(_)) => continue,
-                    Some(Err(err)) => {
-                        return Err(LaunchFailure(format!(
-                            "lost the engine's events while waiting for {service}: {err}"
-                        )));
-                    }
-                    None => {
-                        return Err(LaunchFailure(format!(
-                            "the engine's events ended while waiting for {service}"
-                        )));
-                    }
+                if about(event, container_id, service)? {
+                    break;
                 }
             }
         }
@@ -517,19 +524,8 @@ impl<R: Runtime> Worker<R> {
                     }
                     event = events.next() => event,
                 };
-                match event {
-                    Some(Ok(event)) if event.container_id() == container_id => break,
-                    Some(Ok(_)) => continue,
-                    Some(Err(err)) => {
-                        return Err(LaunchFailure(format!(
-                            "lost the engine's events while waiting for {service}: {err}"
-                        )));
-                    }
-                    None => {
-                        return Err(LaunchFailure(format!(
-                            "the engine's events ended while waiting for {service}"
-                        )));
-                    }
+                if about(event, container_id, service)? {
+                    break;
                 }
             }
         }
