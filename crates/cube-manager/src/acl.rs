@@ -77,6 +77,7 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("POST", "/tasks/prune", Need::Role(Role::Submit)),
     ("GET", "/tasks/{id}", Need::Role(Role::Read)),
     ("DELETE", "/tasks/{id}", Need::Role(Role::Submit)),
+    ("POST", "/tasks/{id}/restart", Need::Role(Role::Submit)),
     ("GET", "/tasks/{id}/placement", Need::Role(Role::Read)),
     ("GET", "/tasks/{id}/logs", Need::Role(Role::Submit)),
     ("POST", "/tasks/{id}/exec", Need::Role(Role::Submit)),

@@ -109,6 +109,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/tasks", get(list_tasks).post(submit_task))
         .route("/tasks/prune", post(prune_tasks))
         .route("/tasks/{id}", get(get_task).delete(stop_task))
+        .route("/tasks/{id}/restart", post(restart_task))
         .route("/tasks/{id}/placement", get(get_placement))
         .route("/tasks/{id}/logs", get(task_logs))
         .route("/tasks/{id}/exec", post(exec_in_task))
@@ -795,6 +796,16 @@ async fn stop_task(
         manager.request_stop(id).await?;
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /tasks/{id}/restart`: an ended task runs again as a new run; 200 with the task,
+/// `Pending` again.
+async fn restart_task(
+    State(manager): State<Arc<Manager>>,
+    JsonPath(id): JsonPath<String>,
+) -> Result<Json<Task>, ApiError> {
+    let id = parse_task_id(&id)?;
+    Ok(Json(manager.restart_task(id).await?))
 }
 
 /// Every node; a blocking query wakes on a node's event, and on a task placed or ended

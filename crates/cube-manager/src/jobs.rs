@@ -375,25 +375,54 @@ fn plan_counted<'a>(
     let batch = record.job.job_type == JobType::Batch;
     // Copies that count: the live ones, and for a batch job those that completed; copies a
     // drain moves apart.
-    let (mut on_draining, mut counted): (Vec<&Task>, Vec<&Task>) = mine
+    let (mut on_draining, counted): (Vec<&Task>, Vec<&Task>) = mine
         .iter()
         .copied()
         .filter(|task| is_live(task) || (batch && is_complete(task)))
         .partition(|task| is_moving(task, moving.draining));
-    // One copy per index: an extra one for an index is a duplicate (the later one goes).
-    // Keys read once each (`sort_by_cached_key`): the tasks lie apart in memory, and a sort
-    // that read them at every comparison spent most of a no-change look on cache misses.
-    counted.sort_by_cached_key(|task| (task.spec.index, task.status.created_time, task.id));
-    let mut seen = BTreeSet::new();
+    let template = copy_of(record, group_index, 0, None);
+    // One copy per index: an extra one for an index is a duplicate, and goes. In the canary
+    // phase the rule is per version: a canary takes the index of the old copy it will
+    // replace (`canary_indexes`), so an old copy and its canary share an index and both
+    // stay. Outside it, the copy of the job's version stays (a promoted canary: the old copy
+    // of its index goes; after a revert, the canary goes), then the earlier one; when the
+    // deployment failed (frozen), the earlier one, so that the old copies run on. Keys read
+    // once each (`sort_by_cached_key`): the tasks lie apart in memory, and a sort that read
+    // them at every comparison spent most of a no-change look on cache misses.
+    let canary_phase = matches!(mode, Mode::Canary { .. });
+    let current_first = !matches!(mode, Mode::Frozen);
+    let mut counted: Vec<(&Task, bool)> = counted
+        .into_iter()
+        .map(|task| (task, has_current_spec(task, &template)))
+        .collect();
+    counted.sort_by_cached_key(|(task, current)| {
+        (
+            task.spec.index,
+            current_first && !current,
+            task.status.created_time,
+            task.id,
+        )
+    });
+    let mut seen: BTreeMap<(Option<u32>, bool), bool> = BTreeMap::new();
     let mut unique = Vec::new();
-    for task in counted {
-        if seen.insert(task.spec.index) {
-            unique.push(task);
-        } else if is_live(task) {
-            stops.push((task, format!("a second copy of {}", task.name)));
+    for (task, current) in counted {
+        let key = (task.spec.index, canary_phase && current);
+        match seen.get(&key) {
+            None => {
+                seen.insert(key, current);
+                unique.push(task);
+            }
+            Some(_) if !is_live(task) => {}
+            Some(&holder_current) if holder_current && !current => stops.push((
+                task,
+                format!(
+                    "job {} version {} runs in its place (a promoted canary took its index)",
+                    record.job.name, record.version
+                ),
+            )),
+            Some(_) => stops.push((task, format!("a second copy of {}", task.name))),
         }
     }
-    let template = copy_of(record, group_index, 0, None);
     let (kept, extra, wanted) = choose_kept(unique, &template, count, mode);
     for task in extra {
         if !is_live(task) {
@@ -472,11 +501,45 @@ fn plan_counted<'a>(
     if batch && mine.iter().any(|task| gave_up(task)) {
         return;
     }
-    let mut free = (0u32..).filter(|index| !used.contains(index));
-    for _ in kept.len()..wanted {
-        let Some(index) = free.next() else { break };
+    let missing = wanted.saturating_sub(kept.len());
+    let indexes: Vec<u32> = if canary_phase {
+        canary_indexes(&kept, &template, count, missing)
+    } else {
+        (0u32..)
+            .filter(|index| !used.contains(index))
+            .take(missing)
+            .collect()
+    };
+    for index in indexes {
         create.push(copy_of(record, group_index, index, None));
     }
+}
+
+/// The indexes `missing` new canaries take: first an index below `count` that no copy holds,
+/// then the index of an old copy that no canary shares yet, the highest first (the old copy
+/// the canary will replace), then any free index. So once the canaries are promoted and the
+/// old copies of their indexes go, a group of `Count` N holds exactly the indexes 0..N-1; a
+/// canary at the next free index left a gap (0, 1, 3). Of the ways to close it, this one
+/// keeps every copy's index fixed for its life (a task's spec, its name included, never
+/// changes; re-indexing a promoted canary would mean replacing it) and needs no rule beyond
+/// "one copy per index, per version while the canaries wait" in `plan_counted`.
+fn canary_indexes(kept: &[&Task], template: &Task, count: usize, missing: usize) -> Vec<u32> {
+    let held: BTreeSet<u32> = kept.iter().filter_map(|task| task.spec.index).collect();
+    let with_canary: BTreeSet<u32> = kept
+        .iter()
+        .filter(|task| has_current_spec(task, template))
+        .filter_map(|task| task.spec.index)
+        .collect();
+    let holes = (0u32..)
+        .take(count)
+        .filter(|index| !held.contains(index));
+    let shared = held
+        .iter()
+        .rev()
+        .copied()
+        .filter(|index| !with_canary.contains(index));
+    let above = (0u32..).filter(|index| !held.contains(index) && *index as usize >= count);
+    holes.chain(shared).chain(above).take(missing).collect()
 }
 
 /// Which copies of a group stay (for now), which go as extras, and how many copies the
@@ -652,10 +715,19 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
         .iter()
         .map(|group| (group.name.clone(), GroupSummary::default()))
         .collect();
-    // The newest copy of each (group, index) speaks for it.
+    // Every copy meant to run that has not ended counts (in a canary phase an old copy and
+    // its canary share an index, and both run); an index none of those holds is spoken for
+    // by its newest copy (a completed or failed copy not replaced since).
+    let on = |task: &&&Task| {
+        task.spec.desired_state == State::Running && !task.status.state.is_terminal()
+    };
+    let held: BTreeSet<_> = owned.iter().filter(on).map(|task| summary_key(task)).collect();
     let mut newest: BTreeMap<(&str, Option<u32>, Option<&str>), &Task> = BTreeMap::new();
-    for task in owned {
-        let key = (task.spec.group.as_str(), task.spec.index, pinned_node(task));
+    for task in owned.iter().filter(|task| !on(task)) {
+        let key = summary_key(task);
+        if held.contains(&key) {
+            continue;
+        }
         let replace = newest.get(&key).is_none_or(|known| {
             (known.status.created_time, known.id) < (task.status.created_time, task.id)
         });
@@ -663,7 +735,8 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
             newest.insert(key, task);
         }
     }
-    for task in newest.values() {
+    let counted = owned.iter().filter(on).copied().chain(newest.into_values());
+    for task in counted {
         if task.spec.desired_state != State::Running && task.status.state.is_terminal() {
             continue; // stopped by the user or the controller: no longer counted
         }
@@ -680,6 +753,11 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
         }
     }
     summary
+}
+
+/// The copies of one group's index (or one system copy's node) in [`summarize`].
+fn summary_key(task: &Task) -> (&str, Option<u32>, Option<&str>) {
+    (task.spec.group.as_str(), task.spec.index, pinned_node(task))
 }
 
 /// A job's status in one word: `stopped`, `complete` (a batch job whose every copy
@@ -973,8 +1051,8 @@ mod tests {
         let first = plan(&v2, &[], &owned);
         assert_eq!(
             names(&first.create),
-            ["web.api[3]"],
-            "a canary beside the three"
+            ["web.api[2]"],
+            "a canary beside the three, at the index of the old copy it will replace"
         );
         assert!(first.stop.is_empty());
         let deployment = first.deployment.expect("a deployment");
@@ -1007,8 +1085,142 @@ mod tests {
             .collect();
         assert_eq!(stopped.len(), 2, "{promoted:?}");
         assert!(stopped.contains(&"web.api[2]"), "{stopped:?}");
+        assert!(
+            promoted.stop.iter().any(|stop| stop.id == old[2].id),
+            "the old copy of the canary's index goes: {promoted:?}"
+        );
         assert_eq!(promoted.create.len(), 1);
         assert!(promoted.keep.contains(&canary.id));
+    }
+
+    /// Carries plans out until one changes nothing: a stopped copy is gone, a new one runs
+    /// and has been healthy long enough, and the deployment a plan stores is the next
+    /// look's. Returns the copies left and the last deployment.
+    fn carry_out(
+        record: &JobRecord,
+        mut tasks: Vec<Task>,
+        mut deployment: Option<Deployment>,
+    ) -> (Vec<Task>, Option<Deployment>) {
+        for _ in 0..100 {
+            let owned: Vec<&Task> = tasks.iter().collect();
+            let mut look = JobLook::new(record, &[], &owned, Utc::now());
+            look.deployment = deployment.as_ref();
+            let planned = super::plan(&look);
+            if planned.deployment.is_some() {
+                deployment = planned.deployment.clone();
+            }
+            if planned.create.is_empty() && planned.stop.is_empty() {
+                return (tasks, deployment);
+            }
+            let stopped: BTreeSet<Uuid> = planned.stop.iter().map(|stop| stop.id).collect();
+            tasks.retain(|task| !stopped.contains(&task.id));
+            for mut made in planned.create {
+                made.status.state = State::Running;
+                made.status.created_time = Some(Utc::now() - chrono::Duration::seconds(60));
+                made.status.healthy_since = made.status.created_time;
+                tasks.push(made);
+            }
+        }
+        panic!("the plans never settled: {tasks:?}");
+    }
+
+    fn indexes(tasks: &[Task]) -> Vec<u32> {
+        let mut indexes: Vec<u32> = tasks.iter().filter_map(|task| task.spec.index).collect();
+        indexes.sort_unstable();
+        indexes
+    }
+
+    /// A group of `count` at version 1, updated to version 2 with `canaries` canaries,
+    /// promoted and carried out to the end: the copies left, and those of the canary phase.
+    fn canary_cycle(count: u32, canaries: u32, max_parallel: u32) -> (Vec<Task>, Vec<Task>) {
+        let update = cube_types::job::Update {
+            canary: Some(canaries),
+            max_parallel: Some(max_parallel),
+            min_healthy_time: Some(std::time::Duration::ZERO),
+            ..Default::default()
+        };
+        let v1 = versioned(count, 1, update.clone());
+        let old: Vec<Task> = (0..count).map(|i| healthy_copy(&v1, i)).collect();
+        let mut v2 = versioned(count, 2, update);
+        let (waiting, paused) = carry_out(&v2, old, None);
+        assert_eq!(
+            paused.as_ref().map(|d| d.state),
+            Some(cube_types::deployment::DeploymentState::Paused),
+            "{paused:?}"
+        );
+        v2.promoted = true;
+        let (done, finished) = carry_out(&v2, waiting.clone(), paused);
+        assert_eq!(
+            finished.map(|d| d.state),
+            Some(cube_types::deployment::DeploymentState::Successful)
+        );
+        let template = copy_of(&v2, 0, 0, None);
+        assert!(done.iter().all(|task| has_current_spec(task, &template)));
+        (done, waiting)
+    }
+
+    #[test]
+    fn after_a_canary_rollout_a_group_of_count_n_holds_the_indexes_0_to_n_minus_1() {
+        let (done, waiting) = canary_cycle(3, 1, 1);
+        // The canary shares the index of the old copy it will replace, the highest.
+        assert_eq!(indexes(&waiting), [0, 1, 2, 2], "{waiting:?}");
+        assert_eq!(indexes(&done), [0, 1, 2], "no gap (it was 0, 1, 3): {done:?}");
+        let (done, waiting) = canary_cycle(4, 2, 2);
+        assert_eq!(indexes(&waiting), [0, 1, 2, 2, 3, 3], "{waiting:?}");
+        assert_eq!(indexes(&done), [0, 1, 2, 3], "{done:?}");
+    }
+
+    #[test]
+    fn in_the_canary_phase_a_missing_copy_takes_its_index_and_the_canary_shares_one() {
+        let update = cube_types::job::Update {
+            canary: Some(1),
+            ..Default::default()
+        };
+        let v1 = versioned(3, 1, update.clone());
+        // Index 1 is missing (its copy gave up and is being replaced, say).
+        let old: Vec<Task> = [0, 2].into_iter().map(|i| healthy_copy(&v1, i)).collect();
+        let owned: Vec<&Task> = old.iter().collect();
+        let v2 = versioned(3, 2, update);
+        let first = plan(&v2, &[], &owned);
+        // The missing copy is made new (at its index), and the canary shares index 2.
+        assert_eq!(names(&first.create), ["web.api[1]", "web.api[2]"]);
+        assert!(first.stop.is_empty(), "{first:?}");
+    }
+
+    #[test]
+    fn a_failed_canary_goes_and_the_old_copy_of_its_index_stays() {
+        let update = cube_types::job::Update {
+            canary: Some(1),
+            auto_revert: Some(true),
+            ..Default::default()
+        };
+        let v1 = versioned(3, 1, update.clone());
+        let old: Vec<Task> = (0..3).map(|i| healthy_copy(&v1, i)).collect();
+        let v2 = versioned(3, 2, update);
+        let owned: Vec<&Task> = old.iter().collect();
+        let first = plan(&v2, &[], &owned);
+        let mut canary = first.create[0].clone();
+        canary.status.state = State::Running;
+        canary.status.created_time = Some(Utc::now());
+        let owned: Vec<&Task> = old.iter().chain([&canary]).collect();
+        // The deployment failed: frozen, the canary goes, the old copy of index 2 stays.
+        let mut failed = first.deployment.expect("a deployment");
+        failed.state = cube_types::deployment::DeploymentState::Failed;
+        let mut look = JobLook::new(&v2, &[], &owned, Utc::now());
+        look.deployment = Some(&failed);
+        let frozen = super::plan(&look);
+        assert_eq!(frozen.stop.len(), 1, "{frozen:?}");
+        assert_eq!(frozen.stop[0].id, canary.id, "{frozen:?}");
+        assert!(frozen.create.is_empty(), "{frozen:?}");
+        // Reverted (version 3 is version 1's spec): the same.
+        let mut v3 = versioned(3, 3, Default::default());
+        v3.job.groups[0].task.spec.cmd = vec!["v1".to_string()];
+        v3.revert_of = Some(1);
+        let reverted = plan(&v3, &[], &owned);
+        assert_eq!(reverted.stop.len(), 1, "{reverted:?}");
+        assert_eq!(reverted.stop[0].id, canary.id, "{reverted:?}");
+        assert!(reverted.create.is_empty(), "{reverted:?}");
+        assert_eq!(reverted.keep.len(), 3);
     }
 
     #[test]
@@ -1241,6 +1453,18 @@ mod tests {
         }
 
         proptest! {
+            /// Whatever the group's size, canaries and pace, a canary rollout carried out to
+            /// the end leaves the indexes 0..Count, every copy new (issue 27: 0, 1, 3).
+            #[test]
+            fn a_canary_rollout_ends_with_the_indexes_0_to_count(
+                count in 1u32..6,
+                canaries in 1u32..4,
+                max_parallel in 1u32..4,
+            ) {
+                let (done, _) = canary_cycle(count, canaries, max_parallel);
+                prop_assert_eq!(indexes(&done), (0..count).collect::<Vec<_>>());
+            }
+
             #[test]
             fn the_copies_a_plan_makes_are_what_the_next_plan_expects(body in job()) {
                 let parsed: Job = serde_json::from_value(body.clone())

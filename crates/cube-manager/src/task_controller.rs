@@ -233,6 +233,69 @@ impl Manager {
         Ok(true)
     }
 
+    /// `POST /tasks/{id}/restart` (`cube restart`): a task that ended (`Completed`, `Failed`,
+    /// stopped by the user) or was lost runs again as a new run. It goes back to `Pending` by
+    /// the one explicit way back (`State::restart`), with one more `RestartCount` (the worker
+    /// makes the new run a new container, `...-r<N>`), wanted running again and its failure
+    /// streak forgotten (the user asked for a fresh start, not a policy's backoff). Stored
+    /// before the answer, as any acknowledged write.
+    ///
+    /// A task that has not ended is refused (409), not stopped first: a restart never ends a
+    /// run, so a mistyped name cannot kill work that runs. A job's copy is refused too: the job
+    /// controller owns its copies (it replaces one that ended by its own rules).
+    pub async fn restart_task(&self, id: Uuid) -> Result<Task, ManagerError> {
+        let mut writes = Writes::default();
+        let restarted = {
+            let mut state = lock(&self.state);
+            let known = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
+            if !known.spec.job.is_empty() {
+                return Err(ManagerError::Conflict(format!(
+                    "task {} ({id}) is a copy of job {:?} (group {:?}): the job controller owns \
+                     its copies and replaces those that end by the job's rules; restart the \
+                     job instead (cube job stop {job}, then cube job run with its file)",
+                    known.name,
+                    known.spec.job,
+                    known.spec.group,
+                    job = known.spec.job,
+                )));
+            }
+            let mut task = known.clone();
+            let pending = task.status.state.restart().map_err(|_| {
+                ManagerError::Conflict(format!(
+                    "task {} ({id}) is {} and has not ended: only a task that ended \
+                     (Completed, Failed or Lost) can be restarted; stop it first (cube stop \
+                     --wait {}), then restart it",
+                    task.name, task.status.state, task.name
+                ))
+            })?;
+            let why = match (task.status.state, &task.status.run.error) {
+                (State::Lost, _) => format!("node {} was lost", task.status.node_name),
+                (_, Some(error)) => error.clone(),
+                (ended, None) => format!("it ended {ended}"),
+            };
+            task.status.state = pending;
+            task.status.restart_count += 1;
+            task.status.failure_streak = 0;
+            task.spec.desired_state = State::Running;
+            task.clear_observed();
+            let message = format!(
+                "restart {}, asked by the user; the last run: {why}",
+                task.status.restart_count
+            );
+            tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
+            task.record(Utc::now(), "Restart", message);
+            self.save(&mut state, &mut writes, task.clone())
+                .map(|()| task)
+        };
+        // What was queued is waited for even when the write could not be queued.
+        self.settle(writes).await?;
+        let task = restarted?;
+        // Pending again: the placement pass takes it from here.
+        self.push_to_place([id]);
+        self.tasks_runner.push(id);
+        Ok(task)
+    }
+
     /// Records when a task that waits out its restart backoff will be restarted, so that the
     /// API shows a restart to come rather than a run that ended for good.
     fn note_next_restart(

@@ -57,6 +57,7 @@ enum Command {
     Worker(worker::WorkerArgs),
     Run(cli::RunArgs),
     Stop(cli::StopArgs),
+    Restart(cli::RestartArgs),
     Logs(cli::LogsArgs),
     Exec(cli::ExecArgs),
     Rm(cli::RmArgs),
@@ -195,6 +196,7 @@ fn main() -> ExitCode {
             Command::Worker(args) => worker::run(args).await,
             Command::Run(args) => cli::run_task(args).await,
             Command::Stop(args) => cli::stop(args).await,
+            Command::Restart(args) => cli::restart(args).await,
             Command::Logs(args) => cli::logs(args).await,
             Command::Exec(args) => match cli::exec(args).await {
                 Ok(0) => Ok(()),

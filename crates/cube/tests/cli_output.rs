@@ -370,3 +370,12 @@ fn cube_stop_help_says_the_container_is_kept() {
     assert!(!help.contains("container gone"), "{help}");
     assert!(help.contains("container is kept"), "{help}");
 }
+
+#[test]
+fn cube_restart_help_says_a_task_that_has_not_ended_is_refused_unlike_docker_restart() {
+    let (status, help, _) = cube_command(&["restart", "--help"]);
+    assert!(status.success());
+    assert!(help.contains("docker restart"), "{help}");
+    assert!(help.contains("refused"), "{help}");
+    assert!(help.contains("cube stop --wait"), "{help}");
+}

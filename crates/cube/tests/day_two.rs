@@ -1,8 +1,9 @@
 //! Day-two operations as an operator meets them, against real processes and the real Docker
 //! engine: a task's logs (followed to its end, and read after it failed), a command in its
 //! container, draining a node without ever running fewer copies, forgetting a node that is
-//! gone, removing what ended (now and after `--gc-after`), names after a re-run, versions,
-//! and `/metrics` read by a Prometheus text-format parser.
+//! gone, removing what ended (now and after `--gc-after`), names after a re-run, running an
+//! ended task again (`cube restart`), versions, and `/metrics` read by a Prometheus
+//! text-format parser.
 
 mod support;
 
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use support::{
     ManagerProcess, OneNodeCluster, SAMPLE_IMAGE, STATE_BOUND, containers_with_label, cube_cli,
-    running_containers_with_label, shell_task, unique_node, web_task,
+    free_port, running_containers_with_label, shell_task, unique_node, web_task,
 };
 
 fn cube() -> Command {
@@ -359,6 +360,163 @@ async fn a_name_resolves_to_the_live_task_after_a_rerun() {
     assert_eq!(shown["ID"], second.as_str());
     let (ok, out, _) = cube_cli(&address, &["logs", "again"]);
     assert!(ok && !out.contains("one"), "the live run's logs: {out}");
+}
+
+/// The name Docker has for a container (without the leading `/`).
+fn container_name(id: &str) -> String {
+    let output = Command::new("docker")
+        .args(["inspect", "--format", "{{.Name}}", id])
+        .output()
+        .expect("run docker inspect");
+    assert!(output.status.success(), "docker inspect {id}");
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .trim_start_matches('/')
+        .to_string()
+}
+
+#[tokio::test]
+async fn cube_restart_runs_an_ended_task_again_as_a_new_run_in_a_new_container() {
+    let cluster = OneNodeCluster::start("restart").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+    let id = client.submit(&shell_task("again", "echo ran")).await;
+    let first = client.await_state(&id, "Completed").await;
+
+    let (ok, out, err) = cube_cli(&address, &["restart", "again"]);
+    assert!(ok, "{out} / {err}");
+    assert!(out.contains("restarting again") && out.contains("run 1"), "{out}");
+    let second = client
+        .await_task(&id, "run 1 completed", |task| {
+            task["RestartCount"] == 1 && task["State"] == "Completed"
+        })
+        .await;
+    assert_eq!(second["DesiredState"], "Running", "{second}");
+    let (old, new) = (
+        first["ContainerID"].as_str().unwrap(),
+        second["ContainerID"].as_str().unwrap(),
+    );
+    assert_ne!(old, new, "a new run is a new container");
+    assert!(container_name(new).ends_with("-r1"), "{}", container_name(new));
+    // The last run's container goes once the new run runs; the new one stays.
+    let deadline = Instant::now() + STATE_BOUND;
+    loop {
+        let left = containers_with_label(&format!("cube.task-id={id}"));
+        if left.iter().all(|container| !old.starts_with(container.as_str())) {
+            assert!(
+                left.iter().any(|container| new.starts_with(container.as_str())),
+                "{left:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "the last run's container stays: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let history = second["History"].as_array().unwrap();
+    assert!(
+        history.iter().any(|entry| entry["Event"] == "Restart"
+            && entry["Message"]
+                .as_str()
+                .is_some_and(|message| message.contains("asked by the user"))),
+        "{second}"
+    );
+    // The logs are the new run's: one line, not the two runs' together.
+    let (ok, out, err) = cube_cli(&address, &["logs", "again"]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().collect::<Vec<_>>(), ["ran"], "{out}");
+
+    // A task stopped by the user runs again, wanted running again.
+    let (running, _) = client.run(&web_task("served")).await;
+    let (ok, out, err) = cube_cli(&address, &["stop", "--wait", "served"]);
+    assert!(ok, "{out} / {err}");
+    let (ok, out, err) = cube_cli(&address, &["restart", &running[..8]]);
+    assert!(ok, "{out} / {err}");
+    let back = client
+        .await_task(&running, "run 1 running", |task| {
+            task["RestartCount"] == 1 && task["State"] == "Running"
+        })
+        .await;
+    assert_eq!(back["DesiredState"], "Running", "{back}");
+}
+
+#[tokio::test]
+async fn cube_restart_refuses_a_task_that_has_not_ended_a_jobs_copy_and_an_unknown_task() {
+    let cluster = OneNodeCluster::start("norestart").await;
+    let client = cluster.manager.client();
+    let address = cluster.manager.address();
+
+    let (running, _) = client.run(&web_task("busy")).await;
+    let (ok, out, err) = cube_cli(&address, &["restart", "busy"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("has not ended") && err.contains("cube stop"), "{err}");
+    let answer = client
+        .post_raw(&format!("/tasks/{running}/restart"), "")
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert_eq!(answer.body["HTTPStatusCode"], 409, "{}", answer.body);
+    assert!(answer.message().contains("Running"), "{}", answer.body);
+    let still = client.get(&format!("/tasks/{running}")).await.body;
+    assert_eq!(still["State"], "Running", "a refused restart changes nothing");
+    assert_eq!(still["RestartCount"], 0, "{still}");
+
+    // A job's copy belongs to the job.
+    let job = json!({"Name": "owned", "Type": "batch",
+                     "Groups": [{"Name": "g", "Count": 1,
+                                 "Task": {"Image": SAMPLE_IMAGE, "Cmd": ["true"]}}]});
+    let created = client.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let job = client
+        .await_job("owned", "its copy", |job| {
+            job["Tasks"].as_array().is_some_and(|tasks| !tasks.is_empty())
+        })
+        .await;
+    let copy = job["Tasks"][0]["ID"].as_str().unwrap();
+    let answer = client.post_raw(&format!("/tasks/{copy}/restart"), "").await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.message().contains("job \"owned\""), "{}", answer.body);
+
+    // A task removed, and one never known: 404.
+    let done = client.submit(&shell_task("gone", "true")).await;
+    client.await_state(&done, "Completed").await;
+    let (ok, _, err) = cube_cli(&address, &["rm", "gone"]);
+    assert!(ok, "{err}");
+    for id in [done.as_str(), "00000000-0000-4000-8000-000000000000"] {
+        let answer = client.post_raw(&format!("/tasks/{id}/restart"), "").await;
+        assert_eq!(answer.status, 404, "{}", answer.body);
+        assert!(answer.message().contains("no task"), "{}", answer.body);
+    }
+    let (ok, _, err) = cube_cli(&address, &["restart", "gone"]);
+    assert!(!ok && err.contains("no task matches"), "{err}");
+}
+
+#[tokio::test]
+async fn a_restart_answered_survives_a_manager_killed_at_once() {
+    support::ensure_sample_image();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), port);
+    let _worker = manager.join_worker(&unique_node("rscrash"), &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let id = client.submit(&shell_task("once", "echo once")).await;
+    client.await_state(&id, "Completed").await;
+
+    let answer = client.post_raw(&format!("/tasks/{id}/restart"), "").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.body["State"], "Pending", "{}", answer.body);
+    assert_eq!(answer.body["RestartCount"], 1, "{}", answer.body);
+    manager.kill_9();
+
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), port);
+    let client = manager.client();
+    let after = client.get(&format!("/tasks/{id}")).await;
+    assert_eq!(after.status, 200, "{}", after.body);
+    assert_eq!(after.body["RestartCount"], 1, "the restart was stored: {}", after.body);
+    client
+        .await_task(&id, "run 1 completed", |task| {
+            task["RestartCount"] == 1 && task["State"] == "Completed"
+        })
+        .await;
 }
 
 /// The samples of `family` in a scrape, by the value of `label`.

@@ -268,6 +268,8 @@ async fn a_canary_starts_beside_the_old_copies_and_the_rest_waits_for_promote() 
     let paused = await_deployment(&client, "canary", 2, "paused").await;
     assert_eq!(healthy_running(&paused, &V1).len(), 2, "{paused}");
     assert_eq!(healthy_running(&paused, &v2()).len(), 1, "{paused}");
+    // The canary takes the index of the old copy it will replace (the highest).
+    assert_eq!(healthy_running(&paused, &v2())[0]["Index"], 1, "{paused}");
     // It stays paused: nothing is replaced without a promotion.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let still = client.get("/jobs/canary").await.body;
@@ -283,6 +285,13 @@ async fn a_canary_starts_beside_the_old_copies_and_the_rest_waits_for_promote() 
     assert_eq!(deployment_state(&done), "successful", "{done}");
     assert_eq!(healthy_running(&done, &v2()).len(), 2, "{done}");
     assert_eq!(live_tasks(&done).len(), 2, "{done}");
+    // The group holds indexes 0 and 1, no gap (it was 0 and 2).
+    let mut indexes: Vec<u64> = live_tasks(&done)
+        .iter()
+        .map(|task| task["Index"].as_u64().unwrap())
+        .collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1], "{done}");
     // A second promotion has nothing to promote.
     let again = client.post_raw("/jobs/canary/promote", "{}").await;
     assert_eq!(again.status, 400, "{}", again.body);
@@ -291,6 +300,32 @@ async fn a_canary_starts_beside_the_old_copies_and_the_rest_waits_for_promote() 
         "{}",
         again.body
     );
+}
+
+#[tokio::test]
+async fn a_failed_canary_with_auto_revert_goes_back_and_the_group_keeps_indexes_0_to_count() {
+    let cluster = OneNodeCluster::start("canrev").await;
+    let client = cluster.manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "0s", "HealthyDeadline": "30s",
+                        "Canary": 1, "AutoRevert": true});
+    submit(&client, &web("canrev", 3, &V1, update.clone())).await;
+    await_deployment(&client, "canrev", 1, "successful").await;
+
+    // The canary shares the index of an old copy; it fails its health check, and the job
+    // goes back to version 1: the canary goes, the old copy of its index stays.
+    submit(&client, &web("canrev", 3, &BROKEN, update)).await;
+    await_deployment(&client, "canrev", 3, "successful").await;
+    let back = client
+        .await_job("canrev", "3 copies of version 1 and nothing else", |job| {
+            live_tasks(job).len() == 3 && healthy_running(job, &V1).len() == 3
+        })
+        .await;
+    let mut indexes: Vec<u64> = live_tasks(&back)
+        .iter()
+        .map(|task| task["Index"].as_u64().unwrap())
+        .collect();
+    indexes.sort_unstable();
+    assert_eq!(indexes, [0, 1, 2], "{back}");
 }
 
 #[tokio::test]
