@@ -93,7 +93,8 @@ impl From<ManagerError> for ApiError {
 
 /// Every route, as the answer to an unknown one lists them; a unit test holds it equal to
 /// the ACL's table (`acl::ROUTES`), so that a route cannot be added to one and not the other.
-pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, GET /tasks/{id}/placement, \
+pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /tasks/{id}, \
+         POST /tasks/{id}/restart, GET /tasks/{id}/placement, \
          GET /tasks/{id}/logs, POST /tasks/{id}/exec, GET /tasks/{id}/exec/attach, \
          GET|POST /jobs, \
          POST /jobs/plan, GET|DELETE /jobs/{name}, POST /jobs/{name}/scale, \

@@ -530,9 +530,7 @@ fn canary_indexes(kept: &[&Task], template: &Task, count: usize, missing: usize)
         .filter(|task| has_current_spec(task, template))
         .filter_map(|task| task.spec.index)
         .collect();
-    let holes = (0u32..)
-        .take(count)
-        .filter(|index| !held.contains(index));
+    let holes = (0u32..).take(count).filter(|index| !held.contains(index));
     let shared = held
         .iter()
         .rev()
@@ -721,7 +719,11 @@ pub fn summarize(record: &JobRecord, owned: &[&Task]) -> BTreeMap<String, GroupS
     let on = |task: &&&Task| {
         task.spec.desired_state == State::Running && !task.status.state.is_terminal()
     };
-    let held: BTreeSet<_> = owned.iter().filter(on).map(|task| summary_key(task)).collect();
+    let held: BTreeSet<_> = owned
+        .iter()
+        .filter(on)
+        .map(|task| summary_key(task))
+        .collect();
     let mut newest: BTreeMap<(&str, Option<u32>, Option<&str>), &Task> = BTreeMap::new();
     for task in owned.iter().filter(|task| !on(task)) {
         let key = summary_key(task);
@@ -1164,7 +1166,11 @@ mod tests {
         let (done, waiting) = canary_cycle(3, 1, 1);
         // The canary shares the index of the old copy it will replace, the highest.
         assert_eq!(indexes(&waiting), [0, 1, 2, 2], "{waiting:?}");
-        assert_eq!(indexes(&done), [0, 1, 2], "no gap (it was 0, 1, 3): {done:?}");
+        assert_eq!(
+            indexes(&done),
+            [0, 1, 2],
+            "no gap (it was 0, 1, 3): {done:?}"
+        );
         let (done, waiting) = canary_cycle(4, 2, 2);
         assert_eq!(indexes(&waiting), [0, 1, 2, 2, 3, 3], "{waiting:?}");
         assert_eq!(indexes(&done), [0, 1, 2, 3], "{done:?}");

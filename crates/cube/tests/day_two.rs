@@ -385,7 +385,10 @@ async fn cube_restart_runs_an_ended_task_again_as_a_new_run_in_a_new_container()
 
     let (ok, out, err) = cube_cli(&address, &["restart", "again"]);
     assert!(ok, "{out} / {err}");
-    assert!(out.contains("restarting again") && out.contains("run 1"), "{out}");
+    assert!(
+        out.contains("restarting again") && out.contains("run 1"),
+        "{out}"
+    );
     let second = client
         .await_task(&id, "run 1 completed", |task| {
             task["RestartCount"] == 1 && task["State"] == "Completed"
@@ -397,19 +400,30 @@ async fn cube_restart_runs_an_ended_task_again_as_a_new_run_in_a_new_container()
         second["ContainerID"].as_str().unwrap(),
     );
     assert_ne!(old, new, "a new run is a new container");
-    assert!(container_name(new).ends_with("-r1"), "{}", container_name(new));
+    assert!(
+        container_name(new).ends_with("-r1"),
+        "{}",
+        container_name(new)
+    );
     // The last run's container goes once the new run runs; the new one stays.
     let deadline = Instant::now() + STATE_BOUND;
     loop {
         let left = containers_with_label(&format!("cube.task-id={id}"));
-        if left.iter().all(|container| !old.starts_with(container.as_str())) {
+        if left
+            .iter()
+            .all(|container| !old.starts_with(container.as_str()))
+        {
             assert!(
-                left.iter().any(|container| new.starts_with(container.as_str())),
+                left.iter()
+                    .any(|container| new.starts_with(container.as_str())),
                 "{left:?}"
             );
             break;
         }
-        assert!(Instant::now() < deadline, "the last run's container stays: {left:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the last run's container stays: {left:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let history = second["History"].as_array().unwrap();
@@ -448,7 +462,10 @@ async fn cube_restart_refuses_a_task_that_has_not_ended_a_jobs_copy_and_an_unkno
     let (running, _) = client.run(&web_task("busy")).await;
     let (ok, out, err) = cube_cli(&address, &["restart", "busy"]);
     assert!(!ok, "{out}");
-    assert!(err.contains("has not ended") && err.contains("cube stop"), "{err}");
+    assert!(
+        err.contains("has not ended") && err.contains("cube stop"),
+        "{err}"
+    );
     let answer = client
         .post_raw(&format!("/tasks/{running}/restart"), "")
         .await;
@@ -456,7 +473,10 @@ async fn cube_restart_refuses_a_task_that_has_not_ended_a_jobs_copy_and_an_unkno
     assert_eq!(answer.body["HTTPStatusCode"], 409, "{}", answer.body);
     assert!(answer.message().contains("Running"), "{}", answer.body);
     let still = client.get(&format!("/tasks/{running}")).await.body;
-    assert_eq!(still["State"], "Running", "a refused restart changes nothing");
+    assert_eq!(
+        still["State"], "Running",
+        "a refused restart changes nothing"
+    );
     assert_eq!(still["RestartCount"], 0, "{still}");
 
     // A job's copy belongs to the job.
@@ -467,13 +487,19 @@ async fn cube_restart_refuses_a_task_that_has_not_ended_a_jobs_copy_and_an_unkno
     assert_eq!(created.status, 201, "{}", created.body);
     let job = client
         .await_job("owned", "its copy", |job| {
-            job["Tasks"].as_array().is_some_and(|tasks| !tasks.is_empty())
+            job["Tasks"]
+                .as_array()
+                .is_some_and(|tasks| !tasks.is_empty())
         })
         .await;
     let copy = job["Tasks"][0]["ID"].as_str().unwrap();
     let answer = client.post_raw(&format!("/tasks/{copy}/restart"), "").await;
     assert_eq!(answer.status, 409, "{}", answer.body);
-    assert!(answer.message().contains("job \"owned\""), "{}", answer.body);
+    assert!(
+        answer.message().contains("job \"owned\""),
+        "{}",
+        answer.body
+    );
 
     // A task removed, and one never known: 404.
     let done = client.submit(&shell_task("gone", "true")).await;
@@ -511,7 +537,11 @@ async fn a_restart_answered_survives_a_manager_killed_at_once() {
     let client = manager.client();
     let after = client.get(&format!("/tasks/{id}")).await;
     assert_eq!(after.status, 200, "{}", after.body);
-    assert_eq!(after.body["RestartCount"], 1, "the restart was stored: {}", after.body);
+    assert_eq!(
+        after.body["RestartCount"], 1,
+        "the restart was stored: {}",
+        after.body
+    );
     client
         .await_task(&id, "run 1 completed", |task| {
             task["RestartCount"] == 1 && task["State"] == "Completed"

@@ -73,7 +73,10 @@ async fn restart_one(
 ) -> anyhow::Result<Task> {
     let found = find_task(manager, name).await?;
     let (_, task): (u16, Task) = manager
-        .post(&format!("/tasks/{}/restart", found.id), &serde_json::json!({}))
+        .post(
+            &format!("/tasks/{}/restart", found.id),
+            &serde_json::json!({}),
+        )
         .await?;
     if args.flags.output == OutputFormat::Table {
         println!(
