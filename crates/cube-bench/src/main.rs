@@ -4,6 +4,7 @@
 //! none fails on a time: the figures are whatever they are.
 
 mod burst;
+mod chaos;
 mod containers;
 mod day_two;
 mod etcd;
@@ -297,6 +298,14 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// Checks a chaos run's recorded history (JSON) against the run's invariants: every
+    /// acknowledged write exists once, one container per running task, jobs converged, no
+    /// node over capacity, the waiting list in order, restarts within policy. Exits non-zero
+    /// when one is broken.
+    ChaosCheck {
+        /// The history file.
+        file: PathBuf,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -433,6 +442,7 @@ async fn main() -> anyhow::Result<()> {
             };
             secure::secure(&options, &cube_binary(cube)?).await
         }
+        Command::ChaosCheck { file } => chaos::check_file(&file),
         Command::SimWorkers {
             manager,
             count,
