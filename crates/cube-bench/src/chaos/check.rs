@@ -123,6 +123,9 @@ pub struct SettledTask {
     pub mark: Option<String>,
     /// When it was first placed on a node (its admission), in the run's microseconds.
     pub first_placed_us: Option<u64>,
+    /// Why it waits, when it waits.
+    #[serde(default)]
+    pub pending_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -555,23 +558,29 @@ fn goal_reached(goal: &JobGoal, copies: &[&SettledTask]) -> Result<(), String> {
                 let indexes: BTreeSet<Option<u32>> = running.iter().map(|t| t.index).collect();
                 if running.len() != *count as usize || indexes.len() != running.len() {
                     return Err(format!(
-                        "group {group} wants {count} copies and {} run at {} indexes",
+                        "group {group} wants {count} copies and {} run at {} indexes{}",
                         running.len(),
-                        indexes.len()
+                        indexes.len(),
+                        waiting_because(&in_group)
                     ));
                 }
             }
+            // A batch copy may run twice when its node was lost while it ran (it is replaced,
+            // and the lost run may still finish): each index completed once at least.
             JobKindOrd::Batch => {
-                let done = in_group
+                let done: BTreeSet<Option<u32>> = in_group
                     .iter()
                     .filter(|task| {
                         task.state == State::Completed
                             && task.mark.as_deref() == Some(goal.mark.as_str())
                     })
-                    .count();
-                if done != *count as usize {
+                    .map(|task| task.index)
+                    .collect();
+                if done.len() != *count as usize {
                     return Err(format!(
-                        "group {group} wants {count} copies completed and {done} are"
+                        "group {group} wants {count} indexes completed and {} are{}",
+                        done.len(),
+                        waiting_because(&in_group)
                     ));
                 }
             }
@@ -587,6 +596,22 @@ fn goal_reached(goal: &JobGoal, copies: &[&SettledTask]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The copies that wait, and why the first of them does, for a message.
+fn waiting_because(copies: &[&SettledTask]) -> String {
+    let waiting: Vec<&&SettledTask> = copies
+        .iter()
+        .filter(|task| task.state == State::Pending && task.desired_state == State::Running)
+        .collect();
+    match waiting.first() {
+        None => String::new(),
+        Some(first) => format!(
+            " ({} waiting: {})",
+            waiting.len(),
+            first.pending_reason.as_deref().unwrap_or("no reason given")
+        ),
+    }
 }
 
 fn within_capacity(settled: &Settled, found: &mut Vec<Violation>) {
@@ -778,6 +803,7 @@ mod tests {
             max_restarts: Some(3),
             mark: None,
             first_placed_us,
+            pending_reason: None,
         };
         for (name, placed) in [("a", 100), ("q1", 200), ("q2", 300), ("q3", 400)] {
             let settled = task(name, State::Running, "w1", Some(placed));

@@ -3,6 +3,9 @@
 //! history, so that a run can be checked again after a fix of the checker.
 
 pub mod check;
+mod run;
+
+pub(crate) use run::{Options, chaos};
 
 use std::path::Path;
 
