@@ -4,6 +4,7 @@
 //! none fails on a time: the figures are whatever they are.
 
 mod burst;
+mod chaos;
 mod containers;
 mod day_two;
 mod etcd;
@@ -297,6 +298,41 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// A chaos run: one manager (redb) and --workers real workers on Docker under a mixed
+    /// workload (tasks with every restart policy, service jobs submitted, changed, scaled and
+    /// stopped, batch jobs, waiting-list requests of two priorities) while faults are injected
+    /// at random from a seed (a manager or worker killed with -9 and started again, a worker
+    /// stopped past the heartbeat grace, a container killed behind Cube's back); then the
+    /// cluster settles and the history is checked. Exits non-zero on a violation, keeping the
+    /// processes' logs.
+    Chaos {
+        /// The seed of the workload and the faults [default: a random one, printed].
+        #[arg(long)]
+        seed: Option<u64>,
+        /// How long the workload and the faults go on (e.g. 3m, 30m).
+        #[arg(long, default_value = "3m", value_parser = cube_types::duration::parse_duration)]
+        duration: Duration,
+        /// How many real workers.
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        /// The mean time between two faults.
+        #[arg(long, default_value = "5s", value_parser = cube_types::duration::parse_duration)]
+        fault_every: Duration,
+        /// Write the recorded history here (JSON), for `chaos-check`.
+        #[arg(long)]
+        history: Option<PathBuf>,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
+    /// Checks a chaos run's recorded history (JSON) against the run's invariants: every
+    /// acknowledged write exists once, one container per running task, jobs converged, no
+    /// node over capacity, the waiting list in order, restarts within policy. Exits non-zero
+    /// when one is broken.
+    ChaosCheck {
+        /// The history file.
+        file: PathBuf,
+    },
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
@@ -433,6 +469,25 @@ async fn main() -> anyhow::Result<()> {
             };
             secure::secure(&options, &cube_binary(cube)?).await
         }
+        Command::Chaos {
+            seed,
+            duration,
+            workers,
+            fault_every,
+            history,
+            cube,
+        } => {
+            chaos::chaos(chaos::Options {
+                seed,
+                duration,
+                workers,
+                fault_every,
+                history,
+                cube: cube_binary(cube)?,
+            })
+            .await
+        }
+        Command::ChaosCheck { file } => chaos::check_file(&file),
         Command::SimWorkers {
             manager,
             count,

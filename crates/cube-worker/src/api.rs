@@ -46,7 +46,9 @@ impl From<WorkerError> for ApiError {
             WorkerError::Conflict { .. } | WorkerError::WrongState(_) => StatusCode::CONFLICT,
             WorkerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             WorkerError::Refused(_) => StatusCode::FORBIDDEN,
-            WorkerError::ShuttingDown | WorkerError::Runtime(_) => StatusCode::SERVICE_UNAVAILABLE,
+            WorkerError::ShuttingDown | WorkerError::Runtime(_) | WorkerError::NoRoom(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             // A failed store takes no more writes until the worker is started again (and it
             // stops itself): the service is unavailable.
             WorkerError::Store(StoreError::Failed { .. }) => StatusCode::SERVICE_UNAVAILABLE,

@@ -19,6 +19,7 @@ pub mod host_access;
 pub mod metrics;
 mod namespace;
 pub mod plugin;
+mod room;
 pub mod stats;
 pub mod tls;
 mod worker;

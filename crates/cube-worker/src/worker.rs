@@ -31,6 +31,7 @@ use crate::config::PodSettings;
 use crate::first_check::{self, FirstCheck, FirstChecks};
 use crate::health::{self, HealthSchedule};
 use crate::metrics::{Metered, WorkerMetrics};
+use crate::room::Held;
 use crate::stats::{StatsCollector, StatsError};
 
 /// How many commands the queue holds before `POST /tasks` waits for room.
@@ -111,6 +112,9 @@ pub enum WorkerError {
     /// The task asks for more of the host than the worker's configuration allows.
     #[error("{0}")]
     Refused(String),
+    /// The run does not fit beside what the worker holds now (`room.rs`).
+    #[error("{0}")]
+    NoRoom(String),
     #[error("the worker is shutting down")]
     ShuttingDown,
     #[error("{0}")]
@@ -163,6 +167,9 @@ pub struct Worker<R> {
     /// The tasks that are `Running`, so that a heartbeat counts them without walking every
     /// task. A `std` mutex: one set operation per save, never held across an await.
     running: Mutex<HashSet<Uuid>>,
+    /// The resources of the tasks held (`Scheduled` or `Running`), which a new run must fit
+    /// beside (`room.rs`). A `std` mutex, never held across an await.
+    held: Mutex<Held>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
     /// Pod containers' first health checks, run as they start (`first_check.rs`).
@@ -186,7 +193,7 @@ impl<R: Runtime> Worker<R> {
         stats: StatsCollector,
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        let (observed, running) = load_observed(tasks.as_ref());
+        let (observed, running, held) = load_observed(tasks.as_ref());
         let metrics = WorkerMetrics::default();
         let worker = Worker {
             config,
@@ -197,6 +204,7 @@ impl<R: Runtime> Worker<R> {
             task_locks: Mutex::new(HashMap::new()),
             observed,
             running: Mutex::new(running),
+            held: Mutex::new(held),
             health: HealthSchedule::default(),
             first_checks: FirstChecks::default(),
             metrics,
@@ -312,7 +320,19 @@ impl<R: Runtime> Worker<R> {
         if task.status.created_time.is_none() {
             task.status.created_time = Some(Utc::now());
         }
-        self.save(&task)?;
+        lock_held(&self.held)
+            .admit(&task, self.config.capacity)
+            .map_err(|why| {
+                WorkerError::NoRoom(format!(
+                    "no room on {} for task {} ({}) now: {why}, counting every task it holds \
+                     (runs being stopped among them); try again once they end",
+                    self.config.name, task.name, task.id
+                ))
+            })?;
+        if let Err(err) = self.save(&task) {
+            lock_held(&self.held).forget(task.id);
+            return Err(err);
+        }
         self.send(Command::Start(task.id)).await?;
         Ok(Submitted::Created(task))
     }
@@ -457,6 +477,7 @@ impl<R: Runtime> Worker<R> {
                 running.remove(&task.id);
             }
         }
+        lock_held(&self.held).record(task);
         self.health.track(task);
         self.observed.apply(Change::put(task.id, task.clone()));
         Ok(())
@@ -628,6 +649,7 @@ impl<R: Runtime> Worker<R> {
         }
         self.tasks.delete(&id.to_string())?;
         lock_running(&self.running).remove(&id);
+        lock_held(&self.held).forget(id);
         self.observed.apply(Change::Delete(id));
         tracing::info!(task = %id, name = %task.name, "task removed with its containers");
         Ok(())
@@ -1133,7 +1155,7 @@ impl<R: Runtime> Worker<R> {
 /// The observed tasks, loaded from the task store and numbered from its index (see
 /// `Worker::observed`), and the ones that are `Running`. A store that cannot be read leaves
 /// them empty and out of sync: every-task answers then read the store itself.
-fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet<Uuid>) {
+fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet<Uuid>, Held) {
     let index = tasks.index().unwrap_or(0);
     let stored = match tasks.list() {
         Ok(stored) => Some(stored),
@@ -1148,6 +1170,7 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
         .filter(|task| task.status.state == State::Running)
         .map(|task| task.id)
         .collect();
+    let held = Held::of(stored.iter().flatten());
     let loaded = stored.is_some();
     let items = stored
         .into_iter()
@@ -1155,7 +1178,7 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
         .map(|task| (task.id, Arc::new(task)));
     let observed = ObservedStore::starting_at(index, items, CHANGE_LOG_CAPACITY);
     observed.set_synced(loaded);
-    (observed, running)
+    (observed, running, held)
 }
 
 fn lock_engine(
@@ -1165,6 +1188,11 @@ fn lock_engine(
     engine
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn lock_held(held: &Mutex<Held>) -> std::sync::MutexGuard<'_, Held> {
+    // Each critical section is one admission or one record, with no await inside.
+    held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {

@@ -584,3 +584,43 @@ async fn the_disk_a_worker_offers_is_what_is_free_on_its_filesystem_not_its_size
         "offered {offered} bytes; free {before} then {after}; filesystem {size}"
     );
 }
+
+/// A worker admits a run only when it fits beside every task it holds, whatever the manager
+/// believed when it placed it (a node back from a pause still runs the copies replaced
+/// elsewhere until they are stopped): the chaos run found a node given more than it offers.
+#[tokio::test]
+async fn a_run_that_does_not_fit_beside_what_the_worker_holds_is_refused_until_room_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = WorkerProcess::start_with(
+        &unique_node("room"),
+        "persistent",
+        dir.path(),
+        &["--cpus", "0.5"],
+    );
+    let client = worker.client();
+    let mut first = web_task("first");
+    first["Cpu"] = json!(0.3);
+    let first = client.submit(&first).await;
+    client.await_state(&first, "Running").await;
+
+    let mut second = web_task("second");
+    second["Cpu"] = json!(0.3);
+    let refused = client.post(&second).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.message().contains("no room") && refused.message().contains("needs 0.3 CPU"),
+        "{}",
+        refused.body
+    );
+    let listed = client.get("/tasks").await.body;
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        1,
+        "a refused run is not kept: {listed}"
+    );
+
+    assert_eq!(client.delete(&format!("/tasks/{first}")).await.status, 204);
+    client.await_state(&first, "Completed").await;
+    let admitted = client.post(&second).await;
+    assert_eq!(admitted.status, 201, "{}", admitted.body);
+}

@@ -1,0 +1,1026 @@
+//! `cube-bench chaos`: a cluster of real processes — one `cube manager` on redb and real
+//! `cube worker`s on Docker — under a mixed workload from a few clients, while faults are
+//! injected at random from a seed: a process killed (`kill -9`) and started again, a worker
+//! stopped (`SIGSTOP`) past the heartbeat grace then continued, a container killed behind
+//! Cube's back. Every operation is recorded with its answer; the workers' own views of what
+//! they hold are sampled. When the time is up the faults stop, every process runs again, the
+//! cluster settles, and [`check`](super::check) reads the history. The seed is printed first:
+//! the same seed makes the same workload and the same faults in the same order (the timing, and
+//! so the interleaving, is the machine's).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bollard::Docker;
+use bollard::query_parameters::{KillContainerOptions, ListContainersOptionsBuilder};
+use chrono::{DateTime, Utc};
+use cube_runtime::sample_image::SAMPLE_IMAGE;
+use cube_types::{State, Task};
+use serde_json::{Value, json};
+use tokio::process::Child;
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use super::check::{
+    self, CapacitySample, History, Invariant, JobKind, Op, Outcome, Request, Settled,
+    SettledContainer, SettledJob, SettledTask,
+};
+use crate::load::spawn_cube_logged_line;
+
+/// How long a worker may be silent before the manager marks it down: short, so that a pause
+/// longer than it happens often in a short run.
+const HEARTBEAT_GRACE: &str = "4s";
+const HEARTBEAT_INTERVAL: &str = "1s";
+/// How long a paused worker stays stopped: past the grace.
+const PAUSE: Duration = Duration::from_secs(6);
+/// What each worker offers: small, so that the waiting list fills.
+const WORKER_CPUS: &str = "1";
+const WORKER_MEMORY: &str = "1GiB";
+/// How many clients send operations at once; each owns the jobs it touches, so that
+/// operations on one job are sent one at a time.
+const CLIENTS: usize = 4;
+/// Job names per client.
+const JOBS_PER_CLIENT: usize = 2;
+/// Bare tasks a client keeps at most (it stops one before it makes another): with the jobs'
+/// copies, what the clients keep fits in the workers, so that every job can converge.
+const TASKS_PER_CLIENT: usize = 6;
+/// How often the workers' own views are sampled.
+const SAMPLE_EVERY: Duration = Duration::from_millis(500);
+/// An operation's own bound: past it, its outcome is unknown.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the cluster may take to settle after the faults stop.
+const SETTLE_BOUND: Duration = Duration::from_secs(180);
+
+pub(crate) struct Options {
+    pub seed: Option<u64>,
+    pub duration: Duration,
+    pub workers: usize,
+    /// The mean pause between two faults.
+    pub fault_every: Duration,
+    /// Where the history is written (JSON), for `chaos-check`.
+    pub history: Option<PathBuf>,
+    pub cube: PathBuf,
+}
+
+/// A small deterministic generator (SplitMix64): the run's choices come from the seed alone.
+#[derive(Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn millis(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high.saturating_sub(low) + 1))
+    }
+
+    /// An independent generator for one part of the run (a client, the faults).
+    fn fork(&mut self) -> Rng {
+        Rng(self.next())
+    }
+}
+
+/// One `cube` process the run may kill and start again with the same arguments.
+struct Process {
+    name: String,
+    args: Vec<String>,
+    data_dir: PathBuf,
+    child: Option<Child>,
+    base: String,
+}
+
+impl Process {
+    async fn start(&mut self, cube: &Path) -> anyhow::Result<()> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        let (child, base, _) = spawn_cube_logged_line(cube, &args, &self.data_dir, "info")
+            .await
+            .with_context(|| format!("starting {}", self.name))?;
+        self.child = Some(child);
+        self.base = base;
+        Ok(())
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child
+                .kill()
+                .await
+                .with_context(|| format!("killing {}", self.name))?;
+        }
+        Ok(())
+    }
+
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self.pid().context("the process is not running")?;
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill {signal} {pid} failed");
+        Ok(())
+    }
+}
+
+/// What the run keeps while it goes: the operations, the samples, the faults.
+#[derive(Default)]
+struct Record {
+    ops: Vec<Op>,
+    capacity: Vec<CapacitySample>,
+    faults: Vec<(u64, String)>,
+}
+
+struct Run {
+    began: Instant,
+    began_utc: DateTime<Utc>,
+    http: reqwest::Client,
+    manager: String,
+    record: Mutex<Record>,
+}
+
+impl Run {
+    fn now_us(&self) -> u64 {
+        self.began.elapsed().as_micros() as u64
+    }
+
+    /// Sends one operation and records it with its outcome. A request that never reached the
+    /// manager (refused connection) is refused; a 4xx is refused; a 5xx or a broken answer may
+    /// have been carried out.
+    async fn op(
+        &self,
+        request: Request,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Outcome {
+        let start_us = self.now_us();
+        let mut builder = self
+            .http
+            .request(method, format!("{}{path}", self.manager))
+            .timeout(OP_TIMEOUT);
+        if let Some(body) = body {
+            builder = builder.json(&body);
+        }
+        let outcome = match builder.send().await {
+            Ok(answer) => {
+                let status = answer.status();
+                let text = answer.text().await.unwrap_or_default();
+                if status.is_success() {
+                    let id = serde_json::from_str::<Value>(&text)
+                        .ok()
+                        .and_then(|body| body["ID"].as_str().map(str::to_owned))
+                        .and_then(|id| id.parse().ok());
+                    Outcome::Acked { id }
+                } else if status.is_client_error() {
+                    Outcome::Refused {
+                        status: status.as_u16(),
+                        message: text,
+                    }
+                } else {
+                    Outcome::Unknown {
+                        error: format!("{status}: {text}"),
+                    }
+                }
+            }
+            Err(err) if err.is_connect() => Outcome::Refused {
+                status: 0,
+                message: format!("not reached: {err}"),
+            },
+            Err(err) => Outcome::Unknown {
+                error: err.to_string(),
+            },
+        };
+        let end_us = self.now_us();
+        let mut record = self.record.lock().await;
+        let seq = record.ops.len() as u64;
+        record.ops.push(Op {
+            seq,
+            start_us,
+            end_us,
+            request,
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+}
+
+/// A bare task's shapes: a server that runs until stopped, a run that ends well, one that
+/// fails; with each restart policy.
+fn bare_task(rng: &mut Rng, name: &str) -> (Request, Value) {
+    let (policy, max_restarts, policy_name) = match rng.below(3) {
+        0 => (cube_types::task::RestartPolicy::No, None, "no"),
+        1 => (
+            cube_types::task::RestartPolicy::OnFailure,
+            Some(3),
+            "on-failure",
+        ),
+        _ => (cube_types::task::RestartPolicy::Always, Some(5), "always"),
+    };
+    let mut body = json!({"Name": name, "Image": SAMPLE_IMAGE, "Cpu": 0.02, "Memory": "16MiB",
+                          "RestartPolicy": policy_name, "RestartDelay": "1s"});
+    if let Some(max) = max_restarts {
+        body["MaxRestarts"] = json!(max);
+    }
+    match rng.below(4) {
+        0 => body["Cmd"] = json!(["true"]),
+        1 => body["Cmd"] = json!(["false"]),
+        _ => {}
+    }
+    let request = Request::Task {
+        name: name.to_owned(),
+        restart_policy: policy,
+        max_restarts,
+        priority: None,
+        cpu: 0.02,
+        memory: 16 << 20,
+    };
+    (request, body)
+}
+
+/// A waiting-list request: one shape per priority, big enough that the workers fill.
+fn queued_task(rng: &mut Rng, name: &str) -> (Request, Value) {
+    let priority: u8 = if rng.chance(50) { 10 } else { 60 };
+    let cpu = 0.25;
+    let memory: u64 = 64 << 20;
+    let body = json!({"Name": name, "Image": SAMPLE_IMAGE, "Cpu": cpu, "Memory": "64MiB",
+                      "Priority": priority, "QueueTimeout": "20s"});
+    let request = Request::Task {
+        name: name.to_owned(),
+        restart_policy: cube_types::task::RestartPolicy::No,
+        max_restarts: None,
+        priority: Some(priority),
+        cpu,
+        memory,
+    };
+    (request, body)
+}
+
+fn job_body(name: &str, kind: JobKind, mark: &str, count: u32) -> Value {
+    let (kind_name, task) = match kind {
+        JobKind::Batch => (
+            "batch",
+            json!({"Image": SAMPLE_IMAGE, "Cpu": 0.05, "Memory": "16MiB", "Cmd": ["true"],
+                   "Env": [format!("CHAOS_MARK={mark}")], "RestartPolicy": "on-failure",
+                   "RestartDelay": "1s"}),
+        ),
+        _ => (
+            "service",
+            json!({"Image": SAMPLE_IMAGE, "Cpu": 0.05, "Memory": "16MiB",
+                   "Env": [format!("CHAOS_MARK={mark}")], "RestartPolicy": "always",
+                   "RestartDelay": "1s"}),
+        ),
+    };
+    json!({"Name": name, "Type": kind_name,
+           "Groups": [{"Name": "g", "Count": count, "Task": task}]})
+}
+
+/// What one client knows of what it made, to pick its next operation.
+#[derive(Default)]
+struct ClientState {
+    tasks: Vec<(String, uuid::Uuid)>,
+    /// Its service jobs: name → stopped.
+    jobs: BTreeMap<String, bool>,
+    batches: usize,
+    made: usize,
+}
+
+async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationToken) {
+    let mut state = ClientState::default();
+    while !stop.is_cancelled() {
+        state.made += 1;
+        let roll = rng.below(100);
+        let unique = format!("c{index}-{}", state.made);
+        match roll {
+            0..=29 if state.tasks.len() < TASKS_PER_CLIENT => {
+                let name = format!("t-{unique}");
+                let (request, body) = bare_task(&mut rng, &name);
+                let outcome = run
+                    .op(request, reqwest::Method::POST, "/tasks", Some(body))
+                    .await;
+                if let Outcome::Acked { id: Some(id) } = outcome {
+                    state.tasks.push((name, id));
+                }
+            }
+            _ if roll < 40 && state.tasks.len() >= TASKS_PER_CLIENT
+                || (30..40).contains(&roll) && !state.tasks.is_empty() =>
+            {
+                let at = rng.below(state.tasks.len() as u64) as usize;
+                let (name, id) = state.tasks.swap_remove(at);
+                run.op(
+                    Request::StopTask { name },
+                    reqwest::Method::DELETE,
+                    &format!("/tasks/{id}"),
+                    None,
+                )
+                .await;
+            }
+            40..=59 => {
+                let name = format!("j-c{index}-{}", rng.below(JOBS_PER_CLIENT as u64));
+                let count = 1 + rng.below(3) as u32;
+                let mark = format!("m{unique}");
+                let body = job_body(&name, JobKind::Service, &mark, count);
+                let request = Request::Job {
+                    name: name.clone(),
+                    kind: JobKind::Service,
+                    mark,
+                    counts: BTreeMap::from([("g".to_owned(), count)]),
+                };
+                if let Outcome::Acked { .. } = run
+                    .op(request, reqwest::Method::POST, "/jobs", Some(body))
+                    .await
+                {
+                    state.jobs.insert(name, false);
+                }
+            }
+            60..=69 => {
+                let running: Vec<String> = state
+                    .jobs
+                    .iter()
+                    .filter(|(_, stopped)| !**stopped)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                if running.is_empty() {
+                    continue;
+                }
+                let job = running[rng.below(running.len() as u64) as usize].clone();
+                let count = rng.below(4) as u32;
+                run.op(
+                    Request::Scale {
+                        job: job.clone(),
+                        group: "g".to_owned(),
+                        count,
+                    },
+                    reqwest::Method::POST,
+                    &format!("/jobs/{job}/scale"),
+                    Some(json!({"Group": "g", "Count": count})),
+                )
+                .await;
+            }
+            70..=73 if !state.jobs.is_empty() => {
+                let names: Vec<String> = state.jobs.keys().cloned().collect();
+                let job = names[rng.below(names.len() as u64) as usize].clone();
+                if let Outcome::Acked { .. } = run
+                    .op(
+                        Request::StopJob { name: job.clone() },
+                        reqwest::Method::DELETE,
+                        &format!("/jobs/{job}"),
+                        None,
+                    )
+                    .await
+                {
+                    state.jobs.insert(job, true);
+                }
+            }
+            74..=79 if state.batches < 5 => {
+                state.batches += 1;
+                let name = format!("b-{unique}");
+                let mark = format!("m{unique}");
+                let body = job_body(&name, JobKind::Batch, &mark, 2);
+                let request = Request::Job {
+                    name,
+                    kind: JobKind::Batch,
+                    mark,
+                    counts: BTreeMap::from([("g".to_owned(), 2)]),
+                };
+                run.op(request, reqwest::Method::POST, "/jobs", Some(body))
+                    .await;
+            }
+            _ => {
+                let name = format!("q-{unique}");
+                let (request, body) = queued_task(&mut rng, &name);
+                let outcome = run
+                    .op(request, reqwest::Method::POST, "/tasks", Some(body))
+                    .await;
+                if let Outcome::Acked { id: Some(id) } = outcome {
+                    state.tasks.push((name, id));
+                }
+            }
+        }
+        // A client's think time between two operations.
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(rng.millis(20, 200)) => {}
+        }
+    }
+}
+
+/// Samples each worker's own view: what it holds (its tasks not ended) next to what it
+/// offers.
+async fn sampler(run: Arc<Run>, workers: Arc<Mutex<Vec<Process>>>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    while !stop.is_cancelled() {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let bases: Vec<(String, String)> = workers
+            .lock()
+            .await
+            .iter()
+            .filter(|worker| worker.child.is_some())
+            .map(|worker| (worker.name.clone(), worker.base.clone()))
+            .collect();
+        for (name, base) in bases {
+            let Ok(sample) = sample_worker(&run.http, &name, &base, run.now_us()).await else {
+                continue; // Stopped or restarting: nothing to sample.
+            };
+            run.record.lock().await.capacity.push(sample);
+        }
+    }
+}
+
+async fn sample_worker(
+    http: &reqwest::Client,
+    name: &str,
+    base: &str,
+    at_us: u64,
+) -> anyhow::Result<CapacitySample> {
+    let timeout = Duration::from_secs(2);
+    let node: Value = http
+        .get(format!("{base}/node"))
+        .timeout(timeout)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let tasks: Vec<Task> = http
+        .get(format!("{base}/tasks"))
+        .timeout(timeout)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let held = tasks
+        .iter()
+        .filter(|task| matches!(task.status.state, State::Scheduled | State::Running));
+    let (cpu_used, memory_used) = held.fold((0.0, 0), |(cpu, memory), task| {
+        (cpu + task.spec.cpu, memory + task.spec.memory)
+    });
+    Ok(CapacitySample {
+        node: name.to_owned(),
+        at_us,
+        cpu_used,
+        cpu_total: node["Capacity"]["Cpu"].as_f64().unwrap_or(0.0),
+        memory_used,
+        memory_total: node["Capacity"]["Memory"].as_u64().unwrap_or(0),
+    })
+}
+
+/// What the faults are done to.
+struct Targets {
+    cube: PathBuf,
+    manager: Arc<Mutex<Process>>,
+    workers: Arc<Mutex<Vec<Process>>>,
+    docker: Docker,
+}
+
+/// The fault loop: one fault at a time, at random moments, until `stop`.
+async fn faults(
+    run: Arc<Run>,
+    targets: Targets,
+    mut rng: Rng,
+    every: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let Targets {
+        cube,
+        manager,
+        workers,
+        docker,
+    } = targets;
+    let every_ms = every.as_millis() as u64;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = tokio::time::sleep(rng.millis(every_ms / 2, every_ms * 3 / 2)) => {}
+        }
+        let at = run.now_us();
+        let what = match rng.below(100) {
+            0..=19 => {
+                let mut manager = manager.lock().await;
+                manager.kill().await?;
+                tokio::time::sleep(rng.millis(0, 2000)).await;
+                manager.start(&cube).await?;
+                "manager killed (-9) and started again".to_owned()
+            }
+            20..=49 => {
+                let mut workers = workers.lock().await;
+                let at = rng.below(workers.len() as u64) as usize;
+                let worker = &mut workers[at];
+                worker.kill().await?;
+                tokio::time::sleep(rng.millis(0, 3000)).await;
+                worker.start(&cube).await?;
+                format!("worker {} killed (-9) and started again", worker.name)
+            }
+            50..=69 => {
+                let name = {
+                    let workers = workers.lock().await;
+                    let at = rng.below(workers.len() as u64) as usize;
+                    workers[at].signal("-STOP")?;
+                    workers[at].name.clone()
+                };
+                tokio::time::sleep(PAUSE).await;
+                let workers = workers.lock().await;
+                if let Some(worker) = workers.iter().find(|w| w.name == name) {
+                    worker.signal("-CONT")?;
+                }
+                format!("worker {name} stopped (SIGSTOP) for {PAUSE:?}, then continued")
+            }
+            _ => {
+                let names: Vec<String> = workers
+                    .lock()
+                    .await
+                    .iter()
+                    .map(|w| w.name.clone())
+                    .collect();
+                let containers = cube_containers(&docker, &names).await?;
+                let running: Vec<&(String, bollard::models::ContainerSummary)> = containers
+                    .iter()
+                    .filter(|(_, c)| c.state.as_ref().is_some_and(|s| s.to_string() == "running"))
+                    .collect();
+                if running.is_empty() {
+                    continue;
+                }
+                let (node, container) = running[rng.below(running.len() as u64) as usize];
+                let id = container.id.clone().unwrap_or_default();
+                // It may be gone already: that is no failure of the run.
+                let _ = docker
+                    .kill_container(&id, None::<KillContainerOptions>)
+                    .await;
+                format!(
+                    "container {} on {node} killed behind Cube's back",
+                    &id[..12.min(id.len())]
+                )
+            }
+        };
+        run.record.lock().await.faults.push((at, what));
+    }
+}
+
+/// Every container of the given workers, with the worker's name.
+async fn cube_containers(
+    docker: &Docker,
+    nodes: &[String],
+) -> anyhow::Result<Vec<(String, bollard::models::ContainerSummary)>> {
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![cube_runtime::LABEL_TASK_ID.to_owned()],
+    )]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let containers = docker.list_containers(Some(options)).await?;
+    Ok(containers
+        .into_iter()
+        .filter_map(|container| {
+            let node = container
+                .labels
+                .as_ref()?
+                .get(cube_runtime::LABEL_NODE)?
+                .clone();
+            nodes.contains(&node).then_some((node, container))
+        })
+        .collect())
+}
+
+/// The cluster as it is now, in the checker's terms.
+async fn observe(
+    run: &Run,
+    docker: &Docker,
+    workers: &[String],
+    capacity: Vec<CapacitySample>,
+) -> anyhow::Result<Settled> {
+    let tasks: Vec<Task> = crate::get_json(&run.http, &format!("{}/tasks", run.manager)).await?;
+    let jobs: Vec<Value> = crate::get_json(&run.http, &format!("{}/jobs", run.manager)).await?;
+    let since_start = |at: DateTime<Utc>| {
+        (at - run.began_utc)
+            .num_microseconds()
+            .map(|us| us.max(0) as u64)
+    };
+    let tasks = tasks
+        .into_iter()
+        .map(|task| SettledTask {
+            id: task.id,
+            mark: task
+                .spec
+                .env
+                .iter()
+                .find_map(|var| var.strip_prefix("CHAOS_MARK=").map(str::to_owned)),
+            pending_reason: task.status.pending_reason.clone(),
+            first_placed_us: task
+                .status
+                .history
+                .iter()
+                .find(|entry| entry.event == "Placed")
+                .and_then(|entry| since_start(entry.time)),
+            name: task.name,
+            job: task.spec.job,
+            group: task.spec.group,
+            index: task.spec.index,
+            state: task.status.state,
+            desired_state: task.spec.desired_state,
+            node: task.status.node_name,
+            restart_count: task.status.restart_count,
+            restart_policy: task.spec.restart_policy,
+            max_restarts: task.spec.max_restarts,
+        })
+        .collect();
+    let jobs = jobs
+        .iter()
+        .map(|job| SettledJob {
+            name: job["Job"]["Name"].as_str().unwrap_or_default().to_owned(),
+            stopped: job["Stopped"].as_bool().unwrap_or(false),
+        })
+        .collect();
+    let containers = cube_containers(docker, workers)
+        .await?
+        .into_iter()
+        .map(|(node, container)| {
+            let labels = container.labels.unwrap_or_default();
+            SettledContainer {
+                node,
+                name: container
+                    .names
+                    .and_then(|names| names.into_iter().next())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_owned(),
+                running: container
+                    .state
+                    .is_some_and(|state| state.to_string() == "running"),
+                task: labels
+                    .get(cube_runtime::LABEL_TASK_ID)
+                    .and_then(|id| id.parse().ok()),
+                role: labels
+                    .get(cube_runtime::LABEL_POD_CONTAINER)
+                    .cloned()
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    Ok(Settled {
+        tasks,
+        jobs,
+        containers,
+        container_nodes: workers.iter().cloned().collect(),
+        capacity,
+    })
+}
+
+/// Whether an invariant can still come true as the cluster settles (the others are facts of
+/// the past: a sample over capacity, an order of admission, a restart count).
+fn settles(invariant: Invariant) -> bool {
+    matches!(
+        invariant,
+        Invariant::OneContainerPerRun | Invariant::NoOrphanContainer | Invariant::JobConverged
+    )
+}
+
+pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
+    let seed = options
+        .seed
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    println!(
+        "chaos: seed {seed}, {:?}, one manager (redb), {} workers on Docker; replay with --seed {seed}",
+        options.duration, options.workers
+    );
+    let mut rng = Rng(seed);
+    let cube = options.cube.clone();
+    cube_runtime::DockerRuntime::connect()
+        .await?
+        .ensure_sample_image(SAMPLE_IMAGE)
+        .await?;
+    let docker = crate::containers::connect().await?;
+    let dir = tempfile::Builder::new().prefix("cube-chaos-").tempdir()?;
+
+    let manager_dir = dir.path().join("manager");
+    std::fs::create_dir_all(&manager_dir)?;
+    let mut manager = Process {
+        name: "manager".to_owned(),
+        args: [
+            "manager",
+            "-H",
+            "127.0.0.1",
+            "-p",
+            "0",
+            "-d",
+            "persistent",
+            "--heartbeat-grace",
+            HEARTBEAT_GRACE,
+            "--gc-after",
+            "24h",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        data_dir: manager_dir,
+        child: None,
+        base: String::new(),
+    };
+    manager.start(&cube).await?;
+    // Started again on the same port, so that clients and workers find it where it was.
+    let address = manager.base.trim_start_matches("http://").to_owned();
+    let port = address
+        .rsplit_once(':')
+        .map(|(_, port)| port.to_owned())
+        .context("the manager's port")?;
+    manager.args[4] = port;
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let mut workers = Vec::new();
+    for index in 0..options.workers {
+        let name = format!("chaos-{run_id}-w{index}");
+        let data_dir = dir.path().join(&name);
+        std::fs::create_dir_all(&data_dir)?;
+        let mut worker = Process {
+            args: [
+                "worker",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                "0",
+                "-n",
+                &name,
+                "-d",
+                "persistent",
+                "--manager",
+                &address,
+                "--heartbeat-interval",
+                HEARTBEAT_INTERVAL,
+                "--cpus",
+                WORKER_CPUS,
+                "--memory",
+                WORKER_MEMORY,
+                "--stop-timeout",
+                "1s",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            name,
+            data_dir,
+            child: None,
+            base: String::new(),
+        };
+        worker.start(&cube).await?;
+        workers.push(worker);
+    }
+    let worker_names: Vec<String> = workers.iter().map(|w| w.name.clone()).collect();
+    let run = Arc::new(Run {
+        began: Instant::now(),
+        began_utc: Utc::now(),
+        http: reqwest::Client::builder().build()?,
+        manager: manager.base.clone(),
+        record: Mutex::new(Record::default()),
+    });
+    let manager = Arc::new(Mutex::new(manager));
+    let workers = Arc::new(Mutex::new(workers));
+
+    let stop_clients = CancellationToken::new();
+    let stop_faults = CancellationToken::new();
+    let mut clients = tokio::task::JoinSet::new();
+    for index in 0..CLIENTS {
+        clients.spawn(client(run.clone(), index, rng.fork(), stop_clients.clone()));
+    }
+    let sampling = tokio::spawn(sampler(run.clone(), workers.clone(), stop_clients.clone()));
+    let targets = Targets {
+        cube: cube.clone(),
+        manager: manager.clone(),
+        workers: workers.clone(),
+        docker: docker.clone(),
+    };
+    let fault_loop = tokio::spawn(faults(
+        run.clone(),
+        targets,
+        rng.fork(),
+        options.fault_every,
+        stop_faults.clone(),
+    ));
+    tokio::time::sleep(options.duration).await;
+    stop_faults.cancel();
+    fault_loop.await.context("the fault loop")??;
+    stop_clients.cancel();
+    while let Some(joined) = clients.join_next().await {
+        joined.context("a client")?;
+    }
+
+    // Settle: every process runs; the waiting list's requests are stopped (waiting or let
+    // in, so that the jobs have room); then the cluster is read until the invariants that settle
+    // hold, or the bound passes.
+    {
+        let mut manager = manager.lock().await;
+        if manager.child.is_none() {
+            manager.start(&cube).await?;
+        }
+        for worker in workers.lock().await.iter_mut() {
+            if worker.child.is_none() {
+                worker.start(&cube).await?;
+            }
+            let _ = worker.signal("-CONT");
+        }
+    }
+    let pending: Vec<Task> = crate::get_json(&run.http, &format!("{}/tasks", run.manager)).await?;
+    for task in pending.iter().filter(|task| {
+        task.name.starts_with("q-")
+            && !task.status.state.is_terminal()
+            && task.spec.desired_state == State::Running
+    }) {
+        run.op(
+            Request::StopTask {
+                name: task.name.clone(),
+            },
+            reqwest::Method::DELETE,
+            &format!("/tasks/{}", task.id),
+            None,
+        )
+        .await;
+    }
+    sampling.abort();
+    let settle_began = Instant::now();
+    let history = loop {
+        let record = run.record.lock().await;
+        let capacity = record.capacity.clone();
+        let ops = record.ops.clone();
+        drop(record);
+        let settled = observe(&run, &docker, &worker_names, capacity).await?;
+        let history = History { seed, ops, settled };
+        let open = check::check(&history)
+            .into_iter()
+            .filter(|violation| settles(violation.invariant))
+            .count();
+        if open == 0 || settle_began.elapsed() > SETTLE_BOUND {
+            break history;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let settled_in = settle_began.elapsed();
+    let found = check::check(&history);
+    let record = run.record.lock().await;
+    report(
+        &history,
+        &record.faults,
+        options.duration,
+        settled_in,
+        &found,
+    );
+    if let Some(path) = &options.history {
+        std::fs::write(path, serde_json::to_vec_pretty(&history)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("history written to {}", path.display());
+    }
+    // Cube's containers of this run go with it.
+    for (_, container) in cube_containers(&docker, &worker_names).await? {
+        if let Some(id) = container.id {
+            let _ = docker
+                .remove_container(
+                    &id,
+                    Some(
+                        bollard::query_parameters::RemoveContainerOptionsBuilder::default()
+                            .force(true)
+                            .build(),
+                    ),
+                )
+                .await;
+        }
+    }
+    if !found.is_empty() {
+        let kept = dir.keep();
+        print_log_lines(&kept, &found);
+        anyhow::bail!(
+            "{} invariant violations in the run of seed {seed}; the processes' logs are kept in {}",
+            found.len(),
+            kept.display()
+        );
+    }
+    Ok(())
+}
+
+fn report(
+    history: &History,
+    faults: &[(u64, String)],
+    duration: Duration,
+    settled_in: Duration,
+    found: &[check::Violation],
+) {
+    let count =
+        |f: &dyn Fn(&Outcome) -> bool| history.ops.iter().filter(|op| f(&op.outcome)).count();
+    let acked = count(&|o| matches!(o, Outcome::Acked { .. }));
+    let refused = count(&|o| matches!(o, Outcome::Refused { .. }));
+    let unknown = count(&|o| matches!(o, Outcome::Unknown { .. }));
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, what) in faults {
+        let kind = if what.starts_with("manager") {
+            "manager killed"
+        } else if what.contains("killed (-9)") {
+            "worker killed"
+        } else if what.contains("SIGSTOP") {
+            "worker paused"
+        } else {
+            "container killed"
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    println!();
+    println!(
+        "| seed | duration | operations (acked / refused / unknown) | faults | settled in | violations |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    println!(
+        "| {} | {:?} | {} ({acked} / {refused} / {unknown}) | {} ({}) | {:.1} s | {} |",
+        history.seed,
+        duration,
+        history.ops.len(),
+        faults.len(),
+        kinds.join(", "),
+        settled_in.as_secs_f64(),
+        found.len()
+    );
+    println!(
+        "\nchecked: {} tasks, {} jobs, {} containers, {} capacity samples",
+        history.settled.tasks.len(),
+        history.settled.jobs.len(),
+        history.settled.containers.len(),
+        history.settled.capacity.len()
+    );
+    for violation in found {
+        println!("VIOLATION (seed {}) {violation}", history.seed);
+        for seq in &violation.ops {
+            if let Some(op) = history.ops.get(*seq as usize) {
+                println!(
+                    "    #{seq} at {:.3} s .. {:.3} s: {:?} → {:?}",
+                    op.start_us as f64 / 1e6,
+                    op.end_us as f64 / 1e6,
+                    op.request,
+                    op.outcome
+                );
+            }
+        }
+    }
+    for (at, what) in faults {
+        println!("fault at {:.3} s: {what}", *at as f64 / 1e6);
+    }
+}
+
+/// For each violation, the processes' log lines that name what it names (a task's name or
+/// ID, a job's name), at most a few per violation.
+fn print_log_lines(dir: &Path, found: &[check::Violation]) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let logs: Vec<(String, String)> = entries
+        .flatten()
+        .filter_map(|entry| {
+            let text = std::fs::read_to_string(entry.path().join("cube.log")).ok()?;
+            Some((entry.file_name().to_string_lossy().into_owned(), text))
+        })
+        .collect();
+    for violation in found {
+        let words: Vec<&str> = violation
+            .message
+            .split(|c: char| c.is_whitespace() || "(),:".contains(c))
+            .filter(|word| {
+                word.starts_with("t-")
+                    || word.starts_with("q-")
+                    || word.starts_with("j-")
+                    || word.starts_with("b-")
+                    || uuid::Uuid::parse_str(word).is_ok()
+            })
+            .collect();
+        if words.is_empty() {
+            continue;
+        }
+        println!("log lines for: {violation}");
+        let mut shown = 0;
+        for (process, text) in &logs {
+            for line in text
+                .lines()
+                .filter(|line| words.iter().any(|w| line.contains(w)))
+            {
+                if shown == 12 {
+                    break;
+                }
+                println!("    [{process}] {line}");
+                shown += 1;
+            }
+        }
+    }
+}
