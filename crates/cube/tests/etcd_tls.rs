@@ -59,8 +59,18 @@ fn address(manager: &ManagerProcess) -> String {
 /// An HTTPS client of `manager` that knows the cluster by `fingerprint` alone and sends
 /// `token`, as the CLI does.
 fn client(manager: &ManagerProcess, fingerprint: &str, token: Option<&str>) -> Client {
+    client_as(manager, fingerprint, None, token)
+}
+
+/// [`client`], presenting the certificate in `identity` if given.
+fn client_as(
+    manager: &ManagerProcess,
+    fingerprint: &str,
+    identity: Option<std::sync::Arc<cube_api::tls::CertSlot>>,
+    token: Option<&str>,
+) -> Client {
     let verifier = PinnedCaVerifier::new(fingerprint, Some(PeerRole::Manager)).unwrap();
-    let config = cube_api::tls::client_config(verifier, None).unwrap();
+    let config = cube_api::tls::client_config(verifier, identity).unwrap();
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(token) = token {
         headers.insert(
@@ -376,4 +386,157 @@ async fn cube_dev_with_tls_joins_its_worker_over_tls_and_runs_a_task() {
         "{node}"
     );
     client.run(&web_task("dev-over-tls")).await;
+}
+
+/// A node certificate for `name` from `ca`, in a slot a client can present.
+fn node_certificate(
+    ca: &cube_api::tls::Authority,
+    name: &str,
+) -> std::sync::Arc<cube_api::tls::CertSlot> {
+    let issued = ca
+        .issue(PeerRole::Node, name, &[], Duration::from_secs(3600))
+        .unwrap();
+    cube_api::tls::CertSlot::new(issued.certified_key().unwrap())
+}
+
+/// `PUT /nodes/{node}` with an empty report and `headers`, through `client`.
+async fn report(client: &Client, node: &str, headers: &[(&str, &str)]) -> support::Answer {
+    let mut request = client
+        .http
+        .put(format!("{}/nodes/{node}", client.base))
+        .header("Content-Type", "application/json")
+        .body("{}");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(Value::Null);
+    support::Answer { status, body }
+}
+
+#[tokio::test]
+async fn on_etcd_a_node_reports_only_over_its_own_certificate_through_any_manager_and_no_header_says_otherwise()
+ {
+    // The user's own CA, given to both managers with its key: the test signs with it too.
+    let ca = cube_api::tls::Authority::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    let key_file = dir.path().join("ca-key.pem");
+    std::fs::write(&ca_file, ca.ca_pem()).unwrap();
+    std::fs::write(&key_file, ca.key_pem().unwrap()).unwrap();
+    let fingerprint = ca.fingerprint();
+    let cluster = EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let managers: Vec<Option<ManagerProcess>> = (0..2)
+        .map(|n| {
+            Some(ManagerProcess::start_with(
+                "epvm",
+                "etcd",
+                &dir.path().join(format!("manager{n}")),
+                0,
+                &[
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--etcd-prefix",
+                    &prefix,
+                    "--leader-ttl",
+                    "2s",
+                    "--acl",
+                    "--tls",
+                    "--tls-ca",
+                    ca_file.to_str().unwrap(),
+                    "--tls-ca-key",
+                    key_file.to_str().unwrap(),
+                ],
+            ))
+        })
+        .collect();
+    for manager in managers.iter().flatten() {
+        assert_eq!(fingerprint_of(manager), fingerprint);
+    }
+    let open = client(managers[0].as_ref().unwrap(), &fingerprint, None);
+    let deadline = Instant::now() + support::STATE_BOUND;
+    let management = loop {
+        let answer = open
+            .request_answer("POST", "/acl/bootstrap", Some("{}"))
+            .await;
+        if answer.status == 201 {
+            break answer.body["Secret"].as_str().unwrap().to_string();
+        }
+        assert_eq!(answer.status, 503, "bootstrap: {}", answer.body);
+        assert!(Instant::now() < deadline, "bootstrap: {}", answer.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let leader = await_leader(&managers, &fingerprint, &management, None).await;
+    let leader = managers[leader].as_ref().unwrap();
+    let follower = managers
+        .iter()
+        .flatten()
+        .find(|manager| manager.url != leader.url)
+        .unwrap();
+    let token = client(leader, &fingerprint, Some(&management))
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(&json!({"Role": "node", "Name": "b-join"}).to_string()),
+        )
+        .await;
+    assert_eq!(token.status, 201, "{}", token.body);
+    let token = token.body["Secret"].as_str().unwrap().to_string();
+
+    // Node b's token over node a's certificate, through the follower: refused by the leader,
+    // which judges the certificate the follower saw, naming it.
+    let as_a = client_as(
+        follower,
+        &fingerprint,
+        Some(node_certificate(&ca, "a")),
+        Some(&token),
+    );
+    let answer = report(&as_a, "b", &[]).await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert!(answer.message().contains("\"a\""), "{}", answer.message());
+    // Claiming, straight to the leader, to be a manager handing on node b's certificate:
+    // the claim is not a manager's certificate, so it changes nothing.
+    let forged = [
+        (
+            "X-Cube-Forwarded-By",
+            follower.url.trim_start_matches("https://"),
+        ),
+        ("X-Cube-Forwarded-Peer", "node:b"),
+    ];
+    let as_a_to_leader = client_as(
+        leader,
+        &fingerprint,
+        Some(node_certificate(&ca, "a")),
+        Some(&token),
+    );
+    let answer = report(&as_a_to_leader, "b", &forged).await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert!(answer.message().contains("\"a\""), "{}", answer.message());
+    let bare = client(leader, &fingerprint, Some(&token));
+    let answer = report(&bare, "b", &forged).await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert!(
+        answer.message().contains("presented none"),
+        "{}",
+        answer.message()
+    );
+    // Through the follower with no certificate, the header is not believed either.
+    let bare = client(follower, &fingerprint, Some(&token));
+    let answer = report(&bare, "b", &forged[1..]).await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
+
+    // Node b's own certificate gets past the check through the follower (to the report's
+    // own validation).
+    let as_b = client_as(
+        follower,
+        &fingerprint,
+        Some(node_certificate(&ca, "b")),
+        Some(&token),
+    );
+    let answer = report(&as_b, "b", &[]).await;
+    assert_ne!(answer.status, 403, "{}", answer.body);
+    assert_ne!(answer.status, 503, "{}", answer.body);
 }
