@@ -428,6 +428,14 @@ impl Authority {
         fingerprint(&self.ca_der)
     }
 
+    /// The CA's private key (PEM), when it is known: for the managers on etcd, which keep it
+    /// there encrypted so that every one of them signs with the one CA.
+    pub fn key_pem(&self) -> Option<String> {
+        self.issuer
+            .as_ref()
+            .map(|issuer| issuer.key().serialize_pem())
+    }
+
     /// Whether this CA can sign (its key is known).
     pub fn can_sign(&self) -> bool {
         self.issuer.is_some()

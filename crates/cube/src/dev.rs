@@ -33,6 +33,12 @@ pub struct DevArgs {
     /// with a node token the manager makes for it.
     #[arg(long)]
     acl: bool,
+    /// Mutual TLS (as `cube manager --acl --tls`; turns --acl on): the manager serves HTTPS
+    /// with a cluster CA kept in --data-dir under tls/, and the worker joins with a node
+    /// token that carries the CA's fingerprint, so it gets its certificate as any other.
+    /// The CLI then needs --ca-fingerprint (printed at start).
+    #[arg(long)]
+    tls: bool,
     /// The manager's port (the worker's is --worker-port).
     #[arg(short, long, default_value_t = 5555)]
     port: u16,
@@ -57,7 +63,7 @@ pub struct DevArgs {
 
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let shutdown = crate::shutdown::on_signal().context("installing signal handlers")?;
-    let acl = args.acl || !is_loopback(&args.host);
+    let acl = args.acl || args.tls || !is_loopback(&args.host);
     let manager = manager::prepare(
         ManagerArgs::for_dev(
             args.host.clone(),
@@ -66,6 +72,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             args.store.clone(),
             args.limits.clone(),
             acl,
+            args.tls,
         ),
         shutdown.clone(),
     )
@@ -91,7 +98,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let worker = worker::prepare(WorkerArgs::for_dev(
+    // With TLS, a join token carries the CA's fingerprint, as the API's node tokens do: the
+    // worker then joins over HTTPS and gets its certificate.
+    let join_token = match (join_token, &manager.ca_fingerprint) {
+        (Some(token), Some(fingerprint)) => Some(format!("{token}.{fingerprint}")),
+        (token, _) => token,
+    };
+    // The manager serves before the worker is prepared: a worker joining with TLS asks it for
+    // its certificate while it prepares.
+    let manager_line = manager.listening_line.clone();
+    let ca_fingerprint = manager.ca_fingerprint.clone();
+    let managed = tokio::spawn(manager.run(shutdown.clone()));
+    let prepared = worker::prepare(WorkerArgs::for_dev(
         args.name,
         args.worker_port,
         manager_address.clone(),
@@ -100,7 +118,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         args.labels,
         args.limits,
     ))
-    .await?;
+    .await;
+    let worker = match prepared {
+        Ok(worker) => worker,
+        Err(err) => {
+            shutdown.cancel();
+            if let Ok(Err(managed)) = managed.await {
+                tracing::warn!(error = %format!("{managed:#}"), "the manager stopped with an error");
+            }
+            return Err(err);
+        }
+    };
     // A new user's first task uses the sample image; build it now rather than fail later.
     match DockerRuntime::connect().await {
         Ok(docker) => {
@@ -112,26 +140,43 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     // One write: a reader that keeps only the first line (the manager's address) may close
     // the pipe, and a later print to it would fail.
-    let first_step = if acl {
-        "ACL on: make the first token with `cube acl bootstrap`, then CUBE_TOKEN=<it>. "
+    let first_step = match (&ca_fingerprint, acl) {
+        (Some(fingerprint), _) => format!(
+            "ACL and TLS on: CUBE_CA_FINGERPRINT={fingerprint}, make the first token with `cube \
+             acl bootstrap -m https://{manager_address}`, then CUBE_TOKEN=<it>. "
+        ),
+        (None, true) => {
+            "ACL on: make the first token with `cube acl bootstrap`, then CUBE_TOKEN=<it>. "
+                .to_string()
+        }
+        (None, false) => String::new(),
+    };
+    let scheme = if ca_fingerprint.is_some() {
+        "https://"
     } else {
         ""
     };
     let banner = format!(
         "{}\n{}\ncube dev: ready. {first_step}Try: cube run -f examples/sample-task.json && cube \
-         status (CUBE_MANAGER={manager_address})",
-        manager.listening_line, worker.listening_line
+         status (CUBE_MANAGER={scheme}{manager_address})",
+        manager_line, worker.listening_line
     );
     if let Err(err) = writeln!(std::io::stdout(), "{banner}") {
         tracing::debug!(error = %err, "cannot print the banner");
     }
-    let (managed, worked) = tokio::join!(manager.run(shutdown.clone()), async {
+    // Either half ending stops the other.
+    let watched = shutdown.clone();
+    let managed = async move {
+        let result = managed.await;
+        watched.cancel();
+        result
+    };
+    let (managed, worked) = tokio::join!(managed, async {
         let result = worker.run(shutdown.clone()).await;
-        // Either half ending stops the other.
         shutdown.cancel();
         result
     });
-    managed?;
+    managed.context("the manager's task ended abnormally")??;
     worked?;
     tracing::info!("cube dev stopped");
     Ok(())

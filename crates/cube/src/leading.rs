@@ -7,6 +7,13 @@
 //! other request to the leader (its address is the leader key's value) and its answer back,
 //! streams included: so a worker, a CLI or a script may talk to any manager.
 //!
+//! With `--tls`, every manager serves HTTPS with its own certificate from the one cluster CA,
+//! and a follower hands a request on over HTTPS, presenting its manager certificate. The
+//! leader's check that a node reports only over its own certificate then applies to the
+//! certificate the follower saw: the follower names it in [`FORWARDED_PEER`], and the leader
+//! takes that name only from a connection that presented a manager's certificate
+//! ([`peer_of`]); from anyone else the header is dropped.
+//!
 //! A leader steps down when its lease is lost (it could not renew it for a TTL, or etcd
 //! says it expired) or when one of its writes was refused by the fence (another leads): its
 //! loops stop, its API goes back to forwarding, and it campaigns again.
@@ -21,6 +28,7 @@ use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use cube_api::server::ApiError;
+use cube_api::tls::{PeerIdentity, PeerRole};
 use cube_manager::Manager;
 use cube_store::EtcdDb;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +37,11 @@ use tower::ServiceExt;
 /// Set on a request one manager hands to another: a manager that does not lead either
 /// answers 503 rather than handing it on again.
 const FORWARDED: HeaderName = HeaderName::from_static("x-cube-forwarded-by");
+
+/// Set by a follower on a request it hands on: the client certificate its own client
+/// presented (`node:NAME` or `manager:NAME`); absent when it presented none. Believed only
+/// from a connection with a manager's certificate.
+const FORWARDED_PEER: HeaderName = HeaderName::from_static("x-cube-forwarded-peer");
 
 /// The largest request body handed on (the API's own limit is 1 MiB).
 const FORWARD_BODY_LIMIT: usize = 2 * 1024 * 1024;
@@ -53,6 +66,9 @@ pub struct Front {
     /// With --acl: `GET /leader` needs a `read` token like any other read (the rest is
     /// checked by the leader's own router).
     acl: Option<Arc<cube_manager::acl::Acl>>,
+    /// With --tls: requests are handed on over HTTPS (`https://` and the client settings of
+    /// `ManagerTls::peers`); `false` speaks plain HTTP.
+    tls: bool,
 }
 
 impl Front {
@@ -60,16 +76,21 @@ impl Front {
         me: String,
         db: EtcdDb,
         acl: Option<Arc<cube_manager::acl::Acl>>,
+        tls: Option<Arc<cube_manager::tls::ManagerTls>>,
     ) -> anyhow::Result<Arc<Front>> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(1))
-            .build()?;
+        let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(1));
+        if let Some(tls) = &tls {
+            // Installs the crypto reqwest's own TLS settings need too.
+            let _ = cube_api::tls::provider();
+            http = http.tls_backend_preconfigured((*tls.peers).clone());
+        }
         Ok(Arc::new(Front {
             me,
             role: RwLock::new(Role::Following),
             db,
-            http,
+            http: http.build()?,
             acl,
+            tls: tls.is_some(),
         }))
     }
 
@@ -121,7 +142,41 @@ async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap)
     .into_response()
 }
 
-async fn forward(State(front): State<Arc<Front>>, request: Request) -> Response {
+/// The client certificate a request is to be judged by: over a connection with a manager's
+/// certificate that hands a request on ([`FORWARDED`]), the one the handing manager names in
+/// [`FORWARDED_PEER`] (none if it names none); else the connection's own. The header is
+/// removed either way, so that no one else can name a certificate.
+fn peer_of(request: &mut Request) -> Option<PeerIdentity> {
+    let named = request.headers_mut().remove(&FORWARDED_PEER);
+    let own = request.extensions().get::<PeerIdentity>().cloned();
+    let from_a_manager = own
+        .as_ref()
+        .is_some_and(|peer| peer.role == PeerRole::Manager);
+    if !(from_a_manager && request.headers().contains_key(&FORWARDED)) {
+        return own;
+    }
+    let (role, name) = named.as_ref()?.to_str().ok()?.split_once(':')?;
+    let role = match role {
+        "node" => PeerRole::Node,
+        "manager" => PeerRole::Manager,
+        _ => return None,
+    };
+    Some(PeerIdentity {
+        role,
+        name: name.to_string(),
+    })
+}
+
+async fn forward(State(front): State<Arc<Front>>, mut request: Request) -> Response {
+    let peer = peer_of(&mut request);
+    match &peer {
+        Some(peer) => {
+            request.extensions_mut().insert(peer.clone());
+        }
+        None => {
+            request.extensions_mut().remove::<PeerIdentity>();
+        }
+    }
     if let Some(router) = front.leading_router() {
         return match router.oneshot(request).await {
             Ok(response) => response,
@@ -155,11 +210,16 @@ async fn forward(State(front): State<Arc<Front>>, request: Request) -> Response 
         }
         Err(err) => return unavailable(format!("cannot read the leader from etcd: {err}")),
     };
-    hand_on(&front, &leader, request).await
+    hand_on(&front, &leader, peer.as_ref(), request).await
 }
 
 /// Sends `request` to the leader and streams its answer back.
-async fn hand_on(front: &Front, leader: &str, request: Request) -> Response {
+async fn hand_on(
+    front: &Front,
+    leader: &str,
+    peer: Option<&PeerIdentity>,
+    request: Request,
+) -> Response {
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, FORWARD_BODY_LIMIT).await {
         Ok(body) => body,
@@ -176,9 +236,21 @@ async fn hand_on(front: &Front, leader: &str, request: Request) -> Response {
     for hop in ["host", "connection", "content-length", "transfer-encoding"] {
         headers.remove(hop);
     }
+    if let Some(peer) = peer {
+        let role = match peer.role {
+            PeerRole::Node => "node",
+            PeerRole::Manager => "manager",
+        };
+        // A name a header cannot carry is not passed on: the leader then judges the request
+        // as if no certificate was presented, and refuses what needs one.
+        if let Ok(value) = axum::http::HeaderValue::from_str(&format!("{role}:{}", peer.name)) {
+            headers.insert(&FORWARDED_PEER, value);
+        }
+    }
+    let scheme = if front.tls { "https" } else { "http" };
     let sent = front
         .http
-        .request(parts.method, format!("http://{leader}{path}"))
+        .request(parts.method, format!("{scheme}://{leader}{path}"))
         .headers(headers)
         .header(&FORWARDED, front.me.as_str())
         .body(body)
@@ -295,5 +367,72 @@ pub async fn campaign_and_lead(
         }
         drop(leadership);
         tracing::info!("campaigning again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request over a connection that presented `own`, with `headers`.
+    fn request(own: Option<PeerIdentity>, headers: &[(&HeaderName, &str)]) -> Request {
+        let mut request = Request::builder().uri("/nodes/b");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        if let Some(own) = own {
+            request.extensions_mut().insert(own);
+        }
+        request
+    }
+
+    fn node(name: &str) -> PeerIdentity {
+        PeerIdentity {
+            role: PeerRole::Node,
+            name: name.to_string(),
+        }
+    }
+
+    fn manager() -> PeerIdentity {
+        PeerIdentity {
+            role: PeerRole::Manager,
+            name: "cube-manager".to_string(),
+        }
+    }
+
+    #[test]
+    fn a_manager_handing_a_request_on_names_the_certificate_it_saw() {
+        let mut handed = request(
+            Some(manager()),
+            &[(&FORWARDED, "127.0.0.1:1"), (&FORWARDED_PEER, "node:b")],
+        );
+        assert_eq!(peer_of(&mut handed), Some(node("b")));
+        assert!(!handed.headers().contains_key(&FORWARDED_PEER));
+        // Its client presented none: the request is judged as presenting none, not as the
+        // manager's.
+        let mut without = request(Some(manager()), &[(&FORWARDED, "127.0.0.1:1")]);
+        assert_eq!(peer_of(&mut without), None);
+    }
+
+    #[test]
+    fn no_one_but_a_manager_handing_a_request_on_can_name_a_certificate() {
+        let forged = [(&FORWARDED, "127.0.0.1:1"), (&FORWARDED_PEER, "node:b")];
+        // A node's certificate stays its own, whatever it claims.
+        let mut from_a_node = request(Some(node("a")), &forged);
+        assert_eq!(peer_of(&mut from_a_node), Some(node("a")));
+        assert!(!from_a_node.headers().contains_key(&FORWARDED_PEER));
+        // No certificate stays none.
+        let mut from_no_one = request(None, &forged);
+        assert_eq!(peer_of(&mut from_no_one), None);
+        // A manager that does not say it hands the request on is itself.
+        let mut direct = request(Some(manager()), &[(&FORWARDED_PEER, "node:b")]);
+        assert_eq!(peer_of(&mut direct), Some(manager()));
+        // A name of no known role is none.
+        let mut odd = request(
+            Some(manager()),
+            &[(&FORWARDED, "127.0.0.1:1"), (&FORWARDED_PEER, "root:b")],
+        );
+        assert_eq!(peer_of(&mut odd), None);
     }
 }

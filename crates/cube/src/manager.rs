@@ -71,11 +71,20 @@ pub struct ManagerArgs {
     #[arg(long)]
     acl: bool,
     /// Mutual TLS (needs --acl): the manager makes a cluster CA on its first start (kept in
-    /// --data-dir, under tls/) and its own certificate, serves HTTPS, signs the certificates of
+    /// --data-dir, under tls/; with --store etcd, in etcd, one for every manager: see
+    /// --tls-ca-secret) and its own certificate, serves HTTPS, signs the certificates of
     /// nodes that join with a node token, and takes a node's reports only over that node's
     /// certificate. Node tokens then carry the CA's fingerprint.
     #[arg(long, requires = "acl")]
     tls: bool,
+    /// With --tls and --store etcd: a file holding a secret of at least 32 characters (make
+    /// one with `openssl rand -hex 32`), the same file on every manager. The first manager
+    /// makes the cluster CA and keeps it in etcd, its key encrypted under this secret; every
+    /// other one takes it from there and issues itself its own certificate, so workers and
+    /// the CLI know every manager by the one CA fingerprint. Not needed with --tls-ca (give
+    /// every manager the same one).
+    #[arg(long, value_name = "FILE", requires = "tls")]
+    tls_ca_secret: Option<std::path::PathBuf>,
     /// How long the certificates the manager makes last (its own and the nodes'); each is
     /// renewed, without a restart, once two thirds of its life have passed.
     #[arg(long, default_value = "720h", value_parser = parse_duration, requires = "tls")]
@@ -115,6 +124,7 @@ impl ManagerArgs {
         store: StoreArgs,
         limits: crate::limits::LimitArgs,
         acl: bool,
+        tls: bool,
     ) -> ManagerArgs {
         ManagerArgs {
             host,
@@ -129,8 +139,9 @@ impl ManagerArgs {
             leader_ttl: Duration::from_secs(5),
             advertise: None,
             limits,
-            acl,
-            tls: false,
+            acl: acl || tls,
+            tls,
+            tls_ca_secret: None,
             cert_ttl: cube_api::tls::DEFAULT_CERT_TTL,
             brought: BroughtTls::default(),
         }
@@ -149,6 +160,9 @@ pub struct PreparedManager {
     pub address: std::net::SocketAddr,
     /// With --acl: the tokens, for `cube dev` to give its own worker a join token.
     pub acl: Option<std::sync::Arc<cube_manager::acl::Acl>>,
+    /// With --tls: the cluster CA's fingerprint, which `cube dev` adds to its worker's join
+    /// token as the API does to every node token.
+    pub ca_fingerprint: Option<String>,
 }
 
 /// One manager on its own store, or one of several on etcd.
@@ -157,6 +171,8 @@ enum Mode {
     /// The API in front, and what the manager needs to load its state once it leads.
     OnEtcd {
         front: std::sync::Arc<crate::leading::Front>,
+        /// With --tls: what the API is served over HTTPS with, and the certificate it renews.
+        tls: Option<std::sync::Arc<cube_manager::tls::ManagerTls>>,
         db: cube_store::EtcdDb,
         build: crate::leading::Build,
         leader_ttl: Duration,
@@ -233,10 +249,6 @@ pub async fn prepare(
     };
     let tls = if args.tls {
         anyhow::ensure!(
-            stores.etcd().is_none(),
-            "--tls with --store etcd is not supported yet: each manager would make its own CA"
-        );
-        anyhow::ensure!(
             args.workers.is_empty(),
             "--tls with -w/--workers: a static worker has no certificate; join workers with \
              `cube worker --join HOST:PORT --token TOKEN` instead"
@@ -246,11 +258,47 @@ pub async fn prepare(
             "--cert-ttl must be at least 3s"
         );
         let brought = &args.brought;
-        let authority = match &brought.tls_ca {
-            Some(ca) => cube_api::tls::Authority::from_files(ca, brought.tls_ca_key.as_deref())
-                .context("--tls-ca")?,
-            None => cube_api::tls::Authority::load_or_create(args.store.data_dir())
-                .context("--tls: the cluster CA")?,
+        let brought_ca = match &brought.tls_ca {
+            Some(ca) => Some(
+                cube_api::tls::Authority::from_files(ca, brought.tls_ca_key.as_deref())
+                    .context("--tls-ca")?,
+            ),
+            None => None,
+        };
+        let authority = match (stores.etcd(), brought_ca) {
+            // Several managers may share this etcd: they share one CA, kept there.
+            (Some(_), brought_ca) => {
+                let secret =
+                    match &args.tls_ca_secret {
+                        Some(path) => {
+                            let text = std::fs::read_to_string(path).with_context(|| {
+                                format!("--tls-ca-secret {}: cannot read it", path.display())
+                            })?;
+                            Some(cube_manager::tls::CaSecret::from_text(&text).with_context(|| {
+                            format!(
+                                "--tls-ca-secret {}: the secret is shorter than {} characters; \
+                                 make one with `openssl rand -hex 32`",
+                                path.display(),
+                                cube_manager::tls::MIN_CA_SECRET_LEN
+                            )
+                        })?)
+                        }
+                        None => None,
+                    };
+                let keys = stores.table::<String>("acl_keys")?;
+                cube_manager::tls::shared_authority(&*keys, brought_ca, secret.as_ref())
+                    .context("--tls: the cluster CA shared on etcd")?
+            }
+            (None, Some(brought_ca)) => brought_ca,
+            (None, None) => {
+                anyhow::ensure!(
+                    args.tls_ca_secret.is_none(),
+                    "--tls-ca-secret is for managers sharing etcd (--store etcd); this manager \
+                     keeps its CA in --data-dir"
+                );
+                cube_api::tls::Authority::load_or_create(args.store.data_dir())
+                    .context("--tls: the cluster CA")?
+            }
         };
         anyhow::ensure!(
             authority.can_sign() || brought.tls_cert.is_some(),
@@ -331,7 +379,8 @@ pub async fn prepare(
                     .context("loading the manager's state from etcd")
             });
             Mode::OnEtcd {
-                front: crate::leading::Front::new(me, db.clone(), acl.clone())?,
+                front: crate::leading::Front::new(me, db.clone(), acl.clone(), tls.clone())?,
+                tls: tls.clone(),
                 db: db.clone(),
                 build,
                 leader_ttl: args.leader_ttl,
@@ -346,6 +395,7 @@ pub async fn prepare(
         listening_line,
         address,
         acl,
+        ca_fingerprint: tls.as_ref().map(|tls| tls.authority.fingerprint()),
     })
 }
 
@@ -360,10 +410,22 @@ impl PreparedManager {
                 }
                 Mode::OnEtcd {
                     front,
+                    tls,
                     db,
                     build,
                     leader_ttl,
                 } => {
+                    // Every manager serves HTTPS with its own certificate, leading or not.
+                    let server_config = match &tls {
+                        Some(tls) => {
+                            tokio::spawn(tls.clone().run_renewal(shutdown.clone()));
+                            Some(
+                                tls.server_config()
+                                    .context("--tls: the manager's server settings")?,
+                            )
+                        }
+                        None => None,
+                    };
                     let leading = tokio::spawn(crate::leading::campaign_and_lead(
                         front.clone(),
                         db,
@@ -371,10 +433,11 @@ impl PreparedManager {
                         leader_ttl,
                         shutdown.clone(),
                     ));
-                    let served = cube_api::serve(
+                    let served = cube_api::serve_tls(
                         self.listener,
                         crate::leading::router(front),
                         self.limits,
+                        server_config,
                         shutdown.clone(),
                     )
                     .await
