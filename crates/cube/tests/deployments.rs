@@ -346,37 +346,53 @@ async fn cube_job_revert_rolls_the_job_back_to_an_earlier_versions_spec() {
 async fn an_update_whose_new_copies_never_become_healthy_fails_at_its_deadline_and_reverts() {
     let cluster = OneNodeCluster::start("stuck").await;
     let client = cluster.manager.client();
-    // The two deadlines are equal (the least ProgressDeadline may be): whichever passes first,
-    // the deployment fails once they are out, and goes back by itself.
-    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "HealthyDeadline": "6s",
-                        "ProgressDeadline": "6s", "AutoRevert": true});
-    submit(&client, &web("stuck", 2, &V1, update.clone())).await;
+    // Version 1 keeps the default deadlines (minutes): a loaded machine may take seconds to
+    // start a copy, and version 1 must succeed. The revert goes back to them too.
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "AutoRevert": true});
+    submit(&client, &web("stuck", 2, &V1, update)).await;
     await_deployment(&client, "stuck", 1, "successful").await;
 
-    // Version 2 asks for more memory than the node has: its new copy waits for room that
-    // never comes, and so never becomes healthy (nor fails on its own).
-    let mut stuck = web("stuck", 2, &V1, update);
-    stuck["Groups"][0]["Task"]["Memory"] = json!("1TiB");
+    // Version 2's server has no `/health`, and its check allows so many failed probes in a
+    // row that the copy stays `Starting` (never healthy, never unhealthy, never restarted)
+    // for far longer than the test. Its two deadlines are equal (the least ProgressDeadline
+    // may be): the deployment fails once they are out, and goes back by itself. The reason
+    // names HealthyDeadline: a copy is judged from its creation, never before the
+    // deployment's start, so ProgressDeadline (never shorter) is first only for a group that
+    // makes no new copy at all (`rollout.rs`'s unit test).
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "HealthyDeadline": "10s",
+                        "ProgressDeadline": "10s", "AutoRevert": true});
+    let mut stuck = web("stuck", 2, &BROKEN, update);
+    stuck["Groups"][0]["Task"]["HealthCheckRetries"] = json!(100_000);
     let mut steps = EventReader::open(&cluster.manager, "?topic=Deployment&job=stuck").await;
     let changed = submit(&client, &stuck).await;
     assert_eq!(changed["Version"], 2, "{changed}");
-    let failed = loop {
-        let event = steps.next_event().await;
-        if event["Type"] == "DeploymentFailed" {
-            break event;
+    let failed = tokio::time::timeout(STATE_BOUND * 3, async {
+        loop {
+            // With AutoRevert a failed deployment is stored as reverted at once.
+            let event = steps.next_event().await;
+            if event["Type"] == "DeploymentFailed" || event["Type"] == "DeploymentReverted" {
+                break event;
+            }
         }
+    })
+    .await;
+    let Ok(failed) = failed else {
+        panic!(
+            "version 2's deployment did not fail: {}",
+            client.get("/jobs/stuck").await.body
+        );
     };
     assert_eq!(failed["Object"]["Version"], 2, "{failed}");
     let reason = failed["Object"]["Reason"].as_str().unwrap_or_default();
     println!("version 2's deployment failed: {reason}");
-    assert!(reason.contains("Deadline of 6s"), "{failed}");
+    assert!(reason.contains("Deadline of 10s"), "{failed}");
 
     let back = await_deployment(&client, "stuck", 3, "successful").await;
     assert_eq!(healthy_running(&back, &V1).len(), 2, "{back}");
     assert_eq!(
         live_tasks(&back).len(),
         2,
-        "the waiting copy was stopped: {back}"
+        "version 2's copy was stopped: {back}"
     );
     let versions = client.get("/jobs/stuck/versions").await.body;
     assert_eq!(versions[0]["Version"], 3, "{versions}");
