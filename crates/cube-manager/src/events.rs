@@ -816,14 +816,11 @@ mod tests {
             value_event(&broker, Topic::Task, &n.to_string(), None);
         }
         assert_eq!(indexes(&mut reader), vec![1, 2, 3]);
-        let started = Instant::now();
+        // Publishing does not wait for a subscriber: were it to, this loop would never end,
+        // as nobody reads `idle`.
         for n in 3..50 {
             value_event(&broker, Topic::Task, &n.to_string(), None);
         }
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "publishing waited for a subscriber"
-        );
         assert_eq!(broker.last_index(), 50);
         assert!(matches!(
             idle.try_next(),

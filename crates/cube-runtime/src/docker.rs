@@ -658,6 +658,47 @@ mod tests {
         assert_eq!(port_binding("[::1]:9000"), binding(Some("::1"), "9000"));
     }
 
+    /// The contract every runtime keeps, against the real engine (the simulated runtime the
+    /// benchmarks use is held to the same check).
+    #[tokio::test]
+    async fn the_docker_runtime_keeps_the_runtime_contract() {
+        let runtime = DockerRuntime::connect().await.expect("Docker answers");
+        runtime
+            .ensure_sample_image(crate::sample_image::SAMPLE_IMAGE)
+            .await
+            .expect("the sample image");
+        let node = format!("contract-{}", &Uuid::new_v4().simple().to_string()[..8]);
+        // Whatever the check leaves behind when it fails is removed.
+        struct Cleanup(String);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let listed = std::process::Command::new("docker")
+                    .args([
+                        "ps",
+                        "-aq",
+                        "--filter",
+                        &format!("label={LABEL_NODE}={}", self.0),
+                    ])
+                    .output();
+                if let Ok(listed) = listed {
+                    for id in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+                        let _ = std::process::Command::new("docker")
+                            .args(["rm", "-f", id])
+                            .output();
+                    }
+                }
+            }
+        }
+        let _cleanup = Cleanup(node.clone());
+        crate::contract::check(
+            &runtime,
+            crate::sample_image::SAMPLE_IMAGE,
+            &["sleep", "3600"],
+            &node,
+        )
+        .await;
+    }
+
     #[test]
     fn the_go_zero_time_from_the_engine_is_none() {
         assert_eq!(engine_time("0001-01-01T00:00:00Z"), None);

@@ -9,6 +9,8 @@
 //! This crate knows nothing of stores, HTTP or scheduling. It never sets Docker's own restart
 //! policy: restarting is the manager's job (one owner of failure handling).
 
+#[cfg(any(test, feature = "contract"))]
+pub mod contract;
 mod docker;
 pub mod sample_image;
 mod spec;

@@ -157,24 +157,22 @@ async fn a_revoked_or_expired_token_is_refused_at_once() {
     assert_eq!(refused.status, 401, "{}", refused.body);
     assert!(refused.message().contains("revoked"), "{}", refused.body);
 
-    // A token made with --ttl 1s by the command line works, then is refused once expired.
+    // A token made with --ttl 5s by the command line works, then is refused once expired. The
+    // TTL leaves the first request, made at once, room on a loaded machine; the wait for the
+    // refusal is bounded generously.
     let (ok, out, err) = cube_cli_env(
         &[
             ("CUBE_MANAGER", &manager.address()),
             ("CUBE_TOKEN", &management),
         ],
         &[
-            "token", "create", "--role", "read", "--ttl", "1s", "--name", "brief",
+            "token", "create", "--role", "read", "--ttl", "5s", "--name", "brief",
         ],
     );
     assert!(ok, "cube token create: {err}");
     let brief = Client::with_token(&manager.url, out.trim());
-    let made_at = Instant::now();
-    let first = brief.request("GET", "/nodes", None).await;
-    if made_at.elapsed() < Duration::from_millis(900) {
-        assert_eq!(first, 200);
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
+    assert_eq!(brief.request("GET", "/nodes", None).await, 200);
+    let deadline = Instant::now() + support::STATE_BOUND;
     loop {
         let answer = brief.request_answer("GET", "/nodes", None).await;
         if answer.status == 401 {
@@ -183,7 +181,8 @@ async fn a_revoked_or_expired_token_is_refused_at_once() {
         }
         assert!(
             Instant::now() < deadline,
-            "the 1s token still works after 5s"
+            "the 5s token still works after {:?}",
+            support::STATE_BOUND
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -256,6 +256,149 @@ async fn with_auto_revert_a_failed_update_goes_back_to_the_last_stable_version()
     );
 }
 
+/// What each running copy of `job` serves at `/version` on its published port (version 2
+/// writes the file; version 1's server has none, and answers 404).
+async fn served_versions(job: &Value) -> Vec<u16> {
+    let http = support::http();
+    let mut statuses = Vec::new();
+    for task in live_tasks(job) {
+        let port = host_port(&task, "7777/tcp");
+        let answer = http
+            .get(format!("http://127.0.0.1:{port}/version"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(answer.status().as_u16());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn cube_job_revert_rolls_the_job_back_to_an_earlier_versions_spec() {
+    let cluster = OneNodeCluster::start("manual-revert").await;
+    let client = cluster.manager.client();
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s"});
+    submit(&client, &web("back", 2, &V1, update.clone())).await;
+    await_deployment(&client, "back", 1, "successful").await;
+    submit(&client, &web("back", 2, &v2(), update)).await;
+    let two = await_deployment(&client, "back", 2, "successful").await;
+    assert_eq!(healthy_running(&two, &v2()).len(), 2, "{two}");
+    assert_eq!(
+        served_versions(&two).await,
+        [200, 200],
+        "version 2 serves /version"
+    );
+
+    // The command posts `/jobs/back/revert` and waits for the deployment it starts.
+    let address = cluster.manager.address();
+    let (ok, stdout, stderr) = cube_cli(
+        &address,
+        &["job", "revert", "--timeout", "60s", "back", "1"],
+    );
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("job back: version 3 (the spec of version 1)"),
+        "{stdout}"
+    );
+
+    // What a user checks: version 3 runs, every copy is version 1's spec, and what the copies
+    // serve is version 1's (no /version file).
+    let job = client.get("/jobs/back").await.body;
+    assert_eq!(job["Version"], 3, "{job}");
+    assert_eq!(job["Deployment"]["Version"], 3, "{job}");
+    assert_eq!(deployment_state(&job), "successful", "{job}");
+    assert_eq!(healthy_running(&job, &V1).len(), 2, "{job}");
+    assert_eq!(
+        live_tasks(&job).len(),
+        2,
+        "only version 1's copies run: {job}"
+    );
+    assert_eq!(served_versions(&job).await, [404, 404], "{job}");
+    for task in live_tasks(&two) {
+        let label = format!("cube.task-id={}", task["ID"].as_str().unwrap());
+        assert!(
+            running_containers_with_label(&label).is_empty(),
+            "version 2's copy {} still runs in Docker",
+            task["Name"]
+        );
+    }
+    let (ok, stdout, stderr) = cube_cli(&address, &["job", "status", "back"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("api     2        0         0          2         0        0          0"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = cube_cli(&address, &["job", "history", "back"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("revert to version 1"), "{stdout}");
+    let versions = client.get("/jobs/back/versions").await.body;
+    assert_eq!(versions[0]["Version"], 3, "{versions}");
+    assert_eq!(versions[0]["RevertOf"], 1, "{versions}");
+
+    // A version the job never had is refused, and changes nothing.
+    let (ok, _, stderr) = cube_cli(&address, &["job", "revert", "back", "9"]);
+    assert!(!ok);
+    assert!(stderr.contains('9'), "{stderr}");
+    assert_eq!(client.get("/jobs/back").await.body["Version"], 3);
+}
+
+#[tokio::test]
+async fn an_update_whose_new_copies_never_become_healthy_fails_at_its_deadline_and_reverts() {
+    let cluster = OneNodeCluster::start("stuck").await;
+    let client = cluster.manager.client();
+    // Version 1 keeps the default deadlines (minutes): a loaded machine may take seconds to
+    // start a copy, and version 1 must succeed. The revert goes back to them too.
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "AutoRevert": true});
+    submit(&client, &web("stuck", 2, &V1, update)).await;
+    await_deployment(&client, "stuck", 1, "successful").await;
+
+    // Version 2's server has no `/health`, and its check allows so many failed probes in a
+    // row that the copy stays `Starting` (never healthy, never unhealthy, never restarted)
+    // for far longer than the test. Its two deadlines are equal (the least ProgressDeadline
+    // may be): the deployment fails once they are out, and goes back by itself. The reason
+    // names HealthyDeadline: a copy is judged from its creation, never before the
+    // deployment's start, so ProgressDeadline (never shorter) is first only for a group that
+    // makes no new copy at all (`rollout.rs`'s unit test).
+    let update = json!({"MaxParallel": 1, "MinHealthyTime": "1s", "HealthyDeadline": "10s",
+                        "ProgressDeadline": "10s", "AutoRevert": true});
+    let mut stuck = web("stuck", 2, &BROKEN, update);
+    stuck["Groups"][0]["Task"]["HealthCheckRetries"] = json!(100_000);
+    let mut steps = EventReader::open(&cluster.manager, "?topic=Deployment&job=stuck").await;
+    let changed = submit(&client, &stuck).await;
+    assert_eq!(changed["Version"], 2, "{changed}");
+    let failed = tokio::time::timeout(STATE_BOUND * 3, async {
+        loop {
+            // With AutoRevert a failed deployment is stored as reverted at once.
+            let event = steps.next_event().await;
+            if event["Type"] == "DeploymentFailed" || event["Type"] == "DeploymentReverted" {
+                break event;
+            }
+        }
+    })
+    .await;
+    let Ok(failed) = failed else {
+        panic!(
+            "version 2's deployment did not fail: {}",
+            client.get("/jobs/stuck").await.body
+        );
+    };
+    assert_eq!(failed["Object"]["Version"], 2, "{failed}");
+    let reason = failed["Object"]["Reason"].as_str().unwrap_or_default();
+    println!("version 2's deployment failed: {reason}");
+    assert!(reason.contains("Deadline of 10s"), "{failed}");
+
+    let back = await_deployment(&client, "stuck", 3, "successful").await;
+    assert_eq!(healthy_running(&back, &V1).len(), 2, "{back}");
+    assert_eq!(
+        live_tasks(&back).len(),
+        2,
+        "version 2's copy was stopped: {back}"
+    );
+    let versions = client.get("/jobs/stuck/versions").await.body;
+    assert_eq!(versions[0]["Version"], 3, "{versions}");
+    assert_eq!(versions[0]["RevertOf"], 1, "{versions}");
+}
+
 #[tokio::test]
 async fn a_canary_starts_beside_the_old_copies_and_the_rest_waits_for_promote() {
     let cluster = OneNodeCluster::start("canary").await;

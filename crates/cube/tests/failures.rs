@@ -392,7 +392,7 @@ async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_the
 
     frozen.signal("-CONT");
     let started = Instant::now();
-    let bound = Duration::from_secs(10);
+    let bound = STATE_BOUND;
     while running_containers_with_label(&label).len() != 1 {
         assert!(
             started.elapsed() < bound,
@@ -442,7 +442,7 @@ async fn a_lone_worker_that_comes_back_runs_the_lost_task_anew_and_it_does_not_s
     assert_eq!(back["NodeName"], worker.name.as_str());
     let label = format!("cube.task-id={id}");
     let started = Instant::now();
-    let bound = Duration::from_secs(10);
+    let bound = STATE_BOUND;
     while running_containers_with_label(&label).len() != 1 {
         assert!(
             started.elapsed() < bound,

@@ -145,9 +145,8 @@ async fn six_requests_on_room_for_four_claim_four_and_queue_two_and_freed_room_g
     let port: u16 = address.rsplit(':').next().unwrap().parse().unwrap();
     assert_eq!(get_published(port, "/health").await, 200);
 
-    // One claimed request stops: the head of the queue is claimed within 2 s, the other
-    // moves up.
-    let stopped = Instant::now();
+    // One claimed request stops: the head of the queue is claimed, the other moves up. How
+    // soon is `cube-bench queue`'s to measure; `await_queue` waits generously.
     assert_eq!(
         cluster
             .manager
@@ -163,11 +162,6 @@ async fn six_requests_on_room_for_four_claim_four_and_queue_two_and_freed_room_g
                 && entry(queue, &ids[4])["State"] == "claimed"
         })
         .await;
-    let took = stopped.elapsed();
-    assert!(
-        took < Duration::from_secs(2),
-        "the head was claimed after {took:?}"
-    );
     assert_eq!(entry(&queue, &ids[5])["Position"], 1);
     assert_eq!(entry(&queue, &ids[5])["State"], "waiting");
 }

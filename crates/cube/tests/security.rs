@@ -278,10 +278,10 @@ async fn a_bind_mount_under_an_allowed_path_runs_and_every_container_has_no_new_
 
 // ----- hostile clients -----
 
-/// Limits short enough to watch: the defaults are 30 s and 60 s.
+/// Limits short enough to watch: the defaults are 30 s and 60 s, both longer than
+/// `STATE_BOUND`, so a cut-off within that bound is the flags' doing. How close to its limit a
+/// cut-off comes is not asserted: the machine runs other tests at the same time.
 const LIMIT_FLAGS: [&str; 4] = ["--header-timeout", "1s", "--body-timeout", "1s"];
-/// What a cut-off may take past its limit on a loaded machine.
-const MARGIN: Duration = Duration::from_millis(1500);
 
 /// Writes `bytes` one at a time, a second apart, until the server closes the connection or
 /// answers; returns what it answered and when, from the first byte.
@@ -313,7 +313,7 @@ fn address_of(url: &str) -> String {
 }
 
 #[tokio::test]
-async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager_and_worker() {
+async fn slow_headers_and_slow_bodies_are_cut_off_by_their_limits_on_manager_and_worker() {
     ensure_sample_image();
     let dir = tempfile::tempdir().unwrap();
     let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &LIMIT_FLAGS);
@@ -326,7 +326,8 @@ async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager
     let body = br#"{"Name": "slow", "Image": "cube-sample:latest"}"#;
     for url in [&manager.url, &worker.url] {
         let address = address_of(url);
-        // Headers one byte a second: the connection is closed, nothing answered.
+        // Headers one byte a second (a minute's worth): the connection is closed, nothing
+        // answered.
         let (answer, took) = trickle(
             &address,
             b"",
@@ -338,11 +339,9 @@ async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager
             "{url}: {}",
             String::from_utf8_lossy(&answer)
         );
-        assert!(
-            took < Duration::from_secs(1) + MARGIN,
-            "{url}: slow headers held for {took:?}"
-        );
-        // Headers at once, the body one byte a second: 408, as JSON, and the connection ends.
+        assert!(took < STATE_BOUND, "{url}: slow headers held for {took:?}");
+        // Headers at once, the body one byte a second (47 s' worth): 408, as JSON, naming the
+        // limit, and the connection ends.
         let head = format!(
             "POST /tasks HTTP/1.1\r\nHost: cube\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
             body.len()
@@ -355,10 +354,7 @@ async fn slow_headers_and_slow_bodies_are_cut_off_within_their_limits_on_manager
         let error: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("{text}"));
         assert_eq!(error["HTTPStatusCode"], 408, "{text}");
         assert!(error["Message"].as_str().unwrap().contains("1s"), "{text}");
-        assert!(
-            took < Duration::from_secs(1) + MARGIN,
-            "{url}: slow body held for {took:?}"
-        );
+        assert!(took < STATE_BOUND, "{url}: slow body held for {took:?}");
         // Answers may be long: a blocking query waits past both limits and still answers.
         let index = support::http()
             .get(format!("{url}/tasks"))

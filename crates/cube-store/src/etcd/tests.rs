@@ -11,6 +11,13 @@ use etcd_client::{Client, CompactionOptions, GetOptions};
 use super::*;
 use crate::contract;
 
+/// How long a test waits for a state it expects (a new leader) before failing: generous, as
+/// it checks that the state comes, not how soon.
+const STATE_BOUND: Duration = Duration::from_secs(20);
+/// A lease that outlasts every wait in these tests, so that an end of leadership seen while
+/// it is held cannot be its expiry.
+const LONG_TTL: Duration = Duration::from_secs(60);
+
 fn connect(cluster: &EtcdCluster, prefix: &str) -> EtcdDb {
     EtcdDb::connect(EtcdConfig::new(cluster.endpoints(), prefix)).unwrap()
 }
@@ -266,29 +273,26 @@ fn one_campaign_leads_another_takes_over_when_the_lease_ends_and_the_first_is_fe
         );
         tasks.put("t1", &text("while leading")).unwrap();
 
-        // The second waits while the first renews its lease.
+        // The second waits while the first renews its lease. It campaigns with a lease far
+        // longer than any wait below, so that its resigning, at the end, is seen to hand over
+        // without the lease running out.
         let waiting = tokio::spawn({
             let (second, shutdown) = (second.clone(), shutdown.clone());
-            async move { second.campaign("second:5555", ttl, &shutdown).await }
+            async move { second.campaign("second:5555", LONG_TTL, &shutdown).await }
         });
         tokio::time::sleep(ttl * 2).await;
         assert!(!waiting.is_finished(), "the first still leads");
 
-        // The first stops renewing (as a process that died): the second leads within the
-        // TTL and a second, and the first's writes are refused.
-        let gone = tokio::time::Instant::now();
+        // The first stops renewing (as a process that died): once its lease ends the second
+        // leads, and the first's writes are refused. How soon after the TTL is a measurement
+        // (`cube-bench etcd`), not asserted here, where the machine runs other tests too.
         drop(leading);
-        let taken = tokio::time::timeout(ttl * 3, waiting)
+        let taken = tokio::time::timeout(STATE_BOUND, waiting)
             .await
-            .expect("the second leads")
+            .expect("the second leads once the first's lease ends")
             .unwrap()
             .unwrap()
             .unwrap();
-        assert!(
-            gone.elapsed() <= ttl + Duration::from_secs(2),
-            "{:?}",
-            gone.elapsed()
-        );
         assert_eq!(
             first.leader().await.unwrap().as_deref(),
             Some("second:5555")
@@ -297,16 +301,17 @@ fn one_campaign_leads_another_takes_over_when_the_lease_ends_and_the_first_is_fe
         assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
         assert!(refused.is_cancelled());
 
-        // Resigning hands over at once.
         let third = connect(&cluster, "/elect");
         let waiting = tokio::spawn({
             let shutdown = shutdown.clone();
             async move { third.campaign("third:5555", ttl, &shutdown).await }
         });
+        // Resigning hands over at once: the bound is generous, yet far short of the second's
+        // lease, which a resignation that did nothing would leave the third waiting out.
         taken.resign().await;
-        tokio::time::timeout(Duration::from_secs(1), waiting)
+        tokio::time::timeout(STATE_BOUND, waiting)
             .await
-            .expect("the third leads at once")
+            .expect("the third leads before the second's lease would have ended")
             .unwrap()
             .unwrap()
             .unwrap();
