@@ -298,7 +298,7 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
-    /// A chaos run: one manager (redb) and --workers real workers on Docker under a mixed
+    /// A chaos run: one manager (redb) or three on etcd (--store etcd) and --workers real workers on Docker under a mixed
     /// workload (tasks with every restart policy, service jobs submitted, changed, scaled and
     /// stopped, batch jobs, waiting-list requests of two priorities) while faults are injected
     /// at random from a seed (a manager or worker killed with -9 and started again, a worker
@@ -309,6 +309,10 @@ enum Command {
         /// The seed of the workload and the faults [default: a random one, printed].
         #[arg(long)]
         seed: Option<u64>,
+        /// redb: one manager on its store file; etcd: three managers on a three-member etcd
+        /// cluster, whose members are killed too.
+        #[arg(long, value_enum, default_value_t = chaos::ChaosStore::Redb)]
+        store: chaos::ChaosStore,
         /// How long the workload and the faults go on (e.g. 3m, 30m).
         #[arg(long, default_value = "3m", value_parser = cube_types::duration::parse_duration)]
         duration: Duration,
@@ -471,6 +475,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Chaos {
             seed,
+            store,
             duration,
             workers,
             fault_every,
@@ -479,6 +484,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             chaos::chaos(chaos::Options {
                 seed,
+                store,
                 duration,
                 workers,
                 fault_every,

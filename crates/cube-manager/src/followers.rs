@@ -229,6 +229,8 @@ impl Manager {
                             entry.followed_at = Some(Instant::now());
                         }
                         if back {
+                            // The node takes work again from this hold of the lock on.
+                            state.placement_dirty.mark_everything();
                             self.publish_node_status(&state, &name);
                         }
                         back

@@ -729,6 +729,10 @@ impl Manager {
                 now,
                 self.heartbeat_grace(),
             );
+            if effect.more_room {
+                // As in `cache_task`: the room is visible from this hold of the lock on.
+                state.placement_dirty.mark_everything();
+            }
             self.known_nodes
                 .store(state.nodes.len(), std::sync::atomic::Ordering::Relaxed);
             let Some(entry) = state.nodes.get(&name) else {
@@ -815,6 +819,18 @@ impl Manager {
     fn cache_task(&self, state: &mut Shared, task: Task) {
         let id = task.id;
         state.queue_dirty.mark_task(&task);
+        // Room this change frees is in the cache (and so in the next placement pass's
+        // snapshot) from now on: every waiting request is marked in the same hold of the
+        // lock, so that a pass that starts before the caller's `push_waiting` still reads
+        // them in the waiting list's order, rather than giving the room to a request that
+        // arrived after them (found by `cube-bench chaos`).
+        if state.cache.get(&id).is_some_and(|previous| {
+            crate::cache::holds_resources(previous)
+                && (!crate::cache::holds_resources(&task)
+                    || previous.status.node_name != task.status.node_name)
+        }) {
+            state.placement_dirty.mark_everything();
+        }
         let previous = state.cache.insert(task);
         let Some(held) = state.cache.shared(&id) else {
             return;

@@ -843,6 +843,38 @@ mod tests {
         assert_eq!(pass(&manager), vec![wide]);
     }
 
+    /// The room a task leaves is in the cache the moment its end is saved, before whoever
+    /// saved it asks for a pass over every waiting request: a pass that starts in between,
+    /// for a request that arrived just then, must still give the room to the request that
+    /// waited longest (`cube-bench chaos` saw a later request let in first).
+    #[tokio::test]
+    async fn room_freed_goes_to_the_request_that_waited_even_to_a_pass_for_a_newer_one() {
+        let manager = manager();
+        one_node(&manager).await;
+        let busy = waiting(&manager, "busy", 700 * MIB, "").await.id;
+        assert_eq!(pass(&manager), vec![busy]);
+        let first = waiting(&manager, "first", 600 * MIB, "").await.id;
+        assert!(pass(&manager).is_empty(), "600 MiB do not fit beside 700");
+        // The busy task ends, as a follower saves a worker's report; the follower's own
+        // request for a whole pass has not come yet.
+        {
+            let mut state = lock(&manager.state);
+            let mut ended = state.cache.get(&busy).unwrap().clone();
+            ended.status.state = State::Completed;
+            let mut writes = Writes::default();
+            manager.save(&mut state, &mut writes, ended).unwrap();
+        }
+        // Room for one of the two.
+        let later = waiting(&manager, "later", 600 * MIB, "").await.id;
+        assert_eq!(
+            pass(&manager),
+            vec![first],
+            "the room went to {:?}",
+            task(&manager, later).status.node_name
+        );
+        assert_eq!(task(&manager, later).status.state, State::Pending);
+    }
+
     #[tokio::test]
     async fn a_job_waiting_whole_is_read_again_when_a_copy_of_it_is_stopped() {
         let manager = manager();

@@ -1,6 +1,7 @@
-//! `cube-bench chaos`: a cluster of real processes — one `cube manager` on redb and real
-//! `cube worker`s on Docker — under a mixed workload from a few clients, while faults are
-//! injected at random from a seed: a process killed (`kill -9`) and started again, a worker
+//! `cube-bench chaos`: a cluster of real processes — one `cube manager` on redb, or three on a
+//! three-member etcd cluster (`--store etcd`), and real `cube worker`s on Docker — under a
+//! mixed workload from a few clients, while faults are injected at random from a seed: a
+//! process (manager, worker, etcd member) killed (`kill -9`) and started again, a worker
 //! stopped (`SIGSTOP`) past the heartbeat grace then continued, a container killed behind
 //! Cube's back. Every operation is recorded with its answer; the workers' own views of what
 //! they hold are sampled. When the time is up the faults stop, every process runs again, the
@@ -11,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -29,6 +31,7 @@ use super::check::{
     SettledContainer, SettledJob, SettledTask,
 };
 use crate::load::spawn_cube_logged_line;
+use cube_test_support::EtcdCluster;
 
 /// How long a worker may be silent before the manager marks it down: short, so that a pause
 /// longer than it happens often in a short run.
@@ -54,8 +57,18 @@ const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the cluster may take to settle after the faults stop.
 const SETTLE_BOUND: Duration = Duration::from_secs(180);
 
+/// Where the managers keep their state in a chaos run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ChaosStore {
+    /// One manager on its redb file.
+    Redb,
+    /// Three managers on a three-member etcd cluster; etcd members are killed too.
+    Etcd,
+}
+
 pub(crate) struct Options {
     pub seed: Option<u64>,
+    pub store: ChaosStore,
     pub duration: Duration,
     pub workers: usize,
     /// The mean pause between two faults.
@@ -152,8 +165,19 @@ struct Run {
     began: Instant,
     began_utc: DateTime<Utc>,
     http: reqwest::Client,
-    manager: String,
+    /// Every manager's base URL; requests go to the one that answered last.
+    managers: Vec<String>,
+    last_answered: AtomicUsize,
     record: Mutex<Record>,
+}
+
+/// One attempt's result, before the operation's outcome is decided.
+enum Attempt {
+    Answered(Outcome),
+    /// Never reached a manager (refused connection): surely not carried out.
+    NotReached(String),
+    /// A 5xx or a broken answer: maybe carried out.
+    Maybe(String),
 }
 
 impl Run {
@@ -161,25 +185,22 @@ impl Run {
         self.began.elapsed().as_micros() as u64
     }
 
-    /// Sends one operation and records it with its outcome. A request that never reached the
-    /// manager (refused connection) is refused; a 4xx is refused; a 5xx or a broken answer may
-    /// have been carried out.
-    async fn op(
+    async fn attempt(
         &self,
-        request: Request,
+        base: &str,
         method: reqwest::Method,
         path: &str,
-        body: Option<Value>,
-    ) -> Outcome {
-        let start_us = self.now_us();
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Attempt {
         let mut builder = self
             .http
-            .request(method, format!("{}{path}", self.manager))
-            .timeout(OP_TIMEOUT);
+            .request(method, format!("{base}{path}"))
+            .timeout(timeout);
         if let Some(body) = body {
-            builder = builder.json(&body);
+            builder = builder.json(body);
         }
-        let outcome = match builder.send().await {
+        match builder.send().await {
             Ok(answer) => {
                 let status = answer.status();
                 let text = answer.text().await.unwrap_or_default();
@@ -188,25 +209,77 @@ impl Run {
                         .ok()
                         .and_then(|body| body["ID"].as_str().map(str::to_owned))
                         .and_then(|id| id.parse().ok());
-                    Outcome::Acked { id }
+                    Attempt::Answered(Outcome::Acked { id })
                 } else if status.is_client_error() {
-                    Outcome::Refused {
+                    Attempt::Answered(Outcome::Refused {
                         status: status.as_u16(),
                         message: text,
-                    }
+                    })
                 } else {
-                    Outcome::Unknown {
-                        error: format!("{status}: {text}"),
-                    }
+                    Attempt::Maybe(format!("{status}: {text}"))
                 }
             }
-            Err(err) if err.is_connect() => Outcome::Refused {
-                status: 0,
-                message: format!("not reached: {err}"),
-            },
-            Err(err) => Outcome::Unknown {
-                error: err.to_string(),
-            },
+            Err(err) if err.is_connect() => Attempt::NotReached(err.to_string()),
+            Err(err) => Attempt::Maybe(err.to_string()),
+        }
+    }
+
+    /// Sends one operation and records it with its outcome. Every operation of the workload
+    /// may be sent again safely (a task carries its own ID, a job its whole spec, a scale its
+    /// count), so an attempt without an answer is tried again on the next manager, as the CLI
+    /// does, until `OP_TIMEOUT`. A 2xx is acknowledged; a 4xx is refused, unless an earlier
+    /// attempt may have been carried out; no answer at all is refused when no attempt reached
+    /// a manager, and unknown otherwise.
+    async fn op(
+        &self,
+        request: Request,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Outcome {
+        let start_us = self.now_us();
+        let began = Instant::now();
+        let mut at = self.last_answered.load(Ordering::Relaxed);
+        let mut maybe: Option<String> = None;
+        let mut not_reached = String::new();
+        let outcome = loop {
+            let left = OP_TIMEOUT.saturating_sub(began.elapsed());
+            if left.is_zero() {
+                break match maybe.take() {
+                    Some(error) => Outcome::Unknown { error },
+                    None => Outcome::Refused {
+                        status: 0,
+                        message: format!("no manager reached: {not_reached}"),
+                    },
+                };
+            }
+            let base = &self.managers[at % self.managers.len()];
+            match self
+                .attempt(base, method.clone(), path, body.as_ref(), left)
+                .await
+            {
+                Attempt::Answered(outcome) => {
+                    self.last_answered.store(at, Ordering::Relaxed);
+                    break match (outcome, maybe.take()) {
+                        (Outcome::Refused { status, message }, Some(earlier)) => {
+                            Outcome::Unknown {
+                                error: format!(
+                                    "refused ({status}: {message}) after an attempt that may \
+                                     have been carried out ({earlier})"
+                                ),
+                            }
+                        }
+                        (outcome, _) => outcome,
+                    };
+                }
+                Attempt::NotReached(error) => not_reached = error,
+                Attempt::Maybe(error) => maybe = Some(error),
+            }
+            at += 1;
+            // A pause between rounds of every manager: one may be starting or electing.
+            if at % self.managers.len() == 0 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         };
         let end_us = self.now_us();
         let mut record = self.record.lock().await;
@@ -219,6 +292,25 @@ impl Run {
             outcome: outcome.clone(),
         });
         outcome
+    }
+
+    /// A read from whichever manager answers, tried for up to a minute.
+    async fn read<T: serde::de::DeserializeOwned>(&self, path: &str) -> anyhow::Result<T> {
+        let began = Instant::now();
+        let mut at = self.last_answered.load(Ordering::Relaxed);
+        loop {
+            let base = &self.managers[at % self.managers.len()];
+            match crate::get_json(&self.http, &format!("{base}{path}")).await {
+                Ok(value) => return Ok(value),
+                Err(err) if began.elapsed() > Duration::from_secs(60) => {
+                    return Err(err.context(format!("reading {path} from every manager")));
+                }
+                Err(_) => {
+                    at += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
     }
 }
 
@@ -234,7 +326,8 @@ fn bare_task(rng: &mut Rng, name: &str) -> (Request, Value) {
         ),
         _ => (cube_types::task::RestartPolicy::Always, Some(5), "always"),
     };
-    let mut body = json!({"Name": name, "Image": SAMPLE_IMAGE, "Cpu": 0.02, "Memory": "16MiB",
+    let mut body = json!({"ID": uuid::Uuid::new_v4(), "Name": name, "Image": SAMPLE_IMAGE,
+                          "Cpu": 0.02, "Memory": "16MiB",
                           "RestartPolicy": policy_name, "RestartDelay": "1s"});
     if let Some(max) = max_restarts {
         body["MaxRestarts"] = json!(max);
@@ -260,7 +353,8 @@ fn queued_task(rng: &mut Rng, name: &str) -> (Request, Value) {
     let priority: u8 = if rng.chance(50) { 10 } else { 60 };
     let cpu = 0.25;
     let memory: u64 = 64 << 20;
-    let body = json!({"Name": name, "Image": SAMPLE_IMAGE, "Cpu": cpu, "Memory": "64MiB",
+    let body = json!({"ID": uuid::Uuid::new_v4(), "Name": name, "Image": SAMPLE_IMAGE,
+                      "Cpu": cpu, "Memory": "64MiB",
                       "Priority": priority, "QueueTimeout": "20s"});
     let request = Request::Task {
         name: name.to_owned(),
@@ -403,6 +497,17 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 run.op(request, reqwest::Method::POST, "/jobs", Some(body))
                     .await;
             }
+            80..=84 if !state.tasks.is_empty() => {
+                let at = rng.below(state.tasks.len() as u64) as usize;
+                let (name, id) = state.tasks[at].clone();
+                run.op(
+                    Request::RestartTask { name },
+                    reqwest::Method::POST,
+                    &format!("/tasks/{id}/restart"),
+                    None,
+                )
+                .await;
+            }
             _ => {
                 let name = format!("q-{unique}");
                 let (request, body) = queued_task(&mut rng, &name);
@@ -489,9 +594,28 @@ async fn sample_worker(
 /// What the faults are done to.
 struct Targets {
     cube: PathBuf,
-    manager: Arc<Mutex<Process>>,
+    managers: Arc<Mutex<Vec<Process>>>,
     workers: Arc<Mutex<Vec<Process>>>,
+    /// The etcd cluster the managers share, with `--store etcd`.
+    etcd: Option<Arc<std::sync::Mutex<EtcdCluster>>>,
     docker: Docker,
+}
+
+/// Kills etcd member `index` and starts it again after `down`, off the runtime's threads
+/// (the test support's cluster is synchronous and panics when a member cannot start).
+async fn bounce_etcd_member(
+    etcd: Arc<std::sync::Mutex<EtcdCluster>>,
+    index: usize,
+    down: Duration,
+) -> anyhow::Result<()> {
+    tokio::task::spawn_blocking(move || {
+        let mut cluster = etcd.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        cluster.kill(index);
+        std::thread::sleep(down);
+        cluster.restart(index);
+    })
+    .await
+    .map_err(|err| anyhow::anyhow!("etcd member {index} did not start again: {err}"))
 }
 
 /// The fault loop: one fault at a time, at random moments, until `stop`.
@@ -504,8 +628,9 @@ async fn faults(
 ) -> anyhow::Result<()> {
     let Targets {
         cube,
-        manager,
+        managers,
         workers,
+        etcd,
         docker,
     } = targets;
     let every_ms = every.as_millis() as u64;
@@ -516,12 +641,20 @@ async fn faults(
         }
         let at = run.now_us();
         let what = match rng.below(100) {
+            0..=9 if etcd.is_some() => {
+                let Some(etcd) = &etcd else { continue };
+                let index = rng.below(3) as usize;
+                bounce_etcd_member(etcd.clone(), index, rng.millis(0, 3000)).await?;
+                format!("etcd member {index} killed (-9) and started again")
+            }
             0..=19 => {
-                let mut manager = manager.lock().await;
+                let mut managers = managers.lock().await;
+                let at = rng.below(managers.len() as u64) as usize;
+                let manager = &mut managers[at];
                 manager.kill().await?;
                 tokio::time::sleep(rng.millis(0, 2000)).await;
                 manager.start(&cube).await?;
-                "manager killed (-9) and started again".to_owned()
+                format!("{} killed (-9) and started again", manager.name)
             }
             20..=49 => {
                 let mut workers = workers.lock().await;
@@ -611,8 +744,8 @@ async fn observe(
     workers: &[String],
     capacity: Vec<CapacitySample>,
 ) -> anyhow::Result<Settled> {
-    let tasks: Vec<Task> = crate::get_json(&run.http, &format!("{}/tasks", run.manager)).await?;
-    let jobs: Vec<Value> = crate::get_json(&run.http, &format!("{}/jobs", run.manager)).await?;
+    let tasks: Vec<Task> = run.read("/tasks").await?;
+    let jobs: Vec<Value> = run.read("/jobs").await?;
     let since_start = |at: DateTime<Utc>| {
         (at - run.began_utc)
             .num_microseconds()
@@ -701,9 +834,17 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     let seed = options
         .seed
         .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    let on_etcd = options.store == ChaosStore::Etcd;
     println!(
-        "chaos: seed {seed}, {:?}, one manager (redb), {} workers on Docker; replay with --seed {seed}",
-        options.duration, options.workers
+        "chaos: seed {seed}, {:?}, {}, {} workers on Docker; replay with --seed {seed}{}",
+        options.duration,
+        if on_etcd {
+            "3 managers on a 3-member etcd"
+        } else {
+            "one manager (redb)"
+        },
+        options.workers,
+        if on_etcd { " --store etcd" } else { "" }
     );
     let mut rng = Rng(seed);
     let cube = options.cube.clone();
@@ -714,37 +855,75 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     let docker = crate::containers::connect().await?;
     let dir = tempfile::Builder::new().prefix("cube-chaos-").tempdir()?;
 
-    let manager_dir = dir.path().join("manager");
-    std::fs::create_dir_all(&manager_dir)?;
-    let mut manager = Process {
-        name: "manager".to_owned(),
-        args: [
-            "manager",
-            "-H",
-            "127.0.0.1",
-            "-p",
-            "0",
-            "-d",
-            "persistent",
-            "--heartbeat-grace",
-            HEARTBEAT_GRACE,
-            "--gc-after",
-            "24h",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-        data_dir: manager_dir,
-        child: None,
-        base: String::new(),
+    let etcd = match on_etcd {
+        true => Some(Arc::new(std::sync::Mutex::new(
+            tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+                .await
+                .map_err(|err| anyhow::anyhow!("the etcd cluster did not start: {err}"))?,
+        ))),
+        false => None,
     };
-    manager.start(&cube).await?;
-    // Started again on the same port, so that clients and workers find it where it was.
-    let address = manager.base.trim_start_matches("http://").to_owned();
-    let port = address
-        .rsplit_once(':')
-        .map(|(_, port)| port.to_owned())
-        .context("the manager's port")?;
-    manager.args[4] = port;
+    let mut base_args: Vec<String> = [
+        "manager",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "--heartbeat-grace",
+        HEARTBEAT_GRACE,
+        "--gc-after",
+        "24h",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    match &etcd {
+        Some(etcd) => {
+            let endpoints = etcd
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .endpoints_flag();
+            base_args.extend(
+                [
+                    "-d",
+                    "etcd",
+                    "--etcd-endpoints",
+                    &endpoints,
+                    "--etcd-prefix",
+                    &format!("/chaos-{seed}"),
+                    "--leader-ttl",
+                    "2s",
+                ]
+                .map(str::to_owned),
+            );
+        }
+        None => base_args.extend(["-d", "persistent"].map(str::to_owned)),
+    }
+    let mut managers = Vec::new();
+    for index in 0..if on_etcd { 3 } else { 1 } {
+        let data_dir = dir.path().join(format!("manager{index}"));
+        std::fs::create_dir_all(&data_dir)?;
+        let mut manager = Process {
+            name: format!("manager {index}"),
+            args: base_args.clone(),
+            data_dir,
+            child: None,
+            base: String::new(),
+        };
+        manager.start(&cube).await?;
+        // Started again on the same port, so that clients and workers find it where it was.
+        let port = manager
+            .base
+            .rsplit_once(':')
+            .map(|(_, port)| port.to_owned())
+            .context("the manager's port")?;
+        manager.args[4] = port;
+        managers.push(manager);
+    }
+    let address = managers
+        .iter()
+        .map(|manager| manager.base.trim_start_matches("http://"))
+        .collect::<Vec<_>>()
+        .join(",");
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut workers = Vec::new();
     for index in 0..options.workers {
@@ -788,10 +967,11 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         began: Instant::now(),
         began_utc: Utc::now(),
         http: reqwest::Client::builder().build()?,
-        manager: manager.base.clone(),
+        managers: managers.iter().map(|manager| manager.base.clone()).collect(),
+        last_answered: AtomicUsize::new(0),
         record: Mutex::new(Record::default()),
     });
-    let manager = Arc::new(Mutex::new(manager));
+    let managers = Arc::new(Mutex::new(managers));
     let workers = Arc::new(Mutex::new(workers));
 
     let stop_clients = CancellationToken::new();
@@ -803,8 +983,9 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     let sampling = tokio::spawn(sampler(run.clone(), workers.clone(), stop_clients.clone()));
     let targets = Targets {
         cube: cube.clone(),
-        manager: manager.clone(),
+        managers: managers.clone(),
         workers: workers.clone(),
+        etcd: etcd.clone(),
         docker: docker.clone(),
     };
     let fault_loop = tokio::spawn(faults(
@@ -826,9 +1007,10 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     // in, so that the jobs have room); then the cluster is read until the invariants that settle
     // hold, or the bound passes.
     {
-        let mut manager = manager.lock().await;
-        if manager.child.is_none() {
-            manager.start(&cube).await?;
+        for manager in managers.lock().await.iter_mut() {
+            if manager.child.is_none() {
+                manager.start(&cube).await?;
+            }
         }
         for worker in workers.lock().await.iter_mut() {
             if worker.child.is_none() {
@@ -837,7 +1019,7 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             let _ = worker.signal("-CONT");
         }
     }
-    let pending: Vec<Task> = crate::get_json(&run.http, &format!("{}/tasks", run.manager)).await?;
+    let pending: Vec<Task> = run.read("/tasks").await?;
     for task in pending.iter().filter(|task| {
         task.name.starts_with("q-")
             && !task.status.state.is_terminal()
@@ -929,6 +1111,8 @@ fn report(
     for (_, what) in faults {
         let kind = if what.starts_with("manager") {
             "manager killed"
+        } else if what.starts_with("etcd") {
+            "etcd member killed"
         } else if what.contains("killed (-9)") {
             "worker killed"
         } else if what.contains("SIGSTOP") {
