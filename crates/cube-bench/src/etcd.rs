@@ -13,8 +13,8 @@
 //! 5 s by default, as shipped), ten simulated workers beating to all three, and
 //! [`FAILOVER_CLIENTS`] clients submitting tasks they name themselves all along, so that many
 //! submissions are in flight at each kill (each is retried on the next manager after a
-//! failure, with the same ID, so none is made twice). K times: `kill -9` of the leader (the
-//! clock starts before the kill is sent), then submissions to the others until one is
+//! failure, with the same ID, so none is made twice). K times: [`BEFORE_KILL`] of submissions
+//! to the leader, then `kill -9` of it (the clock starts before the kill is sent), then submissions to the others until one is
 //! acknowledged and placed on a node; from the kill to the placement is the figure. The
 //! killed manager is started again before the next kill. At the end every acknowledged
 //! submission is looked for; the table says how many were acknowledged, how many of them
@@ -38,6 +38,10 @@ use crate::load::{self, ManagerProcess, SimWorkers};
 /// between two submissions.
 const FAILOVER_CLIENTS: usize = 16;
 const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long the clients submit to a leader before it is killed, so that each kill meets them
+/// busy on it rather than still looking for it after the last kill.
+const BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// Where one run's manager keeps its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,8 +308,9 @@ async fn failover(
                 task["ID"] = serde_json::Value::String(id.clone());
                 let mut first = true;
                 loop {
+                    // A client stays with the manager that last took its submission, and moves
+                    // to the next one after a failure.
                     let base = &bases[attempt % bases.len()];
-                    attempt += 1;
                     let sent = http.post(format!("{base}/tasks")).json(&task).send().await;
                     if let Ok(answer) = sent
                         && matches!(answer.status().as_u16(), 200 | 201)
@@ -316,6 +321,7 @@ async fn failover(
                         submitted.acknowledged.push(id);
                         break;
                     }
+                    attempt += 1;
                     first = false;
                     if stopped.load(Ordering::SeqCst) {
                         submitted.unacknowledged += 1;
@@ -334,6 +340,7 @@ async fn failover(
     let mut leader_ms = Vec::new();
     for kill in 1..=kills {
         let leader = await_leader(&http, &bases, None).await?;
+        tokio::time::sleep(BEFORE_KILL).await;
         let dead = bases[leader].clone();
         // The clock starts before the kill is sent: the kill's own time is the failover's.
         let killed = Instant::now();
@@ -383,7 +390,8 @@ async fn failover(
     println!(
         "failover: 3 managers on a 3-member loopback etcd, --leader-ttl {ttl}, 10 sim-workers, \
          {FAILOVER_CLIENTS} clients submitting all along ({FAILOVER_PAUSE:?} between two \
-         submissions of one client); kill -9 of the leader (clock started before the kill) until \
+         submissions of one client) for {BEFORE_KILL:?} before each kill -9 of the leader (clock \
+         started before the kill) until \
          another leads and places a new task, {kills} kills"
     );
     println!();

@@ -157,8 +157,11 @@ pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::R
         "cannot stop the task: {}",
         answer.status()
     );
-    // Let the worker stop and remove the container before the cluster goes away.
-    cube_running_gone(&docker, &cube_container).await;
+    // The worker stops the container and keeps it for its logs: once it is stopped, it is
+    // removed here, so that the benchmark leaves no container behind.
+    let label = cluster.container_label();
+    crate::containers::await_none_running(&docker, &label).await?;
+    crate::containers::remove_stopped(&docker, &label).await?;
 
     println!();
     println!("| over {sets} sets | median | min | max |");
@@ -360,16 +363,6 @@ async fn cube_running_container(
             bail!("task {id} not running again within {RUN_BOUND:?}: {task}");
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-async fn cube_running_gone(docker: &Docker, container: &str) {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(10) {
-        if docker.inspect_container(container, None).await.is_err() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
