@@ -37,7 +37,7 @@ smoke recovery recovery --runs 1 --sets 1
 smoke footprint footprint --runs 1 --tasks 100
 smoke store store --runs 1 --seconds 1 --concurrency 4 --list-tasks 100
 smoke etcd etcd --runs 1 --seconds 1 --concurrency 4 --kills 1 --leader-ttl 1s
-smoke soak soak --seconds 3 --clients 4 --tasks 100
+smoke soak soak --seconds 20 --clients 4 --tasks 100
 smoke events events --tasks 10 --subscribers 1,3 --idle-seconds 1
 smoke logs-latency logs-latency --lines 20 --interval-ms 5
 smoke metrics-scrape metrics-scrape --tasks 100 --scrapes 3
@@ -47,7 +47,7 @@ smoke secure secure --runs 1 --sets 1 --requests 5 --submit-runs 1 --seconds 1 -
 # The in-process benches, in a debug build: `--quick` shrinks the manager's three, the
 # scheduler's takes its sizes as flags. Their assertions run either way.
 began=$SECONDS
-cargo test -p cube-manager --benches -- --quick
+cargo test -p cube-manager --bench job_plan --bench controller --bench queue -- --quick
 cargo test -p cube-scheduler --bench throughput -- --runs 1 --nodes 100 --placements 1000
 echo "bench-smoke: the in-process benches ($((SECONDS - began)) s)"
 rm -rf "$logs"

@@ -333,7 +333,11 @@ async fn raw_once(
 
 /// Bollard create + start of the task's container: its ID and the time until start returned,
 /// in ms.
-async fn raw_start(runtime: &DockerRuntime, node: &str, run: usize) -> anyhow::Result<(String, f64)> {
+async fn raw_start(
+    runtime: &DockerRuntime,
+    node: &str,
+    run: usize,
+) -> anyhow::Result<(String, f64)> {
     let mut task = Task::new(format!("raw-{run}"), SAMPLE_IMAGE);
     task.spec.memory = MEMORY_BYTES;
     task.spec

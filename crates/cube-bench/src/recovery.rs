@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bollard::Docker;
+use bollard::query_parameters::EventsOptionsBuilder;
 use bollard::query_parameters::KillContainerOptions;
 use cube_runtime::sample_image::SAMPLE_IMAGE;
 use cube_runtime::{ContainerSpec, DockerRuntime, Runtime, RuntimeEvent};
 use cube_types::Task;
-use bollard::query_parameters::EventsOptionsBuilder;
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -104,8 +104,7 @@ pub(crate) async fn recovery(runs: usize, sets: usize, cube: &Path) -> anyhow::R
                     let (started, new) = cube_starts.new_one(&cube_known).await?;
                     cube_ms.push(started.duration_since(killed).as_secs_f64() * 1000.0);
                     // Untimed by Docker's clock: the manager's view of the same restart.
-                    let read =
-                        cube_running_container(&cluster, &id, Some(&cube_container)).await?;
+                    let read = cube_running_container(&cluster, &id, Some(&cube_container)).await?;
                     manager_ms.push(killed.elapsed().as_secs_f64() * 1000.0);
                     anyhow::ensure!(
                         read == new,

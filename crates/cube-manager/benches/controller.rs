@@ -113,11 +113,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             again_allocs.push((ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64);
             again_writes.push((manager.store_revision()? - revision) as f64);
             assert_eq!(placed, 0, "nothing left to place");
-            assert_eq!(
-                manager.store_revision()?,
-                revision,
-                "a look with nothing changed wrote to the store"
-            );
         }
     }
     println!(
