@@ -94,6 +94,34 @@ pub(crate) async fn await_none_running(docker: &Docker, label: &str) -> anyhow::
     Ok(())
 }
 
+/// Removes the stopped containers that carry `label` — those of tasks that have ended, which
+/// the worker keeps for their logs — and waits until Docker lists none (at most 60 s), so that
+/// the next side of a benchmark does not meet Docker removing them.
+pub(crate) async fn remove_stopped(docker: &Docker, label: &str) -> anyhow::Result<()> {
+    let options = RemoveContainerOptionsBuilder::new().build();
+    let mut removals = tokio::task::JoinSet::new();
+    for id in with_label(docker, label, Listed::All).await? {
+        let (docker, options) = (docker.clone(), options.clone());
+        removals.spawn(async move {
+            docker
+                .remove_container(&id, Some(options))
+                .await
+                .with_context(|| format!("removing container {id}"))
+        });
+    }
+    while let Some(removed) = removals.join_next().await {
+        removed??;
+    }
+    let started = Instant::now();
+    while !with_label(docker, label, Listed::All).await?.is_empty() {
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the containers labelled {label} are still there 60 s after their removal");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// Force-removes every container that carries `label`: the last sweep after a run that
 /// failed half-way, once the processes that owned them are gone. Returns how many it removed.
 pub(crate) async fn remove_all(docker: &Docker, label: &str) -> anyhow::Result<usize> {

@@ -1,19 +1,25 @@
 //! `cube-bench etcd`: Cube on etcd next to Cube on redb, in the same run.
 //!
 //! Submissions: one `cube manager` on a redb file, and one on a 3-member etcd cluster on
-//! loopback ports (real `etcd` processes, every member fsyncing its log), taking turns; N
-//! clients `POST /tasks` distinct tasks for D seconds (no worker: every task stays
-//! `Pending`); a 201 is a durable acknowledgement (redb: a committed, fsynced transaction;
-//! etcd: a raft commit on a majority). The 201s per second are the figure; then `kill -9`
-//! and a restart of the manager on the same state, and every acknowledged ID looked for.
+//! loopback ports (real `etcd` processes, every member fsyncing its log), taking turns run by
+//! run (which goes first alternates); every etcd run gets a fresh cluster, so that no run
+//! meets a log the runs before it grew. N clients `POST /tasks` distinct tasks for D seconds
+//! (no worker: every task stays `Pending`); a 201 is a durable acknowledgement (redb: a
+//! committed, fsynced transaction; etcd: a raft commit on a majority). The 201s per second
+//! are the figure; then `kill -9` and a restart of the manager on the same state, and every
+//! acknowledged ID looked for.
 //!
-//! Failover: three managers on one 3-member etcd cluster (`--leader-ttl` as given, 5 s by
-//! default, as shipped), ten simulated workers beating to all three, and a client submitting
-//! tasks it names itself (retried on the next manager after a failure, so none is made
-//! twice) all along. K times: `kill -9` of the leader, then submissions to the others until
-//! one is acknowledged and placed on a node; from the kill to the placement is the figure.
-//! The killed manager is started again before the next kill. At the end every acknowledged
-//! submission is looked for.
+//! Failover: three managers on a 3-member etcd cluster of its own (`--leader-ttl` as given,
+//! 5 s by default, as shipped), ten simulated workers beating to all three, and
+//! [`FAILOVER_CLIENTS`] clients submitting tasks they name themselves all along, so that many
+//! submissions are in flight at each kill (each is retried on the next manager after a
+//! failure, with the same ID, so none is made twice). K times: [`BEFORE_KILL`] of submissions
+//! to the leader, then `kill -9` of it (the clock starts before the kill is sent), then submissions to the others until one is
+//! acknowledged and placed on a node; from the kill to the placement is the figure. The
+//! killed manager is started again before the next kill. At the end every acknowledged
+//! submission is looked for; the table says how many were acknowledged, how many of them
+//! needed another attempt (their first failed: they were in flight at a kill, or sent while
+//! no manager led), and how many of the acknowledged are missing.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -27,6 +33,15 @@ use tokio::task::JoinSet;
 
 use crate::Summary;
 use crate::load::{self, ManagerProcess, SimWorkers};
+
+/// How many clients submit all along the failover runs, each waiting [`FAILOVER_PAUSE`]
+/// between two submissions.
+const FAILOVER_CLIENTS: usize = 16;
+const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
+
+/// How long the clients submit to a leader before it is killed, so that each kill meets them
+/// busy on it rather than still looking for it after the last kill.
+const BEFORE_KILL: Duration = Duration::from_secs(1);
 
 /// Where one run's manager keeps its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,16 +77,25 @@ pub(crate) async fn etcd(
         seconds > 0 && concurrency > 0,
         "seconds and concurrency must be at least 1"
     );
-    let cluster = EtcdCluster::start(3);
     let duration = Duration::from_secs(seconds);
     let mut results = Vec::new();
     // --runs 0: the failover alone.
     let client_counts: &[usize] = if runs == 0 { &[] } else { &[1, concurrency] };
     for &clients in client_counts {
-        for backend in [Backend::Redb, Backend::Etcd] {
-            let mut one = Vec::new();
-            for run in 1..=runs {
-                let result = submissions(cube, &cluster, backend, clients, duration).await?;
+        let (mut redb, mut etcd) = (Vec::new(), Vec::new());
+        let mut ratios = Vec::new();
+        for run in 1..=runs {
+            // redb and etcd take turns, and which goes first alternates run by run.
+            let order = match run % 2 {
+                1 => [Backend::Redb, Backend::Etcd],
+                _ => [Backend::Etcd, Backend::Redb],
+            };
+            let mut rates = [0.0; 2];
+            for backend in order {
+                // A fresh etcd cluster for each etcd run (dropped, its members killed, after).
+                let cluster = (backend == Backend::Etcd).then(|| EtcdCluster::start(3));
+                let result =
+                    submissions(cube, cluster.as_ref(), backend, clients, duration).await?;
                 eprintln!(
                     "{}, {clients} clients, run {run}/{runs}: {:.0}/s; acknowledged {}, found after kill -9: {}",
                     backend.label(),
@@ -79,51 +103,70 @@ pub(crate) async fn etcd(
                     result.acknowledged,
                     result.found
                 );
-                one.push(result);
+                rates[usize::from(backend == Backend::Etcd)] = result.per_second;
+                match backend {
+                    Backend::Redb => redb.push(result),
+                    Backend::Etcd => etcd.push(result),
+                }
             }
-            results.push((backend, clients, one));
+            ratios.push(rates[1] / rates[0]);
         }
+        results.push((clients, redb, etcd, ratios));
     }
     println!(
-        "durable acknowledged submissions through one manager, {runs} runs of {seconds} s each, \
-         no workers; then kill -9 and a restart on the same state"
+        "durable acknowledged submissions through one manager, {runs} runs of {seconds} s each \
+         side, redb and etcd taking turns (a fresh etcd cluster each run), no workers; then \
+         kill -9 and a restart on the same state"
     );
     println!();
     println!(
         "| store | clients | median acked/s | min | max | acknowledged | found after kill -9 | lost |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (backend, clients, one) in &results {
-        let mut rates: Vec<f64> = one.iter().map(|run| run.per_second).collect();
-        let rate = Summary::of(&mut rates);
-        let acknowledged: usize = one.iter().map(|run| run.acknowledged).sum();
-        let found: usize = one.iter().map(|run| run.found).sum();
-        println!(
-            "| {} | {clients} | {:.0} | {:.0} | {:.0} | {acknowledged} | {found} | {} |",
-            backend.label(),
-            rate.median,
-            rate.min,
-            rate.max,
-            acknowledged - found
-        );
+    for (clients, redb, etcd, _) in &results {
+        for (backend, one) in [(Backend::Redb, redb), (Backend::Etcd, etcd)] {
+            let mut rates: Vec<f64> = one.iter().map(|run| run.per_second).collect();
+            let rate = Summary::of(&mut rates);
+            let acknowledged: usize = one.iter().map(|run| run.acknowledged).sum();
+            let found: usize = one.iter().map(|run| run.found).sum();
+            println!(
+                "| {} | {clients} | {:.0} | {:.0} | {:.0} | {acknowledged} | {found} | {} |",
+                backend.label(),
+                rate.median,
+                rate.min,
+                rate.max,
+                acknowledged - found
+            );
+        }
+    }
+    println!();
+    println!("| clients | etcd / redb, run by run: median | min | max |");
+    println!("|---:|---:|---:|---:|");
+    for (clients, _, _, ratios) in &mut results {
+        println!("| {clients} | {} |", Summary::of(ratios).ratios());
     }
     if kills == 0 {
         return Ok(());
     }
     println!();
+    let cluster = EtcdCluster::start(3);
     failover(cube, &cluster, kills, leader_ttl).await
 }
 
 /// One manager on `backend`, `clients` clients for `duration`, then kill -9 and the check.
 async fn submissions(
     cube: &Path,
-    cluster: &EtcdCluster,
+    cluster: Option<&EtcdCluster>,
     backend: Backend,
     clients: usize,
     duration: Duration,
 ) -> anyhow::Result<Run> {
     let data_dir = tempfile::tempdir()?;
-    let endpoints = cluster.endpoints_flag();
+    let endpoints = cluster.map(EtcdCluster::endpoints_flag).unwrap_or_default();
+    anyhow::ensure!(
+        cluster.is_some() == (backend == Backend::Etcd),
+        "an etcd run needs its cluster, a redb run none"
+    );
     let prefix = format!("/bench-{}", uuid::Uuid::new_v4().simple());
     let flags: Vec<&str> = match backend {
         Backend::Redb => vec!["-d", "persistent"],
@@ -249,48 +292,61 @@ async fn failover(
     let leader = await_leader(&http, &bases, None).await?;
     let sim = SimWorkers::start_on(&http, &bases.join(","), &bases[leader], 10).await?;
 
-    // A client submitting all along, naming its tasks, retrying on the next manager.
+    // Clients submitting all along, naming their tasks, each retrying a failed submission on
+    // the next manager with the same ID: many submissions are in flight at each kill.
     let stopped = Arc::new(AtomicBool::new(false));
-    let background = tokio::spawn({
+    let mut background = JoinSet::new();
+    for client in 0..FAILOVER_CLIENTS {
         let (http, bases, stopped) = (http.clone(), bases.clone(), stopped.clone());
-        async move {
-            let mut acknowledged = Vec::new();
-            let mut attempt = 0;
+        background.spawn(async move {
+            let mut submitted = Submitted::default();
+            let mut attempt = client;
             while !stopped.load(Ordering::SeqCst) {
                 let id = uuid::Uuid::new_v4().to_string();
-                let mut task = load::small_task(&format!("steady-{}", acknowledged.len()));
+                let name = format!("steady-{client}-{}", submitted.acknowledged.len());
+                let mut task = load::small_task(&name);
                 task["ID"] = serde_json::Value::String(id.clone());
+                let mut first = true;
                 loop {
+                    // A client stays with the manager that last took its submission, and moves
+                    // to the next one after a failure.
                     let base = &bases[attempt % bases.len()];
-                    attempt += 1;
                     let sent = http.post(format!("{base}/tasks")).json(&task).send().await;
                     if let Ok(answer) = sent
                         && matches!(answer.status().as_u16(), 200 | 201)
                     {
-                        acknowledged.push(id);
+                        if !first {
+                            submitted.retried += 1;
+                        }
+                        submitted.acknowledged.push(id);
                         break;
                     }
+                    attempt += 1;
+                    first = false;
                     if stopped.load(Ordering::SeqCst) {
+                        submitted.unacknowledged += 1;
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(FAILOVER_PAUSE).await;
             }
-            acknowledged
-        }
-    });
+            submitted
+        });
+    }
 
     let mut times_ms = Vec::new();
     // From the kill to a survivor saying it leads and serving.
     let mut leader_ms = Vec::new();
     for kill in 1..=kills {
         let leader = await_leader(&http, &bases, None).await?;
+        tokio::time::sleep(BEFORE_KILL).await;
         let dead = bases[leader].clone();
+        // The clock starts before the kill is sent: the kill's own time is the failover's.
+        let killed = Instant::now();
         if let Some(manager) = managers[leader].take() {
             manager.kill().await?;
         }
-        let killed = Instant::now();
         let survivors: Vec<String> = bases.iter().filter(|b| **b != dead).cloned().collect();
         await_leader(&http, &bases, Some(&dead)).await?;
         let led = killed.elapsed();
@@ -309,7 +365,14 @@ async fn failover(
         );
     }
     stopped.store(true, Ordering::SeqCst);
-    let acknowledged = background.await.context("the background client")?;
+    let mut submitted = Submitted::default();
+    while let Some(one) = background.join_next().await {
+        let one = one.context("a background client")?;
+        submitted.acknowledged.extend(one.acknowledged);
+        submitted.retried += one.retried;
+        submitted.unacknowledged += one.unacknowledged;
+    }
+    let acknowledged = &submitted.acknowledged;
     let leader_base = bases[await_leader(&http, &bases, None).await?].clone();
     let kept: Vec<String> = load::tasks(&http, &leader_base)
         .await?
@@ -325,25 +388,39 @@ async fn failover(
     let summary = Summary::of(&mut times_ms);
     let leading = Summary::of(&mut leader_ms);
     println!(
-        "failover: 3 managers on a 3-member loopback etcd, --leader-ttl {ttl}, 10 sim-workers; \
-         kill -9 of the leader until another leads and places a new task, {kills} kills"
+        "failover: 3 managers on a 3-member loopback etcd, --leader-ttl {ttl}, 10 sim-workers, \
+         {FAILOVER_CLIENTS} clients submitting all along ({FAILOVER_PAUSE:?} between two \
+         submissions of one client) for {BEFORE_KILL:?} before each kill -9 of the leader (clock \
+         started before the kill) until \
+         another leads and places a new task, {kills} kills"
     );
     println!();
     println!(
         "| kills | new leader: median ms | max ms | new task placed: median ms | min ms | max ms \
-         | acknowledged meanwhile | lost |"
+         | acknowledged meanwhile | of them retried on another manager | unacknowledged at the end | lost |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| {kills} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {lost} |",
+        "| {kills} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {lost} |",
         leading.median,
         leading.max,
         summary.median,
         summary.min,
         summary.max,
-        acknowledged.len()
+        acknowledged.len(),
+        submitted.retried,
+        submitted.unacknowledged
     );
     Ok(())
+}
+
+/// What the failover's background clients sent: the IDs acknowledged, how many of those
+/// were acknowledged only on another attempt, and how many were given up at the end.
+#[derive(Default)]
+struct Submitted {
+    acknowledged: Vec<String>,
+    retried: usize,
+    unacknowledged: usize,
 }
 
 /// The index in `bases` of the manager that says it leads (and serves), other than `not`.

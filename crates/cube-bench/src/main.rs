@@ -106,10 +106,11 @@ enum Command {
         cube: Option<PathBuf>,
     },
     /// Time from freeing room (`DELETE /tasks/{id}` of the task that fills the worker) until
-    /// the head of the waiting list is `claimed`, next to raw Docker's create + start of the
-    /// same container.
+    /// the head of the waiting list is `claimed`, next to raw Docker given the same work: stop
+    /// of the running container, then create + start of the next (create + start alone is
+    /// reported too).
     Queue {
-        /// How many hand-overs (each with one raw Docker start next to it).
+        /// How many hand-overs (each with one raw Docker stop + start next to it).
         #[arg(long, default_value_t = 20)]
         runs: usize,
         /// `RUST_LOG` of the manager and the worker (`debug` to see where the time goes; the
@@ -123,8 +124,10 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
-    /// A two-service pod from submit until both run and it is healthy, next to
-    /// `docker-compose up -d` of the same file.
+    /// A two-service pod from submit until its server answers on its published port and the
+    /// service that depends on it runs, next to `docker-compose up -d` of the same file (both
+    /// watched the same way; Docker's `healthy` and docker-compose's start-up reported
+    /// beside it; the ratio run by run).
     Pod {
         /// Runs of each side.
         #[arg(long, default_value_t = 10)]
@@ -133,8 +136,9 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
-    /// Time from `docker kill` of a task's container until it runs again, next to Docker
-    /// Swarm (a single-node swarm is initialised when there is none, and left afterwards).
+    /// Time from `docker kill` of a task's container until Docker's `start` event of its new
+    /// one, next to Docker Swarm timed the same way (a single-node swarm is initialised when
+    /// there is none, and left afterwards).
     Recovery {
         /// How many kills each side gets.
         #[arg(long, default_value_t = 10)]
@@ -184,8 +188,9 @@ enum Command {
         cube: Option<PathBuf>,
     },
     /// Cube on etcd next to Cube on redb: durable submissions through one manager (a
-    /// 3-member loopback etcd cluster, and a redb file), 1 and N clients; then the failover
-    /// of three managers: kill -9 of the leader until another leads and places a task.
+    /// 3-member loopback etcd cluster, fresh each run, and a redb file, taking turns run by
+    /// run), 1 and N clients; then the failover of three managers: kill -9 of the leader until
+    /// another leads and places a task, with submissions in flight across each kill.
     Etcd {
         /// How many runs of each submission setup (0: the failover alone).
         #[arg(long, default_value_t = 3)]

@@ -7,12 +7,15 @@
 //!   service scale --detach NAME=100` until Docker lists 100 running containers of the service
 //!   (polled every 10 ms).
 //! - down, 100 → 50: Cube until the summary counts exactly 50 running and none waiting, and
-//!   Docker lists exactly 50 containers (running or not) with the worker's label; Swarm until
-//!   Docker lists 50 running containers of the service and 50 in all. Both sides are done
-//!   when the extra containers are gone from Docker, not merely stopped.
+//!   Docker lists exactly 50 running containers with the worker's label; Swarm until Docker
+//!   lists exactly 50 running containers of the service. Both sides are done when the extra
+//!   containers have stopped: Cube's worker keeps a stopped copy's container for its logs
+//!   (until the task is removed), so "gone from Docker" is no event of Cube's any more, and
+//!   both sides stop at the same one.
 //!
 //! The CLI's own start-up (tens of ms) is inside Swarm's times, as in `burst`. Between sides
-//! every container is removed and waited for. Whatever happens, the job is stopped, the
+//! every container is removed and waited for (Cube's stopped ones through Docker, once none
+//! runs). Whatever happens, the job is stopped, the
 //! service removed, the swarm left as it was found, and any container of the benchmark's
 //! worker that is still there at the end is force-removed.
 
@@ -128,7 +131,11 @@ async fn cube_scale(
     let job = ServiceJob::submit(cluster, &format!("scale-{run}"), from).await?;
     let phases = cube_phases(docker, cluster, &job, from, to).await;
     let stopped = job.stop().await;
-    let gone = containers::await_none_running(docker, &cluster.container_label()).await;
+    let label = cluster.container_label();
+    let gone = match containers::await_none_running(docker, &label).await {
+        Ok(()) => containers::remove_stopped(docker, &label).await,
+        Err(err) => Err(err),
+    };
     let times = phases?;
     stopped?;
     gone?;
@@ -157,7 +164,7 @@ async fn cube_phases(
         .await_counts(started, PHASE_BOUND, async |counts| {
             Ok(counts.running == from
                 && counts.waiting() == 0
-                && containers::with_label(docker, &label, Listed::All)
+                && containers::with_label(docker, &label, Listed::Running)
                     .await?
                     .len()
                     == from)
@@ -207,12 +214,11 @@ async fn swarm_phases(
     swarm.scale(from)?;
     loop {
         let running = swarm.running(docker).await?.len();
-        let all = swarm.all(docker).await?.len();
-        if running == from && all == from {
+        if running == from {
             break;
         }
         if started.elapsed() > PHASE_BOUND {
-            bail!("Swarm has {running} running and {all} containers after {PHASE_BOUND:?}");
+            bail!("Swarm has {running} running containers after {PHASE_BOUND:?}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -244,8 +250,8 @@ fn print_tables(times: &[(PhaseTimes, PhaseTimes)], runs: usize, from: usize, to
         .collect();
     print_phase(
         &format!("{to} → {from}"),
-        &format!("POST /jobs/{{name}}/scale to {from} → {from} running, the rest gone"),
-        &format!("service scale NAME={from} → {from} running, the rest gone"),
+        &format!("POST /jobs/{{name}}/scale to {from} → {from} running, the rest stopped"),
+        &format!("service scale NAME={from} → {from} running, the rest stopped"),
         &down,
     );
 }

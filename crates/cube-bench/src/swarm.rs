@@ -123,11 +123,6 @@ impl Swarm {
         containers::with_label(docker, &self.label(), Listed::Running).await
     }
 
-    /// The IDs of the service's containers, running or not.
-    pub(crate) async fn all(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
-        containers::with_label(docker, &self.label(), Listed::All).await
-    }
-
     /// The commands of the service's running containers, as Docker lists them.
     pub(crate) async fn running_commands(&self, docker: &Docker) -> anyhow::Result<Vec<String>> {
         containers::commands_with_label(docker, &self.label(), Listed::Running).await

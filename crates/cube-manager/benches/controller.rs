@@ -49,7 +49,14 @@ const RUNS: usize = 3;
 /// Looks with nothing changed, per run.
 const LOOKS: usize = 5;
 
-fn job() -> Job {
+/// `--quick` (`cargo test --benches -- --quick`, as CI's `scripts/bench-smoke.sh` runs it):
+/// small sizes and one run, so that the assertions run in seconds in a debug build. The
+/// figures it prints then mean nothing.
+fn quick() -> bool {
+    std::env::args().any(|arg| arg == "--quick")
+}
+
+fn job(copies: u32) -> Job {
     let mut template = Task::new("", "cube-sample:latest");
     template.spec.memory = 64 << 20;
     template.spec.cpu = 0.1;
@@ -63,7 +70,7 @@ fn job() -> Job {
         queue_timeout: None,
         groups: vec![Group {
             name: "api".into(),
-            count: Some(COPIES),
+            count: Some(copies),
             constraints: Vec::new(),
             task: template,
             update: None,
@@ -80,20 +87,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let (nodes, copies, runs, looks) = match quick() {
+        true => (20, 100, 1, 2),
+        false => (NODES, COPIES, RUNS, LOOKS),
+    };
     let (mut first, mut first_allocs, mut first_writes) = (Vec::new(), Vec::new(), Vec::new());
     let (mut again, mut again_allocs, mut again_writes) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..RUNS {
-        let manager = manager_with_nodes(NODES)?;
+    for _ in 0..runs {
+        let manager = manager_with_nodes(nodes)?;
         runtime.spawn(follow_jobs(manager.clone()));
         let allocations = ALLOCATIONS.load(Ordering::Relaxed);
-        let converged = runtime.block_on(converge(&manager, job()))?;
+        let converged = runtime.block_on(converge(&manager, job(copies)))?;
         first_allocs.push((ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64);
-        assert_eq!(converged.placed, COPIES as usize, "every copy placed");
-        assert_eq!(scheduled(&manager, "web"), COPIES as usize);
+        assert_eq!(converged.placed, copies as usize, "every copy placed");
+        assert_eq!(scheduled(&manager, "web"), copies as usize);
         first.push(converged.from_nothing.as_secs_f64() * 1e3);
         first_writes.push(converged.writes as f64);
 
-        for _ in 0..LOOKS {
+        for _ in 0..looks {
             let revision = manager.store_revision()?;
             let allocations = ALLOCATIONS.load(Ordering::Relaxed);
             let started = Instant::now();
@@ -105,7 +116,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!(
-        "{NODES} nodes, a service job of {COPIES} copies; median of {RUNS} runs, {LOOKS} looks \
+        "{nodes} nodes, a service job of {copies} copies; median of {runs} runs, {looks} looks \
          each with nothing changed (memory store)"
     );
     println!("| pass | median ms | allocations | store writes |");

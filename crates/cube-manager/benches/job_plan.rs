@@ -21,6 +21,13 @@ const NODES: usize = 1_000;
 const COPIES: u32 = 10_000;
 const RUNS: usize = 5;
 
+/// `--quick` (`cargo test --benches -- --quick`, as CI's `scripts/bench-smoke.sh` runs it):
+/// small sizes and one run, so that the assertions run in seconds in a debug build. The
+/// figures it prints then mean nothing.
+fn quick() -> bool {
+    std::env::args().any(|arg| arg == "--quick")
+}
+
 fn record(job_type: JobType, count: Option<u32>) -> JobRecord {
     JobRecord {
         job: Job {
@@ -52,20 +59,30 @@ fn median(mut times: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    let (node_count, copies, runs) = match quick() {
+        true => (20, 100, 1),
+        false => (NODES, COPIES, RUNS),
+    };
     let labels = Arc::new(BTreeMap::from([("zone".to_string(), "eu".to_string())]));
-    let nodes: Vec<NodeFacts> = (0..NODES)
+    let nodes: Vec<NodeFacts> = (0..node_count)
         .map(|n| NodeFacts::ready(&format!("w{n:04}"), labels.clone()))
         .collect();
     println!("| job | pass | copies | median ms | creates | stops |");
     println!("|---|---|---:|---:|---:|---:|");
     for (what, job) in [
-        ("service ×10,000", record(JobType::Service, Some(COPIES))),
-        ("system ×1,000 nodes", record(JobType::System, None)),
+        (
+            format!("service ×{copies}"),
+            record(JobType::Service, Some(copies)),
+        ),
+        (
+            format!("system ×{node_count} nodes"),
+            record(JobType::System, None),
+        ),
     ] {
         let mut first = Vec::new();
         let mut created = Vec::new();
         let mut deployment = None;
-        for _ in 0..RUNS {
+        for _ in 0..runs {
             let started = Instant::now();
             let planned = plan(&JobLook::new(&job, &nodes, &[], chrono::Utc::now()));
             first.push(started.elapsed().as_secs_f64() * 1000.0);
@@ -87,14 +104,14 @@ fn main() {
             .enumerate()
             .map(|(n, mut task)| {
                 task.status.state = State::Running;
-                task.status.node_name = nodes[n % NODES].name.clone();
+                task.status.node_name = nodes[n % node_count].name.clone();
                 task
             })
             .collect();
         let owned: Vec<&Task> = running.iter().collect();
         let mut again = Vec::new();
         let mut last = None;
-        for _ in 0..RUNS {
+        for _ in 0..runs {
             let started = Instant::now();
             let mut look = JobLook::new(&job, &nodes, &owned, chrono::Utc::now());
             look.deployment = deployment.as_ref();

@@ -21,6 +21,13 @@ const WAITING: usize = 10_000;
 const SHAPES: usize = 20;
 const RUNS: usize = 5;
 
+/// `--quick` (`cargo test --benches -- --quick`, as CI's `scripts/bench-smoke.sh` runs it):
+/// small sizes and one run, so that the assertions run in seconds in a debug build. The
+/// figures it prints then mean nothing.
+fn quick() -> bool {
+    std::env::args().any(|arg| arg == "--quick")
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -30,15 +37,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let manager = manager_with_nodes(NODES)?;
-    let filled = runtime.block_on(fill_every_node(&manager, NODES))?;
-    assert_eq!(filled, NODES, "every node filled");
-    runtime.block_on(submit_waiting(&manager, WAITING, SHAPES))?;
+    let (nodes, waiting, shapes, runs) = match quick() {
+        true => (20, 100, 4, 1),
+        false => (NODES, WAITING, SHAPES, RUNS),
+    };
+    let manager = manager_with_nodes(nodes)?;
+    let filled = runtime.block_on(fill_every_node(&manager, nodes))?;
+    assert_eq!(filled, nodes, "every node filled");
+    runtime.block_on(submit_waiting(&manager, waiting, shapes))?;
     let queue = manager.queue();
-    assert_eq!(queue.len(), WAITING + NODES, "every request in the list");
+    assert_eq!(queue.len(), waiting + nodes, "every request in the list");
 
     let mut nothing_fits = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let started = Instant::now();
         let placed = runtime.block_on(admission_pass(&manager))?;
         nothing_fits.push(started.elapsed().as_secs_f64() * 1e3);
@@ -46,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let revision = manager.store_revision()?;
     let mut looks = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let started = Instant::now();
         runtime.block_on(look_at_queue(&manager))?;
         looks.push(started.elapsed().as_secs_f64() * 1e3);
@@ -56,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut listing = Vec::new();
     let mut bytes = 0;
-    for _ in 0..RUNS {
+    for _ in 0..runs {
         let started = Instant::now();
         let body = queue_listing(&manager)?;
         listing.push(started.elapsed().as_secs_f64() * 1e3);
@@ -64,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut head_in = Vec::new();
-    for run in 0..RUNS {
+    for run in 0..runs {
         runtime.block_on(free_one(&manager, &format!("filler{run}")))?;
         let started = Instant::now();
         let placed = runtime.block_on(admission_pass(&manager))?;
@@ -73,8 +84,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!(
-        "{NODES} nodes (each full), {WAITING} bare tasks waiting in {SHAPES} sizes; median of \
-         {RUNS} (memory store)"
+        "{nodes} nodes (each full), {waiting} bare tasks waiting in {shapes} sizes; median of \
+         {runs} (memory store)"
     );
     println!("| pass | median ms |");
     println!("|---|---:|");

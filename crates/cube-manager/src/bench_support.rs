@@ -201,6 +201,9 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
         manager.save(&mut state, &mut writes, ended)?;
     }
     manager.settle(writes).await?;
+    // As a worker's report of an ended task does (`followers.rs`): room may have appeared, so
+    // the next pass reads every waiting task, not only those submitted since.
+    manager.push_waiting();
     Ok(Some(node))
 }
 

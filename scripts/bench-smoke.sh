@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs every `cube-bench` subcommand once in a smoke form (one run, small sizes, a few seconds
+# each) and the in-process benches (`cargo bench -p cube-manager`, `-p cube-scheduler`) in
+# their quick test mode, so that a broken benchmark fails CI. The figures of these runs mean
+# nothing (debug build, tiny sizes): BENCHMARKS.md gives the commands that make figures.
+# Called by scripts/test.sh after the tests; needs what scripts/setup.sh installs (Docker,
+# docker-compose, etcd). The Swarm benchmarks initialise a single-node swarm when none is
+# active and leave it again; the images are built locally (no pulls).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+started=$SECONDS
+cargo build -p cube -p cube-bench
+bench=target/debug/cube-bench
+logs=$(mktemp -d)
+
+smoke() {
+  local name=$1
+  shift
+  local began=$SECONDS
+  if ! "$bench" "$@" >"$logs/$name.log" 2>&1; then
+    echo "bench-smoke: cube-bench $* failed:" >&2
+    cat "$logs/$name.log" >&2
+    exit 1
+  fi
+  echo "bench-smoke: cube-bench $* ($((SECONDS - began)) s)"
+}
+
+smoke start-latency start-latency --runs 1 --sets 1
+smoke burst burst --runs 1 --tasks 2
+smoke burst-job burst --runs 1 --tasks 2 --as-job
+smoke scale scale --runs 1 --from 1 --to 2
+smoke rolling rolling --runs 1 --copies 2
+smoke queue queue --runs 1
+smoke pod pod --runs 1
+smoke recovery recovery --runs 1 --sets 1
+smoke footprint footprint --runs 1 --tasks 100
+smoke store store --runs 1 --seconds 1 --concurrency 4 --list-tasks 100
+smoke etcd etcd --runs 1 --seconds 1 --concurrency 4 --kills 1 --leader-ttl 1s
+smoke soak soak --seconds 20 --clients 4 --tasks 100
+smoke events events --tasks 10 --subscribers 1,3 --idle-seconds 1
+smoke logs-latency logs-latency --lines 20 --interval-ms 5
+smoke metrics-scrape metrics-scrape --tasks 100 --scrapes 3
+smoke secure secure --runs 1 --sets 1 --requests 5 --submit-runs 1 --seconds 1 --concurrency 4
+# `sim-workers` runs until it is stopped; footprint, store and metrics-scrape start it above.
+
+# The in-process benches, in a debug build: `--quick` shrinks the manager's three, the
+# scheduler's takes its sizes as flags. Their assertions run either way.
+began=$SECONDS
+cargo test -p cube-manager --bench job_plan --bench controller --bench queue -- --quick
+cargo test -p cube-scheduler --bench throughput -- --runs 1 --nodes 100 --placements 1000
+echo "bench-smoke: the in-process benches ($((SECONDS - began)) s)"
+rm -rf "$logs"
+echo "bench-smoke: all passed in $((SECONDS - started)) s"

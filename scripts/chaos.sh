@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The chaos run in its short form: three minutes on one manager (redb) and three on three
+# managers sharing a three-member etcd, each from a fixed seed, under a mixed workload while
+# processes and containers are killed at random; the history is then checked (see
+# BENCHMARKS.md, "Chaos"). A violation fails, printing the seed, the operations and the log
+# lines behind it; the processes' logs are kept. Called by scripts/test.sh; needs what
+# scripts/setup.sh installs (Docker, etcd). A long run by hand:
+#   target/release/cube-bench chaos --duration 30m [--store etcd]   (a random seed, printed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo build -p cube -p cube-bench
+bench=target/debug/cube-bench
+duration=${CUBE_CHAOS_DURATION:-3m}
+"$bench" chaos --store redb --seed 1 --duration "$duration"
+"$bench" chaos --store etcd --seed 3 --duration "$duration"
