@@ -14,3 +14,7 @@ bench=target/debug/cube-bench
 duration=${CUBE_CHAOS_DURATION:-3m}
 "$bench" chaos --store redb --seed 1 --duration "$duration"
 "$bench" chaos --store etcd --seed 3 --duration "$duration"
+# Seeds that found a defect, kept as cases of their own: seed 2, one minute, let a newer
+# waiting-list request into room an older one waited for (fixed 2026-11-27). Seed 1's first
+# minute found a worker given more than it offers after a pause; the run above covers it.
+"$bench" chaos --store redb --seed 2 --duration 60s
