@@ -220,6 +220,12 @@ impl Manager {
             let Some(kind) = change(entry) else {
                 return Ok(false);
             };
+            if kind == "NodeEligible" {
+                // The node takes work from this hold of the lock on: every waiting request is
+                // marked now, not after the write, so that a placement pass in between reads
+                // them all in the waiting list's order (as `Manager::cache_task` does).
+                state.placement_dirty.mark_everything();
+            }
             let Some(entry) = state.nodes.get(name) else {
                 return Ok(false);
             };

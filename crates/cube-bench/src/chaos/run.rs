@@ -261,14 +261,12 @@ impl Run {
                 Attempt::Answered(outcome) => {
                     self.last_answered.store(at, Ordering::Relaxed);
                     break match (outcome, maybe.take()) {
-                        (Outcome::Refused { status, message }, Some(earlier)) => {
-                            Outcome::Unknown {
-                                error: format!(
-                                    "refused ({status}: {message}) after an attempt that may \
+                        (Outcome::Refused { status, message }, Some(earlier)) => Outcome::Unknown {
+                            error: format!(
+                                "refused ({status}: {message}) after an attempt that may \
                                      have been carried out ({earlier})"
-                                ),
-                            }
-                        }
+                            ),
+                        },
                         (outcome, _) => outcome,
                     };
                 }
@@ -967,7 +965,10 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         began: Instant::now(),
         began_utc: Utc::now(),
         http: reqwest::Client::builder().build()?,
-        managers: managers.iter().map(|manager| manager.base.clone()).collect(),
+        managers: managers
+            .iter()
+            .map(|manager| manager.base.clone())
+            .collect(),
         last_answered: AtomicUsize::new(0),
         record: Mutex::new(Record::default()),
     });
