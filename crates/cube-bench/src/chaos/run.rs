@@ -275,7 +275,7 @@ impl Run {
             }
             at += 1;
             // A pause between rounds of every manager: one may be starting or electing.
-            if at % self.managers.len() == 0 {
+            if at.is_multiple_of(self.managers.len()) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         };
