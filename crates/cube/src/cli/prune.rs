@@ -9,7 +9,7 @@ use cube_types::{State, Task};
 use serde::Deserialize;
 
 use super::output::print_json;
-use super::resolve::find_task;
+use super::resolve::{each_named, find_task};
 use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
@@ -42,37 +42,11 @@ pub struct RmArgs {
 
 pub async fn rm(args: RmArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
-    let mut removed = Vec::new();
-    let mut failed = Vec::new();
-    for name in &args.tasks {
-        match rm_one(&manager, name, &args).await {
-            Ok(task) => removed.push(task),
-            // One task: its error is the command's, as it always was.
-            Err(err) if args.tasks.len() == 1 => return Err(err),
-            Err(err) => {
-                eprintln!("cube: {name}: {err:#}");
-                failed.push(name.as_str());
-            }
-        }
-    }
-    if args.flags.output == OutputFormat::Json {
-        let removed: Vec<serde_json::Value> = removed
-            .iter()
-            .map(|task| serde_json::json!({"ID": task.id, "Name": task.name}))
-            .collect();
-        match removed.as_slice() {
-            [one] if args.tasks.len() == 1 => print_json(one)?,
-            _ => print_json(&removed)?,
-        }
-    }
-    anyhow::ensure!(
-        failed.is_empty(),
-        "{} of {} tasks not removed: {}",
-        failed.len(),
-        args.tasks.len(),
-        failed.join(", ")
-    );
-    Ok(())
+    each_named(&args.tasks, args.flags.output, "removed", |name| async {
+        let task = rm_one(&manager, name, &args).await?;
+        Ok(Some(serde_json::json!({"ID": task.id, "Name": task.name})))
+    })
+    .await
 }
 
 /// Removes one task (stopping it first with -f) and says so.

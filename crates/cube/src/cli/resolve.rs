@@ -108,6 +108,50 @@ fn candidate_lines(candidates: &[&Task]) -> Vec<String> {
         .collect()
 }
 
+/// Runs `one` on each task the user named, in order: `cube stop`, `cube restart` and `cube rm`
+/// take several. With one task, its error is the command's. With several, each failure is said
+/// on stderr and the others go on; the command then fails naming them ("2 of 3 tasks not
+/// stopped: a, b"). With `-o json`, what each answered is printed: alone when one task was
+/// named, as a list otherwise.
+pub async fn each_named<'a, T, F, Fut>(
+    names: &'a [String],
+    output: super::OutputFormat,
+    not_done: &str,
+    mut one: F,
+) -> anyhow::Result<()>
+where
+    T: serde::Serialize,
+    F: FnMut(&'a str) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let mut shown = Vec::new();
+    let mut failed = Vec::new();
+    for name in names {
+        match one(name).await {
+            Ok(answer) => shown.extend(answer),
+            Err(err) if names.len() == 1 => return Err(err),
+            Err(err) => {
+                eprintln!("cube: {name}: {err:#}");
+                failed.push(name.as_str());
+            }
+        }
+    }
+    if output == super::OutputFormat::Json {
+        match shown.as_slice() {
+            [one] if names.len() == 1 => super::output::print_json(one)?,
+            _ => super::output::print_json(&shown)?,
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "{} of {} tasks not {not_done}: {}",
+        failed.len(),
+        names.len(),
+        failed.join(", ")
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

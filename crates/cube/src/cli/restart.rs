@@ -3,8 +3,7 @@
 use clap::Args;
 use cube_types::Task;
 
-use super::output::print_json;
-use super::resolve::find_task;
+use super::resolve::{each_named, find_task};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
 /// Run tasks that ended again: each starts a new run, in a new container.
@@ -36,33 +35,10 @@ pub struct RestartArgs {
 
 pub async fn restart(args: RestartArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
-    let mut shown = Vec::new();
-    let mut failed = Vec::new();
-    for name in &args.tasks {
-        match restart_one(&manager, name, &args).await {
-            Ok(task) => shown.push(task),
-            // One task: its error is the command's.
-            Err(err) if args.tasks.len() == 1 => return Err(err),
-            Err(err) => {
-                eprintln!("cube: {name}: {err:#}");
-                failed.push(name.as_str());
-            }
-        }
-    }
-    if args.flags.output == OutputFormat::Json {
-        match shown.as_slice() {
-            [one] if args.tasks.len() == 1 => print_json(one)?,
-            _ => print_json(&shown)?,
-        }
-    }
-    anyhow::ensure!(
-        failed.is_empty(),
-        "{} of {} tasks not restarted: {}",
-        failed.len(),
-        args.tasks.len(),
-        failed.join(", ")
-    );
-    Ok(())
+    each_named(&args.tasks, args.flags.output, "restarted", |name| async {
+        restart_one(&manager, name, &args).await.map(Some)
+    })
+    .await
 }
 
 /// Restarts one task and says so; answers with the task as the manager restarted it.

@@ -6,8 +6,7 @@ use clap::Args;
 use cube_types::duration::parse_duration;
 use cube_types::{State, Task};
 
-use super::output::print_json;
-use super::resolve::find_task;
+use super::resolve::{each_named, find_task};
 use super::wait::{Goal, wait_for};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
 
@@ -65,34 +64,10 @@ fn stop_kind(task: &Task) -> StopKind {
 
 pub async fn stop(args: StopArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect(&args.flags)?;
-    let mut shown = Vec::new();
-    let mut failed = Vec::new();
-    for name in &args.tasks {
-        match stop_one(&manager, name, &args).await {
-            Ok(Some(task)) => shown.push(task),
-            Ok(None) => {}
-            // One task: its error is the command's, as it always was.
-            Err(err) if args.tasks.len() == 1 => return Err(err),
-            Err(err) => {
-                eprintln!("cube: {name}: {err:#}");
-                failed.push(name.as_str());
-            }
-        }
-    }
-    if args.flags.output == OutputFormat::Json {
-        match shown.as_slice() {
-            [one] if args.tasks.len() == 1 => print_json(one)?,
-            _ => print_json(&shown)?,
-        }
-    }
-    anyhow::ensure!(
-        failed.is_empty(),
-        "{} of {} tasks not stopped: {}",
-        failed.len(),
-        args.tasks.len(),
-        failed.join(", ")
-    );
-    Ok(())
+    each_named(&args.tasks, args.flags.output, "stopped", |name| {
+        stop_one(&manager, name, &args)
+    })
+    .await
 }
 
 /// Stops one task and says so; answers with the task after the request for -o json (after
