@@ -616,6 +616,23 @@ async fn bounce_etcd_member(
     .map_err(|err| anyhow::anyhow!("etcd member {index} did not start again: {err}"))
 }
 
+/// Kills one of `processes` (chosen by `rng`) with -9 and starts it again after up to
+/// `down_ms`; answers its name.
+async fn bounce(
+    processes: &Mutex<Vec<Process>>,
+    rng: &mut Rng,
+    down_ms: u64,
+    cube: &Path,
+) -> anyhow::Result<String> {
+    let mut processes = processes.lock().await;
+    let at = rng.below(processes.len() as u64) as usize;
+    let process = &mut processes[at];
+    process.kill().await?;
+    tokio::time::sleep(rng.millis(0, down_ms)).await;
+    process.start(cube).await?;
+    Ok(process.name.clone())
+}
+
 /// The fault loop: one fault at a time, at random moments, until `stop`.
 async fn faults(
     run: Arc<Run>,
@@ -645,24 +662,14 @@ async fn faults(
                 bounce_etcd_member(etcd.clone(), index, rng.millis(0, 3000)).await?;
                 format!("etcd member {index} killed (-9) and started again")
             }
-            0..=19 => {
-                let mut managers = managers.lock().await;
-                let at = rng.below(managers.len() as u64) as usize;
-                let manager = &mut managers[at];
-                manager.kill().await?;
-                tokio::time::sleep(rng.millis(0, 2000)).await;
-                manager.start(&cube).await?;
-                format!("{} killed (-9) and started again", manager.name)
-            }
-            20..=49 => {
-                let mut workers = workers.lock().await;
-                let at = rng.below(workers.len() as u64) as usize;
-                let worker = &mut workers[at];
-                worker.kill().await?;
-                tokio::time::sleep(rng.millis(0, 3000)).await;
-                worker.start(&cube).await?;
-                format!("worker {} killed (-9) and started again", worker.name)
-            }
+            0..=19 => format!(
+                "{} killed (-9) and started again",
+                bounce(&managers, &mut rng, 2000, &cube).await?
+            ),
+            20..=49 => format!(
+                "worker {} killed (-9) and started again",
+                bounce(&workers, &mut rng, 3000, &cube).await?
+            ),
             50..=69 => {
                 let name = {
                     let workers = workers.lock().await;
