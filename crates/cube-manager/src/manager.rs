@@ -819,18 +819,6 @@ impl Manager {
     fn cache_task(&self, state: &mut Shared, task: Task) {
         let id = task.id;
         state.queue_dirty.mark_task(&task);
-        // Room this change frees is in the cache (and so in the next placement pass's
-        // snapshot) from now on: every waiting request is marked in the same hold of the
-        // lock, so that a pass that starts before the caller's `push_waiting` still reads
-        // them in the waiting list's order, rather than giving the room to a request that
-        // arrived after them (found by `cube-bench chaos`).
-        if state.cache.get(&id).is_some_and(|previous| {
-            crate::cache::holds_resources(previous)
-                && (!crate::cache::holds_resources(&task)
-                    || previous.status.node_name != task.status.node_name)
-        }) {
-            state.placement_dirty.mark_everything();
-        }
         let previous = state.cache.insert(task);
         let Some(held) = state.cache.shared(&id) else {
             return;
@@ -841,6 +829,18 @@ impl Manager {
             .is_some_and(|previous| Arc::ptr_eq(previous, &held))
         {
             return;
+        }
+        // Room this change frees is in the cache (and so in the next placement pass's
+        // snapshot) from now on: every waiting request is marked in the same hold of the
+        // lock, so that a pass that starts before the caller's `push_waiting` still reads
+        // them in the waiting list's order, rather than giving the room to a request that
+        // arrived after them (found by `cube-bench chaos`).
+        if previous.as_deref().is_some_and(|previous| {
+            crate::cache::holds_resources(previous)
+                && (!crate::cache::holds_resources(&held)
+                    || previous.status.node_name != held.status.node_name)
+        }) {
+            state.placement_dirty.mark_everything();
         }
         publish_task(&self.events, previous.as_deref(), &held);
     }
