@@ -9,7 +9,7 @@
 //! filters, and otherwise answers 503: the manager's dispatch is tried again after its backoff,
 //! by which time the strays are gone. Found by the chaos run (`cube-bench chaos`).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use cube_scheduler::filter::{CpuFilter, DiskFilter, MemoryFilter};
@@ -22,9 +22,12 @@ use uuid::Uuid;
 const NANOS_PER_CORE: f64 = 1e9;
 
 /// The resources of every task the worker holds, and their sum, kept as tasks are saved: a
-/// submission reads the sum without walking every task.
+/// submission reads the sum, and a heartbeat the count of running tasks, without walking every
+/// task.
 #[derive(Debug, Default)]
 pub(crate) struct Held {
+    /// The tasks that are `Running`.
+    running: HashSet<Uuid>,
     by_task: HashMap<Uuid, (u64, u64, u64)>,
     cpu_nanos: u64,
     memory: u64,
@@ -43,15 +46,25 @@ impl Held {
 
     /// A task as saved: held while `Scheduled` or `Running`, let go otherwise.
     pub(crate) fn record(&mut self, task: &Task) {
+        if task.status.state == State::Running {
+            self.running.insert(task.id);
+        } else {
+            self.running.remove(&task.id);
+        }
         if matches!(task.status.state, State::Scheduled | State::Running) {
             self.hold(task);
         } else {
-            self.forget(task.id);
+            self.release(task.id);
         }
     }
 
+    /// How many tasks are `Running`.
+    pub(crate) fn running(&self) -> usize {
+        self.running.len()
+    }
+
     fn hold(&mut self, task: &Task) {
-        self.forget(task.id);
+        self.release(task.id);
         let cpu = (task.spec.cpu.max(0.0) * NANOS_PER_CORE).round() as u64;
         let entry = (cpu, task.spec.memory, task.spec.disk);
         self.cpu_nanos = self.cpu_nanos.saturating_add(entry.0);
@@ -62,6 +75,12 @@ impl Held {
 
     /// A task gone from the worker, or ended.
     pub(crate) fn forget(&mut self, id: Uuid) {
+        self.running.remove(&id);
+        self.release(id);
+    }
+
+    /// Lets go of a task's resources (it keeps its place among the running ones).
+    fn release(&mut self, id: Uuid) {
         if let Some((cpu, memory, disk)) = self.by_task.remove(&id) {
             self.cpu_nanos -= cpu;
             self.memory -= memory;

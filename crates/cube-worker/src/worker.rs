@@ -164,11 +164,9 @@ pub struct Worker<R> {
     /// in this run, and is every task when N is from before this run or from another store.
     /// In sync once loaded from the task store.
     observed: ObservedStore<Uuid, Task>,
-    /// The tasks that are `Running`, so that a heartbeat counts them without walking every
-    /// task. A `std` mutex: one set operation per save, never held across an await.
-    running: Mutex<HashSet<Uuid>>,
-    /// The resources of the tasks held (`Scheduled` or `Running`), which a new run must fit
-    /// beside (`room.rs`). A `std` mutex, never held across an await.
+    /// The tasks that are `Running` (a heartbeat counts them without walking every task) and
+    /// the resources of those held, `Scheduled` or `Running`, which a new run must fit beside
+    /// (`room.rs`). A `std` mutex: one update per save, never held across an await.
     held: Mutex<Held>,
     /// When each running, health-checked task is probed next.
     health: HealthSchedule,
@@ -193,7 +191,7 @@ impl<R: Runtime> Worker<R> {
         stats: StatsCollector,
     ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
         let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        let (observed, running, held) = load_observed(tasks.as_ref());
+        let (observed, held) = load_observed(tasks.as_ref());
         let metrics = WorkerMetrics::default();
         let worker = Worker {
             config,
@@ -203,7 +201,6 @@ impl<R: Runtime> Worker<R> {
             commands,
             task_locks: Mutex::new(HashMap::new()),
             observed,
-            running: Mutex::new(running),
             held: Mutex::new(held),
             health: HealthSchedule::default(),
             first_checks: FirstChecks::default(),
@@ -469,14 +466,6 @@ impl<R: Runtime> Worker<R> {
     /// order for one task.
     fn save(&self, task: &Task) -> Result<(), WorkerError> {
         self.tasks.put(&task.id.to_string(), task)?;
-        {
-            let mut running = lock_running(&self.running);
-            if task.status.state == State::Running {
-                running.insert(task.id);
-            } else {
-                running.remove(&task.id);
-            }
-        }
         lock_held(&self.held).record(task);
         self.health.track(task);
         self.observed.apply(Change::put(task.id, task.clone()));
@@ -485,7 +474,7 @@ impl<R: Runtime> Worker<R> {
 
     /// How many tasks are `Running`, as the worker last recorded them.
     pub fn running_task_count(&self) -> Result<usize, WorkerError> {
-        Ok(lock_running(&self.running).len())
+        Ok(lock_held(&self.held).running())
     }
 
     async fn send(&self, command: Command) -> Result<(), WorkerError> {
@@ -648,7 +637,6 @@ impl<R: Runtime> Worker<R> {
                 .map_err(|err| WorkerError::Runtime(err.to_string()))?;
         }
         self.tasks.delete(&id.to_string())?;
-        lock_running(&self.running).remove(&id);
         lock_held(&self.held).forget(id);
         self.observed.apply(Change::Delete(id));
         tracing::info!(task = %id, name = %task.name, "task removed with its containers");
@@ -1155,7 +1143,7 @@ impl<R: Runtime> Worker<R> {
 /// The observed tasks, loaded from the task store and numbered from its index (see
 /// `Worker::observed`), and the ones that are `Running`. A store that cannot be read leaves
 /// them empty and out of sync: every-task answers then read the store itself.
-fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet<Uuid>, Held) {
+fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, Held) {
     let index = tasks.index().unwrap_or(0);
     let stored = match tasks.list() {
         Ok(stored) => Some(stored),
@@ -1164,12 +1152,6 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
             None
         }
     };
-    let running = stored
-        .iter()
-        .flatten()
-        .filter(|task| task.status.state == State::Running)
-        .map(|task| task.id)
-        .collect();
     let held = Held::of(stored.iter().flatten());
     let loaded = stored.is_some();
     let items = stored
@@ -1178,7 +1160,7 @@ fn load_observed(tasks: &dyn Store<Task>) -> (ObservedStore<Uuid, Task>, HashSet
         .map(|task| (task.id, Arc::new(task)));
     let observed = ObservedStore::starting_at(index, items, CHANGE_LOG_CAPACITY);
     observed.set_synced(loaded);
-    (observed, running, held)
+    (observed, held)
 }
 
 fn lock_engine(
@@ -1193,13 +1175,6 @@ fn lock_engine(
 fn lock_held(held: &Mutex<Held>) -> std::sync::MutexGuard<'_, Held> {
     // Each critical section is one admission or one record, with no await inside.
     held.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn lock_running(running: &Mutex<HashSet<Uuid>>) -> std::sync::MutexGuard<'_, HashSet<Uuid>> {
-    // Each critical section is one set operation, or a read of its size.
-    running
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The table's answer for moving `task` to `next`, as the error the API turns into a 409.
