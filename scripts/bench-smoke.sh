@@ -10,8 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 started=$SECONDS
-cargo build -p cube -p cube-bench
-bench=target/debug/cube-bench
+source scripts/test-binaries.sh
 logs=$(mktemp -d)
 
 smoke() {
@@ -44,11 +43,10 @@ smoke metrics-scrape metrics-scrape --tasks 100 --scrapes 3
 smoke secure secure --runs 1 --sets 1 --requests 5 --submit-runs 1 --seconds 1 --concurrency 4
 # `sim-workers` runs until it is stopped; footprint, store and metrics-scrape start it above.
 
-# The in-process benches, in a debug build: `--quick` shrinks the manager's three, the
-# scheduler's takes its sizes as flags. Their assertions run either way.
+# The in-process benches, in a debug build, all four in one build: `--quick` shrinks each.
+# Their assertions run either way.
 began=$SECONDS
-cargo test -p cube-manager --bench job_plan --bench controller --bench queue -- --quick
-cargo test -p cube-scheduler --bench throughput -- --runs 1 --nodes 100 --placements 1000
+cargo test --workspace --bench job_plan --bench controller --bench queue --bench throughput -- --quick
 echo "bench-smoke: the in-process benches ($((SECONDS - began)) s)"
 rm -rf "$logs"
 echo "bench-smoke: all passed in $((SECONDS - started)) s"

@@ -9,8 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build -p cube -p cube-bench
-bench=target/debug/cube-bench
+source scripts/test-binaries.sh
 duration=${CUBE_CHAOS_DURATION:-3m}
 "$bench" chaos --store redb --seed 1 --duration "$duration"
 "$bench" chaos --store etcd --seed 3 --duration "$duration"

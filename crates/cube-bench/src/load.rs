@@ -63,7 +63,18 @@ pub(crate) async fn spawn_cube_logged_line(
     data_dir: &Path,
     rust_log: &str,
 ) -> anyhow::Result<(Child, String, String)> {
-    let log_path = data_dir.join("cube.log");
+    spawn_cube_logged_to(cube, args, data_dir, &data_dir.join("cube.log"), rust_log).await
+}
+
+/// [`spawn_cube_logged_line`], with the log at `log_path` rather than in the data dir (the
+/// chaos run fills a worker's data dir and keeps its log readable).
+pub(crate) async fn spawn_cube_logged_to(
+    cube: &Path,
+    args: &[&str],
+    data_dir: &Path,
+    log_path: &Path,
+    rust_log: &str,
+) -> anyhow::Result<(Child, String, String)> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -99,7 +110,7 @@ pub(crate) async fn spawn_cube_logged_line(
             Ok((child, base, line))
         }
         None => {
-            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let log = std::fs::read_to_string(log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(5).collect();
             bail!(
                 "cube {args:?} did not print its address: {line:?}; its log ends: {:?}",

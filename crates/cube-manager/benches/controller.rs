@@ -49,7 +49,7 @@ const RUNS: usize = 3;
 /// Looks with nothing changed, per run.
 const LOOKS: usize = 5;
 
-/// `--quick` (`cargo test --benches -- --quick`, as CI's `scripts/bench-smoke.sh` runs it):
+/// `--quick` (as CI's `scripts/bench-smoke.sh` runs it):
 /// small sizes and one run, so that the assertions run in seconds in a debug build. The
 /// figures it prints then mean nothing.
 fn quick() -> bool {

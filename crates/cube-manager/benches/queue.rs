@@ -21,7 +21,7 @@ const WAITING: usize = 10_000;
 const SHAPES: usize = 20;
 const RUNS: usize = 5;
 
-/// `--quick` (`cargo test --benches -- --quick`, as CI's `scripts/bench-smoke.sh` runs it):
+/// `--quick` (as CI's `scripts/bench-smoke.sh` runs it):
 /// small sizes and one run, so that the assertions run in seconds in a debug build. The
 /// figures it prints then mean nothing.
 fn quick() -> bool {

@@ -11,7 +11,8 @@
 //! default 60, so that the slow rows do not take the whole default run); `--scheduler`,
 //! `--nodes`, `--placements` pick rows (each takes a comma-separated list); `--sample-size K`
 //! fixes epvm-sampled's sample instead of its default; `--seed S` changes the cluster and the
-//! task stream. Cargo's own `--bench` is ignored.
+//! task stream. `--quick`, as CI's `scripts/bench-smoke.sh` runs the in-process benches, is one
+//! run of 100 nodes and 1,000 placements. Cargo's own `--bench` is ignored.
 //!
 //! The cluster: nodes of four shapes (32, 64, 96 and 128 GiB of memory, one core per GiB),
 //! interleaved pseudo-randomly in name order, all ready. The tasks: 64 MiB to 1 GiB of memory
@@ -87,7 +88,7 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-const USAGE: &str = "usage: throughput [--runs N] [--row-budget-secs S] [--scheduler NAMES] \
+const USAGE: &str = "usage: throughput [--quick] [--runs N] [--row-budget-secs S] [--scheduler NAMES] \
                      [--nodes COUNTS] [--placements COUNTS] [--sample-size K] [--seed S]";
 
 /// What to run, from the command line.
@@ -120,6 +121,13 @@ impl Options {
             seed: DEFAULT_SEED,
         };
         while let Some(flag) = args.next() {
+            if flag == "--quick" {
+                options.runs = 1;
+                options.runs_fixed = true;
+                options.nodes = vec![100];
+                options.placements = vec![1000];
+                continue;
+            }
             let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
             match flag.as_str() {
                 "--runs" => {
