@@ -418,6 +418,43 @@ async fn stopping_a_pod_removes_every_container_the_infra_included_when_configur
     );
 }
 
+/// Found by the chaos run (seed 12 on etcd): a worker killed while it created a pod left the
+/// containers it had made so far, which the task's record does not name; stopping the task
+/// stopped only the recorded ones, and the rest ran on for a `Completed` task.
+#[tokio::test]
+async fn stopping_a_pod_stops_a_container_of_it_that_its_record_does_not_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let name = unique_node("podstray");
+    let _worker = manager.join_worker_with(&name, "persistent", &[]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let id = run_file(&manager, &write(dir.path(), "pair.yml", PAIR));
+    running_pod(&client, &id, 2).await;
+    // What a start cut short leaves: a container labelled for this task on this node.
+    let stray = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &task_label(&id),
+        "--label",
+        &format!("cube.node={name}"),
+        "--label",
+        "cube.pod-container=a",
+        "cube-sample:latest",
+    ]);
+    assert_eq!(running_containers_with_label(&task_label(&id)).len(), 4);
+
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    client.await_state(&id, "Completed").await;
+    assert_eq!(
+        running_containers_with_label(&task_label(&id)),
+        Vec::<String>::new(),
+        "every container of the pod is stopped, {stray} too"
+    );
+    let _ = Command::new("docker").args(["rm", "-f", &stray]).output();
+}
+
 #[tokio::test]
 async fn two_pods_of_one_compose_file_run_side_by_side_on_one_worker() {
     let cluster = OneNodeCluster::start("podtwo").await;

@@ -725,13 +725,35 @@ impl<R: Runtime> Worker<R> {
     /// removal — a stop during a teardown is a no-op.
     pub(super) async fn stop(&self, mut task: Task) -> Result<(), WorkerError> {
         let ids: Vec<String> = if task.spec.pod.is_some() {
-            task.status
+            let mut ids: Vec<String> = task
+                .status
                 .run
                 .containers
                 .iter()
                 .map(|status| status.container_id.clone())
                 .filter(|id| !id.is_empty())
-                .collect()
+                .collect();
+            // A start cut short (the worker killed while it created the pod) leaves running
+            // containers its record does not name: found by their labels, stopped first.
+            match self.runtime.list_managed(&self.config.name).await {
+                Ok(listed) => {
+                    for info in listed
+                        .into_iter()
+                        .filter(|info| info.task_id == Some(task.id) && info.running)
+                    {
+                        if !ids.contains(&info.id) {
+                            ids.push(info.id);
+                        }
+                    }
+                }
+                Err(err) => {
+                    return self.record_error(
+                        task,
+                        format!("cannot list the pod's containers to stop them: {err}"),
+                    );
+                }
+            }
+            ids
         } else {
             match self.find_container(&task).await {
                 Ok(info) => info.map(|info| info.id).into_iter().collect(),
