@@ -22,6 +22,19 @@ pub struct History {
     pub seed: u64,
     pub ops: Vec<Op>,
     pub settled: Settled,
+    /// Every time a process ended that the run did not kill.
+    #[serde(default)]
+    pub exits: Vec<Exit>,
+}
+
+/// A process that ended on its own. `expected` when its disk was full: a worker that cannot
+/// write its store stops, by design, and is started again as a supervisor would.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Exit {
+    pub process: String,
+    pub at_us: u64,
+    pub status: String,
+    pub expected: bool,
 }
 
 /// One client operation.
@@ -70,6 +83,19 @@ pub enum Request {
     },
     StopJob {
         name: String,
+    },
+    /// `cube job promote`: a canary deployment let go on. Changes no goal: the run promotes
+    /// every waiting deployment as it settles.
+    Promote {
+        job: String,
+    },
+    /// `cube node drain NODE` (with a deadline), and `cube node eligibility NODE --enable`
+    /// after it; every node is eligible again as the run settles.
+    Drain {
+        node: String,
+    },
+    Eligible {
+        node: String,
     },
 }
 
@@ -182,6 +208,8 @@ pub enum Invariant {
     QueueOrder,
     /// No task restarted more than its policy allows.
     RestartPolicyHeld,
+    /// No process ended but by the run's own faults (a kill, a full disk).
+    NoCrash,
 }
 
 impl fmt::Display for Invariant {
@@ -195,6 +223,7 @@ impl fmt::Display for Invariant {
             Invariant::WithinCapacity => "no node over its capacity",
             Invariant::QueueOrder => "the waiting list in order within a priority",
             Invariant::RestartPolicyHeld => "no more restarts than the policy allows",
+            Invariant::NoCrash => "no process ended but by a fault",
         })
     }
 }
@@ -219,6 +248,7 @@ pub fn check(history: &History) -> Vec<Violation> {
     within_capacity(&history.settled, &mut found);
     queue_order(history, &mut found);
     restarts_within_policy(history, &mut found);
+    no_crash(history, &mut found);
     found.sort_by_key(|violation| violation.invariant);
     found
 }
@@ -501,7 +531,7 @@ fn job_converged(history: &History, found: &mut Vec<Violation>) {
             .collect();
         let mut reasons = Vec::new();
         let reached = goals.iter().any(|goal| {
-            let outcome = goal_reached(goal, &copies);
+            let outcome = goal_reached(goal, &copies, &settled.container_nodes);
             if let Err(reason) = &outcome {
                 reasons.push(reason.clone());
             }
@@ -524,8 +554,13 @@ fn job_converged(history: &History, found: &mut Vec<Violation>) {
 
 /// Whether a job's copies are what `goal` asks: a stopped job has none running; a service has
 /// `count` running copies of the goal's mark per group, at distinct indexes; a batch job
-/// `count` completed ones; a system job at most one per node, each of the goal's mark.
-fn goal_reached(goal: &JobGoal, copies: &[&SettledTask]) -> Result<(), String> {
+/// `count` completed ones; a system job one on each of `nodes` (every node is eligible once
+/// the run has settled) and at most one on any node, each of the goal's mark.
+fn goal_reached(
+    goal: &JobGoal,
+    copies: &[&SettledTask],
+    nodes: &BTreeSet<String>,
+) -> Result<(), String> {
     let live = |task: &SettledTask| task.state == State::Running;
     if goal.stopped {
         let running = copies.iter().filter(|task| live(task)).count();
@@ -592,6 +627,18 @@ fn goal_reached(goal: &JobGoal, copies: &[&SettledTask]) -> Result<(), String> {
                 if let Some((node, n)) = per_node.iter().find(|(_, n)| **n > 1) {
                     return Err(format!("group {group} runs {n} copies on node {node}"));
                 }
+                let missing: Vec<&str> = nodes
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|node| !per_node.contains_key(node))
+                    .collect();
+                if !missing.is_empty() {
+                    return Err(format!(
+                        "group {group} runs no copy on node {}{}",
+                        missing.join(", "),
+                        waiting_because(&in_group)
+                    ));
+                }
             }
         }
     }
@@ -611,6 +658,19 @@ fn waiting_because(copies: &[&SettledTask]) -> String {
             waiting.len(),
             first.pending_reason.as_deref().unwrap_or("no reason given")
         ),
+    }
+}
+
+fn no_crash(history: &History, found: &mut Vec<Violation>) {
+    for exit in history.exits.iter().filter(|exit| !exit.expected) {
+        found.push(violation(
+            Invariant::NoCrash,
+            format!(
+                "{} ended on its own ({}) at {} µs",
+                exit.process, exit.status, exit.at_us
+            ),
+            Vec::new(),
+        ));
     }
 }
 
@@ -894,6 +954,7 @@ mod tests {
                     memory_total: 1 << 30,
                 }],
             },
+            exits: Vec::new(),
         }
     }
 
@@ -1158,5 +1219,135 @@ mod tests {
         let back: History = serde_json::from_str(&text).unwrap();
         assert_eq!(check(&back), Vec::new());
         assert_eq!(back.ops.len(), history.ops.len());
+    }
+
+    #[test]
+    fn a_process_that_ended_on_its_own_is_caught_and_one_whose_disk_was_full_is_not() {
+        let mut history = clean();
+        history.exits.push(Exit {
+            process: "worker w1".to_owned(),
+            at_us: 900,
+            status: "exit status: 1".to_owned(),
+            expected: true,
+        });
+        assert_eq!(check(&history), Vec::new(), "a full disk's exit");
+        history.exits.push(Exit {
+            process: "manager 0".to_owned(),
+            at_us: 950,
+            status: "signal: 6 (SIGABRT)".to_owned(),
+            expected: false,
+        });
+        let found = check(&history);
+        assert_eq!(
+            found.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+            vec![Invariant::NoCrash]
+        );
+        assert!(found[0].message.contains("manager 0"), "{}", found[0]);
+    }
+
+    /// `clean()` with a system job `sys` of mark m1 and one running copy on each node.
+    fn with_system_job(nodes: &[&str]) -> History {
+        let mut history = clean();
+        let seq = history.ops.len() as u64;
+        history.ops.push(Op {
+            seq,
+            start_us: 1000,
+            end_us: 1005,
+            request: Request::Job {
+                name: "sys".to_owned(),
+                kind: JobKind::System,
+                mark: "m1".to_owned(),
+                counts: BTreeMap::from([("g".to_owned(), 0)]),
+            },
+            outcome: Outcome::Acked { id: None },
+        });
+        history.settled.jobs.push(SettledJob {
+            name: "sys".to_owned(),
+            stopped: false,
+        });
+        history.settled.container_nodes = nodes.iter().map(|n| n.to_string()).collect();
+        let template = history.settled.tasks[0].clone();
+        for node in nodes {
+            let mut copy = template.clone();
+            copy.id = Uuid::new_v4();
+            copy.name = format!("sys-g-{node}");
+            copy.job = "sys".to_owned();
+            copy.group = "g".to_owned();
+            copy.node = node.to_string();
+            copy.mark = Some("m1".to_owned());
+            history.settled.containers.push(SettledContainer {
+                node: node.to_string(),
+                name: format!("cube-sys-{node}"),
+                running: true,
+                task: Some(copy.id),
+                role: String::new(),
+            });
+            history.settled.tasks.push(copy);
+        }
+        // clean()'s service copies run on w2, now one of the nodes looked at: their
+        // containers.
+        let on_w2: Vec<Uuid> = history
+            .settled
+            .tasks
+            .iter()
+            .filter(|t| t.node == "w2" && t.job == "web" && t.state == State::Running)
+            .map(|t| t.id)
+            .collect();
+        for id in on_w2 {
+            history.settled.containers.push(SettledContainer {
+                node: "w2".to_owned(),
+                name: format!("cube-{id}"),
+                running: true,
+                task: Some(id),
+                role: String::new(),
+            });
+        }
+        history
+    }
+
+    #[test]
+    fn a_system_job_missing_from_a_node_or_twice_on_one_is_caught() {
+        let history = with_system_job(&["w1", "w2"]);
+        assert_eq!(check(&history), Vec::new());
+
+        let mut missing = history.clone();
+        let gone = missing
+            .settled
+            .tasks
+            .iter()
+            .position(|t| t.name == "sys-g-w2")
+            .expect("the copy on w2");
+        let id = missing.settled.tasks.remove(gone).id;
+        missing.settled.containers.retain(|c| c.task != Some(id));
+        let found = check(&missing);
+        assert_eq!(
+            found.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+            vec![Invariant::JobConverged]
+        );
+        assert!(found[0].message.contains("no copy on node w2"), "{}", found[0]);
+
+        let mut twice = history.clone();
+        let mut second = twice
+            .settled
+            .tasks
+            .iter()
+            .find(|t| t.name == "sys-g-w1")
+            .expect("the copy on w1")
+            .clone();
+        second.id = Uuid::new_v4();
+        twice.settled.containers.push(SettledContainer {
+            node: "w1".to_owned(),
+            name: "cube-sys-w1-again".to_owned(),
+            running: true,
+            task: Some(second.id),
+            role: String::new(),
+        });
+        twice.settled.tasks.push(second);
+        let found = check(&twice);
+        assert_eq!(
+            found.iter().map(|v| v.invariant).collect::<Vec<_>>(),
+            vec![Invariant::JobConverged]
+        );
+        assert!(found[0].message.contains("2 copies on node w1"), "{}", found[0]);
     }
 }

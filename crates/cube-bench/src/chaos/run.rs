@@ -3,9 +3,12 @@
 //! mixed workload from a few clients, while faults are injected at random from a seed: a
 //! process (manager, worker, etcd member) killed (`kill -9`) and started again, a worker
 //! stopped (`SIGSTOP`) past the heartbeat grace then continued, a container killed behind
-//! Cube's back. Every operation is recorded with its answer; the workers' own views of what
-//! they hold are sampled. When the time is up the faults stop, every process runs again, the
-//! cluster settles, and [`check`](super::check) reads the history. The seed is printed first:
+//! Cube's back, a worker's node drained then made eligible again, a worker's data dir (a
+//! small tmpfs of its own, when the run may mount one) filled up then freed. A process that
+//! ends on its own is started again, as a supervisor would, and recorded: only a worker whose
+//! disk is full may end so. Every operation is recorded with its answer; the workers' own
+//! views of what they hold are sampled. When the time is up the faults stop, every process
+//! runs again, the cluster settles, and [`check`](super::check) reads the history. The seed is printed first:
 //! the same seed makes the same workload and the same faults in the same order (the timing, and
 //! so the interleaving, is the machine's).
 
@@ -27,10 +30,10 @@ use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::check::{
-    self, CapacitySample, History, Invariant, JobKind, Op, Outcome, Request, Settled,
+    self, CapacitySample, Exit, History, Invariant, JobKind, Op, Outcome, Request, Settled,
     SettledContainer, SettledJob, SettledTask,
 };
-use crate::load::spawn_cube_logged_line;
+use crate::load::spawn_cube_logged_to;
 use cube_test_support::EtcdCluster;
 
 /// How long a worker may be silent before the manager marks it down: short, so that a pause
@@ -47,6 +50,15 @@ const WORKER_MEMORY: &str = "1GiB";
 const CLIENTS: usize = 4;
 /// Job names per client.
 const JOBS_PER_CLIENT: usize = 2;
+/// A client's think time between two operations, in milliseconds: about ten operations a
+/// second from the four clients. Faster churn of containers (thirty a second) deadlocked
+/// Docker 20.10's network controller on this machine (`libnetwork-setkey` hooks waiting on
+/// its store lock), which stopped the run rather than tested Cube.
+const THINK_MIN_MS: u64 = 100;
+const THINK_MAX_MS: u64 = 500;
+/// How long the run waits for one answer of the Docker engine before it calls the engine
+/// hung.
+const DOCKER_BOUND: Duration = Duration::from_secs(60);
 /// Bare tasks a client keeps at most (it stops one before it makes another): with the jobs'
 /// copies, what the clients keep fits in the workers, so that every job can converge.
 const TASKS_PER_CLIENT: usize = 6;
@@ -56,6 +68,15 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the cluster may take to settle after the faults stop.
 const SETTLE_BOUND: Duration = Duration::from_secs(180);
+/// The size of each worker's data dir when the run fills disks: room for its store, little
+/// to fill.
+const WORKER_DISK: &str = "64m";
+/// How often the supervisor looks for a process that ended.
+const SUPERVISE_EVERY: Duration = Duration::from_millis(500);
+/// A pod: a server and a second service that needs it, restarted as one.
+const POD_COMPOSE: &str = "services:\n  web:\n    image: cube-sample:latest\n  side:\n    \
+                           image: cube-sample:latest\n    command: [\"sleep\", \"3600\"]\n    \
+                           depends_on: [web]\n";
 
 /// Where the managers keep their state in a chaos run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -114,14 +135,37 @@ struct Process {
     name: String,
     args: Vec<String>,
     data_dir: PathBuf,
+    /// Its log, beside the data dir (which may be filled).
+    log: PathBuf,
     child: Option<Child>,
     base: String,
 }
 
 impl Process {
+    fn new(name: String, args: Vec<String>, dir: PathBuf, data_dir: PathBuf) -> Process {
+        Process {
+            name,
+            args,
+            data_dir,
+            log: dir.join("cube.log"),
+            child: None,
+            base: String::new(),
+        }
+    }
+
+    /// Whether it ended because its disk was full: a worker whose store cannot write stops,
+    /// by design, and says why as its last words.
+    fn ended_for_a_full_disk(&self) -> bool {
+        let Ok(log) = std::fs::read(&self.log) else {
+            return false;
+        };
+        let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(4096)..]).into_owned();
+        tail.contains("takes no more writes") && tail.contains("No space left on device")
+    }
+
     async fn start(&mut self, cube: &Path) -> anyhow::Result<()> {
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
-        let (child, base, _) = spawn_cube_logged_line(cube, &args, &self.data_dir, "info")
+        let (child, base, _) = spawn_cube_logged_to(cube, &args, &self.data_dir, &self.log, "info")
             .await
             .with_context(|| format!("starting {}", self.name))?;
         self.child = Some(child);
@@ -159,6 +203,7 @@ struct Record {
     ops: Vec<Op>,
     capacity: Vec<CapacitySample>,
     faults: Vec<(u64, String)>,
+    exits: Vec<Exit>,
 }
 
 struct Run {
@@ -312,6 +357,40 @@ impl Run {
     }
 }
 
+impl Run {
+    /// A POST that is not part of the history (the settling's promotions): sent to each
+    /// manager in turn until one answers, whatever it answers.
+    async fn nudge(&self, path: &str) {
+        for base in &self.managers {
+            let sent = self
+                .http
+                .post(format!("{base}{path}"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await;
+            if sent.is_ok() {
+                return;
+            }
+        }
+    }
+}
+
+/// A pod of two services (`POD_COMPOSE`), restarted as a whole up to five times.
+fn pod_task(name: &str) -> (Request, Value) {
+    let body = json!({"ID": uuid::Uuid::new_v4(), "Name": name, "Cpu": 0.04, "Memory": "32MiB",
+                      "RestartPolicy": "always", "MaxRestarts": 5, "RestartDelay": "1s",
+                      "Pod": {"Compose": POD_COMPOSE}});
+    let request = Request::Task {
+        name: name.to_owned(),
+        restart_policy: cube_types::task::RestartPolicy::Always,
+        max_restarts: Some(5),
+        priority: None,
+        cpu: 0.04,
+        memory: 32 << 20,
+    };
+    (request, body)
+}
+
 /// A bare task's shapes: a server that runs until stopped, a run that ends well, one that
 /// fails; with each restart policy.
 fn bare_task(rng: &mut Rng, name: &str) -> (Request, Value) {
@@ -365,23 +444,36 @@ fn queued_task(rng: &mut Rng, name: &str) -> (Request, Value) {
     (request, body)
 }
 
+/// A job of one group `g`. A service job whose name ends in `-0` deploys a change through a
+/// canary, which waits for `promote`.
 fn job_body(name: &str, kind: JobKind, mark: &str, count: u32) -> Value {
-    let (kind_name, task) = match kind {
-        JobKind::Batch => (
-            "batch",
-            json!({"Image": SAMPLE_IMAGE, "Cpu": 0.05, "Memory": "16MiB", "Cmd": ["true"],
-                   "Env": [format!("CHAOS_MARK={mark}")], "RestartPolicy": "on-failure",
-                   "RestartDelay": "1s"}),
-        ),
-        _ => (
-            "service",
-            json!({"Image": SAMPLE_IMAGE, "Cpu": 0.05, "Memory": "16MiB",
-                   "Env": [format!("CHAOS_MARK={mark}")], "RestartPolicy": "always",
-                   "RestartDelay": "1s"}),
-        ),
+    let task = |extra: Value| {
+        let mut task = json!({"Image": SAMPLE_IMAGE, "Cpu": 0.05, "Memory": "16MiB",
+                              "Env": [format!("CHAOS_MARK={mark}")], "RestartDelay": "1s"});
+        if let (Some(task), Value::Object(extra)) = (task.as_object_mut(), extra) {
+            task.extend(extra);
+        }
+        task
     };
-    json!({"Name": name, "Type": kind_name,
-           "Groups": [{"Name": "g", "Count": count, "Task": task}]})
+    match kind {
+        JobKind::Batch => json!({"Name": name, "Type": "batch", "Groups": [{"Name": "g",
+            "Count": count,
+            "Task": task(json!({"Cmd": ["true"], "RestartPolicy": "on-failure"}))}]}),
+        JobKind::System => json!({"Name": name, "Type": "system", "Groups": [{"Name": "g",
+            "Task": task(json!({"RestartPolicy": "always"}))}]}),
+        JobKind::Service => {
+            let mut group = json!({"Name": "g", "Count": count,
+                                   "Task": task(json!({"RestartPolicy": "always"}))});
+            if is_canary_job(name) {
+                group["Update"] = json!({"Canary": 1});
+            }
+            json!({"Name": name, "Type": "service", "Groups": [group]})
+        }
+    }
+}
+
+fn is_canary_job(name: &str) -> bool {
+    name.starts_with("j-") && name.ends_with("-0")
 }
 
 /// What one client knows of what it made, to pick its next operation.
@@ -390,6 +482,8 @@ struct ClientState {
     tasks: Vec<(String, uuid::Uuid)>,
     /// Its service jobs: name → stopped.
     jobs: BTreeMap<String, bool>,
+    /// Its system job, once submitted: stopped?
+    system: Option<bool>,
     batches: usize,
     made: usize,
 }
@@ -402,8 +496,13 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
         let unique = format!("c{index}-{}", state.made);
         match roll {
             0..=29 if state.tasks.len() < TASKS_PER_CLIENT => {
-                let name = format!("t-{unique}");
-                let (request, body) = bare_task(&mut rng, &name);
+                let (name, (request, body)) = if rng.chance(25) {
+                    let name = format!("p-{unique}");
+                    (name.clone(), pod_task(&name))
+                } else {
+                    let name = format!("t-{unique}");
+                    (name.clone(), bare_task(&mut rng, &name))
+                };
                 let outcome = run
                     .op(request, reqwest::Method::POST, "/tasks", Some(body))
                     .await;
@@ -466,8 +565,12 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 )
                 .await;
             }
-            70..=73 if !state.jobs.is_empty() => {
-                let names: Vec<String> = state.jobs.keys().cloned().collect();
+            70..=73 if !state.jobs.is_empty() || state.system.is_some() => {
+                let system = format!("sys-c{index}");
+                let mut names: Vec<String> = state.jobs.keys().cloned().collect();
+                if state.system.is_some() {
+                    names.push(system.clone());
+                }
                 let job = names[rng.below(names.len() as u64) as usize].clone();
                 if let Outcome::Acked { .. } = run
                     .op(
@@ -478,7 +581,11 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                     )
                     .await
                 {
-                    state.jobs.insert(job, true);
+                    if job == system {
+                        state.system = Some(true);
+                    } else {
+                        state.jobs.insert(job, true);
+                    }
                 }
             }
             74..=79 if state.batches < 5 => {
@@ -494,6 +601,42 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 };
                 run.op(request, reqwest::Method::POST, "/jobs", Some(body))
                     .await;
+            }
+            // Two of the clients keep a system job each, changed now and then.
+            85..=87 if index < 2 => {
+                let name = format!("sys-c{index}");
+                let mark = format!("m{unique}");
+                let request = Request::Job {
+                    name: name.clone(),
+                    kind: JobKind::System,
+                    mark: mark.clone(),
+                    counts: BTreeMap::from([("g".to_owned(), 0)]),
+                };
+                let body = job_body(&name, JobKind::System, &mark, 0);
+                if let Outcome::Acked { .. } = run
+                    .op(request, reqwest::Method::POST, "/jobs", Some(body))
+                    .await
+                {
+                    state.system = Some(false);
+                }
+            }
+            88..=90 => {
+                let canaries: Vec<&String> = state
+                    .jobs
+                    .iter()
+                    .filter(|(name, stopped)| !**stopped && is_canary_job(name))
+                    .map(|(name, _)| name)
+                    .collect();
+                let Some(job) = canaries.first().map(|name| name.to_string()) else {
+                    continue;
+                };
+                run.op(
+                    Request::Promote { job: job.clone() },
+                    reqwest::Method::POST,
+                    &format!("/jobs/{job}/promote"),
+                    None,
+                )
+                .await;
             }
             80..=84 if !state.tasks.is_empty() => {
                 let at = rng.below(state.tasks.len() as u64) as usize;
@@ -520,7 +663,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
         // A client's think time between two operations.
         tokio::select! {
             () = stop.cancelled() => {}
-            () = tokio::time::sleep(rng.millis(20, 200)) => {}
+            () = tokio::time::sleep(rng.millis(THINK_MIN_MS, THINK_MAX_MS)) => {}
         }
     }
 }
@@ -597,6 +740,16 @@ struct Targets {
     /// The etcd cluster the managers share, with `--store etcd`.
     etcd: Option<Arc<std::sync::Mutex<EtcdCluster>>>,
     docker: Docker,
+    /// Each worker's data dir is a small tmpfs of its own, which a fault may fill.
+    disks: bool,
+}
+
+fn outcome_word(outcome: &Outcome) -> &'static str {
+    match outcome {
+        Outcome::Acked { .. } => "acknowledged",
+        Outcome::Refused { .. } => "refused",
+        Outcome::Unknown { .. } => "no answer",
+    }
 }
 
 /// Kills etcd member `index` and starts it again after `down`, off the runtime's threads
@@ -617,7 +770,8 @@ async fn bounce_etcd_member(
 }
 
 /// Kills one of `processes` (chosen by `rng`) with -9 and starts it again after up to
-/// `down_ms`; answers its name.
+/// `down_ms`; answers what was done. One that does not start again (a worker whose disk is
+/// full) is left to the supervisor.
 async fn bounce(
     processes: &Mutex<Vec<Process>>,
     rng: &mut Rng,
@@ -629,8 +783,102 @@ async fn bounce(
     let process = &mut processes[at];
     process.kill().await?;
     tokio::time::sleep(rng.millis(0, down_ms)).await;
-    process.start(cube).await?;
-    Ok(process.name.clone())
+    Ok(match process.start(cube).await {
+        Ok(()) => format!("{} killed (-9) and started again", process.name),
+        Err(err) => format!(
+            "{} killed (-9); it did not start again at once ({err:#})",
+            process.name
+        ),
+    })
+}
+
+/// Starts again, as a supervisor would, each process that ended without being killed by the
+/// run, and records the end: only a worker whose disk is full may end so.
+async fn supervise(
+    run: Arc<Run>,
+    groups: [Arc<Mutex<Vec<Process>>>; 2],
+    cube: PathBuf,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(SUPERVISE_EVERY);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for group in &groups {
+            let mut processes = group.lock().await;
+            for process in processes.iter_mut() {
+                let ended = match process.child.as_mut().map(Child::try_wait) {
+                    Some(Ok(Some(status))) => Some(status.to_string()),
+                    Some(Err(err)) => Some(format!("cannot be waited for: {err}")),
+                    Some(Ok(None)) | None => None,
+                };
+                if let Some(status) = ended {
+                    process.child = None;
+                    run.record.lock().await.exits.push(Exit {
+                        process: process.name.clone(),
+                        at_us: run.now_us(),
+                        status,
+                        expected: process.ended_for_a_full_disk(),
+                    });
+                }
+                if process.child.is_none() {
+                    // While its disk is full a worker may not start: tried again next time.
+                    let _ = process.start(&cube).await;
+                }
+            }
+        }
+    }
+}
+
+/// Mounts a tmpfs of `size` at `dir` (which must exist); unmounted when the guard goes.
+struct Mounts(Vec<PathBuf>);
+
+impl Mounts {
+    fn mount(&mut self, dir: &Path, size: &str) -> anyhow::Result<()> {
+        let output = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .context("running mount")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "mount -t tmpfs at {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        self.0.push(dir.to_owned());
+        Ok(())
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for dir in &self.0 {
+            // Lazy: a process still in it lets go when it ends.
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(dir)
+                .status();
+        }
+    }
+}
+
+/// Writes zeros into `dir` until its file system is full; answers how many bytes.
+fn fill_disk(dir: &Path) -> std::io::Result<u64> {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("chaos-fill"))?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        match file.write(&chunk) {
+            Ok(0) => return Ok(written),
+            Ok(n) => written += n as u64,
+            Err(err) if err.raw_os_error() == Some(28) => return Ok(written), // ENOSPC
+            Err(err) => return Err(err),
+        }
+    }
 }
 
 /// The fault loop: one fault at a time, at random moments, until `stop`.
@@ -647,6 +895,7 @@ async fn faults(
         workers,
         etcd,
         docker,
+        disks,
     } = targets;
     let every_ms = every.as_millis() as u64;
     loop {
@@ -662,27 +911,72 @@ async fn faults(
                 bounce_etcd_member(etcd.clone(), index, rng.millis(0, 3000)).await?;
                 format!("etcd member {index} killed (-9) and started again")
             }
-            0..=19 => format!(
-                "{} killed (-9) and started again",
-                bounce(&managers, &mut rng, 2000, &cube).await?
-            ),
-            20..=49 => format!(
-                "worker {} killed (-9) and started again",
-                bounce(&workers, &mut rng, 3000, &cube).await?
-            ),
-            50..=69 => {
+            0..=17 => bounce(&managers, &mut rng, 2000, &cube).await?,
+            18..=39 => format!("worker {}", bounce(&workers, &mut rng, 3000, &cube).await?),
+            40..=52 => {
                 let name = {
                     let workers = workers.lock().await;
                     let at = rng.below(workers.len() as u64) as usize;
-                    workers[at].signal("-STOP")?;
+                    if workers[at].signal("-STOP").is_err() {
+                        continue; // Not running (its disk is full): nothing to pause.
+                    }
                     workers[at].name.clone()
                 };
                 tokio::time::sleep(PAUSE).await;
                 let workers = workers.lock().await;
                 if let Some(worker) = workers.iter().find(|w| w.name == name) {
-                    worker.signal("-CONT")?;
+                    let _ = worker.signal("-CONT");
                 }
                 format!("worker {name} stopped (SIGSTOP) for {PAUSE:?}, then continued")
+            }
+            73..=84 => {
+                let name = {
+                    let workers = workers.lock().await;
+                    workers[rng.below(workers.len() as u64) as usize].name.clone()
+                };
+                let drain = run
+                    .op(
+                        Request::Drain { node: name.clone() },
+                        reqwest::Method::POST,
+                        &format!("/nodes/{name}/drain"),
+                        Some(json!({"Deadline": "10s"})),
+                    )
+                    .await;
+                let drained_for = rng.millis(3000, 12000);
+                tokio::time::sleep(drained_for).await;
+                let eligible = run
+                    .op(
+                        Request::Eligible { node: name.clone() },
+                        reqwest::Method::POST,
+                        &format!("/nodes/{name}/eligibility"),
+                        Some(json!({"Eligible": true})),
+                    )
+                    .await;
+                format!(
+                    "worker {name} drained ({}) for {drained_for:?}, then eligible again ({})",
+                    outcome_word(&drain),
+                    outcome_word(&eligible)
+                )
+            }
+            85..=99 if disks => {
+                let (name, data_dir) = {
+                    let workers = workers.lock().await;
+                    let at = rng.below(workers.len() as u64) as usize;
+                    (workers[at].name.clone(), workers[at].data_dir.clone())
+                };
+                let dir = data_dir.clone();
+                let written = tokio::task::spawn_blocking(move || fill_disk(&dir))
+                    .await
+                    .context("filling a disk")?
+                    .with_context(|| format!("filling {}", data_dir.display()))?;
+                let full_for = rng.millis(2000, 8000);
+                tokio::time::sleep(full_for).await;
+                std::fs::remove_file(data_dir.join("chaos-fill"))
+                    .with_context(|| format!("freeing {}", data_dir.display()))?;
+                format!(
+                    "worker {name}'s disk full ({} MiB written) for {full_for:?}, then freed",
+                    written >> 20
+                )
             }
             _ => {
                 let names: Vec<String> = workers
@@ -702,9 +996,11 @@ async fn faults(
                 let (node, container) = running[rng.below(running.len() as u64) as usize];
                 let id = container.id.clone().unwrap_or_default();
                 // It may be gone already: that is no failure of the run.
-                let _ = docker
-                    .kill_container(&id, None::<KillContainerOptions>)
-                    .await;
+                let killed = docker.kill_container(&id, None::<KillContainerOptions>);
+                tokio::time::timeout(DOCKER_BOUND, killed)
+                    .await
+                    .map_err(|_| docker_hung("killing a container"))?
+                    .ok();
                 format!(
                     "container {} on {node} killed behind Cube's back",
                     &id[..12.min(id.len())]
@@ -713,6 +1009,16 @@ async fn faults(
         };
         run.record.lock().await.faults.push((at, what));
     }
+}
+
+/// The error of a Docker engine that did not answer within `DOCKER_BOUND`: not Cube's
+/// violation, and the run cannot go on.
+fn docker_hung(doing: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the Docker engine did not answer in {DOCKER_BOUND:?} ({doing}): it is hung, and the run \
+         cannot go on (`kill -USR1` of dockerd writes its goroutines to /var/run/docker/ to see \
+         where)"
+    )
 }
 
 /// Every container of the given workers, with the worker's name.
@@ -728,7 +1034,9 @@ async fn cube_containers(
         .all(true)
         .filters(&filters)
         .build();
-    let containers = docker.list_containers(Some(options)).await?;
+    let containers = tokio::time::timeout(DOCKER_BOUND, docker.list_containers(Some(options)))
+        .await
+        .map_err(|_| docker_hung("listing containers"))??;
     Ok(containers
         .into_iter()
         .filter_map(|container| {
@@ -907,13 +1215,12 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     for index in 0..if on_etcd { 3 } else { 1 } {
         let data_dir = dir.path().join(format!("manager{index}"));
         std::fs::create_dir_all(&data_dir)?;
-        let mut manager = Process {
-            name: format!("manager {index}"),
-            args: base_args.clone(),
+        let mut manager = Process::new(
+            format!("manager {index}"),
+            base_args.clone(),
+            data_dir.clone(),
             data_dir,
-            child: None,
-            base: String::new(),
-        };
+        );
         manager.start(&cube).await?;
         // Started again on the same port, so that clients and workers find it where it was.
         let port = manager
@@ -931,12 +1238,21 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         .join(",");
     let run_id = &uuid::Uuid::new_v4().simple().to_string()[..6];
     let mut workers = Vec::new();
+    // Declared after `dir`, so unmounted before it is removed.
+    let mut mounts = Mounts(Vec::new());
+    let mut disks = true;
     for index in 0..options.workers {
         let name = format!("chaos-{run_id}-w{index}");
-        let data_dir = dir.path().join(&name);
+        let worker_dir = dir.path().join(&name);
+        let data_dir = worker_dir.join("data");
         std::fs::create_dir_all(&data_dir)?;
-        let mut worker = Process {
-            args: [
+        if disks && let Err(err) = mounts.mount(&data_dir, WORKER_DISK) {
+            println!("chaos: no full-disk faults in this run: {err:#}");
+            disks = false;
+        }
+        let mut worker = Process::new(
+            name.clone(),
+            [
                 "worker",
                 "-H",
                 "127.0.0.1",
@@ -959,11 +1275,9 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             ]
             .map(str::to_owned)
             .to_vec(),
-            name,
+            worker_dir,
             data_dir,
-            child: None,
-            base: String::new(),
-        };
+        );
         worker.start(&cube).await?;
         workers.push(worker);
     }
@@ -989,12 +1303,20 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         clients.spawn(client(run.clone(), index, rng.fork(), stop_clients.clone()));
     }
     let sampling = tokio::spawn(sampler(run.clone(), workers.clone(), stop_clients.clone()));
+    let stop_supervisor = CancellationToken::new();
+    let supervisor = tokio::spawn(supervise(
+        run.clone(),
+        [managers.clone(), workers.clone()],
+        cube.clone(),
+        stop_supervisor.clone(),
+    ));
     let targets = Targets {
         cube: cube.clone(),
         managers: managers.clone(),
         workers: workers.clone(),
         etcd: etcd.clone(),
         docker: docker.clone(),
+        disks,
     };
     let fault_loop = tokio::spawn(faults(
         run.clone(),
@@ -1011,9 +1333,9 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         joined.context("a client")?;
     }
 
-    // Settle: every process runs; the waiting list's requests are stopped (waiting or let
-    // in, so that the jobs have room); then the cluster is read until the invariants that settle
-    // hold, or the bound passes.
+    // Settle: every process runs; every node is eligible; the waiting list's requests are
+    // stopped (waiting or let in, so that the jobs have room); then the cluster is read until
+    // the invariants that settle hold (waiting canaries promoted), or the bound passes.
     {
         for manager in managers.lock().await.iter_mut() {
             if manager.child.is_none() {
@@ -1026,6 +1348,15 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             }
             let _ = worker.signal("-CONT");
         }
+    }
+    for name in &worker_names {
+        run.op(
+            Request::Eligible { node: name.clone() },
+            reqwest::Method::POST,
+            &format!("/nodes/{name}/eligibility"),
+            Some(json!({"Eligible": true})),
+        )
+        .await;
     }
     let pending: Vec<Task> = run.read("/tasks").await?;
     for task in pending.iter().filter(|task| {
@@ -1049,19 +1380,36 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         let record = run.record.lock().await;
         let capacity = record.capacity.clone();
         let ops = record.ops.clone();
+        let exits = record.exits.clone();
         drop(record);
         let settled = observe(&run, &docker, &worker_names, capacity).await?;
-        let history = History { seed, ops, settled };
-        let open = check::check(&history)
+        let history = History {
+            seed,
+            ops,
+            settled,
+            exits,
+        };
+        let open: Vec<check::Violation> = check::check(&history)
             .into_iter()
             .filter(|violation| settles(violation.invariant))
-            .count();
-        if open == 0 || settle_began.elapsed() > SETTLE_BOUND {
+            .collect();
+        if open.is_empty() || settle_began.elapsed() > SETTLE_BOUND {
             break history;
+        }
+        // A canary deployment waits for a promotion, which the clients may not have sent.
+        for job in history
+            .settled
+            .jobs
+            .iter()
+            .filter(|job| !job.stopped && is_canary_job(&job.name))
+        {
+            run.nudge(&format!("/jobs/{}/promote", job.name)).await;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
     let settled_in = settle_began.elapsed();
+    stop_supervisor.cancel();
+    supervisor.await.context("the supervisor")?;
     let found = check::check(&history);
     let record = run.record.lock().await;
     report(
@@ -1076,19 +1424,23 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("history written to {}", path.display());
     }
-    // Cube's containers of this run go with it.
+    // Cube's containers of this run go with it, once its workers have stopped (a worker
+    // still running would start a removed container of a task again).
+    for process in workers.lock().await.iter_mut() {
+        process.kill().await?;
+    }
+    for process in managers.lock().await.iter_mut() {
+        process.kill().await?;
+    }
     for (_, container) in cube_containers(&docker, &worker_names).await? {
         if let Some(id) = container.id {
-            let _ = docker
-                .remove_container(
-                    &id,
-                    Some(
-                        bollard::query_parameters::RemoveContainerOptionsBuilder::default()
-                            .force(true)
-                            .build(),
-                    ),
-                )
-                .await;
+            let options = bollard::query_parameters::RemoveContainerOptionsBuilder::default()
+                .force(true)
+                .build();
+            tokio::time::timeout(DOCKER_BOUND, docker.remove_container(&id, Some(options)))
+                .await
+                .map_err(|_| docker_hung("removing the run's containers"))?
+                .ok();
         }
     }
     if !found.is_empty() {
@@ -1125,6 +1477,10 @@ fn report(
             "worker killed"
         } else if what.contains("SIGSTOP") {
             "worker paused"
+        } else if what.contains("drained") {
+            "node drained"
+        } else if what.contains("disk full") {
+            "disk full"
         } else {
             "container killed"
         };
@@ -1147,11 +1503,14 @@ fn report(
         found.len()
     );
     println!(
-        "\nchecked: {} tasks, {} jobs, {} containers, {} capacity samples",
+        "\nchecked: {} tasks, {} jobs, {} containers, {} capacity samples; {} processes ended \
+         on their own ({} of them with a full disk) and were started again",
         history.settled.tasks.len(),
         history.settled.jobs.len(),
         history.settled.containers.len(),
-        history.settled.capacity.len()
+        history.settled.capacity.len(),
+        history.exits.len(),
+        history.exits.iter().filter(|exit| exit.expected).count()
     );
     for violation in found {
         println!("VIOLATION (seed {}) {violation}", history.seed);
@@ -1191,6 +1550,8 @@ fn print_log_lines(dir: &Path, found: &[check::Violation]) {
             .split(|c: char| c.is_whitespace() || "(),:".contains(c))
             .filter(|word| {
                 word.starts_with("t-")
+                    || word.starts_with("p-")
+                    || word.starts_with("sys-")
                     || word.starts_with("q-")
                     || word.starts_with("j-")
                     || word.starts_with("b-")
