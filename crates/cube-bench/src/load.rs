@@ -233,12 +233,26 @@ impl SimWorkers {
         manager: &str,
         count: usize,
     ) -> anyhow::Result<SimWorkers> {
+        // Heartbeats as often as `cube worker`'s default.
+        let sim = SimWorkers::spawn(managers, count, "sim", "2s").await?;
+        await_ready_nodes(http, manager, count).await?;
+        Ok(sim)
+    }
+
+    /// Starts `count` simulated workers named `PREFIX-N` with the heartbeat interval given,
+    /// and waits until they listen (not until the manager lists them).
+    pub(crate) async fn spawn(
+        managers: &str,
+        count: usize,
+        prefix: &str,
+        heartbeat_interval: &str,
+    ) -> anyhow::Result<SimWorkers> {
         let this = std::env::current_exe().context("finding cube-bench's own binary")?;
         let mut child = tokio::process::Command::new(&this)
             .args(["sim-workers", "--manager", managers, "--count"])
             .arg(count.to_string())
-            // Heartbeats as often as `cube worker`'s default.
-            .args(["--heartbeat-interval", "2s"])
+            .args(["--name-prefix", prefix])
+            .args(["--heartbeat-interval", heartbeat_interval])
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -251,7 +265,6 @@ impl SimWorkers {
             bail!("sim-workers did not start: {line:?}");
         }
         let pid = child.id().context("sim-workers exited as it started")?;
-        await_ready_nodes(http, manager, count).await?;
         Ok(SimWorkers { child, pid })
     }
 
@@ -261,7 +274,7 @@ impl SimWorkers {
 }
 
 /// Waits until the manager lists at least `count` nodes, all `Ready`.
-async fn await_ready_nodes(
+pub(crate) async fn await_ready_nodes(
     http: &reqwest::Client,
     manager: &str,
     count: usize,
@@ -286,7 +299,7 @@ async fn await_ready_nodes(
     }
 }
 
-async fn nodes(http: &reqwest::Client, manager: &str) -> anyhow::Result<Vec<Node>> {
+pub(crate) async fn nodes(http: &reqwest::Client, manager: &str) -> anyhow::Result<Vec<Node>> {
     crate::get_json(http, &format!("{manager}/nodes")).await
 }
 

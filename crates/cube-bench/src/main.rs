@@ -4,6 +4,7 @@
 //! none fails on a time: the figures are whatever they are.
 
 mod burst;
+mod c1m;
 mod chaos;
 mod containers;
 mod day_two;
@@ -345,6 +346,40 @@ enum Command {
     /// Runs --count real workers on an in-memory container runtime in this one process,
     /// registered with --manager, until SIGINT or SIGTERM (the footprint and store
     /// benchmarks start it themselves).
+    /// A million tasks on one manager (issue 30): 100 service jobs of 10,000 copies and
+    /// 10,000 bare tasks submitted at once through the API to a manager on redb, placed on
+    /// 10,000 simulated workers (the real worker code on an in-memory runtime); every 5 s the
+    /// tasks placed and running, placements/s, the manager's RSS and its store file's size;
+    /// then the time until all run, the manager's RSS, a restart on the same file, and the
+    /// count check (every task once, each running on a node). `--quick`: 100,000 tasks on 500
+    /// workers. Needs memory: several GB at a million.
+    C1m {
+        /// How many tasks in all (jobs and bare).
+        #[arg(long, default_value_t = 1_000_000)]
+        tasks: usize,
+        /// Copies per service job.
+        #[arg(long, default_value_t = 10_000)]
+        job_size: usize,
+        /// Bare tasks (`POST /tasks`), of the total.
+        #[arg(long, default_value_t = 10_000)]
+        bare: usize,
+        /// Simulated workers.
+        #[arg(long, default_value_t = 10_000)]
+        workers: usize,
+        /// Processes the simulated workers are spread over.
+        #[arg(long, default_value_t = 4)]
+        processes: usize,
+        /// Each simulated worker's heartbeat interval.
+        #[arg(long, default_value = "10s")]
+        heartbeat: String,
+        /// The quick figure: 100,000 tasks (9 jobs of 10,000 and 10,000 bare) on 500 workers
+        /// in 2 processes; overrides the sizes.
+        #[arg(long)]
+        quick: bool,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     SimWorkers {
         /// The manager to register with (HOST:PORT).
         #[arg(long)]
@@ -499,6 +534,29 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         Command::ChaosCheck { file } => chaos::check_file(&file),
+        Command::C1m {
+            tasks,
+            job_size,
+            bare,
+            workers,
+            processes,
+            heartbeat,
+            quick,
+            cube,
+        } => {
+            let options = match quick {
+                true => c1m::Options::quick(),
+                false => c1m::Options {
+                    tasks,
+                    job_size,
+                    bare,
+                    workers,
+                    processes,
+                    heartbeat,
+                },
+            };
+            c1m::c1m(options, &cube_binary(cube)?).await
+        }
         Command::SimWorkers {
             manager,
             count,

@@ -83,7 +83,11 @@ fn chaos_check_passes_a_clean_history_and_fails_one_with_an_overcommitted_node()
         stdout.contains("VIOLATION") && stdout.contains("worker-1"),
         "the violation names the node: {stdout}"
     );
-    assert!(text(&over.stderr).contains("seed 7"), "{}", text(&over.stderr));
+    assert!(
+        text(&over.stderr).contains("seed 7"),
+        "{}",
+        text(&over.stderr)
+    );
 }
 
 #[test]
@@ -91,7 +95,10 @@ fn bad_input_is_named_with_a_non_zero_exit_and_no_backtrace() {
     let missing = cube_bench(&["chaos-check", "/nonexistent/history.json"]);
     assert_eq!(missing.status.code(), Some(1));
     let stderr = text(&missing.stderr);
-    assert!(stderr.contains("cannot read the history /nonexistent/history.json"), "{stderr}");
+    assert!(
+        stderr.contains("cannot read the history /nonexistent/history.json"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -99,9 +106,17 @@ fn bad_input_is_named_with_a_non_zero_exit_and_no_backtrace() {
     std::fs::write(&garbage, "{").expect("written");
     let out = cube_bench(&["chaos-check", &garbage.display().to_string()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("is not a chaos history"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not a chaos history"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let duration = cube_bench(&["chaos", "--duration", "xyz"]);
     assert_eq!(duration.status.code(), Some(2));
-    assert!(text(&duration.stderr).contains("\"xyz\" is not a duration"), "{}", text(&duration.stderr));
+    assert!(
+        text(&duration.stderr).contains("\"xyz\" is not a duration"),
+        "{}",
+        text(&duration.stderr)
+    );
 }

@@ -1324,7 +1324,11 @@ mod tests {
             found.iter().map(|v| v.invariant).collect::<Vec<_>>(),
             vec![Invariant::JobConverged]
         );
-        assert!(found[0].message.contains("no copy on node w2"), "{}", found[0]);
+        assert!(
+            found[0].message.contains("no copy on node w2"),
+            "{}",
+            found[0]
+        );
 
         let mut twice = history.clone();
         let mut second = twice
@@ -1348,6 +1352,10 @@ mod tests {
             found.iter().map(|v| v.invariant).collect::<Vec<_>>(),
             vec![Invariant::JobConverged]
         );
-        assert!(found[0].message.contains("2 copies on node w1"), "{}", found[0]);
+        assert!(
+            found[0].message.contains("2 copies on node w1"),
+            "{}",
+            found[0]
+        );
     }
 }

@@ -932,7 +932,9 @@ async fn faults(
             73..=84 => {
                 let name = {
                     let workers = workers.lock().await;
-                    workers[rng.below(workers.len() as u64) as usize].name.clone()
+                    workers[rng.below(workers.len() as u64) as usize]
+                        .name
+                        .clone()
                 };
                 let drain = run
                     .op(
