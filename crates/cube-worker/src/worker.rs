@@ -978,6 +978,28 @@ impl<R: Runtime> Worker<R> {
                 tracing::warn!(container = %orphan.id, error = %err, "cannot remove orphaned container");
             }
         }
+        // A task that has ended runs nothing. A container may start after its task's stop
+        // all the same: the start a worker asked for just before it was killed goes on in
+        // the engine. (Listed before the tasks were read: a new run of the task, stored
+        // before its container is made, would not read as ended here.)
+        let ended: HashSet<Uuid> = tasks
+            .iter()
+            .filter(|task| task.status.state.is_terminal())
+            .map(|task| task.id)
+            .collect();
+        for stray in containers
+            .iter()
+            .filter(|c| c.running && c.task_id.is_some_and(|id| ended.contains(&id)))
+        {
+            tracing::warn!(container = %stray.id, task = ?stray.task_id, "stopping a container that runs for a task that has ended");
+            if let Err(err) = self
+                .runtime
+                .stop(&stray.id, self.config.stop_timeout)
+                .await
+            {
+                tracing::warn!(container = %stray.id, error = %err, "cannot stop the container of an ended task");
+            }
+        }
         Ok(())
     }
 

@@ -455,6 +455,50 @@ async fn stopping_a_pod_stops_a_container_of_it_that_its_record_does_not_name() 
     let _ = Command::new("docker").args(["rm", "-f", &stray]).output();
 }
 
+/// Found by the long chaos runs: a start the worker asked of Docker just before it was
+/// killed went on in the engine, and the pod's container began to run after the task's stop;
+/// the worker's look at its containers (the pod monitor's interval, 1 s here) stops it.
+#[tokio::test]
+async fn a_container_that_starts_for_a_pod_that_has_ended_is_stopped_by_the_next_look() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let name = unique_node("podlate");
+    let config = write(dir.path(), "worker.yaml", "pod_monitor:\n  interval: 1s\n");
+    let config_arg = config.display().to_string();
+    let _worker = manager.join_worker_with(&name, "persistent", &["--config", &config_arg]);
+    manager.await_ready_nodes(1).await;
+    let client = manager.client();
+    let id = run_file(&manager, &write(dir.path(), "pair.yml", PAIR));
+    running_pod(&client, &id, 2).await;
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    client.await_state(&id, "Completed").await;
+    assert_eq!(running_containers_with_label(&task_label(&id)), Vec::<String>::new());
+
+    // What the engine finishes after the stop: a container of the task that starts running.
+    let late = docker(&[
+        "run",
+        "-d",
+        "--label",
+        &task_label(&id),
+        "--label",
+        &format!("cube.node={name}"),
+        "--label",
+        "cube.pod-container=infra",
+        "cube-sample:latest",
+    ]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !running_containers_with_label(&task_label(&id)).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{late} still runs for the Completed task a minute later"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let seen = client.get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(seen["State"], "Completed", "the task stays as it ended");
+    let _ = Command::new("docker").args(["rm", "-f", &late]).output();
+}
+
 #[tokio::test]
 async fn two_pods_of_one_compose_file_run_side_by_side_on_one_worker() {
     let cluster = OneNodeCluster::start("podtwo").await;
