@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::Utc;
 use cube_api::ApiClient;
 use cube_types::job::Job;
 use cube_types::{NodeReport, Resources, State};
@@ -194,7 +195,9 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
         .cloned()
         .ok_or(ManagerError::NotFound(task.id))?;
     let node = ended.status.node_name.clone();
-    ended.status.state = State::Completed;
+    ended
+        .end(State::Completed, None, Utc::now())
+        .map_err(|transition| ManagerError::Conflict(transition.to_string()))?;
     let mut writes = Writes::default();
     {
         let mut state = lock(&manager.state);

@@ -137,13 +137,10 @@ impl Manager {
                     continue;
                 };
                 let mut task = task.clone();
-                if task.move_to(State::Failed).is_err() {
+                let reason = format!("node {name} was removed");
+                if task.end(State::Failed, Some(reason), Utc::now()).is_err() {
                     continue;
                 }
-                let reason = format!("node {name} was removed");
-                task.status.run.error = Some(reason.clone());
-                task.status.run.finish_time.get_or_insert_with(Utc::now);
-                task.record(Utc::now(), "Failed", reason);
                 self.save(&mut state, &mut writes, task)?;
                 failed.push(id);
             }

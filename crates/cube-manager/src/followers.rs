@@ -110,13 +110,11 @@ impl Manager {
                     }
                     State::Running => {
                         let mut failed = known.clone();
-                        if failed.move_to(State::Failed).is_err() {
+                        let reason =
+                            format!("worker {node} no longer has this task (its store was lost?)");
+                        if failed.end(State::Failed, Some(reason), Utc::now()).is_err() {
                             continue;
                         }
-                        failed.status.run.finish_time = Some(Utc::now());
-                        failed.status.run.error = Some(format!(
-                            "worker {node} no longer has this task (its store was lost?)"
-                        ));
                         tracing::warn!(task = %id, node, "the worker no longer has a running task");
                         if let Err(err) = self.save(&mut state, &mut writes, failed) {
                             tracing::error!(task = %id, error = %err, "cannot store a failure");
@@ -532,6 +530,44 @@ mod tests {
         assert_eq!(asked, 2, "the list, then one blocking query that waits");
         manager.shutdown.cancel();
         server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_running_task_its_worker_no_longer_lists_fails_with_its_end_recorded() {
+        let manager = crate::manager::manager_for_tests();
+        crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
+        let id = manager
+            .accept_task(Task::new("t", "cube-sample:latest"), None)
+            .await
+            .unwrap()
+            .id;
+        let mut writes = Writes::default();
+        assert_eq!(manager.placement_pass(&mut writes).unwrap(), vec![id]);
+        manager.settle(writes).await.unwrap();
+        manager
+            .with_writes(|writes| {
+                let mut state = lock(&manager.state);
+                let mut task = state.cache.get(&id).unwrap().clone();
+                task.move_to(State::Running).unwrap();
+                manager.save(&mut state, writes, task)
+            })
+            .await
+            .unwrap();
+        // The worker's whole list, without the task: its store was lost.
+        manager.observe("w1", Vec::new(), true).await;
+        let failed = manager.task(id).unwrap();
+        assert_eq!(failed.status.state, State::Failed);
+        assert!(failed.status.run.finish_time.is_some(), "{failed:?}");
+        let reason = failed.status.run.error.clone().unwrap_or_default();
+        assert!(reason.contains("no longer has this task"), "{reason}");
+        let entry = failed.status.history.last().unwrap();
+        assert_eq!(
+            (entry.event.as_ref(), entry.message.as_str()),
+            ("Failed", reason.as_str()),
+            "the end is in the history: {:?}",
+            failed.status.history
+        );
+        manager.shutdown.cancel();
     }
 
     #[tokio::test]

@@ -54,19 +54,12 @@ impl Manager {
                 let Some(task) = state.cache.get(&id) else {
                     continue;
                 };
-                let Ok(next) = task.status.state.transition(State::Lost) else {
-                    continue;
-                };
-                if next == task.status.state {
-                    continue;
-                }
                 let mut task = task.clone();
                 let message = format!("node {name} sent nothing for longer than {grace:?}");
-                if task.move_to(next).is_err() {
+                // A task already lost (or ended) is left as it is.
+                if task.end(State::Lost, Some(message), Utc::now()).is_err() {
                     continue;
                 }
-                task.status.run.error = Some(message.clone());
-                task.record(Utc::now(), "Lost", message);
                 if let Err(err) = self.save(&mut state, writes, task) {
                     tracing::error!(task = %id, error = %err, "cannot store a lost task");
                     continue;

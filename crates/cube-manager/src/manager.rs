@@ -995,11 +995,13 @@ fn lose_tasks_of_forgotten_node(
             continue;
         };
         let mut lost = task.clone();
-        if lost.move_to(State::Lost).is_err() {
+        // A task already lost at an earlier start is left as it is.
+        if lost
+            .end(State::Lost, Some(reason.to_string()), Utc::now())
+            .is_err()
+        {
             continue;
         }
-        lost.status.run.error = Some(reason.to_string());
-        lost.record(Utc::now(), "Lost", reason);
         stores.tasks.put(&id.to_string(), &lost)?;
         let previous = cache.insert(lost);
         if let Some(held) = cache.shared(&id) {
@@ -1146,5 +1148,22 @@ mod tests {
         let stored = stores.tasks.get(&task.id.to_string()).unwrap().unwrap();
         assert_eq!(stored.status.state, State::Lost, "and so it is stored");
         assert!(manager.node("gone").is_err());
+        // Started again on the same store: the task was lost once, and says so once.
+        drop(manager);
+        let again = Manager::open(
+            test_config(),
+            stores.clone(),
+            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let lost = again.task(task.id).unwrap();
+        let entries: Vec<&str> = lost
+            .status
+            .history
+            .iter()
+            .map(|entry| entry.event.as_ref())
+            .collect();
+        assert_eq!(entries, ["Lost"], "{:?}", lost.status.history);
     }
 }

@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, ClientError};
 use cube_controller::runner::{Action, ErrorPolicy, ExponentialBackoff, Failure, ReadyGate};
 use cube_store::StoreError;
-use cube_types::{State, Task, TaskEvent};
+use cube_types::{RestartBy, State, Task, TaskEvent};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -206,29 +206,13 @@ impl Manager {
             return Ok(false);
         }
         let mut task = task.clone();
-        let Ok(pending) = task.status.state.restart() else {
+        let by = RestartBy::Policy {
+            failure_streak: streak,
+        };
+        let Ok(message) = task.restart(by, Utc::now()) else {
             return Ok(false);
         };
-        let why = match (task.status.state, &task.status.run.error) {
-            (State::Lost, _) => format!("node {} was lost", task.status.node_name),
-            (_, Some(error)) => error.clone(),
-            (ended, None) => format!("it ended {ended}"),
-        };
-        let limit = task
-            .spec
-            .max_restarts
-            .map(|max| format!(" of {max}"))
-            .unwrap_or_default();
-        task.status.state = pending;
-        task.status.restart_count += 1;
-        task.status.failure_streak = streak;
-        task.clear_observed();
-        let message = format!(
-            "restart {}{limit}; the last run: {why}",
-            task.status.restart_count
-        );
         tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
-        task.record(Utc::now(), "Restart", message);
         self.save(&mut state, writes, task)?;
         Ok(true)
     }
@@ -260,30 +244,15 @@ impl Manager {
                 )));
             }
             let mut task = known.clone();
-            let pending = task.status.state.restart().map_err(|_| {
+            let message = task.restart(RestartBy::User, Utc::now()).map_err(|_| {
                 ManagerError::Conflict(format!(
                     "task {} ({id}) is {} and has not ended: only a task that ended \
                      (Completed, Failed or Lost) can be restarted; stop it first (cube stop \
                      --wait {}), then restart it",
-                    task.name, task.status.state, task.name
+                    known.name, known.status.state, known.name
                 ))
             })?;
-            let why = match (task.status.state, &task.status.run.error) {
-                (State::Lost, _) => format!("node {} was lost", task.status.node_name),
-                (_, Some(error)) => error.clone(),
-                (ended, None) => format!("it ended {ended}"),
-            };
-            task.status.state = pending;
-            task.status.restart_count += 1;
-            task.status.failure_streak = 0;
-            task.spec.desired_state = State::Running;
-            task.clear_observed();
-            let message = format!(
-                "restart {}, asked by the user; the last run: {why}",
-                task.status.restart_count
-            );
             tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
-            task.record(Utc::now(), "Restart", message);
             self.save(&mut state, &mut writes, task.clone())
                 .map(|()| task)
         };
@@ -353,25 +322,21 @@ impl Manager {
         let mut task = task.clone();
         // A request that waited past its `QueueTimeout` gave up: that is a failure, with the
         // expiry as its error, not a stop the user asked for.
-        let expired = crate::queue_controller::expiry_of(&state, &task);
-        let now = Utc::now();
-        match expired {
-            Some(reason) => {
-                if task.move_to(State::Failed).is_err() {
-                    return Ok(());
-                }
-                let error = format!("expired in the queue: {reason}");
-                task.record(now, "Failed", error.clone());
-                task.status.run.error = Some(error);
-            }
-            None => {
-                if task.move_to(State::Completed).is_err() {
-                    return Ok(());
-                }
-            }
+        let ended = match crate::queue_controller::expiry_of(&state, &task) {
+            Some(reason) => task.end(
+                State::Failed,
+                Some(format!("expired in the queue: {reason}")),
+                Utc::now(),
+            ),
+            None => task.end(
+                State::Completed,
+                Some("stopped before it was placed".to_string()),
+                Utc::now(),
+            ),
+        };
+        if ended.is_err() {
+            return Ok(());
         }
-        task.status.run.finish_time = Some(now);
-        task.status.pending_reason = None;
         self.save(&mut state, writes, task)
     }
 
@@ -442,9 +407,12 @@ impl Manager {
                     match state.cache.get(&task.id) {
                         Some(known) if !known.status.state.is_terminal() => {
                             let mut stopped = known.clone();
-                            match stopped.move_to(State::Completed) {
+                            let reason = format!(
+                                "stopped; node {} does not have it: nothing runs there",
+                                task.status.node_name
+                            );
+                            match stopped.end(State::Completed, Some(reason), Utc::now()) {
                                 Ok(()) => {
-                                    stopped.status.run.finish_time = Some(Utc::now());
                                     self.save(&mut state, &mut writes, stopped).map(|()| true)
                                 }
                                 Err(_) => Ok(false),
@@ -475,12 +443,13 @@ impl Manager {
                 return;
             };
             let mut failed = known.clone();
-            if failed.move_to(State::Failed).is_err() {
+            if failed
+                .end(State::Failed, Some(reason.clone()), Utc::now())
+                .is_err()
+            {
                 return;
             }
             tracing::warn!(task = %id, %reason, "task failed");
-            failed.status.run.finish_time = Some(Utc::now());
-            failed.status.run.error = Some(reason);
             let freed = holds_resources(known);
             if let Err(err) = self.save(&mut state, &mut writes, failed) {
                 tracing::error!(task = %id, error = %err, "cannot store a failure");
@@ -491,5 +460,134 @@ impl Manager {
         if freed {
             self.push_waiting();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A manager with one node that answers every request with `status` (a worker that
+    /// refuses, or that never had the task), and a task accepted there, placed on it.
+    async fn placed_on_a_node_that_answers(
+        status: u16,
+    ) -> (Arc<Manager>, Uuid, tokio::task::JoinHandle<()>) {
+        let status = axum::http::StatusCode::from_u16(status).unwrap();
+        let worker = axum::Router::new().fallback(move || async move {
+            (status, axum::Json(serde_json::json!({"Error": "not here"})))
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let _ = axum::serve(listener, worker).await;
+        });
+        let manager = crate::manager::manager_for_tests();
+        let report = cube_types::NodeReport {
+            name: "w1".to_string(),
+            address: format!("http://{address}"),
+            capacity: cube_types::Resources {
+                cpu: 2.0,
+                memory: 1 << 30,
+                disk: 0,
+            },
+            stats: None,
+            labels: Default::default(),
+            version: None,
+            host_policy: None,
+        };
+        manager
+            .report_node(report, crate::nodes::NodeSource::Registered)
+            .await
+            .unwrap();
+        let id = manager
+            .accept_task(Task::new("t", "cube-sample:latest"), None)
+            .await
+            .unwrap()
+            .id;
+        let mut writes = Writes::default();
+        assert_eq!(manager.placement_pass(&mut writes).unwrap(), vec![id]);
+        manager.settle(writes).await.unwrap();
+        (manager, id, server)
+    }
+
+    fn client_of(manager: &Manager, node: &str) -> Option<ApiClient> {
+        lock(&manager.state)
+            .nodes
+            .get(node)
+            .map(|entry| entry.client.clone())
+    }
+
+    /// The task's last history entry: its event and message.
+    fn last_entry(task: &Task) -> (String, String) {
+        let entry = task.status.history.last().unwrap();
+        (entry.event.to_string(), entry.message.clone())
+    }
+
+    #[tokio::test]
+    async fn a_task_its_worker_refuses_fails_with_its_end_recorded() {
+        let (manager, id, server) = placed_on_a_node_that_answers(403).await;
+        let task = manager.task(id).unwrap().as_ref().clone();
+        let action = manager
+            .dispatch(task, client_of(&manager, "w1"))
+            .await
+            .unwrap();
+        assert!(matches!(action, Action::Done));
+        let failed = manager.task(id).unwrap();
+        assert_eq!(failed.status.state, State::Failed);
+        assert!(failed.status.run.finish_time.is_some(), "{failed:?}");
+        let error = failed.status.run.error.clone().unwrap_or_default();
+        assert!(error.contains("worker w1 refused the task"), "{error}");
+        assert_eq!(last_entry(&failed), ("Failed".to_string(), error));
+        manager.shutdown.cancel();
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_stopped_task_its_worker_never_had_completes_with_its_end_recorded() {
+        let (manager, id, server) = placed_on_a_node_that_answers(404).await;
+        manager.stop_tasks(&[id], None).await.unwrap();
+        let task = manager.task(id).unwrap().as_ref().clone();
+        let action = manager
+            .stop_on_node(task, client_of(&manager, "w1"))
+            .await
+            .unwrap();
+        assert!(matches!(action, Action::Done));
+        let stopped = manager.task(id).unwrap();
+        assert_eq!(stopped.status.state, State::Completed);
+        assert!(stopped.status.run.finish_time.is_some(), "{stopped:?}");
+        assert_eq!(stopped.status.run.error, None);
+        let (event, message) = last_entry(&stopped);
+        assert_eq!(event, "Completed");
+        assert!(message.contains("node w1 does not have it"), "{message}");
+        manager.shutdown.cancel();
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_task_stopped_before_it_was_placed_completes_with_its_end_recorded() {
+        // No node: the task waits.
+        let manager = crate::manager::manager_for_tests();
+        let id = manager
+            .accept_task(Task::new("t", "cube-sample:latest"), None)
+            .await
+            .unwrap()
+            .id;
+        manager.stop_tasks(&[id], None).await.unwrap();
+        manager
+            .with_writes(|writes| manager.complete_unplaced(id, writes))
+            .await
+            .unwrap();
+        let stopped = manager.task(id).unwrap();
+        assert_eq!(stopped.status.state, State::Completed);
+        assert!(stopped.status.run.finish_time.is_some(), "{stopped:?}");
+        assert_eq!(stopped.status.pending_reason, None);
+        assert_eq!(
+            last_entry(&stopped),
+            (
+                "Completed".to_string(),
+                "stopped before it was placed".to_string()
+            )
+        );
+        manager.shutdown.cancel();
     }
 }

@@ -42,5 +42,5 @@ pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{
     Health, HealthCheckType, HistoryEntry, HostBinding, HostPort, PortProtocol, Receiver,
-    RestartPolicy, RunStatus, Task,
+    RestartBy, RestartPolicy, RunStatus, Task,
 };

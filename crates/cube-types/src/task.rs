@@ -760,6 +760,17 @@ pub struct RunStatus {
     pub containers: Vec<ContainerStatus>,
 }
 
+/// Who begins a task's new run ([`Task::restart`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartBy {
+    /// The restart policy, after the run's backoff: `failure_streak` is the failures in a row
+    /// the next backoff is counted from.
+    Policy { failure_streak: u32 },
+    /// The user (`cube restart`): the failure streak starts over and the task is wanted
+    /// running again.
+    User,
+}
+
 /// How many history entries a task keeps.
 pub const HISTORY_LIMIT: usize = 30;
 
@@ -997,6 +1008,91 @@ impl Task {
             self.status.healthy_since = None;
         }
         Ok(())
+    }
+
+    /// Ends the task's run as the manager records it, when the manager itself decides the
+    /// end (the worker no longer has the task, refused it, or its node was removed, lost or
+    /// never had it; a request that never got placed): the one place such an end is written,
+    /// so that every one of them looks the same in the API, the history and the events.
+    ///
+    /// `state` is `Completed`, `Failed` or `Lost`, checked against the transition table; a
+    /// task already in `state` (a second end of the same run) is refused too, and left as it
+    /// was. On success the task is in `state`, with a history entry named after the state
+    /// whose message is `reason` (empty without one), and no reason to wait for placement.
+    /// `Completed` and `Failed` end the run: its finish time is set to `now` unless the run
+    /// already has one (a time the worker observed is the better one). `Lost` does not: its
+    /// node stopped answering and the run may still go on there (`Lost → Running`). The
+    /// reason of a `Failed` or `Lost` task is its run's error too; a `Completed` task's error
+    /// is left as it was (an end asked for is not an error).
+    pub fn end(
+        &mut self,
+        state: State,
+        reason: Option<String>,
+        now: DateTime<Utc>,
+    ) -> Result<(), crate::state::Transition> {
+        let refused = crate::state::Transition {
+            from: self.status.state,
+            to: state,
+        };
+        if !matches!(state, State::Completed | State::Failed | State::Lost)
+            || self.status.state == state
+        {
+            return Err(refused);
+        }
+        self.move_to(state)?;
+        if state != State::Lost {
+            self.status.run.finish_time.get_or_insert(now);
+        }
+        if state != State::Completed
+            && let Some(reason) = &reason
+        {
+            self.status.run.error = Some(reason.clone());
+        }
+        self.status.pending_reason = None;
+        self.record(now, state.name(), reason.unwrap_or_default());
+        Ok(())
+    }
+
+    /// Begins a new run of a task that ended or was lost, under the same ID: back to
+    /// `Pending` by the one explicit way back ([`State::restart`]), one more `RestartCount`
+    /// (a worker makes the new run a new container), the last run's observations and the
+    /// manager's account of what came next forgotten ([`Task::clear_observed`]), and a
+    /// `Restart` history entry saying which restart this is and how the last run ended. A
+    /// task that has not ended is refused and left as it was. Returns the entry's message.
+    pub fn restart(
+        &mut self,
+        by: RestartBy,
+        now: DateTime<Utc>,
+    ) -> Result<String, crate::state::Transition> {
+        let pending = self.status.state.restart()?;
+        let last_run = match (self.status.state, &self.status.run.error) {
+            (State::Lost, _) => format!("node {} was lost", self.status.node_name),
+            (_, Some(error)) => error.clone(),
+            (ended, None) => format!("it ended {ended}"),
+        };
+        self.status.state = pending;
+        self.status.restart_count += 1;
+        let count = self.status.restart_count;
+        let message = match by {
+            RestartBy::Policy { failure_streak } => {
+                self.status.failure_streak = failure_streak;
+                let limit = self
+                    .spec
+                    .max_restarts
+                    .map(|max| format!(" of {max}"))
+                    .unwrap_or_default();
+                format!("restart {count}{limit}; the last run: {last_run}")
+            }
+            RestartBy::User => {
+                // The user asked for a fresh start, not a policy's backoff, and for a run.
+                self.status.failure_streak = 0;
+                self.spec.desired_state = State::Running;
+                format!("restart {count}, asked by the user; the last run: {last_run}")
+            }
+        };
+        self.clear_observed();
+        self.record(now, "Restart", message.clone());
+        Ok(message)
     }
 
     /// Whether the current run counts as healthy: running, and its health check passed (or
@@ -2893,5 +2989,198 @@ mod history_tests {
         let mut expected = whole.clone();
         expected.as_object_mut().unwrap().remove("History");
         assert_eq!(without, expected);
+    }
+}
+
+#[cfg(test)]
+mod life_tests {
+    use super::*;
+    use crate::state::Transition;
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).unwrap()
+    }
+
+    fn running_on(node: &str) -> Task {
+        let mut task = Task::new("t", "img");
+        task.status.state = State::Running;
+        task.status.node_name = node.into();
+        task.status.run.start_time = Some(at(0));
+        task.status.healthy_since = Some(at(1));
+        task
+    }
+
+    #[test]
+    fn a_failure_sets_the_state_finish_time_error_and_one_history_entry() {
+        let mut task = running_on("w1");
+        task.end(State::Failed, Some("node w1 was removed".into()), at(5))
+            .unwrap();
+        assert_eq!(task.status.state, State::Failed);
+        assert_eq!(task.status.run.finish_time, Some(at(5)));
+        assert_eq!(
+            task.status.run.error.as_deref(),
+            Some("node w1 was removed")
+        );
+        assert_eq!(task.status.healthy_since, None);
+        assert_eq!(task.status.history.len(), 1);
+        let entry = &task.status.history[0];
+        assert_eq!(
+            (entry.time, entry.event.as_ref(), entry.message.as_str()),
+            (at(5), "Failed", "node w1 was removed")
+        );
+    }
+
+    #[test]
+    fn a_completion_keeps_the_error_it_had_and_leaves_pending_reason_behind() {
+        let mut task = Task::new("t", "img");
+        task.status.pending_reason = Some("no node has room".into());
+        task.end(
+            State::Completed,
+            Some("stopped before it was placed".into()),
+            at(3),
+        )
+        .unwrap();
+        assert_eq!(task.status.state, State::Completed);
+        assert_eq!(task.status.run.finish_time, Some(at(3)));
+        assert_eq!(task.status.run.error, None);
+        assert_eq!(task.status.pending_reason, None);
+        assert_eq!(task.status.history[0].event, "Completed");
+        assert_eq!(
+            task.status.history[0].message,
+            "stopped before it was placed"
+        );
+
+        let mut unhealthy = running_on("w1");
+        unhealthy.status.run.error = Some("probe failed".into());
+        unhealthy.end(State::Completed, None, at(4)).unwrap();
+        assert_eq!(unhealthy.status.run.error.as_deref(), Some("probe failed"));
+        assert_eq!(unhealthy.status.history[0].message, "");
+    }
+
+    #[test]
+    fn a_finish_time_the_run_already_has_is_kept() {
+        let mut task = running_on("w1");
+        task.status.run.finish_time = Some(at(2));
+        task.end(State::Failed, Some("gone".into()), at(9)).unwrap();
+        assert_eq!(task.status.run.finish_time, Some(at(2)));
+    }
+
+    #[test]
+    fn a_lost_task_has_no_finish_time_and_its_later_end_sets_one() {
+        let mut task = running_on("w1");
+        task.end(State::Lost, Some("node w1 sent nothing".into()), at(5))
+            .unwrap();
+        assert_eq!(task.status.state, State::Lost);
+        assert_eq!(task.status.run.finish_time, None);
+        assert_eq!(
+            task.status.run.error.as_deref(),
+            Some("node w1 sent nothing")
+        );
+        assert_eq!(task.status.history[0].event, "Lost");
+        // Removed while lost: now the run is over.
+        task.end(State::Failed, Some("node w1 was removed".into()), at(8))
+            .unwrap();
+        assert_eq!(task.status.run.finish_time, Some(at(8)));
+        assert_eq!(task.status.history.len(), 2);
+    }
+
+    #[test]
+    fn a_second_end_is_refused_and_changes_nothing() {
+        let mut task = running_on("w1");
+        task.end(State::Failed, Some("first".into()), at(5))
+            .unwrap();
+        let ended = task.clone();
+        assert_eq!(
+            task.end(State::Failed, Some("second".into()), at(9)),
+            Err(Transition {
+                from: State::Failed,
+                to: State::Failed
+            })
+        );
+        assert!(task.end(State::Completed, None, at(9)).is_err());
+        assert_eq!(task, ended);
+
+        let mut lost = running_on("w1");
+        lost.end(State::Lost, Some("silent".into()), at(5)).unwrap();
+        let once = lost.clone();
+        assert!(
+            lost.end(State::Lost, Some("silent again".into()), at(9))
+                .is_err()
+        );
+        assert_eq!(lost, once);
+    }
+
+    #[test]
+    fn an_end_outside_the_table_or_to_a_live_state_is_refused() {
+        let mut pending = Task::new("t", "img");
+        assert!(pending.end(State::Lost, None, at(1)).is_err());
+        for live in [State::Pending, State::Scheduled, State::Running] {
+            let mut task = running_on("w1");
+            let before = task.clone();
+            assert!(task.end(live, None, at(1)).is_err(), "{live}");
+            assert_eq!(task, before);
+        }
+        assert_eq!(pending.status.history.len(), 0);
+    }
+
+    #[test]
+    fn a_restart_by_the_policy_counts_the_run_and_forgets_the_last_one() {
+        let mut task = running_on("w1");
+        task.spec.max_restarts = Some(5);
+        task.status.run.exit_code = Some(1);
+        task.end(State::Failed, Some("exit code 1".into()), at(5))
+            .unwrap();
+        let message = task
+            .restart(RestartBy::Policy { failure_streak: 3 }, at(7))
+            .unwrap();
+        assert_eq!(message, "restart 1 of 5; the last run: exit code 1");
+        assert_eq!(task.status.state, State::Pending);
+        assert_eq!(task.status.restart_count, 1);
+        assert_eq!(task.status.failure_streak, 3);
+        assert_eq!(task.status.run, RunStatus::default());
+        // The node is kept: the placement that follows tries it first.
+        assert_eq!(task.status.node_name, "w1");
+        let entry = task.status.history.last().unwrap();
+        assert_eq!(
+            (entry.time, entry.event.as_ref(), entry.message.as_str()),
+            (at(7), "Restart", message.as_str())
+        );
+    }
+
+    #[test]
+    fn a_restart_by_the_user_wants_a_fresh_run() {
+        let mut task = running_on("w1");
+        task.spec.desired_state = State::Completed;
+        task.status.failure_streak = 4;
+        task.end(State::Completed, None, at(5)).unwrap();
+        let message = task.restart(RestartBy::User, at(6)).unwrap();
+        assert_eq!(
+            message,
+            "restart 1, asked by the user; the last run: it ended Completed"
+        );
+        assert_eq!(task.status.failure_streak, 0);
+        assert_eq!(task.spec.desired_state, State::Running);
+
+        let mut lost = running_on("w2");
+        lost.end(State::Lost, Some("silent".into()), at(5)).unwrap();
+        let message = lost.restart(RestartBy::User, at(6)).unwrap();
+        assert_eq!(
+            message,
+            "restart 1, asked by the user; the last run: node w2 was lost"
+        );
+    }
+
+    #[test]
+    fn a_task_that_has_not_ended_is_not_restarted() {
+        let mut task = running_on("w1");
+        let before = task.clone();
+        assert_eq!(
+            task.restart(RestartBy::User, at(1)),
+            Err(Transition {
+                from: State::Running,
+                to: State::Pending
+            })
+        );
+        assert_eq!(task, before);
     }
 }

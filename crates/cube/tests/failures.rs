@@ -525,6 +525,42 @@ async fn a_manager_killed_and_restarted_restarts_no_healthy_task() {
 }
 
 #[tokio::test]
+async fn a_task_stopped_before_it_was_placed_ends_with_its_finish_time_history_and_event() {
+    // No worker: the task waits, never placed.
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("roundrobin", "memory", dir.path(), 0);
+    let client = manager.client();
+    let mut events = EventReader::open(&manager, "?topic=Task").await;
+    let id = client.submit(&sleeper("unplaced")).await;
+    client
+        .await_task(&id, "a reason to wait", |task| {
+            task["PendingReason"].is_string()
+        })
+        .await;
+    assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
+    let ended = client.await_state(&id, "Completed").await;
+    assert!(ended["FinishTime"].is_string(), "{ended}");
+    assert!(ended["PendingReason"].is_null(), "{ended}");
+    let history = ended["History"].as_array().unwrap();
+    let last = history.last().unwrap();
+    assert_eq!(last["Event"], "Completed", "{ended}");
+    assert_eq!(last["Message"], "stopped before it was placed", "{ended}");
+    // The stream says how it ended, as it does for a task a worker stopped.
+    let kinds: Vec<String> = events
+        .task_events_until(&id, "Completed")
+        .await
+        .iter()
+        .map(|event| event["Type"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("Completed"),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"StopRequested".to_string()), "{kinds:?}");
+}
+
+#[tokio::test]
 async fn a_stop_during_the_restart_backoff_ends_the_task_for_good() {
     let (manager, workers, _dir) = cluster("backoff", 1, "10s").await;
     let client = manager.client();
