@@ -78,7 +78,7 @@ pub(crate) async fn spawn_cube_logged_to(
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log_path)
+        .open(log_path)
         .with_context(|| format!("opening {}", log_path.display()))?;
     let mut command = tokio::process::Command::new(cube);
     command.args(args);

@@ -85,8 +85,9 @@ pub struct ReportEffect {
     pub changed: bool,
     /// The address changed (or the node is new): (re)start following it.
     pub moved: bool,
-    /// The node can take work it could not before (new, back from `Down`, bigger, or with
-    /// other labels, which may meet a waiting task's constraints).
+    /// The node can take work it could not before (new, back from `Down`, at a new address,
+    /// which makes an unreachable node `Ready` again, bigger, or with other labels, which may
+    /// meet a waiting task's constraints).
     pub more_room: bool,
 }
 
@@ -205,7 +206,10 @@ impl NodeRegistry {
                 ReportEffect {
                     changed,
                     moved,
-                    more_room: !was_ready || bigger || relabelled || repolicied,
+                    // A moved node is a worker started again: if it was unreachable, it is
+                    // `Ready` again from this report on, with room for what waited for it
+                    // (found by `cube-bench chaos`: a newer request took that room first).
+                    more_room: !was_ready || moved || bigger || relabelled || repolicied,
                 }
             }
             None => {
@@ -416,5 +420,23 @@ mod tests {
             entry.view(&cache, now, grace, &|_| None).labels,
             *entry.labels
         );
+    }
+
+    /// Found by the 30-minute chaos run on etcd: a worker killed and started again within the
+    /// heartbeat grace reports from a new port; the manager had found it unreachable, and
+    /// this report makes it `Ready` again. That is room appearing: every waiting request must
+    /// be looked at in order, or a newer one's pass takes it.
+    #[test]
+    fn an_unreachable_node_back_at_a_new_address_counts_as_more_room() {
+        let mut registry = NodeRegistry::default();
+        let grace = Duration::from_secs(10);
+        let now = Instant::now();
+        registry.report(report(&[]), NodeSource::Registered, client, now, grace);
+        assert!(registry.set_unreachable("w1", Some("connection refused".into())));
+        let mut restarted = report(&[]);
+        restarted.address = "http://127.0.0.1:2".into();
+        let back = registry.report(restarted, NodeSource::Registered, client, now, grace);
+        assert!(back.moved && back.more_room, "{back:?}");
+        assert!(registry.get("w1").unwrap().unreachable.is_none());
     }
 }

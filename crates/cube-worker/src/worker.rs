@@ -992,11 +992,7 @@ impl<R: Runtime> Worker<R> {
             .filter(|c| c.running && c.task_id.is_some_and(|id| ended.contains(&id)))
         {
             tracing::warn!(container = %stray.id, task = ?stray.task_id, "stopping a container that runs for a task that has ended");
-            if let Err(err) = self
-                .runtime
-                .stop(&stray.id, self.config.stop_timeout)
-                .await
-            {
+            if let Err(err) = self.runtime.stop(&stray.id, self.config.stop_timeout).await {
                 tracing::warn!(container = %stray.id, error = %err, "cannot stop the container of an ended task");
             }
         }

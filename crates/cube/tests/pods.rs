@@ -472,7 +472,10 @@ async fn a_container_that_starts_for_a_pod_that_has_ended_is_stopped_by_the_next
     running_pod(&client, &id, 2).await;
     assert_eq!(client.delete(&format!("/tasks/{id}")).await.status, 204);
     client.await_state(&id, "Completed").await;
-    assert_eq!(running_containers_with_label(&task_label(&id)), Vec::<String>::new());
+    assert_eq!(
+        running_containers_with_label(&task_label(&id)),
+        Vec::<String>::new()
+    );
 
     // What the engine finishes after the stop: a container of the task that starts running.
     let late = docker(&[
