@@ -160,10 +160,16 @@ fn failure_of(task: &Task, update: &UpdateSettings, now: DateTime<Utc>) -> Optio
             .map(|code| format!("exit code {code}"))
     });
     let why = match (task.status.state, detail) {
-        (State::Lost, _) => Some("was lost with its node".to_string()),
+        // Its node was lost: that says nothing of the version. The copy is run again
+        // elsewhere and counts once it is healthy there (found by `cube-bench chaos`: a
+        // worker killed under a canary failed the deployment, and the job stayed half on its
+        // old version).
+        (State::Lost, _) => None,
         (State::Failed, Some(detail)) => Some(format!("failed: {detail}")),
         (State::Failed, None) => Some("failed".to_string()),
-        _ if task.status.restart_count > 0 => Some(format!(
+        // Restarted after a run of its own ended: the failure streak counts those, and a
+        // restart after its node was lost leaves it as it was.
+        _ if task.status.failure_streak > 0 => Some(format!(
             "failed and was restarted ({} time{})",
             task.status.restart_count,
             if task.status.restart_count == 1 {
@@ -607,6 +613,7 @@ mod tests {
         let first = assess(&v2, None, Some(1), &[], at(0)).deployment;
         let mut bad = copy(&v2, 0, 1, None);
         bad.status.restart_count = 1;
+        bad.status.failure_streak = 1;
         bad.status.state = State::Pending;
         let rollout = assess(&v2, Some(&first), Some(1), &[&bad], at(3));
         assert_eq!(rollout.deployment.state, DeploymentState::Reverted);
@@ -615,6 +622,33 @@ mod tests {
         let nothing_stable = assess(&v2, Some(&first), None, &[&bad], at(3));
         assert_eq!(nothing_stable.deployment.state, DeploymentState::Failed);
         assert_eq!(nothing_stable.revert_to, None);
+    }
+
+    #[test]
+    fn a_copy_whose_node_was_lost_does_not_fail_the_deployment_and_one_that_failed_does() {
+        let v2 = record(1, update(1, 0), 2);
+        let first = assess(&v2, None, None, &[], at(0)).deployment;
+        let mut lost = copy(&v2, 0, 1, None);
+        lost.status.state = State::Lost;
+        let rollout = assess(&v2, Some(&first), None, &[&lost], at(3));
+        assert_eq!(rollout.deployment.state, DeploymentState::Running);
+        // Run again elsewhere after its node was lost: the streak is as it was.
+        lost.status.state = State::Pending;
+        lost.status.restart_count = 1;
+        let rollout = assess(&v2, Some(&first), None, &[&lost], at(4));
+        assert_eq!(rollout.deployment.state, DeploymentState::Running);
+        // Restarted after a failure of its own.
+        lost.status.failure_streak = 1;
+        let rollout = assess(&v2, Some(&first), None, &[&lost], at(5));
+        assert_eq!(rollout.deployment.state, DeploymentState::Failed);
+        assert!(
+            rollout
+                .deployment
+                .reason
+                .contains("failed and was restarted (1 time)"),
+            "{}",
+            rollout.deployment.reason
+        );
     }
 
     #[test]
