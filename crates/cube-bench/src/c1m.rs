@@ -111,6 +111,24 @@ fn file_mb(path: &Path) -> f64 {
     std::fs::metadata(path).map_or(0.0, |meta| meta.len() as f64 / 1e6)
 }
 
+/// The manager on its redb file in `data_dir`, started or started again. The simulated
+/// workers' heartbeats may be late on a busy machine: a node marked down would have its tasks
+/// placed again, which is not what is measured.
+async fn start_manager(cube: &Path, data_dir: &Path) -> anyhow::Result<ManagerProcess> {
+    ManagerProcess::start_with(
+        cube,
+        data_dir,
+        0,
+        &[
+            "-d",
+            DbType::Persistent.as_arg(),
+            "--heartbeat-grace",
+            "120s",
+        ],
+    )
+    .await
+}
+
 pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
     let total = options.total();
     anyhow::ensure!(
@@ -129,20 +147,7 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
     );
     let data_dir = tempfile::Builder::new().prefix("cube-c1m-").tempdir()?;
     let store_file = data_dir.path().join("manager.redb");
-    // The simulated workers' heartbeats may be late on a busy machine: a node marked down
-    // would have its tasks placed again, which is not what is measured.
-    let manager = ManagerProcess::start_with(
-        cube,
-        data_dir.path(),
-        0,
-        &[
-            "-d",
-            DbType::Persistent.as_arg(),
-            "--heartbeat-grace",
-            "120s",
-        ],
-    )
-    .await?;
+    let manager = start_manager(cube, data_dir.path()).await?;
     let base = manager.base.clone();
     let address = base.trim_start_matches("http://").to_owned();
     let http = reqwest::Client::builder()
@@ -250,18 +255,7 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
     manager.kill().await?;
 
     let restarted = Instant::now();
-    let again = ManagerProcess::start_with(
-        cube,
-        data_dir.path(),
-        0,
-        &[
-            "-d",
-            DbType::Persistent.as_arg(),
-            "--heartbeat-grace",
-            "120s",
-        ],
-    )
-    .await?;
+    let again = start_manager(cube, data_dir.path()).await?;
     let listening_in = restarted.elapsed();
     let first_read: serde_json::Value =
         crate::get_json(&http, &format!("{}/tasks?limit=1", again.base)).await?;

@@ -536,14 +536,7 @@ mod tests {
     async fn a_running_task_its_worker_no_longer_lists_fails_with_its_end_recorded() {
         let manager = crate::manager::manager_for_tests();
         crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
-        let id = manager
-            .accept_task(Task::new("t", "cube-sample:latest"), None)
-            .await
-            .unwrap()
-            .id;
-        let mut writes = Writes::default();
-        assert_eq!(manager.placement_pass(&mut writes).unwrap(), vec![id]);
-        manager.settle(writes).await.unwrap();
+        let id = crate::manager::placed_test_task(&manager).await;
         manager
             .with_writes(|writes| {
                 let mut state = lock(&manager.state);

@@ -1024,9 +1024,20 @@ pub(crate) fn manager_for_tests() -> Arc<Manager> {
 /// (its follower fails and waits; nothing is ever sent there), for the unit tests.
 #[cfg(test)]
 pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u64) {
+    join_test_node_at(manager, name, memory, "127.0.0.1:9").await;
+}
+
+/// [`join_test_node`] at `address` (a test's own server standing in for the worker).
+#[cfg(test)]
+pub(crate) async fn join_test_node_at(
+    manager: &Arc<Manager>,
+    name: &str,
+    memory: u64,
+    address: &str,
+) {
     let report = NodeReport {
         name: name.to_string(),
-        address: "127.0.0.1:9".to_string(),
+        address: address.to_string(),
         capacity: cube_types::Resources {
             cpu: 2.0,
             memory,
@@ -1041,6 +1052,25 @@ pub(crate) async fn join_test_node(manager: &Arc<Manager>, name: &str, memory: u
         .report_node(report, NodeSource::Registered)
         .await
         .expect("a node report the manager takes");
+}
+
+/// A task accepted and placed by one placement pass, its writes durable; its ID.
+#[cfg(test)]
+pub(crate) async fn placed_test_task(manager: &Arc<Manager>) -> uuid::Uuid {
+    let id = manager
+        .accept_task(Task::new("t", "cube-sample:latest"), None)
+        .await
+        .expect("a task the manager takes")
+        .id;
+    let mut writes = Writes::default();
+    assert_eq!(
+        manager
+            .placement_pass(&mut writes)
+            .expect("a placement pass"),
+        vec![id]
+    );
+    manager.settle(writes).await.expect("durable writes");
+    id
 }
 
 #[cfg(test)]

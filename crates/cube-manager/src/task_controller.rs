@@ -482,31 +482,9 @@ mod tests {
             let _ = axum::serve(listener, worker).await;
         });
         let manager = crate::manager::manager_for_tests();
-        let report = cube_types::NodeReport {
-            name: "w1".to_string(),
-            address: format!("http://{address}"),
-            capacity: cube_types::Resources {
-                cpu: 2.0,
-                memory: 1 << 30,
-                disk: 0,
-            },
-            stats: None,
-            labels: Default::default(),
-            version: None,
-            host_policy: None,
-        };
-        manager
-            .report_node(report, crate::nodes::NodeSource::Registered)
-            .await
-            .unwrap();
-        let id = manager
-            .accept_task(Task::new("t", "cube-sample:latest"), None)
-            .await
-            .unwrap()
-            .id;
-        let mut writes = Writes::default();
-        assert_eq!(manager.placement_pass(&mut writes).unwrap(), vec![id]);
-        manager.settle(writes).await.unwrap();
+        crate::manager::join_test_node_at(&manager, "w1", 1 << 30, &format!("http://{address}"))
+            .await;
+        let id = crate::manager::placed_test_task(&manager).await;
         (manager, id, server)
     }
 
