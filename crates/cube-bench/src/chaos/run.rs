@@ -12,7 +12,7 @@
 //! the same seed makes the same workload and the same faults in the same order (the timing, and
 //! so the interleaving, is the machine's).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -881,7 +881,9 @@ fn fill_disk(dir: &Path) -> std::io::Result<u64> {
     }
 }
 
-/// The fault loop: one fault at a time, at random moments, until `stop`.
+/// The fault loop: a fault at random moments until `stop`. A fault that lasts (a pause, a
+/// drain, a full disk) ends on a timer of its own, so that the next one need not wait for it;
+/// a target in such a fault is not chosen for another of its kind until it ends.
 async fn faults(
     run: Arc<Run>,
     targets: Targets,
@@ -898,12 +900,24 @@ async fn faults(
         disks,
     } = targets;
     let every_ms = every.as_millis() as u64;
+    let busy: Arc<std::sync::Mutex<HashSet<String>>> = Arc::default();
+    let mut lasting: tokio::task::JoinSet<anyhow::Result<()>> = tokio::task::JoinSet::new();
     loop {
         tokio::select! {
-            () = stop.cancelled() => return Ok(()),
+            () = stop.cancelled() => break,
             () = tokio::time::sleep(rng.millis(every_ms / 2, every_ms * 3 / 2)) => {}
         }
+        // A lasting fault that failed ends the run now, not at its end.
+        while let Some(ended) = lasting.try_join_next() {
+            ended.context("a lasting fault")??;
+        }
         let at = run.now_us();
+        // Claims `key` for a lasting fault; false when one of its kind holds it.
+        let claim = |key: String| {
+            busy.lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(key)
+        };
         let what = match rng.below(100) {
             0..=9 if etcd.is_some() => {
                 let Some(etcd) = &etcd else { continue };
@@ -917,17 +931,33 @@ async fn faults(
                 let name = {
                     let workers = workers.lock().await;
                     let at = rng.below(workers.len() as u64) as usize;
-                    if workers[at].signal("-STOP").is_err() {
-                        continue; // Not running (its disk is full): nothing to pause.
+                    let name = workers[at].name.clone();
+                    if !claim(format!("pause {name}")) {
+                        continue;
                     }
-                    workers[at].name.clone()
+                    if workers[at].signal("-STOP").is_err() {
+                        // Not running (its disk is full): nothing to pause.
+                        release(&busy, &format!("pause {name}"));
+                        continue;
+                    }
+                    name
                 };
-                tokio::time::sleep(PAUSE).await;
-                let workers = workers.lock().await;
-                if let Some(worker) = workers.iter().find(|w| w.name == name) {
-                    let _ = worker.signal("-CONT");
-                }
-                format!("worker {name} stopped (SIGSTOP) for {PAUSE:?}, then continued")
+                let (run, workers, busy) = (run.clone(), workers.clone(), busy.clone());
+                lasting.spawn(async move {
+                    tokio::time::sleep(PAUSE).await;
+                    {
+                        let workers = workers.lock().await;
+                        if let Some(worker) = workers.iter().find(|w| w.name == name) {
+                            let _ = worker.signal("-CONT");
+                        }
+                    }
+                    release(&busy, &format!("pause {name}"));
+                    let what =
+                        format!("worker {name} stopped (SIGSTOP) for {PAUSE:?}, then continued");
+                    run.record.lock().await.faults.push((at, what));
+                    Ok(())
+                });
+                continue;
             }
             73..=84 => {
                 let name = {
@@ -936,29 +966,39 @@ async fn faults(
                         .name
                         .clone()
                 };
-                let drain = run
-                    .op(
-                        Request::Drain { node: name.clone() },
-                        reqwest::Method::POST,
-                        &format!("/nodes/{name}/drain"),
-                        Some(json!({"Deadline": "10s"})),
-                    )
-                    .await;
+                if !claim(format!("drain {name}")) {
+                    continue;
+                }
                 let drained_for = rng.millis(3000, 12000);
-                tokio::time::sleep(drained_for).await;
-                let eligible = run
-                    .op(
-                        Request::Eligible { node: name.clone() },
-                        reqwest::Method::POST,
-                        &format!("/nodes/{name}/eligibility"),
-                        Some(json!({"Eligible": true})),
-                    )
-                    .await;
-                format!(
-                    "worker {name} drained ({}) for {drained_for:?}, then eligible again ({})",
-                    outcome_word(&drain),
-                    outcome_word(&eligible)
-                )
+                let (run, busy) = (run.clone(), busy.clone());
+                lasting.spawn(async move {
+                    let drain = run
+                        .op(
+                            Request::Drain { node: name.clone() },
+                            reqwest::Method::POST,
+                            &format!("/nodes/{name}/drain"),
+                            Some(json!({"Deadline": "10s"})),
+                        )
+                        .await;
+                    tokio::time::sleep(drained_for).await;
+                    let eligible = run
+                        .op(
+                            Request::Eligible { node: name.clone() },
+                            reqwest::Method::POST,
+                            &format!("/nodes/{name}/eligibility"),
+                            Some(json!({"Eligible": true})),
+                        )
+                        .await;
+                    release(&busy, &format!("drain {name}"));
+                    let what = format!(
+                        "worker {name} drained ({}) for {drained_for:?}, then eligible again ({})",
+                        outcome_word(&drain),
+                        outcome_word(&eligible)
+                    );
+                    run.record.lock().await.faults.push((at, what));
+                    Ok(())
+                });
+                continue;
             }
             85..=99 if disks => {
                 let (name, data_dir) = {
@@ -966,19 +1006,29 @@ async fn faults(
                     let at = rng.below(workers.len() as u64) as usize;
                     (workers[at].name.clone(), workers[at].data_dir.clone())
                 };
-                let dir = data_dir.clone();
-                let written = tokio::task::spawn_blocking(move || fill_disk(&dir))
-                    .await
-                    .context("filling a disk")?
-                    .with_context(|| format!("filling {}", data_dir.display()))?;
+                if !claim(format!("disk {name}")) {
+                    continue;
+                }
                 let full_for = rng.millis(2000, 8000);
-                tokio::time::sleep(full_for).await;
-                std::fs::remove_file(data_dir.join("chaos-fill"))
-                    .with_context(|| format!("freeing {}", data_dir.display()))?;
-                format!(
-                    "worker {name}'s disk full ({} MiB written) for {full_for:?}, then freed",
-                    written >> 20
-                )
+                let (run, busy) = (run.clone(), busy.clone());
+                lasting.spawn(async move {
+                    let dir = data_dir.clone();
+                    let written = tokio::task::spawn_blocking(move || fill_disk(&dir))
+                        .await
+                        .context("filling a disk")?
+                        .with_context(|| format!("filling {}", data_dir.display()))?;
+                    tokio::time::sleep(full_for).await;
+                    std::fs::remove_file(data_dir.join("chaos-fill"))
+                        .with_context(|| format!("freeing {}", data_dir.display()))?;
+                    release(&busy, &format!("disk {name}"));
+                    let what = format!(
+                        "worker {name}'s disk full ({} MiB written) for {full_for:?}, then freed",
+                        written >> 20
+                    );
+                    run.record.lock().await.faults.push((at, what));
+                    Ok(())
+                });
+                continue;
             }
             _ => {
                 let names: Vec<String> = workers
@@ -1011,6 +1061,20 @@ async fn faults(
         };
         run.record.lock().await.faults.push((at, what));
     }
+    // The lasting faults end on their timers (12 s at most) before the run settles.
+    while let Some(ended) = lasting.join_next().await {
+        ended.context("a lasting fault")??;
+    }
+    // Lasting faults were recorded as they ended: in the order they began.
+    run.record.lock().await.faults.sort_by_key(|(at, _)| *at);
+    Ok(())
+}
+
+/// Lets a target of a lasting fault be chosen again.
+fn release(busy: &std::sync::Mutex<HashSet<String>>, key: &str) {
+    busy.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .remove(key);
 }
 
 /// The error of a Docker engine that did not answer within `DOCKER_BOUND`: not Cube's
