@@ -54,43 +54,6 @@ pub trait Source: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Batch<Self::Key, Self::Value>, SourceError>> + Send;
 }
 
-/// An [`ObservedStore`] as a source: another store can watch it through its change index
-/// (the manager's store followed by a controller's, a worker's change log by the manager).
-/// An index the store's log no longer covers is [`SourceError::Expired`].
-pub struct StoreSource<K, V> {
-    pub store: ObservedStore<K, V>,
-}
-
-impl<K: Key, V: PartialEq + Send + Sync + 'static> Source for StoreSource<K, V> {
-    type Key = K;
-    type Value = V;
-
-    async fn list(&self) -> Result<Listing<K, V>, SourceError> {
-        let snapshot = self.store.snapshot();
-        Ok(Listing {
-            items: snapshot.items.into_iter().collect(),
-            revision: snapshot.index,
-        })
-    }
-
-    async fn changes(&self, revision: u64) -> Result<Batch<K, V>, SourceError> {
-        let deltas = self
-            .store
-            .wait_changes_since(revision)
-            .await
-            .map_err(|_| SourceError::Expired(revision))?;
-        let revision = deltas.last().map_or(revision, |delta| delta.index);
-        let changes = deltas
-            .into_iter()
-            .map(|delta| match delta.after {
-                Some(value) => Change::Put(delta.key, value),
-                None => Change::Delete(delta.key),
-            })
-            .collect();
-        Ok(Batch { changes, revision })
-    }
-}
-
 /// Where a watcher is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum WatchState {
@@ -329,49 +292,6 @@ mod tests {
         wait(10).await;
         assert_eq!(store.len(), 3, "following again");
         shutdown.cancel();
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_store_can_follow_another_through_its_change_index() {
-        let upstream: ObservedStore<char, u32> = ObservedStore::new(2);
-        upstream.apply(Change::put('a', 1));
-        let follower: ObservedStore<char, u32> = ObservedStore::default();
-        let contents = |store: &ObservedStore<char, u32>| -> Vec<(char, u32)> {
-            store
-                .snapshot()
-                .items
-                .iter()
-                .map(|(k, v)| (*k, **v))
-                .collect()
-        };
-        let shutdown = CancellationToken::new();
-        let watcher = Watcher::new(
-            StoreSource {
-                store: upstream.clone(),
-            },
-            follower.clone(),
-        );
-        let handle = tokio::spawn({
-            let stop = shutdown.clone();
-            async move { watcher.run(stop).await }
-        });
-        follower.wait_synced().await;
-        assert_eq!(contents(&follower), [('a', 1)]);
-        upstream.apply(Change::put('b', 2));
-        wait(10).await;
-        assert_eq!(contents(&follower), [('a', 1), ('b', 2)]);
-        // More changes at once than the upstream log keeps: the follower lists again.
-        upstream.apply_all([
-            Change::Delete('a'),
-            Change::put('c', 3),
-            Change::put('d', 4),
-            Change::put('b', 5),
-        ]);
-        wait(10).await;
-        assert!(follower.is_synced());
-        assert_eq!(contents(&follower), [('b', 5), ('c', 3), ('d', 4)]);
-        shutdown.cancel();
-        handle.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,16 +5,15 @@
 //! lock (see `Manager::save`), and nothing is acknowledged or acted on before the write is
 //! durable; a write that fails puts the store's version back here.
 //!
-//! The tasks themselves are published in an [`ObservedStore`] (the framework's one
-//! implementation of items, an index per change, change notification and the in-sync flag),
-//! so that watchers and controllers can follow the cache's changes; the rest of the cache is
-//! indexes over the same `Arc`s.
+//! Each task is held once, behind an `Arc`, in one map by ID; the rest of the cache is
+//! indexes over the same `Arc`s. (A second map of every task, an `ObservedStore` kept only
+//! for its in-sync flag, went in issue 30: the cache is whole before the manager that reads
+//! it exists, and what follows task changes follows the event broker.)
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use cube_controller::store::{Change, ObservedStore};
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
@@ -38,13 +37,7 @@ pub struct NodeLoad {
 /// its slots empty.)
 #[derive(Debug, Default)]
 pub struct TaskCache {
-    /// Every task, numbered by change: what [`TaskCache::observed`] hands out. Only this
-    /// cache writes it, in step with the indexes below. It is out of sync until its owner
-    /// has loaded every task and says so (`observed().set_synced(true)`).
-    observed: ObservedStore<Uuid, Task>,
-    /// The same tasks by ID (the same `Arc`s), for reads that borrow a task under the
-    /// manager's lock ([`TaskCache::get`]), which the observed store, behind its own lock,
-    /// cannot lend.
+    /// Every task by ID, the one copy the indexes below point into.
     tasks: HashMap<Uuid, Arc<Task>>,
     loads: HashMap<String, NodeLoad>,
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
@@ -68,12 +61,6 @@ pub fn holds_resources(task: &Task) -> bool {
 }
 
 impl TaskCache {
-    /// A handle on the observed tasks: their index, their changes since an index (blocking
-    /// or not), and the in-sync flag.
-    pub fn observed(&self) -> ObservedStore<Uuid, Task> {
-        self.observed.clone()
-    }
-
     pub fn get(&self, id: &Uuid) -> Option<&Task> {
         self.tasks.get(id).map(|task| &**task)
     }
@@ -98,17 +85,19 @@ impl TaskCache {
 
     /// Inserts or replaces a task, moving its resources between nodes as its placement or
     /// state changed. Returns the task it replaced. A task equal to the one held changes
-    /// nothing: the one held stays, and the observed index does not move.
+    /// nothing: the one held stays (and no index is touched).
     pub fn insert(&mut self, mut task: Task) -> Option<Arc<Task>> {
         // A task is changed as a clone (whose history has room for its entries only) plus
         // one entry, so its history grows by doubling: a Running task's two entries would sit
         // in room for four, 128 bytes of every cached task. A cached version is never pushed
         // to again (the next change is another clone), so it keeps room for what it holds.
         task.status.history.shrink_to_fit();
-        let task = Arc::new(task);
-        if !self.observed.apply(Change::Put(task.id, task.clone())) {
-            return self.tasks.get(&task.id).cloned();
+        if let Some(held) = self.tasks.get(&task.id)
+            && **held == task
+        {
+            return Some(held.clone());
         }
+        let task = Arc::new(task);
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
             self.release(old);
@@ -135,7 +124,6 @@ impl TaskCache {
     /// Forgets a task (one whose write never became durable); returns it.
     pub fn remove(&mut self, id: &Uuid) -> Option<Arc<Task>> {
         let task = self.tasks.remove(id)?;
-        self.observed.apply(Change::Delete(*id));
         self.release(&task);
         self.unown(&task);
         self.order.remove(&(task.status.created_time, task.id));
@@ -282,15 +270,10 @@ mod tests {
     }
 
     #[test]
-    fn the_observed_index_moves_on_a_real_change_and_not_on_an_equal_put() {
+    fn an_equal_put_keeps_the_task_held_and_a_change_replaces_it() {
         let mut cache = TaskCache::default();
-        let observed = cache.observed();
-        let mut changes = observed.subscribe();
         let mut task = placed("w1", State::Scheduled, 100, None);
         assert!(cache.insert(task.clone()).is_none());
-        assert_eq!(observed.index(), 1);
-        assert!(changes.has_changed().unwrap());
-        changes.mark_unchanged();
 
         let held = cache.shared(&task.id).unwrap();
         let replaced = cache.insert(task.clone()).unwrap();
@@ -299,24 +282,14 @@ mod tests {
             Arc::ptr_eq(&held, &cache.shared(&task.id).unwrap()),
             "an equal task keeps the one held"
         );
-        assert_eq!(observed.index(), 1, "an equal put is no change");
-        assert!(!changes.has_changed().unwrap(), "and wakes nobody");
 
         task.status.state = State::Running;
-        cache.insert(task.clone());
-        assert_eq!(observed.index(), 2);
-        let changed = observed.changes_since(1).unwrap();
-        assert_eq!(changed.len(), 1);
-        assert_eq!(
-            changed[0].before.as_ref().map(|task| task.status.state),
-            Some(State::Scheduled)
-        );
-        assert_eq!(changed[0].after.as_deref(), Some(&task));
+        let before = cache.insert(task.clone()).unwrap();
+        assert_eq!(before.status.state, State::Scheduled);
+        assert_eq!(cache.get(&task.id), Some(&task));
         assert_eq!(cache.load("w1").unwrap().allocated.memory, 100);
 
         cache.remove(&task.id);
-        assert_eq!(observed.index(), 3);
-        assert!(observed.get(&task.id).is_none());
         assert!(cache.get(&task.id).is_none());
         assert!(cache.load("w1").unwrap().tasks.is_empty());
     }

@@ -341,8 +341,6 @@ impl Manager {
         stores.tasks.scan(&mut |task| {
             cache.insert(task);
         })?;
-        // Every stored task is loaded: the task controller may start (its ready gate).
-        cache.observed().set_synced(true);
         let mut jobs = BTreeMap::new();
         stores.jobs.scan(&mut |record: JobRecord| {
             jobs.insert(record.job.name.clone(), Arc::new(record));

@@ -73,8 +73,8 @@ impl Manager {
                 outcome
             }
         };
-        // No reconcile before the task cache holds every stored task.
-        let ready = ReadyGate::new([lock(&self.state).cache.observed().synced()]);
+        // The task cache holds every stored task before the manager exists: nothing to wait for.
+        let ready = ReadyGate::open();
         self.tasks_runner
             .run(reconcile, policy, ready, self.shutdown.clone())
             .await;
