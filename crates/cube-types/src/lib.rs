@@ -20,6 +20,7 @@ pub mod deployment;
 pub mod duration;
 pub mod error;
 pub mod event;
+mod image_ref;
 pub mod job;
 pub mod node;
 pub mod output;

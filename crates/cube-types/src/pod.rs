@@ -665,7 +665,7 @@ impl Interpreter<'_> {
             .map(|image| self.value(&["services", name, "image"], image));
         let image = match image {
             Some(image) if !image.trim().is_empty() => {
-                if let Err(why) = crate::task::check_image_reference(&image) {
+                if let Err(why) = crate::image_ref::check_image_reference(&image) {
                     self.finding(
                         &["services", name, "image"],
                         format!("{image:?} is not a valid image reference: {why}"),
