@@ -17,6 +17,10 @@ use chrono::{DateTime, Utc};
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
+/// How many copies of its job a task's spec is compared with, for one to share (a job in a
+/// rolling update holds copies of two versions, with other bodies).
+const SHARE_TRIES: usize = 4;
+
 /// What the tasks placed on one node hold there.
 #[derive(Debug, Clone, Default)]
 pub struct NodeLoad {
@@ -97,6 +101,7 @@ impl TaskCache {
         {
             return Some(held.clone());
         }
+        self.share_spec(&mut task);
         let task = Arc::new(task);
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
@@ -119,6 +124,29 @@ impl TaskCache {
         }
         self.tasks.insert(task.id, task);
         previous
+    }
+
+    /// Gives a job's copy the spec body another copy of its job already holds, when they are
+    /// equal: a copy read from the store, or made in another look of the job controller, has
+    /// a body of its own, and 10,000 copies would hold 10,000 equal ones. Tries the task held
+    /// under this ID, then a few copies of the job (the newest version's copies are usually
+    /// among them); costs a pointer comparison when the body is shared already.
+    fn share_spec(&self, task: &mut Task) {
+        if let Some(held) = self.tasks.get(&task.id)
+            && task.spec.share_body_of(&held.spec)
+        {
+            return;
+        }
+        let Some(siblings) = self.by_job.get(&task.spec.job) else {
+            return;
+        };
+        for id in siblings.iter().take(SHARE_TRIES) {
+            if let Some(sibling) = self.tasks.get(id)
+                && task.spec.share_body_of(&sibling.spec)
+            {
+                return;
+            }
+        }
     }
 
     /// Forgets a task (one whose write never became durable); returns it.
@@ -292,6 +320,55 @@ mod tests {
         cache.remove(&task.id);
         assert!(cache.get(&task.id).is_none());
         assert!(cache.load("w1").unwrap().tasks.is_empty());
+    }
+
+    #[test]
+    fn copies_of_a_job_read_one_by_one_share_one_spec_in_the_cache() {
+        let mut cache = TaskCache::default();
+        let mut template = Task::new("", "cube-sample:latest");
+        template.spec.job = "web".into();
+        template.spec.cmd = vec!["httpd".into(), "-f".into()];
+        // Each copy decoded on its own, as the store hands them at start: equal bodies, not one.
+        let copies: Vec<Task> = (0..3)
+            .map(|index| {
+                let mut copy = template.clone();
+                copy.id = Uuid::new_v4();
+                copy.spec.index = Some(index);
+                serde_json::from_value(serde_json::to_value(&copy).unwrap()).unwrap()
+            })
+            .collect();
+        assert!(!copies[1].spec.shares_body_with(&copies[0].spec));
+        for copy in &copies {
+            cache.insert(copy.clone());
+        }
+        let held: Vec<Arc<Task>> = copies
+            .iter()
+            .map(|c| cache.shared(&c.id).unwrap())
+            .collect();
+        assert!(held[1].spec.shares_body_with(&held[0].spec));
+        assert!(held[2].spec.shares_body_with(&held[0].spec));
+        for (copy, held) in copies.iter().zip(&held) {
+            assert_eq!(**held, *copy, "a shared spec reads the same");
+        }
+
+        // A copy of a new version keeps its own body; a bare task never shares.
+        let mut newer = copies[0].clone();
+        newer.spec.image = "cube-sample:v2".into();
+        cache.insert(newer.clone());
+        assert_eq!(cache.get(&newer.id).unwrap().spec.image, "cube-sample:v2");
+        assert_eq!(
+            cache.get(&copies[1].id).unwrap().spec.image,
+            "cube-sample:latest"
+        );
+        let bare = Task::new("bare", "cube-sample:latest");
+        cache.insert(bare.clone());
+        assert!(
+            !cache
+                .get(&bare.id)
+                .unwrap()
+                .spec
+                .shares_body_with(&held[0].spec)
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use cube_types::deployment::Deployment;
-use cube_types::job::{Constraint, JobRecord, JobType, Operator, task_name};
+use cube_types::job::{Constraint, Job, JobRecord, JobType, Operator, task_name};
 use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -178,6 +178,17 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
         });
     }
     task.normalize();
+    task
+}
+
+/// Copy `index` of the group from its `template` ([`copy_of`] with no pin, made once per
+/// group and look): what [`copy_of`] makes, sharing the template's spec body, so that the
+/// copies of one job version hold their spec once.
+pub fn copy_from(template: &Task, job: &Job, group_index: usize, index: u32) -> Task {
+    let mut task = template.clone();
+    task.id = Uuid::new_v4();
+    task.name = task_name(&job.name, &job.groups[group_index].name, index);
+    task.spec.index = Some(index);
     task
 }
 
@@ -460,7 +471,12 @@ fn plan_counted<'a>(
             keep.push(task.id);
             continue;
         }
-        let wanted = copy_of(record, group_index, task.spec.index.unwrap_or(0), None);
+        let wanted = copy_from(
+            &template,
+            &record.job,
+            group_index,
+            task.spec.index.unwrap_or(0),
+        );
         if !replacement_changes(task, &wanted) {
             keep.push(task.id);
             continue;
@@ -511,7 +527,7 @@ fn plan_counted<'a>(
             .collect()
     };
     for index in indexes {
-        create.push(copy_of(record, group_index, index, None));
+        create.push(copy_from(&template, &record.job, group_index, index));
     }
 }
 
@@ -854,6 +870,30 @@ mod tests {
                 .all(|task| task.spec.job == "web" && task.spec.group == "api")
         );
         assert!(plan.stop.is_empty());
+    }
+
+    #[test]
+    fn the_copies_of_one_version_share_one_spec_and_are_each_what_copy_of_makes() {
+        let job = record(JobType::Service, Some(3));
+        let plan = plan(&job, &[], &[]);
+        let [first, rest @ ..] = plan.create.as_slice() else {
+            panic!("no copies planned");
+        };
+        assert!(
+            rest.iter()
+                .all(|copy| copy.spec.shares_body_with(&first.spec))
+        );
+        for copy in &plan.create {
+            let index = copy.spec.index.unwrap();
+            let made = copy_of(&job, 0, index, None);
+            assert_eq!(copy.name, made.name);
+            assert!(copy.same_spec_except(&made, &[]), "copy {index}");
+        }
+        // A change to one copy is its own.
+        let mut changed = first.clone();
+        changed.spec.image = "cube-sample:v2".into();
+        assert!(!changed.spec.shares_body_with(&first.spec));
+        assert_eq!(first.spec.image, "cube-sample:latest");
     }
 
     #[test]

@@ -43,5 +43,5 @@ pub use state::{State, Transition};
 pub use stats::{LoadAvg, Stats};
 pub use task::{
     Health, HealthCheckType, HistoryEntry, HostBinding, HostPort, PortProtocol, Receiver,
-    RestartBy, RestartPolicy, RunStatus, Task,
+    RestartBy, RestartPolicy, RunStatus, SpecBody, Task, TaskSpec,
 };

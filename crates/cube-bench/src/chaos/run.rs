@@ -1147,8 +1147,8 @@ async fn observe(
                 .find(|entry| entry.event == "Placed")
                 .and_then(|entry| since_start(entry.time)),
             name: task.name,
-            job: task.spec.job,
-            group: task.spec.group,
+            job: task.spec.job.clone(),
+            group: task.spec.group.clone(),
             index: task.spec.index,
             state: task.status.state,
             desired_state: task.spec.desired_state,

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -61,8 +62,77 @@ pub struct Task {
 /// may run, its health check and restart policy, the job copy it is, and whether it should
 /// run at all (`DesiredState`). A submission's spec is kept as it came (normalized); only a
 /// job's new version or a stop changes it.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// A spec is its copy's own fields (`index`, `desired_state`) and a [`SpecBody`] the copies
+/// of one job version share behind an `Arc`: a job of 10,000 copies holds its image, command,
+/// environment, constraints and names once, not 10,000 times. The body's fields read as the
+/// spec's own (`task.spec.image`, through `Deref`); writing one (`DerefMut`) gives this spec a
+/// body of its own first (`Arc::make_mut`), so a change to one copy never shows in another.
+/// Shared or not, a spec reads, compares and is written on the wire the same.
+#[derive(Debug, Clone)]
 pub struct TaskSpec {
+    body: Arc<SpecBody>,
+    /// Which copy of its job's group the task is (`None` for a bare task).
+    pub index: Option<u32>,
+    /// What the user asked for: `Running` to run it, `Completed` to stop it.
+    pub desired_state: State,
+}
+
+impl TaskSpec {
+    /// A spec of `body`, copy `index`, asked to be in `desired_state`.
+    pub fn new(body: SpecBody, index: Option<u32>, desired_state: State) -> TaskSpec {
+        TaskSpec {
+            body: Arc::new(body),
+            index,
+            desired_state,
+        }
+    }
+
+    /// Whether both specs hold one body (not merely equal ones).
+    pub fn shares_body_with(&self, other: &TaskSpec) -> bool {
+        Arc::ptr_eq(&self.body, &other.body)
+    }
+
+    /// Takes `other`'s body when it is equal to this one's, so that both share it; answers
+    /// whether they share one now. What either spec reads does not change.
+    pub fn share_body_of(&mut self, other: &TaskSpec) -> bool {
+        if self.shares_body_with(other) {
+            return true;
+        }
+        if *self.body == *other.body {
+            self.body = other.body.clone();
+            return true;
+        }
+        false
+    }
+}
+
+impl std::ops::Deref for TaskSpec {
+    type Target = SpecBody;
+
+    fn deref(&self) -> &SpecBody {
+        &self.body
+    }
+}
+
+impl std::ops::DerefMut for TaskSpec {
+    fn deref_mut(&mut self) -> &mut SpecBody {
+        Arc::make_mut(&mut self.body)
+    }
+}
+
+impl PartialEq for TaskSpec {
+    fn eq(&self, other: &TaskSpec) -> bool {
+        self.index == other.index
+            && self.desired_state == other.desired_state
+            && (self.shares_body_with(other) || *self.body == *other.body)
+    }
+}
+
+/// The part of a [`TaskSpec`] that copies of one job version have in common (every field but
+/// `index` and `desired_state`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecBody {
     pub image: String,
     /// CPU cores the container may use (Docker's `NanoCpus` / 1e9); 0 means no limit.
     pub cpu: f64,
@@ -92,10 +162,9 @@ pub struct TaskSpec {
     pub restart_delay_max: Option<Duration>,
     /// Where the task may run.
     pub constraints: Vec<crate::job::Constraint>,
-    /// The job that owns the task (empty for a bare task), its group, and which copy it is.
+    /// The job that owns the task (empty for a bare task) and its group.
     pub job: String,
     pub group: String,
-    pub index: Option<u32>,
     /// Who asked for the task (a bare task; a job's copies belong to the job's owner): the
     /// waiting list's `Owner`, `anonymous` when unset.
     pub owner: String,
@@ -107,8 +176,6 @@ pub struct TaskSpec {
     /// Several containers as one task, from a compose file; then `Image`, `Cmd`, `Env` and
     /// the health-check fields are empty, and `Cpu`, `Memory` and the ports are the pod's sums.
     pub pod: Option<Box<Pod>>,
-    /// What the user asked for: `Running` to run it, `Completed` to stop it.
-    pub desired_state: State,
 }
 
 /// What Cube observed and decided: the state, the node, the run number and its backoff, the
@@ -295,34 +362,36 @@ impl Task {
         Task {
             id: Uuid::new_v4(),
             name: name.into(),
-            spec: TaskSpec {
-                image: image.into(),
-                cpu: 0.0,
-                memory: 0,
-                disk: 0,
-                env: Vec::new(),
-                cmd: Vec::new(),
-                exposed_ports: BTreeSet::new(),
-                port_bindings: BTreeMap::new(),
-                restart_policy: RestartPolicy::No,
-                health_check: String::new(),
-                health_check_type: None,
-                health_check_interval: None,
-                health_check_timeout: None,
-                health_check_retries: None,
-                max_restarts: None,
-                restart_delay: None,
-                restart_delay_max: None,
-                constraints: Vec::new(),
-                job: String::new(),
-                group: String::new(),
-                index: None,
-                owner: String::new(),
-                priority: None,
-                queue_timeout: None,
-                pod: None,
-                desired_state: State::Running,
-            },
+            spec: TaskSpec::new(
+                SpecBody {
+                    image: image.into(),
+                    cpu: 0.0,
+                    memory: 0,
+                    disk: 0,
+                    env: Vec::new(),
+                    cmd: Vec::new(),
+                    exposed_ports: BTreeSet::new(),
+                    port_bindings: BTreeMap::new(),
+                    restart_policy: RestartPolicy::No,
+                    health_check: String::new(),
+                    health_check_type: None,
+                    health_check_interval: None,
+                    health_check_timeout: None,
+                    health_check_retries: None,
+                    max_restarts: None,
+                    restart_delay: None,
+                    restart_delay_max: None,
+                    constraints: Vec::new(),
+                    job: String::new(),
+                    group: String::new(),
+                    owner: String::new(),
+                    priority: None,
+                    queue_timeout: None,
+                    pod: None,
+                },
+                None,
+                State::Running,
+            ),
             status: TaskStatus {
                 state: State::Pending,
                 node_name: String::new(),
@@ -608,7 +677,7 @@ impl Task {
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
     fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 26] {
         // No `..`: a new spec field does not compile until it is compared here.
-        let TaskSpec {
+        let SpecBody {
             image,
             cpu,
             memory,
@@ -629,13 +698,12 @@ impl Task {
             constraints,
             job,
             group,
-            index,
             owner,
             priority,
             queue_timeout,
             pod,
-            desired_state: _,
-        } = &self.spec;
+        } = &*self.spec;
+        let index = &self.spec.index;
         let theirs = &other.spec;
         [
             ("Name", self.name == other.name),
@@ -698,11 +766,25 @@ impl Task {
         if self.name.trim().is_empty() {
             self.name = format!("task-{}", self.short_id());
         }
-        self.spec.exposed_ports = std::mem::take(&mut self.spec.exposed_ports)
+        // Written only when it changes: a write gives the spec a body of its own, and the
+        // copies of a job share theirs.
+        let normal = self.spec.normalized();
+        if normal != *self.spec {
+            *self.spec = normal;
+        }
+    }
+}
+
+impl SpecBody {
+    /// This body with its ports in their canonical form (every bound port also exposed) and,
+    /// for a pod, the pod's sums, ports and restart policy.
+    fn normalized(&self) -> SpecBody {
+        let mut body = self.clone();
+        body.exposed_ports = std::mem::take(&mut body.exposed_ports)
             .into_iter()
             .map(|port| canonical_port(&port).unwrap_or(port))
             .collect();
-        self.spec.port_bindings = std::mem::take(&mut self.spec.port_bindings)
+        body.port_bindings = std::mem::take(&mut body.port_bindings)
             .into_iter()
             .map(|(port, host)| {
                 (
@@ -711,24 +793,26 @@ impl Task {
                 )
             })
             .collect();
-        let bound: Vec<String> = self.spec.port_bindings.keys().cloned().collect();
-        self.spec.exposed_ports.extend(bound);
-        if let Some(pod) = &self.spec.pod {
+        let bound: Vec<String> = body.port_bindings.keys().cloned().collect();
+        body.exposed_ports.extend(bound);
+        if let Some(pod) = &body.pod {
             // What the scheduler and the node's loads read of a pod: its sums and its ports.
-            self.spec.port_bindings = pod.port_bindings();
-            self.spec.exposed_ports = self.spec.port_bindings.keys().cloned().collect();
+            let port_bindings = pod.port_bindings();
+            body.exposed_ports = port_bindings.keys().cloned().collect();
+            body.port_bindings = port_bindings;
             if pod.cpus() > 0.0 {
-                self.spec.cpu = pod.cpus();
+                body.cpu = pod.cpus();
             }
             if pod.memory_bytes() > 0 {
-                self.spec.memory = pod.memory_bytes();
+                body.memory = pod.memory_bytes();
             }
             if let Some(restart) = pod.spec.restart
-                && self.spec.restart_policy == RestartPolicy::No
+                && body.restart_policy == RestartPolicy::No
             {
-                self.spec.restart_policy = restart;
+                body.restart_policy = restart;
             }
         }
+        body
     }
 }
 
@@ -1356,5 +1440,86 @@ mod life_tests {
             })
         );
         assert_eq!(task, before);
+    }
+}
+
+#[cfg(test)]
+mod spec_sharing_tests {
+    use super::*;
+
+    fn copy() -> Task {
+        let mut task = Task::new("web.api[0]", "cube-sample:latest");
+        task.spec.job = "web".into();
+        task.spec.env = vec!["A=b".into()];
+        task.spec.index = Some(0);
+        task
+    }
+
+    #[test]
+    fn a_clone_shares_the_body_until_one_of_them_writes_to_it() {
+        let first = copy();
+        let mut second = first.clone();
+        assert!(second.spec.shares_body_with(&first.spec));
+        // A copy's own fields do not touch the body.
+        second.spec.index = Some(1);
+        second.spec.desired_state = State::Completed;
+        assert!(second.spec.shares_body_with(&first.spec));
+        second.spec.env.push("C=d".into());
+        assert!(!second.spec.shares_body_with(&first.spec));
+        assert_eq!(first.spec.env, ["A=b"], "the other copy is untouched");
+        assert_eq!(second.spec.env, ["A=b", "C=d"]);
+    }
+
+    #[test]
+    fn equal_bodies_can_be_shared_and_different_ones_cannot() {
+        let first = copy();
+        let mut equal: Task =
+            serde_json::from_value(serde_json::to_value(&first).unwrap()).unwrap();
+        assert!(!equal.spec.shares_body_with(&first.spec));
+        assert_eq!(equal, first);
+        assert!(equal.spec.share_body_of(&first.spec));
+        assert!(equal.spec.shares_body_with(&first.spec));
+        assert_eq!(equal, first);
+
+        let mut other = copy();
+        other.spec.image = "cube-sample:v2".into();
+        assert!(!other.spec.share_body_of(&first.spec));
+        assert_eq!(other.spec.image, "cube-sample:v2");
+        let mut stopped = first.clone();
+        stopped.spec.desired_state = State::Completed;
+        assert_ne!(stopped, first, "a copy's own fields count in equality");
+    }
+
+    #[test]
+    fn a_shared_spec_is_written_on_the_wire_like_one_of_its_own() {
+        let first = copy();
+        let mut second = first.clone();
+        second.spec.index = Some(1);
+        let mut alone = copy();
+        alone.id = second.id;
+        alone.spec.index = Some(1);
+        assert!(!alone.spec.shares_body_with(&first.spec));
+        assert_eq!(
+            serde_json::to_string(&second).unwrap(),
+            serde_json::to_string(&alone).unwrap()
+        );
+    }
+
+    #[test]
+    fn normalizing_a_normalized_copy_keeps_its_body_shared() {
+        let mut first = copy();
+        first.spec.port_bindings.insert("8080".into(), " ".into());
+        first.normalize();
+        let mut second = first.clone();
+        second.normalize();
+        assert!(second.spec.shares_body_with(&first.spec));
+        assert_eq!(
+            second
+                .spec
+                .port_bindings
+                .get("8080/tcp")
+                .map(String::as_str),
+            Some("")
+        );
     }
 }

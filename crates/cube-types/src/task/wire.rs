@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::{
-    Health, HealthCheckType, HistoryEntry, HostBinding, RestartPolicy, RunStatus, Task, TaskSpec,
-    TaskStatus,
+    Health, HealthCheckType, HistoryEntry, HostBinding, RestartPolicy, RunStatus, SpecBody, Task,
+    TaskSpec, TaskStatus,
 };
 use crate::pod::{ContainerStatus, Pod};
 use crate::state::State;
@@ -403,35 +403,7 @@ impl Task {
         let Task {
             id,
             name,
-            spec:
-                TaskSpec {
-                    image,
-                    cpu,
-                    memory,
-                    disk,
-                    env,
-                    cmd,
-                    exposed_ports,
-                    port_bindings,
-                    restart_policy,
-                    health_check,
-                    health_check_type,
-                    health_check_interval,
-                    health_check_timeout,
-                    health_check_retries,
-                    max_restarts,
-                    restart_delay,
-                    restart_delay_max,
-                    constraints,
-                    job,
-                    group,
-                    index,
-                    owner,
-                    priority,
-                    queue_timeout,
-                    pod,
-                    desired_state,
-                },
+            spec,
             status:
                 TaskStatus {
                     state,
@@ -459,6 +431,33 @@ impl Task {
                         },
                 },
         } = self;
+        let SpecBody {
+            image,
+            cpu,
+            memory,
+            disk,
+            env,
+            cmd,
+            exposed_ports,
+            port_bindings,
+            restart_policy,
+            health_check,
+            health_check_type,
+            health_check_interval,
+            health_check_timeout,
+            health_check_retries,
+            max_restarts,
+            restart_delay,
+            restart_delay_max,
+            constraints,
+            job,
+            group,
+            owner,
+            priority,
+            queue_timeout,
+            pod,
+        } = &**spec;
+        let (index, desired_state) = (&spec.index, &spec.desired_state);
         TaskWireRef {
             id,
             container_id,
@@ -567,34 +566,36 @@ impl From<TaskWire> for Task {
         Task {
             id,
             name,
-            spec: TaskSpec {
-                image,
-                cpu,
-                memory,
-                disk,
-                env,
-                cmd,
-                exposed_ports,
-                port_bindings,
-                restart_policy,
-                health_check,
-                health_check_type,
-                health_check_interval,
-                health_check_timeout,
-                health_check_retries,
-                max_restarts,
-                restart_delay,
-                restart_delay_max,
-                constraints,
-                job,
-                group,
+            spec: TaskSpec::new(
+                SpecBody {
+                    image,
+                    cpu,
+                    memory,
+                    disk,
+                    env,
+                    cmd,
+                    exposed_ports,
+                    port_bindings,
+                    restart_policy,
+                    health_check,
+                    health_check_type,
+                    health_check_interval,
+                    health_check_timeout,
+                    health_check_retries,
+                    max_restarts,
+                    restart_delay,
+                    restart_delay_max,
+                    constraints,
+                    job,
+                    group,
+                    owner,
+                    priority,
+                    queue_timeout,
+                    pod,
+                },
                 index,
-                owner,
-                priority,
-                queue_timeout,
-                pod,
                 desired_state,
-            },
+            ),
             status: TaskStatus {
                 state,
                 node_name,
@@ -1134,7 +1135,7 @@ mod tests {
     fn cmd_may_be_a_string_split_as_docker_compose_splits_it() {
         let cmd = |json: &str| -> Vec<String> {
             let task: Task = serde_json::from_str(json).unwrap();
-            task.spec.cmd
+            task.spec.cmd.clone()
         };
         assert_eq!(cmd(r#"{"Image": "x", "Cmd": "echo hi"}"#), ["echo", "hi"]);
         assert_eq!(

@@ -1,0 +1,97 @@
+//! A store written by an earlier Cube opens unchanged: `fixtures/store-2026-11-27.redb` is the
+//! `manager.redb` a manager built from main on 2026-11-27 (before a job's copies shared one
+//! spec in memory) wrote after a job `web` (group `api`, 3 copies of `httpd` with `Env`,
+//! `Memory`, `ExposedPorts` and `HealthCheck`) and a bare task `bare` (`sleep 60`, 8 MiB,
+//! `on-failure`) were submitted, with no worker. Today's manager must read every field back.
+
+mod support;
+
+use serde_json::{Value, json};
+use support::*;
+
+#[tokio::test]
+async fn a_store_written_before_copies_shared_their_spec_opens_with_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/store-2026-11-27.redb"
+        ),
+        dir.path().join("manager.redb"),
+    )
+    .unwrap();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    let client = manager.client();
+
+    let tasks = client.get("/tasks").await;
+    assert_eq!(tasks.status, 200, "{:?}", tasks.body);
+    let mut tasks: Vec<Value> = tasks.body.as_array().unwrap().clone();
+    tasks.sort_by_key(|task| task["Name"].as_str().unwrap_or_default().to_owned());
+    let fields = |task: &Value| {
+        json!({
+            "Name": task["Name"], "Image": task["Image"], "Cmd": task["Cmd"], "Env": task["Env"],
+            "Memory": task["Memory"], "ExposedPorts": task["ExposedPorts"],
+            "HealthCheck": task["HealthCheck"], "Job": task["Job"], "Group": task["Group"],
+            "Index": task["Index"], "RestartPolicy": task["RestartPolicy"],
+            "DesiredState": task["DesiredState"], "State": task["State"],
+        })
+    };
+    let copy = |index: u32| {
+        json!({
+            "Name": format!("web.api[{index}]"), "Image": "cube-sample:latest",
+            "Cmd": ["httpd", "-f", "-p", "8080"], "Env": ["A=b"], "Memory": 16777216,
+            "ExposedPorts": {"8080/tcp": {}}, "HealthCheck": "/health", "Job": "web",
+            "Group": "api", "Index": index, "RestartPolicy": "no", "DesiredState": "Running",
+            "State": "Pending",
+        })
+    };
+    let bare = json!({
+        "Name": "bare", "Image": "cube-sample:latest", "Cmd": ["sleep", "60"], "Env": [],
+        "Memory": 8388608, "ExposedPorts": {}, "HealthCheck": "", "Job": null, "Group": null,
+        "Index": null, "RestartPolicy": "on-failure", "DesiredState": "Running",
+        "State": "Pending",
+    });
+    assert_eq!(
+        tasks.iter().map(fields).collect::<Vec<_>>(),
+        [bare, copy(0), copy(1), copy(2)]
+    );
+
+    // The job reads too, and its copies are still the ones it asks for: a look at it makes
+    // no new copy (a spec read differently would have the job replace all three).
+    let job = client.get("/jobs/web").await;
+    assert_eq!(job.status, 200, "{:?}", job.body);
+    let scaled = client
+        .request_answer(
+            "POST",
+            "/jobs/web/scale",
+            Some(r#"{"Group": "api", "Count": 4}"#),
+        )
+        .await;
+    assert_eq!(scaled.status, 200, "{:?}", scaled.body);
+    let names = async || -> Vec<String> {
+        let tasks = client.get("/tasks").await.body;
+        let mut names: Vec<String> = tasks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|task| task["Name"].as_str().unwrap().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while names().await.len() < 5 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        names().await,
+        [
+            "bare",
+            "web.api[0]",
+            "web.api[1]",
+            "web.api[2]",
+            "web.api[3]"
+        ],
+        "the job kept its three copies and added the fourth"
+    );
+}
