@@ -949,6 +949,86 @@ impl Manager {
     }
 }
 
+impl Manager {
+    /// Publishes an event (see the module comment): `kind` is its `Type`, `key` the object's
+    /// ID or name, `job` the job it belongs to. Never waits; call it where the change is
+    /// applied, under the state lock, so that events keep the order of the changes.
+    pub(crate) fn publish(
+        &self,
+        topic: Topic,
+        kind: &str,
+        key: &str,
+        job: Option<&str>,
+        object: serde_json::Value,
+    ) {
+        self.events.publish(
+            topic,
+            Cow::Owned(kind.to_string()),
+            key.to_string(),
+            job.map(str::to_string),
+            Payload::Value(object),
+            false,
+        );
+    }
+
+    /// The manager's events, for the API.
+    pub fn events(&self) -> &EventBroker {
+        &self.events
+    }
+
+    /// Publishes a node's event (`NodeRegistered`, `NodeDown`, ...) with its view; called
+    /// under the state lock.
+    pub(crate) fn publish_node(&self, state: &Shared, name: &str, kind: &str) {
+        let Some(entry) = state.nodes.get(name) else {
+            return;
+        };
+        let view = self.node_view(state, entry, Instant::now());
+        self.publish(
+            Topic::Node,
+            kind,
+            name,
+            None,
+            serde_json::to_value(&view).unwrap_or_default(),
+        );
+    }
+
+    /// Waits until an event after `since` that `relevant` admits is published, `wait` is
+    /// over, or the manager stops: the wait of a blocking query (see
+    /// [`EventBroker::wait_for`]).
+    pub(crate) async fn wait_for_event(
+        &self,
+        since: u64,
+        wait: Duration,
+        relevant: impl Fn(&crate::events::Event) -> bool,
+    ) {
+        self.events
+            .wait_for(since, wait, &self.shutdown, relevant)
+            .await;
+    }
+
+    /// `GET /metrics`: the gauges read from the state, under one hold of its lock, then every
+    /// metric as text.
+    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        let now = Instant::now();
+        {
+            let state = lock(&self.state);
+            let metrics = &self.metrics;
+            metrics.set_tasks(state.cache.tasks().map(|task| task.status.state));
+            metrics.set_jobs(state.jobs.values().map(|record| &**record));
+            metrics.set_waiting(state.cache.waiting().count());
+            metrics.set_queue(state.queue.values().map(|entry| &**entry));
+            metrics.set_nodes(
+                state
+                    .nodes
+                    .entries()
+                    .map(|entry| (entry, self.node_view(&state, entry, now))),
+                now,
+            );
+        }
+        self.metrics.text()
+    }
+}
+
 /// The event a node's report makes, if any: `NodeRegistered` for a node never seen, the new
 /// status when it moved (`NodeReady` back from silence), `NodeUpdated` when its address,
 /// capacity, labels or source changed. A heartbeat that changes only the stats makes none.
