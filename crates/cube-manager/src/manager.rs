@@ -311,7 +311,7 @@ pub(crate) struct Shared {
     /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
     pub(crate) just_admitted: HashMap<String, String>,
     /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
-    pub(crate) queue_dirty: crate::queue_controller::QueueDirty,
+    pub(crate) queue_dirty: crate::queue::QueueDirty,
     /// The waiting tasks the next placement pass reads, with their requests, or every one
     /// (`placement.rs`).
     pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
@@ -398,7 +398,7 @@ impl Manager {
                 queue,
                 queue_number,
                 just_admitted: HashMap::new(),
-                queue_dirty: crate::queue_controller::QueueDirty::everything(),
+                queue_dirty: crate::queue::QueueDirty::everything(),
                 placement_dirty: cube_controller::marks::Marks::everything(),
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),

@@ -11,13 +11,15 @@ use std::str::FromStr;
 
 use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 
-/// The circles still among cube-manager's files, each from its alphabetically first file.
+/// The circles still among cube-manager's files, each from its alphabetically first file
+/// ("a -> b -> a").
 ///
 /// This list may only shrink: a new circle fails the test, and so does an entry that is no
-/// longer a circle (take it off). The rest go with the controllers-as-values work of issue 30
-/// (each controller a value with a narrow context of its own, not a method on `Manager`
-/// reading `Shared`).
-const STILL_CIRCULAR: &[&str] = &["manager -> queue_controller -> manager"];
+/// longer a circle (take it off). It is empty since issue 30 gave `acl.rs`, `tls.rs`,
+/// `metrics.rs` and `events.rs` state of their own and moved the pieces two files shared
+/// (`copies.rs`, `queue::QueueDirty`); keep it so. The controllers-as-values work of that issue
+/// goes further: files that still import `manager.rs` do so one way only.
+const STILL_CIRCULAR: &[&str] = &[];
 
 /// Which files a graph is made of: file name (without `.rs`) to its source.
 type Sources = BTreeMap<String, String>;
