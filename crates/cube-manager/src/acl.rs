@@ -68,7 +68,7 @@ impl std::fmt::Debug for AclState {
         f.debug_struct("AclState")
             .field("acl", &self.acl.is_some())
             .field("audit", &self.audit.is_some())
-            .field("tls", &self.ca.is_some())
+            .field("ca", &self.ca.is_some())
             .finish()
     }
 }
