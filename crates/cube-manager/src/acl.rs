@@ -44,13 +44,41 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use cube_api::ApiError;
 use cube_api::server::{bearer_token, same_secret};
+use cube_api::tls::{PeerIdentity, PeerRole};
 use cube_store::{Expected, Store, StoreError};
 use cube_types::token::{
     Role, TOKEN_PREFIX, TokenCreated, TokenRecord, TokenRequest, TokenView, split_token,
 };
 use sha2::{Digest, Sha256};
 
-use crate::manager::Manager;
+/// What the ACL's routes and its [`guard`] read: the ACL itself (`None` with `--acl` off), the
+/// audit log, and the cluster CA when TLS is on. The manager hands it in (the API's router
+/// makes it from the manager's configuration), so that this module needs nothing else of the
+/// manager.
+#[derive(Clone, Default)]
+pub struct AclState {
+    pub acl: Option<Arc<Acl>>,
+    pub audit: Option<Arc<AuditLog>>,
+    /// With TLS on: the CA whose fingerprint a join token carries.
+    pub ca: Option<Arc<dyn JoinCa>>,
+}
+
+impl std::fmt::Debug for AclState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AclState")
+            .field("acl", &self.acl.is_some())
+            .field("audit", &self.audit.is_some())
+            .field("ca", &self.ca.is_some())
+            .finish()
+    }
+}
+
+/// What a join token needs of the manager's TLS: the fingerprint of the cluster's CA, for the
+/// worker to know its manager on first contact. `tls::ManagerTls` is the one kind; a trait
+/// here keeps `tls.rs` importing this module and not the other way round.
+pub trait JoinCa: Send + Sync {
+    fn fingerprint(&self) -> String;
+}
 
 /// What a route needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -605,7 +633,7 @@ struct Caller {
 /// ACL on), lets the request through or answers 401/403, and records the outcome of every
 /// request that may change something in the audit log.
 pub async fn guard(
-    State(manager): State<Arc<Manager>>,
+    State(state): State<AclState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -615,7 +643,7 @@ pub async fn guard(
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
     let path = request.uri().path().to_string();
-    let (caller, response) = match &manager.config.acl {
+    let (caller, response) = match &state.acl {
         None => (
             Caller {
                 name: "anonymous".to_string(),
@@ -624,7 +652,7 @@ pub async fn guard(
             next.run(request).await,
         ),
         Some(acl) => {
-            let tls = manager.config.tls.is_some();
+            let tls = state.ca.is_some();
             checked(acl.clone(), tls, &method, &route, request, next).await
         }
     };
@@ -635,7 +663,7 @@ pub async fn guard(
     if method != Method::GET && method != Method::HEAD && !heartbeat {
         let status = response.status().as_u16();
         tracing::info!(target: "cube::audit", token = %caller.name, role = caller.role.map(Role::as_str), %method, %route, %path, status, "audit");
-        if let Some(audit) = &manager.config.audit {
+        if let Some(audit) = &state.audit {
             audit.append(&serde_json::json!({
                 "Time": Utc::now().to_rfc3339(),
                 "Token": caller.name,
@@ -716,10 +744,8 @@ async fn checked(
         };
         if tls && route == "/nodes/{name}" {
             // With TLS, a report for node N is taken only over N's certificate.
-            let peer = parts.extensions.get::<cube_api::tls::PeerIdentity>();
-            if let Err(error) =
-                crate::tls::check_node_peer(peer, &node, &format!("{method} {route}"))
-            {
+            let peer = parts.extensions.get::<PeerIdentity>();
+            if let Err(error) = check_node_peer(peer, &node, &format!("{method} {route}")) {
                 return refused(&record.name, Some(record.role), error);
             }
         }
@@ -853,9 +879,36 @@ fn needs_words(needed: Role) -> String {
     }
 }
 
+/// With TLS on, a node's report (or certificate renewal) is taken only over that node's
+/// certificate: the 403 names the node and the certificate presented.
+pub fn check_node_peer(
+    peer: Option<&PeerIdentity>,
+    node: &str,
+    what: &str,
+) -> Result<(), ApiError> {
+    match peer {
+        Some(peer) if peer.role == PeerRole::Node && peer.name == node => Ok(()),
+        Some(peer) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{what}: node {node:?} reports only over its own certificate; this connection \
+                 presented {peer}"
+            ),
+        )),
+        None => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{what}: node {node:?} reports only over its own certificate (this manager \
+                 runs with --tls); this connection presented none (join with the node token \
+                 to get one)"
+            ),
+        )),
+    }
+}
+
 /// `POST /acl/bootstrap`: the first management token, shown once; 409 once there is one.
-pub async fn bootstrap(State(manager): State<Arc<Manager>>) -> Result<Response, ApiError> {
-    let acl = enabled(&manager)?;
+pub async fn bootstrap(State(state): State<AclState>) -> Result<Response, ApiError> {
+    let acl = enabled(&state)?;
     match acl.bootstrap(Utc::now()).await? {
         Some(created) => Ok((StatusCode::CREATED, axum::Json(created)).into_response()),
         None => Err(ApiError::new(
@@ -868,10 +921,10 @@ pub async fn bootstrap(State(manager): State<Arc<Manager>>) -> Result<Response, 
 
 /// `POST /acl/tokens`: a new token, shown once.
 pub async fn create_token(
-    State(manager): State<Arc<Manager>>,
+    State(state): State<AclState>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let acl = enabled(&manager)?;
+    let acl = enabled(&state)?;
     let body = body?;
     let mut deserializer = serde_json::Deserializer::from_slice(&body);
     let request: TokenRequest = serde_path_to_error::deserialize(&mut deserializer)
@@ -907,27 +960,27 @@ pub async fn create_token(
     let mut created = acl
         .create(request.role, request.name, ttl, Utc::now())
         .await?;
-    if let (Role::Node, Some(tls)) = (created.token.role, &manager.config.tls) {
+    if let (Role::Node, Some(ca)) = (created.token.role, &state.ca) {
         // A join token carries the CA's fingerprint, for the worker to know its manager on
         // first contact.
-        created.secret = format!("{}.{}", created.secret, tls.authority.fingerprint());
+        created.secret = format!("{}.{}", created.secret, ca.fingerprint());
     }
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
 }
 
 /// `GET /acl/tokens`: every token, without secrets.
 pub async fn list_tokens(
-    State(manager): State<Arc<Manager>>,
+    State(state): State<AclState>,
 ) -> Result<axum::Json<Vec<TokenView>>, ApiError> {
-    Ok(axum::Json(enabled(&manager)?.list()?))
+    Ok(axum::Json(enabled(&state)?.list()?))
 }
 
 /// `DELETE /acl/tokens/{id}`: 204, or 404 when there is no such token.
 pub async fn revoke_token(
-    State(manager): State<Arc<Manager>>,
+    State(state): State<AclState>,
     cube_api::JsonPath(id): cube_api::JsonPath<String>,
 ) -> Result<StatusCode, ApiError> {
-    if enabled(&manager)?.revoke(&id)? {
+    if enabled(&state)?.revoke(&id)? {
         tracing::info!(token = %id, "token revoked");
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -938,8 +991,8 @@ pub async fn revoke_token(
     }
 }
 
-fn enabled(manager: &Manager) -> Result<&Acl, ApiError> {
-    manager.config.acl.as_deref().ok_or_else(|| {
+fn enabled(state: &AclState) -> Result<&Acl, ApiError> {
+    state.acl.as_deref().ok_or_else(|| {
         ApiError::new(
             StatusCode::CONFLICT,
             "the ACL is off on this manager: start it with --acl to use tokens",

@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
-use axum::extract::{MatchedPath, Query, RawQuery, State};
+use axum::extract::{FromRef, MatchedPath, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -54,12 +54,14 @@ use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
 use uuid::Uuid;
 
+use crate::acl::AclState;
 use crate::event_stream::{EventsQuery, Framing, events_response};
 use crate::events::{Event, EventFilter, Topic};
 use crate::job_controller::{JobSubmitted, JobView, PlanView, VersionView};
 use crate::manager::{Manager, ManagerError, Placement, Submitted};
 use crate::nodes::NodeSource;
 use crate::queue_controller::QueueView;
+use crate::tls::TlsState;
 
 /// The one place a [`ManagerError`] becomes an HTTP status.
 impl From<ManagerError> for ApiError {
@@ -151,7 +153,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/acl/tokens/{id}", delete(crate::acl::revoke_token))
         // Inside the count: a refused request is counted too.
         .route_layer(axum::middleware::from_fn_with_state(
-            manager.clone(),
+            AclState::from_ref(&manager),
             crate::acl::guard,
         ))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -160,6 +162,28 @@ pub fn router(manager: Arc<Manager>) -> Router {
         ))
         .with_state(manager);
     with_json_fallbacks(routes, ROUTE_LIST)
+}
+
+/// The ACL's routes and guard read only their own part of the manager.
+impl FromRef<Arc<Manager>> for AclState {
+    fn from_ref(manager: &Arc<Manager>) -> AclState {
+        AclState {
+            acl: manager.config.acl.clone(),
+            audit: manager.config.audit.clone(),
+            ca: manager
+                .config
+                .tls
+                .clone()
+                .map(|tls| tls as Arc<dyn crate::acl::JoinCa>),
+        }
+    }
+}
+
+/// The TLS routes read only the manager's TLS.
+impl FromRef<Arc<Manager>> for TlsState {
+    fn from_ref(manager: &Arc<Manager>) -> TlsState {
+        TlsState(manager.config.tls.clone())
+    }
 }
 
 /// Counts every request a route answered, by the route's pattern (`/tasks/:id`, not each

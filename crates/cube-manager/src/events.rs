@@ -26,7 +26,7 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
@@ -36,7 +36,6 @@ use serde::ser::{Serialize, Serializer};
 use tokio::sync::broadcast;
 
 use crate::cache::holds_resources;
-use crate::manager::{Manager, Shared};
 
 /// How many indexes one epoch (one start of the manager) may use: events of epoch E are
 /// numbered from E × 10^12 on.
@@ -386,6 +385,36 @@ impl EventBroker {
             position: since,
         })
     }
+
+    /// Waits until an event after `since` that `relevant` admits is published, `wait` is
+    /// over, or `shutdown` is cancelled: the wait of a blocking query. Answers at once when
+    /// `since` is not an index the broker can resume from (too old, as 0 is, or from another
+    /// start of the manager): the caller cannot know what it missed.
+    pub(crate) async fn wait_for(
+        &self,
+        since: u64,
+        wait: Duration,
+        shutdown: &tokio_util::sync::CancellationToken,
+        relevant: impl Fn(&Event) -> bool,
+    ) {
+        let Ok(mut subscription) = self.subscribe(Some(since)) else {
+            return;
+        };
+        let changed = async {
+            loop {
+                match subscription.next().await {
+                    Received::Event(event) if !relevant(&event) => continue,
+                    // An event that matters, or a wait that fell behind: answer.
+                    _ => return,
+                }
+            }
+        };
+        tokio::select! {
+            () = changed => {}
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
 }
 
 /// What a subscription gives next.
@@ -587,82 +616,10 @@ pub(crate) fn job_object(record: &JobRecord) -> serde_json::Value {
     serde_json::to_value(record).unwrap_or_default()
 }
 
-impl Manager {
-    /// Publishes an event (see the module comment): `kind` is its `Type`, `key` the object's
-    /// ID or name, `job` the job it belongs to. Never waits; call it where the change is
-    /// applied, under the state lock, so that events keep the order of the changes.
-    pub(crate) fn publish(
-        &self,
-        topic: Topic,
-        kind: &str,
-        key: &str,
-        job: Option<&str>,
-        object: serde_json::Value,
-    ) {
-        self.events.publish(
-            topic,
-            Cow::Owned(kind.to_string()),
-            key.to_string(),
-            job.map(str::to_string),
-            Payload::Value(object),
-            false,
-        );
-    }
-
-    /// The manager's events, for the API.
-    pub fn events(&self) -> &EventBroker {
-        &self.events
-    }
-
-    /// Publishes a node's event (`NodeRegistered`, `NodeDown`, ...) with its view; called
-    /// under the state lock.
-    pub(crate) fn publish_node(&self, state: &Shared, name: &str, kind: &str) {
-        let Some(entry) = state.nodes.get(name) else {
-            return;
-        };
-        let view = self.node_view(state, entry, Instant::now());
-        self.publish(
-            Topic::Node,
-            kind,
-            name,
-            None,
-            serde_json::to_value(&view).unwrap_or_default(),
-        );
-    }
-
-    /// Waits until an event after `since` that `relevant` admits is published, `wait` is
-    /// over, or the manager stops: the wait of a blocking query. Answers at once when
-    /// `since` is not an index the broker can resume from (too old, as 0 is, or from another
-    /// start of the manager): the caller cannot know what it missed.
-    pub(crate) async fn wait_for_event(
-        &self,
-        since: u64,
-        wait: Duration,
-        relevant: impl Fn(&Event) -> bool,
-    ) {
-        let Ok(mut subscription) = self.events.subscribe(Some(since)) else {
-            return;
-        };
-        let changed = async {
-            loop {
-                match subscription.next().await {
-                    Received::Event(event) if !relevant(&event) => continue,
-                    // An event that matters, or a wait that fell behind: answer.
-                    _ => return,
-                }
-            }
-        };
-        tokio::select! {
-            () = changed => {}
-            () = tokio::time::sleep(wait) => {}
-            () = self.shutdown.cancelled() => {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manager::Manager;
     use cube_types::State;
 
     fn value_event(broker: &EventBroker, topic: Topic, key: &str, job: Option<&str>) -> u64 {

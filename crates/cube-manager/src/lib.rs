@@ -16,6 +16,7 @@ pub mod api;
 #[doc(hidden)]
 pub mod bench_support;
 mod cache;
+mod copies;
 mod drain;
 mod event_stream;
 pub mod events;

@@ -311,7 +311,7 @@ pub(crate) struct Shared {
     /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
     pub(crate) just_admitted: HashMap<String, String>,
     /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
-    pub(crate) queue_dirty: crate::queue_controller::QueueDirty,
+    pub(crate) queue_dirty: crate::queue::QueueDirty,
     /// The waiting tasks the next placement pass reads, with their requests, or every one
     /// (`placement.rs`).
     pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
@@ -398,7 +398,7 @@ impl Manager {
                 queue,
                 queue_number,
                 just_admitted: HashMap::new(),
-                queue_dirty: crate::queue_controller::QueueDirty::everything(),
+                queue_dirty: crate::queue::QueueDirty::everything(),
                 placement_dirty: cube_controller::marks::Marks::everything(),
             }),
             tasks_runner: Runner::new(runner(max_concurrent)),
@@ -946,6 +946,86 @@ impl Manager {
             background.wait().await;
         });
         loops
+    }
+}
+
+impl Manager {
+    /// Publishes an event (see the module comment): `kind` is its `Type`, `key` the object's
+    /// ID or name, `job` the job it belongs to. Never waits; call it where the change is
+    /// applied, under the state lock, so that events keep the order of the changes.
+    pub(crate) fn publish(
+        &self,
+        topic: Topic,
+        kind: &str,
+        key: &str,
+        job: Option<&str>,
+        object: serde_json::Value,
+    ) {
+        self.events.publish(
+            topic,
+            Cow::Owned(kind.to_string()),
+            key.to_string(),
+            job.map(str::to_string),
+            Payload::Value(object),
+            false,
+        );
+    }
+
+    /// The manager's events, for the API.
+    pub fn events(&self) -> &EventBroker {
+        &self.events
+    }
+
+    /// Publishes a node's event (`NodeRegistered`, `NodeDown`, ...) with its view; called
+    /// under the state lock.
+    pub(crate) fn publish_node(&self, state: &Shared, name: &str, kind: &str) {
+        let Some(entry) = state.nodes.get(name) else {
+            return;
+        };
+        let view = self.node_view(state, entry, Instant::now());
+        self.publish(
+            Topic::Node,
+            kind,
+            name,
+            None,
+            serde_json::to_value(&view).unwrap_or_default(),
+        );
+    }
+
+    /// Waits until an event after `since` that `relevant` admits is published, `wait` is
+    /// over, or the manager stops: the wait of a blocking query (see
+    /// [`EventBroker::wait_for`]).
+    pub(crate) async fn wait_for_event(
+        &self,
+        since: u64,
+        wait: Duration,
+        relevant: impl Fn(&crate::events::Event) -> bool,
+    ) {
+        self.events
+            .wait_for(since, wait, &self.shutdown, relevant)
+            .await;
+    }
+
+    /// `GET /metrics`: the gauges read from the state, under one hold of its lock, then every
+    /// metric as text.
+    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
+        let now = Instant::now();
+        {
+            let state = lock(&self.state);
+            let metrics = &self.metrics;
+            metrics.set_tasks(state.cache.tasks().map(|task| task.status.state));
+            metrics.set_jobs(state.jobs.values().map(|record| &**record));
+            metrics.set_waiting(state.cache.waiting().count());
+            metrics.set_queue(state.queue.values().map(|entry| &**entry));
+            metrics.set_nodes(
+                state
+                    .nodes
+                    .entries()
+                    .map(|entry| (entry, self.node_view(&state, entry, now))),
+                now,
+            );
+        }
+        self.metrics.text()
     }
 }
 

@@ -10,8 +10,9 @@
 
 use std::time::Instant;
 
-use cube_types::queue::QueueState;
-use cube_types::{NodeStatus, State};
+use cube_types::job::JobRecord;
+use cube_types::queue::{QueueEntry, QueueState};
+use cube_types::{Node, NodeStatus, State};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -19,7 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::manager::{Manager, lock};
+use crate::nodes::NodeEntry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabel {
@@ -270,165 +271,180 @@ fn bytes(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
-impl Manager {
-    /// `GET /metrics`: the gauges read from the state, then every metric as text.
-    pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
-        let metrics = &self.metrics;
-        let now = Instant::now();
+impl ManagerMetrics {
+    /// The tasks-by-state gauges, from every task's state.
+    pub(crate) fn set_tasks(&self, states: impl Iterator<Item = State>) {
+        let mut by_state = [0usize; 6];
+        for state in states {
+            by_state[state_slot(state)] += 1;
+        }
+        for state_name in cube_types::state::ALL_STATES {
+            self.tasks
+                .get_or_create(&StateLabel {
+                    state: state_name.name(),
+                })
+                .set(count(by_state[state_slot(state_name)]));
+        }
+    }
+
+    /// The jobs gauge, by type and whether stopped, from every job.
+    pub(crate) fn set_jobs<'a>(&self, jobs: impl Iterator<Item = &'a JobRecord>) {
+        self.jobs.clear();
+        for record in jobs {
+            let label = JobLabel {
+                r#type: record.job.job_type.name(),
+                stopped: if record.stopped { "true" } else { "false" },
+            };
+            self.jobs.get_or_create(&label).inc();
+        }
+    }
+
+    /// The waiting-tasks gauge.
+    pub(crate) fn set_waiting(&self, waiting: usize) {
+        self.waiting_tasks.set(count(waiting));
+    }
+
+    /// The queue-depth gauges, by state, from every queue entry.
+    pub(crate) fn set_queue<'a>(&self, entries: impl Iterator<Item = &'a QueueEntry>) {
+        let mut queue = [0usize; 4];
+        for entry in entries {
+            queue[match entry.state {
+                QueueState::Waiting => 0,
+                QueueState::Pending(_) => 1,
+                QueueState::Claimed => 2,
+                QueueState::Expired => 3,
+            }] += 1;
+        }
+        for (slot, name) in ["waiting", "pending", "claimed", "expired"]
+            .into_iter()
+            .enumerate()
         {
-            let state = lock(&self.state);
-            let mut by_state = [0usize; 6];
-            for task in state.cache.tasks() {
-                by_state[state_slot(task.status.state)] += 1;
-            }
-            for state_name in cube_types::state::ALL_STATES {
-                metrics
-                    .tasks
-                    .get_or_create(&StateLabel {
-                        state: state_name.name(),
-                    })
-                    .set(count(by_state[state_slot(state_name)]));
-            }
-            metrics.jobs.clear();
-            for record in state.jobs.values() {
-                let label = JobLabel {
-                    r#type: record.job.job_type.name(),
-                    stopped: if record.stopped { "true" } else { "false" },
-                };
-                metrics.jobs.get_or_create(&label).inc();
-            }
+            self.queue_depth
+                .get_or_create(&StateLabel { state: name })
+                .set(count(queue[slot]));
+        }
+    }
+
+    /// The node gauges, from every node's registry entry and its view as the API shows it.
+    pub(crate) fn set_nodes<'a>(
+        &self,
+        nodes: impl Iterator<Item = (&'a NodeEntry, Node)>,
+        now: Instant,
+    ) {
+        let metrics = self;
+        let mut nodes_by_status = [0usize; 3];
+        metrics.node_status.clear();
+        metrics.node_gauges.clear();
+        let gauges = &metrics.node_gauges;
+        for (entry, view) in nodes {
+            let slot = match view.status {
+                NodeStatus::Ready => 0,
+                NodeStatus::Down => 1,
+                NodeStatus::Unreachable => 2,
+            };
+            nodes_by_status[slot] += 1;
+            let node = NodeLabel {
+                node: view.name.clone(),
+            };
             metrics
-                .waiting_tasks
-                .set(count(state.cache.waiting().count()));
-            let mut queue = [0usize; 4];
-            for entry in state.queue.values() {
-                queue[match entry.state {
-                    QueueState::Waiting => 0,
-                    QueueState::Pending(_) => 1,
-                    QueueState::Claimed => 2,
-                    QueueState::Expired => 3,
-                }] += 1;
-            }
-            for (slot, name) in ["waiting", "pending", "claimed", "expired"]
-                .into_iter()
-                .enumerate()
-            {
-                metrics
-                    .queue_depth
-                    .get_or_create(&StateLabel { state: name })
-                    .set(count(queue[slot]));
-            }
-            let mut nodes = [0usize; 3];
-            metrics.node_status.clear();
-            metrics.node_gauges.clear();
-            let gauges = &metrics.node_gauges;
-            for entry in state.nodes.entries() {
-                let view = self.node_view(&state, entry, now);
-                let slot = match view.status {
-                    NodeStatus::Ready => 0,
-                    NodeStatus::Down => 1,
-                    NodeStatus::Unreachable => 2,
-                };
-                nodes[slot] += 1;
-                let node = NodeLabel {
+                .node_status
+                .get_or_create(&NodeStatusLabel {
                     node: view.name.clone(),
-                };
-                metrics
-                    .node_status
-                    .get_or_create(&NodeStatusLabel {
-                        node: view.name.clone(),
-                        status: status_name(view.status),
-                    })
-                    .set(1);
+                    status: status_name(view.status),
+                })
+                .set(1);
+            gauges
+                .capacity_cpu
+                .get_or_create(&node)
+                .set(view.capacity.cpu);
+            gauges
+                .capacity_memory
+                .get_or_create(&node)
+                .set(bytes(view.capacity.memory));
+            gauges
+                .capacity_disk
+                .get_or_create(&node)
+                .set(bytes(view.capacity.disk));
+            gauges
+                .allocated_cpu
+                .get_or_create(&node)
+                .set(view.allocated.cpu);
+            gauges
+                .allocated_memory
+                .get_or_create(&node)
+                .set(bytes(view.allocated.memory));
+            gauges
+                .allocated_disk
+                .get_or_create(&node)
+                .set(bytes(view.allocated.disk));
+            gauges
+                .tasks
+                .get_or_create(&node)
+                .set(count(view.task_count));
+            gauges
+                .eligible
+                .get_or_create(&node)
+                .set(i64::from(view.eligible));
+            gauges.draining.get_or_create(&node).set(count(
+                view.drain.as_ref().map_or(0, |drain| drain.remaining),
+            ));
+            if let Some(seen) = entry.last_seen {
                 gauges
-                    .capacity_cpu
+                    .heartbeat_age
                     .get_or_create(&node)
-                    .set(view.capacity.cpu);
-                gauges
-                    .capacity_memory
-                    .get_or_create(&node)
-                    .set(bytes(view.capacity.memory));
-                gauges
-                    .capacity_disk
-                    .get_or_create(&node)
-                    .set(bytes(view.capacity.disk));
-                gauges
-                    .allocated_cpu
-                    .get_or_create(&node)
-                    .set(view.allocated.cpu);
-                gauges
-                    .allocated_memory
-                    .get_or_create(&node)
-                    .set(bytes(view.allocated.memory));
-                gauges
-                    .allocated_disk
-                    .get_or_create(&node)
-                    .set(bytes(view.allocated.disk));
-                gauges
-                    .tasks
-                    .get_or_create(&node)
-                    .set(count(view.task_count));
-                gauges
-                    .eligible
-                    .get_or_create(&node)
-                    .set(i64::from(view.eligible));
-                gauges.draining.get_or_create(&node).set(count(
-                    view.drain.as_ref().map_or(0, |drain| drain.remaining),
-                ));
-                if let Some(seen) = entry.last_seen {
-                    gauges
-                        .heartbeat_age
-                        .get_or_create(&node)
-                        .set(now.saturating_duration_since(seen).as_secs_f64());
-                }
-                if let Some(followed) = entry.followed_at {
-                    gauges
-                        .follower_lag
-                        .get_or_create(&node)
-                        .set(now.saturating_duration_since(followed).as_secs_f64());
-                }
-                if let Some(stats) = &view.stats {
-                    gauges
-                        .memory_used
-                        .get_or_create(&node)
-                        .set(bytes(stats.mem_used_kb.saturating_mul(1024)));
-                    gauges
-                        .memory_total
-                        .get_or_create(&node)
-                        .set(bytes(stats.mem_total_kb.saturating_mul(1024)));
-                    gauges.cpu_usage.get_or_create(&node).set(stats.cpu_usage);
-                    gauges
-                        .load1
-                        .get_or_create(&node)
-                        .set(stats.load_avg.last_1_min);
-                    gauges
-                        .disk_used
-                        .get_or_create(&node)
-                        .set(bytes(stats.disk_used));
-                    gauges
-                        .disk_total
-                        .get_or_create(&node)
-                        .set(bytes(stats.disk_total));
-                    gauges
-                        .containers
-                        .get_or_create(&node)
-                        .set(count(stats.task_count));
-                }
+                    .set(now.saturating_duration_since(seen).as_secs_f64());
             }
-            for (slot, status) in [NodeStatus::Ready, NodeStatus::Down, NodeStatus::Unreachable]
-                .into_iter()
-                .enumerate()
-            {
-                metrics
-                    .nodes
-                    .get_or_create(&StateLabel {
-                        state: status_name(status),
-                    })
-                    .set(count(nodes[slot]));
+            if let Some(followed) = entry.followed_at {
+                gauges
+                    .follower_lag
+                    .get_or_create(&node)
+                    .set(now.saturating_duration_since(followed).as_secs_f64());
+            }
+            if let Some(stats) = &view.stats {
+                gauges
+                    .memory_used
+                    .get_or_create(&node)
+                    .set(bytes(stats.mem_used_kb.saturating_mul(1024)));
+                gauges
+                    .memory_total
+                    .get_or_create(&node)
+                    .set(bytes(stats.mem_total_kb.saturating_mul(1024)));
+                gauges.cpu_usage.get_or_create(&node).set(stats.cpu_usage);
+                gauges
+                    .load1
+                    .get_or_create(&node)
+                    .set(stats.load_avg.last_1_min);
+                gauges
+                    .disk_used
+                    .get_or_create(&node)
+                    .set(bytes(stats.disk_used));
+                gauges
+                    .disk_total
+                    .get_or_create(&node)
+                    .set(bytes(stats.disk_total));
+                gauges
+                    .containers
+                    .get_or_create(&node)
+                    .set(count(stats.task_count));
             }
         }
+        for (slot, status) in [NodeStatus::Ready, NodeStatus::Down, NodeStatus::Unreachable]
+            .into_iter()
+            .enumerate()
+        {
+            metrics
+                .nodes
+                .get_or_create(&StateLabel {
+                    state: status_name(status),
+                })
+                .set(count(nodes_by_status[slot]));
+        }
+    }
+
+    /// Every metric as text, in the Prometheus classic format.
+    pub(crate) fn text(&self) -> Result<String, std::fmt::Error> {
         let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &metrics.registry)?;
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(cube_api::metrics::classic_text(&text))
     }
 }

@@ -12,10 +12,11 @@
 //! Nothing here depends on how much room is free this instant (why a request waits is read
 //! from its tasks when the list is shown), so the list changes only when a request does.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use cube_controller::marks::Marks;
 use cube_types::job::{DEFAULT_PRIORITY, JobRecord, JobType};
 use cube_types::queue::{Endpoint, QueueEntry, QueueState, RequestKind};
 use cube_types::task::ANONYMOUS;
@@ -435,6 +436,86 @@ pub fn in_order(entries: &BTreeMap<String, Arc<QueueEntry>>) -> Vec<(Arc<QueueEn
             (entry, at)
         })
         .collect()
+}
+
+/// The requests whose entry the queue controller must look at again, by key (`task/<id>`,
+/// `job/<name>`): marked wherever a task or a job changes in the manager's state, taken by
+/// the next look. Kept under the manager's lock, with the state it describes.
+///
+/// A waiting entry also changes with nothing marked, when its `QueueTimeout` runs out: the
+/// earliest such time a look found is kept, and the look at or after it reads every waiting
+/// request again. Between those, a waiting request is read only when it is marked.
+#[derive(Debug)]
+pub(crate) struct QueueDirty {
+    marks: Marks<String>,
+    /// When the first waiting request's `QueueTimeout` runs out, of those looked at.
+    timeout_due: Option<DateTime<Utc>>,
+}
+
+impl QueueDirty {
+    /// Every request to look at: a manager that starts.
+    pub(crate) fn everything() -> QueueDirty {
+        QueueDirty {
+            marks: Marks::everything(),
+            timeout_due: None,
+        }
+    }
+
+    /// The key of the request a task belongs to: itself, or its job.
+    pub(crate) fn key_of(task: &Task) -> String {
+        if task.spec.job.is_empty() {
+            RequestKind::Task.key(&task.id.to_string())
+        } else {
+            RequestKind::Job.key(&task.spec.job)
+        }
+    }
+
+    /// The request of a task that changed (or was forgotten).
+    pub(crate) fn mark_task(&mut self, task: &Task) {
+        if !self.marks.is_everything() {
+            self.marks.mark(QueueDirty::key_of(task));
+        }
+    }
+
+    /// A job that changed (or was removed).
+    pub(crate) fn mark_job(&mut self, name: &str) {
+        if !self.marks.is_everything() {
+            self.marks.mark(RequestKind::Job.key(name));
+        }
+    }
+
+    /// What is marked, for the queue controller's tests.
+    #[cfg(test)]
+    pub(crate) fn marks(&self) -> &Marks<String> {
+        &self.marks
+    }
+
+    pub(crate) fn mark_everything(&mut self) {
+        self.marks.mark_everything();
+    }
+
+    /// What the next look reads: `None` for every request, else the keys marked; and
+    /// whether it reads every waiting request too (a timeout is due at `now`).
+    pub(crate) fn take(&mut self, now: DateTime<Utc>) -> (Option<BTreeSet<String>>, bool) {
+        let due = self.timeout_due.is_some_and(|at| at <= now);
+        (self.marks.take(), due)
+    }
+
+    /// Keeps when the next timeout runs out, from a look's plan: `all_waiting` when the look
+    /// read every waiting request (then its plan knows every timeout), else the earlier of
+    /// what was kept and what the look found. Returns it.
+    pub(crate) fn keep_timeout(
+        &mut self,
+        found: Option<DateTime<Utc>>,
+        all_waiting: bool,
+    ) -> Option<DateTime<Utc>> {
+        self.timeout_due = match (all_waiting, self.timeout_due, found) {
+            (true, _, found) => found,
+            (false, Some(kept), Some(found)) => Some(kept.min(found)),
+            (false, kept, found) => kept.or(found),
+        };
+        self.timeout_due
+    }
 }
 
 #[cfg(test)]

@@ -13,11 +13,10 @@
 //! The API's side is here too: `GET /queue` and `GET /services`, and the queue's words for a
 //! job (`JobView::queue`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use chrono::{DateTime, Utc};
-use cube_controller::marks::Marks;
+use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::syncer::{SyncAction, diff_by_key};
 use cube_types::job::{JobRecord, JobType};
@@ -30,7 +29,7 @@ use crate::events::Topic;
 use crate::jobs::is_live;
 use crate::manager::{Manager, ManagerError, QUEUE_NUMBER_KEY, lock};
 use crate::queue::{
-    Expiry, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, in_order, plan,
+    Expiry, QueueDirty, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, in_order, plan,
     request_value, waiting_reason,
 };
 
@@ -517,80 +516,6 @@ impl Manager {
     }
 }
 
-/// The requests whose entry the queue controller must look at again, by key (`task/<id>`,
-/// `job/<name>`): marked wherever a task or a job changes in the manager's state, taken by
-/// the next look. Kept under the manager's lock, with the state it describes.
-///
-/// A waiting entry also changes with nothing marked, when its `QueueTimeout` runs out: the
-/// earliest such time a look found is kept, and the look at or after it reads every waiting
-/// request again. Between those, a waiting request is read only when it is marked.
-#[derive(Debug)]
-pub(crate) struct QueueDirty {
-    marks: Marks<String>,
-    /// When the first waiting request's `QueueTimeout` runs out, of those looked at.
-    timeout_due: Option<DateTime<Utc>>,
-}
-
-impl QueueDirty {
-    /// Every request to look at: a manager that starts.
-    pub(crate) fn everything() -> QueueDirty {
-        QueueDirty {
-            marks: Marks::everything(),
-            timeout_due: None,
-        }
-    }
-
-    /// The key of the request a task belongs to: itself, or its job.
-    fn key_of(task: &Task) -> String {
-        if task.spec.job.is_empty() {
-            RequestKind::Task.key(&task.id.to_string())
-        } else {
-            RequestKind::Job.key(&task.spec.job)
-        }
-    }
-
-    /// The request of a task that changed (or was forgotten).
-    pub(crate) fn mark_task(&mut self, task: &Task) {
-        if !self.marks.is_everything() {
-            self.marks.mark(QueueDirty::key_of(task));
-        }
-    }
-
-    /// A job that changed (or was removed).
-    pub(crate) fn mark_job(&mut self, name: &str) {
-        if !self.marks.is_everything() {
-            self.marks.mark(RequestKind::Job.key(name));
-        }
-    }
-
-    pub(crate) fn mark_everything(&mut self) {
-        self.marks.mark_everything();
-    }
-
-    /// What the next look reads: `None` for every request, else the keys marked; and
-    /// whether it reads every waiting request too (a timeout is due at `now`).
-    fn take(&mut self, now: DateTime<Utc>) -> (Option<BTreeSet<String>>, bool) {
-        let due = self.timeout_due.is_some_and(|at| at <= now);
-        (self.marks.take(), due)
-    }
-
-    /// Keeps when the next timeout runs out, from a look's plan: `all_waiting` when the look
-    /// read every waiting request (then its plan knows every timeout), else the earlier of
-    /// what was kept and what the look found. Returns it.
-    fn keep_timeout(
-        &mut self,
-        found: Option<DateTime<Utc>>,
-        all_waiting: bool,
-    ) -> Option<DateTime<Utc>> {
-        self.timeout_due = match (all_waiting, self.timeout_due, found) {
-            (true, _, found) => found,
-            (false, Some(kept), Some(found)) => Some(kept.min(found)),
-            (false, kept, found) => kept.or(found),
-        };
-        self.timeout_due
-    }
-}
-
 /// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
 /// the task controller ends such a task `Failed` with this as its error, where a stop the
 /// user asked for ends it `Completed`.
@@ -803,7 +728,7 @@ mod tests {
         let state_of = |id: Uuid| manager.queue_entry_of_task(id).map(|view| view.entry.state);
         assert_eq!(state_of(impatient), Some(QueueState::Waiting));
         tokio::time::sleep(std::time::Duration::from_millis(350)).await;
-        assert!(lock(&manager.state).queue_dirty.marks.keys().is_empty());
+        assert!(lock(&manager.state).queue_dirty.marks().keys().is_empty());
         manager.look_at_queue().await.unwrap();
         assert_eq!(state_of(impatient), Some(QueueState::Expired));
         assert_eq!(state_of(patient), Some(QueueState::Waiting));
@@ -861,9 +786,9 @@ mod tests {
             .unwrap();
         {
             let state = lock(&manager.state);
-            assert!(!state.queue_dirty.marks.is_everything());
+            assert!(!state.queue_dirty.marks().is_everything());
             assert_eq!(
-                state.queue_dirty.marks.keys().iter().collect::<Vec<_>>(),
+                state.queue_dirty.marks().keys().iter().collect::<Vec<_>>(),
                 vec![&RequestKind::Task.key(&running.to_string())]
             );
         }

@@ -26,7 +26,7 @@ use cube_types::deployment::{Deployment, DeploymentGroup, DeploymentState, Updat
 use cube_types::job::JobRecord;
 use uuid::Uuid;
 
-use crate::jobs::{copy_of, has_current_spec, is_live};
+use crate::copies::{copy_of, has_current_spec, is_live};
 
 /// How a group's copies whose spec changed are replaced in this look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

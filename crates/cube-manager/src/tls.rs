@@ -33,7 +33,13 @@ use cube_api::tls::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::manager::Manager;
+use crate::acl::{JoinCa, NodeClaim, check_node_peer, hex, make_claim, unhex};
+
+/// What the TLS routes read: the manager's TLS, `None` with `--tls` off. The manager hands it
+/// in (the API's router makes it from the manager's configuration), so that this module needs
+/// nothing else of the manager.
+#[derive(Debug, Clone, Default)]
+pub struct TlsState(pub Option<Arc<ManagerTls>>);
 
 /// The manager's TLS state.
 pub struct ManagerTls {
@@ -135,8 +141,14 @@ impl ManagerTls {
     }
 }
 
-fn enabled(manager: &Manager) -> Result<&ManagerTls, ApiError> {
-    manager.config.tls.as_deref().ok_or_else(|| {
+impl JoinCa for ManagerTls {
+    fn fingerprint(&self) -> String {
+        self.authority.fingerprint()
+    }
+}
+
+fn enabled(state: &TlsState) -> Result<&ManagerTls, ApiError> {
+    state.0.as_deref().ok_or_else(|| {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "TLS is off on this manager: start it with --tls (and --acl)",
@@ -145,8 +157,8 @@ fn enabled(manager: &Manager) -> Result<&ManagerTls, ApiError> {
 }
 
 /// `GET /tls/ca`: the cluster CA's certificate, PEM.
-pub async fn ca(State(manager): State<Arc<Manager>>) -> Result<Response, ApiError> {
-    let tls = enabled(&manager)?;
+pub async fn ca(State(state): State<TlsState>) -> Result<Response, ApiError> {
+    let tls = enabled(&state)?;
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/x-pem-file")],
         tls.authority.ca_pem().to_string(),
@@ -156,13 +168,13 @@ pub async fn ca(State(manager): State<Arc<Manager>>) -> Result<Response, ApiErro
 
 /// `POST /nodes/{name}/certificate`: a certificate for node `{name}`.
 pub async fn issue_node_certificate(
-    State(manager): State<Arc<Manager>>,
+    State(state): State<TlsState>,
     cube_api::JsonPath(name): cube_api::JsonPath<String>,
     peer: Option<axum::Extension<PeerIdentity>>,
-    claim: Option<axum::Extension<crate::acl::NodeClaim>>,
+    claim: Option<axum::Extension<NodeClaim>>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let tls = enabled(&manager)?;
+    let tls = enabled(&state)?;
     if !tls.authority.can_sign() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -184,7 +196,7 @@ pub async fn issue_node_certificate(
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
     // A join token's first request: the name is its own only now that the signing request
     // proved valid, and before the certificate leaves.
-    crate::acl::make_claim(claim.as_ref()).await?;
+    make_claim(claim.as_ref()).await?;
     tracing::info!(node = %name, "certificate issued to a node");
     Ok((
         StatusCode::CREATED,
@@ -194,33 +206,6 @@ pub async fn issue_node_certificate(
         }),
     )
         .into_response())
-}
-
-/// With TLS on, a node's report (or certificate renewal) is taken only over that node's
-/// certificate: the 403 names the node and the certificate presented.
-pub fn check_node_peer(
-    peer: Option<&PeerIdentity>,
-    node: &str,
-    what: &str,
-) -> Result<(), ApiError> {
-    match peer {
-        Some(peer) if peer.role == PeerRole::Node && peer.name == node => Ok(()),
-        Some(peer) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{what}: node {node:?} reports only over its own certificate; this connection \
-                 presented {peer}"
-            ),
-        )),
-        None => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{what}: node {node:?} reports only over its own certificate (this manager \
-                 runs with --tls); this connection presented none (join with the node token \
-                 to get one)"
-            ),
-        )),
-    }
 }
 
 /// The key in the `acl_keys` table of the CA that managers sharing etcd share.
@@ -324,17 +309,13 @@ impl CaSecret {
                 &mut sealed,
             )
             .map_err(|_| SharedCaError::Malformed("the CA's key could not be sealed".into()))?;
-        Ok(format!(
-            "{}{}",
-            crate::acl::hex(&nonce),
-            crate::acl::hex(&sealed)
-        ))
+        Ok(format!("{}{}", hex(&nonce), hex(&sealed)))
     }
 
     /// What [`CaSecret::seal`] sealed, or `None` when this is not the key it was sealed with
     /// (or it was altered).
     fn open(&self, sealed: &str, bound_to: &str) -> Option<Vec<u8>> {
-        let bytes = crate::acl::unhex(sealed)?;
+        let bytes = unhex(sealed)?;
         if bytes.len() < NONCE_LEN {
             return None;
         }
