@@ -31,6 +31,8 @@ pub(crate) struct Options {
     pub processes: usize,
     /// How often each simulated worker sends its heartbeat.
     pub heartbeat: String,
+    /// The manager's `--max-concurrent-reconciles`.
+    pub reconciles: u32,
 }
 
 impl Options {
@@ -44,6 +46,7 @@ impl Options {
             workers: 500,
             processes: 2,
             heartbeat: "5s".to_owned(),
+            reconciles: 64,
         }
     }
 
@@ -114,7 +117,11 @@ fn file_mb(path: &Path) -> f64 {
 /// The manager on its redb file in `data_dir`, started or started again. The simulated
 /// workers' heartbeats may be late on a busy machine: a node marked down would have its tasks
 /// placed again, which is not what is measured.
-async fn start_manager(cube: &Path, data_dir: &Path) -> anyhow::Result<ManagerProcess> {
+async fn start_manager(
+    cube: &Path,
+    data_dir: &Path,
+    reconciles: u32,
+) -> anyhow::Result<ManagerProcess> {
     ManagerProcess::start_with(
         cube,
         data_dir,
@@ -124,6 +131,8 @@ async fn start_manager(cube: &Path, data_dir: &Path) -> anyhow::Result<ManagerPr
             DbType::Persistent.as_arg(),
             "--heartbeat-grace",
             "120s",
+            "--max-concurrent-reconciles",
+            &reconciles.to_string(),
         ],
     )
     .await
@@ -147,7 +156,7 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
     );
     let data_dir = tempfile::Builder::new().prefix("cube-c1m-").tempdir()?;
     let store_file = data_dir.path().join("manager.redb");
-    let manager = start_manager(cube, data_dir.path()).await?;
+    let manager = start_manager(cube, data_dir.path(), options.reconciles).await?;
     let base = manager.base.clone();
     let address = base.trim_start_matches("http://").to_owned();
     let http = reqwest::Client::builder()
@@ -255,7 +264,7 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
     manager.kill().await?;
 
     let restarted = Instant::now();
-    let again = start_manager(cube, data_dir.path()).await?;
+    let again = start_manager(cube, data_dir.path(), options.reconciles).await?;
     let listening_in = restarted.elapsed();
     let first_read: serde_json::Value =
         crate::get_json(&http, &format!("{}/tasks?limit=1", again.base)).await?;

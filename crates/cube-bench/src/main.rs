@@ -376,6 +376,9 @@ enum Command {
         /// in 2 processes; overrides the sizes.
         #[arg(long)]
         quick: bool,
+        /// The manager's `--max-concurrent-reconciles` (tasks dispatched at once).
+        #[arg(long, default_value_t = 64)]
+        reconciles: u32,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -542,9 +545,10 @@ async fn main() -> anyhow::Result<()> {
             processes,
             heartbeat,
             quick,
+            reconciles,
             cube,
         } => {
-            let options = match quick {
+            let mut options = match quick {
                 true => c1m::Options::quick(),
                 false => c1m::Options {
                     tasks,
@@ -553,8 +557,10 @@ async fn main() -> anyhow::Result<()> {
                     workers,
                     processes,
                     heartbeat,
+                    reconciles: 64,
                 },
             };
+            options.reconciles = reconciles;
             c1m::c1m(options, &cube_binary(cube)?).await
         }
         Command::SimWorkers {

@@ -55,6 +55,11 @@ pub struct ManagerArgs {
     /// request waits in the queue, saying why. Unset: no limit.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_claimed_per_owner: Option<u32>,
+    /// At most N tasks dispatched, stopped or restarted at once (each a call to a worker and
+    /// a write to the store). More keeps more workers busy at once when thousands of tasks
+    /// are placed together, at the cost of more open connections.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    max_concurrent_reconciles: u32,
     /// With --store etcd: how long a leader's lease lasts without renewal. A leader that
     /// dies is replaced within it; a paused one stops leading after it.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
@@ -136,6 +141,7 @@ impl ManagerArgs {
             poll_interval: Duration::from_secs(2),
             gc_after: Duration::from_secs(3600),
             max_claimed_per_owner: None,
+            max_concurrent_reconciles: 64,
             leader_ttl: Duration::from_secs(5),
             advertise: None,
             limits,
@@ -343,7 +349,7 @@ pub async fn prepare(
         resync_interval: Duration::from_secs(30),
         static_workers: args.workers,
         request_timeout: Duration::from_secs(10),
-        max_concurrent_reconciles: 64,
+        max_concurrent_reconciles: args.max_concurrent_reconciles as usize,
         gc_after: args.gc_after,
         max_claimed_per_owner: args.max_claimed_per_owner.map(|limit| limit as usize),
         acl: acl.clone(),
