@@ -346,6 +346,7 @@ mod tests {
             workers: 10_000,
             processes: 4,
             heartbeat: "10s".to_owned(),
+            reconciles: 64,
         };
         assert_eq!((million.jobs(), million.total()), (99, 1_000_000));
         let quick = Options::quick();
