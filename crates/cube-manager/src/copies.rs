@@ -30,22 +30,19 @@ pub fn is_live(task: &Task) -> bool {
 pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&str>) -> Task {
     let job = &record.job;
     let group = &job.groups[group_index];
-    let mut task = group.task.clone();
-    task.id = Uuid::new_v4();
-    task.name = task_name(&job.name, &group.name, index);
-    task.spec.job = job.name.clone();
-    task.spec.group = group.name.clone();
-    task.spec.index = Some(index);
-    task.spec.constraints = job.constraints_of(group).cloned().collect();
+    let mut template = group.task.clone();
+    template.spec.job = job.name.clone();
+    template.spec.group = group.name.clone();
+    template.spec.constraints = job.constraints_of(group).cloned().collect();
     if let Some(node) = pin {
-        task.spec.constraints.push(Constraint {
+        template.spec.constraints.push(Constraint {
             attribute: "node.name".to_string(),
             operator: Operator::Equal,
             value: node.to_string(),
         });
     }
-    task.normalize();
-    task
+    template.normalize();
+    copy_from(&template, job, group_index, index)
 }
 
 /// Copy `index` of the group from its `template` ([`copy_of`] with no pin, made once per
