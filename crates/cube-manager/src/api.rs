@@ -205,6 +205,7 @@ async fn count_request(
     let method = request.method().to_string();
     let response = next.run(request).await;
     manager
+        .cluster
         .metrics
         .requests
         .get_or_create(&crate::metrics::RequestLabel {

@@ -13,7 +13,9 @@ use cube_types::job::Job;
 use cube_types::{NodeReport, Resources, State};
 use tokio_util::sync::CancellationToken;
 
-use crate::manager::{Manager, ManagerConfig, ManagerError, ManagerStores, Writes, lock};
+use crate::manager::{Manager, ManagerConfig, ManagerError};
+
+use crate::cluster::{ManagerStores, Writes, lock};
 use crate::nodes::NodeSource;
 
 /// What one convergence measured.
@@ -49,7 +51,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
     let client = ApiClient::new("127.0.0.1:9", Duration::from_secs(1))
         .map_err(|err| ManagerError::BadRequest(err.to_string()))?;
     {
-        let mut state = lock(&manager.state);
+        let mut state = lock(&manager.cluster.state);
         for n in 0..nodes {
             let report = NodeReport {
                 name: format!("w{n:04}"),
@@ -69,7 +71,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
                 NodeSource::Registered,
                 || client.clone(),
                 Instant::now(),
-                manager.heartbeat_grace(),
+                manager.cluster.heartbeat_grace(),
             );
         }
     }
@@ -107,13 +109,13 @@ pub async fn look_again(manager: &Manager, name: &str) -> Result<usize, ManagerE
     manager.converge_job(name).await?;
     let mut writes = Writes::default();
     let placed = manager.placement_pass(&mut writes);
-    manager.settle(writes).await?;
+    manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
 
 /// How many of the job's copies are `Scheduled`.
 pub fn scheduled(manager: &Manager, name: &str) -> usize {
-    lock(&manager.state)
+    lock(&manager.cluster.state)
         .cache
         .of_job(name)
         .iter()
@@ -135,7 +137,7 @@ pub async fn fill_every_node(manager: &Arc<Manager>, nodes: usize) -> Result<usi
     manager.accept_tasks(fillers, None).await?;
     let mut writes = Writes::default();
     let placed = manager.placement_pass(&mut writes);
-    manager.settle(writes).await?;
+    manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
 
@@ -168,7 +170,7 @@ pub async fn submit_waiting(
 pub async fn admission_pass(manager: &Manager) -> Result<usize, ManagerError> {
     let mut writes = Writes::default();
     let placed = manager.placement_pass(&mut writes);
-    manager.settle(writes).await?;
+    manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
 
@@ -180,7 +182,7 @@ pub fn queue_listing(manager: &Manager) -> Result<Vec<u8>, ManagerError> {
 /// Stops one task (frees its node), as `DELETE /tasks/{id}` does, and marks it ended there as
 /// its worker would report; returns its node's name.
 pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, ManagerError> {
-    let Some(task) = lock(&manager.state)
+    let Some(task) = lock(&manager.cluster.state)
         .cache
         .tasks()
         .find(|task| task.name == name)
@@ -189,7 +191,7 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
         return Ok(None);
     };
     manager.request_stop(task.id).await?;
-    let mut ended = lock(&manager.state)
+    let mut ended = lock(&manager.cluster.state)
         .cache
         .get(&task.id)
         .cloned()
@@ -200,13 +202,13 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
         .map_err(|transition| ManagerError::Conflict(transition.to_string()))?;
     let mut writes = Writes::default();
     {
-        let mut state = lock(&manager.state);
-        manager.save(&mut state, &mut writes, ended)?;
+        let mut state = lock(&manager.cluster.state);
+        manager.cluster.save(&mut state, &mut writes, ended)?;
     }
-    manager.settle(writes).await?;
+    manager.cluster.settle(writes).await?;
     // As a worker's report of an ended task does (`followers.rs`): room may have appeared, so
     // the next pass reads every waiting task, not only those submitted since.
-    manager.push_waiting();
+    manager.cluster.push_waiting();
     Ok(Some(node))
 }
 

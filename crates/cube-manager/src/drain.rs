@@ -19,7 +19,9 @@ use chrono::Utc;
 use cube_types::node::Drain;
 use cube_types::{Node, NodeStatus, State};
 
-use crate::manager::{Manager, ManagerError, lock};
+use crate::manager::{Manager, ManagerError};
+
+use crate::cluster::lock;
 use crate::nodes::drain_counts;
 
 impl Manager {
@@ -44,7 +46,7 @@ impl Manager {
             tracing::info!(node = name, eligible, "node eligibility changed");
             if eligible {
                 // It can take work again: what waits may go there, system jobs too.
-                self.push_waiting();
+                self.cluster.push_waiting();
                 self.mark_system_jobs_dirty();
             }
             self.mark_all_jobs_dirty();
@@ -97,14 +99,14 @@ impl Manager {
     /// so that their restart policy can place them elsewhere and nothing is held for a node
     /// that is gone.
     pub async fn remove_node(&self, name: &str) -> Result<(), ManagerError> {
-        let mut writes = crate::manager::Writes::default();
+        let mut writes = crate::cluster::Writes::default();
         let failed = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let entry = state
                 .nodes
                 .get(name)
                 .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
-            let status = entry.status(Instant::now(), self.heartbeat_grace());
+            let status = entry.status(Instant::now(), self.cluster.heartbeat_grace());
             if status != NodeStatus::Down {
                 return Err(ManagerError::Conflict(format!(
                     "node {name} is {status}: only a Down node is removed (stop its worker \
@@ -141,11 +143,11 @@ impl Manager {
                 if task.end(State::Failed, Some(reason), Utc::now()).is_err() {
                     continue;
                 }
-                self.save(&mut state, &mut writes, task)?;
+                self.cluster.save(&mut state, &mut writes, task)?;
                 failed.push(id);
             }
             state.nodes.remove(name);
-            self.publish(
+            self.cluster.publish(
                 crate::events::Topic::Node,
                 "NodeRemoved",
                 name,
@@ -154,18 +156,18 @@ impl Manager {
             );
             failed
         };
-        self.settle(writes).await?;
+        self.cluster.settle(writes).await?;
         if let Some(follower) = lock(&self.followers).remove(name) {
             follower.cancel();
         }
-        let nodes = self.stores.nodes.clone();
+        let nodes = self.cluster.stores.nodes.clone();
         let key = name.to_string();
         tokio::task::spawn_blocking(move || nodes.delete(&key))
             .await
             .map_err(|err| ManagerError::Unavailable(format!("the removal stopped: {err}")))??;
         tracing::info!(node = name, "node removed");
         for id in failed {
-            self.tasks_runner.push(id);
+            self.cluster.wakes.tasks.push(id);
         }
         self.mark_system_jobs_dirty();
         Ok(())
@@ -175,7 +177,7 @@ impl Manager {
     /// node stays ineligible; a `NodeDrained` event says the drain is over.
     pub(crate) async fn finish_drains(&self) {
         let done: Vec<String> = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
             state
                 .nodes
@@ -209,7 +211,7 @@ impl Manager {
         change: impl FnOnce(&mut crate::nodes::NodeEntry) -> Option<&'static str>,
     ) -> Result<bool, ManagerError> {
         let commit = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let entry = state
                 .nodes
                 .get_mut(name)
@@ -226,9 +228,9 @@ impl Manager {
             let Some(entry) = state.nodes.get(name) else {
                 return Ok(false);
             };
-            let view = self.node_view(&state, entry, Instant::now());
-            let commit = self.stores.nodes.put_queued(name, &view)?;
-            self.publish_node(&state, name, kind);
+            let view = self.cluster.node_view(&state, entry, Instant::now());
+            let commit = self.cluster.stores.nodes.put_queued(name, &view)?;
+            self.cluster.publish_node(&state, name, kind);
             commit
         };
         commit.durable().await?;

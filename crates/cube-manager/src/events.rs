@@ -931,7 +931,7 @@ mod tests {
 
     #[test]
     fn a_manager_started_again_on_its_stores_numbers_its_events_from_a_new_epoch() {
-        let stores = crate::manager::ManagerStores::in_memory();
+        let stores = crate::cluster::ManagerStores::in_memory();
         let open = || {
             let scheduler = cube_scheduler::scheduler_by_name("roundrobin").unwrap();
             Manager::open(
@@ -944,7 +944,7 @@ mod tests {
         };
         let first = open();
         assert_eq!(first.events().last_index(), EPOCH_SPAN);
-        first.publish(
+        first.cluster.publish(
             Topic::Job,
             "JobRegistered",
             "web",
@@ -954,7 +954,7 @@ mod tests {
         drop(first);
         let second = open();
         assert_eq!(second.events().last_index(), 2 * EPOCH_SPAN);
-        assert_eq!(stores.meta.get(crate::manager::EPOCH_KEY).unwrap(), Some(2));
+        assert_eq!(stores.meta.get(crate::cluster::EPOCH_KEY).unwrap(), Some(2));
     }
 
     #[tokio::test]

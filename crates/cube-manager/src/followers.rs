@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::manager::{Manager, Shared, Writes, lock, node_status_event};
+use crate::cluster::{Shared, Writes, lock};
+use crate::manager::{Manager, node_status_event};
 use crate::nodes::NodeSource;
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
@@ -33,11 +34,11 @@ impl Manager {
         let Some(entry) = state.nodes.get(name) else {
             return;
         };
-        let kind = match entry.status(Instant::now(), self.heartbeat_grace()) {
+        let kind = match entry.status(Instant::now(), self.cluster.heartbeat_grace()) {
             NodeStatus::Down => "NodeUpdated",
             status => node_status_event(status),
         };
-        self.publish_node(state, name, kind);
+        self.cluster.publish_node(state, name, kind);
     }
 
     /// Applies a worker's task list: each task placed on `node` takes the state the worker
@@ -62,7 +63,7 @@ impl Manager {
         let mut forgotten = Vec::new();
         let mut freed = false;
         {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let mut listed = HashSet::with_capacity(reported.len());
             for observed in reported {
                 listed.insert(observed.id);
@@ -85,7 +86,7 @@ impl Manager {
                 };
                 freed |= holds_resources(known) && !holds_resources(&merged);
                 tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.status.state, "task state changed");
-                if let Err(err) = self.save(&mut state, &mut writes, merged) {
+                if let Err(err) = self.cluster.save(&mut state, &mut writes, merged) {
                     tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
                 }
                 to_reconcile.push(observed.id);
@@ -105,7 +106,7 @@ impl Manager {
                 };
                 match known.status.state {
                     State::Scheduled => {
-                        lock(&self.dispatched).remove(&id);
+                        lock(&self.cluster.dispatched).remove(&id);
                         to_reconcile.push(id);
                     }
                     State::Running => {
@@ -116,7 +117,7 @@ impl Manager {
                             continue;
                         }
                         tracing::warn!(task = %id, node, "the worker no longer has a running task");
-                        if let Err(err) = self.save(&mut state, &mut writes, failed) {
+                        if let Err(err) = self.cluster.save(&mut state, &mut writes, failed) {
                             tracing::error!(task = %id, error = %err, "cannot store a failure");
                         }
                         freed = true;
@@ -127,12 +128,12 @@ impl Manager {
             }
         }
         // Errors are logged, and the cache put back, by `settle`; the worker reports again.
-        let _ = self.settle(writes).await;
+        let _ = self.cluster.settle(writes).await;
         for id in to_reconcile {
-            self.tasks_runner.push(id);
+            self.cluster.wakes.tasks.push(id);
         }
         if freed {
-            self.push_waiting();
+            self.cluster.push_waiting();
         }
         (strays, forgotten)
     }
@@ -141,7 +142,7 @@ impl Manager {
     pub(crate) async fn observe_one(&self, node: &str, observed: Task) {
         let mut writes = Writes::default();
         {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let Some(known) = state.cache.get(&observed.id) else {
                 return;
             };
@@ -149,12 +150,12 @@ impl Manager {
                 return;
             }
             if let Some(merged) = merge_observation(known, &observed, Utc::now())
-                && let Err(err) = self.save(&mut state, &mut writes, merged)
+                && let Err(err) = self.cluster.save(&mut state, &mut writes, merged)
             {
                 tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
             }
         }
-        let _ = self.settle(writes).await;
+        let _ = self.cluster.settle(writes).await;
     }
 
     /// Follows a node's tasks with blocking queries, replacing any follower it had.
@@ -216,7 +217,7 @@ impl Manager {
                     // mark its cancelled predecessor left, and must clear it too, or the
                     // node would stay `Unreachable` while it answers.
                     let back = {
-                        let mut state = lock(&self.state);
+                        let mut state = lock(&self.cluster.state);
                         // Checked under the lock: a replaced follower whose answer arrived
                         // as it was cancelled must not write over its successor's view.
                         if stop.is_cancelled() {
@@ -240,7 +241,7 @@ impl Manager {
                     if back {
                         // It can take work again, and what waits to be sent there can go.
                         self.push_node_tasks(&name);
-                        self.push_waiting();
+                        self.cluster.push_waiting();
                         self.mark_system_jobs_dirty();
                     }
                     let (strays, forgotten) = self.observe(&name, tasks, complete).await;
@@ -284,7 +285,7 @@ impl Manager {
                     }
                     // Not `Ready` while it cannot be reached: nothing placed there could be
                     // sent, and `cube node` says why.
-                    let mut state = lock(&self.state);
+                    let mut state = lock(&self.cluster.state);
                     if stop.is_cancelled() {
                         return;
                     }
@@ -355,10 +356,10 @@ impl Manager {
     /// it yet (it was frozen) has a cache behind the new leader's, and must not stop what the
     /// new leader placed; the store is read only for such tasks, which are rare.
     async fn stored_though_not_cached(&self, id: Uuid) -> bool {
-        if lock(&self.state).cache.get(&id).is_some() {
+        if lock(&self.cluster.state).cache.get(&id).is_some() {
             return false;
         }
-        let tasks = self.stores.tasks.clone();
+        let tasks = self.cluster.stores.tasks.clone();
         let stored = tokio::task::spawn_blocking(move || tasks.get(&id.to_string())).await;
         match stored {
             Ok(Ok(None)) => false,
@@ -539,10 +540,10 @@ mod tests {
         let id = crate::manager::placed_test_task(&manager).await;
         manager
             .with_writes(|writes| {
-                let mut state = lock(&manager.state);
+                let mut state = lock(&manager.cluster.state);
                 let mut task = state.cache.get(&id).unwrap().clone();
                 task.move_to(State::Running).unwrap();
-                manager.save(&mut state, writes, task)
+                manager.cluster.save(&mut state, writes, task)
             })
             .await
             .unwrap();

@@ -22,9 +22,10 @@ use cube_types::{NodeStatus, State, Task};
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::cluster::lock;
 use crate::events::{Payload, Topic};
 use crate::jobs::is_live;
-use crate::manager::{Manager, ManagerError, lock};
+use crate::manager::{Manager, ManagerError};
 
 /// Why a task may not be removed now, in words; `None` when it may.
 pub fn removable(task: &Task, job: Option<&JobRecord>) -> Option<String> {
@@ -97,7 +98,7 @@ impl Manager {
     /// `DELETE /tasks/{id}?purge=true`: removes an ended task now, with its container.
     pub async fn remove_task(&self, id: Uuid) -> Result<Task, ManagerError> {
         let task = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
             let job = state.jobs.get(&task.spec.job).map(|record| &**record);
             if let Some(why) = removable(task, job) {
@@ -116,7 +117,7 @@ impl Manager {
         let now = Utc::now();
         let older_than = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
         let due: Vec<Task> = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             state
                 .cache
                 .tasks()
@@ -158,7 +159,7 @@ impl Manager {
     async fn prune_jobs(&self, now: DateTime<Utc>, older_than: chrono::Duration) -> Vec<String> {
         let _writing = self.job_writes.lock().await;
         let due: Vec<String> = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             state
                 .jobs
                 .values()
@@ -174,7 +175,7 @@ impl Manager {
         };
         let mut removed = Vec::new();
         for name in due {
-            let stores = self.stores.clone();
+            let stores = self.cluster.stores.clone();
             let key = name.clone();
             let deleted = tokio::task::spawn_blocking(move || {
                 stores.jobs.delete(&key)?;
@@ -193,12 +194,12 @@ impl Manager {
                     continue;
                 }
             }
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             state.queue_dirty.mark_job(&name);
             state.jobs.remove(&name);
             state.histories.remove(&name);
             state.deployments.remove(&name);
-            self.publish(
+            self.cluster.publish(
                 Topic::Job,
                 "JobRemoved",
                 &name,
@@ -208,7 +209,7 @@ impl Manager {
             removed.push(name);
         }
         if !removed.is_empty() {
-            self.push_queue();
+            self.cluster.push_queue();
         }
         removed
     }
@@ -218,9 +219,10 @@ impl Manager {
     /// next reports), then it is forgotten here, durably.
     async fn purge(&self, task: &Task) -> Result<(), ManagerError> {
         let client = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             state.nodes.get(&task.status.node_name).and_then(|entry| {
-                let status = entry.status(std::time::Instant::now(), self.heartbeat_grace());
+                let status =
+                    entry.status(std::time::Instant::now(), self.cluster.heartbeat_grace());
                 (status != NodeStatus::Down).then(|| entry.client.clone())
             })
         };
@@ -249,12 +251,12 @@ impl Manager {
     /// durably; put back when the store could not delete it.
     async fn forget(&self, id: Uuid) -> Result<(), ManagerError> {
         {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let Some(removed) = state.cache.remove(&id) else {
                 return Ok(());
             };
             state.queue_dirty.mark_task(&removed);
-            self.events.publish(
+            self.cluster.events.publish(
                 Topic::Task,
                 std::borrow::Cow::Borrowed("Removed"),
                 id.to_string(),
@@ -263,20 +265,20 @@ impl Manager {
                 false,
             );
         }
-        lock(&self.failures).remove(&id);
-        self.tasks_runner.forget(&id);
+        lock(&self.cluster.failures).remove(&id);
+        self.cluster.wakes.tasks.forget(&id);
         // The waiting list forgets a request that is gone.
-        self.push_queue();
-        let tasks = self.stores.tasks.clone();
+        self.cluster.push_queue();
+        let tasks = self.cluster.stores.tasks.clone();
         let deleted = tokio::task::spawn_blocking(move || tasks.delete(&id.to_string())).await;
         match deleted {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => {
-                self.reload_task(id);
+                self.cluster.reload_task(id);
                 Err(err.into())
             }
             Err(err) => {
-                self.reload_task(id);
+                self.cluster.reload_task(id);
                 Err(ManagerError::Unavailable(format!(
                     "the removal of task {id} stopped: {err}"
                 )))

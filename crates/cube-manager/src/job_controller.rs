@@ -26,9 +26,10 @@ use serde::{Deserialize, Serialize};
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::watcher::Watcher;
 
+use crate::cluster::{Writes, lock};
 use crate::events::{Topic, job_event_kind, job_object};
 use crate::jobs::{GroupSummary, JobLook, NodeFacts, PlannedStop, plan, status_word, summarize};
-use crate::manager::{Manager, ManagerError, Writes, lock};
+use crate::manager::{Manager, ManagerError};
 use crate::queue_controller::QueueView;
 use crate::store_source::TableSource;
 use uuid::Uuid;
@@ -170,17 +171,12 @@ pub struct VersionView {
 }
 
 impl Manager {
-    /// Asks the job controller to look at a job again.
-    pub(crate) fn mark_job_dirty(&self, name: &str) {
-        self.jobs_runner.push(name.to_string());
-    }
-
     /// Marks every system job (a node joined, left, came back or changed its labels).
     pub(crate) fn mark_system_jobs_dirty(&self) {
         let jobs = self.jobs_observed.snapshot().items;
         for record in jobs.values() {
             if record.job.job_type == JobType::System && !record.stopped {
-                self.mark_job_dirty(&record.job.name);
+                self.cluster.mark_job_dirty(&record.job.name);
             }
         }
     }
@@ -188,7 +184,7 @@ impl Manager {
     /// Marks every job (at start and at each resync).
     pub(crate) fn mark_all_jobs_dirty(&self) {
         for name in self.jobs_observed.snapshot().items.keys() {
-            self.mark_job_dirty(name);
+            self.cluster.mark_job_dirty(name);
         }
     }
 
@@ -197,7 +193,7 @@ impl Manager {
     /// listing is in, then the name of every job that changed. When the watch is lost the watcher lists again and every job is looked at.
     pub(crate) async fn run_jobs_watcher(self: Arc<Self>) {
         let watcher = Watcher::new(
-            TableSource::new(self.stores.jobs.clone()),
+            TableSource::new(self.cluster.stores.jobs.clone()),
             self.jobs_observed.clone(),
         );
         let following = async {
@@ -214,7 +210,7 @@ impl Manager {
                     Ok(deltas) => {
                         for delta in deltas {
                             since = delta.index;
-                            self.mark_job_dirty(&delta.key);
+                            self.cluster.mark_job_dirty(&delta.key);
                         }
                     }
                     // Changes were missed: look at every job.
@@ -242,7 +238,7 @@ impl Manager {
             async move {
                 let started = Instant::now();
                 let converged = manager.converge_job(&name).await;
-                manager.metrics.reconciled("job", started);
+                manager.cluster.metrics.reconciled("job", started);
                 converged
                     .map(|again| again.map_or(Action::Done, Action::RequeueAfter))
                     .map_err(|err| {
@@ -251,7 +247,9 @@ impl Manager {
                     })
             }
         };
-        self.jobs_runner
+        self.cluster
+            .wakes
+            .jobs
             .run(
                 converge,
                 ExponentialBackoff::default(),
@@ -269,7 +267,7 @@ impl Manager {
     fn job_inputs(&self, name: &str) -> Option<JobInputs> {
         let record = self.jobs_observed.get(&name.to_string())?;
         let nodes = self.node_facts();
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let tasks = state.cache.of_job(name);
         let deployment = state.deployments.get(name).cloned();
         let last_stable = state
@@ -352,6 +350,7 @@ impl Manager {
         before: Option<&Deployment>,
     ) -> Result<(), ManagerError> {
         let commit = self
+            .cluster
             .stores
             .deployments
             .put_queued(&deployment.job, deployment)?;
@@ -362,8 +361,8 @@ impl Manager {
         }
         // Published where the map is written, under the state lock: before the stops and
         // copies this look goes on to make.
-        let mut state = lock(&self.state);
-        self.publish(
+        let mut state = lock(&self.cluster.state);
+        self.cluster.publish(
             Topic::Deployment,
             kind,
             &deployment.job,
@@ -379,7 +378,7 @@ impl Manager {
     /// Marks a job's version stable: a deployment of it succeeded.
     async fn mark_stable(&self, name: &str, version: u64) -> Result<(), ManagerError> {
         let _writing = self.job_writes.lock().await;
-        let Some(history) = lock(&self.state).histories.get(name).cloned() else {
+        let Some(history) = lock(&self.cluster.state).histories.get(name).cloned() else {
             return Ok(());
         };
         let mut history = (*history).clone();
@@ -399,7 +398,7 @@ impl Manager {
     ) -> Result<(), ManagerError> {
         let _writing = self.job_writes.lock().await;
         let (known, history) = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             (
                 state.jobs.get(name).cloned(),
                 state.histories.get(name).cloned(),
@@ -447,7 +446,7 @@ impl Manager {
         let mut writes = Writes::default();
         let mut accepted = Vec::with_capacity(tasks.len());
         let stored = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             tasks.into_iter().try_for_each(|mut task| {
                 let id = task.id;
                 if state.cache.get(&id).is_some() {
@@ -462,15 +461,16 @@ impl Manager {
                     format!("by job {}", task.spec.job)
                 };
                 task.record(Utc::now(), "Submitted", why);
-                self.save(&mut state, &mut writes, task.clone())?;
+                self.cluster.save(&mut state, &mut writes, task.clone())?;
                 accepted.push(task);
                 Ok(())
             })
         };
         // What was queued is waited for even when a later task was refused.
-        self.settle(writes).await?;
+        self.cluster.settle(writes).await?;
         stored?;
-        self.push_to_place(accepted.iter().map(|task| task.id));
+        self.cluster
+            .push_to_place(accepted.iter().map(|task| task.id));
         Ok(accepted)
     }
 
@@ -489,7 +489,7 @@ impl Manager {
         let mut warnings = Vec::new();
         let outcome = {
             let _writing = self.job_writes.lock().await;
-            let known = lock(&self.state).jobs.get(&name).cloned();
+            let known = lock(&self.cluster.state).jobs.get(&name).cloned();
             let (outcome, record) = next_record(known.as_deref(), job, None);
             if outcome != JobSubmitted::Unchanged {
                 warnings = self.job_fits_nowhere_today(&record);
@@ -526,7 +526,7 @@ impl Manager {
             }
             None => vec!["a new job".to_string()],
         };
-        let mut history = lock(&self.state)
+        let mut history = lock(&self.cluster.state)
             .histories
             .get(&name)
             .map(|history| (**history).clone())
@@ -546,9 +546,13 @@ impl Manager {
     }
 
     async fn store_history(&self, name: &str, history: JobHistory) -> Result<(), ManagerError> {
-        let commit = self.stores.job_versions.put_queued(name, &history)?;
+        let commit = self
+            .cluster
+            .stores
+            .job_versions
+            .put_queued(name, &history)?;
         commit.durable().await?;
-        lock(&self.state)
+        lock(&self.cluster.state)
             .histories
             .insert(name.to_string(), Arc::new(history));
         Ok(())
@@ -561,19 +565,20 @@ impl Manager {
         // Queued and published under the state lock, as a task's write is: the event comes
         // before anything the job controller does once the write is committed.
         let commit = {
-            let state = lock(&self.state);
-            let commit = self.stores.jobs.put_queued(&name, &record)?;
+            let state = lock(&self.cluster.state);
+            let commit = self.cluster.stores.jobs.put_queued(&name, &record)?;
             let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
-            self.publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
+            self.cluster
+                .publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
             commit
         };
         commit.durable().await?;
         {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             state.queue_dirty.mark_job(&name);
             state.jobs.insert(name, Arc::new(record));
         }
-        self.push_queue();
+        self.cluster.push_queue();
         Ok(())
     }
 
@@ -666,7 +671,7 @@ impl Manager {
         {
             let _writing = self.job_writes.lock().await;
             let known = self.known_job(name)?;
-            let deployment = lock(&self.state).deployments.get(name).cloned();
+            let deployment = lock(&self.cluster.state).deployments.get(name).cloned();
             let waiting = deployment.as_ref().filter(|deployment| {
                 deployment.version == known.version
                     && deployment.is_active()
@@ -706,7 +711,7 @@ impl Manager {
         let outcome = {
             let _writing = self.job_writes.lock().await;
             let known = self.known_job(name)?;
-            let history = lock(&self.state).histories.get(name).cloned();
+            let history = lock(&self.cluster.state).histories.get(name).cloned();
             let Some(target) = history
                 .as_ref()
                 .and_then(|history| history.get(version))
@@ -744,7 +749,7 @@ impl Manager {
 
     /// `GET /jobs/{name}/versions`: the kept versions, newest first.
     pub fn job_versions(&self, name: &str) -> Result<Vec<VersionView>, ManagerError> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let known = state
             .jobs
             .get(name)
@@ -766,7 +771,7 @@ impl Manager {
 
     /// `GET /jobs/{name}/deployment`: the job's last deployment.
     pub fn job_deployment(&self, name: &str) -> Result<Arc<Deployment>, ManagerError> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let known = state
             .jobs
             .get(name)
@@ -792,10 +797,10 @@ impl Manager {
         }
         refuse_if_too_large(&job)?;
         // The job as the API last stored it (what a submission now would be compared with).
-        let known = lock(&self.state).jobs.get(&job.name).cloned();
+        let known = lock(&self.cluster.state).jobs.get(&job.name).cloned();
         let nodes = self.node_facts();
         let (tasks, deployment, history) = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             (
                 state.cache.of_job(&job.name),
                 state.deployments.get(&job.name).cloned(),
@@ -838,14 +843,14 @@ impl Manager {
     }
 
     fn node_facts(&self) -> Vec<NodeFacts> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let now = Instant::now();
         state
             .nodes
             .entries()
             .map(|entry| NodeFacts {
                 name: entry.name.clone(),
-                ready: entry.is_ready(now, self.heartbeat_grace()),
+                ready: entry.is_ready(now, self.cluster.heartbeat_grace()),
                 labels: entry.labels.clone(),
                 eligible: entry.eligible,
                 drain: entry.drain.as_ref().map(|drain| drain.deadline),
@@ -854,7 +859,7 @@ impl Manager {
     }
 
     fn known_job(&self, name: &str) -> Result<Arc<JobRecord>, ManagerError> {
-        lock(&self.state)
+        lock(&self.cluster.state)
             .jobs
             .get(name)
             .cloned()
@@ -876,7 +881,7 @@ impl Manager {
         limit: usize,
     ) -> Result<(JobView, Option<Uuid>), ManagerError> {
         let (record, tasks, deployment) = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             let record = state
                 .jobs
                 .get(name)
@@ -922,7 +927,7 @@ impl Manager {
     pub fn jobs(&self) -> Vec<JobView> {
         type Listed = (Arc<JobRecord>, Vec<Arc<Task>>, Option<Arc<Deployment>>);
         let records: Vec<Listed> = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             state
                 .jobs
                 .values()

@@ -16,6 +16,7 @@ pub mod api;
 #[doc(hidden)]
 pub mod bench_support;
 mod cache;
+mod cluster;
 mod copies;
 mod drain;
 mod event_stream;
@@ -45,8 +46,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use cluster::{EPOCH_KEY, ManagerStores};
 pub use job_controller::{JobSubmitted, JobView, PlanView};
-pub use manager::{EPOCH_KEY, Manager, ManagerConfig, ManagerError, ManagerStores, Submitted};
+pub use manager::{Manager, ManagerConfig, ManagerError, Submitted};
 pub use nodes::NodeSource;
 
 /// The line `cube manager` prints on stdout once it listens; tools that start a manager on

@@ -10,14 +10,16 @@ use chrono::Utc;
 use cube_types::State;
 use uuid::Uuid;
 
-use crate::manager::{Manager, Writes, lock};
+use crate::manager::Manager;
+
+use crate::cluster::{Writes, lock};
 
 impl Manager {
     /// Watches the nodes' reports: a node silent for longer than the grace period is `Down`,
     /// and its unfinished tasks are `Lost`, to be replaced according to their restart policy.
     pub(crate) async fn run_liveness(self: Arc<Self>) {
-        let tick =
-            (self.heartbeat_grace() / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        let tick = (self.cluster.heartbeat_grace() / 10)
+            .clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -27,9 +29,9 @@ impl Manager {
             }
             let mut writes = Writes::default();
             let lost = self.mark_silent_nodes_down(Instant::now(), &mut writes);
-            let _ = self.settle(writes).await;
+            let _ = self.cluster.settle(writes).await;
             for id in lost {
-                self.tasks_runner.push(id);
+                self.cluster.wakes.tasks.push(id);
             }
             self.finish_drains().await;
         }
@@ -38,13 +40,13 @@ impl Manager {
     /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
     /// returns those tasks.
     fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
-        let grace = self.heartbeat_grace();
-        let mut state = lock(&self.state);
+        let grace = self.cluster.heartbeat_grace();
+        let mut state = lock(&self.cluster.state);
         let newly_down = state.nodes.mark_down(now, grace);
         let mut lost = Vec::new();
         for name in newly_down {
             tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
-            self.publish_node(&state, &name, "NodeDown");
+            self.cluster.publish_node(&state, &name, "NodeDown");
             let placed_here: Vec<Uuid> = state
                 .cache
                 .load(&name)
@@ -60,7 +62,7 @@ impl Manager {
                 if task.end(State::Lost, Some(message), Utc::now()).is_err() {
                     continue;
                 }
-                if let Err(err) = self.save(&mut state, writes, task) {
+                if let Err(err) = self.cluster.save(&mut state, writes, task) {
                     tracing::error!(task = %id, error = %err, "cannot store a lost task");
                     continue;
                 }
@@ -92,7 +94,9 @@ mod tests {
     use cube_types::job::{Job, JobRecord};
     use tokio_util::sync::CancellationToken;
 
-    use crate::manager::{Manager, ManagerStores, test_config};
+    use crate::manager::{Manager, test_config};
+
+    use crate::cluster::ManagerStores;
 
     /// A service job stored before the manager opens, as a new leader finds it in etcd.
     fn stored_job() -> JobRecord {
@@ -126,11 +130,24 @@ mod tests {
             let shutdown = CancellationToken::new();
             let manager = Manager::open(test_config(), stores, scheduler, shutdown.clone())
                 .expect("a manager on memory stores");
-            assert!(manager.jobs_runner.deadline(&"web".to_string()).is_none());
+            assert!(
+                manager
+                    .cluster
+                    .wakes
+                    .jobs
+                    .deadline(&"web".to_string())
+                    .is_none()
+            );
             let watcher = tokio::spawn(manager.clone().run_jobs_watcher());
             manager.jobs_observed.wait_synced().await;
             let listed = tokio::time::Instant::now();
-            while manager.jobs_runner.deadline(&"web".to_string()).is_none() {
+            while manager
+                .cluster
+                .wakes
+                .jobs
+                .deadline(&"web".to_string())
+                .is_none()
+            {
                 // A generous bound for a state that comes: no resync runs here to mark the
                 // job in the watcher's stead.
                 assert!(

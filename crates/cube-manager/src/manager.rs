@@ -13,53 +13,34 @@
 //! a worker before it is durable. Concurrent writes share one commit. Calls to workers are
 //! made outside the lock.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use cube_api::ApiClient;
-use cube_controller::runner::{Runner, RunnerConfig};
 use cube_controller::store::ObservedStore;
 use cube_scheduler::Scheduler;
-use cube_store::{Commit, Store, StoreError};
-use cube_types::deployment::Deployment;
-use cube_types::job::{JobHistory, JobRecord};
-use cube_types::queue::QueueEntry;
+use cube_store::StoreError;
+use cube_types::job::JobRecord;
 use cube_types::{Node, NodeReport, NodeStatus, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::cache::TaskCache;
-use crate::events::{EventBroker, Payload, Topic, publish_task};
+use crate::cluster::{
+    Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, Retrying, Shared, Writes, lock,
+};
+use crate::events::EventBroker;
 use crate::log_limit::LogLimit;
-use crate::nodes::{NodeRegistry, NodeSource};
-
-/// At most this many heartbeats a second are asked of the nodes, however many there are
-/// (Nomad's `max_heartbeats_per_second` default): past `50 × --heartbeat-interval` nodes the
-/// manager asks each node to beat less often (see [`heartbeat_floor`]).
-pub const MAX_HEARTBEATS_PER_SECOND: u64 = 50;
-
-/// The shortest interval the manager asks of each node's heartbeats when it knows `nodes`
-/// nodes: `nodes / MAX_HEARTBEATS_PER_SECOND` seconds, so that all of them together send at
-/// most [`MAX_HEARTBEATS_PER_SECOND`]. A worker keeps its own `--heartbeat-interval` when
-/// that is longer.
-pub fn heartbeat_floor(nodes: usize) -> Duration {
-    Duration::from_millis(nodes as u64 * 1000 / MAX_HEARTBEATS_PER_SECOND)
-}
+use crate::nodes::NodeSource;
 
 /// The history event recorded when the restart limit stops further restarts.
 pub const GAVE_UP: &str = "RestartLimit";
 
 /// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
 pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
-
-/// How long a runner waits for its running reconciles at shutdown before it aborts them
-/// (they are idempotent: the next start does them again). Below `crate::SHUTDOWN_GRACE`.
-const RUNNER_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// Settings that do not change while the manager runs.
 #[derive(Debug, Clone)]
@@ -109,49 +90,6 @@ impl ManagerConfig {
         Ok(ApiClient::with_tls(address, self.request_timeout, tls)?.with_token(token.as_deref()))
     }
 }
-
-/// Where the manager keeps its state: tasks (desired and observed state, and the node each
-/// is placed on), the nodes that joined, the jobs, their kept versions, the last deployment
-/// of each service job, and numbers about the manager itself.
-#[derive(Clone)]
-pub struct ManagerStores {
-    pub tasks: Arc<dyn Store<Task>>,
-    pub nodes: Arc<dyn Store<Node>>,
-    pub jobs: Arc<dyn Store<JobRecord>>,
-    /// Every job's kept versions, under the job's name.
-    pub job_versions: Arc<dyn Store<JobHistory>>,
-    /// Each service job's last deployment, under the job's name.
-    pub deployments: Arc<dyn Store<Deployment>>,
-    /// Numbers about the manager itself: the epoch its events are numbered from, under
-    /// [`EPOCH_KEY`], and the last queue number given, under [`QUEUE_NUMBER_KEY`].
-    pub meta: Arc<dyn Store<u64>>,
-    /// The waiting list: one entry per request, under `task/<id>` or `job/<name>`.
-    pub queue: Arc<dyn Store<QueueEntry>>,
-}
-
-impl ManagerStores {
-    /// Every table in memory: for tests and benchmarks.
-    pub fn in_memory() -> ManagerStores {
-        ManagerStores {
-            tasks: Arc::new(cube_store::MemoryStore::new()),
-            nodes: Arc::new(cube_store::MemoryStore::new()),
-            jobs: Arc::new(cube_store::MemoryStore::new()),
-            job_versions: Arc::new(cube_store::MemoryStore::new()),
-            deployments: Arc::new(cube_store::MemoryStore::new()),
-            meta: Arc::new(cube_store::MemoryStore::new()),
-            queue: Arc::new(cube_store::MemoryStore::new()),
-        }
-    }
-}
-
-/// The key in the `meta` table of the manager's epoch: how many times it has started on this
-/// store. Its events are numbered from epoch × 10^12 (`events.rs`), so that an index never
-/// means two events, whatever restarts came between.
-pub const EPOCH_KEY: &str = "epoch";
-
-/// The key in the `meta` table of the highest queue number given so far: numbers keep
-/// growing across restarts even when the newest entries are gone.
-pub const QUEUE_NUMBER_KEY: &str = "queue";
 
 /// Why a request was refused or failed. Turned into an HTTP status in one place, `api.rs`.
 #[derive(Debug, thiserror::Error)]
@@ -217,40 +155,13 @@ pub struct NodePlacement {
     pub reason: Option<String>,
 }
 
-/// A task whose reconcile keeps failing: the last error and when the runner tries again.
-#[derive(Debug, Clone)]
-pub(crate) struct Retrying {
-    pub(crate) error: String,
-    pub(crate) next_attempt: DateTime<Utc>,
-}
-
-/// The writes one operation queued under the lock, to be waited for once it let go.
-#[derive(Default)]
-#[must_use = "queued writes must be waited for before anything is acknowledged"]
-pub(crate) struct Writes(Vec<(Uuid, Commit)>);
-
-impl Writes {
-    pub(crate) fn push(&mut self, id: Uuid, commit: Commit) {
-        self.0.push((id, commit));
-    }
-}
-
-/// The manager.
+/// The manager: the API's facade over the cluster's state ([`Cluster`]), and the place that
+/// builds and starts the controllers.
 pub struct Manager {
     pub(crate) config: ManagerConfig,
-    pub(crate) stores: ManagerStores,
-    /// The task cache, the node registry and the scheduler; see the module comment.
-    pub(crate) state: Mutex<Shared>,
-    /// The task controller's runner: task IDs to reconcile (`task_controller.rs`), with the
-    /// restart backoffs and error retries as its delays.
-    pub(crate) tasks_runner: Runner<Uuid>,
-    /// The placement pass's runner, with its one key (`placement.rs`): every push while a
-    /// pass is waiting or running comes down to one more pass.
-    pub(crate) placement_runner: Runner<()>,
-    /// The job controller's runner: job names to converge (`job_controller.rs`).
-    pub(crate) jobs_runner: Runner<String>,
-    /// The queue controller's runner, with its one key (`queue_controller.rs`).
-    pub(crate) queue_runner: Runner<()>,
+    /// The stores, the observed records, the change log and the controllers' wakes, shared
+    /// with every controller.
+    pub(crate) cluster: Arc<Cluster>,
     /// Held by every read-modify-write of a job record and its versions (submit, scale,
     /// stop, promote, revert, a version marked stable, an automatic revert), so that two of
     /// them never both start from the same record. A `tokio` mutex: held across the durable
@@ -260,15 +171,6 @@ pub struct Manager {
     /// job record, whoever wrote it, reaches the job controller through it, and the job
     /// controller starts no look before it is in sync.
     pub(crate) jobs_observed: ObservedStore<String, JobRecord>,
-    /// Tasks whose reconcile keeps failing (a node that cannot be reached, a store error):
-    /// the last error and the next attempt, which the API shows on the task
-    /// (`DispatchError`, `NextAttempt`). Written by the task controller's error policy and
-    /// cleared by its next success. Not stored: it describes this process's attempts. A
-    /// `std` mutex: map access only.
-    pub(crate) failures: Mutex<HashMap<Uuid, Retrying>>,
-    /// Tasks this process has handed to their worker, so that a task is not sent again on
-    /// every reconcile while it starts. Forgotten on restart: sending again is harmless.
-    pub(crate) dispatched: Mutex<HashSet<Uuid>>,
     /// The loop following each node's tasks, by node name, to stop it when the node moves.
     pub(crate) followers: Mutex<HashMap<String, CancellationToken>>,
     /// Every follower's task: shutdown waits for them (`Manager::start`).
@@ -278,51 +180,8 @@ pub struct Manager {
     pub(crate) complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
     pub(crate) shutdown: CancellationToken,
-    /// Every change as a numbered event (`events.rs`): published under the state lock where
-    /// the change is applied, read by `GET /events` and the blocking queries.
-    pub(crate) events: EventBroker,
     /// "reconcile did not converge", written at most once every 5 s.
     pub(crate) retry_warnings: LogLimit,
-    /// What `GET /metrics` shows (`metrics.rs`).
-    pub(crate) metrics: crate::metrics::ManagerMetrics,
-    /// How many nodes the registry knows, for the heartbeat floor and the grace that
-    /// follows from it; set under the state lock where the registry changes.
-    pub(crate) known_nodes: std::sync::atomic::AtomicUsize,
-}
-
-pub(crate) struct Shared {
-    pub(crate) cache: TaskCache,
-    pub(crate) nodes: NodeRegistry,
-    pub(crate) scheduler: Box<dyn Scheduler>,
-    /// Every job by name, as stored.
-    pub(crate) jobs: BTreeMap<String, Arc<JobRecord>>,
-    /// Every job's kept versions, as stored.
-    pub(crate) histories: BTreeMap<String, Arc<JobHistory>>,
-    /// Each service job's last deployment, as stored (written by the job controller, and
-    /// by nothing else).
-    pub(crate) deployments: BTreeMap<String, Arc<Deployment>>,
-    /// The waiting list as stored, by key (`task/<id>`, `job/<name>`): written by the queue
-    /// controller, and by nothing else.
-    pub(crate) queue: BTreeMap<String, Arc<QueueEntry>>,
-    /// The highest queue number given (stored in `meta` under [`QUEUE_NUMBER_KEY`]).
-    pub(crate) queue_number: u64,
-    /// Requests a placement pass let in whose entry does not say so yet (the queue
-    /// controller writes it after), by key, with their owner: counted against
-    /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
-    pub(crate) just_admitted: HashMap<String, String>,
-    /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
-    pub(crate) queue_dirty: crate::queue::QueueDirty,
-    /// The waiting tasks the next placement pass reads, with their requests, or every one
-    /// (`placement.rs`).
-    pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
-}
-
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Each critical section updates the store before the cache, and the cache in one call,
-    // so a panic inside one leaves nothing half-written that a later reader could trip on.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Manager {
@@ -336,114 +195,44 @@ impl Manager {
         // A new epoch, durable before any event of it is numbered.
         let epoch = stores.meta.get(EPOCH_KEY)?.unwrap_or(0) + 1;
         stores.meta.put(EPOCH_KEY, &epoch)?;
-        let events = EventBroker::for_epoch(epoch);
-        let mut cache = TaskCache::default();
-        stores.tasks.scan(&mut |task| {
-            cache.insert(task);
-        })?;
-        let mut jobs = BTreeMap::new();
-        stores.jobs.scan(&mut |record: JobRecord| {
-            jobs.insert(record.job.name.clone(), Arc::new(record));
-        })?;
-        let mut histories = BTreeMap::new();
-        stores.job_versions.scan(&mut |history: JobHistory| {
-            if let Some(newest) = history.versions.last() {
-                histories.insert(newest.job.name.clone(), Arc::new(history));
-            }
-        })?;
-        let mut deployments = BTreeMap::new();
-        stores.deployments.scan(&mut |deployment: Deployment| {
-            deployments.insert(deployment.job.clone(), Arc::new(deployment));
-        })?;
-        let mut queue = BTreeMap::new();
-        let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
-        stores.queue.scan(&mut |entry: QueueEntry| {
-            queue_number = queue_number.max(entry.queue);
-            queue.insert(entry.key(), Arc::new(entry));
-        })?;
-        let mut nodes = NodeRegistry::default();
-        for node in stores.nodes.list()? {
-            match config.worker_client(Some(&node.name), &node.address) {
-                Ok(client) => nodes.load(&node, client),
-                Err(err) => {
-                    // A node that cannot be reached at its address will never report: what
-                    // was placed there is lost now, not held there for good.
-                    tracing::warn!(node = %node.name, address = %node.address, error = %err, "forgetting a stored node whose address cannot be used; its tasks are Lost");
-                    let reason = format!(
-                        "node {}'s stored address {:?} cannot be used: {err}",
-                        node.name, node.address
-                    );
-                    lose_tasks_of_forgotten_node(
-                        &stores, &mut cache, &events, &node.name, &reason,
-                    )?;
-                }
-            }
-        }
-        let runner = |max_concurrent: usize| RunnerConfig {
-            max_concurrent: max_concurrent.max(1),
-            shutdown_grace: RUNNER_SHUTDOWN_GRACE,
+        let settings = ClusterSettings {
+            heartbeat_grace: config.heartbeat_grace,
+            max_concurrent_reconciles: config.max_concurrent_reconciles,
         };
-        let max_concurrent = config.max_concurrent_reconciles;
-        let known_nodes = nodes.len();
+        let cluster = Cluster::open(stores, scheduler, epoch, settings, &|name, address| {
+            config.worker_client(Some(name), address)
+        })?;
         Ok(Arc::new(Manager {
             config,
-            stores,
-            state: Mutex::new(Shared {
-                cache,
-                nodes,
-                scheduler,
-                jobs,
-                histories,
-                deployments,
-                queue,
-                queue_number,
-                just_admitted: HashMap::new(),
-                queue_dirty: crate::queue::QueueDirty::everything(),
-                placement_dirty: cube_controller::marks::Marks::everything(),
-            }),
-            tasks_runner: Runner::new(runner(max_concurrent)),
-            placement_runner: Runner::new(runner(1)),
-            jobs_runner: Runner::new(runner(max_concurrent.min(4))),
-            queue_runner: Runner::new(runner(1)),
+            cluster: Arc::new(cluster),
             job_writes: tokio::sync::Mutex::new(()),
             jobs_observed: ObservedStore::default(),
-            failures: Mutex::new(HashMap::new()),
-            dispatched: Mutex::new(HashSet::new()),
             followers: Mutex::new(HashMap::new()),
             background: TaskTracker::new(),
             complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
-            events,
             retry_warnings: LogLimit::new(Duration::from_secs(5)),
-            metrics: crate::metrics::ManagerMetrics::default(),
-            known_nodes: std::sync::atomic::AtomicUsize::new(known_nodes),
         }))
     }
 
     /// The interval asked of every node's heartbeats now ([`heartbeat_floor`] of the nodes
     /// known).
     pub fn heartbeat_floor(&self) -> Duration {
-        heartbeat_floor(self.known_nodes.load(std::sync::atomic::Ordering::Relaxed))
-    }
-
-    /// How long a node may be silent before it is `Down`: `--heartbeat-grace`, or three
-    /// heartbeat floors when the cluster is so large that heartbeats were spaced out more.
-    pub(crate) fn heartbeat_grace(&self) -> Duration {
-        self.config.heartbeat_grace.max(self.heartbeat_floor() * 3)
+        self.cluster.heartbeat_floor()
     }
 
     pub fn scheduler_name(&self) -> &'static str {
-        lock(&self.state).scheduler.name()
+        lock(&self.cluster.state).scheduler.name()
     }
 
     /// `Ok` while the stores take writes; once one has failed, the error every write gets.
     pub fn store_health(&self) -> Result<(), ManagerError> {
-        self.stores.tasks.health()?;
-        self.stores.nodes.health()?;
-        self.stores.jobs.health()?;
-        self.stores.job_versions.health()?;
-        self.stores.deployments.health()?;
-        self.stores.queue.health()?;
+        self.cluster.stores.tasks.health()?;
+        self.cluster.stores.nodes.health()?;
+        self.cluster.stores.jobs.health()?;
+        self.cluster.stores.job_versions.health()?;
+        self.cluster.stores.deployments.health()?;
+        self.cluster.stores.queue.health()?;
         Ok(())
     }
 
@@ -452,17 +241,17 @@ impl Manager {
     /// moves by five per write; it is a witness of writes, not a count). A test of a quiet
     /// cluster reads it.
     pub fn store_revision(&self) -> Result<u64, ManagerError> {
-        Ok(self.stores.tasks.revision()?
-            + self.stores.jobs.revision()?
-            + self.stores.nodes.revision()?
-            + self.stores.job_versions.revision()?
-            + self.stores.deployments.revision()?
-            + self.stores.queue.revision()?)
+        Ok(self.cluster.stores.tasks.revision()?
+            + self.cluster.stores.jobs.revision()?
+            + self.cluster.stores.nodes.revision()?
+            + self.cluster.stores.job_versions.revision()?
+            + self.cluster.stores.deployments.revision()?
+            + self.cluster.stores.queue.revision()?)
     }
 
     /// A consistent copy of the manager's store file (its tables share one file), to read.
     pub fn backup_store(&self) -> Result<std::fs::File, ManagerError> {
-        Ok(self.stores.tasks.backup()?)
+        Ok(self.cluster.stores.tasks.backup()?)
     }
 
     // ----- requests from the API -----
@@ -488,7 +277,7 @@ impl Manager {
         }
         let id = event.task.id;
         {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             if let Some(existing) = state.cache.get(&id) {
                 // The same submission again is a no-op; a changed one is not an update.
                 let differences = existing.spec_differences(&event.task);
@@ -547,7 +336,7 @@ impl Manager {
         let mut writes = Writes::default();
         let mut stopped = Vec::with_capacity(ids.len());
         let marked = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             ids.iter().try_for_each(|id| {
                 let Some(known) = state.cache.get(id) else {
                     return Ok(());
@@ -567,27 +356,27 @@ impl Manager {
                     task.spec.desired_state = State::Completed;
                     task.status.next_restart = None;
                     task.record(Utc::now(), "StopRequested", message);
-                    self.save(&mut state, &mut writes, task.clone())?;
+                    self.cluster.save(&mut state, &mut writes, task.clone())?;
                 }
                 stopped.push(task);
                 Ok::<(), StoreError>(())
             })
         };
         // What was queued is waited for even when a later write could not be queued.
-        self.settle(writes).await?;
+        self.cluster.settle(writes).await?;
         marked?;
         for task in &stopped {
-            self.tasks_runner.push(task.id);
+            self.cluster.wakes.tasks.push(task.id);
         }
         Ok(stopped)
     }
 
     pub fn task(&self, id: Uuid) -> Result<Arc<Task>, ManagerError> {
-        let task = lock(&self.state)
+        let task = lock(&self.cluster.state)
             .cache
             .shared(&id)
             .ok_or(ManagerError::NotFound(id))?;
-        Ok(self.with_attempts(task, &lock(&self.failures)))
+        Ok(self.with_attempts(task, &lock(&self.cluster.failures)))
     }
 
     /// A page of tasks, oldest first (see `TaskCache::page`), and where the next one starts.
@@ -598,8 +387,8 @@ impl Manager {
         limit: usize,
         keep: impl Fn(&Task) -> bool,
     ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
-        let (page, next) = lock(&self.state).cache.page(start, limit, keep)?;
-        let failures = lock(&self.failures);
+        let (page, next) = lock(&self.cluster.state).cache.page(start, limit, keep)?;
+        let failures = lock(&self.cluster.failures);
         let page = page
             .into_iter()
             .map(|task| self.with_attempts(task, &failures))
@@ -623,34 +412,23 @@ impl Manager {
         }
     }
 
-    /// A node as the API shows it, with what a drain of it still has to move.
-    pub(crate) fn node_view(
-        &self,
-        state: &Shared,
-        entry: &crate::nodes::NodeEntry,
-        now: Instant,
-    ) -> Node {
-        let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
-        entry.view(&state.cache, now, self.heartbeat_grace(), &job_type)
-    }
-
     pub fn nodes(&self) -> Vec<Node> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let now = Instant::now();
         state
             .nodes
             .entries()
-            .map(|entry| self.node_view(&state, entry, now))
+            .map(|entry| self.cluster.node_view(&state, entry, now))
             .collect()
     }
 
     pub fn node(&self, name: &str) -> Result<Node, ManagerError> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let entry = state
             .nodes
             .get(name)
             .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
-        Ok(self.node_view(&state, entry, Instant::now()))
+        Ok(self.cluster.node_view(&state, entry, Instant::now()))
     }
 
     /// A worker's registration or heartbeat (or a static worker's answer to the manager's
@@ -701,13 +479,13 @@ impl Manager {
                 .filter(|entry| entry.address == report.address)
                 .map(|entry| entry.client.clone())
         };
-        let (mut client, mut fresh) = match known_client(&lock(&self.state)) {
+        let (mut client, mut fresh) = match known_client(&lock(&self.cluster.state)) {
             Some(client) => (client, false),
             None => (build(&report.address)?, true),
         };
         let mut node_write = None;
         let (effect, view) = loop {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             if !fresh && known_client(&state).is_none() {
                 // The node moved or went since the look above: a client for this address.
                 drop(state);
@@ -719,26 +497,25 @@ impl Manager {
             let before = state
                 .nodes
                 .get(&name)
-                .map(|entry| entry.status(now, self.heartbeat_grace()));
+                .map(|entry| entry.status(now, self.cluster.heartbeat_grace()));
             let effect = state.nodes.report(
                 report,
                 source,
                 || client.clone(),
                 now,
-                self.heartbeat_grace(),
+                self.cluster.heartbeat_grace(),
             );
             if effect.more_room {
                 // As in `cache_task`: the room is visible from this hold of the lock on.
                 state.placement_dirty.mark_everything();
             }
-            self.known_nodes
-                .store(state.nodes.len(), std::sync::atomic::Ordering::Relaxed);
+            self.cluster.count_nodes(&state);
             let Some(entry) = state.nodes.get(&name) else {
                 return Err(ManagerError::NodeNotFound(name));
             };
-            let view = self.node_view(&state, entry, now);
+            let view = self.cluster.node_view(&state, entry, now);
             if effect.changed {
-                node_write = Some(self.stores.nodes.put_queued(&name, &view)?);
+                node_write = Some(self.cluster.stores.nodes.put_queued(&name, &view)?);
                 tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
                 if let Some(warning) = &view.version_warning {
                     tracing::warn!(node = %name, "{warning}");
@@ -746,7 +523,7 @@ impl Manager {
             }
             // A heartbeat that changes only the stats is no event.
             if let Some(kind) = node_report_event(before, view.status, effect.changed) {
-                self.publish_node(&state, &name, kind);
+                self.cluster.publish_node(&state, &name, kind);
             }
             break (effect, view);
         };
@@ -760,7 +537,7 @@ impl Manager {
             let client = if effect.moved {
                 client
             } else {
-                lock(&self.state)
+                lock(&self.cluster.state)
                     .nodes
                     .get(&name)
                     .map(|entry| entry.client.clone())
@@ -771,7 +548,7 @@ impl Manager {
         if effect.more_room {
             // A node that is back may have stops to deliver and lost tasks to report.
             self.push_node_tasks(&name);
-            self.push_waiting();
+            self.cluster.push_waiting();
         }
         if effect.more_room || effect.changed {
             // A node joined, came back or changed: system jobs may want a copy there, or no
@@ -782,66 +559,6 @@ impl Manager {
     }
 
     // ----- writes -----
-
-    /// Queues the write of a task to the store (into `writes`, to be waited for once the
-    /// lock is let go) and applies it to the cache. A task the store cannot even encode is
-    /// not applied.
-    pub(crate) fn save(
-        &self,
-        state: &mut Shared,
-        writes: &mut Writes,
-        task: Task,
-    ) -> Result<(), StoreError> {
-        writes.push(
-            task.id,
-            self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
-        );
-        if task.status.state != State::Scheduled {
-            // Only a `Scheduled` task is ever dispatched; keep the set small.
-            lock(&self.dispatched).remove(&task.id);
-        }
-        if !task.spec.job.is_empty() {
-            // Its job looks again: a copy changed state (level-triggered: a look that finds
-            // nothing to do writes nothing).
-            self.mark_job_dirty(&task.spec.job);
-        }
-        // So does the waiting list (a look that finds no entry changed writes nothing);
-        // `cache_task` marks the task's request.
-        self.push_queue();
-        self.cache_task(state, task);
-        Ok(())
-    }
-
-    /// Applies a task to the cache and, when that changed it, publishes the change: every
-    /// write of a task to the cache goes through here (or [`Manager::reload`]).
-    fn cache_task(&self, state: &mut Shared, task: Task) {
-        let id = task.id;
-        state.queue_dirty.mark_task(&task);
-        let previous = state.cache.insert(task);
-        let Some(held) = state.cache.shared(&id) else {
-            return;
-        };
-        // An equal task changes nothing: the cache keeps (and returns) the one it held.
-        if previous
-            .as_ref()
-            .is_some_and(|previous| Arc::ptr_eq(previous, &held))
-        {
-            return;
-        }
-        // Room this change frees is in the cache (and so in the next placement pass's
-        // snapshot) from now on: every waiting request is marked in the same hold of the
-        // lock, so that a pass that starts before the caller's `push_waiting` still reads
-        // them in the waiting list's order, rather than giving the room to a request that
-        // arrived after them (found by `cube-bench chaos`).
-        if previous.as_deref().is_some_and(|previous| {
-            crate::cache::holds_resources(previous)
-                && (!crate::cache::holds_resources(&held)
-                    || previous.status.node_name != held.status.node_name)
-        }) {
-            state.placement_dirty.mark_everything();
-        }
-        publish_task(&self.events, previous.as_deref(), &held);
-    }
 
     /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
     /// its writes to be durable.
@@ -854,61 +571,8 @@ impl Manager {
     {
         let mut writes = Writes::default();
         let result = operation(&mut writes);
-        self.settle(writes).await?;
+        self.cluster.settle(writes).await?;
         Ok(result?)
-    }
-
-    /// Waits until every write in `writes` is durable. A write that cannot be made durable
-    /// puts the store's version of its task back in the cache (or forgets a task the store
-    /// never had), so that nothing is shown or acted on that a restart would not know. Returns
-    /// the first error.
-    pub(crate) async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
-        let mut first_error = None;
-        let started = Instant::now();
-        let waited = !writes.0.is_empty();
-        for (id, commit) in writes.0 {
-            if let Err(err) = commit.durable().await {
-                tracing::error!(task = %id, error = %err, "a write did not become durable");
-                self.reload(id);
-                first_error.get_or_insert(err);
-            }
-        }
-        if waited {
-            self.metrics
-                .commits
-                .observe(started.elapsed().as_secs_f64());
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-
-    /// Puts the store's version of a task back in the cache (a removal that failed).
-    pub(crate) fn reload_task(&self, id: Uuid) {
-        self.reload(id);
-    }
-
-    /// Puts the store's version of a task back in the cache.
-    fn reload(&self, id: Uuid) {
-        let stored = self.stores.tasks.get(&id.to_string());
-        let mut state = lock(&self.state);
-        match stored {
-            Ok(Some(task)) => self.cache_task(&mut state, task),
-            Ok(None) => {
-                if let Some(forgotten) = state.cache.remove(&id) {
-                    state.queue_dirty.mark_task(&forgotten);
-                    self.events.publish(
-                        Topic::Task,
-                        Cow::Borrowed("Removed"),
-                        id.to_string(),
-                        (!forgotten.spec.job.is_empty()).then(|| forgotten.spec.job.clone()),
-                        Payload::Task(forgotten),
-                        true,
-                    );
-                }
-            }
-            Err(err) => {
-                tracing::error!(task = %id, error = %err, "cannot read a task back from the store")
-            }
-        }
     }
 
     // ----- the loops -----
@@ -930,7 +594,7 @@ impl Manager {
         for address in self.config.static_workers.clone() {
             loops.spawn(self.clone().poll_static_worker(address));
         }
-        let known: Vec<(String, ApiClient)> = lock(&self.state)
+        let known: Vec<(String, ApiClient)> = lock(&self.cluster.state)
             .nodes
             .entries()
             .map(|entry| (entry.name.clone(), entry.client.clone()))
@@ -950,46 +614,9 @@ impl Manager {
 }
 
 impl Manager {
-    /// Publishes an event (see the module comment): `kind` is its `Type`, `key` the object's
-    /// ID or name, `job` the job it belongs to. Never waits; call it where the change is
-    /// applied, under the state lock, so that events keep the order of the changes.
-    pub(crate) fn publish(
-        &self,
-        topic: Topic,
-        kind: &str,
-        key: &str,
-        job: Option<&str>,
-        object: serde_json::Value,
-    ) {
-        self.events.publish(
-            topic,
-            Cow::Owned(kind.to_string()),
-            key.to_string(),
-            job.map(str::to_string),
-            Payload::Value(object),
-            false,
-        );
-    }
-
     /// The manager's events, for the API.
     pub fn events(&self) -> &EventBroker {
-        &self.events
-    }
-
-    /// Publishes a node's event (`NodeRegistered`, `NodeDown`, ...) with its view; called
-    /// under the state lock.
-    pub(crate) fn publish_node(&self, state: &Shared, name: &str, kind: &str) {
-        let Some(entry) = state.nodes.get(name) else {
-            return;
-        };
-        let view = self.node_view(state, entry, Instant::now());
-        self.publish(
-            Topic::Node,
-            kind,
-            name,
-            None,
-            serde_json::to_value(&view).unwrap_or_default(),
-        );
+        &self.cluster.events
     }
 
     /// Waits until an event after `since` that `relevant` admits is published, `wait` is
@@ -1001,7 +628,8 @@ impl Manager {
         wait: Duration,
         relevant: impl Fn(&crate::events::Event) -> bool,
     ) {
-        self.events
+        self.cluster
+            .events
             .wait_for(since, wait, &self.shutdown, relevant)
             .await;
     }
@@ -1011,8 +639,8 @@ impl Manager {
     pub fn metrics_text(&self) -> Result<String, std::fmt::Error> {
         let now = Instant::now();
         {
-            let state = lock(&self.state);
-            let metrics = &self.metrics;
+            let state = lock(&self.cluster.state);
+            let metrics = &self.cluster.metrics;
             metrics.set_tasks(state.cache.tasks().map(|task| task.status.state));
             metrics.set_jobs(state.jobs.values().map(|record| &**record));
             metrics.set_waiting(state.cache.waiting().count());
@@ -1021,11 +649,11 @@ impl Manager {
                 state
                     .nodes
                     .entries()
-                    .map(|entry| (entry, self.node_view(&state, entry, now))),
+                    .map(|entry| (entry, self.cluster.node_view(&state, entry, now))),
                 now,
             );
         }
-        self.metrics.text()
+        self.cluster.metrics.text()
     }
 }
 
@@ -1052,41 +680,6 @@ pub(crate) fn node_status_event(status: NodeStatus) -> &'static str {
         NodeStatus::Down => "NodeDown",
         NodeStatus::Unreachable => "NodeUnreachable",
     }
-}
-
-/// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no
-/// longer parses), at start, so that they stop holding resources on a node that will never
-/// report and are replaced by their restart policy.
-fn lose_tasks_of_forgotten_node(
-    stores: &ManagerStores,
-    cache: &mut TaskCache,
-    events: &EventBroker,
-    node: &str,
-    reason: &str,
-) -> Result<(), StoreError> {
-    let placed: Vec<Uuid> = cache
-        .load(node)
-        .map(|load| load.tasks.iter().copied().collect())
-        .unwrap_or_default();
-    for id in placed {
-        let Some(task) = cache.get(&id) else {
-            continue;
-        };
-        let mut lost = task.clone();
-        // A task already lost at an earlier start is left as it is.
-        if lost
-            .end(State::Lost, Some(reason.to_string()), Utc::now())
-            .is_err()
-        {
-            continue;
-        }
-        stores.tasks.put(&id.to_string(), &lost)?;
-        let previous = cache.insert(lost);
-        if let Some(held) = cache.shared(&id) {
-            publish_task(events, previous.as_deref(), &held);
-        }
-    }
-    Ok(())
 }
 
 /// A manager on memory stores, with no loop started, for the unit tests of its parts.
@@ -1147,7 +740,11 @@ pub(crate) async fn placed_test_task(manager: &Arc<Manager>) -> uuid::Uuid {
             .expect("a placement pass"),
         vec![id]
     );
-    manager.settle(writes).await.expect("durable writes");
+    manager
+        .cluster
+        .settle(writes)
+        .await
+        .expect("durable writes");
     id
 }
 
@@ -1190,7 +787,7 @@ mod tests {
             host_policy: None,
         };
         let base = |manager: &Manager| {
-            lock(&manager.state)
+            lock(&manager.cluster.state)
                 .nodes
                 .get("w1")
                 .map(|entry| entry.client.base().to_string())

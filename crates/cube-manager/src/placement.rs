@@ -25,7 +25,9 @@ use cube_types::task::ANONYMOUS;
 use cube_types::{HostPort, Resources, State, Task};
 use uuid::Uuid;
 
-use crate::manager::{Manager, ManagerError, NodePlacement, Placement, Shared, Writes, lock};
+use crate::manager::{Manager, ManagerError, NodePlacement, Placement};
+
+use crate::cluster::{Shared, Writes, lock};
 
 impl Manager {
     /// Runs placement passes until shutdown, whenever one is asked for
@@ -37,11 +39,13 @@ impl Manager {
             async move {
                 let started = Instant::now();
                 let placed = manager.place_waiting().await;
-                manager.metrics.reconciled("placement", started);
+                manager.cluster.metrics.reconciled("placement", started);
                 placed
             }
         };
-        self.placement_runner
+        self.cluster
+            .wakes
+            .placement
             .run(
                 pass,
                 ExponentialBackoff::default(),
@@ -56,15 +60,15 @@ impl Manager {
     async fn place_waiting(&self) -> Result<Action, String> {
         let mut writes = Writes::default();
         let placed = self.placement_pass(&mut writes);
-        let settled = self.settle(writes).await;
+        let settled = self.cluster.settle(writes).await;
         if placed.is_err() || settled.is_err() {
             // What this pass took in is not done: the next one reads every waiting task.
-            lock(&self.state).placement_dirty.mark_everything();
+            lock(&self.cluster.state).placement_dirty.mark_everything();
         }
         settled.map_err(|err| err.to_string())?;
         let placed = placed.map_err(|err| err.to_string())?;
         for id in placed {
-            self.tasks_runner.push(id);
+            self.cluster.wakes.tasks.push(id);
         }
         Ok(Action::Done)
     }
@@ -87,7 +91,7 @@ impl Manager {
     /// so a request that did not fit at the last whole look still does not, and a request
     /// that does not fit holds up none behind it.
     pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         let marked = state.placement_dirty.take();
         let requests = waiting_requests(
             &state,
@@ -149,7 +153,7 @@ impl Manager {
                         task.status.pending_reason = None;
                         placed.push(task.id);
                         updates.push(task);
-                        self.metrics.placements.inc();
+                        self.cluster.metrics.placements.inc();
                     }
                 }
                 Err(reason) => {
@@ -167,7 +171,7 @@ impl Manager {
             }
         }
         for task in updates {
-            self.save(&mut state, writes, task)?;
+            self.cluster.save(&mut state, writes, task)?;
         }
         Ok(placed)
     }
@@ -223,7 +227,7 @@ impl Manager {
                     nodes.push(name);
                 }
                 Decision::NoFit { reasons } => {
-                    self.metrics.placement_failed(&reasons);
+                    self.cluster.metrics.placement_failed(&reasons);
                     let reason = summarize_rejections(&request, views, &reasons);
                     for (index, view) in touched {
                         views[index] = view;
@@ -254,7 +258,7 @@ impl Manager {
     /// more CPU, memory or disk in all than every known node has together. Only what is
     /// certain is said: a request that might fit with a better packing waits in silence.
     pub(crate) fn fits_nowhere_today(&self, tasks: &[(&Task, usize)]) -> Vec<String> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let views = self.node_views(&state);
         drop(state);
         let copies: usize = tasks.iter().map(|(_, count)| count).sum();
@@ -336,7 +340,7 @@ impl Manager {
                 let load = state.cache.load(&entry.name);
                 NodeView {
                     name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.heartbeat_grace()),
+                    ready: entry.is_ready(now, self.cluster.heartbeat_grace()),
                     ineligible: !entry.eligible,
                     capacity: entry.capacity,
                     allocated: load.map(|load| load.allocated).unwrap_or_default(),
@@ -354,7 +358,7 @@ impl Manager {
     /// Where the task could go now, node by node: `GET /tasks/{id}/placement`, the long form
     /// of a waiting task's `PendingReason`.
     pub fn placement(&self, id: Uuid) -> Result<Placement, ManagerError> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
         let views = self.node_views(&state);
         let request = TaskRequest::for_task(task);
@@ -663,7 +667,9 @@ mod tests {
     use cube_types::job::JobRecord;
     use cube_types::{State, Task};
 
-    use crate::manager::{Manager, Writes, lock};
+    use crate::manager::Manager;
+
+    use crate::cluster::{Writes, lock};
 
     const MIB: u64 = 1 << 20;
 
@@ -691,7 +697,7 @@ mod tests {
     }
 
     fn task(manager: &Manager, id: uuid::Uuid) -> Task {
-        lock(&manager.state).cache.get(&id).unwrap().clone()
+        lock(&manager.cluster.state).cache.get(&id).unwrap().clone()
     }
 
     #[tokio::test]
@@ -730,7 +736,7 @@ mod tests {
             "Version": 1
         }))
         .unwrap();
-        lock(&manager.state)
+        lock(&manager.cluster.state)
             .jobs
             .insert("urgent".to_string(), Arc::new(record));
         let urgent = waiting(&manager, "urgent.g[0]", 700 * MIB, "urgent")
@@ -752,7 +758,7 @@ mod tests {
 
     /// The service job `trio` and its three waiting copies of 400 MiB each.
     async fn trio(manager: &Arc<Manager>) -> Vec<uuid::Uuid> {
-        lock(&manager.state)
+        lock(&manager.cluster.state)
             .jobs
             .insert("trio".to_string(), Arc::new(job_record("trio", "service")));
         let mut copies = Vec::new();
@@ -789,7 +795,7 @@ mod tests {
 
     /// What a pass reads next: nothing marked, or these tasks.
     fn marked(manager: &Manager) -> Option<Vec<uuid::Uuid>> {
-        let state = lock(&manager.state);
+        let state = lock(&manager.cluster.state);
         (!state.placement_dirty.is_everything())
             .then(|| state.placement_dirty.keys().iter().copied().collect())
     }
@@ -813,7 +819,7 @@ mod tests {
         assert_eq!(marked(&manager), Some(vec![]), "the pass took the marks");
         // Its reason, changed behind the pass's back, shows whether a pass reads it again.
         {
-            let mut state = lock(&manager.state);
+            let mut state = lock(&manager.cluster.state);
             let mut stale = state.cache.get(&wide).unwrap().clone();
             stale.status.pending_reason = Some("stale".to_string());
             state.cache.insert(stale);
@@ -827,7 +833,9 @@ mod tests {
         );
         // A pass over every waiting task places nothing more: the new task's pass decided
         // what a whole one would.
-        lock(&manager.state).placement_dirty.mark_everything();
+        lock(&manager.cluster.state)
+            .placement_dirty
+            .mark_everything();
         assert!(pass(&manager).is_empty());
         let reason = task(&manager, wide)
             .status
@@ -858,11 +866,14 @@ mod tests {
         // The busy task ends, as a follower saves a worker's report; the follower's own
         // request for a whole pass has not come yet.
         {
-            let mut state = lock(&manager.state);
+            let mut state = lock(&manager.cluster.state);
             let mut ended = state.cache.get(&busy).unwrap().clone();
             ended.status.state = State::Completed;
             let mut writes = Writes::default();
-            manager.save(&mut state, &mut writes, ended).unwrap();
+            manager
+                .cluster
+                .save(&mut state, &mut writes, ended)
+                .unwrap();
         }
         // Room for one of the two.
         let later = waiting(&manager, "later", 600 * MIB, "").await.id;
@@ -886,7 +897,7 @@ mod tests {
         );
         // One copy is no longer wanted (a scale-down): the job's request is two copies now.
         {
-            let mut state = lock(&manager.state);
+            let mut state = lock(&manager.cluster.state);
             let mut unwanted = state.cache.get(&copies[2]).unwrap().clone();
             unwanted.spec.desired_state = State::Completed;
             state.cache.insert(unwanted);
@@ -907,7 +918,7 @@ mod tests {
         config.max_claimed_per_owner = Some(1);
         let manager = crate::manager::Manager::open(
             config,
-            crate::manager::ManagerStores::in_memory(),
+            crate::cluster::ManagerStores::in_memory(),
             cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
             tokio_util::sync::CancellationToken::new(),
         )

@@ -25,9 +25,10 @@ use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::cluster::{QUEUE_NUMBER_KEY, lock};
 use crate::events::Topic;
 use crate::jobs::is_live;
-use crate::manager::{Manager, ManagerError, QUEUE_NUMBER_KEY, lock};
+use crate::manager::{Manager, ManagerError};
 use crate::queue::{
     Expiry, QueueDirty, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, in_order, plan,
     request_value, waiting_reason,
@@ -78,7 +79,7 @@ pub enum Submitted {
 
 impl Submitted {
     /// The request of an entry that does not keep it, from the manager's state.
-    fn of(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Submitted> {
+    fn of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Submitted> {
         if !entry.request.is_null() {
             return None;
         }
@@ -118,20 +119,17 @@ pub struct ServiceView {
 }
 
 impl Manager {
-    /// Asks the queue controller to look again.
-    pub(crate) fn push_queue(&self) {
-        self.queue_runner.push(());
-    }
-
     /// Keeps the waiting list until shutdown.
     pub(crate) async fn run_queue_controller(self: Arc<Self>) {
-        self.push_queue();
+        self.cluster.push_queue();
         let manager = self.clone();
         let look = move |()| {
             let manager = manager.clone();
             async move { manager.look_at_queue().await }
         };
-        self.queue_runner
+        self.cluster
+            .wakes
+            .queue
             .run(
                 look,
                 ExponentialBackoff::default(),
@@ -154,7 +152,7 @@ impl Manager {
         .await;
         if let Err(err) = done {
             // What this look took in is not written: the next one reads every request.
-            lock(&self.state).queue_dirty.mark_everything();
+            lock(&self.cluster.state).queue_dirty.mark_everything();
             return Err(err.to_string());
         }
         let now = Utc::now();
@@ -180,7 +178,7 @@ impl Manager {
     /// at start and after a look that failed.
     fn plan_queue(&self) -> (QueuePlan, Vec<SyncAction<String, String>>) {
         let now = Utc::now();
-        let mut guard = lock(&self.state);
+        let mut guard = lock(&self.cluster.state);
         let (marked, timeout_due) = guard.queue_dirty.take(now);
         let all_waiting = marked.is_none() || timeout_due;
         let state = &*guard;
@@ -315,9 +313,10 @@ impl Manager {
         }
         let mut commits = Vec::new();
         let mut deletes = Vec::new();
-        if planned.last_number > lock(&self.state).queue_number {
+        if planned.last_number > lock(&self.cluster.state).queue_number {
             commits.push(
-                self.stores
+                self.cluster
+                    .stores
                     .meta
                     .put_queued(QUEUE_NUMBER_KEY, &planned.last_number)?,
             );
@@ -326,7 +325,7 @@ impl Manager {
             match action {
                 SyncAction::Create(key) | SyncAction::Update(key, _) => {
                     if let Some(entry) = planned.entries.get(key) {
-                        commits.push(self.stores.queue.put_queued(key, &**entry)?);
+                        commits.push(self.cluster.stores.queue.put_queued(key, &**entry)?);
                     }
                 }
                 SyncAction::Delete(_, key) => deletes.push(key.clone()),
@@ -336,7 +335,7 @@ impl Manager {
             commit.durable().await?;
         }
         if !deletes.is_empty() {
-            let queue = self.stores.queue.clone();
+            let queue = self.cluster.stores.queue.clone();
             let keys = deletes.clone();
             tokio::task::spawn_blocking(move || {
                 keys.iter()
@@ -347,7 +346,7 @@ impl Manager {
                 ManagerError::BadRequest(format!("the queue's deletes stopped: {err}"))
             })??;
         }
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         state.queue_number = state.queue_number.max(planned.last_number);
         for action in actions {
             match action {
@@ -360,7 +359,7 @@ impl Manager {
                     if entry.state.is_admitted() {
                         state.just_admitted.remove(&key);
                     }
-                    self.publish(
+                    self.cluster.publish(
                         Topic::Queue,
                         kind,
                         &key,
@@ -372,7 +371,7 @@ impl Manager {
                 SyncAction::Delete(_, key) => {
                     state.just_admitted.remove(&key);
                     if let Some(gone) = state.queue.remove(&key) {
-                        self.publish(
+                        self.cluster.publish(
                             Topic::Queue,
                             "Left",
                             &key,
@@ -414,7 +413,7 @@ impl Manager {
     /// `GET /queue`: every entry in the queue's order, with its position and why it waits.
     /// The entries are shared, not copied: the answer is written after the lock is let go.
     pub fn queue(&self) -> Vec<ListedEntry> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let hosts = hosts(&state);
         in_order(&state.queue)
             .into_iter()
@@ -444,7 +443,7 @@ impl Manager {
     }
 
     fn queue_view_of(&self, key: &str) -> Option<QueueView> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let entry = state.queue.get(key)?.clone();
         let position = if entry.state == QueueState::Waiting {
             in_order(&state.queue)
@@ -472,7 +471,7 @@ impl Manager {
     /// `GET /services`: every claimed bare task, and every job group with a copy that runs
     /// and is healthy, with those copies' addresses.
     pub fn services(&self) -> Vec<ServiceView> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let hosts = hosts(&state);
         let mut services: Vec<ServiceView> = Vec::new();
         for entry in state.queue.values() {
@@ -519,7 +518,7 @@ impl Manager {
 /// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
 /// the task controller ends such a task `Failed` with this as its error, where a stop the
 /// user asked for ends it `Completed`.
-pub(crate) fn expiry_of(state: &crate::manager::Shared, task: &Task) -> Option<String> {
+pub(crate) fn expiry_of(state: &crate::cluster::Shared, task: &Task) -> Option<String> {
     let entry = state.queue.get(&QueueDirty::key_of(task))?;
     let version = state.jobs.get(&task.spec.job).map(|record| record.version);
     // A job submitted again after it expired is a new request: its copies did not expire.
@@ -528,13 +527,13 @@ pub(crate) fn expiry_of(state: &crate::manager::Shared, task: &Task) -> Option<S
 }
 
 /// The task a bare task's entry is for, while the manager holds it.
-fn task_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
+fn task_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
     let id = entry.id.parse::<Uuid>().ok()?;
     state.cache.shared(&id)
 }
 
 /// The tasks of an entry's request: the task itself, or the job's.
-fn tasks_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
+fn tasks_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
     match entry.kind {
         RequestKind::Task => task_of(state, entry).into_iter().collect(),
         RequestKind::Job => state.cache.of_job(&entry.id),
@@ -542,7 +541,7 @@ fn tasks_of(state: &crate::manager::Shared, entry: &QueueEntry) -> Vec<Arc<Task>
 }
 
 /// Each node's host, as its workers reach it (the host of its address).
-fn hosts(state: &crate::manager::Shared) -> BTreeMap<String, String> {
+fn hosts(state: &crate::cluster::Shared) -> BTreeMap<String, String> {
     state
         .nodes
         .entries()
@@ -552,7 +551,7 @@ fn hosts(state: &crate::manager::Shared) -> BTreeMap<String, String> {
 
 /// Where a claimed entry's copies answer, read from its tasks now (an entry stores none).
 fn services_of(
-    state: &crate::manager::Shared,
+    state: &crate::cluster::Shared,
     entry: &QueueEntry,
     hosts: &BTreeMap<String, String>,
 ) -> Vec<Endpoint> {
@@ -565,7 +564,7 @@ fn services_of(
 }
 
 /// Why a waiting entry waits, in words: its tasks' `PendingReason`.
-fn waiting_for(state: &crate::manager::Shared, entry: &QueueEntry) -> Option<String> {
+fn waiting_for(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<String> {
     let tasks = tasks_of(state, entry);
     let tasks: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
     Some(
@@ -654,9 +653,9 @@ mod tests {
             task.spec.memory = 400 << 20;
             ids.push(manager.accept_task(task, None).await.unwrap().id);
         }
-        let mut writes = crate::manager::Writes::default();
+        let mut writes = crate::cluster::Writes::default();
         let placed = manager.placement_pass(&mut writes).unwrap();
-        manager.settle(writes).await.unwrap();
+        manager.cluster.settle(writes).await.unwrap();
         assert_eq!(placed.len(), 2, "two of 400 MiB fit in 1 GiB");
         manager.look_at_queue().await.unwrap();
         let queue = manager.queue();
@@ -683,9 +682,9 @@ mod tests {
         );
         let revision = manager.store_revision().unwrap();
         for _ in 0..3 {
-            let mut writes = crate::manager::Writes::default();
+            let mut writes = crate::cluster::Writes::default();
             assert!(manager.placement_pass(&mut writes).unwrap().is_empty());
-            manager.settle(writes).await.unwrap();
+            manager.cluster.settle(writes).await.unwrap();
             manager.look_at_queue().await.unwrap();
         }
         assert_eq!(
@@ -728,7 +727,13 @@ mod tests {
         let state_of = |id: Uuid| manager.queue_entry_of_task(id).map(|view| view.entry.state);
         assert_eq!(state_of(impatient), Some(QueueState::Waiting));
         tokio::time::sleep(std::time::Duration::from_millis(350)).await;
-        assert!(lock(&manager.state).queue_dirty.marks().keys().is_empty());
+        assert!(
+            lock(&manager.cluster.state)
+                .queue_dirty
+                .marks()
+                .keys()
+                .is_empty()
+        );
         manager.look_at_queue().await.unwrap();
         assert_eq!(state_of(impatient), Some(QueueState::Expired));
         assert_eq!(state_of(patient), Some(QueueState::Waiting));
@@ -761,9 +766,9 @@ mod tests {
             task.spec.memory = 300 << 20;
             ids.push(manager.accept_task(task, None).await.unwrap().id);
         }
-        let mut writes = crate::manager::Writes::default();
+        let mut writes = crate::cluster::Writes::default();
         assert_eq!(manager.placement_pass(&mut writes).unwrap().len(), 3);
-        manager.settle(writes).await.unwrap();
+        manager.cluster.settle(writes).await.unwrap();
         manager.look_at_queue().await.unwrap();
         let claimed_before = |manager: &Manager| {
             manager
@@ -777,15 +782,15 @@ mod tests {
         let running = ids[0];
         manager
             .with_writes(|writes| {
-                let mut state = lock(&manager.state);
+                let mut state = lock(&manager.cluster.state);
                 let mut task = state.cache.get(&running).unwrap().clone();
                 task.move_to(State::Running).unwrap();
-                manager.save(&mut state, writes, task)
+                manager.cluster.save(&mut state, writes, task)
             })
             .await
             .unwrap();
         {
-            let state = lock(&manager.state);
+            let state = lock(&manager.cluster.state);
             assert!(!state.queue_dirty.marks().is_everything());
             assert_eq!(
                 state.queue_dirty.marks().keys().iter().collect::<Vec<_>>(),
@@ -799,7 +804,7 @@ mod tests {
             "the running task's entry is claimed"
         );
         // A look at every request finds nothing more to change.
-        lock(&manager.state).queue_dirty.mark_everything();
+        lock(&manager.cluster.state).queue_dirty.mark_everything();
         let (_, actions) = manager.plan_queue();
         assert!(actions.is_empty(), "a whole look would change {actions:?}");
     }

@@ -16,13 +16,15 @@ use cube_types::output::OutputLine;
 use futures_util::StreamExt;
 use uuid::Uuid;
 
-use crate::manager::{Manager, ManagerError, lock};
+use crate::manager::{Manager, ManagerError};
+
+use crate::cluster::lock;
 
 impl Manager {
     /// The task's node's client and name, for a call about the task's container; a task
     /// never placed has none.
     fn task_node(&self, id: Uuid) -> Result<(ApiClient, String), ManagerError> {
-        let state = lock(&self.state);
+        let state = lock(&self.cluster.state);
         let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
         if task.status.node_name.is_empty() {
             return Err(ManagerError::Conflict(format!(

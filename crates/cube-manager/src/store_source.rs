@@ -10,7 +10,7 @@ use cube_controller::store::Change;
 use cube_controller::watcher::{Batch, Listing, Source, SourceError};
 use cube_store::{Store, Watch};
 
-use crate::manager::lock;
+use crate::cluster::lock;
 
 /// One table of the store, every key in it, as a source.
 pub struct TableSource<V> {

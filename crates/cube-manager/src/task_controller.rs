@@ -19,7 +19,8 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::manager::{GAVE_UP, Manager, ManagerError, Retrying, Writes, lock};
+use crate::cluster::{Retrying, Writes, lock};
+use crate::manager::{GAVE_UP, Manager, ManagerError};
 use crate::reconcile::{Action as Decision, reconcile};
 
 /// The task controller's error policy: the runner's exponential backoff (250 ms doubling up
@@ -36,7 +37,7 @@ impl ErrorPolicy<Uuid, String> for ShowRetries {
         let error = failure.to_string();
         let next_attempt =
             Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
-        lock(&self.manager.failures).insert(
+        lock(&self.manager.cluster.failures).insert(
             *id,
             Retrying {
                 error: error.clone(),
@@ -66,66 +67,47 @@ impl Manager {
             async move {
                 let started = Instant::now();
                 let outcome = manager.reconcile_task(id).await;
-                manager.metrics.reconciled("task", started);
+                manager.cluster.metrics.reconciled("task", started);
                 if outcome.is_ok() {
-                    lock(&manager.failures).remove(&id);
+                    lock(&manager.cluster.failures).remove(&id);
                 }
                 outcome
             }
         };
         // The task cache holds every stored task before the manager exists: nothing to wait for.
         let ready = ReadyGate::open();
-        self.tasks_runner
+        self.cluster
+            .wakes
+            .tasks
             .run(reconcile, policy, ready, self.shutdown.clone())
             .await;
     }
 
     /// Queues every task placed on `node`.
     pub(crate) fn push_node_tasks(&self, node: &str) {
-        let placed_here: Vec<Uuid> = lock(&self.state)
+        let placed_here: Vec<Uuid> = lock(&self.cluster.state)
             .cache
             .load(node)
             .map(|load| load.tasks.iter().copied().collect())
             .unwrap_or_default();
         for id in placed_here {
-            self.tasks_runner.push(id);
+            self.cluster.wakes.tasks.push(id);
         }
-    }
-
-    /// Asks for a placement pass over every waiting task: room may have appeared (a task
-    /// ended, a node joined, came back or was let take work again), so any of them may fit.
-    pub(crate) fn push_waiting(&self) {
-        lock(&self.state).placement_dirty.mark_everything();
-        self.placement_runner.push(());
-    }
-
-    /// Asks for a placement pass over these new waiting tasks (and the requests they belong
-    /// to): nothing else changed, so what waited before still does not fit, and a pass need
-    /// not read it again (with 10,000 tasks waiting for room, a submission costs a look at
-    /// its own request, not at all of them).
-    pub(crate) fn push_to_place(&self, ids: impl IntoIterator<Item = Uuid>) {
-        {
-            let mut state = lock(&self.state);
-            for id in ids {
-                state.placement_dirty.mark(id);
-            }
-        }
-        self.placement_runner.push(());
     }
 
     /// Queues every task that has not ended, and a placement pass: at start, and every
     /// resync interval.
     pub(crate) fn push_unfinished(&self) {
-        let unfinished: Vec<Uuid> = lock(&self.state)
+        let unfinished: Vec<Uuid> = lock(&self.cluster.state)
             .cache
             .tasks()
             .filter(|task| !task.status.state.is_terminal())
             .map(|task| task.id)
             .collect();
         for id in unfinished {
-            self.tasks_runner.push(id);
+            self.cluster.wakes.tasks.push(id);
         }
-        self.push_waiting();
+        self.cluster.push_waiting();
     }
 
     /// One reconcile of one task: decide and act. An action that moves the task on to
@@ -133,7 +115,7 @@ impl Manager {
     /// (a restart's backoff) asks the runner for the delay.
     pub(crate) async fn reconcile_task(&self, id: Uuid) -> Result<Action, String> {
         let (task, client) = {
-            let state = lock(&self.state);
+            let state = lock(&self.cluster.state);
             let Some(task) = state.cache.get(&id) else {
                 return Ok(Action::Done);
             };
@@ -165,7 +147,7 @@ impl Manager {
                     // Pending again: the placement pass takes it from here (every waiting
                     // task: the run that ended left room).
                     Ok(true) => {
-                        self.push_waiting();
+                        self.cluster.push_waiting();
                         Ok(Action::Done)
                     }
                     Ok(false) => Ok(Action::Done),
@@ -178,13 +160,13 @@ impl Manager {
                 .with_writes(|writes| self.complete_unplaced(id, writes))
                 .await
                 .map(|()| {
-                    self.push_to_place([id]);
+                    self.cluster.push_to_place([id]);
                     Action::Done
                 })
                 .map_err(failed),
             // Placement is one pass over every waiting task, not a decision per task.
             Decision::Place => {
-                self.push_to_place([id]);
+                self.cluster.push_to_place([id]);
                 Ok(Action::Done)
             }
             Decision::Dispatch => self.dispatch(task, client).await,
@@ -196,7 +178,7 @@ impl Manager {
     /// way back, `State::restart`), one more restart counted, the node it ran on kept as the
     /// first choice for the placement that follows at once.
     fn restart(&self, id: Uuid, streak: u32, writes: &mut Writes) -> Result<bool, ManagerError> {
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(false);
         };
@@ -213,7 +195,7 @@ impl Manager {
             return Ok(false);
         };
         tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
-        self.save(&mut state, writes, task)?;
+        self.cluster.save(&mut state, writes, task)?;
         Ok(true)
     }
 
@@ -230,7 +212,7 @@ impl Manager {
     pub async fn restart_task(&self, id: Uuid) -> Result<Task, ManagerError> {
         let mut writes = Writes::default();
         let restarted = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let known = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
             if !known.spec.job.is_empty() {
                 return Err(ManagerError::Conflict(format!(
@@ -253,15 +235,16 @@ impl Manager {
                 ))
             })?;
             tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
-            self.save(&mut state, &mut writes, task.clone())
+            self.cluster
+                .save(&mut state, &mut writes, task.clone())
                 .map(|()| task)
         };
         // What was queued is waited for even when the write could not be queued.
-        self.settle(writes).await?;
+        self.cluster.settle(writes).await?;
         let task = restarted?;
         // Pending again: the placement pass takes it from here.
-        self.push_to_place([id]);
-        self.tasks_runner.push(id);
+        self.cluster.push_to_place([id]);
+        self.cluster.wakes.tasks.push(id);
         Ok(task)
     }
 
@@ -273,7 +256,7 @@ impl Manager {
         at: DateTime<Utc>,
         writes: &mut Writes,
     ) -> Result<(), StoreError> {
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(());
         };
@@ -282,13 +265,13 @@ impl Manager {
         }
         let mut task = task.clone();
         task.status.next_restart = Some(at);
-        self.save(&mut state, writes, task)
+        self.cluster.save(&mut state, writes, task)
     }
 
     /// The restart limit is reached: the task keeps its state and last error; the history
     /// says why nothing more happens (once).
     fn give_up(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(());
         };
@@ -308,11 +291,11 @@ impl Manager {
         );
         tracing::warn!(task = %id, name = %task.name, %message, "not restarting");
         task.record(Utc::now(), GAVE_UP, message);
-        self.save(&mut state, writes, task)
+        self.cluster.save(&mut state, writes, task)
     }
 
     fn complete_unplaced(&self, id: Uuid, writes: &mut Writes) -> Result<(), StoreError> {
-        let mut state = lock(&self.state);
+        let mut state = lock(&self.cluster.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(());
         };
@@ -337,13 +320,13 @@ impl Manager {
         if ended.is_err() {
             return Ok(());
         }
-        self.save(&mut state, writes, task)
+        self.cluster.save(&mut state, writes, task)
     }
 
     /// Sends a `Scheduled` task to its node, once per manager process unless the node is
     /// seen to have lost it.
     async fn dispatch(&self, task: Task, client: Option<ApiClient>) -> Result<Action, String> {
-        if lock(&self.dispatched).contains(&task.id) {
+        if lock(&self.cluster.dispatched).contains(&task.id) {
             return Ok(Action::Done);
         }
         let Some(client) = client else {
@@ -369,7 +352,7 @@ impl Manager {
                 ))
             }
             Ok((_, observed)) => {
-                lock(&self.dispatched).insert(task.id);
+                lock(&self.cluster.dispatched).insert(task.id);
                 self.observe_one(&task.status.node_name, observed).await;
                 Ok(Action::Done)
             }
@@ -403,7 +386,7 @@ impl Manager {
             Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => {
                 let mut writes = Writes::default();
                 let stopped = {
-                    let mut state = lock(&self.state);
+                    let mut state = lock(&self.cluster.state);
                     match state.cache.get(&task.id) {
                         Some(known) if !known.status.state.is_terminal() => {
                             let mut stopped = known.clone();
@@ -412,20 +395,21 @@ impl Manager {
                                 task.status.node_name
                             );
                             match stopped.end(State::Completed, Some(reason), Utc::now()) {
-                                Ok(()) => {
-                                    self.save(&mut state, &mut writes, stopped).map(|()| true)
-                                }
+                                Ok(()) => self
+                                    .cluster
+                                    .save(&mut state, &mut writes, stopped)
+                                    .map(|()| true),
                                 Err(_) => Ok(false),
                             }
                         }
                         _ => Ok(false),
                     }
                 };
-                match (stopped, self.settle(writes).await) {
+                match (stopped, self.cluster.settle(writes).await) {
                     (Err(err), _) | (_, Err(err)) => Err(err.to_string()),
                     (Ok(stopped), Ok(())) => {
                         if stopped {
-                            self.push_waiting();
+                            self.cluster.push_waiting();
                         }
                         Ok(Action::Done)
                     }
@@ -438,7 +422,7 @@ impl Manager {
     async fn fail(&self, id: Uuid, reason: String) {
         let mut writes = Writes::default();
         let freed = {
-            let mut state = lock(&self.state);
+            let mut state = lock(&self.cluster.state);
             let Some(known) = state.cache.get(&id) else {
                 return;
             };
@@ -451,14 +435,14 @@ impl Manager {
             }
             tracing::warn!(task = %id, %reason, "task failed");
             let freed = holds_resources(known);
-            if let Err(err) = self.save(&mut state, &mut writes, failed) {
+            if let Err(err) = self.cluster.save(&mut state, &mut writes, failed) {
                 tracing::error!(task = %id, error = %err, "cannot store a failure");
             }
             freed
         };
-        let _ = self.settle(writes).await;
+        let _ = self.cluster.settle(writes).await;
         if freed {
-            self.push_waiting();
+            self.cluster.push_waiting();
         }
     }
 }
@@ -489,7 +473,7 @@ mod tests {
     }
 
     fn client_of(manager: &Manager, node: &str) -> Option<ApiClient> {
-        lock(&manager.state)
+        lock(&manager.cluster.state)
             .nodes
             .get(node)
             .map(|entry| entry.client.clone())

@@ -1,0 +1,566 @@
+//! The cluster as the manager's controllers share it: the stores, the records observed in
+//! memory behind one lock ([`Shared`]), the numbered change log, the metrics, and the runners
+//! that wake each controller ([`Wakes`]). A controller holds an `Arc<Cluster>` and nothing of
+//! the API, so that it can be built and tested on memory stores without a `Manager`.
+//!
+//! Everything in memory sits behind one `std` mutex ([`Cluster::state`]): each operation
+//! holds it for a few map operations, never across an `.await` or an fsync, so placements see
+//! a consistent view of every node's allocations. A write is queued to the store under the
+//! lock (queued writes keep their order) and applied to the cache at once; it is waited for
+//! after the lock is let go ([`Writes`], [`Cluster::settle`]), and nothing is acknowledged to
+//! a client or sent to a worker before it is durable. Concurrent writes share one commit.
+//! Every write of a task goes through [`Cluster::save`] (or [`Cluster::reload_task`]), and
+//! what a task's change wakes is declared once, in [`Cluster::wake_for_task`].
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use cube_api::ApiClient;
+use cube_controller::runner::{Runner, RunnerConfig};
+use cube_scheduler::Scheduler;
+use cube_store::{Commit, Store, StoreError};
+use cube_types::deployment::Deployment;
+use cube_types::job::{JobHistory, JobRecord};
+use cube_types::queue::QueueEntry;
+use cube_types::{Node, State, Task};
+use uuid::Uuid;
+
+use crate::cache::TaskCache;
+use crate::events::{EventBroker, Payload, Topic, publish_task};
+use crate::nodes::NodeRegistry;
+
+/// The key in the `meta` table of the manager's epoch: how many times it has started on this
+/// store. Its events are numbered from epoch × 10^12 (`events.rs`), so that an index never
+/// means two events, whatever restarts came between.
+pub const EPOCH_KEY: &str = "epoch";
+
+/// The key in the `meta` table of the highest queue number given so far: numbers keep
+/// growing across restarts even when the newest entries are gone.
+pub const QUEUE_NUMBER_KEY: &str = "queue";
+
+/// How long a runner waits for its running reconciles at shutdown before it aborts them
+/// (they are idempotent: the next start does them again). Below `crate::SHUTDOWN_GRACE`.
+const RUNNER_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// At most this many heartbeats a second are asked of the nodes, however many there are
+/// (Nomad's `max_heartbeats_per_second` default): past `50 × --heartbeat-interval` nodes the
+/// manager asks each node to beat less often (see [`heartbeat_floor`]).
+pub const MAX_HEARTBEATS_PER_SECOND: u64 = 50;
+
+/// The shortest interval the manager asks of each node's heartbeats when it knows `nodes`
+/// nodes: `nodes / MAX_HEARTBEATS_PER_SECOND` seconds, so that all of them together send at
+/// most [`MAX_HEARTBEATS_PER_SECOND`]. A worker keeps its own `--heartbeat-interval` when
+/// that is longer.
+pub fn heartbeat_floor(nodes: usize) -> Duration {
+    Duration::from_millis(nodes as u64 * 1000 / MAX_HEARTBEATS_PER_SECOND)
+}
+
+/// Where the manager keeps its state: tasks (desired and observed state, and the node each
+/// is placed on), the nodes that joined, the jobs, their kept versions, the last deployment
+/// of each service job, and numbers about the manager itself.
+#[derive(Clone)]
+pub struct ManagerStores {
+    pub tasks: Arc<dyn Store<Task>>,
+    pub nodes: Arc<dyn Store<Node>>,
+    pub jobs: Arc<dyn Store<JobRecord>>,
+    /// Every job's kept versions, under the job's name.
+    pub job_versions: Arc<dyn Store<JobHistory>>,
+    /// Each service job's last deployment, under the job's name.
+    pub deployments: Arc<dyn Store<Deployment>>,
+    /// Numbers about the manager itself: the epoch its events are numbered from, under
+    /// [`EPOCH_KEY`], and the last queue number given, under [`QUEUE_NUMBER_KEY`].
+    pub meta: Arc<dyn Store<u64>>,
+    /// The waiting list: one entry per request, under `task/<id>` or `job/<name>`.
+    pub queue: Arc<dyn Store<QueueEntry>>,
+}
+
+impl ManagerStores {
+    /// Every table in memory: for tests and benchmarks.
+    pub fn in_memory() -> ManagerStores {
+        ManagerStores {
+            tasks: Arc::new(cube_store::MemoryStore::new()),
+            nodes: Arc::new(cube_store::MemoryStore::new()),
+            jobs: Arc::new(cube_store::MemoryStore::new()),
+            job_versions: Arc::new(cube_store::MemoryStore::new()),
+            deployments: Arc::new(cube_store::MemoryStore::new()),
+            meta: Arc::new(cube_store::MemoryStore::new()),
+            queue: Arc::new(cube_store::MemoryStore::new()),
+        }
+    }
+}
+
+/// The writes one operation queued under the lock, to be waited for once it let go.
+#[derive(Default)]
+#[must_use = "queued writes must be waited for before anything is acknowledged"]
+pub(crate) struct Writes(Vec<(Uuid, Commit)>);
+
+impl Writes {
+    pub(crate) fn push(&mut self, id: Uuid, commit: Commit) {
+        self.0.push((id, commit));
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) cache: TaskCache,
+    pub(crate) nodes: NodeRegistry,
+    pub(crate) scheduler: Box<dyn Scheduler>,
+    /// Every job by name, as stored.
+    pub(crate) jobs: BTreeMap<String, Arc<JobRecord>>,
+    /// Every job's kept versions, as stored.
+    pub(crate) histories: BTreeMap<String, Arc<JobHistory>>,
+    /// Each service job's last deployment, as stored (written by the job controller, and
+    /// by nothing else).
+    pub(crate) deployments: BTreeMap<String, Arc<Deployment>>,
+    /// The waiting list as stored, by key (`task/<id>`, `job/<name>`): written by the queue
+    /// controller, and by nothing else.
+    pub(crate) queue: BTreeMap<String, Arc<QueueEntry>>,
+    /// The highest queue number given (stored in `meta` under [`QUEUE_NUMBER_KEY`]).
+    pub(crate) queue_number: u64,
+    /// Requests a placement pass let in whose entry does not say so yet (the queue
+    /// controller writes it after), by key, with their owner: counted against
+    /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
+    pub(crate) just_admitted: HashMap<String, String>,
+    /// The requests whose entry the queue controller looks at next (`queue_controller.rs`).
+    pub(crate) queue_dirty: crate::queue::QueueDirty,
+    /// The waiting tasks the next placement pass reads, with their requests, or every one
+    /// (`placement.rs`).
+    pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Each critical section updates the store before the cache, and the cache in one call,
+    // so a panic inside one leaves nothing half-written that a later reader could trip on.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the cluster's state is built with, from the manager's flags.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClusterSettings {
+    /// `--heartbeat-grace`.
+    pub(crate) heartbeat_grace: Duration,
+    /// `--max-concurrent-reconciles`: how many tasks the task controller reconciles at once.
+    pub(crate) max_concurrent_reconciles: usize,
+}
+
+/// A client for a node's worker, by name and address.
+pub(crate) type WorkerClientFor<'a> =
+    &'a dyn Fn(&str, &str) -> Result<ApiClient, cube_api::ClientError>;
+
+impl Cluster {
+    /// The cluster as `stores` hold it: every task, job, version, deployment, waiting-list
+    /// entry and node read into memory, the events numbered in `epoch`. A stored node whose
+    /// address no client can be made for (`worker_client`) is forgotten, and its tasks are
+    /// `Lost`.
+    pub(crate) fn open(
+        stores: ManagerStores,
+        scheduler: Box<dyn Scheduler>,
+        epoch: u64,
+        settings: ClusterSettings,
+        worker_client: WorkerClientFor<'_>,
+    ) -> Result<Cluster, StoreError> {
+        let events = EventBroker::for_epoch(epoch);
+        let mut cache = TaskCache::default();
+        stores.tasks.scan(&mut |task| {
+            cache.insert(task);
+        })?;
+        let mut jobs = BTreeMap::new();
+        stores.jobs.scan(&mut |record: JobRecord| {
+            jobs.insert(record.job.name.clone(), Arc::new(record));
+        })?;
+        let mut histories = BTreeMap::new();
+        stores.job_versions.scan(&mut |history: JobHistory| {
+            if let Some(newest) = history.versions.last() {
+                histories.insert(newest.job.name.clone(), Arc::new(history));
+            }
+        })?;
+        let mut deployments = BTreeMap::new();
+        stores.deployments.scan(&mut |deployment: Deployment| {
+            deployments.insert(deployment.job.clone(), Arc::new(deployment));
+        })?;
+        let mut queue = BTreeMap::new();
+        let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
+        stores.queue.scan(&mut |entry: QueueEntry| {
+            queue_number = queue_number.max(entry.queue);
+            queue.insert(entry.key(), Arc::new(entry));
+        })?;
+        let mut nodes = NodeRegistry::default();
+        for node in stores.nodes.list()? {
+            match worker_client(&node.name, &node.address) {
+                Ok(client) => nodes.load(&node, client),
+                Err(err) => {
+                    // A node that cannot be reached at its address will never report: what
+                    // was placed there is lost now, not held there for good.
+                    tracing::warn!(node = %node.name, address = %node.address, error = %err, "forgetting a stored node whose address cannot be used; its tasks are Lost");
+                    let reason = format!(
+                        "node {}'s stored address {:?} cannot be used: {err}",
+                        node.name, node.address
+                    );
+                    lose_tasks_of_forgotten_node(
+                        &stores, &mut cache, &events, &node.name, &reason,
+                    )?;
+                }
+            }
+        }
+        let runner = |max_concurrent: usize| RunnerConfig {
+            max_concurrent: max_concurrent.max(1),
+            shutdown_grace: RUNNER_SHUTDOWN_GRACE,
+        };
+        let max_concurrent = settings.max_concurrent_reconciles;
+        let wakes = Wakes {
+            tasks: Runner::new(runner(max_concurrent)),
+            placement: Runner::new(runner(1)),
+            jobs: Runner::new(runner(max_concurrent.min(4))),
+            queue: Runner::new(runner(1)),
+        };
+        let state = Shared {
+            cache,
+            nodes,
+            scheduler,
+            jobs,
+            histories,
+            deployments,
+            queue,
+            queue_number,
+            just_admitted: HashMap::new(),
+            queue_dirty: crate::queue::QueueDirty::everything(),
+            placement_dirty: cube_controller::marks::Marks::everything(),
+        };
+        Ok(Cluster::new(
+            stores,
+            state,
+            events,
+            wakes,
+            settings.heartbeat_grace,
+        ))
+    }
+}
+
+/// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no
+/// longer parses), at start, so that they stop holding resources on a node that will never
+/// report and are replaced by their restart policy.
+fn lose_tasks_of_forgotten_node(
+    stores: &ManagerStores,
+    cache: &mut TaskCache,
+    events: &EventBroker,
+    node: &str,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let placed: Vec<Uuid> = cache
+        .load(node)
+        .map(|load| load.tasks.iter().copied().collect())
+        .unwrap_or_default();
+    for id in placed {
+        let Some(task) = cache.get(&id) else {
+            continue;
+        };
+        let mut lost = task.clone();
+        // A task already lost at an earlier start is left as it is.
+        if lost
+            .end(State::Lost, Some(reason.to_string()), Utc::now())
+            .is_err()
+        {
+            continue;
+        }
+        stores.tasks.put(&id.to_string(), &lost)?;
+        let previous = cache.insert(lost);
+        if let Some(held) = cache.shared(&id) {
+            publish_task(events, previous.as_deref(), &held);
+        }
+    }
+    Ok(())
+}
+
+/// The runners that wake the controllers, one per controller: a push asks for a look at a
+/// key, and a runner never runs two looks at one key at once.
+pub(crate) struct Wakes {
+    /// The task controller's: task IDs to reconcile (`task_controller.rs`), with the restart
+    /// backoffs and error retries as its delays.
+    pub(crate) tasks: Runner<Uuid>,
+    /// The placement pass's, with its one key (`placement.rs`): every push while a pass is
+    /// waiting or running comes down to one more pass.
+    pub(crate) placement: Runner<()>,
+    /// The job controller's: job names to converge (`job_controller.rs`).
+    pub(crate) jobs: Runner<String>,
+    /// The queue controller's, with its one key (`queue_controller.rs`).
+    pub(crate) queue: Runner<()>,
+}
+
+/// The cluster's state, shared by the manager's API and its controllers (see the module
+/// comment).
+pub(crate) struct Cluster {
+    pub(crate) stores: ManagerStores,
+    /// The task cache, the node registry, the scheduler, the jobs and the waiting list.
+    pub(crate) state: Mutex<Shared>,
+    /// Every change as a numbered event (`events.rs`): published under the state lock where
+    /// the change is applied, read by `GET /events` and the blocking queries.
+    pub(crate) events: EventBroker,
+    /// What `GET /metrics` shows (`metrics.rs`).
+    pub(crate) metrics: crate::metrics::ManagerMetrics,
+    pub(crate) wakes: Wakes,
+    /// Tasks whose reconcile keeps failing (a node that cannot be reached, a store error):
+    /// the last error and the next attempt, which the API shows on the task
+    /// (`DispatchError`, `NextAttempt`). Written by the task controller's error policy and
+    /// cleared by its next success. Not stored: it describes this process's attempts. A
+    /// `std` mutex: map access only.
+    pub(crate) failures: Mutex<HashMap<Uuid, Retrying>>,
+    /// Tasks this process has handed to their worker, so that a task is not sent again on
+    /// every reconcile while it starts. Forgotten on restart: sending again is harmless.
+    /// Written by the task controller; a task's write that is not `Scheduled` clears it.
+    pub(crate) dispatched: Mutex<HashSet<Uuid>>,
+    /// `--heartbeat-grace`.
+    heartbeat_grace_setting: Duration,
+    /// How many nodes the registry knows, for the heartbeat floor and the grace that
+    /// follows from it; set under the state lock where the registry changes.
+    known_nodes: AtomicUsize,
+}
+
+/// A task whose reconcile keeps failing: the last error and when the runner tries again.
+#[derive(Debug, Clone)]
+pub(crate) struct Retrying {
+    pub(crate) error: String,
+    pub(crate) next_attempt: chrono::DateTime<chrono::Utc>,
+}
+
+impl Cluster {
+    /// A cluster of what `stores` hold, already read into `state`, woken by `wakes`.
+    pub(crate) fn new(
+        stores: ManagerStores,
+        state: Shared,
+        events: EventBroker,
+        wakes: Wakes,
+        heartbeat_grace: Duration,
+    ) -> Cluster {
+        let known_nodes = AtomicUsize::new(state.nodes.len());
+        Cluster {
+            stores,
+            state: Mutex::new(state),
+            events,
+            metrics: crate::metrics::ManagerMetrics::default(),
+            wakes,
+            failures: Mutex::new(HashMap::new()),
+            dispatched: Mutex::new(HashSet::new()),
+            heartbeat_grace_setting: heartbeat_grace,
+            known_nodes,
+        }
+    }
+
+    /// Records how many nodes the registry knows; called under the state lock where the
+    /// registry changes.
+    pub(crate) fn count_nodes(&self, state: &Shared) {
+        self.known_nodes.store(state.nodes.len(), Ordering::Relaxed);
+    }
+
+    /// The interval asked of every node's heartbeats now ([`heartbeat_floor`] of the nodes
+    /// known).
+    pub(crate) fn heartbeat_floor(&self) -> Duration {
+        heartbeat_floor(self.known_nodes.load(Ordering::Relaxed))
+    }
+
+    /// How long a node may be silent before it is `Down`: `--heartbeat-grace`, or three
+    /// heartbeat floors when the cluster is so large that heartbeats were spaced out more.
+    pub(crate) fn heartbeat_grace(&self) -> Duration {
+        self.heartbeat_grace_setting.max(self.heartbeat_floor() * 3)
+    }
+
+    /// A node as the API shows it, with what a drain of it still has to move.
+    pub(crate) fn node_view(
+        &self,
+        state: &Shared,
+        entry: &crate::nodes::NodeEntry,
+        now: Instant,
+    ) -> Node {
+        let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
+        entry.view(&state.cache, now, self.heartbeat_grace(), &job_type)
+    }
+
+    /// Queues the write of a task to the store (into `writes`, to be waited for once the
+    /// lock is let go) and applies it to the cache. A task the store cannot even encode is
+    /// not applied.
+    pub(crate) fn save(
+        &self,
+        state: &mut Shared,
+        writes: &mut Writes,
+        task: Task,
+    ) -> Result<(), StoreError> {
+        writes.push(
+            task.id,
+            self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
+        );
+        if task.status.state != State::Scheduled {
+            // Only a `Scheduled` task is ever dispatched; keep the set small.
+            lock(&self.dispatched).remove(&task.id);
+        }
+        self.wake_for_task(&task);
+        self.cache_task(state, task);
+        Ok(())
+    }
+
+    /// What a write of a task wakes, declared once: its job's controller looks again (a
+    /// copy changed state), and so does the queue controller (`cache_task` marks the task's
+    /// request). Both are level-triggered: a look that finds nothing to do writes nothing.
+    /// The placement pass is woken where room appears (`cache_task`), the task controller by
+    /// whoever asks for a reconcile of the task.
+    fn wake_for_task(&self, task: &Task) {
+        if !task.spec.job.is_empty() {
+            self.mark_job_dirty(&task.spec.job);
+        }
+        self.push_queue();
+    }
+
+    /// Asks the job controller to look at job `name` (again).
+    pub(crate) fn mark_job_dirty(&self, name: &str) {
+        self.wakes.jobs.push(name.to_string());
+    }
+
+    /// Asks the queue controller for a look at the requests marked since its last one.
+    pub(crate) fn push_queue(&self) {
+        self.wakes.queue.push(());
+    }
+
+    /// Asks for a placement pass over every waiting task: room may have appeared.
+    pub(crate) fn push_waiting(&self) {
+        lock(&self.state).placement_dirty.mark_everything();
+        self.wakes.placement.push(());
+    }
+
+    /// Asks for a placement pass over these new waiting tasks (and the requests they belong
+    /// to): nothing else changed, so what waited before still does not fit, and a pass need
+    /// not read it again (with 10,000 tasks waiting for room, a submission costs a look at
+    /// its own request, not at all of them).
+    pub(crate) fn push_to_place(&self, ids: impl IntoIterator<Item = Uuid>) {
+        {
+            let mut state = lock(&self.state);
+            for id in ids {
+                state.placement_dirty.mark(id);
+            }
+        }
+        self.wakes.placement.push(());
+    }
+
+    /// Applies a task to the cache and, when that changed it, publishes the change: every
+    /// write of a task to the cache goes through here (or [`Manager::reload`]).
+    fn cache_task(&self, state: &mut Shared, task: Task) {
+        let id = task.id;
+        state.queue_dirty.mark_task(&task);
+        let previous = state.cache.insert(task);
+        let Some(held) = state.cache.shared(&id) else {
+            return;
+        };
+        // An equal task changes nothing: the cache keeps (and returns) the one it held.
+        if previous
+            .as_ref()
+            .is_some_and(|previous| Arc::ptr_eq(previous, &held))
+        {
+            return;
+        }
+        // Room this change frees is in the cache (and so in the next placement pass's
+        // snapshot) from now on: every waiting request is marked in the same hold of the
+        // lock, so that a pass that starts before the caller's `push_waiting` still reads
+        // them in the waiting list's order, rather than giving the room to a request that
+        // arrived after them (found by `cube-bench chaos`).
+        if previous.as_deref().is_some_and(|previous| {
+            crate::cache::holds_resources(previous)
+                && (!crate::cache::holds_resources(&held)
+                    || previous.status.node_name != held.status.node_name)
+        }) {
+            state.placement_dirty.mark_everything();
+        }
+        publish_task(&self.events, previous.as_deref(), &held);
+    }
+
+    /// Waits until every write in `writes` is durable. A write that cannot be made durable
+    /// puts the store's version of its task back in the cache (or forgets a task the store
+    /// never had), so that nothing is shown or acted on that a restart would not know. Returns
+    /// the first error.
+    pub(crate) async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
+        let mut first_error = None;
+        let started = Instant::now();
+        let waited = !writes.0.is_empty();
+        for (id, commit) in writes.0 {
+            if let Err(err) = commit.durable().await {
+                tracing::error!(task = %id, error = %err, "a write did not become durable");
+                self.reload(id);
+                first_error.get_or_insert(err);
+            }
+        }
+        if waited {
+            self.metrics
+                .commits
+                .observe(started.elapsed().as_secs_f64());
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Puts the store's version of a task back in the cache (a removal that failed).
+    pub(crate) fn reload_task(&self, id: Uuid) {
+        self.reload(id);
+    }
+
+    /// Puts the store's version of a task back in the cache.
+    fn reload(&self, id: Uuid) {
+        let stored = self.stores.tasks.get(&id.to_string());
+        let mut state = lock(&self.state);
+        match stored {
+            Ok(Some(task)) => self.cache_task(&mut state, task),
+            Ok(None) => {
+                if let Some(forgotten) = state.cache.remove(&id) {
+                    state.queue_dirty.mark_task(&forgotten);
+                    self.events.publish(
+                        Topic::Task,
+                        Cow::Borrowed("Removed"),
+                        id.to_string(),
+                        (!forgotten.spec.job.is_empty()).then(|| forgotten.spec.job.clone()),
+                        Payload::Task(forgotten),
+                        true,
+                    );
+                }
+            }
+            Err(err) => {
+                tracing::error!(task = %id, error = %err, "cannot read a task back from the store")
+            }
+        }
+    }
+
+    /// Publishes an event (see the module comment): `kind` is its `Type`, `key` the object's
+    /// ID or name, `job` the job it belongs to. Never waits; call it where the change is
+    /// applied, under the state lock, so that events keep the order of the changes.
+    pub(crate) fn publish(
+        &self,
+        topic: Topic,
+        kind: &str,
+        key: &str,
+        job: Option<&str>,
+        object: serde_json::Value,
+    ) {
+        self.events.publish(
+            topic,
+            Cow::Owned(kind.to_string()),
+            key.to_string(),
+            job.map(str::to_string),
+            Payload::Value(object),
+            false,
+        );
+    }
+
+    /// Publishes a node's event (`NodeRegistered`, `NodeDown`, ...) with its view; called
+    /// under the state lock.
+    pub(crate) fn publish_node(&self, state: &Shared, name: &str, kind: &str) {
+        let Some(entry) = state.nodes.get(name) else {
+            return;
+        };
+        let view = self.node_view(state, entry, Instant::now());
+        self.publish(
+            Topic::Node,
+            kind,
+            name,
+            None,
+            serde_json::to_value(&view).unwrap_or_default(),
+        );
+    }
+}
