@@ -131,6 +131,20 @@ pub(crate) struct Shared {
     pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
 }
 
+impl Shared {
+    /// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
+    /// the task controller ends such a task `Failed` with this as its error, where a stop the
+    /// user asked for ends it `Completed`.
+    pub(crate) fn expiry_of(&self, task: &Task) -> Option<String> {
+        let entry = self.queue.get(&crate::queue::QueueDirty::key_of(task))?;
+        let version = self.jobs.get(&task.spec.job).map(|record| record.version);
+        // A job submitted again after it expired is a new request: its copies did not expire.
+        let same_request = task.spec.job.is_empty() || entry.version == version;
+        (entry.state == cube_types::queue::QueueState::Expired && same_request)
+            .then(|| entry.reason.clone())
+    }
+}
+
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Each critical section updates the store before the cache, and the cache in one call,
     // so a panic inside one leaves nothing half-written that a later reader could trip on.
@@ -276,6 +290,15 @@ fn lose_tasks_of_forgotten_node(
     Ok(())
 }
 
+/// Why a node's entry could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NodeUpdateError {
+    #[error("no node named {0:?}")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// The runners that wake the controllers, one per controller: a push asks for a look at a
 /// key, and a runner never runs two looks at one key at once.
 pub(crate) struct Wakes {
@@ -418,6 +441,18 @@ impl Cluster {
         self.wakes.jobs.push(name.to_string());
     }
 
+    /// Wakes the task controller for every task placed on `node`.
+    pub(crate) fn push_node_tasks(&self, node: &str) {
+        let placed_here: Vec<Uuid> = lock(&self.state)
+            .cache
+            .load(node)
+            .map(|load| load.tasks.iter().copied().collect())
+            .unwrap_or_default();
+        for id in placed_here {
+            self.wakes.tasks.push(id);
+        }
+    }
+
     /// Asks the queue controller for a look at the requests marked since its last one.
     pub(crate) fn push_queue(&self) {
         self.wakes.queue.push(());
@@ -472,6 +507,19 @@ impl Cluster {
             state.placement_dirty.mark_everything();
         }
         publish_task(&self.events, previous.as_deref(), &held);
+    }
+
+    /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
+    /// its writes to be durable. A write that did not become durable is the error, before
+    /// whatever `operation` returned.
+    pub(crate) async fn with_writes<T, E: From<StoreError>>(
+        &self,
+        operation: impl FnOnce(&mut Writes) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut writes = Writes::default();
+        let result = operation(&mut writes);
+        self.settle(writes).await?;
+        result
     }
 
     /// Waits until every write in `writes` is durable. A write that cannot be made durable
@@ -563,4 +611,82 @@ impl Cluster {
             serde_json::to_value(&view).unwrap_or_default(),
         );
     }
+
+    /// Changes a node's entry with `change` under the lock; when it says what changed (the
+    /// event's type), stores the node and publishes the event. Returns whether it changed.
+    pub(crate) async fn update_node(
+        &self,
+        name: &str,
+        change: impl FnOnce(&mut crate::nodes::NodeEntry) -> Option<&'static str>,
+    ) -> Result<bool, NodeUpdateError> {
+        let commit = {
+            let mut state = lock(&self.state);
+            let entry = state
+                .nodes
+                .get_mut(name)
+                .ok_or_else(|| NodeUpdateError::NotFound(name.to_string()))?;
+            let Some(kind) = change(entry) else {
+                return Ok(false);
+            };
+            if kind == "NodeEligible" {
+                // The node takes work from this hold of the lock on: every waiting request is
+                // marked now, not after the write, so that a placement pass in between reads
+                // them all in the waiting list's order (as `cache_task` does).
+                state.placement_dirty.mark_everything();
+            }
+            let Some(entry) = state.nodes.get(name) else {
+                return Ok(false);
+            };
+            let view = self.node_view(&state, entry, Instant::now());
+            let commit = self.stores.nodes.put_queued(name, &view)?;
+            self.publish_node(&state, name, kind);
+            commit
+        };
+        commit.durable().await?;
+        Ok(true)
+    }
+}
+
+/// A cluster on memory stores, read from `stores`, for the unit tests of one controller
+/// (no `Manager` is built; nothing is ever sent to a node's address).
+#[cfg(test)]
+pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration) -> Arc<Cluster> {
+    let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
+    let settings = ClusterSettings {
+        heartbeat_grace,
+        max_concurrent_reconciles: 4,
+    };
+    let client = |_: &str, address: &str| ApiClient::new(address, Duration::from_millis(200));
+    Arc::new(
+        Cluster::open(stores, scheduler, 1, settings, &client).expect("a cluster on memory stores"),
+    )
+}
+
+/// Registers node `name` (2 cores, 1 GiB) as reporting at `now`, for the unit tests.
+#[cfg(test)]
+pub(crate) fn report_test_node(cluster: &Cluster, name: &str, now: Instant) {
+    let report = cube_types::NodeReport {
+        name: name.to_string(),
+        address: "127.0.0.1:9".to_string(),
+        capacity: cube_types::Resources {
+            cpu: 2.0,
+            memory: 1 << 30,
+            disk: 0,
+        },
+        stats: None,
+        labels: Default::default(),
+        version: None,
+        host_policy: None,
+    };
+    let grace = cluster.heartbeat_grace();
+    let mut state = lock(&cluster.state);
+    let client = || ApiClient::new("127.0.0.1:9", Duration::from_millis(200)).expect("a client");
+    state.nodes.report(
+        report,
+        crate::nodes::NodeSource::Registered,
+        client,
+        now,
+        grace,
+    );
+    cluster.count_nodes(&state);
 }

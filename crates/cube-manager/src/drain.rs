@@ -8,7 +8,7 @@
 //! stopped once the new one is healthy (or at the drain's deadline). Bare tasks and system
 //! jobs' copies stay. Nothing here starts or stops a task itself: there is one way of moving
 //! copies, the job controller's. The drain is done when no job copy is left on the node
-//! ([`Manager::finish_drains`], from the liveness loop); the node stays ineligible until the
+//! (`Liveness::finish_drains`, `liveness.rs`); the node stays ineligible until the
 //! operator enables it.
 //!
 //! Eligibility and drains are stored with the node, so a restarted manager keeps them.
@@ -22,13 +22,13 @@ use cube_types::{Node, NodeStatus, State};
 use crate::manager::{Manager, ManagerError};
 
 use crate::cluster::lock;
-use crate::nodes::drain_counts;
 
 impl Manager {
     /// `POST /nodes/{name}/eligibility`: whether new tasks may go to the node. Enabling a
     /// node also ends its drain, if one is under way.
     pub async fn set_eligibility(&self, name: &str, eligible: bool) -> Result<Node, ManagerError> {
         let changed = self
+            .cluster
             .update_node(name, |entry| {
                 let changed = entry.eligible != eligible || (eligible && entry.drain.is_some());
                 entry.eligible = eligible;
@@ -72,22 +72,23 @@ impl Manager {
             ),
             None => None,
         };
-        self.update_node(name, |entry| {
-            let start_time = entry
-                .drain
-                .as_ref()
-                .and_then(|drain| drain.start_time)
-                .unwrap_or(now);
-            entry.eligible = false;
-            entry.drain = Some(Drain {
-                start_time: Some(start_time),
-                deadline,
-                remaining: 0,
-                staying: 0,
-            });
-            Some("NodeDrain")
-        })
-        .await?;
+        self.cluster
+            .update_node(name, |entry| {
+                let start_time = entry
+                    .drain
+                    .as_ref()
+                    .and_then(|drain| drain.start_time)
+                    .unwrap_or(now);
+                entry.eligible = false;
+                entry.drain = Some(Drain {
+                    start_time: Some(start_time),
+                    deadline,
+                    remaining: 0,
+                    staying: 0,
+                });
+                Some("NodeDrain")
+            })
+            .await?;
         tracing::info!(node = name, ?deadline, "draining a node");
         self.mark_all_jobs_dirty();
         self.node(name)
@@ -171,69 +172,5 @@ impl Manager {
         }
         self.mark_system_jobs_dirty();
         Ok(())
-    }
-
-    /// Ends the drains that have nothing left to move (called by the liveness loop): the
-    /// node stays ineligible; a `NodeDrained` event says the drain is over.
-    pub(crate) async fn finish_drains(&self) {
-        let done: Vec<String> = {
-            let state = lock(&self.cluster.state);
-            let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
-            state
-                .nodes
-                .entries()
-                .filter(|entry| entry.drain.is_some())
-                .filter(|entry| drain_counts(&state.cache, &entry.name, &job_type).0 == 0)
-                .map(|entry| entry.name.clone())
-                .collect()
-        };
-        for name in done {
-            let result = self
-                .update_node(&name, |entry| entry.drain.take().map(|_| "NodeDrained"))
-                .await;
-            match result {
-                Ok(true) => {
-                    tracing::info!(node = %name, "drain complete: the node stays ineligible")
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    tracing::warn!(node = %name, error = %err, "cannot record the end of a drain")
-                }
-            }
-        }
-    }
-
-    /// Changes a node's entry with `change` under the lock; when it says what changed (the
-    /// event's type), stores the node and publishes the event. Returns whether it changed.
-    async fn update_node(
-        &self,
-        name: &str,
-        change: impl FnOnce(&mut crate::nodes::NodeEntry) -> Option<&'static str>,
-    ) -> Result<bool, ManagerError> {
-        let commit = {
-            let mut state = lock(&self.cluster.state);
-            let entry = state
-                .nodes
-                .get_mut(name)
-                .ok_or_else(|| ManagerError::NodeNotFound(name.to_string()))?;
-            let Some(kind) = change(entry) else {
-                return Ok(false);
-            };
-            if kind == "NodeEligible" {
-                // The node takes work from this hold of the lock on: every waiting request is
-                // marked now, not after the write, so that a placement pass in between reads
-                // them all in the waiting list's order (as `Manager::cache_task` does).
-                state.placement_dirty.mark_everything();
-            }
-            let Some(entry) = state.nodes.get(name) else {
-                return Ok(false);
-            };
-            let view = self.cluster.node_view(&state, entry, Instant::now());
-            let commit = self.cluster.stores.nodes.put_queued(name, &view)?;
-            self.cluster.publish_node(&state, name, kind);
-            commit
-        };
-        commit.durable().await?;
-        Ok(true)
     }
 }

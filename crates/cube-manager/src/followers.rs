@@ -9,9 +9,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use cube_api::{ApiClient, Changes};
-use cube_types::{Health, NodeReport, NodeStatus, State, Task};
+use cube_types::{NodeReport, NodeStatus, State, Task};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -19,6 +19,7 @@ use crate::cache::holds_resources;
 use crate::cluster::{Shared, Writes, lock};
 use crate::manager::{Manager, node_status_event};
 use crate::nodes::NodeSource;
+use crate::observation::{is_stray, merge_observation};
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
@@ -138,26 +139,6 @@ impl Manager {
         (strays, forgotten)
     }
 
-    /// One task as a worker answered it (after a dispatch).
-    pub(crate) async fn observe_one(&self, node: &str, observed: Task) {
-        let mut writes = Writes::default();
-        {
-            let mut state = lock(&self.cluster.state);
-            let Some(known) = state.cache.get(&observed.id) else {
-                return;
-            };
-            if known.status.node_name != node {
-                return;
-            }
-            if let Some(merged) = merge_observation(known, &observed, Utc::now())
-                && let Err(err) = self.cluster.save(&mut state, &mut writes, merged)
-            {
-                tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
-            }
-        }
-        let _ = self.cluster.settle(writes).await;
-    }
-
     /// Follows a node's tasks with blocking queries, replacing any follower it had.
     pub(crate) fn follow(self: &Arc<Self>, name: String, client: ApiClient) {
         let stop = self.shutdown.child_token();
@@ -240,7 +221,7 @@ impl Manager {
                     }
                     if back {
                         // It can take work again, and what waits to be sent there can go.
-                        self.push_node_tasks(&name);
+                        self.cluster.push_node_tasks(&name);
                         self.cluster.push_waiting();
                         self.mark_system_jobs_dirty();
                     }
@@ -376,63 +357,6 @@ impl Manager {
     }
 }
 
-/// Whether a run a worker reports is one the manager does not want there: it still runs,
-/// but the manager never placed it (it has no such task: someone sent it to the worker
-/// behind the manager's back, or it was removed here while the node was away), or the task
-/// was placed elsewhere, restarted since (a higher count), or ended.
-fn is_stray(known: Option<&Task>, observed: &Task, node: &str) -> bool {
-    matches!(observed.status.state, State::Scheduled | State::Running)
-        && known.is_none_or(|known| {
-            known.status.node_name != node
-                || observed.status.restart_count < known.status.restart_count
-                || known.status.state.is_terminal()
-                || known.status.state == State::Pending
-        })
-}
-
-/// The manager's task with what a worker observed, or `None` when nothing changed, the
-/// report is of an earlier run (a lower restart count), or the change is not allowed by the
-/// transition table (an old report arriving late). What changed goes into the history.
-fn merge_observation(known: &Task, observed: &Task, now: DateTime<Utc>) -> Option<Task> {
-    if observed.status.restart_count < known.status.restart_count {
-        return None;
-    }
-    if known.status.state == observed.status.state && known.status.run == observed.status.run {
-        return None;
-    }
-    let mut merged = known.clone();
-    if let Err(transition) = merged.move_to(observed.status.state) {
-        tracing::debug!(task = %known.id, %transition, "observation ignored");
-        return None;
-    }
-    merged.status.run = observed.status.run.clone();
-    if known.status.state != observed.status.state {
-        let message = match (observed.status.state, &observed.status.run.error) {
-            (State::Failed, Some(error)) => error.clone(),
-            (State::Running, _) => format!("on {}", observed.status.node_name),
-            (_, _) => observed
-                .status
-                .run
-                .exit_code
-                .map(|code| format!("exit code {code}"))
-                .unwrap_or_default(),
-        };
-        merged.record(now, observed.status.state.to_string(), message);
-    } else if observed.status.run.health_failures > known.status.run.health_failures {
-        let message = observed.status.run.error.clone().unwrap_or_default();
-        merged.record(now, "Health", message);
-    }
-    if known.status.run.health != observed.status.run.health
-        && observed.status.run.health == Some(Health::Healthy)
-    {
-        merged.record(now, "Health", "healthy");
-    }
-    // Since when the run is healthy, as this manager saw it: a deployment's MinHealthyTime
-    // is measured on the manager's clock.
-    merged.note_health(now);
-    Some(merged)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,6 +463,7 @@ mod tests {
         crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
         let id = crate::manager::placed_test_task(&manager).await;
         manager
+            .cluster
             .with_writes(|writes| {
                 let mut state = lock(&manager.cluster.state);
                 let mut task = state.cache.get(&id).unwrap().clone();

@@ -30,6 +30,7 @@ mod log_limit;
 mod manager;
 mod metrics;
 mod nodes;
+mod observation;
 mod placement;
 mod queue;
 pub mod queue_controller;

@@ -1,52 +1,75 @@
-//! Node liveness and the resync: a node silent for longer than the heartbeat grace is
-//! `Down` and its tasks `Lost` (the task controller replaces them by their restart policy);
-//! every resync interval every unfinished task and every job is looked at again, in case an
-//! event was missed (anti-entropy; a look that finds nothing to do writes nothing).
+//! Two controllers on timers. **Liveness**: a node silent for longer than the heartbeat
+//! grace is `Down` and its tasks `Lost` (the task controller replaces them by their restart
+//! policy), and a drain with nothing left to move ends. **Resync**: every resync interval
+//! every unfinished task and every job is looked at again, in case an event was missed
+//! (anti-entropy; a look that finds nothing to do writes nothing).
+//!
+//! | controller | reads | woken by | writes |
+//! |---|---|---|---|
+//! | [`Liveness`] | the node registry, the task cache | a tick (a tenth of the grace, 50 ms–1 s) | nodes `Down` (an event), their tasks `Lost` (then wakes the task controller for each), a drain's end (`NodeDrained`) |
+//! | [`Resync`] | the task cache, the observed jobs | a tick (`--resync-interval`), the first at once | nothing: it wakes the task controller for every unfinished task, a placement pass, and the job controller for every job |
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use cube_controller::store::ObservedStore;
 use cube_types::State;
+use cube_types::job::JobRecord;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::manager::Manager;
+use crate::cluster::{Cluster, Writes, lock};
+use crate::nodes::drain_counts;
 
-use crate::cluster::{Writes, lock};
+/// The liveness controller (see the module comment).
+pub(crate) struct Liveness {
+    cluster: Arc<Cluster>,
+}
 
-impl Manager {
-    /// Watches the nodes' reports: a node silent for longer than the grace period is `Down`,
-    /// and its unfinished tasks are `Lost`, to be replaced according to their restart policy.
-    pub(crate) async fn run_liveness(self: Arc<Self>) {
+impl Liveness {
+    pub(crate) fn new(cluster: Arc<Cluster>) -> Liveness {
+        Liveness { cluster }
+    }
+
+    /// Looks for silent nodes and finished drains until `shutdown`.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         let tick = (self.cluster.heartbeat_grace() / 10)
             .clamp(Duration::from_millis(50), Duration::from_secs(1));
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
-            let mut writes = Writes::default();
-            let lost = self.mark_silent_nodes_down(Instant::now(), &mut writes);
-            let _ = self.cluster.settle(writes).await;
-            for id in lost {
-                self.cluster.wakes.tasks.push(id);
-            }
-            self.finish_drains().await;
+            self.look(Instant::now()).await;
         }
+    }
+
+    /// One look at `now`: marks the silent nodes `Down` and their tasks `Lost` (durably, then
+    /// wakes the task controller for each), and ends the drains with nothing left to move.
+    pub(crate) async fn look(&self, now: Instant) {
+        let mut writes = Writes::default();
+        let lost = self.mark_silent_nodes_down(now, &mut writes);
+        let _ = self.cluster.settle(writes).await;
+        for id in lost {
+            self.cluster.wakes.tasks.push(id);
+        }
+        self.finish_drains().await;
     }
 
     /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
     /// returns those tasks.
     fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
-        let grace = self.cluster.heartbeat_grace();
-        let mut state = lock(&self.cluster.state);
+        let cluster = &self.cluster;
+        let grace = cluster.heartbeat_grace();
+        let mut state = lock(&cluster.state);
         let newly_down = state.nodes.mark_down(now, grace);
         let mut lost = Vec::new();
         for name in newly_down {
             tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
-            self.cluster.publish_node(&state, &name, "NodeDown");
+            cluster.publish_node(&state, &name, "NodeDown");
             let placed_here: Vec<Uuid> = state
                 .cache
                 .load(&name)
@@ -62,7 +85,7 @@ impl Manager {
                 if task.end(State::Lost, Some(message), Utc::now()).is_err() {
                     continue;
                 }
-                if let Err(err) = self.cluster.save(&mut state, writes, task) {
+                if let Err(err) = cluster.save(&mut state, writes, task) {
                     tracing::error!(task = %id, error = %err, "cannot store a lost task");
                     continue;
                 }
@@ -72,18 +95,226 @@ impl Manager {
         lost
     }
 
-    pub(crate) async fn run_resync(self: Arc<Self>) {
-        let mut ticks = tokio::time::interval(self.config.resync_interval);
-        loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                // The first tick is at once: a restarted manager resumes every task.
-                _ = ticks.tick() => {
-                    self.push_unfinished();
-                    self.mark_all_jobs_dirty();
+    /// Ends the drains that have nothing left to move (after each look for silent nodes): the
+    /// node stays ineligible; a `NodeDrained` event says the drain is over.
+    async fn finish_drains(&self) {
+        let done: Vec<String> = {
+            let state = lock(&self.cluster.state);
+            let job_type = |name: &str| state.jobs.get(name).map(|record| record.job.job_type);
+            state
+                .nodes
+                .entries()
+                .filter(|entry| entry.drain.is_some())
+                .filter(|entry| drain_counts(&state.cache, &entry.name, &job_type).0 == 0)
+                .map(|entry| entry.name.clone())
+                .collect()
+        };
+        for name in done {
+            let result = self
+                .cluster
+                .update_node(&name, |entry| entry.drain.take().map(|_| "NodeDrained"))
+                .await;
+            match result {
+                Ok(true) => {
+                    tracing::info!(node = %name, "drain complete: the node stays ineligible")
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(node = %name, error = %err, "cannot record the end of a drain")
                 }
             }
         }
+    }
+}
+
+/// The resync (see the module comment).
+pub(crate) struct Resync {
+    cluster: Arc<Cluster>,
+    /// The jobs as the job controller observes them: the resync wakes it for each.
+    jobs: ObservedStore<String, JobRecord>,
+    interval: Duration,
+}
+
+impl Resync {
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        jobs: ObservedStore<String, JobRecord>,
+        interval: Duration,
+    ) -> Resync {
+        Resync {
+            cluster,
+            jobs,
+            interval,
+        }
+    }
+
+    /// Wakes everything every interval until `shutdown`; the first time at once: a
+    /// restarted manager resumes every task.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let mut ticks = tokio::time::interval(self.interval);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticks.tick() => self.wake_everything(),
+            }
+        }
+    }
+
+    /// Wakes the task controller for every task that has not ended, a placement pass over
+    /// every waiting task, and the job controller for every job.
+    fn wake_everything(&self) {
+        let unfinished: Vec<Uuid> = lock(&self.cluster.state)
+            .cache
+            .tasks()
+            .filter(|task| !task.status.state.is_terminal())
+            .map(|task| task.id)
+            .collect();
+        for id in unfinished {
+            self.cluster.wakes.tasks.push(id);
+        }
+        self.cluster.push_waiting();
+        for name in self.jobs.snapshot().items.keys() {
+            self.cluster.mark_job_dirty(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod liveness_tests {
+    use std::time::{Duration, Instant};
+
+    use cube_types::{State, Task};
+
+    use super::Liveness;
+    use crate::cluster::{ManagerStores, Writes, cluster_for_tests, lock, report_test_node};
+    use crate::events::Received;
+
+    const GRACE: Duration = Duration::from_secs(10);
+
+    /// A cluster with node `w1` reporting at `then` and task `t` running there.
+    async fn one_running_task(then: Instant) -> (std::sync::Arc<crate::cluster::Cluster>, Task) {
+        let cluster = cluster_for_tests(ManagerStores::in_memory(), GRACE);
+        report_test_node(&cluster, "w1", then);
+        let mut task = Task::new("t", "cube-sample:latest");
+        task.status.state = State::Running;
+        task.status.node_name = "w1".to_string();
+        let mut writes = Writes::default();
+        {
+            let mut state = lock(&cluster.state);
+            cluster
+                .save(&mut state, &mut writes, task.clone())
+                .expect("a task the store takes");
+        }
+        cluster.settle(writes).await.expect("durable");
+        (cluster, task)
+    }
+
+    #[tokio::test]
+    async fn a_node_silent_past_the_grace_is_down_and_its_running_task_lost_and_handed_on() {
+        let then = Instant::now();
+        let (cluster, task) = one_running_task(then).await;
+        let mut events = cluster.events.subscribe(None).expect("a subscription");
+        let liveness = Liveness::new(cluster.clone());
+
+        // Within the grace nothing changes.
+        liveness.look(then + GRACE / 2).await;
+        let stored = cluster
+            .stores
+            .tasks
+            .get(&task.id.to_string())
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored.status.state, State::Running);
+        assert!(cluster.wakes.tasks.deadline(&task.id).is_none());
+
+        liveness.look(then + GRACE + Duration::from_secs(1)).await;
+        let stored = cluster
+            .stores
+            .tasks
+            .get(&task.id.to_string())
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            stored.status.state,
+            State::Lost,
+            "the store has the task Lost"
+        );
+        assert!(
+            stored
+                .status
+                .run
+                .error
+                .as_deref()
+                .is_some_and(|error| error.contains("node w1 sent nothing")),
+            "the task says why: {:?}",
+            stored.status.run.error
+        );
+        assert_eq!(
+            stored
+                .status
+                .history
+                .last()
+                .map(|entry| entry.event.as_ref()),
+            Some("Lost"),
+            "the history records the loss"
+        );
+        assert_eq!(
+            lock(&cluster.state)
+                .cache
+                .get(&task.id)
+                .map(|task| task.status.state),
+            Some(State::Lost),
+            "the cache agrees with the store"
+        );
+        assert!(
+            cluster.wakes.tasks.deadline(&task.id).is_some(),
+            "the task controller is woken for the lost task"
+        );
+        let mut kinds = Vec::new();
+        while let Some(Received::Event(event)) = events.try_next() {
+            kinds.push((event.key.clone(), event.kind.to_string()));
+        }
+        assert!(
+            kinds.contains(&("w1".to_string(), "NodeDown".to_string())),
+            "{kinds:?}"
+        );
+
+        // Down once: a second look writes nothing more.
+        let revision = cluster.stores.tasks.revision().unwrap();
+        liveness.look(then + GRACE * 2).await;
+        assert_eq!(cluster.stores.tasks.revision().unwrap(), revision);
+    }
+    #[tokio::test]
+    async fn the_resync_wakes_every_unfinished_task_a_placement_pass_and_every_job() {
+        let then = Instant::now();
+        let (cluster, running) = one_running_task(then).await;
+        let mut done = Task::new("done", "cube-sample:latest");
+        done.status.state = State::Completed;
+        let mut writes = Writes::default();
+        {
+            let mut state = lock(&cluster.state);
+            cluster
+                .save(&mut state, &mut writes, done.clone())
+                .expect("stored");
+        }
+        cluster.settle(writes).await.expect("durable");
+        let jobs = cube_controller::store::ObservedStore::default();
+        let record: cube_types::job::JobRecord = serde_json::from_value(serde_json::json!({
+            "Job": {"Name": "web", "Groups": [{"Name": "api", "Task": {"Image": "cube-sample:latest"}}]},
+            "Version": 1
+        }))
+        .expect("a job record");
+        jobs.replace_all([("web".to_string(), std::sync::Arc::new(record))]);
+        let resync = super::Resync::new(cluster.clone(), jobs, Duration::from_secs(60));
+
+        resync.wake_everything();
+        assert!(cluster.wakes.tasks.deadline(&running.id).is_some());
+        assert!(
+            cluster.wakes.tasks.deadline(&done.id).is_none(),
+            "an ended task is not looked at again"
+        );
+        assert!(cluster.wakes.jobs.deadline(&"web".to_string()).is_some());
+        assert!(cluster.wakes.placement.deadline(&()).is_some());
     }
 }
 

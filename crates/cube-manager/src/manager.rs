@@ -23,7 +23,7 @@ use cube_controller::store::ObservedStore;
 use cube_scheduler::Scheduler;
 use cube_store::StoreError;
 use cube_types::job::JobRecord;
-use cube_types::{Node, NodeReport, NodeStatus, State, Task, TaskEvent};
+use cube_types::{Node, NodeReport, NodeStatus, RestartBy, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -33,11 +33,7 @@ use crate::cluster::{
     Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, Retrying, Shared, Writes, lock,
 };
 use crate::events::EventBroker;
-use crate::log_limit::LogLimit;
 use crate::nodes::NodeSource;
-
-/// The history event recorded when the restart limit stops further restarts.
-pub const GAVE_UP: &str = "RestartLimit";
 
 /// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
 pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
@@ -119,6 +115,15 @@ pub enum ManagerError {
     Store(#[from] StoreError),
 }
 
+impl From<crate::cluster::NodeUpdateError> for ManagerError {
+    fn from(err: crate::cluster::NodeUpdateError) -> Self {
+        match err {
+            crate::cluster::NodeUpdateError::NotFound(name) => ManagerError::NodeNotFound(name),
+            crate::cluster::NodeUpdateError::Store(err) => ManagerError::Store(err),
+        }
+    }
+}
+
 /// What a submission did: created a task (with warnings: why no node could hold it today),
 /// or found it already there.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,8 +185,6 @@ pub struct Manager {
     pub(crate) complete_lists: tokio::sync::Semaphore,
     /// Cancelled when the manager stops; every loop watches it.
     pub(crate) shutdown: CancellationToken,
-    /// "reconcile did not converge", written at most once every 5 s.
-    pub(crate) retry_warnings: LogLimit,
 }
 
 impl Manager {
@@ -211,7 +214,6 @@ impl Manager {
             background: TaskTracker::new(),
             complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
-            retry_warnings: LogLimit::new(Duration::from_secs(5)),
         }))
     }
 
@@ -547,7 +549,7 @@ impl Manager {
         }
         if effect.more_room {
             // A node that is back may have stops to deliver and lost tasks to report.
-            self.push_node_tasks(&name);
+            self.cluster.push_node_tasks(&name);
             self.cluster.push_waiting();
         }
         if effect.more_room || effect.changed {
@@ -560,19 +562,53 @@ impl Manager {
 
     // ----- writes -----
 
-    /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
-    /// its writes to be durable.
-    pub(crate) async fn with_writes<T, E>(
-        &self,
-        operation: impl FnOnce(&mut Writes) -> Result<T, E>,
-    ) -> Result<T, ManagerError>
-    where
-        ManagerError: From<E>,
-    {
+    /// `POST /tasks/{id}/restart` (`cube restart`): a task that ended (`Completed`, `Failed`,
+    /// stopped by the user) or was lost runs again as a new run. It goes back to `Pending` by
+    /// the one explicit way back (`State::restart`), with one more `RestartCount` (the worker
+    /// makes the new run a new container, `...-r<N>`), wanted running again and its failure
+    /// streak forgotten (the user asked for a fresh start, not a policy's backoff). Stored
+    /// before the answer, as any acknowledged write.
+    ///
+    /// A task that has not ended is refused (409), not stopped first: a restart never ends a
+    /// run, so a mistyped name cannot kill work that runs. A job's copy is refused too: the job
+    /// controller owns its copies (it replaces one that ended by its own rules).
+    pub async fn restart_task(&self, id: Uuid) -> Result<Task, ManagerError> {
         let mut writes = Writes::default();
-        let result = operation(&mut writes);
+        let restarted = {
+            let mut state = lock(&self.cluster.state);
+            let known = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
+            if !known.spec.job.is_empty() {
+                return Err(ManagerError::Conflict(format!(
+                    "task {} ({id}) is a copy of job {:?} (group {:?}): the job controller owns \
+                     its copies and replaces those that end by the job's rules; restart the \
+                     job instead (cube job stop {job}, then cube job run with its file)",
+                    known.name,
+                    known.spec.job,
+                    known.spec.group,
+                    job = known.spec.job,
+                )));
+            }
+            let mut task = known.clone();
+            let message = task.restart(RestartBy::User, Utc::now()).map_err(|_| {
+                ManagerError::Conflict(format!(
+                    "task {} ({id}) is {} and has not ended: only a task that ended \
+                     (Completed, Failed or Lost) can be restarted; stop it first (cube stop \
+                     --wait {}), then restart it",
+                    known.name, known.status.state, known.name
+                ))
+            })?;
+            tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
+            self.cluster
+                .save(&mut state, &mut writes, task.clone())
+                .map(|()| task)
+        };
+        // What was queued is waited for even when the write could not be queued.
         self.cluster.settle(writes).await?;
-        Ok(result?)
+        let task = restarted?;
+        // Pending again: the placement pass takes it from here.
+        self.cluster.push_to_place([id]);
+        self.cluster.wakes.tasks.push(id);
+        Ok(task)
     }
 
     // ----- the loops -----
@@ -583,13 +619,20 @@ impl Manager {
     /// replaced as nodes come and go, are waited for by the last loop in the set.
     pub fn start(self: &Arc<Self>) -> JoinSet<()> {
         let mut loops = JoinSet::new();
-        loops.spawn(self.clone().run_task_controller());
+        let tasks = crate::task_controller::TaskController::new(self.cluster.clone());
+        loops.spawn(tasks.run(self.shutdown.clone()));
         loops.spawn(self.clone().run_placement());
         loops.spawn(self.clone().run_job_controller());
         loops.spawn(self.clone().run_queue_controller());
         loops.spawn(self.clone().run_jobs_watcher());
-        loops.spawn(self.clone().run_resync());
-        loops.spawn(self.clone().run_liveness());
+        let resync = crate::liveness::Resync::new(
+            self.cluster.clone(),
+            self.jobs_observed.clone(),
+            self.config.resync_interval,
+        );
+        loops.spawn(resync.run(self.shutdown.clone()));
+        let liveness = crate::liveness::Liveness::new(self.cluster.clone());
+        loops.spawn(liveness.run(self.shutdown.clone()));
         loops.spawn(self.clone().run_gc());
         for address in self.config.static_workers.clone() {
             loops.spawn(self.clone().poll_static_worker(address));

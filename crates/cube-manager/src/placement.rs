@@ -902,7 +902,10 @@ mod tests {
             unwanted.spec.desired_state = State::Completed;
             state.cache.insert(unwanted);
         }
-        manager.reconcile_task(copies[2]).await.unwrap();
+        crate::task_controller::TaskController::new(manager.cluster.clone())
+            .reconcile(copies[2])
+            .await
+            .unwrap();
         assert_eq!(task(&manager, copies[2]).status.state, State::Completed);
         assert_eq!(
             marked(&manager),

@@ -515,17 +515,6 @@ impl Manager {
     }
 }
 
-/// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
-/// the task controller ends such a task `Failed` with this as its error, where a stop the
-/// user asked for ends it `Completed`.
-pub(crate) fn expiry_of(state: &crate::cluster::Shared, task: &Task) -> Option<String> {
-    let entry = state.queue.get(&QueueDirty::key_of(task))?;
-    let version = state.jobs.get(&task.spec.job).map(|record| record.version);
-    // A job submitted again after it expired is a new request: its copies did not expire.
-    let same_request = task.spec.job.is_empty() || entry.version == version;
-    (entry.state == QueueState::Expired && same_request).then(|| entry.reason.clone())
-}
-
 /// The task a bare task's entry is for, while the manager holds it.
 fn task_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
     let id = entry.id.parse::<Uuid>().ok()?;
@@ -741,7 +730,10 @@ mod tests {
         // asks for still ends a waiting task `Completed`.
         manager.request_stop(patient).await.unwrap();
         for id in [impatient, patient] {
-            manager.reconcile_task(id).await.unwrap();
+            crate::task_controller::TaskController::new(manager.cluster.clone())
+                .reconcile(id)
+                .await
+                .unwrap();
         }
         let expired = manager.task(impatient).unwrap();
         assert_eq!(expired.status.state, State::Failed);
@@ -781,6 +773,7 @@ mod tests {
         // One placed task runs: its request alone is marked.
         let running = ids[0];
         manager
+            .cluster
             .with_writes(|writes| {
                 let mut state = lock(&manager.cluster.state);
                 let mut task = state.cache.get(&running).unwrap().clone();

@@ -7,8 +7,12 @@
 //! restart limit, send a `Scheduled` task to its node, stop it there. Placement is not
 //! decided here: a `Pending` task is the placement pass's (`placement.rs`), which hands
 //! what it placed back to this runner for dispatch.
+//!
+//! | reads | woken by | writes |
+//! |---|---|---|
+//! | the task cache, the node registry (a node's client) | a task's ID: placed (placement pass), lost (liveness), a report from its node (followers), a stop asked, the resync; its own restart backoffs and retries as delays | the task (restarted, given up, failed, completed unplaced, the worker's answer to a dispatch); calls to the task's worker: `POST /tasks`, `DELETE /tasks/{id}` |
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use cube_api::{ApiClient, ClientError};
@@ -16,18 +20,25 @@ use cube_controller::runner::{Action, ErrorPolicy, ExponentialBackoff, Failure, 
 use cube_store::StoreError;
 use cube_types::{RestartBy, State, Task, TaskEvent};
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::cluster::{Retrying, Writes, lock};
-use crate::manager::{GAVE_UP, Manager, ManagerError};
+use crate::cluster::{Cluster, Retrying, Writes, lock};
+use crate::log_limit::LogLimit;
+use crate::observation::merge_observation;
 use crate::reconcile::{Action as Decision, reconcile};
+
+/// The history event recorded when the restart limit stops further restarts.
+pub const GAVE_UP: &str = "RestartLimit";
 
 /// The task controller's error policy: the runner's exponential backoff (250 ms doubling up
 /// to 10 s), with the last error and the next attempt kept for the API to show on the task
 /// (`DispatchError`, `NextAttempt`) and a warning at most every 5 s.
 struct ShowRetries {
-    manager: Arc<Manager>,
+    cluster: Arc<Cluster>,
+    /// "reconcile did not converge", written at most once every 5 s.
+    warnings: LogLimit,
     backoff: ExponentialBackoff,
 }
 
@@ -37,14 +48,14 @@ impl ErrorPolicy<Uuid, String> for ShowRetries {
         let error = failure.to_string();
         let next_attempt =
             Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::zero());
-        lock(&self.manager.cluster.failures).insert(
+        lock(&self.cluster.failures).insert(
             *id,
             Retrying {
                 error: error.clone(),
                 next_attempt,
             },
         );
-        if let Some(left_out) = self.manager.retry_warnings.admit(Instant::now()) {
+        if let Some(left_out) = self.warnings.admit(Instant::now()) {
             tracing::warn!(task = %id, reason = %error, attempts, retry_in = ?delay, left_out, "reconcile did not converge (at most one such warning every 5 s; left_out counts the others)");
         } else {
             tracing::debug!(task = %id, reason = %error, attempts, retry_in = ?delay, "reconcile did not converge");
@@ -53,67 +64,51 @@ impl ErrorPolicy<Uuid, String> for ShowRetries {
     }
 }
 
-impl Manager {
-    /// Runs the task controller until shutdown: every task pushed to [`Manager::tasks_runner`]
-    /// is reconciled, up to `max_concurrent_reconciles` at once.
-    pub(crate) async fn run_task_controller(self: Arc<Self>) {
+/// The task controller (see the module comment).
+pub(crate) struct TaskController {
+    cluster: Arc<Cluster>,
+}
+
+impl TaskController {
+    pub(crate) fn new(cluster: Arc<Cluster>) -> TaskController {
+        TaskController { cluster }
+    }
+
+    /// Runs the task controller until `shutdown`: every task pushed to the cluster's
+    /// `wakes.tasks` is reconciled, up to `max_concurrent_reconciles` at once.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let cluster = self.cluster.clone();
         let policy = ShowRetries {
-            manager: self.clone(),
+            cluster: cluster.clone(),
+            warnings: LogLimit::new(Duration::from_secs(5)),
             backoff: ExponentialBackoff::default(),
         };
-        let manager = self.clone();
+        let controller = Arc::new(self);
         let reconcile = move |id: Uuid| {
-            let manager = manager.clone();
+            let controller = controller.clone();
             async move {
                 let started = Instant::now();
-                let outcome = manager.reconcile_task(id).await;
-                manager.cluster.metrics.reconciled("task", started);
+                let outcome = controller.reconcile(id).await;
+                controller.cluster.metrics.reconciled("task", started);
                 if outcome.is_ok() {
-                    lock(&manager.cluster.failures).remove(&id);
+                    lock(&controller.cluster.failures).remove(&id);
                 }
                 outcome
             }
         };
         // The task cache holds every stored task before the manager exists: nothing to wait for.
         let ready = ReadyGate::open();
-        self.cluster
+        cluster
             .wakes
             .tasks
-            .run(reconcile, policy, ready, self.shutdown.clone())
+            .run(reconcile, policy, ready, shutdown)
             .await;
-    }
-
-    /// Queues every task placed on `node`.
-    pub(crate) fn push_node_tasks(&self, node: &str) {
-        let placed_here: Vec<Uuid> = lock(&self.cluster.state)
-            .cache
-            .load(node)
-            .map(|load| load.tasks.iter().copied().collect())
-            .unwrap_or_default();
-        for id in placed_here {
-            self.cluster.wakes.tasks.push(id);
-        }
-    }
-
-    /// Queues every task that has not ended, and a placement pass: at start, and every
-    /// resync interval.
-    pub(crate) fn push_unfinished(&self) {
-        let unfinished: Vec<Uuid> = lock(&self.cluster.state)
-            .cache
-            .tasks()
-            .filter(|task| !task.status.state.is_terminal())
-            .map(|task| task.id)
-            .collect();
-        for id in unfinished {
-            self.cluster.wakes.tasks.push(id);
-        }
-        self.cluster.push_waiting();
     }
 
     /// One reconcile of one task: decide and act. An action that moves the task on to
     /// another controller (a restart to the placement pass) hands it over; one that waits
     /// (a restart's backoff) asks the runner for the delay.
-    pub(crate) async fn reconcile_task(&self, id: Uuid) -> Result<Action, String> {
+    pub(crate) async fn reconcile(&self, id: Uuid) -> Result<Action, String> {
         let (task, client) = {
             let state = lock(&self.cluster.state);
             let Some(task) = state.cache.get(&id) else {
@@ -125,22 +120,25 @@ impl Manager {
                 .map(|node| node.client.clone());
             (task.clone(), client)
         };
-        let failed = |err: ManagerError| err.to_string();
+        let failed = |err: StoreError| err.to_string();
         match reconcile(&task, Utc::now()) {
             Decision::Nothing => Ok(Action::Done),
             Decision::GiveUp => self
+                .cluster
                 .with_writes(|writes| self.give_up(id, writes))
                 .await
                 .map(|()| Action::Done)
                 .map_err(failed),
             // The backoff is the runner's delay: one pending entry, no timer of its own.
             Decision::Restart { wait, at, .. } if !wait.is_zero() => self
+                .cluster
                 .with_writes(|writes| self.note_next_restart(id, at, writes))
                 .await
                 .map(|()| Action::RequeueAfter(wait))
                 .map_err(failed),
             Decision::Restart { streak, .. } => {
                 match self
+                    .cluster
                     .with_writes(|writes| self.restart(id, streak, writes))
                     .await
                 {
@@ -157,6 +155,7 @@ impl Manager {
             // A job's request waits with one copy fewer, which may let it fit: its request
             // is read again.
             Decision::CompleteUnplaced => self
+                .cluster
                 .with_writes(|writes| self.complete_unplaced(id, writes))
                 .await
                 .map(|()| {
@@ -177,7 +176,7 @@ impl Manager {
     /// Begins a new run of a task that ended or was lost: back to `Pending` (the one explicit
     /// way back, `State::restart`), one more restart counted, the node it ran on kept as the
     /// first choice for the placement that follows at once.
-    fn restart(&self, id: Uuid, streak: u32, writes: &mut Writes) -> Result<bool, ManagerError> {
+    fn restart(&self, id: Uuid, streak: u32, writes: &mut Writes) -> Result<bool, StoreError> {
         let mut state = lock(&self.cluster.state);
         let Some(task) = state.cache.get(&id) else {
             return Ok(false);
@@ -197,55 +196,6 @@ impl Manager {
         tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
         self.cluster.save(&mut state, writes, task)?;
         Ok(true)
-    }
-
-    /// `POST /tasks/{id}/restart` (`cube restart`): a task that ended (`Completed`, `Failed`,
-    /// stopped by the user) or was lost runs again as a new run. It goes back to `Pending` by
-    /// the one explicit way back (`State::restart`), with one more `RestartCount` (the worker
-    /// makes the new run a new container, `...-r<N>`), wanted running again and its failure
-    /// streak forgotten (the user asked for a fresh start, not a policy's backoff). Stored
-    /// before the answer, as any acknowledged write.
-    ///
-    /// A task that has not ended is refused (409), not stopped first: a restart never ends a
-    /// run, so a mistyped name cannot kill work that runs. A job's copy is refused too: the job
-    /// controller owns its copies (it replaces one that ended by its own rules).
-    pub async fn restart_task(&self, id: Uuid) -> Result<Task, ManagerError> {
-        let mut writes = Writes::default();
-        let restarted = {
-            let mut state = lock(&self.cluster.state);
-            let known = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
-            if !known.spec.job.is_empty() {
-                return Err(ManagerError::Conflict(format!(
-                    "task {} ({id}) is a copy of job {:?} (group {:?}): the job controller owns \
-                     its copies and replaces those that end by the job's rules; restart the \
-                     job instead (cube job stop {job}, then cube job run with its file)",
-                    known.name,
-                    known.spec.job,
-                    known.spec.group,
-                    job = known.spec.job,
-                )));
-            }
-            let mut task = known.clone();
-            let message = task.restart(RestartBy::User, Utc::now()).map_err(|_| {
-                ManagerError::Conflict(format!(
-                    "task {} ({id}) is {} and has not ended: only a task that ended \
-                     (Completed, Failed or Lost) can be restarted; stop it first (cube stop \
-                     --wait {}), then restart it",
-                    known.name, known.status.state, known.name
-                ))
-            })?;
-            tracing::info!(task = %id, name = %task.name, %message, "restarting a task");
-            self.cluster
-                .save(&mut state, &mut writes, task.clone())
-                .map(|()| task)
-        };
-        // What was queued is waited for even when the write could not be queued.
-        self.cluster.settle(writes).await?;
-        let task = restarted?;
-        // Pending again: the placement pass takes it from here.
-        self.cluster.push_to_place([id]);
-        self.cluster.wakes.tasks.push(id);
-        Ok(task)
     }
 
     /// Records when a task that waits out its restart backoff will be restarted, so that the
@@ -305,7 +255,7 @@ impl Manager {
         let mut task = task.clone();
         // A request that waited past its `QueueTimeout` gave up: that is a failure, with the
         // expiry as its error, not a stop the user asked for.
-        let ended = match crate::queue_controller::expiry_of(&state, &task) {
+        let ended = match state.expiry_of(&task) {
             Some(reason) => task.end(
                 State::Failed,
                 Some(format!("expired in the queue: {reason}")),
@@ -419,6 +369,26 @@ impl Manager {
         }
     }
 
+    /// One task as a worker answered it (after a dispatch).
+    async fn observe_one(&self, node: &str, observed: Task) {
+        let mut writes = Writes::default();
+        {
+            let mut state = lock(&self.cluster.state);
+            let Some(known) = state.cache.get(&observed.id) else {
+                return;
+            };
+            if known.status.node_name != node {
+                return;
+            }
+            if let Some(merged) = merge_observation(known, &observed, Utc::now())
+                && let Err(err) = self.cluster.save(&mut state, &mut writes, merged)
+            {
+                tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
+            }
+        }
+        let _ = self.cluster.settle(writes).await;
+    }
+
     async fn fail(&self, id: Uuid, reason: String) {
         let mut writes = Writes::default();
         let freed = {
@@ -450,6 +420,9 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::cluster::{ManagerStores, cluster_for_tests};
+    use crate::manager::Manager;
 
     /// A manager with one node that answers every request with `status` (a worker that
     /// refuses, or that never had the task), and a task accepted there, placed on it.
@@ -489,7 +462,7 @@ mod tests {
     async fn a_task_its_worker_refuses_fails_with_its_end_recorded() {
         let (manager, id, server) = placed_on_a_node_that_answers(403).await;
         let task = manager.task(id).unwrap().as_ref().clone();
-        let action = manager
+        let action = TaskController::new(manager.cluster.clone())
             .dispatch(task, client_of(&manager, "w1"))
             .await
             .unwrap();
@@ -509,7 +482,7 @@ mod tests {
         let (manager, id, server) = placed_on_a_node_that_answers(404).await;
         manager.stop_tasks(&[id], None).await.unwrap();
         let task = manager.task(id).unwrap().as_ref().clone();
-        let action = manager
+        let action = TaskController::new(manager.cluster.clone())
             .stop_on_node(task, client_of(&manager, "w1"))
             .await
             .unwrap();
@@ -525,21 +498,41 @@ mod tests {
         server.abort();
     }
 
+    /// A cluster on memory stores with `task` stored in it, and its task controller: no
+    /// `Manager` is built.
+    async fn controller_with(task: Task) -> TaskController {
+        let cluster = cluster_for_tests(ManagerStores::in_memory(), Duration::from_secs(60));
+        cluster
+            .with_writes(|writes| {
+                let mut state = lock(&cluster.state);
+                cluster.save(&mut state, writes, task)
+            })
+            .await
+            .expect("a stored task");
+        TaskController::new(cluster)
+    }
+
+    /// The task as the store has it.
+    fn stored(controller: &TaskController, id: Uuid) -> Task {
+        controller
+            .cluster
+            .stores
+            .tasks
+            .get(&id.to_string())
+            .expect("a store that reads")
+            .expect("the task is stored")
+    }
+
     #[tokio::test]
     async fn a_task_stopped_before_it_was_placed_completes_with_its_end_recorded() {
-        // No node: the task waits.
-        let manager = crate::manager::manager_for_tests();
-        let id = manager
-            .accept_task(Task::new("t", "cube-sample:latest"), None)
-            .await
-            .unwrap()
-            .id;
-        manager.stop_tasks(&[id], None).await.unwrap();
-        manager
-            .with_writes(|writes| manager.complete_unplaced(id, writes))
-            .await
-            .unwrap();
-        let stopped = manager.task(id).unwrap();
+        // No node: the task waits, and the user stops it.
+        let mut task = Task::new("t", "cube-sample:latest");
+        task.spec.desired_state = State::Completed;
+        let id = task.id;
+        let controller = controller_with(task).await;
+        let action = controller.reconcile(id).await.expect("a reconcile");
+        assert!(matches!(action, Action::Done));
+        let stopped = stored(&controller, id);
         assert_eq!(stopped.status.state, State::Completed);
         assert!(stopped.status.run.finish_time.is_some(), "{stopped:?}");
         assert_eq!(stopped.status.pending_reason, None);
@@ -550,6 +543,33 @@ mod tests {
                 "stopped before it was placed".to_string()
             )
         );
-        manager.shutdown.cancel();
+        assert!(
+            controller.cluster.wakes.placement.deadline(&()).is_some(),
+            "the placement pass reads the task's request again"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_that_failed_under_an_always_policy_runs_again_as_a_new_run() {
+        let mut task: Task = serde_json::from_value(serde_json::json!({
+            "Name": "t", "Image": "cube-sample:latest", "RestartPolicy": "always"
+        }))
+        .expect("a task");
+        task.status.node_name = "w1".to_string();
+        task.status.state = State::Running;
+        // It ended an hour ago: its backoff is over.
+        let ended = Utc::now() - chrono::Duration::hours(1);
+        task.end(State::Failed, Some("exit 1".to_string()), ended)
+            .expect("a run that ends");
+        let id = task.id;
+        let controller = controller_with(task).await;
+        controller.reconcile(id).await.expect("a reconcile");
+        let restarted = stored(&controller, id);
+        assert_eq!(restarted.status.state, State::Pending);
+        assert_eq!(restarted.status.restart_count, 1);
+        assert!(
+            controller.cluster.wakes.placement.deadline(&()).is_some(),
+            "the placement pass takes the new run"
+        );
     }
 }
