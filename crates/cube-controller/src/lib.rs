@@ -2,9 +2,6 @@
 //! after the controller field report (watchers → stores → transformers → syncers) and
 //! kube-runtime's reflector and runner.
 //!
-//! - [`watcher`]: a [`watcher::Watcher`] lists a collection from a [`watcher::Source`], then
-//!   follows its changes; when it falls behind or loses its source it says so (the store
-//!   loses sync) and lists again, with backoff.
 //! - [`store`]: an [`store::ObservedStore`] holds the observed snapshot of one collection, a
 //!   revision per change, a bounded change log, change notification and the in-sync flag.
 //! - [`syncer`]: the diff of desired against observed (create, update, delete, duplicates,
@@ -16,9 +13,14 @@
 //!   two reconciles of one key at once, bounded concurrency, an error policy, a readiness gate,
 //!   panics caught, shutdown that waits.
 //!
-//! A controller is wired as: a watcher fills an observed store; a change marks keys or wakes
-//! a runner; a reconcile reads the observed stores, plans what it wants, and writes the
-//! difference ([`syncer::diff`]) through the store. Every part here is used by Cube's
+//! A controller is wired as: its writes go through to the observed records it shares with
+//! the others (the manager's write-through cache: a write is durable, then applied in memory,
+//! then wakes what it concerns); a change marks keys or wakes a runner; a reconcile reads the
+//! observed records, plans what it wants, and writes the difference ([`syncer::diff`]) as
+//! one batch. (A watch-fed reflector, a `Watcher` filling an `ObservedStore` from the
+//! store's watch, was tried for the jobs and removed: every other kind of record was
+//! write-through, and one manager per term is the only writer. Sharded managers that read
+//! each other's writes would bring it back.) Every part here is used by Cube's
 //! manager or worker: a part no controller uses is deleted, not kept as a framework piece.
 //!
 //! Invariants: a runner never reconciles one key twice at once; a controller acts only while
@@ -31,4 +33,3 @@ pub mod marks;
 pub mod runner;
 pub mod store;
 pub mod syncer;
-pub mod watcher;

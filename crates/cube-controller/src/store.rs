@@ -9,7 +9,7 @@
 //! (re-)listing goes through [`ObservedStore::replace_all`], which yields what the listing
 //! changed, so readers see a re-list as ordinary changes.
 //!
-//! It knows nothing of where the items come from (a [`crate::watcher::Watcher`], a manager's
+//! It knows nothing of where the items come from (a watch of the store, a manager's
 //! own writes, a worker's change log) and does no IO.
 
 use std::collections::{BTreeMap, VecDeque};

@@ -12,9 +12,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use cube_manager::bench_support::{
-    converge, follow_jobs, look_again, manager_with_nodes, scheduled,
-};
+use cube_manager::bench_support::{converge, look_again, manager_with_nodes, scheduled};
 use cube_types::Task;
 use cube_types::job::{Group, Job, JobType};
 
@@ -95,7 +93,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut again, mut again_allocs, mut again_writes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         let manager = manager_with_nodes(nodes)?;
-        runtime.spawn(follow_jobs(manager.clone()));
         let allocations = ALLOCATIONS.load(Ordering::Relaxed);
         let converged = runtime.block_on(converge(&manager, job(copies)))?;
         first_allocs.push((ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64);

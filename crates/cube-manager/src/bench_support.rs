@@ -78,23 +78,12 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
     Ok(manager)
 }
 
-/// Follows the jobs table into the job controller's observed store, as `Manager::start`
-/// does; spawn it before [`converge`].
-pub async fn follow_jobs(manager: Arc<Manager>) {
-    manager.run_jobs_watcher().await;
-}
-
 /// Submits `job` and runs its controller and one placement pass, as the runners would.
 pub async fn converge(manager: &Manager, job: Job) -> Result<Convergence, ManagerError> {
     let name = job.name.clone();
     let before = manager.store_revision()?;
     let started = Instant::now();
     manager.submit_job(job).await?;
-    // The job controller reads the jobs as the store's watch delivers them.
-    while manager.jobs_observed.get(&name).is_none() {
-        let index = manager.jobs_observed.index();
-        let _ = manager.jobs_observed.wait_changes_since(index).await;
-    }
     let placed = look_again(manager, &name).await?;
     Ok(Convergence {
         from_nothing: started.elapsed(),
@@ -106,7 +95,9 @@ pub async fn converge(manager: &Manager, job: Job) -> Result<Convergence, Manage
 /// One more look at a job and one more placement pass: what every event of the job and
 /// every resync costs. Returns the copies it placed.
 pub async fn look_again(manager: &Manager, name: &str) -> Result<usize, ManagerError> {
-    manager.converge_job(name).await?;
+    crate::job_controller::JobController::new(manager.cluster.clone(), manager.job_records.clone())
+        .converge(name)
+        .await?;
     let mut writes = Writes::default();
     let placed = manager.placement_pass(&mut writes);
     manager.cluster.settle(writes).await?;
@@ -134,7 +125,7 @@ pub async fn fill_every_node(manager: &Arc<Manager>, nodes: usize) -> Result<usi
             task
         })
         .collect();
-    manager.accept_tasks(fillers, None).await?;
+    manager.cluster.accept_tasks(fillers, None).await?;
     let mut writes = Writes::default();
     let placed = manager.placement_pass(&mut writes);
     manager.cluster.settle(writes).await?;
@@ -157,7 +148,7 @@ pub async fn submit_waiting(
         })
         .collect();
     for chunk in waiting.chunks(1_000) {
-        manager.accept_tasks(chunk.to_vec(), None).await?;
+        manager.cluster.accept_tasks(chunk.to_vec(), None).await?;
     }
     manager
         .look_at_queue()

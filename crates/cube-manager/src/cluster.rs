@@ -24,9 +24,9 @@ use cube_controller::runner::{Runner, RunnerConfig};
 use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
 use cube_types::deployment::Deployment;
-use cube_types::job::{JobHistory, JobRecord};
+use cube_types::job::{JobHistory, JobRecord, JobType};
 use cube_types::queue::QueueEntry;
-use cube_types::{Node, State, Task};
+use cube_types::{Node, Receiver, State, Task};
 use uuid::Uuid;
 
 use crate::cache::TaskCache;
@@ -299,6 +299,16 @@ pub(crate) enum NodeUpdateError {
     Store(#[from] StoreError),
 }
 
+/// Why new tasks were not accepted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AcceptError {
+    /// Two submissions of one new ID raced; the first one won.
+    #[error("task {0} exists already")]
+    Exists(Uuid),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// The runners that wake the controllers, one per controller: a push asks for a look at a
 /// key, and a runner never runs two looks at one key at once.
 pub(crate) struct Wakes {
@@ -451,6 +461,131 @@ impl Cluster {
         for id in placed_here {
             self.wakes.tasks.push(id);
         }
+    }
+
+    /// Wakes the job controller for every system job (a node joined, left, came back or
+    /// changed its labels).
+    pub(crate) fn mark_system_jobs_dirty(&self) {
+        let system: Vec<String> = lock(&self.state)
+            .jobs
+            .values()
+            .filter(|record| record.job.job_type == JobType::System && !record.stopped)
+            .map(|record| record.job.name.clone())
+            .collect();
+        for name in system {
+            self.mark_job_dirty(&name);
+        }
+    }
+
+    /// Wakes the job controller for every job (at start, at each resync, after a drain).
+    pub(crate) fn mark_all_jobs_dirty(&self) {
+        let names: Vec<String> = lock(&self.state).jobs.keys().cloned().collect();
+        for name in names {
+            self.mark_job_dirty(&name);
+        }
+    }
+
+    /// What the job controller's plan needs of each node.
+    pub(crate) fn node_facts(&self) -> Vec<crate::jobs::NodeFacts> {
+        let state = lock(&self.state);
+        let now = Instant::now();
+        state
+            .nodes
+            .entries()
+            .map(|entry| crate::jobs::NodeFacts {
+                name: entry.name.clone(),
+                ready: entry.is_ready(now, self.heartbeat_grace()),
+                labels: entry.labels.clone(),
+                eligible: entry.eligible,
+                drain: entry.drain.as_ref().map(|drain| drain.deadline),
+            })
+            .collect()
+    }
+
+    /// Records that these tasks are wanted stopped, with why in each one's history (`reason`;
+    /// none: the user asked), in one hold of the lock and one wait for the store (one commit
+    /// for them all), and wakes the task controller for each. Returns the tasks found; an ID
+    /// no task has is left out.
+    pub(crate) async fn stop_tasks(
+        &self,
+        ids: &[Uuid],
+        reason: Option<&str>,
+    ) -> Result<Vec<Task>, StoreError> {
+        let mut writes = Writes::default();
+        let mut stopped = Vec::with_capacity(ids.len());
+        let marked = {
+            let mut state = lock(&self.state);
+            ids.iter().try_for_each(|id| {
+                let Some(known) = state.cache.get(id) else {
+                    return Ok(());
+                };
+                let mut task = known.clone();
+                // A stop is final at any moment: also for a run that ended and waits out its
+                // restart backoff, whose restart it cancels (the policy would restart it
+                // while the desired state says Running).
+                if task.spec.desired_state != State::Completed {
+                    let message = match reason {
+                        Some(reason) => reason,
+                        None if task.status.next_restart.is_some() => {
+                            "the restart it waited for is cancelled"
+                        }
+                        None => "",
+                    };
+                    task.spec.desired_state = State::Completed;
+                    task.status.next_restart = None;
+                    task.record(Utc::now(), "StopRequested", message);
+                    self.save(&mut state, &mut writes, task.clone())?;
+                }
+                stopped.push(task);
+                Ok::<(), StoreError>(())
+            })
+        };
+        // What was queued is waited for even when a later write could not be queued.
+        self.settle(writes).await?;
+        marked?;
+        for task in &stopped {
+            self.wakes.tasks.push(task.id);
+        }
+        Ok(stopped)
+    }
+
+    /// Stores new tasks `Pending` (durably), in one hold of the lock and one wait for the
+    /// store (one commit for them all), and asks for a placement pass over them: what a
+    /// submission does, and how a job's new copies are stored. `created` is
+    /// the submission's own time, if it gave one.
+    pub(crate) async fn accept_tasks(
+        &self,
+        tasks: Vec<Task>,
+        created: Option<chrono::DateTime<Utc>>,
+    ) -> Result<Vec<Task>, AcceptError> {
+        let mut writes = Writes::default();
+        let mut accepted = Vec::with_capacity(tasks.len());
+        let stored = {
+            let mut state = lock(&self.state);
+            tasks.into_iter().try_for_each(|mut task| {
+                let id = task.id;
+                if state.cache.get(&id).is_some() {
+                    // Two submissions of one new ID raced; the first one won.
+                    return Err(AcceptError::Exists(id));
+                }
+                task.clear_status(Receiver::Manager);
+                task.status.created_time = Some(created.unwrap_or_else(Utc::now));
+                let why = if task.spec.job.is_empty() {
+                    String::new()
+                } else {
+                    format!("by job {}", task.spec.job)
+                };
+                task.record(Utc::now(), "Submitted", why);
+                self.save(&mut state, &mut writes, task.clone())?;
+                accepted.push(task);
+                Ok(())
+            })
+        };
+        // What was queued is waited for even when a later task was refused.
+        self.settle(writes).await?;
+        stored?;
+        self.push_to_place(accepted.iter().map(|task| task.id));
+        Ok(accepted)
     }
 
     /// Asks the queue controller for a look at the requests marked since its last one.
@@ -660,6 +795,17 @@ pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration
     Arc::new(
         Cluster::open(stores, scheduler, 1, settings, &client).expect("a cluster on memory stores"),
     )
+}
+
+#[cfg(test)]
+impl Cluster {
+    /// The sum of the tables' revisions: it moves with every write, and only then.
+    pub(crate) fn store_revision_for_tests(&self) -> u64 {
+        self.stores.tasks.revision().expect("a revision")
+            + self.stores.jobs.revision().expect("a revision")
+            + self.stores.deployments.revision().expect("a revision")
+            + self.stores.queue.revision().expect("a revision")
+    }
 }
 
 /// Registers node `name` (2 cores, 1 GiB) as reporting at `now`, for the unit tests.

@@ -47,9 +47,9 @@ impl Manager {
             if eligible {
                 // It can take work again: what waits may go there, system jobs too.
                 self.cluster.push_waiting();
-                self.mark_system_jobs_dirty();
+                self.cluster.mark_system_jobs_dirty();
             }
-            self.mark_all_jobs_dirty();
+            self.cluster.mark_all_jobs_dirty();
         }
         self.node(name)
     }
@@ -90,7 +90,7 @@ impl Manager {
             })
             .await?;
         tracing::info!(node = name, ?deadline, "draining a node");
-        self.mark_all_jobs_dirty();
+        self.cluster.mark_all_jobs_dirty();
         self.node(name)
     }
 
@@ -170,7 +170,7 @@ impl Manager {
         for id in failed {
             self.cluster.wakes.tasks.push(id);
         }
-        self.mark_system_jobs_dirty();
+        self.cluster.mark_system_jobs_dirty();
         Ok(())
     }
 }

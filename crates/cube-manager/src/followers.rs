@@ -223,7 +223,7 @@ impl Manager {
                         // It can take work again, and what waits to be sent there can go.
                         self.cluster.push_node_tasks(&name);
                         self.cluster.push_waiting();
-                        self.mark_system_jobs_dirty();
+                        self.cluster.mark_system_jobs_dirty();
                     }
                     let (strays, forgotten) = self.observe(&name, tasks, complete).await;
                     for id in forgotten {

@@ -157,7 +157,7 @@ impl Manager {
     /// Removes the stopped jobs that have no task left and were submitted at least
     /// `older_than` ago: their record, their versions and their last deployment.
     async fn prune_jobs(&self, now: DateTime<Utc>, older_than: chrono::Duration) -> Vec<String> {
-        let _writing = self.job_writes.lock().await;
+        let _writing = self.job_records.hold().await;
         let due: Vec<String> = {
             let state = lock(&self.cluster.state);
             state

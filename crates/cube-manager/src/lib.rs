@@ -23,7 +23,9 @@ mod event_stream;
 pub mod events;
 mod followers;
 pub mod gc;
+mod job_api;
 mod job_controller;
+mod job_records;
 pub mod jobs;
 mod liveness;
 mod log_limit;
@@ -37,7 +39,6 @@ pub mod queue_controller;
 pub mod reconcile;
 mod relay;
 mod rollout;
-mod store_source;
 mod task_controller;
 pub mod tls;
 
@@ -48,7 +49,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use cluster::{EPOCH_KEY, ManagerStores};
-pub use job_controller::{JobSubmitted, JobView, PlanView};
+pub use job_api::{JobView, PlanView};
+pub use job_records::JobSubmitted;
 pub use manager::{Manager, ManagerConfig, ManagerError, Submitted};
 pub use nodes::NodeSource;
 

@@ -7,15 +7,13 @@
 //! | controller | reads | woken by | writes |
 //! |---|---|---|---|
 //! | [`Liveness`] | the node registry, the task cache | a tick (a tenth of the grace, 50 ms–1 s) | nodes `Down` (an event), their tasks `Lost` (then wakes the task controller for each), a drain's end (`NodeDrained`) |
-//! | [`Resync`] | the task cache, the observed jobs | a tick (`--resync-interval`), the first at once | nothing: it wakes the task controller for every unfinished task, a placement pass, and the job controller for every job |
+//! | [`Resync`] | the task cache, the jobs | a tick (`--resync-interval`), the first at once | nothing: it wakes the task controller for every unfinished task, a placement pass, and the job controller for every job |
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use cube_controller::store::ObservedStore;
 use cube_types::State;
-use cube_types::job::JobRecord;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -130,22 +128,12 @@ impl Liveness {
 /// The resync (see the module comment).
 pub(crate) struct Resync {
     cluster: Arc<Cluster>,
-    /// The jobs as the job controller observes them: the resync wakes it for each.
-    jobs: ObservedStore<String, JobRecord>,
     interval: Duration,
 }
 
 impl Resync {
-    pub(crate) fn new(
-        cluster: Arc<Cluster>,
-        jobs: ObservedStore<String, JobRecord>,
-        interval: Duration,
-    ) -> Resync {
-        Resync {
-            cluster,
-            jobs,
-            interval,
-        }
+    pub(crate) fn new(cluster: Arc<Cluster>, interval: Duration) -> Resync {
+        Resync { cluster, interval }
     }
 
     /// Wakes everything every interval until `shutdown`; the first time at once: a
@@ -173,9 +161,7 @@ impl Resync {
             self.cluster.wakes.tasks.push(id);
         }
         self.cluster.push_waiting();
-        for name in self.jobs.snapshot().items.keys() {
-            self.cluster.mark_job_dirty(name);
-        }
+        self.cluster.mark_all_jobs_dirty();
     }
 }
 
@@ -298,14 +284,15 @@ mod liveness_tests {
                 .expect("stored");
         }
         cluster.settle(writes).await.expect("durable");
-        let jobs = cube_controller::store::ObservedStore::default();
         let record: cube_types::job::JobRecord = serde_json::from_value(serde_json::json!({
             "Job": {"Name": "web", "Groups": [{"Name": "api", "Task": {"Image": "cube-sample:latest"}}]},
             "Version": 1
         }))
         .expect("a job record");
-        jobs.replace_all([("web".to_string(), std::sync::Arc::new(record))]);
-        let resync = super::Resync::new(cluster.clone(), jobs, Duration::from_secs(60));
+        lock(&cluster.state)
+            .jobs
+            .insert("web".to_string(), std::sync::Arc::new(record));
+        let resync = super::Resync::new(cluster.clone(), Duration::from_secs(60));
 
         resync.wake_everything();
         assert!(cluster.wakes.tasks.deadline(&running.id).is_some());
@@ -315,80 +302,5 @@ mod liveness_tests {
         );
         assert!(cluster.wakes.jobs.deadline(&"web".to_string()).is_some());
         assert!(cluster.wakes.placement.deadline(&()).is_some());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use cube_types::job::{Job, JobRecord};
-    use tokio_util::sync::CancellationToken;
-
-    use crate::manager::{Manager, test_config};
-
-    use crate::cluster::ManagerStores;
-
-    /// A service job stored before the manager opens, as a new leader finds it in etcd.
-    fn stored_job() -> JobRecord {
-        let job: Job = serde_json::from_value(serde_json::json!({
-            "Name": "web", "Type": "service",
-            "Groups": [{"Name": "api", "Count": 2, "Task": {"Image": "cube-sample:latest"}}]
-        }))
-        .expect("a job");
-        JobRecord {
-            job,
-            version: 1,
-            submit_time: None,
-            stopped: false,
-            promoted: false,
-            revert_of: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn a_manager_that_starts_looks_at_every_stored_job_once_its_jobs_are_listed() {
-        // A new leader (or a restarted manager) must look at every job at once, not at its
-        // next resync, whatever order its loops start in. The jobs watcher lists the table
-        // in its first step (the stores' listing does not wait), which raced with the
-        // follower of its changes: when the listing came first, no job was marked, and the
-        // look at start had found the observed jobs still empty. Each round is a fresh
-        // manager; the race went either way, about half of the time each.
-        for round in 0..30 {
-            let stores = ManagerStores::in_memory();
-            stores.jobs.put("web", &stored_job()).expect("stored");
-            let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
-            let shutdown = CancellationToken::new();
-            let manager = Manager::open(test_config(), stores, scheduler, shutdown.clone())
-                .expect("a manager on memory stores");
-            assert!(
-                manager
-                    .cluster
-                    .wakes
-                    .jobs
-                    .deadline(&"web".to_string())
-                    .is_none()
-            );
-            let watcher = tokio::spawn(manager.clone().run_jobs_watcher());
-            manager.jobs_observed.wait_synced().await;
-            let listed = tokio::time::Instant::now();
-            while manager
-                .cluster
-                .wakes
-                .jobs
-                .deadline(&"web".to_string())
-                .is_none()
-            {
-                // A generous bound for a state that comes: no resync runs here to mark the
-                // job in the watcher's stead.
-                assert!(
-                    listed.elapsed() < Duration::from_secs(20),
-                    "round {round}: the stored job was listed but not marked for a look"
-                );
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            shutdown.cancel();
-            let _ = watcher.await;
-        }
     }
 }

@@ -19,10 +19,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use cube_api::ApiClient;
-use cube_controller::store::ObservedStore;
 use cube_scheduler::Scheduler;
 use cube_store::StoreError;
-use cube_types::job::JobRecord;
 use cube_types::{Node, NodeReport, NodeStatus, RestartBy, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +31,7 @@ use crate::cluster::{
     Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, Retrying, Shared, Writes, lock,
 };
 use crate::events::EventBroker;
+use crate::job_records::JobRecords;
 use crate::nodes::NodeSource;
 
 /// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
@@ -115,6 +114,24 @@ pub enum ManagerError {
     Store(#[from] StoreError),
 }
 
+impl From<crate::cluster::AcceptError> for ManagerError {
+    fn from(err: crate::cluster::AcceptError) -> Self {
+        match err {
+            crate::cluster::AcceptError::Exists(_) => ManagerError::Conflict(err.to_string()),
+            crate::cluster::AcceptError::Store(err) => ManagerError::Store(err),
+        }
+    }
+}
+
+impl From<crate::job_controller::ConvergeError> for ManagerError {
+    fn from(err: crate::job_controller::ConvergeError) -> Self {
+        match err {
+            crate::job_controller::ConvergeError::Store(err) => ManagerError::Store(err),
+            crate::job_controller::ConvergeError::Accept(err) => err.into(),
+        }
+    }
+}
+
 impl From<crate::cluster::NodeUpdateError> for ManagerError {
     fn from(err: crate::cluster::NodeUpdateError) -> Self {
         match err {
@@ -167,15 +184,8 @@ pub struct Manager {
     /// The stores, the observed records, the change log and the controllers' wakes, shared
     /// with every controller.
     pub(crate) cluster: Arc<Cluster>,
-    /// Held by every read-modify-write of a job record and its versions (submit, scale,
-    /// stop, promote, revert, a version marked stable, an automatic revert), so that two of
-    /// them never both start from the same record. A `tokio` mutex: held across the durable
-    /// write.
-    pub(crate) job_writes: tokio::sync::Mutex<()>,
-    /// The jobs as the store's watch delivers them (`store_source.rs`): every change of a
-    /// job record, whoever wrote it, reaches the job controller through it, and the job
-    /// controller starts no look before it is in sync.
-    pub(crate) jobs_observed: ObservedStore<String, JobRecord>,
+    /// The jobs' write side, shared with the job controller (`job_records.rs`).
+    pub(crate) job_records: Arc<JobRecords>,
     /// The loop following each node's tasks, by node name, to stop it when the node moves.
     pub(crate) followers: Mutex<HashMap<String, CancellationToken>>,
     /// Every follower's task: shutdown waits for them (`Manager::start`).
@@ -205,11 +215,11 @@ impl Manager {
         let cluster = Cluster::open(stores, scheduler, epoch, settings, &|name, address| {
             config.worker_client(Some(name), address)
         })?;
+        let cluster = Arc::new(cluster);
         Ok(Arc::new(Manager {
             config,
-            cluster: Arc::new(cluster),
-            job_writes: tokio::sync::Mutex::new(()),
-            jobs_observed: ObservedStore::default(),
+            job_records: Arc::new(JobRecords::new(cluster.clone())),
+            cluster,
             followers: Mutex::new(HashMap::new()),
             background: TaskTracker::new(),
             complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
@@ -315,6 +325,21 @@ impl Manager {
         Ok(Submitted::Created(task, warnings))
     }
 
+    /// Stores a new task `Pending` (durably) and asks for a placement pass: what a submission
+    /// does. `event` is the `TaskEvent` a submission came in; its timestamp, if it has one,
+    /// is the task's `CreatedTime`.
+    pub(crate) async fn accept_task(
+        &self,
+        task: Task,
+        event: Option<&cube_types::TaskEvent>,
+    ) -> Result<Task, ManagerError> {
+        let created = event.and_then(|event| event.timestamp);
+        let mut accepted = self.cluster.accept_tasks(vec![task], created).await?;
+        accepted
+            .pop()
+            .ok_or_else(|| ManagerError::BadRequest("no task to accept".to_string()))
+    }
+
     /// Records that the user wants the task stopped and queues the stop.
     pub async fn request_stop(&self, id: Uuid) -> Result<Task, ManagerError> {
         let mut stopped = self.request_stops(&[id]).await?;
@@ -329,48 +354,13 @@ impl Manager {
     }
 
     /// [`Manager::request_stops`], with why in each task's history (`reason`; none: the
-    /// user asked).
+    /// user asked): [`Cluster::stop_tasks`].
     pub(crate) async fn stop_tasks(
         &self,
         ids: &[Uuid],
         reason: Option<&str>,
     ) -> Result<Vec<Task>, ManagerError> {
-        let mut writes = Writes::default();
-        let mut stopped = Vec::with_capacity(ids.len());
-        let marked = {
-            let mut state = lock(&self.cluster.state);
-            ids.iter().try_for_each(|id| {
-                let Some(known) = state.cache.get(id) else {
-                    return Ok(());
-                };
-                let mut task = known.clone();
-                // A stop is final at any moment: also for a run that ended and waits out its
-                // restart backoff, whose restart it cancels (the policy would restart it
-                // while the desired state says Running).
-                if task.spec.desired_state != State::Completed {
-                    let message = match reason {
-                        Some(reason) => reason,
-                        None if task.status.next_restart.is_some() => {
-                            "the restart it waited for is cancelled"
-                        }
-                        None => "",
-                    };
-                    task.spec.desired_state = State::Completed;
-                    task.status.next_restart = None;
-                    task.record(Utc::now(), "StopRequested", message);
-                    self.cluster.save(&mut state, &mut writes, task.clone())?;
-                }
-                stopped.push(task);
-                Ok::<(), StoreError>(())
-            })
-        };
-        // What was queued is waited for even when a later write could not be queued.
-        self.cluster.settle(writes).await?;
-        marked?;
-        for task in &stopped {
-            self.cluster.wakes.tasks.push(task.id);
-        }
-        Ok(stopped)
+        Ok(self.cluster.stop_tasks(ids, reason).await?)
     }
 
     pub fn task(&self, id: Uuid) -> Result<Arc<Task>, ManagerError> {
@@ -555,7 +545,7 @@ impl Manager {
         if effect.more_room || effect.changed {
             // A node joined, came back or changed: system jobs may want a copy there, or no
             // longer want the one they have.
-            self.mark_system_jobs_dirty();
+            self.cluster.mark_system_jobs_dirty();
         }
         Ok(view)
     }
@@ -622,14 +612,14 @@ impl Manager {
         let tasks = crate::task_controller::TaskController::new(self.cluster.clone());
         loops.spawn(tasks.run(self.shutdown.clone()));
         loops.spawn(self.clone().run_placement());
-        loops.spawn(self.clone().run_job_controller());
-        loops.spawn(self.clone().run_queue_controller());
-        loops.spawn(self.clone().run_jobs_watcher());
-        let resync = crate::liveness::Resync::new(
+        let jobs = crate::job_controller::JobController::new(
             self.cluster.clone(),
-            self.jobs_observed.clone(),
-            self.config.resync_interval,
+            self.job_records.clone(),
         );
+        loops.spawn(jobs.run(self.shutdown.clone()));
+        loops.spawn(self.clone().run_queue_controller());
+        let resync =
+            crate::liveness::Resync::new(self.cluster.clone(), self.config.resync_interval);
         loops.spawn(resync.run(self.shutdown.clone()));
         let liveness = crate::liveness::Liveness::new(self.cluster.clone());
         loops.spawn(liveness.run(self.shutdown.clone()));
