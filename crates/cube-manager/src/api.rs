@@ -59,8 +59,9 @@ use crate::event_stream::{EventsQuery, Framing, events_response};
 use crate::events::{Event, EventFilter, Topic};
 use crate::job_api::{JobView, PlanView, VersionView};
 use crate::job_records::JobSubmitted;
-use crate::manager::{Manager, ManagerError, Placement, Submitted};
+use crate::manager::{Manager, ManagerError, Submitted};
 use crate::nodes::NodeSource;
+use crate::placement::Placement;
 use crate::queue_controller::QueueView;
 use crate::tls::TlsState;
 

@@ -99,7 +99,7 @@ pub async fn look_again(manager: &Manager, name: &str) -> Result<usize, ManagerE
         .converge(name)
         .await?;
     let mut writes = Writes::default();
-    let placed = manager.placement_pass(&mut writes);
+    let placed = manager.placement_controller().placement_pass(&mut writes);
     manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
@@ -127,7 +127,7 @@ pub async fn fill_every_node(manager: &Arc<Manager>, nodes: usize) -> Result<usi
         .collect();
     manager.cluster.accept_tasks(fillers, None).await?;
     let mut writes = Writes::default();
-    let placed = manager.placement_pass(&mut writes);
+    let placed = manager.placement_controller().placement_pass(&mut writes);
     manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
@@ -151,7 +151,8 @@ pub async fn submit_waiting(
         manager.cluster.accept_tasks(chunk.to_vec(), None).await?;
     }
     manager
-        .look_at_queue()
+        .queue_controller()
+        .look()
         .await
         .map_err(ManagerError::BadRequest)?;
     Ok(())
@@ -160,7 +161,7 @@ pub async fn submit_waiting(
 /// One admission pass (the placement pass) and its writes; the tasks it let in.
 pub async fn admission_pass(manager: &Manager) -> Result<usize, ManagerError> {
     let mut writes = Writes::default();
-    let placed = manager.placement_pass(&mut writes);
+    let placed = manager.placement_controller().placement_pass(&mut writes);
     manager.cluster.settle(writes).await?;
     Ok(placed?.len())
 }
@@ -206,7 +207,8 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
 /// One look of the queue controller (what every change of a task, job or node asks for).
 pub async fn look_at_queue(manager: &Manager) -> Result<(), ManagerError> {
     manager
-        .look_at_queue()
+        .queue_controller()
+        .look()
         .await
         .map(|_| ())
         .map_err(ManagerError::BadRequest)

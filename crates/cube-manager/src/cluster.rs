@@ -485,6 +485,31 @@ impl Cluster {
         }
     }
 
+    /// The scheduler's snapshot of every node: what it offers, what is placed there.
+    pub(crate) fn node_views(&self, state: &Shared) -> Vec<cube_scheduler::NodeView> {
+        let now = Instant::now();
+        state
+            .nodes
+            .entries()
+            .map(|entry| {
+                let load = state.cache.load(&entry.name);
+                cube_scheduler::NodeView {
+                    name: entry.name.clone(),
+                    ready: entry.is_ready(now, self.heartbeat_grace()),
+                    ineligible: !entry.eligible,
+                    capacity: entry.capacity,
+                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
+                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
+                    host_ports_taken: load
+                        .map(|load| load.host_ports.keys().copied().collect())
+                        .unwrap_or_default(),
+                    labels: entry.labels.clone(),
+                    host_policy: entry.host_policy.clone(),
+                }
+            })
+            .collect()
+    }
+
     /// What the job controller's plan needs of each node.
     pub(crate) fn node_facts(&self) -> Vec<crate::jobs::NodeFacts> {
         let state = lock(&self.state);

@@ -159,14 +159,8 @@ impl Manager {
 
     /// `DELETE /jobs/{name}`: every copy is stopped; the job stays, `Stopped`.
     pub async fn stop_job(&self, name: &str) -> Result<JobView, ManagerError> {
-        {
-            let _writing = self.job_records.hold().await;
-            let known = self.known_job(name)?;
-            if !known.stopped {
-                let mut record = (*known).clone();
-                record.stopped = true;
-                self.job_records.store_job(record).await?;
-            }
+        if !self.job_records.stop(name).await? {
+            return Err(ManagerError::JobNotFound(name.to_string()));
         }
         self.job(name)
     }

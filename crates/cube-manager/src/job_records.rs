@@ -191,6 +191,21 @@ impl JobRecords {
         Ok(())
     }
 
+    /// Stops job `name` (every copy is stopped by the job controller; the job stays,
+    /// `Stopped`). Returns whether there is such a job.
+    pub(crate) async fn stop(&self, name: &str) -> Result<bool, StoreError> {
+        let _writing = self.hold().await;
+        let Some(known) = lock(&self.cluster.state).jobs.get(name).cloned() else {
+            return Ok(false);
+        };
+        if !known.stopped {
+            let mut record = (*known).clone();
+            record.stopped = true;
+            self.store_job(record).await?;
+        }
+        Ok(true)
+    }
+
     /// Stores a job record durably, then keeps it for the API's reads and the job controller,
     /// and wakes the job controller and the queue controller for it (a job record's write
     /// wakes both, declared here once).

@@ -35,6 +35,7 @@ mod nodes;
 mod observation;
 mod placement;
 mod queue;
+mod queue_api;
 pub mod queue_controller;
 pub mod reconcile;
 mod relay;

@@ -149,34 +149,6 @@ pub enum Submitted {
     Existing(Task),
 }
 
-/// Where a task could go now: `GET /tasks/{id}/placement`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Placement {
-    #[serde(rename = "ID")]
-    pub id: Uuid,
-    #[serde(rename = "State")]
-    pub state: State,
-    /// The node it is placed on, if it is.
-    #[serde(rename = "NodeName")]
-    pub node_name: String,
-    /// When no node fits: the reasons, counted (what `PendingReason` says).
-    #[serde(rename = "Summary", skip_serializing_if = "Option::is_none")]
-    pub summary: Option<String>,
-    /// Every node, whether it could take the task now, and why not.
-    #[serde(rename = "Nodes")]
-    pub nodes: Vec<NodePlacement>,
-}
-
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct NodePlacement {
-    #[serde(rename = "Name")]
-    pub name: String,
-    #[serde(rename = "Fits")]
-    pub fits: bool,
-    #[serde(rename = "Reason", skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
 /// The manager: the API's facade over the cluster's state ([`Cluster`]), and the place that
 /// builds and starts the controllers.
 pub struct Manager {
@@ -601,7 +573,37 @@ impl Manager {
         Ok(task)
     }
 
+    /// Why no node known today could hold these tasks ([`crate::placement::fits_nowhere_today`]).
+    pub(crate) fn fits_nowhere_today(&self, tasks: &[(&Task, usize)]) -> Vec<String> {
+        let views = self.cluster.node_views(&lock(&self.cluster.state));
+        crate::placement::fits_nowhere_today(&views, tasks)
+    }
+
+    /// Where the task could go now, node by node: `GET /tasks/{id}/placement`.
+    pub fn placement(&self, id: Uuid) -> Result<crate::placement::Placement, ManagerError> {
+        let state = lock(&self.cluster.state);
+        let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
+        let views = self.cluster.node_views(&state);
+        Ok(crate::placement::explain(task, &views))
+    }
+
     // ----- the loops -----
+
+    /// The queue controller.
+    pub(crate) fn queue_controller(&self) -> crate::queue_controller::QueueController {
+        crate::queue_controller::QueueController::new(
+            self.cluster.clone(),
+            self.job_records.clone(),
+        )
+    }
+
+    /// The placement pass, with the manager's `--max-claimed-per-owner`.
+    pub(crate) fn placement_controller(&self) -> crate::placement::PlacementController {
+        crate::placement::PlacementController::new(
+            self.cluster.clone(),
+            self.config.max_claimed_per_owner,
+        )
+    }
 
     /// Starts the control loops: the runners of the task controller, the placement pass and
     /// the job controller, node liveness, the resync, a follower for every known node and a
@@ -611,13 +613,13 @@ impl Manager {
         let mut loops = JoinSet::new();
         let tasks = crate::task_controller::TaskController::new(self.cluster.clone());
         loops.spawn(tasks.run(self.shutdown.clone()));
-        loops.spawn(self.clone().run_placement());
+        loops.spawn(self.placement_controller().run(self.shutdown.clone()));
         let jobs = crate::job_controller::JobController::new(
             self.cluster.clone(),
             self.job_records.clone(),
         );
         loops.spawn(jobs.run(self.shutdown.clone()));
-        loops.spawn(self.clone().run_queue_controller());
+        loops.spawn(self.queue_controller().run(self.shutdown.clone()));
         let resync =
             crate::liveness::Resync::new(self.cluster.clone(), self.config.resync_interval);
         loops.spawn(resync.run(self.shutdown.clone()));
@@ -769,6 +771,7 @@ pub(crate) async fn placed_test_task(manager: &Arc<Manager>) -> uuid::Uuid {
     let mut writes = Writes::default();
     assert_eq!(
         manager
+            .placement_controller()
             .placement_pass(&mut writes)
             .expect("a placement pass"),
         vec![id]

@@ -19,38 +19,60 @@ use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_scheduler::{
     Decision, FilterChain, NodeView, TaskRequest, fits_no_node_today, summarize_rejections,
 };
+use cube_store::StoreError;
 use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
 use cube_types::queue::RequestKind;
 use cube_types::task::ANONYMOUS;
 use cube_types::{HostPort, Resources, State, Task};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::manager::{Manager, ManagerError, NodePlacement, Placement};
+use crate::cluster::{Cluster, Shared, Writes, lock};
 
-use crate::cluster::{Shared, Writes, lock};
+/// The placement pass as a controller (see the module comment).
+///
+/// | reads | woken by | writes |
+/// |---|---|---|
+/// | the waiting tasks (those marked since the last pass, or every one), the waiting list's order, every node's snapshot | a task that waits (`Cluster::push_to_place`), room that appeared (`Cluster::push_waiting`: a task ended, a node joined, came back, grew or was let take work again) | the tasks placed (`Scheduled`, `NodeName`) or their `PendingReason`; then wakes the task controller for each task placed |
+pub(crate) struct PlacementController {
+    cluster: Arc<Cluster>,
+    /// `--max-claimed-per-owner`.
+    max_claimed_per_owner: Option<usize>,
+}
 
-impl Manager {
-    /// Runs placement passes until shutdown, whenever one is asked for
-    /// ([`Manager::push_waiting`]).
-    pub(crate) async fn run_placement(self: Arc<Self>) {
-        let manager = self.clone();
+impl PlacementController {
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        max_claimed_per_owner: Option<usize>,
+    ) -> PlacementController {
+        PlacementController {
+            cluster,
+            max_claimed_per_owner,
+        }
+    }
+
+    /// Runs placement passes until `shutdown`, whenever one is asked for
+    /// ([`Cluster::push_waiting`], [`Cluster::push_to_place`]).
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let cluster = self.cluster.clone();
+        let controller = Arc::new(self);
         let pass = move |()| {
-            let manager = manager.clone();
+            let controller = controller.clone();
             async move {
                 let started = Instant::now();
-                let placed = manager.place_waiting().await;
-                manager.cluster.metrics.reconciled("placement", started);
+                let placed = controller.place_waiting().await;
+                controller.cluster.metrics.reconciled("placement", started);
                 placed
             }
         };
-        self.cluster
+        cluster
             .wakes
             .placement
             .run(
                 pass,
                 ExponentialBackoff::default(),
                 ReadyGate::open(),
-                self.shutdown.clone(),
+                shutdown,
             )
             .await;
     }
@@ -85,25 +107,25 @@ impl Manager {
     /// whose owner already has `--max-claimed-per-owner` requests in waits, saying so.
     ///
     /// The pass reads the requests of the tasks marked since the last one
-    /// ([`Manager::push_to_place`]), or every waiting request after a change that may have
-    /// made room ([`Manager::push_waiting`]). Reading only the marked ones decides what a
+    /// ([`Cluster::push_to_place`]), or every waiting request after a change that may have
+    /// made room ([`Cluster::push_waiting`]). Reading only the marked ones decides what a
     /// whole pass would: room only shrinks between passes that nothing marked everything,
     /// so a request that did not fit at the last whole look still does not, and a request
     /// that does not fit holds up none behind it.
-    pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, ManagerError> {
+    pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, StoreError> {
         let mut state = lock(&self.cluster.state);
         let marked = state.placement_dirty.take();
         let requests = waiting_requests(
             &state,
             marked.as_ref(),
-            self.config.max_claimed_per_owner.is_some(),
+            self.max_claimed_per_owner.is_some(),
         );
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let mut views = self.node_views(&state);
+        let mut views = self.cluster.node_views(&state);
         // Counted only when there is a limit: it reads the whole list.
-        let mut admitted_by_owner = if self.config.max_claimed_per_owner.is_some() {
+        let mut admitted_by_owner = if self.max_claimed_per_owner.is_some() {
             admitted_by_owner(&state)
         } else {
             HashMap::new()
@@ -123,7 +145,7 @@ impl Manager {
                 continue;
             }
             if request.is_new
-                && let Some(limit) = self.config.max_claimed_per_owner
+                && let Some(limit) = self.max_claimed_per_owner
                 && admitted_by_owner.get(&request.owner).copied().unwrap_or(0) >= limit
             {
                 let reason = format!(
@@ -247,145 +269,6 @@ impl Manager {
             }
         }
         Ok(nodes)
-    }
-
-    /// Why no node known today could hold a request, whatever runs now: the warnings a
-    /// submission is answered with (empty when it could fit, or when no node has joined yet,
-    /// so nothing can be said). The request is accepted all the same and waits with the
-    /// reason, since nodes join later (autoscaling, a bigger node, one back from
-    /// maintenance). A request fits nowhere today when one of its tasks fits no known node
-    /// even empty (ready or not: a node that is down may come back), or when it asks for
-    /// more CPU, memory or disk in all than every known node has together. Only what is
-    /// certain is said: a request that might fit with a better packing waits in silence.
-    pub(crate) fn fits_nowhere_today(&self, tasks: &[(&Task, usize)]) -> Vec<String> {
-        let state = lock(&self.cluster.state);
-        let views = self.node_views(&state);
-        drop(state);
-        let copies: usize = tasks.iter().map(|(_, count)| count).sum();
-        if views.is_empty() || copies == 0 {
-            return Vec::new();
-        }
-        let mut warnings = Vec::new();
-        for (task, count) in tasks {
-            if *count == 0 {
-                continue;
-            }
-            if let Some(why) = fits_no_node_today(&TaskRequest::for_task(task), &views) {
-                // Among several, say which: a job's group, or the task.
-                warnings.push(match (copies > 1, task.spec.group.as_str()) {
-                    (false, _) => why,
-                    (true, "") => format!("{}: {why}", task.name),
-                    (true, group) => format!("group {group}: {why}"),
-                });
-            }
-        }
-        if copies == 1 || !warnings.is_empty() {
-            return warnings;
-        }
-        let asked = |of: fn(&Task) -> f64| {
-            tasks
-                .iter()
-                .map(|(task, count)| of(task) * *count as f64)
-                .sum::<f64>()
-        };
-        let total =
-            |of: fn(&Resources) -> f64| views.iter().map(|view| of(&view.capacity)).sum::<f64>();
-        let too_much = [
-            (
-                "CPU",
-                asked(|t| t.spec.cpu.max(0.0)),
-                total(|r| r.cpu),
-                false,
-            ),
-            (
-                "memory",
-                asked(|t| t.spec.memory as f64),
-                total(|r| r.memory as f64),
-                true,
-            ),
-            (
-                "disk",
-                asked(|t| t.spec.disk as f64),
-                total(|r| r.disk as f64),
-                true,
-            ),
-        ]
-        .into_iter()
-        .find(|(_, need, has, _)| *need > *has + 1e-6);
-        warnings.extend(too_much.map(|(what, need, has, bytes)| {
-            let shown = |value: f64| {
-                if bytes {
-                    cube_types::size::format_size(value as u64)
-                } else {
-                    format!("{value}")
-                }
-            };
-            format!(
-                "no node could hold it today: its {copies} copies need {} {what} in all, and \
-                 every node together has {}",
-                shown(need),
-                shown(has)
-            )
-        }));
-        warnings
-    }
-
-    /// The scheduler's snapshot of every node: what it offers, what is placed there.
-    pub(crate) fn node_views(&self, state: &Shared) -> Vec<NodeView> {
-        let now = Instant::now();
-        state
-            .nodes
-            .entries()
-            .map(|entry| {
-                let load = state.cache.load(&entry.name);
-                NodeView {
-                    name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.cluster.heartbeat_grace()),
-                    ineligible: !entry.eligible,
-                    capacity: entry.capacity,
-                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
-                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
-                    host_ports_taken: load
-                        .map(|load| load.host_ports.keys().copied().collect())
-                        .unwrap_or_default(),
-                    labels: entry.labels.clone(),
-                    host_policy: entry.host_policy.clone(),
-                }
-            })
-            .collect()
-    }
-
-    /// Where the task could go now, node by node: `GET /tasks/{id}/placement`, the long form
-    /// of a waiting task's `PendingReason`.
-    pub fn placement(&self, id: Uuid) -> Result<Placement, ManagerError> {
-        let state = lock(&self.cluster.state);
-        let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
-        let views = self.node_views(&state);
-        let request = TaskRequest::for_task(task);
-        let chain = FilterChain::standard();
-        let nodes = views
-            .iter()
-            .map(|view| {
-                let reason = chain.check(&request, view).err();
-                NodePlacement {
-                    name: view.name.clone(),
-                    fits: reason.is_none(),
-                    reason,
-                }
-            })
-            .collect();
-        let rejections = chain.rejections(&request, &views);
-        Ok(Placement {
-            id,
-            state: task.status.state,
-            node_name: task.status.node_name.clone(),
-            summary: if rejections.len() == views.len() {
-                Some(summarize_rejections(&request, &views, &rejections))
-            } else {
-                None
-            },
-            nodes,
-        })
     }
 }
 
@@ -660,6 +543,199 @@ impl Shape {
     }
 }
 
+/// Where a task could go now: `GET /tasks/{id}/placement`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Placement {
+    #[serde(rename = "ID")]
+    pub id: Uuid,
+    #[serde(rename = "State")]
+    pub state: State,
+    /// The node it is placed on, if it is.
+    #[serde(rename = "NodeName")]
+    pub node_name: String,
+    /// When no node fits: the reasons, counted (what `PendingReason` says).
+    #[serde(rename = "Summary", skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Every node, whether it could take the task now, and why not.
+    #[serde(rename = "Nodes")]
+    pub nodes: Vec<NodePlacement>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodePlacement {
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Fits")]
+    pub fits: bool,
+    #[serde(rename = "Reason", skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Why no node known today (`views`) could hold a request, whatever runs now: the warnings a
+/// submission is answered with (empty when it could fit, or when no node has joined yet,
+/// so nothing can be said). The request is accepted all the same and waits with the
+/// reason, since nodes join later (autoscaling, a bigger node, one back from
+/// maintenance). A request fits nowhere today when one of its tasks fits no known node
+/// even empty (ready or not: a node that is down may come back), or when it asks for
+/// more CPU, memory or disk in all than every known node has together. Only what is
+/// certain is said: a request that might fit with a better packing waits in silence.
+pub(crate) fn fits_nowhere_today(views: &[NodeView], tasks: &[(&Task, usize)]) -> Vec<String> {
+    let copies: usize = tasks.iter().map(|(_, count)| count).sum();
+    if views.is_empty() || copies == 0 {
+        return Vec::new();
+    }
+    let mut warnings = Vec::new();
+    for (task, count) in tasks {
+        if *count == 0 {
+            continue;
+        }
+        if let Some(why) = fits_no_node_today(&TaskRequest::for_task(task), &views) {
+            // Among several, say which: a job's group, or the task.
+            warnings.push(match (copies > 1, task.spec.group.as_str()) {
+                (false, _) => why,
+                (true, "") => format!("{}: {why}", task.name),
+                (true, group) => format!("group {group}: {why}"),
+            });
+        }
+    }
+    if copies == 1 || !warnings.is_empty() {
+        return warnings;
+    }
+    let asked = |of: fn(&Task) -> f64| {
+        tasks
+            .iter()
+            .map(|(task, count)| of(task) * *count as f64)
+            .sum::<f64>()
+    };
+    let total =
+        |of: fn(&Resources) -> f64| views.iter().map(|view| of(&view.capacity)).sum::<f64>();
+    let too_much = [
+        (
+            "CPU",
+            asked(|t| t.spec.cpu.max(0.0)),
+            total(|r| r.cpu),
+            false,
+        ),
+        (
+            "memory",
+            asked(|t| t.spec.memory as f64),
+            total(|r| r.memory as f64),
+            true,
+        ),
+        (
+            "disk",
+            asked(|t| t.spec.disk as f64),
+            total(|r| r.disk as f64),
+            true,
+        ),
+    ]
+    .into_iter()
+    .find(|(_, need, has, _)| *need > *has + 1e-6);
+    warnings.extend(too_much.map(|(what, need, has, bytes)| {
+        let shown = |value: f64| {
+            if bytes {
+                cube_types::size::format_size(value as u64)
+            } else {
+                format!("{value}")
+            }
+        };
+        format!(
+            "no node could hold it today: its {copies} copies need {} {what} in all, and \
+             every node together has {}",
+            shown(need),
+            shown(has)
+        )
+    }));
+    warnings
+}
+
+/// Where `task` could go now, node by node, on `views`: `GET /tasks/{id}/placement`, the
+/// long form of a waiting task's `PendingReason`.
+pub(crate) fn explain(task: &Task, views: &[NodeView]) -> Placement {
+    let id = task.id;
+    let request = TaskRequest::for_task(task);
+    let chain = FilterChain::standard();
+    let nodes = views
+        .iter()
+        .map(|view| {
+            let reason = chain.check(&request, view).err();
+            NodePlacement {
+                name: view.name.clone(),
+                fits: reason.is_none(),
+                reason,
+            }
+        })
+        .collect();
+    let rejections = chain.rejections(&request, views);
+    Placement {
+        id,
+        state: task.status.state,
+        node_name: task.status.node_name.clone(),
+        summary: if rejections.len() == views.len() {
+            Some(summarize_rejections(&request, views, &rejections))
+        } else {
+            None
+        },
+        nodes,
+    }
+}
+
+#[cfg(test)]
+mod controller_tests {
+    use std::time::{Duration, Instant};
+
+    use cube_types::{State, Task};
+
+    use super::PlacementController;
+    use crate::cluster::{ManagerStores, Writes, cluster_for_tests, report_test_node};
+
+    #[tokio::test]
+    async fn a_pass_places_what_fits_and_says_why_the_rest_waits() {
+        // No `Manager`: the placement pass alone, on a cluster of one node of 1 GiB.
+        let cluster = cluster_for_tests(ManagerStores::in_memory(), Duration::from_secs(60));
+        report_test_node(&cluster, "w1", Instant::now());
+        let small = Task::new("small", "cube-sample:latest");
+        let mut big = Task::new("big", "cube-sample:latest");
+        big.spec.memory = 2 << 30;
+        let (small_id, big_id) = (small.id, big.id);
+        cluster
+            .accept_tasks(vec![small, big], None)
+            .await
+            .expect("accepted");
+        let placement = PlacementController::new(cluster.clone(), None);
+        let mut writes = Writes::default();
+        let placed = placement.placement_pass(&mut writes).expect("a pass");
+        cluster.settle(writes).await.expect("durable");
+        assert_eq!(placed, vec![small_id]);
+        let stored = |id: uuid::Uuid| {
+            cluster
+                .stores
+                .tasks
+                .get(&id.to_string())
+                .expect("a store that reads")
+                .expect("stored")
+        };
+        let small = stored(small_id);
+        assert_eq!(small.status.state, State::Scheduled);
+        assert_eq!(small.status.node_name, "w1");
+        let big = stored(big_id);
+        assert_eq!(big.status.state, State::Pending);
+        let reason = big.status.pending_reason.unwrap_or_default();
+        assert!(reason.contains("memory"), "{reason}");
+        // Nothing marked since: the next pass reads nothing and writes nothing.
+        let revision = cluster.store_revision_for_tests();
+        let mut writes = Writes::default();
+        assert!(
+            placement
+                .placement_pass(&mut writes)
+                .expect("a pass")
+                .is_empty()
+        );
+        cluster.settle(writes).await.expect("durable");
+        assert_eq!(cluster.store_revision_for_tests(), revision);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -691,7 +767,10 @@ mod tests {
 
     fn pass(manager: &Manager) -> Vec<uuid::Uuid> {
         let mut writes = Writes::default();
-        let placed = manager.placement_pass(&mut writes).unwrap();
+        let placed = manager
+            .placement_controller()
+            .placement_pass(&mut writes)
+            .unwrap();
         drop(writes);
         placed
     }

@@ -19,18 +19,20 @@ use std::sync::Arc;
 use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
 use cube_controller::syncer::{SyncAction, diff_by_key};
+use cube_store::StoreError;
+use cube_types::Task;
 use cube_types::job::{JobRecord, JobType};
 use cube_types::queue::{Endpoint, QueueEntry, QueueState, RequestKind};
-use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::cluster::{QUEUE_NUMBER_KEY, lock};
+use crate::cluster::{Cluster, QUEUE_NUMBER_KEY, lock};
 use crate::events::Topic;
+use crate::job_records::JobRecords;
 use crate::jobs::is_live;
-use crate::manager::{Manager, ManagerError};
 use crate::queue::{
-    Expiry, QueueDirty, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, in_order, plan,
+    Expiry, QueueDirty, QueueLook, QueuePlan, Request, Source, endpoint, endpoints, plan,
     request_value, waiting_reason,
 };
 
@@ -79,7 +81,7 @@ pub enum Submitted {
 
 impl Submitted {
     /// The request of an entry that does not keep it, from the manager's state.
-    fn of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Submitted> {
+    pub(crate) fn of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Submitted> {
         if !entry.request.is_null() {
             return None;
         }
@@ -89,7 +91,7 @@ impl Submitted {
         }
     }
 
-    fn value(&self) -> serde_json::Value {
+    pub(crate) fn value(&self) -> serde_json::Value {
         match self {
             Submitted::Task(task) => request_value(Source::Task(task)),
             Submitted::Job(record) => request_value(Source::Job(record)),
@@ -118,36 +120,60 @@ pub struct ServiceView {
     pub endpoints: Vec<Endpoint>,
 }
 
-impl Manager {
-    /// Keeps the waiting list until shutdown.
-    pub(crate) async fn run_queue_controller(self: Arc<Self>) {
-        self.cluster.push_queue();
-        let manager = self.clone();
+/// Why a look at the waiting list did not finish (the next one reads every request).
+#[derive(Debug, thiserror::Error)]
+enum LookError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the queue's deletes stopped: {0}")]
+    Deletes(tokio::task::JoinError),
+}
+
+/// The queue controller (see the module comment).
+///
+/// | reads | woken by | writes |
+/// |---|---|---|
+/// | the waiting list, the requests marked since its last look (their tasks, their job), the time | a task's write (`Cluster::wake_for_task`), a job record's write (`JobRecords::store_job`), a placement that let a request in; its own next `QueueTimeout` as a delay | the entries that changed (one batch: `diff_by_key`), the queue number; stops a request that expired (its task, or its job) |
+pub(crate) struct QueueController {
+    cluster: Arc<Cluster>,
+    records: Arc<JobRecords>,
+}
+
+impl QueueController {
+    pub(crate) fn new(cluster: Arc<Cluster>, records: Arc<JobRecords>) -> QueueController {
+        QueueController { cluster, records }
+    }
+
+    /// Keeps the waiting list until `shutdown`: every request is read at start.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let cluster = self.cluster.clone();
+        cluster.push_queue();
+        let controller = Arc::new(self);
         let look = move |()| {
-            let manager = manager.clone();
-            async move { manager.look_at_queue().await }
+            let controller = controller.clone();
+            async move { controller.look().await }
         };
-        self.cluster
+        cluster
             .wakes
             .queue
             .run(
                 look,
                 ExponentialBackoff::default(),
                 ReadyGate::open(),
-                self.shutdown.clone(),
+                shutdown,
             )
             .await;
     }
 
     /// One look: plan, sync the entries that changed, stop what expired.
-    pub(crate) async fn look_at_queue(&self) -> Result<Action, String> {
+    pub(crate) async fn look(&self) -> Result<Action, String> {
         let (planned, actions) = self.plan_queue();
         let done = async {
             self.sync_queue(&planned, actions).await?;
             for expiry in &planned.expire {
                 self.expire(expiry).await?;
             }
-            Ok::<_, ManagerError>(())
+            Ok::<_, LookError>(())
         }
         .await;
         if let Err(err) = done {
@@ -307,7 +333,7 @@ impl Manager {
         &self,
         planned: &QueuePlan,
         actions: Vec<SyncAction<String, String>>,
-    ) -> Result<(), ManagerError> {
+    ) -> Result<(), LookError> {
         if actions.is_empty() {
             return Ok(());
         }
@@ -342,9 +368,7 @@ impl Manager {
                     .try_for_each(|key| queue.delete(key).map(|_| ()))
             })
             .await
-            .map_err(|err| {
-                ManagerError::BadRequest(format!("the queue's deletes stopped: {err}"))
-            })??;
+            .map_err(LookError::Deletes)??;
         }
         let mut state = lock(&self.cluster.state);
         state.queue_number = state.queue_number.max(planned.last_number);
@@ -387,142 +411,37 @@ impl Manager {
 
     /// Stops a request that waited past its `QueueTimeout`: a bare task with the reason in
     /// its history, a job as `cube job stop` does.
-    async fn expire(&self, expiry: &Expiry) -> Result<(), ManagerError> {
+    async fn expire(&self, expiry: &Expiry) -> Result<(), StoreError> {
         tracing::warn!(request = %expiry.id, kind = expiry.kind.name(), reason = %expiry.reason, "a request expired in the queue");
         match expiry.kind {
             RequestKind::Task => {
                 let Ok(id) = expiry.id.parse::<Uuid>() else {
                     return Ok(());
                 };
-                self.stop_tasks(
-                    &[id],
-                    Some(&format!("expired in the queue: {}", expiry.reason)),
-                )
-                .await?;
+                self.cluster
+                    .stop_tasks(
+                        &[id],
+                        Some(&format!("expired in the queue: {}", expiry.reason)),
+                    )
+                    .await?;
             }
-            RequestKind::Job => match self.stop_job(&expiry.id).await {
-                Ok(_) | Err(ManagerError::JobNotFound(_)) => {}
-                Err(err) => return Err(err),
-            },
+            // A job gone since is nothing to stop.
+            RequestKind::Job => {
+                self.records.stop(&expiry.id).await?;
+            }
         }
         Ok(())
-    }
-
-    // ----- the API's side -----
-
-    /// `GET /queue`: every entry in the queue's order, with its position and why it waits.
-    /// The entries are shared, not copied: the answer is written after the lock is let go.
-    pub fn queue(&self) -> Vec<ListedEntry> {
-        let state = lock(&self.cluster.state);
-        let hosts = hosts(&state);
-        in_order(&state.queue)
-            .into_iter()
-            .map(|(entry, position)| {
-                let waiting_for = (entry.state == QueueState::Waiting)
-                    .then(|| waiting_for(&state, &entry))
-                    .flatten();
-                ListedEntry {
-                    request: Submitted::of(&state, &entry),
-                    services: services_of(&state, &entry, &hosts),
-                    entry,
-                    position,
-                    waiting_for,
-                }
-            })
-            .collect()
-    }
-
-    /// A job's entry as `GET /queue` shows it, if it has one.
-    pub(crate) fn queue_entry_of_job(&self, name: &str) -> Option<QueueView> {
-        self.queue_view_of(&RequestKind::Job.key(name))
-    }
-
-    /// A task's entry as `GET /queue` shows it, if it has one.
-    pub fn queue_entry_of_task(&self, id: Uuid) -> Option<QueueView> {
-        self.queue_view_of(&RequestKind::Task.key(&id.to_string()))
-    }
-
-    fn queue_view_of(&self, key: &str) -> Option<QueueView> {
-        let state = lock(&self.cluster.state);
-        let entry = state.queue.get(key)?.clone();
-        let position = if entry.state == QueueState::Waiting {
-            in_order(&state.queue)
-                .into_iter()
-                .find(|(other, _)| other.key() == key)
-                .map_or(0, |(_, position)| position)
-        } else {
-            0
-        };
-        let waiting_for = (entry.state == QueueState::Waiting)
-            .then(|| waiting_for(&state, &entry))
-            .flatten();
-        let mut shown = (*entry).clone();
-        if let Some(submitted) = Submitted::of(&state, &entry) {
-            shown.request = submitted.value();
-        }
-        shown.services = services_of(&state, &entry, &hosts(&state));
-        Some(QueueView {
-            entry: shown,
-            position,
-            waiting_for,
-        })
-    }
-
-    /// `GET /services`: every claimed bare task, and every job group with a copy that runs
-    /// and is healthy, with those copies' addresses.
-    pub fn services(&self) -> Vec<ServiceView> {
-        let state = lock(&self.cluster.state);
-        let hosts = hosts(&state);
-        let mut services: Vec<ServiceView> = Vec::new();
-        for entry in state.queue.values() {
-            if entry.kind == RequestKind::Task && entry.state == QueueState::Claimed {
-                let endpoints = services_of(&state, entry, &hosts);
-                let name = endpoints
-                    .first()
-                    .map_or(entry.id.clone(), |endpoint| endpoint.name.clone());
-                services.push(ServiceView {
-                    name,
-                    kind: RequestKind::Task,
-                    job: String::new(),
-                    endpoints,
-                });
-            }
-        }
-        for record in state.jobs.values().filter(|record| !record.stopped) {
-            let tasks = state.cache.of_job(&record.job.name);
-            for group in &record.job.groups {
-                let endpoints: Vec<Endpoint> = tasks
-                    .iter()
-                    .filter(|task| task.spec.group == group.name)
-                    .filter(|task| task.spec.desired_state == State::Running && task.is_healthy())
-                    .map(|task| endpoint_of(task, &hosts))
-                    .collect();
-                if endpoints.is_empty() {
-                    continue;
-                }
-                let mut endpoints = endpoints;
-                endpoints.sort_by(|a, b| (&a.name, a.id).cmp(&(&b.name, b.id)));
-                services.push(ServiceView {
-                    name: format!("{}.{}", record.job.name, group.name),
-                    kind: RequestKind::Job,
-                    job: record.job.name.clone(),
-                    endpoints,
-                });
-            }
-        }
-        services.sort_by(|a, b| a.name.cmp(&b.name));
-        services
     }
 }
 
 /// The task a bare task's entry is for, while the manager holds it.
-fn task_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
+pub(crate) fn task_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<Arc<Task>> {
     let id = entry.id.parse::<Uuid>().ok()?;
     state.cache.shared(&id)
 }
 
 /// The tasks of an entry's request: the task itself, or the job's.
-fn tasks_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
+pub(crate) fn tasks_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Vec<Arc<Task>> {
     match entry.kind {
         RequestKind::Task => task_of(state, entry).into_iter().collect(),
         RequestKind::Job => state.cache.of_job(&entry.id),
@@ -530,7 +449,7 @@ fn tasks_of(state: &crate::cluster::Shared, entry: &QueueEntry) -> Vec<Arc<Task>
 }
 
 /// Each node's host, as its workers reach it (the host of its address).
-fn hosts(state: &crate::cluster::Shared) -> BTreeMap<String, String> {
+pub(crate) fn hosts(state: &crate::cluster::Shared) -> BTreeMap<String, String> {
     state
         .nodes
         .entries()
@@ -539,7 +458,7 @@ fn hosts(state: &crate::cluster::Shared) -> BTreeMap<String, String> {
 }
 
 /// Where a claimed entry's copies answer, read from its tasks now (an entry stores none).
-fn services_of(
+pub(crate) fn services_of(
     state: &crate::cluster::Shared,
     entry: &QueueEntry,
     hosts: &BTreeMap<String, String>,
@@ -553,7 +472,7 @@ fn services_of(
 }
 
 /// Why a waiting entry waits, in words: its tasks' `PendingReason`.
-fn waiting_for(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<String> {
+pub(crate) fn waiting_for(state: &crate::cluster::Shared, entry: &QueueEntry) -> Option<String> {
     let tasks = tasks_of(state, entry);
     let tasks: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
     Some(
@@ -576,7 +495,7 @@ fn queue_event_kind(before: Option<QueueState>, after: QueueState) -> &'static s
 
 /// The host of a node's `HOST:PORT` address (what its tasks' published ports are reached
 /// at).
-fn host_of(address: &str) -> String {
+pub(crate) fn host_of(address: &str) -> String {
     let address = address
         .strip_prefix("http://")
         .or_else(|| address.strip_prefix("https://"))
@@ -591,7 +510,7 @@ fn host_of(address: &str) -> String {
     }
 }
 
-fn endpoint_of(task: &Task, hosts: &BTreeMap<String, String>) -> Endpoint {
+pub(crate) fn endpoint_of(task: &Task, hosts: &BTreeMap<String, String>) -> Endpoint {
     let address = hosts
         .get(&task.status.node_name)
         .cloned()
@@ -602,6 +521,8 @@ fn endpoint_of(task: &Task, hosts: &BTreeMap<String, String>) -> Endpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manager::Manager;
+    use cube_types::State;
 
     #[test]
     fn a_node_address_gives_its_host() {
@@ -643,10 +564,13 @@ mod tests {
             ids.push(manager.accept_task(task, None).await.unwrap().id);
         }
         let mut writes = crate::cluster::Writes::default();
-        let placed = manager.placement_pass(&mut writes).unwrap();
+        let placed = manager
+            .placement_controller()
+            .placement_pass(&mut writes)
+            .unwrap();
         manager.cluster.settle(writes).await.unwrap();
         assert_eq!(placed.len(), 2, "two of 400 MiB fit in 1 GiB");
-        manager.look_at_queue().await.unwrap();
+        manager.queue_controller().look().await.unwrap();
         let queue = manager.queue();
         assert_eq!(queue.len(), 3);
         // The request is shown from the task itself, not copied into the stored entry.
@@ -672,9 +596,15 @@ mod tests {
         let revision = manager.store_revision().unwrap();
         for _ in 0..3 {
             let mut writes = crate::cluster::Writes::default();
-            assert!(manager.placement_pass(&mut writes).unwrap().is_empty());
+            assert!(
+                manager
+                    .placement_controller()
+                    .placement_pass(&mut writes)
+                    .unwrap()
+                    .is_empty()
+            );
             manager.cluster.settle(writes).await.unwrap();
-            manager.look_at_queue().await.unwrap();
+            manager.queue_controller().look().await.unwrap();
         }
         assert_eq!(
             manager.store_revision().unwrap(),
@@ -701,14 +631,14 @@ mod tests {
             .await
             .unwrap()
             .id;
-        manager.look_at_queue().await.unwrap();
+        manager.queue_controller().look().await.unwrap();
         // Another request after it: a look that reads it alone keeps the first's timeout.
         let patient = manager
             .accept_task(waiting("patient", None), None)
             .await
             .unwrap()
             .id;
-        let again = manager.look_at_queue().await.unwrap();
+        let again = manager.queue_controller().look().await.unwrap();
         assert!(
             matches!(again, Action::RequeueAfter(wait) if wait <= std::time::Duration::from_millis(320)),
             "the look comes back when the first timeout runs out: {again:?}"
@@ -723,7 +653,7 @@ mod tests {
                 .keys()
                 .is_empty()
         );
-        manager.look_at_queue().await.unwrap();
+        manager.queue_controller().look().await.unwrap();
         assert_eq!(state_of(impatient), Some(QueueState::Expired));
         assert_eq!(state_of(patient), Some(QueueState::Waiting));
         // The expired task ends as a failure, with the expiry as its error; a stop the user
@@ -759,9 +689,16 @@ mod tests {
             ids.push(manager.accept_task(task, None).await.unwrap().id);
         }
         let mut writes = crate::cluster::Writes::default();
-        assert_eq!(manager.placement_pass(&mut writes).unwrap().len(), 3);
+        assert_eq!(
+            manager
+                .placement_controller()
+                .placement_pass(&mut writes)
+                .unwrap()
+                .len(),
+            3
+        );
         manager.cluster.settle(writes).await.unwrap();
-        manager.look_at_queue().await.unwrap();
+        manager.queue_controller().look().await.unwrap();
         let claimed_before = |manager: &Manager| {
             manager
                 .queue()
@@ -790,7 +727,7 @@ mod tests {
                 vec![&RequestKind::Task.key(&running.to_string())]
             );
         }
-        manager.look_at_queue().await.unwrap();
+        manager.queue_controller().look().await.unwrap();
         assert_eq!(
             claimed_before(&manager),
             1,
@@ -798,7 +735,7 @@ mod tests {
         );
         // A look at every request finds nothing more to change.
         lock(&manager.cluster.state).queue_dirty.mark_everything();
-        let (_, actions) = manager.plan_queue();
+        let (_, actions) = manager.queue_controller().plan_queue();
         assert!(actions.is_empty(), "a whole look would change {actions:?}");
     }
 }
