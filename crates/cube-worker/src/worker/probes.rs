@@ -222,3 +222,68 @@ impl<R: Runtime> Worker<R> {
         self.runner.push(id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_are_counted_in_order_and_the_one_reaching_the_retries_makes_the_task_unhealthy() {
+        let mut task = Task::new("web", "img");
+        task.status.state = State::Running;
+        task.status.run.container_id = "c1".to_string();
+        let failed = |container: &str| ProbeOutcome {
+            container_id: container.to_string(),
+            result: Err("connection refused".to_string()),
+        };
+        let passed = ProbeOutcome {
+            container_id: "c1".to_string(),
+            result: Ok(()),
+        };
+        let retries = task.health_retries();
+        assert!(
+            retries >= 2,
+            "the test needs two failures below the retries"
+        );
+
+        let (changed, unhealthy) = count_probes(&mut task, vec![failed("c1")]);
+        assert!(changed && unhealthy.is_none());
+        assert_eq!(task.status.run.health_failures, 1);
+        assert!(
+            task.status
+                .run
+                .error
+                .as_deref()
+                .unwrap()
+                .starts_with("health check failed (1 of")
+        );
+
+        let (changed, unhealthy) =
+            count_probes(&mut task, vec![failed("an earlier run's"), passed]);
+        assert!(changed && unhealthy.is_none());
+        assert_eq!(task.status.run.health, Some(cube_types::Health::Healthy));
+        assert_eq!(task.status.run.health_failures, 0);
+        assert_eq!(task.status.run.error, None);
+
+        let (changed, _) = count_probes(
+            &mut task,
+            vec![ProbeOutcome {
+                container_id: "c1".to_string(),
+                result: Ok(()),
+            }],
+        );
+        assert!(!changed, "healthy again changes nothing");
+
+        let outcomes = (0..retries + 1).map(|_| failed("c1")).collect();
+        let (_, unhealthy) = count_probes(&mut task, outcomes);
+        let reason = unhealthy.expect("unhealthy");
+        assert!(
+            reason.starts_with(&format!(
+                "unhealthy: {retries} health checks failed in a row"
+            )),
+            "{reason}"
+        );
+        assert_eq!(task.status.run.health, Some(cube_types::Health::Unhealthy));
+        assert_eq!(task.status.run.health_failures, retries);
+    }
+}

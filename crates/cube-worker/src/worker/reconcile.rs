@@ -135,3 +135,220 @@ impl<R: Runtime> Worker<R> {
         self.fail(task, reason)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use cube_runtime::{
+        ContainerInfo, ContainerSpec, LABEL_NODE, LABEL_TASK_ID, RuntimeError, RuntimeEvent,
+    };
+    use cube_store::MemoryStore;
+    use cube_types::{Labels, Resources, State, TaskEvent};
+    use futures_util::StreamExt;
+    use futures_util::stream::BoxStream;
+    use tokio::sync::{Notify, Semaphore};
+
+    use super::*;
+    use crate::config::PodSettings;
+    use crate::stats::StatsCollector;
+    use crate::worker::WorkerConfig;
+
+    /// An engine in memory whose starts wait until the test lets them through, and which
+    /// notes whether a stop ever came while a start was under way.
+    struct EngineState {
+        containers: Mutex<HashMap<String, ContainerInfo>>,
+        /// A start takes a permit: none until the test adds one.
+        starts: Semaphore,
+        /// Notified when a start has begun (and waits for its permit).
+        start_begun: Notify,
+        starting: AtomicBool,
+        stopped_while_starting: AtomicBool,
+    }
+
+    impl Default for EngineState {
+        fn default() -> Self {
+            EngineState {
+                containers: Mutex::default(),
+                starts: Semaphore::new(0),
+                start_begun: Notify::new(),
+                starting: AtomicBool::new(false),
+                stopped_while_starting: AtomicBool::new(false),
+            }
+        }
+    }
+
+    #[derive(Clone, Default)]
+    struct GatedEngine(Arc<EngineState>);
+
+    impl std::ops::Deref for GatedEngine {
+        type Target = EngineState;
+        fn deref(&self) -> &EngineState {
+            &self.0
+        }
+    }
+
+    impl EngineState {
+        fn containers(&self) -> std::sync::MutexGuard<'_, HashMap<String, ContainerInfo>> {
+            self.containers.lock().unwrap()
+        }
+    }
+
+    impl Runtime for GatedEngine {
+        async fn ensure_image(&self, _image: &str) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+        async fn create(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
+            let info = ContainerInfo {
+                id: spec.name.clone(),
+                name: spec.name.clone(),
+                task_id: spec
+                    .labels
+                    .get(LABEL_TASK_ID)
+                    .and_then(|id| id.parse().ok()),
+                node: spec.labels.get(LABEL_NODE).cloned(),
+                ..ContainerInfo::default()
+            };
+            self.containers().insert(spec.name.clone(), info);
+            Ok(spec.name.clone())
+        }
+        async fn start(&self, container_id: &str) -> Result<(), RuntimeError> {
+            self.starting.store(true, Ordering::SeqCst);
+            self.start_begun.notify_one();
+            self.starts.acquire().await.unwrap().forget();
+            if let Some(info) = self.containers().get_mut(container_id) {
+                info.running = true;
+            }
+            self.starting.store(false, Ordering::SeqCst);
+            Ok(())
+        }
+        async fn stop(&self, container_id: &str, _timeout: Duration) -> Result<(), RuntimeError> {
+            if self.starting.load(Ordering::SeqCst) {
+                self.stopped_while_starting.store(true, Ordering::SeqCst);
+            }
+            if let Some(info) = self.containers().get_mut(container_id)
+                && info.running
+            {
+                info.running = false;
+                info.exit_code = Some(143);
+            }
+            Ok(())
+        }
+        async fn remove(&self, container_id: &str) -> Result<(), RuntimeError> {
+            self.containers().remove(container_id);
+            Ok(())
+        }
+        async fn inspect(&self, container_id: &str) -> Result<Option<ContainerInfo>, RuntimeError> {
+            Ok(self.containers().get(container_id).cloned())
+        }
+        async fn list_managed(&self, node: &str) -> Result<Vec<ContainerInfo>, RuntimeError> {
+            Ok(self
+                .containers()
+                .values()
+                .filter(|info| info.node.as_deref() == Some(node))
+                .cloned()
+                .collect())
+        }
+        fn events_since(
+            &self,
+            _node: &str,
+            _since_unix_secs: i64,
+        ) -> BoxStream<'static, Result<RuntimeEvent, RuntimeError>> {
+            futures_util::stream::pending().boxed()
+        }
+    }
+
+    fn worker(engine: GatedEngine, data_dir: &std::path::Path) -> Arc<Worker<GatedEngine>> {
+        let config = WorkerConfig {
+            name: "w1".to_string(),
+            address: "http://127.0.0.1:1".to_string(),
+            capacity: Resources {
+                cpu: 4.0,
+                memory: 1 << 30,
+                disk: 1 << 30,
+            },
+            stop_timeout: Duration::from_secs(1),
+            max_concurrent_operations: 4,
+            labels: Labels::default(),
+            pods: PodSettings::default(),
+        };
+        Worker::new(
+            config,
+            Arc::new(MemoryStore::new()),
+            engine,
+            StatsCollector::new(data_dir),
+        )
+    }
+
+    /// Waits (at most 10 s) until the task is in `state`.
+    async fn await_state(worker: &Worker<GatedEngine>, id: Uuid, state: State) -> Task {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut changes = worker.observed.subscribe();
+            let task = worker.task(id).unwrap();
+            if task.status.state == state {
+                return task;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "task still {} (error: {:?}), waited for {state}",
+                task.status.state,
+                task.status.run.error
+            );
+            let _ = tokio::time::timeout_at(deadline, changes.changed()).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_asked_during_a_start_is_carried_out_after_it_and_never_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = GatedEngine::default();
+        let worker = worker(engine.clone(), dir.path());
+        let shutdown = CancellationToken::new();
+        let reconciles = tokio::spawn(worker.clone().run_reconciles(shutdown.clone()));
+
+        let task = Task::new("web", "img");
+        let id = task.id;
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: cube_types::State::Running,
+            timestamp: None,
+            task,
+        };
+        worker.submit(event).await.unwrap();
+        engine.start_begun.notified().await;
+        // The start waits in the engine; the stop is recorded now and its reconcile waits
+        // for the start's.
+        let asked = worker.request_stop(id).await.unwrap();
+        assert_eq!(asked.spec.desired_state, State::Completed);
+        assert!(
+            worker.runner.is_running(&id),
+            "the start is still under way"
+        );
+        engine.starts.add_permits(1);
+
+        let stopped = await_state(&worker, id, State::Completed).await;
+        assert_eq!(
+            stopped.spec.desired_state,
+            State::Completed,
+            "the stop asked for is kept"
+        );
+        assert!(
+            !engine.stopped_while_starting.load(Ordering::SeqCst),
+            "the stop ran while the start was under way"
+        );
+        let container = engine
+            .containers()
+            .get(&stopped.status.run.container_id)
+            .cloned();
+        assert!(
+            container.is_some_and(|info| !info.running),
+            "the container is kept, stopped"
+        );
+        shutdown.cancel();
+        reconciles.await.unwrap();
+    }
+}
