@@ -316,6 +316,7 @@ impl<R: Runtime> Worker<R> {
             return Err(err);
         }
         self.runner.push(task.id);
+        self.unless_closing()?;
         Ok(Submitted::Created(task))
     }
 
@@ -350,6 +351,7 @@ impl<R: Runtime> Worker<R> {
         }
         // Of a task that ended, the reconcile makes sure that nothing of it still runs.
         self.runner.push(id);
+        self.unless_closing()?;
         Ok(task)
     }
 
@@ -444,6 +446,15 @@ impl<R: Runtime> Worker<R> {
                 info
             }),
         })
+    }
+
+    /// `ShuttingDown` once the worker stops: what was stored is carried out by the next
+    /// start's resync, not now, and the caller is told so (a manager sends it again).
+    fn unless_closing(&self) -> Result<(), WorkerError> {
+        if self.closing.is_cancelled() {
+            return Err(WorkerError::ShuttingDown);
+        }
+        Ok(())
     }
 
     /// The write lock of the task's stripe (see `Worker::writes`).
