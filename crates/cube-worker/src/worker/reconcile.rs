@@ -100,13 +100,37 @@ impl<R: Runtime> Worker<R> {
     /// What the engine says of the task's containers: a pod's each, or a single container's.
     async fn look(&self, task: &Task) -> Seen {
         if task.spec.pod.is_some() {
-            match self.pod_containers(task).await {
-                Ok(containers) => Seen::Pod(containers),
+            let mut containers = match self.pod_containers(task).await {
+                Ok(containers) => containers,
                 Err(err) => {
                     tracing::warn!(task = %task.id, error = %err, "cannot inspect a pod's container");
-                    Seen::Unanswered
+                    return Seen::Unanswered;
+                }
+            };
+            if task.status.state.is_terminal() {
+                // Of a pod that ended, every container labelled for it: a start cut short (the
+                // worker killed while it created the pod) leaves some its record never named.
+                let listed = match self.runtime.list_managed(&self.config.name).await {
+                    Ok(listed) => listed,
+                    Err(err) => {
+                        tracing::warn!(task = %task.id, error = %err, "cannot list a pod's containers");
+                        return Seen::Unanswered;
+                    }
+                };
+                for info in listed
+                    .into_iter()
+                    .filter(|info| info.task_id == Some(task.id))
+                {
+                    let named = containers.iter().any(|(_, _, known)| {
+                        known.as_ref().is_some_and(|known| known.id == info.id)
+                    });
+                    if !named {
+                        let service = info.pod_container.clone().unwrap_or_default();
+                        containers.push((service, false, Some(info)));
+                    }
                 }
             }
+            Seen::Pod(containers)
         } else {
             match self.find_container(task).await {
                 Ok(info) => Seen::Container(info),
