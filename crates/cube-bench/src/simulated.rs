@@ -310,7 +310,7 @@ pub(crate) async fn sim_workers(
             labels: Default::default(),
             pods: Default::default(),
         };
-        let (worker, commands) = Worker::new(
+        let worker = Worker::new(
             config,
             std::sync::Arc::new(MemoryStore::new()),
             SimulatedRuntime::default(),
@@ -330,7 +330,6 @@ pub(crate) async fn sim_workers(
         workers.spawn(async move {
             let served = cube_worker::run(
                 worker,
-                commands,
                 listener,
                 Some(heartbeat),
                 cube_api::ServeLimits::default(),

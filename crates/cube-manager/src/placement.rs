@@ -589,7 +589,7 @@ pub(crate) fn fits_nowhere_today(views: &[NodeView], tasks: &[(&Task, usize)]) -
         if *count == 0 {
             continue;
         }
-        if let Some(why) = fits_no_node_today(&TaskRequest::for_task(task), &views) {
+        if let Some(why) = fits_no_node_today(&TaskRequest::for_task(task), views) {
             // Among several, say which: a job's group, or the task.
             warnings.push(match (copies > 1, task.spec.group.as_str()) {
                 (false, _) => why,

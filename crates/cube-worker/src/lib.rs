@@ -29,14 +29,11 @@ use std::time::Duration;
 
 use cube_runtime::Runtime;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 pub use heartbeat::Heartbeat;
 pub use stats::StatsCollector;
-pub use worker::{
-    Command, RESYNC_INTERVAL, Submitted, TaskChanges, Worker, WorkerConfig, WorkerError,
-};
+pub use worker::{RESYNC_INTERVAL, Submitted, TaskChanges, Worker, WorkerConfig, WorkerError};
 
 /// The line `cube worker` prints on stdout once it listens. Tools that start a worker on port
 /// 0 (the tests, `cube-bench`) read the address back with
@@ -54,18 +51,13 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// its clients to `limits`.
 pub async fn run<R: Runtime>(
     worker: Arc<Worker<R>>,
-    commands: mpsc::Receiver<Command>,
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
     limits: cube_api::ServeLimits,
     tls: Option<Arc<tls::WorkerTls>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let dispatcher = tokio::spawn(worker.clone().run_dispatcher(
-        commands,
-        shutdown.clone(),
-        SHUTDOWN_GRACE,
-    ));
+    let reconciles = tokio::spawn(worker.clone().run_reconciles(shutdown.clone()));
     let watcher = tokio::spawn(worker.clone().run_event_watcher(shutdown.clone()));
     let sampler = {
         let worker = worker.clone();
@@ -110,7 +102,7 @@ pub async fn run<R: Runtime>(
     // The server also ends on an accept error; the loops must stop then too.
     shutdown.cancel();
     for (name, handle) in [
-        ("dispatcher", dispatcher),
+        ("reconciles", reconciles),
         ("event watcher", watcher),
         ("cpu sampler", sampler),
         ("health checks", health_checks),

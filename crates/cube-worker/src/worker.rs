@@ -1,16 +1,25 @@
 //! The worker's state and the operations on it.
 //!
 //! Desired state arrives through the API and is stored first (durably, with the persistent
-//! store) and then handed to the command queue; the dispatcher ([`Worker::run_dispatcher`])
-//! carries each command out at once, several tasks at a time, one operation per task at a
-//! time. Docker's events ([`Worker::run_event_watcher`]) turn a container's exit into a check
-//! of its task within milliseconds; a periodic resync catches whatever an event missed.
+//! store); then the task's ID is pushed to the reconcile (`worker/reconcile.rs`), which runs
+//! on the framework's `Runner` of task IDs: several tasks at a time, one reconcile per task
+//! at a time. A reconcile compares the stored task with its containers (`worker/decide.rs`,
+//! pure) and starts, stops or records. Docker's events (`worker/events.rs`) push a task
+//! within milliseconds of its container's exit; a periodic resync (`worker/resync.rs`)
+//! catches whatever an event missed; the health loop (`worker/probes.rs`) hands its probes'
+//! outcomes to the reconcile; the launch and the kill are `worker/launch.rs`.
+//!
+//! Who writes what of a record: the API writes a new task or run (`submit`) and the desired
+//! state (`request_stop`), each a read-modify-write under the task's write lock; the
+//! reconcile writes what the run shows, through [`Worker::save`], which keeps the desired
+//! state the API wrote meanwhile and writes nothing over a new run or a purge.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
+use cube_controller::runner::Runner;
 use cube_controller::store::{Change, ObservedStore};
 use cube_runtime::{
     ContainerInfo, EngineVersion, ExecSession, LogOptions, OutputChunk, Runtime, RuntimeError,
@@ -20,24 +29,26 @@ use cube_store::{Store, StoreError};
 use cube_types::{
     Health, Labels, NodeReport, Receiver, Resources, State, Task, TaskEvent, Transition,
 };
-use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::config::PodSettings;
-use crate::first_check::{self, FirstCheck, FirstChecks};
-use crate::health::{self, HealthSchedule};
+use crate::first_check::FirstChecks;
+use crate::health::HealthSchedule;
 use crate::metrics::{Metered, WorkerMetrics};
 use crate::room::Held;
 use crate::stats::{StatsCollector, StatsError};
 
-/// How many commands the queue holds before `POST /tasks` waits for room.
-const QUEUE_CAPACITY: usize = 1024;
-
+mod decide;
+mod events;
 mod launch;
+mod probes;
+mod reconcile;
+mod resync;
+
+/// How many locks the writes of task records are spread over (see `Worker::writes`).
+const WRITE_STRIPES: usize = 64;
 
 /// How often the worker compares its tasks with Docker even when no event said anything.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
@@ -47,34 +58,6 @@ pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// as it is answered, so it is rarely more than a few changes behind; each kept change holds
 /// the task's version before it (about 1 KB), so the log is kept short.
 const CHANGE_LOG_CAPACITY: usize = 1024;
-
-/// How long to wait before reconnecting to Docker's event stream after it ended.
-const EVENTS_RECONNECT_DELAY: Duration = Duration::from_secs(1);
-
-/// How far back a (re)connected event stream replays, so that an exit during the resync that
-/// follows a connection is not missed.
-const EVENTS_REPLAY_SECS: i64 = 5;
-
-/// What the worker is asked to do with one task. Every command is idempotent: it reads the
-/// task's current state and does only what is still missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Command {
-    /// Make the container run (create and start it, or adopt the one that exists).
-    Start(Uuid),
-    /// Stop the container (it is kept, stopped, with its output, until the task is purged);
-    /// the task becomes `Completed` unless it already ended.
-    Stop(Uuid),
-    /// Compare the task with its container (after an event or during a resync).
-    Check(Uuid),
-}
-
-impl Command {
-    fn task_id(self) -> Uuid {
-        match self {
-            Command::Start(id) | Command::Stop(id) | Command::Check(id) => id,
-        }
-    }
-}
 
 /// Settings that do not change while the worker runs.
 #[derive(Debug, Clone)]
@@ -141,20 +124,23 @@ pub enum TaskChanges {
     All(Vec<Arc<Task>>),
 }
 
-/// One worker: its tasks, its container runtime and its command queue.
+/// One worker: its tasks, its container runtime and the runner of its reconciles.
 pub struct Worker<R> {
     config: WorkerConfig,
     tasks: Arc<dyn Store<Task>>,
     /// The container engine, each call timed for `GET /metrics`.
     runtime: Metered<R>,
     stats: StatsCollector,
-    /// Sends commands to the dispatcher; bounded so that a flood of submissions waits
-    /// instead of growing memory without limit.
-    commands: mpsc::Sender<Command>,
-    /// One lock per task, so that a start, a stop and an exit check of the same task never
-    /// interleave. Async mutexes because they are held across calls to Docker; the map
-    /// itself is behind a `std` mutex held only to look a lock up.
-    task_locks: Mutex<HashMap<Uuid, Arc<tokio::sync::Mutex<()>>>>,
+    /// The reconcile's queue of task IDs (`worker/reconcile.rs`): one pending entry per task
+    /// (so at most one per task, whatever pushes), never two reconciles of one task at once.
+    runner: Runner<Uuid>,
+    /// Each read-modify-write of a task record holds the lock of its task's stripe, so that
+    /// the API's writes and the reconcile's never lose one another's. `std` mutexes held for
+    /// a read and a write of the store, never across an await; striped so that their number
+    /// stays fixed however many tasks come and go.
+    writes: [Mutex<()>; WRITE_STRIPES],
+    /// The health probes' outcomes, waiting for the reconcile to count them.
+    probe_outcomes: probes::ProbeOutcomes,
     /// Every task as last saved, numbered by change, so that a manager following this worker
     /// is sent what changed since it last asked (not every task), and a blocking `GET /tasks`
     /// answers the moment a task changes. Its index starts at the task store's index, which
@@ -182,15 +168,14 @@ pub struct Worker<R> {
 }
 
 impl<R: Runtime> Worker<R> {
-    /// A worker and the receiving end of its command queue, to hand to
-    /// [`Worker::run_dispatcher`].
+    /// A worker; [`Worker::run_reconciles`] carries out what it is asked.
     pub fn new(
         config: WorkerConfig,
         tasks: Arc<dyn Store<Task>>,
         runtime: R,
         stats: StatsCollector,
-    ) -> (Arc<Worker<R>>, mpsc::Receiver<Command>) {
-        let (commands, receiver) = mpsc::channel(QUEUE_CAPACITY);
+    ) -> Arc<Worker<R>> {
+        let runner = reconcile::runner_for(config.max_concurrent_operations);
         let (observed, held) = load_observed(tasks.as_ref());
         let metrics = WorkerMetrics::default();
         let worker = Worker {
@@ -198,8 +183,9 @@ impl<R: Runtime> Worker<R> {
             tasks,
             runtime: Metered::new(runtime, metrics.docker_calls.clone()),
             stats,
-            commands,
-            task_locks: Mutex::new(HashMap::new()),
+            runner,
+            writes: std::array::from_fn(|_| Mutex::new(())),
+            probe_outcomes: probes::ProbeOutcomes::default(),
             observed,
             held: Mutex::new(held),
             health: HealthSchedule::default(),
@@ -208,7 +194,7 @@ impl<R: Runtime> Worker<R> {
             engine: Mutex::new(None),
             closing: CancellationToken::new(),
         };
-        (Arc::new(worker), receiver)
+        Arc::new(worker)
     }
 
     pub fn name(&self) -> &str {
@@ -285,8 +271,7 @@ impl<R: Runtime> Worker<R> {
             .host_access
             .check(&task)
             .map_err(WorkerError::Refused)?;
-        let lock = self.lock_for(task.id);
-        let _guard = lock.lock().await;
+        let _write = self.write_lock(task.id);
         if let Some(current) = self.tasks.get(&task.id.to_string())? {
             let new_run = current.status.state.is_terminal()
                 && task.status.restart_count > current.status.restart_count;
@@ -326,15 +311,16 @@ impl<R: Runtime> Worker<R> {
                     self.config.name, task.name, task.id
                 ))
             })?;
-        if let Err(err) = self.save(&task) {
+        if let Err(err) = self.put(&task) {
             lock_held(&self.held).forget(task.id);
             return Err(err);
         }
-        self.send(Command::Start(task.id)).await?;
+        self.runner.push(task.id);
+        self.unless_closing()?;
         Ok(Submitted::Created(task))
     }
 
-    /// Records that the user wants the task stopped and queues the stop. Stopping a task
+    /// Records that the user wants the task stopped and has the reconcile stop it. Stopping a task
     /// that already ended changes nothing (its stopped container stays until the task is
     /// purged).
     pub async fn request_stop(&self, id: Uuid) -> Result<Task, WorkerError> {
@@ -349,8 +335,7 @@ impl<R: Runtime> Worker<R> {
         id: Uuid,
         run: Option<u32>,
     ) -> Result<Task, WorkerError> {
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
+        let _write = self.write_lock(id);
         let mut task = self
             .tasks
             .get(&id.to_string())?
@@ -362,9 +347,11 @@ impl<R: Runtime> Worker<R> {
         if !task.status.state.is_terminal() && task.spec.desired_state != State::Completed {
             checked_transition(&task, State::Completed)?;
             task.spec.desired_state = State::Completed;
-            self.save(&task)?;
+            self.put(&task)?;
         }
-        self.send(Command::Stop(id)).await?;
+        // Of a task that ended, the reconcile makes sure that nothing of it still runs.
+        self.runner.push(id);
+        self.unless_closing()?;
         Ok(task)
     }
 
@@ -461,10 +448,50 @@ impl<R: Runtime> Worker<R> {
         })
     }
 
-    /// Stores the task, then records it as observed, which wakes the blocking queries
-    /// waiting for a change. Callers hold the task's lock, so the two happen in the same
-    /// order for one task.
+    /// `ShuttingDown` once the worker stops: what was stored is carried out by the next
+    /// start's resync, not now, and the caller is told so (a manager sends it again).
+    fn unless_closing(&self) -> Result<(), WorkerError> {
+        if self.closing.is_cancelled() {
+            return Err(WorkerError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    /// The write lock of the task's stripe (see `Worker::writes`).
+    fn write_lock(&self, id: Uuid) -> std::sync::MutexGuard<'_, ()> {
+        let stripe = (id.as_u128() % WRITE_STRIPES as u128) as usize;
+        // Held for a read and a write of the store; nothing in between can panic half-way.
+        self.writes[stripe]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stores what the reconcile observed of a run (`task`, read before its calls to the
+    /// engine), over the record as it is now: with the desired state the record has (a stop
+    /// asked for meanwhile is kept, and carried out by the reconcile that follows), and not
+    /// at all when the task was purged meanwhile or sent anew (another `RestartCount`).
     fn save(&self, task: &Task) -> Result<(), WorkerError> {
+        let _write = self.write_lock(task.id);
+        let Some(current) = self.tasks.get(&task.id.to_string())? else {
+            tracing::debug!(task = %task.id, "removed meanwhile: not recorded");
+            return Ok(());
+        };
+        if current.status.restart_count != task.status.restart_count {
+            tracing::debug!(task = %task.id, run = task.status.restart_count, current = current.status.restart_count, "a new run arrived meanwhile: the old run's observation is not recorded");
+            return Ok(());
+        }
+        if current.spec.desired_state == task.spec.desired_state {
+            return self.put(task);
+        }
+        let mut merged = task.clone();
+        merged.spec.desired_state = current.spec.desired_state;
+        self.put(&merged)
+    }
+
+    /// Stores the task, then records it as observed, which wakes the blocking queries
+    /// waiting for a change. Callers hold the task's write lock, so the two happen in the
+    /// same order for one task.
+    fn put(&self, task: &Task) -> Result<(), WorkerError> {
         self.tasks.put(&task.id.to_string(), task)?;
         lock_held(&self.held).record(task);
         self.health.track(task);
@@ -475,21 +502,6 @@ impl<R: Runtime> Worker<R> {
     /// How many tasks are `Running`, as the worker last recorded them.
     pub fn running_task_count(&self) -> Result<usize, WorkerError> {
         Ok(lock_held(&self.held).running())
-    }
-
-    async fn send(&self, command: Command) -> Result<(), WorkerError> {
-        self.commands
-            .send(command)
-            .await
-            .map_err(|_| WorkerError::ShuttingDown)
-    }
-
-    fn lock_for(&self, id: Uuid) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .task_locks
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        locks.entry(id).or_default().clone()
     }
 
     // ----- output, commands and purges -----
@@ -614,8 +626,6 @@ impl<R: Runtime> Worker<R> {
     /// with them) and its record. A task that has not ended is refused: stop it first.
     /// Purging a task this worker does not have changes nothing.
     pub async fn purge(&self, id: Uuid) -> Result<(), WorkerError> {
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
         let Some(task) = self.tasks.get(&id.to_string())? else {
             return Ok(());
         };
@@ -636,9 +646,25 @@ impl<R: Runtime> Worker<R> {
                 .await
                 .map_err(|err| WorkerError::Runtime(err.to_string()))?;
         }
-        self.tasks.delete(&id.to_string())?;
-        lock_held(&self.held).forget(id);
-        self.observed.apply(Change::Delete(id));
+        {
+            let _write = self.write_lock(id);
+            // A new run sent while the containers were removed is kept (its record says so).
+            match self.tasks.get(&id.to_string())? {
+                Some(current)
+                    if current.status.state.is_terminal()
+                        && current.status.restart_count == task.status.restart_count => {}
+                Some(_) => {
+                    tracing::warn!(task = %id, "a new run arrived while the task was removed: kept");
+                    return Ok(());
+                }
+                None => return Ok(()),
+            }
+            self.tasks.delete(&id.to_string())?;
+            lock_held(&self.held).forget(id);
+            self.observed.apply(Change::Delete(id));
+        }
+        self.runner.forget(&id);
+        self.probe_outcomes.take(id);
         tracing::info!(task = %id, name = %task.name, "task removed with its containers");
         Ok(())
     }
@@ -667,364 +693,7 @@ impl<R: Runtime> Worker<R> {
         (counts, running, exited)
     }
 
-    // ----- the loops -----
-
-    /// Carries out commands as they arrive, up to `max_concurrent_operations` at once, until
-    /// `shutdown`; then lets the operations under way finish for at most `grace`. Commands
-    /// still queued are dropped: their desired state is in the store, and the next start's
-    /// resync picks them up.
-    pub async fn run_dispatcher(
-        self: Arc<Self>,
-        mut commands: mpsc::Receiver<Command>,
-        shutdown: CancellationToken,
-        grace: Duration,
-    ) {
-        let permits = Arc::new(Semaphore::new(self.config.max_concurrent_operations.max(1)));
-        let mut running = JoinSet::new();
-        loop {
-            let command = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                command = commands.recv() => match command {
-                    Some(command) => command,
-                    None => break,
-                },
-                // Reap finished operations so the set does not grow.
-                Some(_) = running.join_next(), if !running.is_empty() => continue,
-            };
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                permit = permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-            };
-            let worker = self.clone();
-            running.spawn(async move {
-                worker.execute(command).await;
-                drop(permit);
-            });
-        }
-        if tokio::time::timeout(grace, async {
-            while running.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
-        {
-            tracing::warn!(
-                count = running.len(),
-                "operations still under way after the grace period; abandoning them"
-            );
-            running.abort_all();
-        }
-        self.config.pods.plugins.shutdown();
-    }
-
-    /// Watches Docker's events for this node's containers until `shutdown`. Every
-    /// (re)connection is followed by a resync, and so is every [`RESYNC_INTERVAL`].
-    pub async fn run_event_watcher(self: Arc<Self>, shutdown: CancellationToken) {
-        loop {
-            let since = Utc::now().timestamp() - EVENTS_REPLAY_SECS;
-            let mut events = self.runtime.events_since(&self.config.name, since);
-            if let Err(err) = self.resync().await {
-                tracing::warn!(error = %err, "resync with Docker failed");
-            }
-            // The pod monitor's safety net: every task compared with its containers at this
-            // interval, whether or not an event said anything.
-            let mut resync = tokio::time::interval(self.config.pods.monitor_interval);
-            resync.tick().await; // The first tick is immediate; the resync just ran.
-            loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = resync.tick() => {
-                        if let Err(err) = self.resync().await {
-                            tracing::warn!(error = %err, "resync with Docker failed");
-                        }
-                    }
-                    event = events.next() => match event {
-                        Some(Ok(event)) => {
-                            if let Some(id) = event.task_id().filter(|_| launch::wakes_the_monitor(&event))
-                                && self.send(Command::Check(id)).await.is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Some(Err(err)) => {
-                            tracing::warn!(error = %err, "Docker event stream failed; reconnecting");
-                            break;
-                        }
-                        None => {
-                            tracing::warn!("Docker event stream ended; reconnecting");
-                            break;
-                        }
-                    },
-                }
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(EVENTS_RECONNECT_DELAY) => {}
-            }
-        }
-    }
-
-    /// Probes the health-checked running tasks when due, until `shutdown`.
-    pub async fn run_health_checks(self: Arc<Self>, shutdown: CancellationToken) {
-        let mut probes = JoinSet::new();
-        loop {
-            let next = self.health.next_due();
-            let wake = async {
-                match next {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                _ = self.health.added() => {}
-                _ = self.first_checks.added() => {
-                    for check in self.first_checks.take() {
-                        let worker = self.clone();
-                        probes.spawn(async move { worker.first_check(check).await });
-                    }
-                }
-                Some(_) = probes.join_next(), if !probes.is_empty() => {}
-                _ = wake => {
-                    for id in self.health.take_due(tokio::time::Instant::now()) {
-                        let worker = self.clone();
-                        probes.spawn(async move { worker.probe_once(id).await });
-                    }
-                }
-            }
-        }
-        probes.abort_all();
-    }
-
-    /// Runs a pod container's first health checks until one passes or Docker's own first
-    /// check is due (see `first_check.rs`); a pass has the pod monitor look again.
-    async fn first_check(&self, check: FirstCheck) {
-        let mut pause = first_check::FIRST_RETRY;
-        loop {
-            if tokio::time::Instant::now() >= check.until {
-                return;
-            }
-            match self.runtime.inspect(&check.container_id).await {
-                Ok(Some(info)) if info.running && info.health == Some(Health::Starting) => {}
-                // Ended, gone, or Docker has a verdict of its own.
-                _ => return,
-            }
-            if self.check_passes(&check).await {
-                tracing::debug!(task = %check.task_id, container = %check.container_id, "first health check passed");
-                self.first_checks.pass(&check.container_id);
-                let _ = self.send(Command::Check(check.task_id)).await;
-                return;
-            }
-            let left = check
-                .until
-                .saturating_duration_since(tokio::time::Instant::now());
-            tokio::select! {
-                _ = self.closing.cancelled() => return,
-                _ = tokio::time::sleep(pause.min(left)) => {}
-            }
-            pause = (pause * 2).min(first_check::MAX_RETRY);
-        }
-    }
-
-    /// Whether one run of the check's command exits with 0 within its timeout.
-    async fn check_passes(&self, check: &FirstCheck) -> bool {
-        let run = async {
-            let session = self
-                .runtime
-                .exec(&check.container_id, &check.command, false, false)
-                .await
-                .ok()?;
-            session.output.for_each(|_| async {}).await;
-            self.exec_exit_code(&session.exec_id).await
-        };
-        let bound = check.timeout.min(
-            check
-                .until
-                .saturating_duration_since(tokio::time::Instant::now()),
-        );
-        matches!(tokio::time::timeout(bound, run).await, Ok(Some(0)))
-    }
-
-    async fn probe_once(&self, id: Uuid) {
-        let task = match self.tasks.get(&id.to_string()) {
-            Ok(Some(task)) => task,
-            Ok(None) => return,
-            Err(err) => {
-                tracing::warn!(task = %id, error = %err, "cannot read a task to probe it");
-                self.health
-                    .reschedule(id, tokio::time::Instant::now() + health::RETRY_AFTER_ERROR);
-                return;
-            }
-        };
-        // The container's process, whose network namespace the probe enters; asked now, as
-        // the process of a container that was restarted outside Cube is another.
-        let pid = match self.runtime.inspect(&task.status.run.container_id).await {
-            Ok(info) => info.and_then(|info| info.pid),
-            Err(err) => {
-                tracing::warn!(task = %id, error = %err, "cannot inspect a container to probe it");
-                self.health
-                    .reschedule(id, tokio::time::Instant::now() + health::RETRY_AFTER_ERROR);
-                return;
-            }
-        };
-        let result = health::probe(&task, pid).await;
-        self.metrics.probe(result.is_ok());
-        self.health
-            .reschedule(id, tokio::time::Instant::now() + task.health_interval());
-        if let Err(err) = self
-            .record_probe(id, &task.status.run.container_id, result)
-            .await
-        {
-            tracing::error!(task = %id, error = %err, "cannot record a health check");
-        }
-    }
-
-    /// Records a probe's outcome. Enough failures in a row make the task unhealthy: its
-    /// container is stopped and the task is `Failed` with the reason.
-    async fn record_probe(
-        &self,
-        id: Uuid,
-        probed_container: &str,
-        result: Result<(), String>,
-    ) -> Result<(), WorkerError> {
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        let Some(mut task) = self.tasks.get(&id.to_string())? else {
-            return Ok(());
-        };
-        if task.status.state != State::Running || task.status.run.container_id != probed_container {
-            return Ok(()); // the run that was probed has ended meanwhile
-        }
-        let reason = match result {
-            Ok(()) => {
-                if task.status.run.health != Some(Health::Healthy)
-                    || task.status.run.health_failures != 0
-                {
-                    if task.status.run.health_failures != 0 {
-                        task.status.run.error = None;
-                    }
-                    task.status.run.health = Some(Health::Healthy);
-                    task.status.run.health_failures = 0;
-                    self.save(&task)?;
-                }
-                return Ok(());
-            }
-            Err(reason) => reason,
-        };
-        task.status.run.health_failures += 1;
-        let retries = task.health_retries();
-        if task.status.run.health_failures < retries {
-            task.status.run.error = Some(format!(
-                "health check failed ({} of {retries}): {reason}",
-                task.status.run.health_failures
-            ));
-            self.save(&task)?;
-            return Ok(());
-        }
-        let reason = format!(
-            "unhealthy: {} health checks failed in a row; the last: {reason}",
-            task.status.run.health_failures
-        );
-        tracing::warn!(task = %id, name = %task.name, %reason, "stopping an unhealthy task");
-        task.status.run.health = Some(Health::Unhealthy);
-        if let Err(err) = self
-            .runtime
-            .stop(&task.status.run.container_id, self.config.stop_timeout)
-            .await
-        {
-            tracing::warn!(task = %id, error = %err, "cannot stop the unhealthy container");
-        }
-        if let Ok(Some(info)) = self.runtime.inspect(&task.status.run.container_id).await {
-            task.status.run.exit_code = info.exit_code;
-            task.status.run.finish_time = info.finished_at;
-        }
-        self.fail(task, reason)
-    }
-
-    /// Compares every task with the containers Docker has for this node: queues the starts,
-    /// stops and checks that are due, and removes containers that no task owns.
-    pub async fn resync(&self) -> Result<(), WorkerError> {
-        // Containers first, then tasks: a task is stored before its container is created,
-        // so every container listed here has its task in the list read after it.
-        let containers = match self.runtime.list_managed(&self.config.name).await {
-            Ok(containers) => containers,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot list containers");
-                return Ok(());
-            }
-        };
-        let tasks = self.tasks.list()?;
-        let known: HashSet<Uuid> = tasks.iter().map(|task| task.id).collect();
-        for task in &tasks {
-            self.health.track(task);
-            let command = match (task.status.state, task.spec.desired_state) {
-                (state, State::Completed) if !state.is_terminal() => Some(Command::Stop(task.id)),
-                (State::Scheduled, _) => Some(Command::Start(task.id)),
-                (State::Running | State::Lost, _) => Some(Command::Check(task.id)),
-                _ => None,
-            };
-            if let Some(command) = command {
-                self.send(command).await?;
-            }
-        }
-        for orphan in containers
-            .iter()
-            .filter(|c| !c.task_id.is_some_and(|id| known.contains(&id)))
-        {
-            tracing::warn!(container = %orphan.id, "removing a container labelled for this node that no task owns");
-            if let Err(err) = self.runtime.remove(&orphan.id).await {
-                tracing::warn!(container = %orphan.id, error = %err, "cannot remove orphaned container");
-            }
-        }
-        // A task that has ended runs nothing. A container may start after its task's stop
-        // all the same: the start a worker asked for just before it was killed goes on in
-        // the engine. (Listed before the tasks were read: a new run of the task, stored
-        // before its container is made, would not read as ended here.)
-        let ended: HashSet<Uuid> = tasks
-            .iter()
-            .filter(|task| task.status.state.is_terminal())
-            .map(|task| task.id)
-            .collect();
-        for stray in containers
-            .iter()
-            .filter(|c| c.running && c.task_id.is_some_and(|id| ended.contains(&id)))
-        {
-            tracing::warn!(container = %stray.id, task = ?stray.task_id, "stopping a container that runs for a task that has ended");
-            if let Err(err) = self.runtime.stop(&stray.id, self.config.stop_timeout).await {
-                tracing::warn!(container = %stray.id, error = %err, "cannot stop the container of an ended task");
-            }
-        }
-        Ok(())
-    }
-
-    // ----- carrying commands out -----
-
-    async fn execute(&self, command: Command) {
-        let id = command.task_id();
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        let result = match self.tasks.get(&id.to_string()) {
-            Ok(Some(task)) => match command {
-                Command::Start(_) => self.start(task).await,
-                // A stop is for the run that was asked to stop. One queued before the manager
-                // sent a new run of the task (its node was away, and the old run was stopped
-                // there as a stray) finds the new run, which is wanted: it is dropped.
-                Command::Stop(_) if task.spec.desired_state != State::Completed => {
-                    tracing::debug!(task = %id, "a stop of an earlier run dropped: the task runs anew");
-                    Ok(())
-                }
-                Command::Stop(_) => self.stop(task).await,
-                Command::Check(_) => self.check(task).await,
-            },
-            Ok(None) => Ok(()),
-            Err(err) => Err(err.into()),
-        };
-        if let Err(err) = result {
-            tracing::error!(task = %id, ?command, error = %err, "command failed");
-        }
-    }
+    // ----- what the reconcile records -----
 
     /// Removes the containers of the task's earlier runs on this node: every container
     /// labelled with the task but not the current run's (recorded in `task`).
@@ -1044,30 +713,6 @@ impl<R: Runtime> Worker<R> {
             }
         }
         Ok(())
-    }
-
-    /// Brings a task's observed state in line with its container after an event or a resync.
-    async fn check(&self, task: Task) -> Result<(), WorkerError> {
-        if task.spec.desired_state == State::Completed && !task.status.state.is_terminal() {
-            return self.stop(task).await;
-        }
-        if !matches!(task.status.state, State::Running | State::Lost) {
-            return Ok(());
-        }
-        if task.spec.pod.is_some() {
-            return self.check_pod(task).await;
-        }
-        match self.find_container(&task).await {
-            Ok(Some(info)) => self.observe(task, info),
-            Ok(None) => {
-                let container = task.status.run.container_id.clone();
-                self.fail(task, format!("container {container} disappeared (removed outside Cube, or while the worker was down)"))
-            }
-            Err(err) => {
-                tracing::warn!(task = %task.id, error = %err, "cannot inspect the container");
-                Ok(())
-            }
-        }
     }
 
     /// The task's container: by the ID recorded, else by the name derived from the task and
@@ -1232,6 +877,7 @@ mod tests {
 
     use cube_runtime::{ContainerSpec, RuntimeEvent};
     use cube_store::{PersistentDb, PersistentStore};
+    use futures_util::StreamExt;
     use futures_util::stream::BoxStream;
 
     use super::*;
@@ -1277,9 +923,9 @@ mod tests {
         }
     }
 
-    /// A worker on the redb file at `path`, and its command queue (kept so that commands can
-    /// be queued; nothing carries them out).
-    fn worker_on(path: &Path) -> (Arc<Worker<NoRuntime>>, mpsc::Receiver<Command>) {
+    /// A worker on the redb file at `path` whose reconciles do not run (nothing carries out
+    /// what it is asked).
+    fn worker_on(path: &Path) -> Arc<Worker<NoRuntime>> {
         let db = PersistentDb::open(path).unwrap();
         let tasks = Arc::new(PersistentStore::<Task>::new(db, "tasks").unwrap());
         let config = WorkerConfig {
@@ -1321,7 +967,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("worker.redb");
 
-        let (worker, commands) = worker_on(&path);
+        let worker = worker_on(&path);
         assert!(worker.observed.is_synced());
         let first = submit(&worker, "first").await;
         let before_second = worker.change_index();
@@ -1335,9 +981,9 @@ mod tests {
         );
         assert_eq!(last_index, worker.change_index());
         assert_eq!(since(&worker, last_index), (Some(vec![]), last_index));
-        drop((worker, commands));
+        drop(worker);
 
-        let (worker, _commands) = worker_on(&path);
+        let worker = worker_on(&path);
         assert!(worker.observed.is_synced());
         assert_eq!(worker.running_task_count().unwrap(), 0);
         assert_eq!(
@@ -1371,7 +1017,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_blocking_query_answers_when_a_task_changes() {
         let dir = tempfile::tempdir().unwrap();
-        let (worker, _commands) = worker_on(&dir.path().join("worker.redb"));
+        let worker = worker_on(&dir.path().join("worker.redb"));
         let id = submit(&worker, "t").await;
         let index = worker.change_index();
         let started = tokio::time::Instant::now();

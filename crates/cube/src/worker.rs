@@ -13,9 +13,8 @@ use cube_types::node::parse_label;
 use cube_types::size::parse_size;
 use cube_types::{Labels, Resources, Task};
 use cube_worker::config::ConfigFile;
-use cube_worker::{Command, Heartbeat, StatsCollector, Worker, WorkerConfig};
+use cube_worker::{Heartbeat, StatsCollector, Worker, WorkerConfig};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
@@ -197,7 +196,6 @@ fn parse_cores(text: &str) -> Result<f64, String> {
 /// A worker built and bound, ready to run.
 pub struct PreparedWorker {
     worker: Arc<Worker<DockerRuntime>>,
-    commands: mpsc::Receiver<Command>,
     listener: TcpListener,
     heartbeat: Option<Heartbeat>,
     /// What the API holds its clients to.
@@ -377,14 +375,13 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
         labels,
         pods,
     };
-    let (worker, commands) = Worker::new(config, tasks, runtime, stats);
+    let worker = Worker::new(config, tasks, runtime, stats);
     let mut listening_line = cube_worker::listening_line(&name, address, &stores.description);
     if tls.is_some() {
         listening_line = listening_line.replacen("http://", "https://", 1);
     }
     Ok(PreparedWorker {
         worker,
-        commands,
         listener,
         limits,
         heartbeat: (!managers.is_empty()).then(|| Heartbeat {
@@ -404,7 +401,6 @@ impl PreparedWorker {
         let serving = async {
             cube_worker::run(
                 self.worker,
-                self.commands,
                 self.listener,
                 self.heartbeat,
                 self.limits,

@@ -21,6 +21,7 @@ use cube_types::pod::{Condition, ContainerStatus, INFRA};
 use cube_types::{Health, State, Task};
 use futures_util::StreamExt;
 
+use super::decide::PodContainers;
 use super::{Worker, WorkerError};
 use crate::first_check::FirstCheck;
 use crate::plugin::{LaunchPlan, PlannedContainer};
@@ -580,37 +581,25 @@ impl<R: Runtime> Worker<R> {
         Ok(self.task(task.id).unwrap_or(task))
     }
 
-    /// The pod monitor's look at a running pod: each container inspected, the verdict
-    /// recorded.
-    pub(super) async fn check_pod(&self, task: Task) -> Result<(), WorkerError> {
+    /// The pod monitor's look at a pod: each container its record names, inspected (with
+    /// Cube's first health checks counted).
+    pub(super) async fn pod_containers(&self, task: &Task) -> Result<PodContainers, RuntimeError> {
         let mut containers = Vec::with_capacity(task.status.run.containers.len());
         for status in &task.status.run.containers {
             let info = if status.container_id.is_empty() {
                 None
             } else {
-                match self.inspect_counted(&status.container_id).await {
-                    Ok(info) => info,
-                    Err(err) => {
-                        tracing::warn!(task = %task.id, error = %err, "cannot inspect a pod's container");
-                        return Ok(());
-                    }
-                }
+                self.inspect_counted(&status.container_id).await?
             };
             containers.push((status.name.clone(), status.name == INFRA, info));
         }
-        if containers.is_empty() {
-            return self.fail(
-                task,
-                "the pod's containers are not known on this node".to_string(),
-            );
-        }
-        self.record_pod(task, &containers).await
+        Ok(containers)
     }
 
     /// Records the monitor's verdict: a running pod's containers and health, or, for a pod
     /// that ended, the rest of it brought down and the task `Completed` or `Failed` with
     /// which container and why.
-    async fn record_pod(
+    pub(super) async fn record_pod(
         &self,
         mut task: Task,
         containers: &[(String, bool, Option<ContainerInfo>)],
