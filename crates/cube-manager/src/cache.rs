@@ -2,7 +2,7 @@
 //!
 //! The store is the truth; this cache mirrors it so that reads, placements and observations
 //! never decode the store. Every write is queued to the store and applied here under one
-//! lock (see `Manager::save`), and nothing is acknowledged or acted on before the write is
+//! lock (see `Cluster::save`), and nothing is acknowledged or acted on before the write is
 //! durable; a write that fails puts the store's version back here.
 //!
 //! Each task is held once, behind an `Arc`, in one map by ID; the rest of the cache is

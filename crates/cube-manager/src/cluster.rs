@@ -639,7 +639,7 @@ impl Cluster {
     }
 
     /// Applies a task to the cache and, when that changed it, publishes the change: every
-    /// write of a task to the cache goes through here (or [`Manager::reload`]).
+    /// write of a task to the cache goes through here (or [`Cluster::reload_task`]).
     fn cache_task(&self, state: &mut Shared, task: Task) {
         let id = task.id;
         state.queue_dirty.mark_task(&task);

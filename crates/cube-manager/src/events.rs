@@ -3,7 +3,7 @@
 //! `GET /tasks`, `/jobs` and `/nodes`).
 //!
 //! An event is published under the manager's state lock, where its change is applied to the
-//! cache (`Manager::save`, the node registry, the job records), so events come in the order of
+//! cache (`Cluster::save`, the node registry, the job records), so events come in the order of
 //! the changes. Publishing numbers the event, keeps it in a bounded window (the last
 //! [`WINDOW`] events) and sends it on a tokio `broadcast` channel of [`CHANNEL`] slots: a
 //! send never waits for a receiver, and a receiver that falls more than the channel behind
@@ -16,7 +16,7 @@
 //! as everything else does.)
 //!
 //! An event is published before the write behind it is durable, like the cache it mirrors
-//! (`Manager::save`): a write that fails puts the store's version back, and that is one more
+//! (`Cluster::save`): a write that fails puts the store's version back, and that is one more
 //! event. A task's event holds the task behind the cache's own `Arc`, so publishing one costs
 //! a reference count, and is written as JSON once, by the first subscriber that sends it.
 //!
@@ -94,7 +94,7 @@ impl std::fmt::Display for Topic {
 
 /// What an event carries as its `Object`.
 pub(crate) enum Payload {
-    /// Any object, as given to [`Manager::publish`].
+    /// Any object, as given to [`Cluster::publish`].
     Value(serde_json::Value),
     /// A task, the cache's own; written without its `History`.
     Task(Arc<Task>),

@@ -17,15 +17,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use cube_api::ClientError;
+use cube_store::StoreError;
 use cube_types::job::{JobRecord, JobType};
 use cube_types::{NodeStatus, State, Task};
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::cluster::lock;
+use crate::cluster::{Cluster, lock};
 use crate::events::{Payload, Topic};
+use crate::job_records::JobRecords;
 use crate::jobs::is_live;
-use crate::manager::{Manager, ManagerError};
 
 /// Why a task may not be removed now, in words; `None` when it may.
 pub fn removable(task: &Task, job: Option<&JobRecord>) -> Option<String> {
@@ -94,26 +96,45 @@ pub struct PrunedTask {
     pub node_name: String,
 }
 
-impl Manager {
-    /// `DELETE /tasks/{id}?purge=true`: removes an ended task now, with its container.
-    pub async fn remove_task(&self, id: Uuid) -> Result<Task, ManagerError> {
-        let task = {
-            let state = lock(&self.cluster.state);
-            let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
-            let job = state.jobs.get(&task.spec.job).map(|record| &**record);
-            if let Some(why) = removable(task, job) {
-                return Err(ManagerError::Conflict(why));
-            }
-            task.clone()
-        };
-        self.purge(&task).await?;
-        Ok(task)
+/// Why a task could not be removed now (nothing was removed; a later try may).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RemoveError {
+    /// Its worker could not be asked to remove its containers, or the removal stopped.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The garbage collector (see the module comment).
+///
+/// | reads | woken by | writes |
+/// |---|---|---|
+/// | the ended tasks, the stopped jobs | a tick, every quarter of `--gc-after` (500 ms–1 min); `cube rm`, `cube prune` | purges on the tasks' workers, then the tasks forgotten (`Removed`); stopped jobs left without tasks removed (`JobRemoved`) |
+pub(crate) struct GarbageCollector {
+    cluster: Arc<Cluster>,
+    records: Arc<JobRecords>,
+    /// `--gc-after`.
+    after: Duration,
+}
+
+impl GarbageCollector {
+    pub(crate) fn new(
+        cluster: Arc<Cluster>,
+        records: Arc<JobRecords>,
+        after: Duration,
+    ) -> GarbageCollector {
+        GarbageCollector {
+            cluster,
+            records,
+            after,
+        }
     }
 
     /// `POST /tasks/prune` (`older_than` none) and the garbage collector (`--gc-after`):
     /// removes every task that may be removed and ended at least `older_than` ago, then the
     /// stopped jobs left without tasks (`older_than` after they were submitted).
-    pub async fn prune(&self, older_than: Duration) -> Pruned {
+    pub(crate) async fn prune(&self, older_than: Duration) -> Pruned {
         let now = Utc::now();
         let older_than = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
         let due: Vec<Task> = {
@@ -157,7 +178,7 @@ impl Manager {
     /// Removes the stopped jobs that have no task left and were submitted at least
     /// `older_than` ago: their record, their versions and their last deployment.
     async fn prune_jobs(&self, now: DateTime<Utc>, older_than: chrono::Duration) -> Vec<String> {
-        let _writing = self.job_records.hold().await;
+        let _writing = self.records.hold().await;
         let due: Vec<String> = {
             let state = lock(&self.cluster.state);
             state
@@ -217,7 +238,7 @@ impl Manager {
     /// Removes one task: its worker forgets it and removes its containers (a node that is
     /// `Down` or gone is skipped: its worker purges what the manager no longer knows when it
     /// next reports), then it is forgotten here, durably.
-    async fn purge(&self, task: &Task) -> Result<(), ManagerError> {
+    pub(crate) async fn purge(&self, task: &Task) -> Result<(), RemoveError> {
         let client = {
             let state = lock(&self.cluster.state);
             state.nodes.get(&task.status.node_name).and_then(|entry| {
@@ -234,7 +255,7 @@ impl Manager {
                 Ok(()) => {}
                 Err(ClientError::Status { status, .. }) if status.as_u16() == 404 => {}
                 Err(err) => {
-                    return Err(ManagerError::Unavailable(format!(
+                    return Err(RemoveError::Unavailable(format!(
                         "cannot remove task {}'s container on node {}: {}; nothing was removed, \
                          try again",
                         task.name,
@@ -249,7 +270,7 @@ impl Manager {
 
     /// Forgets a task here: out of the cache (with a `Removed` event), then out of the store,
     /// durably; put back when the store could not delete it.
-    async fn forget(&self, id: Uuid) -> Result<(), ManagerError> {
+    async fn forget(&self, id: Uuid) -> Result<(), RemoveError> {
         {
             let mut state = lock(&self.cluster.state);
             let Some(removed) = state.cache.remove(&id) else {
@@ -279,7 +300,7 @@ impl Manager {
             }
             Err(err) => {
                 self.cluster.reload_task(id);
-                Err(ManagerError::Unavailable(format!(
+                Err(RemoveError::Unavailable(format!(
                     "the removal of task {id} stopped: {err}"
                 )))
             }
@@ -287,20 +308,19 @@ impl Manager {
     }
 
     /// Removes what ended `--gc-after` ago, every quarter of that (between 500 ms and 1
-    /// minute), until shutdown.
-    pub(crate) async fn run_gc(self: Arc<Self>) {
-        let every =
-            (self.config.gc_after / 4).clamp(Duration::from_millis(500), Duration::from_secs(60));
+    /// minute), until `shutdown`.
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
+        let every = (self.after / 4).clamp(Duration::from_millis(500), Duration::from_secs(60));
         let mut ticks = tokio::time::interval(every);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = self.shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return,
                 _ = ticks.tick() => {}
             }
             let pruned = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                pruned = self.prune(self.config.gc_after) => pruned,
+                _ = shutdown.cancelled() => return,
+                pruned = self.prune(self.after) => pruned,
             };
             for error in pruned.errors {
                 tracing::debug!(%error, "not removed yet; the next pass tries again");
@@ -349,5 +369,60 @@ mod tests {
         let mut stopped = record.clone();
         stopped.stopped = true;
         assert!(removable(&copy, Some(&stopped)).is_none());
+    }
+}
+
+#[cfg(test)]
+mod collector_tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use chrono::Utc;
+    use cube_types::{State, Task};
+
+    use super::GarbageCollector;
+    use crate::cluster::{ManagerStores, cluster_for_tests, lock};
+    use crate::job_records::JobRecords;
+
+    #[tokio::test]
+    async fn what_ended_long_enough_ago_goes_and_what_runs_or_ended_lately_stays() {
+        // No `Manager`, and no node: nothing is asked of a worker (none is known).
+        let stores = ManagerStores::in_memory();
+        let task = |name: &str, state: State, ended_ago: Option<chrono::Duration>| {
+            let mut task = Task::new(name, "cube-sample:latest");
+            task.status.state = state;
+            task.status.run.finish_time = ended_ago.map(|ago| Utc::now() - ago);
+            stores
+                .tasks
+                .put(&task.id.to_string(), &task)
+                .expect("stored");
+            task.id
+        };
+        let old = task("old", State::Completed, Some(chrono::Duration::hours(2)));
+        let recent = task(
+            "recent",
+            State::Completed,
+            Some(chrono::Duration::seconds(1)),
+        );
+        let running = task("running", State::Running, None);
+        let cluster = cluster_for_tests(stores, Duration::from_secs(60));
+        let collector = GarbageCollector::new(
+            cluster.clone(),
+            Arc::new(JobRecords::new(cluster.clone())),
+            Duration::from_secs(3600),
+        );
+
+        let pruned = collector.prune(Duration::from_secs(3600)).await;
+        assert!(pruned.errors.is_empty(), "{:?}", pruned.errors);
+        let names: Vec<&str> = pruned.tasks.iter().map(|task| task.name.as_str()).collect();
+        assert_eq!(names, vec!["old"]);
+        let stored = |id: uuid::Uuid| cluster.stores.tasks.get(&id.to_string()).expect("a read");
+        assert!(stored(old).is_none(), "the store forgot it");
+        assert!(
+            lock(&cluster.state).cache.get(&old).is_none(),
+            "so did the cache"
+        );
+        assert!(stored(recent).is_some());
+        assert!(stored(running).is_some());
     }
 }

@@ -132,6 +132,15 @@ impl From<crate::job_controller::ConvergeError> for ManagerError {
     }
 }
 
+impl From<crate::gc::RemoveError> for ManagerError {
+    fn from(err: crate::gc::RemoveError) -> Self {
+        match err {
+            crate::gc::RemoveError::Unavailable(message) => ManagerError::Unavailable(message),
+            crate::gc::RemoveError::Store(err) => ManagerError::Store(err),
+        }
+    }
+}
+
 impl From<crate::cluster::NodeUpdateError> for ManagerError {
     fn from(err: crate::cluster::NodeUpdateError) -> Self {
         match err {
@@ -587,6 +596,38 @@ impl Manager {
         Ok(crate::placement::explain(task, &views))
     }
 
+    // ----- removals -----
+
+    /// `DELETE /tasks/{id}?purge=true`: removes an ended task now, with its container.
+    pub async fn remove_task(&self, id: Uuid) -> Result<Task, ManagerError> {
+        let task = {
+            let state = lock(&self.cluster.state);
+            let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
+            let job = state.jobs.get(&task.spec.job).map(|record| &**record);
+            if let Some(why) = crate::gc::removable(task, job) {
+                return Err(ManagerError::Conflict(why));
+            }
+            task.clone()
+        };
+        self.garbage_collector().purge(&task).await?;
+        Ok(task)
+    }
+
+    /// `POST /tasks/prune`: removes now every task that may be removed (and the stopped jobs
+    /// left without tasks) that ended at least `older_than` ago.
+    pub async fn prune(&self, older_than: Duration) -> crate::gc::Pruned {
+        self.garbage_collector().prune(older_than).await
+    }
+
+    /// The garbage collector, with the manager's `--gc-after`.
+    pub(crate) fn garbage_collector(&self) -> crate::gc::GarbageCollector {
+        crate::gc::GarbageCollector::new(
+            self.cluster.clone(),
+            self.job_records.clone(),
+            self.config.gc_after,
+        )
+    }
+
     // ----- the loops -----
 
     /// The queue controller.
@@ -625,7 +666,7 @@ impl Manager {
         loops.spawn(resync.run(self.shutdown.clone()));
         let liveness = crate::liveness::Liveness::new(self.cluster.clone());
         loops.spawn(liveness.run(self.shutdown.clone()));
-        loops.spawn(self.clone().run_gc());
+        loops.spawn(self.garbage_collector().run(self.shutdown.clone()));
         for address in self.config.static_workers.clone() {
             loops.spawn(self.clone().poll_static_worker(address));
         }

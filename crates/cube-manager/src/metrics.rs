@@ -3,7 +3,7 @@
 //!
 //! Counters and histograms are updated where things happen: a placement or a failed one
 //! (`placement.rs`), a reconcile (the task and job controllers), a wait for the store
-//! (`Manager::settle`), an HTTP request (the API's layer). Gauges (tasks by state, jobs,
+//! (`Cluster::settle`), an HTTP request (the API's layer). Gauges (tasks by state, jobs,
 //! nodes and every figure `cube node` shows, the queue, the followers' lag) are read from the
 //! manager's state when scraped, under one short hold of its lock. Nothing here decides
 //! anything.
