@@ -158,9 +158,7 @@ impl Manager {
             failed
         };
         self.cluster.settle(writes).await?;
-        if let Some(follower) = lock(&self.followers).remove(name) {
-            follower.cancel();
-        }
+        self.followers.stop_following(name);
         let nodes = self.cluster.stores.nodes.clone();
         let key = name.to_string();
         tokio::task::spawn_blocking(move || nodes.delete(&key))

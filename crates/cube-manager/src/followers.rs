@@ -5,29 +5,67 @@
 //! is stopped there. Static (`-w`) workers are polled for their node report instead of
 //! reporting themselves.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use cube_api::{ApiClient, Changes};
-use cube_types::{NodeReport, NodeStatus, State, Task};
+use cube_types::{NodeStatus, State, Task};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::cache::holds_resources;
-use crate::cluster::{Shared, Writes, lock};
-use crate::manager::{Manager, node_status_event};
-use crate::nodes::NodeSource;
+use crate::cluster::{Cluster, Shared, Writes, lock};
+use crate::nodes::node_status_event;
 use crate::observation::{is_stray, merge_observation};
 
 /// How long a blocking query to a worker waits before the worker answers anyway.
 const FOLLOW_WAIT: Duration = Duration::from_secs(30);
 
 /// How long to wait before following a worker again after its API could not be reached.
+/// How many nodes' whole task lists are read at once (see `Followers::complete_lists`).
+pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
+
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
-impl Manager {
+/// The followers of the workers' task lists, one loop per node (see the module comment).
+///
+/// | reads | woken by | writes |
+/// |---|---|---|
+/// | each worker's `GET /tasks?index=N&changes=true`, the task cache | the worker's answer; a node that joins, moves or comes back (`follow`) | the tasks as observed, strays stopped on the node, the node `Unreachable` or reachable again; wakes the task controller for a node's tasks, a placement pass, the system jobs |
+pub(crate) struct Followers {
+    cluster: Arc<Cluster>,
+    /// The loop following each node's tasks, by node name, to stop it when the node moves
+    /// or is removed.
+    registry: Mutex<HashMap<String, CancellationToken>>,
+    /// Every follower's task: shutdown waits for them (`Manager::start`).
+    pub(crate) background: TaskTracker,
+    /// Permits to read a node's whole task list. A manager that starts, or that many nodes
+    /// come back to, would otherwise hold every node's list in memory at once.
+    complete_lists: tokio::sync::Semaphore,
+    shutdown: CancellationToken,
+}
+
+impl Followers {
+    pub(crate) fn new(cluster: Arc<Cluster>, shutdown: CancellationToken) -> Followers {
+        Followers {
+            cluster,
+            registry: Mutex::new(HashMap::new()),
+            background: TaskTracker::new(),
+            complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
+            shutdown,
+        }
+    }
+
+    /// Stops following node `name` (it was removed).
+    pub(crate) fn stop_following(&self, name: &str) {
+        if let Some(follower) = lock(&self.registry).remove(name) {
+            follower.cancel();
+        }
+    }
+
     /// Publishes a node's event after the manager could or could no longer reach it: its
     /// status now (`NodeReady`, `NodeUnreachable`), or `NodeUpdated` when that did not move
     /// (a node `Down` either way, whose `StatusReason` changed).
@@ -142,7 +180,7 @@ impl Manager {
     /// Follows a node's tasks with blocking queries, replacing any follower it had.
     pub(crate) fn follow(self: &Arc<Self>, name: String, client: ApiClient) {
         let stop = self.shutdown.child_token();
-        if let Some(previous) = lock(&self.followers).insert(name.clone(), stop.clone()) {
+        if let Some(previous) = lock(&self.registry).insert(name.clone(), stop.clone()) {
             previous.cancel();
         }
         // In the tracker that shutdown waits for (`Manager::start`), not detached.
@@ -290,48 +328,9 @@ impl Manager {
             }
         }
     }
-
-    /// Asks a static worker for its report every poll interval, as a registered worker would
-    /// send it. The worker is recorded under the address the manager reaches it at.
-    pub(crate) async fn poll_static_worker(self: Arc<Self>, address: String) {
-        let client = match self.config.worker_client(None, &address) {
-            Ok(client) => client,
-            Err(err) => {
-                tracing::error!(%address, error = %err, "cannot poll a static worker");
-                return;
-            }
-        };
-        let mut ticks = tokio::time::interval(self.config.poll_interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut reachable = true;
-        loop {
-            tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                _ = ticks.tick() => {}
-            }
-            let answer = tokio::select! {
-                _ = self.shutdown.cancelled() => return,
-                answer = client.get::<NodeReport>("/node") => answer,
-            };
-            match answer {
-                Ok(mut report) => {
-                    reachable = true;
-                    report.address = client.base().to_string();
-                    if let Err(err) = self.report_node(report, NodeSource::Static).await {
-                        tracing::warn!(%address, error = %err, "static worker's report refused");
-                    }
-                }
-                Err(err) if reachable => {
-                    tracing::warn!(%address, error = %err, "cannot reach a static worker");
-                    reachable = false;
-                }
-                Err(_) => {}
-            }
-        }
-    }
 }
 
-impl Manager {
+impl Followers {
     /// Whether a stray that the cache does not know is in the store all the same, or the
     /// store cannot say: then it is not stopped. A manager that lost the lead without knowing
     /// it yet (it was frozen) has a cache behind the new leader's, and must not stop what the
@@ -360,6 +359,8 @@ impl Manager {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nodes::NodeSource;
+    use cube_types::NodeReport;
 
     #[test]
     fn an_observation_moves_a_task_only_along_the_table() {
@@ -473,7 +474,7 @@ mod tests {
             .await
             .unwrap();
         // The worker's whole list, without the task: its store was lost.
-        manager.observe("w1", Vec::new(), true).await;
+        manager.followers.observe("w1", Vec::new(), true).await;
         let failed = manager.task(id).unwrap();
         assert_eq!(failed.status.state, State::Failed);
         assert!(failed.status.run.finish_time.is_some(), "{failed:?}");
@@ -502,8 +503,8 @@ mod tests {
         for at in [300, 500, 700] {
             tokio::time::sleep_until(first_failures + Duration::from_millis(at)).await;
             assert_eq!(
-                manager.complete_lists.available_permits(),
-                crate::manager::COMPLETE_LISTS_AT_ONCE,
+                manager.followers.complete_lists.available_permits(),
+                COMPLETE_LISTS_AT_ONCE,
                 "{at} ms in, while both followers wait to try again"
             );
         }

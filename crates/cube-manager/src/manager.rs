@@ -14,7 +14,7 @@
 //! made outside the lock.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -24,18 +24,15 @@ use cube_store::StoreError;
 use cube_types::{Node, NodeReport, NodeStatus, RestartBy, State, Task, TaskEvent};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::cluster::{
     Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, Retrying, Shared, Writes, lock,
 };
 use crate::events::EventBroker;
+use crate::followers::Followers;
 use crate::job_records::JobRecords;
-use crate::nodes::NodeSource;
-
-/// How many nodes' whole task lists are read at once (see `Manager::complete_lists`).
-pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
+use crate::nodes::{NodeSource, node_status_event};
 
 /// Settings that do not change while the manager runs.
 #[derive(Debug, Clone)]
@@ -167,13 +164,8 @@ pub struct Manager {
     pub(crate) cluster: Arc<Cluster>,
     /// The jobs' write side, shared with the job controller (`job_records.rs`).
     pub(crate) job_records: Arc<JobRecords>,
-    /// The loop following each node's tasks, by node name, to stop it when the node moves.
-    pub(crate) followers: Mutex<HashMap<String, CancellationToken>>,
-    /// Every follower's task: shutdown waits for them (`Manager::start`).
-    pub(crate) background: TaskTracker,
-    /// Permits to read a node's whole task list. A manager that starts, or that many nodes
-    /// come back to, would otherwise hold every node's list in memory at once.
-    pub(crate) complete_lists: tokio::sync::Semaphore,
+    /// The followers of the workers' task lists (`followers.rs`).
+    pub(crate) followers: Arc<Followers>,
     /// Cancelled when the manager stops; every loop watches it.
     pub(crate) shutdown: CancellationToken,
 }
@@ -200,10 +192,8 @@ impl Manager {
         Ok(Arc::new(Manager {
             config,
             job_records: Arc::new(JobRecords::new(cluster.clone())),
+            followers: Arc::new(Followers::new(cluster.clone(), shutdown.clone())),
             cluster,
-            followers: Mutex::new(HashMap::new()),
-            background: TaskTracker::new(),
-            complete_lists: tokio::sync::Semaphore::new(COMPLETE_LISTS_AT_ONCE),
             shutdown,
         }))
     }
@@ -516,7 +506,7 @@ impl Manager {
                     .map(|entry| entry.client.clone())
                     .unwrap_or(client)
             };
-            self.follow(name.clone(), client);
+            self.followers.follow(name.clone(), client);
         }
         if effect.more_room {
             // A node that is back may have stops to deliver and lost tasks to report.
@@ -594,6 +584,47 @@ impl Manager {
         let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
         let views = self.cluster.node_views(&state);
         Ok(crate::placement::explain(task, &views))
+    }
+
+    // ----- static workers -----
+
+    /// Asks a static worker for its report every poll interval, as a registered worker would
+    /// send it. The worker is recorded under the address the manager reaches it at.
+    pub(crate) async fn poll_static_worker(self: Arc<Self>, address: String) {
+        let client = match self.config.worker_client(None, &address) {
+            Ok(client) => client,
+            Err(err) => {
+                tracing::error!(%address, error = %err, "cannot poll a static worker");
+                return;
+            }
+        };
+        let mut ticks = tokio::time::interval(self.config.poll_interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut reachable = true;
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let answer = tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                answer = client.get::<NodeReport>("/node") => answer,
+            };
+            match answer {
+                Ok(mut report) => {
+                    reachable = true;
+                    report.address = client.base().to_string();
+                    if let Err(err) = self.report_node(report, NodeSource::Static).await {
+                        tracing::warn!(%address, error = %err, "static worker's report refused");
+                    }
+                }
+                Err(err) if reachable => {
+                    tracing::warn!(%address, error = %err, "cannot reach a static worker");
+                    reachable = false;
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     // ----- removals -----
@@ -676,9 +707,9 @@ impl Manager {
             .map(|entry| (entry.name.clone(), entry.client.clone()))
             .collect();
         for (name, client) in known {
-            self.follow(name, client);
+            self.followers.follow(name, client);
         }
-        let background = self.background.clone();
+        let background = self.followers.background.clone();
         let shutdown = self.shutdown.clone();
         loops.spawn(async move {
             shutdown.cancelled().await;
@@ -746,15 +777,6 @@ fn node_report_event(
         Some(before) if before != after => Some(node_status_event(after)),
         Some(_) if changed => Some("NodeUpdated"),
         Some(_) => None,
-    }
-}
-
-/// The event of a node that moved to `status`.
-pub(crate) fn node_status_event(status: NodeStatus) -> &'static str {
-    match status {
-        NodeStatus::Ready => "NodeReady",
-        NodeStatus::Down => "NodeDown",
-        NodeStatus::Unreachable => "NodeUnreachable",
     }
 }
 

@@ -357,6 +357,15 @@ pub fn drain_counts(cache: &TaskCache, node: &str, jobs: JobTypes) -> (usize, us
     (remaining, staying)
 }
 
+/// The event of a node that moved to `status`.
+pub(crate) fn node_status_event(status: NodeStatus) -> &'static str {
+    match status {
+        NodeStatus::Ready => "NodeReady",
+        NodeStatus::Down => "NodeDown",
+        NodeStatus::Unreachable => "NodeUnreachable",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
