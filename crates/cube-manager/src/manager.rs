@@ -1,17 +1,14 @@
-//! The manager's state and the operations on it that the API calls: submissions, stops,
-//! reads, node reports. The control loops live in files of their own, each on the controller
-//! framework's runner (`cube_controller::runner`): the task controller
-//! (`task_controller.rs`), the placement pass (`placement.rs`), the job controller
-//! (`job_controller.rs`), node liveness and the resync (`liveness.rs`), and the followers of
-//! the workers' task lists with the stray handling (`followers.rs`).
+//! The manager: the API's facade over the cluster's state ([`Cluster`], `cluster.rs`) and
+//! the place that builds and starts the controllers. Its operations are what the API calls:
+//! submissions, stops, reads, node reports, removals, and the poller of each static worker.
 //!
-//! Everything in memory sits behind one `std` mutex ([`Manager::state`]): each operation
-//! holds it for a few map operations, never across an `.await` or an fsync, so placements see
-//! a consistent view of every node's allocations. A write is queued to the store under the
-//! lock (queued writes keep their order) and applied to the cache at once; it is waited for
-//! after the lock is let go ([`Writes`]), and nothing is acknowledged to a client or sent to
-//! a worker before it is durable. Concurrent writes share one commit. Calls to workers are
-//! made outside the lock.
+//! The controllers are values over an `Arc<Cluster>`, each in a file of its own and on the
+//! controller framework's runner (`cube_controller::runner`) or a timer: the task controller
+//! (`task_controller.rs`), the placement pass (`placement.rs`), the job controller
+//! (`job_controller.rs`), the queue controller (`queue_controller.rs`), liveness and the
+//! resync (`liveness.rs`), the followers of the workers' task lists (`followers.rs`) and the
+//! garbage collector (`gc.rs`). How the state is held and written (one lock, writes durable
+//! before they are acknowledged, what a write wakes) is `cluster.rs`'s module comment.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! to create, update and delete, and only those are written, in one batch (a look that finds
 //! nothing changed writes nothing: the field report's "infinite update" trap). Then the
 //! requests that waited past their `QueueTimeout` are stopped. It looks again when a timeout
-//! runs out, and whenever a task, a job or a node changes (`Manager::push_queue`).
+//! runs out, and whenever a task, a job or a node changes (`Cluster::push_queue`).
 //!
 //! The API's side is here too: `GET /queue` and `GET /services`, and the queue's words for a
 //! job (`JobView::queue`).
