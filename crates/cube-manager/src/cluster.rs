@@ -93,15 +93,20 @@ impl ManagerStores {
     }
 }
 
-/// The writes one operation queued under the lock, to be waited for once it let go.
+/// The writes one operation queued under the lock, to be waited for once it let go, and the
+/// placement pass's wakes they call for, given once they are durable ([`Cluster::settle`]).
 #[derive(Default)]
 #[must_use = "queued writes must be waited for before anything is acknowledged"]
-pub(crate) struct Writes(Vec<(Uuid, Commit)>);
-
-impl Writes {
-    pub(crate) fn push(&mut self, id: Uuid, commit: Commit) {
-        self.0.push((id, commit));
-    }
+pub(crate) struct Writes {
+    commits: Vec<(Uuid, Commit)>,
+    /// Tasks these writes made wait for a node (new, or a new run): the placement pass reads
+    /// their requests once the writes are durable, not before (a pass must not place a task
+    /// whose submission could still fail).
+    to_place: Vec<Uuid>,
+    /// Whether these writes freed room on a node (a task ended, or left its node): the
+    /// waiting requests are marked under the lock where the room appears (`cache_task`);
+    /// the pass is asked for once the writes are durable.
+    room_freed: bool,
 }
 
 pub(crate) struct Shared {
@@ -421,24 +426,30 @@ impl Cluster {
         writes: &mut Writes,
         task: Task,
     ) -> Result<(), StoreError> {
-        writes.push(
-            task.id,
-            self.stores.tasks.put_queued(&task.id.to_string(), &task)?,
-        );
+        let commit = self.stores.tasks.put_queued(&task.id.to_string(), &task)?;
+        writes.commits.push((task.id, commit));
         if task.status.state != State::Scheduled {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
         }
+        let was_waiting = state
+            .cache
+            .get(&task.id)
+            .is_some_and(|known| known.status.state == State::Pending);
+        if task.status.state == State::Pending && !was_waiting {
+            writes.to_place.push(task.id);
+        }
         self.wake_for_task(&task);
-        self.cache_task(state, task);
+        writes.room_freed |= self.cache_task(state, task);
         Ok(())
     }
 
     /// What a write of a task wakes, declared once: its job's controller looks again (a
     /// copy changed state), and so does the queue controller (`cache_task` marks the task's
     /// request). Both are level-triggered: a look that finds nothing to do writes nothing.
-    /// The placement pass is woken where room appears (`cache_task`), the task controller by
-    /// whoever asks for a reconcile of the task.
+    /// The placement pass is woken by [`Cluster::settle`] for a task that began to wait and
+    /// for room that a write freed (see [`Writes`]); the task controller by whoever asks for
+    /// a reconcile of the task.
     fn wake_for_task(&self, task: &Task) {
         if !task.spec.job.is_empty() {
             self.mark_job_dirty(&task.spec.job);
@@ -606,10 +617,10 @@ impl Cluster {
                 Ok(())
             })
         };
-        // What was queued is waited for even when a later task was refused.
+        // What was queued is waited for even when a later task was refused; once durable,
+        // the new tasks ask for a placement pass (`Writes`).
         self.settle(writes).await?;
         stored?;
-        self.push_to_place(accepted.iter().map(|task| task.id));
         Ok(accepted)
     }
 
@@ -639,34 +650,37 @@ impl Cluster {
     }
 
     /// Applies a task to the cache and, when that changed it, publishes the change: every
-    /// write of a task to the cache goes through here (or [`Cluster::reload_task`]).
-    fn cache_task(&self, state: &mut Shared, task: Task) {
+    /// write of a task to the cache goes through here (or [`Cluster::reload_task`]). Returns
+    /// whether the change freed room on a node.
+    fn cache_task(&self, state: &mut Shared, task: Task) -> bool {
         let id = task.id;
         state.queue_dirty.mark_task(&task);
         let previous = state.cache.insert(task);
         let Some(held) = state.cache.shared(&id) else {
-            return;
+            return false;
         };
         // An equal task changes nothing: the cache keeps (and returns) the one it held.
         if previous
             .as_ref()
             .is_some_and(|previous| Arc::ptr_eq(previous, &held))
         {
-            return;
+            return false;
         }
         // Room this change frees is in the cache (and so in the next placement pass's
         // snapshot) from now on: every waiting request is marked in the same hold of the
-        // lock, so that a pass that starts before the caller's `push_waiting` still reads
-        // them in the waiting list's order, rather than giving the room to a request that
-        // arrived after them (found by `cube-bench chaos`).
-        if previous.as_deref().is_some_and(|previous| {
+        // lock, so that a pass that starts before this write's `settle` asks for one still
+        // reads them in the waiting list's order, rather than giving the room to a request
+        // that arrived after them (found by `cube-bench chaos`).
+        let freed = previous.as_deref().is_some_and(|previous| {
             crate::cache::holds_resources(previous)
                 && (!crate::cache::holds_resources(&held)
                     || previous.status.node_name != held.status.node_name)
-        }) {
+        });
+        if freed {
             state.placement_dirty.mark_everything();
         }
         publish_task(&self.events, previous.as_deref(), &held);
+        freed
     }
 
     /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
@@ -682,15 +696,16 @@ impl Cluster {
         result
     }
 
-    /// Waits until every write in `writes` is durable. A write that cannot be made durable
+    /// Waits until every write in `writes` is durable, then asks for the placement pass the
+    /// writes call for (see [`Writes`]). A write that cannot be made durable
     /// puts the store's version of its task back in the cache (or forgets a task the store
     /// never had), so that nothing is shown or acted on that a restart would not know. Returns
     /// the first error.
     pub(crate) async fn settle(&self, writes: Writes) -> Result<(), StoreError> {
         let mut first_error = None;
         let started = Instant::now();
-        let waited = !writes.0.is_empty();
-        for (id, commit) in writes.0 {
+        let waited = !writes.commits.is_empty();
+        for (id, commit) in writes.commits {
             if let Err(err) = commit.durable().await {
                 tracing::error!(task = %id, error = %err, "a write did not become durable");
                 self.reload(id);
@@ -701,6 +716,13 @@ impl Cluster {
             self.metrics
                 .commits
                 .observe(started.elapsed().as_secs_f64());
+        }
+        if !writes.to_place.is_empty() {
+            // A write that did not become durable was put back above; marking its task is
+            // harmless (a pass reads only what waits).
+            self.push_to_place(writes.to_place);
+        } else if writes.room_freed {
+            self.wakes.placement.push(());
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -715,7 +737,9 @@ impl Cluster {
         let stored = self.stores.tasks.get(&id.to_string());
         let mut state = lock(&self.state);
         match stored {
-            Ok(Some(task)) => self.cache_task(&mut state, task),
+            Ok(Some(task)) => {
+                self.cache_task(&mut state, task);
+            }
             Ok(None) => {
                 if let Some(forgotten) = state.cache.remove(&id) {
                     state.queue_dirty.mark_task(&forgotten);

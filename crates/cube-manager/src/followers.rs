@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::cache::holds_resources;
 use crate::cluster::{Cluster, Shared, Writes, lock};
 use crate::nodes::node_status_event;
 use crate::observation::{is_stray, merge_observation};
@@ -100,7 +99,6 @@ impl Followers {
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
         let mut forgotten = Vec::new();
-        let mut freed = false;
         {
             let mut state = lock(&self.cluster.state);
             let mut listed = HashSet::with_capacity(reported.len());
@@ -123,7 +121,6 @@ impl Followers {
                 let Some(merged) = merge_observation(known, &observed, Utc::now()) else {
                     continue;
                 };
-                freed |= holds_resources(known) && !holds_resources(&merged);
                 tracing::info!(task = %merged.id, name = %merged.name, node, state = %merged.status.state, "task state changed");
                 if let Err(err) = self.cluster.save(&mut state, &mut writes, merged) {
                     tracing::error!(task = %observed.id, error = %err, "cannot store an observed state");
@@ -159,7 +156,6 @@ impl Followers {
                         if let Err(err) = self.cluster.save(&mut state, &mut writes, failed) {
                             tracing::error!(task = %id, error = %err, "cannot store a failure");
                         }
-                        freed = true;
                         to_reconcile.push(id);
                     }
                     _ => {}
@@ -167,12 +163,10 @@ impl Followers {
             }
         }
         // Errors are logged, and the cache put back, by `settle`; the worker reports again.
+        // Room that a task's end freed asks for a placement pass there (`Writes`).
         let _ = self.cluster.settle(writes).await;
         for id in to_reconcile {
             self.cluster.wakes.tasks.push(id);
-        }
-        if freed {
-            self.cluster.push_waiting();
         }
         (strays, forgotten)
     }

@@ -563,8 +563,7 @@ impl Manager {
         // What was queued is waited for even when the write could not be queued.
         self.cluster.settle(writes).await?;
         let task = restarted?;
-        // Pending again: the placement pass takes it from here.
-        self.cluster.push_to_place([id]);
+        // Pending again: the placement pass takes it from here (the write asked for it).
         self.cluster.wakes.tasks.push(id);
         Ok(task)
     }

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::cache::holds_resources;
 use crate::cluster::{Cluster, Retrying, Writes, lock};
 use crate::log_limit::LogLimit;
 use crate::observation::merge_observation;
@@ -142,13 +141,9 @@ impl TaskController {
                     .with_writes(|writes| self.restart(id, streak, writes))
                     .await
                 {
-                    // Pending again: the placement pass takes it from here (every waiting
-                    // task: the run that ended left room).
-                    Ok(true) => {
-                        self.cluster.push_waiting();
-                        Ok(Action::Done)
-                    }
-                    Ok(false) => Ok(Action::Done),
+                    // Pending again: the placement pass takes it from here (the write asked
+                    // for it, `Writes`; and for every waiting task if the run held room).
+                    Ok(_) => Ok(Action::Done),
                     Err(err) => Err(failed(err)),
                 }
             }
@@ -357,12 +352,8 @@ impl TaskController {
                 };
                 match (stopped, self.cluster.settle(writes).await) {
                     (Err(err), _) | (_, Err(err)) => Err(err.to_string()),
-                    (Ok(stopped), Ok(())) => {
-                        if stopped {
-                            self.cluster.push_waiting();
-                        }
-                        Ok(Action::Done)
-                    }
+                    // The room a stopped task held asked for a placement pass (`Writes`).
+                    (Ok(_), Ok(())) => Ok(Action::Done),
                 }
             }
             Err(err) => Err(err.to_string()),
@@ -391,7 +382,7 @@ impl TaskController {
 
     async fn fail(&self, id: Uuid, reason: String) {
         let mut writes = Writes::default();
-        let freed = {
+        {
             let mut state = lock(&self.cluster.state);
             let Some(known) = state.cache.get(&id) else {
                 return;
@@ -404,16 +395,12 @@ impl TaskController {
                 return;
             }
             tracing::warn!(task = %id, %reason, "task failed");
-            let freed = holds_resources(known);
             if let Err(err) = self.cluster.save(&mut state, &mut writes, failed) {
                 tracing::error!(task = %id, error = %err, "cannot store a failure");
             }
-            freed
-        };
-        let _ = self.cluster.settle(writes).await;
-        if freed {
-            self.cluster.push_waiting();
         }
+        // The room the task held asks for a placement pass (`Writes`).
+        let _ = self.cluster.settle(writes).await;
     }
 }
 
