@@ -462,17 +462,16 @@ async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
 
     // A task and a job without Owner: the token's name (made fit for Owner).
     let id = ci.submit(&web_task("owned-task")).await;
-    let entry = ci.get(&format!("/queue/task/{id}")).await;
-    assert_eq!(entry.status, 200, "{}", entry.body);
-    assert_eq!(entry.body["Owner"], "ci", "{}", entry.body);
+    // The queue controller writes the entry after the submission is answered.
+    let entry = ci.await_queue_entry("task", &id).await;
+    assert_eq!(entry["Owner"], "ci", "{entry}");
     let job = json!({"Name": "owned-job", "Type": "batch",
                      "Groups": [{"Name": "g", "Count": 1,
                                  "Task": {"Image": support::SAMPLE_IMAGE, "Cmd": ["true"]}}]});
     let submitted = night.post_raw("/jobs", job.to_string()).await;
     assert_eq!(submitted.status, 201, "{}", submitted.body);
-    let entry = night.get("/queue/job/owned-job").await;
-    assert_eq!(entry.status, 200, "{}", entry.body);
-    assert_eq!(entry.body["Owner"], "night-build", "{}", entry.body);
+    let entry = night.await_queue_entry("job", "owned-job").await;
+    assert_eq!(entry["Owner"], "night-build", "{entry}");
     // The same job again from the same token changes nothing (the owner is not a change).
     let again = night.post_raw("/jobs/plan", job.to_string()).await;
     assert_eq!(again.status, 200, "{}", again.body);
@@ -489,10 +488,8 @@ async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
     assert_eq!(refused.status, 403, "{}", refused.body);
     assert!(refused.message().contains("Owner"), "{}", refused.body);
     let id = operator.submit(&as_bob).await;
-    assert_eq!(
-        operator.get(&format!("/queue/task/{id}")).await.body["Owner"],
-        "bob"
-    );
+    let entry = operator.await_queue_entry("task", &id).await;
+    assert_eq!(entry["Owner"], "bob", "{entry}");
 }
 
 #[tokio::test]

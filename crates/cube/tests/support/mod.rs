@@ -592,6 +592,27 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Polls `GET /queue/{kind}/{id}` every 20 ms until the request has its entry (the queue
+    /// controller writes it after the submission is answered); fails after `STATE_BOUND`.
+    pub async fn await_queue_entry(&self, kind: &str, id: &str) -> Value {
+        let deadline = Instant::now() + STATE_BOUND;
+        loop {
+            let entry = self.get(&format!("/queue/{kind}/{id}")).await;
+            if entry.status == 200 {
+                return entry.body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{kind} {id}: no entry in the waiting list within {STATE_BOUND:?}: {} {}",
+                entry.status,
+                entry.body
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// A job's copies that are meant to run and have not ended, from `GET /jobs/{name}`.
 pub fn live_tasks(job: &Value) -> Vec<Value> {
     job["Tasks"]
