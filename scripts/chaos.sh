@@ -11,8 +11,29 @@ cd "$(dirname "$0")/.."
 
 source scripts/test-binaries.sh
 duration=${CUBE_CHAOS_DURATION:-3m}
-"$bench" chaos --store redb --seed 1 --duration "$duration"
-"$bench" chaos --store etcd --seed 3 --duration "$duration"
+
+# Docker 20.10's engine can deadlock in its network controller under this load (goroutines
+# waiting on its network store's lock in `CreateEndpoint`; BENCHMARKS.md, "Chaos": not
+# Cube's). `cube-bench chaos` exits 3 when the engine stops answering, which is no violation:
+# the engine is then killed and started again (scripts/setup.sh), and the same seed runs once
+# more. A second hang, or any violation, fails.
+chaos() {
+  local status=0
+  "$bench" chaos "$@" || status=$?
+  if [ "$status" -eq 3 ]; then
+    echo "chaos: the Docker engine hung (not a violation); starting it again, then the same run" >&2
+    pkill -9 -x dockerd || true
+    pkill -9 -f containerd-shim || true
+    pkill -9 -x containerd || true
+    bash scripts/setup.sh >&2
+    "$bench" chaos "$@"
+  elif [ "$status" -ne 0 ]; then
+    return "$status"
+  fi
+}
+
+chaos --store redb --seed 1 --duration "$duration"
+chaos --store etcd --seed 3 --duration "$duration"
 # Seeds that found a defect, kept as cases of their own: seed 2, one minute, let a newer
 # waiting-list request into room an older one waited for (fixed 2026-11-27). Seed 12 on etcd,
 # two minutes, left a pod's container running for a Completed task after its worker was
@@ -22,6 +43,6 @@ duration=${CUBE_CHAOS_DURATION:-3m}
 # room of a worker started again (fixed 2026-11-27): its first three minutes are kept. The
 # other 30-minute seeds that found a defect are listed in BENCHMARKS.md ("Chaos"), for replays
 # by hand; the fault loop has changed since, so a replay is the same seed, not the same run.
-"$bench" chaos --store redb --seed 2 --duration 60s
-"$bench" chaos --store etcd --seed 12 --duration 2m
-"$bench" chaos --store etcd --seed 7779875253913012957 --fault-every 1s --duration 3m
+chaos --store redb --seed 2 --duration 60s
+chaos --store etcd --seed 12 --duration 2m
+chaos --store etcd --seed 7779875253913012957 --fault-every 1s --duration 3m

@@ -310,7 +310,7 @@ enum Command {
     /// at random from a seed (a manager or worker killed with -9 and started again, a worker
     /// stopped past the heartbeat grace, a container killed behind Cube's back); then the
     /// cluster settles and the history is checked. Exits non-zero on a violation, keeping the
-    /// processes' logs.
+    /// processes' logs; exits 3 when the Docker engine stopped answering (not a violation).
     Chaos {
         /// The seed of the workload and the faults [default: a random one, printed].
         #[arg(long)]
@@ -525,7 +525,7 @@ async fn main() -> anyhow::Result<()> {
             history,
             cube,
         } => {
-            chaos::chaos(chaos::Options {
+            let ran = chaos::chaos(chaos::Options {
                 seed,
                 store,
                 duration,
@@ -534,7 +534,15 @@ async fn main() -> anyhow::Result<()> {
                 history,
                 cube: cube_binary(cube)?,
             })
-            .await
+            .await;
+            // A hung engine is not a violation: its own exit status, for scripts.
+            if let Err(err) = &ran
+                && let Some(hung) = err.downcast_ref::<chaos::DockerHung>()
+            {
+                eprintln!("Error: {hung}");
+                std::process::exit(chaos::DockerHung::EXIT_CODE);
+            }
+            ran
         }
         Command::ChaosCheck { file } => chaos::check_file(&file),
         Command::C1m {

@@ -5,7 +5,7 @@
 pub mod check;
 mod run;
 
-pub(crate) use run::{ChaosStore, Options, chaos};
+pub(crate) use run::{ChaosStore, DockerHung, Options, chaos};
 
 use std::path::Path;
 

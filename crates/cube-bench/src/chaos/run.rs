@@ -1077,14 +1077,30 @@ fn release(busy: &std::sync::Mutex<HashSet<String>>, key: &str) {
         .remove(key);
 }
 
-/// The error of a Docker engine that did not answer within `DOCKER_BOUND`: not Cube's
-/// violation, and the run cannot go on.
+/// A Docker engine that did not answer within `DOCKER_BOUND`: not Cube's violation, and the
+/// run cannot go on. `cube-bench chaos` exits with [`DockerHung::EXIT_CODE`] for it, so that a
+/// script can tell it from a violation.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the Docker engine did not answer in {bound:?} ({doing}): it is hung, and the run cannot go \
+     on (`kill -USR1` of dockerd writes its goroutines to /var/run/docker/ to see where)"
+)]
+pub struct DockerHung {
+    bound: Duration,
+    doing: String,
+}
+
+impl DockerHung {
+    /// The exit status of a run the Docker engine stopped (a violation is 1).
+    pub const EXIT_CODE: i32 = 3;
+}
+
 fn docker_hung(doing: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "the Docker engine did not answer in {DOCKER_BOUND:?} ({doing}): it is hung, and the run \
-         cannot go on (`kill -USR1` of dockerd writes its goroutines to /var/run/docker/ to see \
-         where)"
-    )
+    DockerHung {
+        bound: DOCKER_BOUND,
+        doing: doing.to_string(),
+    }
+    .into()
 }
 
 /// Every container of the given workers, with the worker's name.
