@@ -10,7 +10,9 @@
 //! after the lock is let go ([`Writes`], [`Cluster::settle`]), and nothing is acknowledged to
 //! a client or sent to a worker before it is durable. Concurrent writes share one commit.
 //! Every write of a task goes through [`Cluster::save`] (or [`Cluster::reload_task`]), and
-//! what a task's change wakes is declared once, in [`Cluster::wake_for_task`].
+//! what a task's change wakes is declared there once: its job and the queue controller
+//! ([`Cluster::wake_for_task`]), and the placement pass, recorded in [`Writes`] and asked for
+//! by [`Cluster::settle`] once the writes are durable.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
