@@ -139,6 +139,26 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// What a look at job `name` reads besides its record and the nodes: its copies, its last
+    /// deployment, and its newest stable version before `version` (the job controller's look
+    /// and `POST /jobs/plan` alike).
+    pub(crate) fn job_look_inputs(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> (Vec<Arc<Task>>, Option<Arc<Deployment>>, Option<u64>) {
+        let last_stable = self
+            .histories
+            .get(name)
+            .and_then(|history| history.last_stable_before(version))
+            .map(|stable| stable.version);
+        (
+            self.cache.of_job(name),
+            self.deployments.get(name).cloned(),
+            last_stable,
+        )
+    }
+
     /// Why the request a task belongs to (itself, or its job) expired in the queue, if it did:
     /// the task controller ends such a task `Failed` with this as its error, where a stop the
     /// user asked for ends it `Completed`.
@@ -297,6 +317,15 @@ fn lose_tasks_of_forgotten_node(
     Ok(())
 }
 
+/// What a task's change in the cache means for the placement pass.
+#[derive(Debug, Default, Clone, Copy)]
+struct CacheChange {
+    /// The task held room on a node and holds none there now.
+    freed_room: bool,
+    /// The task waits for a node now and did not before (new, or a new run).
+    began_waiting: bool,
+}
+
 /// Why a node's entry could not be changed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum NodeUpdateError {
@@ -434,15 +463,13 @@ impl Cluster {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
         }
-        let was_waiting = state
-            .cache
-            .get(&task.id)
-            .is_some_and(|known| known.status.state == State::Pending);
-        if task.status.state == State::Pending && !was_waiting {
-            writes.to_place.push(task.id);
-        }
         self.wake_for_task(&task);
-        writes.room_freed |= self.cache_task(state, task);
+        let id = task.id;
+        let changed = self.cache_task(state, task);
+        if changed.began_waiting {
+            writes.to_place.push(id);
+        }
+        writes.room_freed |= changed.freed_room;
         Ok(())
     }
 
@@ -653,21 +680,25 @@ impl Cluster {
 
     /// Applies a task to the cache and, when that changed it, publishes the change: every
     /// write of a task to the cache goes through here (or [`Cluster::reload_task`]). Returns
-    /// whether the change freed room on a node.
-    fn cache_task(&self, state: &mut Shared, task: Task) -> bool {
+    /// what the change means for the placement pass.
+    fn cache_task(&self, state: &mut Shared, task: Task) -> CacheChange {
         let id = task.id;
         state.queue_dirty.mark_task(&task);
         let previous = state.cache.insert(task);
         let Some(held) = state.cache.shared(&id) else {
-            return false;
+            return CacheChange::default();
         };
         // An equal task changes nothing: the cache keeps (and returns) the one it held.
         if previous
             .as_ref()
             .is_some_and(|previous| Arc::ptr_eq(previous, &held))
         {
-            return false;
+            return CacheChange::default();
         }
+        let began_waiting = held.status.state == State::Pending
+            && previous
+                .as_deref()
+                .is_none_or(|previous| previous.status.state != State::Pending);
         // Room this change frees is in the cache (and so in the next placement pass's
         // snapshot) from now on: every waiting request is marked in the same hold of the
         // lock, so that a pass that starts before this write's `settle` asks for one still
@@ -682,7 +713,10 @@ impl Cluster {
             state.placement_dirty.mark_everything();
         }
         publish_task(&self.events, previous.as_deref(), &held);
-        freed
+        CacheChange {
+            freed_room: freed,
+            began_waiting,
+        }
     }
 
     /// Runs `operation` (which takes the lock itself and queues its writes), then waits for
@@ -710,7 +744,7 @@ impl Cluster {
         for (id, commit) in writes.commits {
             if let Err(err) = commit.durable().await {
                 tracing::error!(task = %id, error = %err, "a write did not become durable");
-                self.reload(id);
+                self.reload_task(id);
                 first_error.get_or_insert(err);
             }
         }
@@ -729,13 +763,9 @@ impl Cluster {
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Puts the store's version of a task back in the cache (a removal that failed).
+    /// Puts the store's version of a task back in the cache (a write or a removal that
+    /// failed).
     pub(crate) fn reload_task(&self, id: Uuid) {
-        self.reload(id);
-    }
-
-    /// Puts the store's version of a task back in the cache.
-    fn reload(&self, id: Uuid) {
         let stored = self.stores.tasks.get(&id.to_string());
         let mut state = lock(&self.state);
         match stored {
@@ -850,6 +880,16 @@ pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration
 
 #[cfg(test)]
 impl Cluster {
+    /// Stores `task` as a controller would, durably, for the unit tests.
+    pub(crate) async fn store_for_tests(&self, task: Task) {
+        self.with_writes(|writes| {
+            let mut state = lock(&self.state);
+            self.save(&mut state, writes, task)
+        })
+        .await
+        .expect("a task the store takes");
+    }
+
     /// The sum of the tables' revisions: it moves with every write, and only then.
     pub(crate) fn store_revision_for_tests(&self) -> u64 {
         self.stores.tasks.revision().expect("a revision")
@@ -862,19 +902,7 @@ impl Cluster {
 /// Registers node `name` (2 cores, 1 GiB) as reporting at `now`, for the unit tests.
 #[cfg(test)]
 pub(crate) fn report_test_node(cluster: &Cluster, name: &str, now: Instant) {
-    let report = cube_types::NodeReport {
-        name: name.to_string(),
-        address: "127.0.0.1:9".to_string(),
-        capacity: cube_types::Resources {
-            cpu: 2.0,
-            memory: 1 << 30,
-            disk: 0,
-        },
-        stats: None,
-        labels: Default::default(),
-        version: None,
-        host_policy: None,
-    };
+    let report = crate::nodes::test_report(name, "127.0.0.1:9", 2.0, 1 << 30);
     let grace = cluster.heartbeat_grace();
     let mut state = lock(&cluster.state);
     let client = || ApiClient::new("127.0.0.1:9", Duration::from_millis(200)).expect("a client");

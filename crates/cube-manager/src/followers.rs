@@ -354,7 +354,6 @@ impl Followers {
 mod tests {
     use super::*;
     use crate::nodes::NodeSource;
-    use cube_types::NodeReport;
 
     #[test]
     fn an_observation_moves_a_task_only_along_the_table() {
@@ -428,19 +427,7 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let server = tokio::spawn(async move { axum::serve(listener, worker).await });
         let manager = crate::manager::manager_for_tests();
-        let report = NodeReport {
-            name: "empty".to_string(),
-            address: format!("http://{address}"),
-            capacity: cube_types::Resources {
-                cpu: 1.0,
-                memory: 1 << 30,
-                disk: 0,
-            },
-            stats: None,
-            labels: Default::default(),
-            version: None,
-            host_policy: None,
-        };
+        let report = crate::nodes::test_report("empty", &format!("http://{address}"), 1.0, 1 << 30);
         manager
             .report_node(report, NodeSource::Registered)
             .await

@@ -369,16 +369,10 @@ impl Manager {
         refuse_if_too_large(&job)?;
         // The job as the API last stored it (what a submission now would be compared with).
         let known = lock(&self.cluster.state).jobs.get(&job.name).cloned();
-        let nodes = self.cluster.node_facts();
-        let (tasks, deployment, history) = {
-            let state = lock(&self.cluster.state);
-            (
-                state.cache.of_job(&job.name),
-                state.deployments.get(&job.name).cloned(),
-                state.histories.get(&job.name).cloned(),
-            )
-        };
         let (outcome, record) = next_record(known.as_deref(), job, None);
+        let nodes = self.cluster.node_facts();
+        let (tasks, deployment, last_stable) =
+            lock(&self.cluster.state).job_look_inputs(&record.job.name, record.version);
         let diff = match (&known, outcome) {
             (None, _) => vec!["a new job".to_string()],
             (Some(known), JobSubmitted::Changed | JobSubmitted::Scaled) => {
@@ -387,10 +381,6 @@ impl Manager {
             (Some(_), _) => Vec::new(),
         };
         let owned: Vec<&Task> = tasks.iter().map(|task| &**task).collect();
-        let last_stable = history
-            .as_ref()
-            .and_then(|history| history.last_stable_before(record.version))
-            .map(|stable| stable.version);
         let look = JobLook {
             record: &record,
             deployment: deployment.as_deref(),

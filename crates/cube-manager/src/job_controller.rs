@@ -99,13 +99,7 @@ impl JobController {
         let nodes = self.cluster.node_facts();
         let state = lock(&self.cluster.state);
         let record = state.jobs.get(name)?.clone();
-        let tasks = state.cache.of_job(name);
-        let deployment = state.deployments.get(name).cloned();
-        let last_stable = state
-            .histories
-            .get(name)
-            .and_then(|history| history.last_stable_before(record.version))
-            .map(|stable| stable.version);
+        let (tasks, deployment, last_stable) = state.job_look_inputs(name, record.version);
         Some(JobInputs {
             record,
             nodes,

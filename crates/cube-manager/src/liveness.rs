@@ -172,7 +172,7 @@ mod liveness_tests {
     use cube_types::{State, Task};
 
     use super::Liveness;
-    use crate::cluster::{ManagerStores, Writes, cluster_for_tests, lock, report_test_node};
+    use crate::cluster::{ManagerStores, cluster_for_tests, lock, report_test_node};
     use crate::events::Received;
 
     const GRACE: Duration = Duration::from_secs(10);
@@ -184,14 +184,7 @@ mod liveness_tests {
         let mut task = Task::new("t", "cube-sample:latest");
         task.status.state = State::Running;
         task.status.node_name = "w1".to_string();
-        let mut writes = Writes::default();
-        {
-            let mut state = lock(&cluster.state);
-            cluster
-                .save(&mut state, &mut writes, task.clone())
-                .expect("a task the store takes");
-        }
-        cluster.settle(writes).await.expect("durable");
+        cluster.store_for_tests(task.clone()).await;
         (cluster, task)
     }
 
@@ -276,14 +269,7 @@ mod liveness_tests {
         let (cluster, running) = one_running_task(then).await;
         let mut done = Task::new("done", "cube-sample:latest");
         done.status.state = State::Completed;
-        let mut writes = Writes::default();
-        {
-            let mut state = lock(&cluster.state);
-            cluster
-                .save(&mut state, &mut writes, done.clone())
-                .expect("stored");
-        }
-        cluster.settle(writes).await.expect("durable");
+        cluster.store_for_tests(done.clone()).await;
         let record: cube_types::job::JobRecord = serde_json::from_value(serde_json::json!({
             "Job": {"Name": "web", "Groups": [{"Name": "api", "Task": {"Image": "cube-sample:latest"}}]},
             "Version": 1

@@ -800,19 +800,7 @@ pub(crate) async fn join_test_node_at(
     memory: u64,
     address: &str,
 ) {
-    let report = NodeReport {
-        name: name.to_string(),
-        address: address.to_string(),
-        capacity: cube_types::Resources {
-            cpu: 2.0,
-            memory,
-            disk: 0,
-        },
-        stats: None,
-        labels: Default::default(),
-        version: None,
-        host_policy: None,
-    };
+    let report = crate::nodes::test_report(name, address, 2.0, memory);
     manager
         .report_node(report, NodeSource::Registered)
         .await

@@ -366,6 +366,25 @@ pub(crate) fn node_status_event(status: NodeStatus) -> &'static str {
     }
 }
 
+/// A report of node `name` at `address` with `cpu` cores and `memory` bytes, nothing else
+/// set, for the unit tests.
+#[cfg(test)]
+pub(crate) fn test_report(name: &str, address: &str, cpu: f64, memory: u64) -> NodeReport {
+    NodeReport {
+        name: name.to_string(),
+        address: address.to_string(),
+        capacity: cube_types::Resources {
+            cpu,
+            memory,
+            disk: 0,
+        },
+        stats: None,
+        labels: Default::default(),
+        version: None,
+        host_policy: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -489,13 +489,7 @@ mod tests {
     /// `Manager` is built.
     async fn controller_with(task: Task) -> TaskController {
         let cluster = cluster_for_tests(ManagerStores::in_memory(), Duration::from_secs(60));
-        cluster
-            .with_writes(|writes| {
-                let mut state = lock(&cluster.state);
-                cluster.save(&mut state, writes, task)
-            })
-            .await
-            .expect("a stored task");
+        cluster.store_for_tests(task).await;
         TaskController::new(cluster)
     }
 
