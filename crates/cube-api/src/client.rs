@@ -1,5 +1,6 @@
 //! The client side: one small wrapper over `reqwest` for every Cube API.
 
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use cube_types::ErrorBody;
@@ -107,6 +108,90 @@ impl ClientError {
     }
 }
 
+/// The `reqwest` clients of this process, one per runtime, connect timeout and TLS settings
+/// (the settings held weakly: a client goes when its settings are replaced, a certificate
+/// renewed), the most recently built last.
+static HTTP_CLIENTS: Mutex<Vec<SharedHttp>> = Mutex::new(Vec::new());
+
+/// At most this many clients are kept: a process that starts runtime after runtime (a test
+/// binary) lets the oldest go.
+const MAX_SHARED_CLIENTS: usize = 32;
+
+struct SharedHttp {
+    /// A connection lives on the runtime that made it: a client serves one runtime.
+    runtime: Option<tokio::runtime::Id>,
+    connect_timeout: Duration,
+    tls: Option<Weak<rustls::ClientConfig>>,
+    http: reqwest::Client,
+}
+
+impl SharedHttp {
+    fn serves(
+        &self,
+        runtime: Option<tokio::runtime::Id>,
+        connect_timeout: Duration,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> bool {
+        self.runtime == runtime
+            && self.connect_timeout == connect_timeout
+            && match (&self.tls, tls) {
+                (None, None) => true,
+                (Some(held), Some(tls)) => {
+                    held.upgrade().is_some_and(|held| Arc::ptr_eq(&held, tls))
+                }
+                _ => false,
+            }
+    }
+}
+
+/// The process's `reqwest` client for these settings, built the first time they are asked for.
+/// Every [`ApiClient`] with the same settings shares it, with its connection pool: a manager
+/// talks to thousands of workers, and a client of its own per worker cost each one ~100 KB
+/// (the system's root certificates, a pool, a dispatch channel), 1 GB at 10,000 workers.
+fn shared_http(
+    connect_timeout: Duration,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<reqwest::Client, reqwest::Error> {
+    let runtime = tokio::runtime::Handle::try_current()
+        .ok()
+        .map(|runtime| runtime.id());
+    let mut clients = HTTP_CLIENTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(shared) = clients
+        .iter()
+        .find(|shared| shared.serves(runtime, connect_timeout, tls))
+    {
+        return Ok(shared.http.clone());
+    }
+    let mut builder = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        // Let go of an idle connection before a Cube server closes it (its header timeout,
+        // 30 s by default), so that a request is never sent on one being closed.
+        .pool_idle_timeout(Duration::from_secs(20));
+    if let Some(tls) = tls {
+        builder = builder.tls_backend_preconfigured((**tls).clone());
+    }
+    let http = builder.build()?;
+    // Settings replaced since (a renewed certificate's) are let go of.
+    clients.retain(|shared| {
+        shared
+            .tls
+            .as_ref()
+            .is_none_or(|held| held.strong_count() > 0)
+    });
+    if clients.len() >= MAX_SHARED_CLIENTS {
+        clients.remove(0);
+    }
+    clients.push(SharedHttp {
+        runtime,
+        connect_timeout,
+        tls: tls.map(Arc::downgrade),
+        http: http.clone(),
+    });
+    Ok(http)
+}
+
 /// A client for one Cube server (a manager or a worker). Every request has a timeout.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
@@ -136,19 +221,14 @@ impl ApiClient {
         // Installs the crypto reqwest's own TLS settings need too.
         let _ = crate::tls::provider();
         let base = normalize_address(address, tls.is_some())?;
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            // Let go of an idle connection before a Cube server closes it (its header timeout,
-            // 30 s by default), so that a request is never sent on one being closed.
-            .pool_idle_timeout(Duration::from_secs(20));
-        if let Some(tls) = tls {
-            builder = builder.tls_backend_preconfigured((*tls).clone());
-        }
-        let http = builder.build().map_err(|err| ClientError::Unreachable {
-            url: base.clone(),
-            reason: err.to_string(),
-            kind: Unreached::Connect,
-        })?;
+        let http =
+            shared_http(timeout.min(Duration::from_secs(5)), tls.as_ref()).map_err(|err| {
+                ClientError::Unreachable {
+                    url: base.clone(),
+                    reason: err.to_string(),
+                    kind: Unreached::Connect,
+                }
+            })?;
         Ok(ApiClient {
             http,
             base,
@@ -622,6 +702,67 @@ fn error_chain(err: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many shared clients the current runtime has.
+    fn shared_clients_here() -> usize {
+        let runtime = tokio::runtime::Handle::current().id();
+        HTTP_CLIENTS
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|shared| shared.runtime == Some(runtime))
+            .count()
+    }
+
+    fn some_tls() -> Arc<rustls::ClientConfig> {
+        Arc::new(
+            rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+        )
+    }
+
+    #[tokio::test]
+    async fn clients_of_many_servers_share_one_http_client_per_settings() {
+        let clients: Vec<ApiClient> = (0..500)
+            .map(|n| {
+                ApiClient::new(
+                    &format!("127.0.0.{}:{}", n % 200 + 1, 7000 + n),
+                    Duration::from_secs(5),
+                )
+                .unwrap()
+            })
+            .collect();
+        assert_eq!(clients.len(), 500);
+        assert_eq!(
+            shared_clients_here(),
+            1,
+            "500 plain clients, one reqwest client"
+        );
+        // Another connect timeout, or TLS settings, are other clients; the same settings
+        // again are not.
+        let _short = ApiClient::new("127.0.0.1:7000", Duration::from_secs(1)).unwrap();
+        let tls = some_tls();
+        let _secure =
+            ApiClient::with_tls("127.0.0.1:7000", Duration::from_secs(5), Some(tls.clone()))
+                .unwrap();
+        let _again =
+            ApiClient::with_tls("127.0.0.2:7000", Duration::from_secs(5), Some(tls.clone()))
+                .unwrap();
+        assert_eq!(shared_clients_here(), 3);
+        // Renewed settings: the next client built lets the ones of the replaced settings go.
+        drop((_secure, _again, tls));
+        let _renewed =
+            ApiClient::with_tls("127.0.0.1:7000", Duration::from_secs(5), Some(some_tls()))
+                .unwrap();
+        assert_eq!(
+            shared_clients_here(),
+            3,
+            "the replaced settings' client went"
+        );
+    }
 
     #[test]
     fn addresses_are_read_with_or_without_scheme() {

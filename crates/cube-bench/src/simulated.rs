@@ -312,7 +312,7 @@ pub(crate) async fn sim_workers(
         };
         let worker = Worker::new(
             config,
-            std::sync::Arc::new(MemoryStore::new()),
+            std::sync::Arc::new(MemoryStore::without_history()),
             SimulatedRuntime::default(),
             StatsCollector::new(data_dir.path()),
         );

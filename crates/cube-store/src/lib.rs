@@ -472,6 +472,24 @@ mod contract {
         assert_eq!(next_now(&mut relisted).revision(), 6);
     }
 
+    #[test]
+    fn a_store_without_history_reaches_its_watches_and_keeps_no_change() {
+        let store = MemoryStore::<String>::without_history();
+        store.put("k", &text("1")).unwrap();
+        let mut now = store.watch("", store.revision().unwrap()).unwrap();
+        store.put("k", &text("2")).unwrap();
+        assert_eq!(next_now(&mut now), put_of("k", "2", 2));
+        let err = store.watch("", 1).unwrap().try_next().unwrap().unwrap_err();
+        assert_eq!(
+            err,
+            WatchError::Compacted {
+                requested: 1,
+                oldest: 2
+            }
+        );
+        behaves_like_a_store(&MemoryStore::<String>::without_history());
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn a_watch_waits_for_the_next_commit_without_blocking_the_runtime() {
         let dir = tempfile::tempdir().unwrap();

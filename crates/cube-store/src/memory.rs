@@ -35,6 +35,16 @@ impl<V> MemoryStore<V> {
         }
     }
 
+    /// A store nothing watches from the past: each change reaches the watches open at the time
+    /// and none is kept, so a watch starts at the current revision or is told it is too old.
+    /// A worker's own tasks: nothing watches them, and a history of the last 10,000 changes
+    /// held every task of a simulated worker several times over.
+    pub fn without_history() -> Self {
+        let store = MemoryStore::new();
+        store.lock().hub = ChangeHub::with_limits(0, 0, crate::watch::CHANNEL);
+        store
+    }
+
     #[cfg(test)]
     pub(crate) fn with_watch_limits(history: usize, channel: usize) -> Self {
         let store = MemoryStore::new();

@@ -165,7 +165,7 @@ impl<T> ChangeHub<T> {
     ) -> ChangeHub<T> {
         ChangeHub {
             history: VecDeque::new(),
-            history_capacity: history_capacity.max(1),
+            history_capacity,
             history_bytes: 0,
             max_history_bytes: usize::MAX,
             weigh: |_| 0,

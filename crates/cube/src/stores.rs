@@ -242,4 +242,16 @@ impl OpenedStores {
             (None, None) => Arc::new(MemoryStore::new()),
         })
     }
+
+    /// The store for one table nothing watches from the past (a worker's own tasks): in
+    /// memory, it keeps no history of changes; a file's or etcd's history is bounded by bytes.
+    pub fn unwatched_table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
+    where
+        V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+    {
+        match (&self.db, &self.etcd) {
+            (None, None) => Ok(Arc::new(MemoryStore::without_history())),
+            _ => self.table(name),
+        }
+    }
 }

@@ -297,7 +297,7 @@ pub async fn prepare(args: WorkerArgs) -> anyhow::Result<PreparedWorker> {
 
     // 2. Build: store, Docker, listener, and with TLS the node's certificate.
     let stores = args.store.open(StoreOwner::Worker(name.clone()))?;
-    let tasks = stores.table::<Task>("tasks")?;
+    let tasks = stores.unwatched_table::<Task>("tasks")?;
     let runtime = DockerRuntime::connect().await?;
     let (listener, address) = crate::listen(&args.host, args.port, args.token.is_some()).await?;
     let mut advertised =
