@@ -6,12 +6,13 @@
 //! issue asks: `(tasks - bare) / job-size` service jobs of `--job-size` copies (`POST /jobs`),
 //! and `--bare` bare tasks (`POST /tasks`, `LOAD_CONCURRENCY` at a time), all at once. Every
 //! 5 s a row: tasks placed and running (the manager's `cube_tasks` gauges), placements per
-//! second over the last 5 s (`cube_placements_total`), the manager's RSS and its store file's
-//! size. Then the totals: the time from the first submission until every task is `Running`,
-//! the manager's RSS then; the manager killed and started again on the same file: the time
-//! until it serves a read and its RSS; and the count check (every task once, each `Running`
-//! on a node, the nodes' task counts adding up). `--quick` is the issue's quick figure:
-//! 100,000 tasks on 500 workers.
+//! second over the last 5 s (`cube_placements_total`), the manager's RSS, the simulated
+//! workers' (their processes summed) and the manager's store file's size. Then the totals:
+//! the time from the first submission until every task is `Running`, the manager's and the
+//! simulated workers' RSS then; the manager killed and started again on the same file: the
+//! time until it serves a read and its RSS; and the count check (every task once, each
+//! `Running` on a node, the nodes' task counts adding up). `--quick` is the issue's quick
+//! figure: 100,000 tasks on 500 workers.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -108,6 +109,14 @@ fn parse_look(text: &str) -> Look {
         }
     }
     look
+}
+
+/// The simulated workers' processes' RSS and peak RSS, summed.
+fn sims_mb(sims: &[SimWorkers]) -> anyhow::Result<(f64, f64)> {
+    sims.iter().try_fold((0.0, 0.0), |(rss, peak), sim| {
+        let (one, one_peak) = load::memory_mb(sim.pid)?;
+        Ok((rss + one, peak + one_peak))
+    })
 }
 
 fn file_mb(path: &Path) -> f64 {
@@ -211,9 +220,9 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
 
     println!();
     println!(
-        "| s | submitted | placed | running | placements/s | manager RSS MB | store file MB |"
+        "| s | submitted | placed | running | placements/s | manager RSS MB | simulated workers RSS MB | store file MB |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut last = Look::default();
     let mut moved = Instant::now();
     let mut submitted_in = None;
@@ -234,13 +243,14 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
         }
         let now = look(&http, &base).await?;
         println!(
-            "| {:.0} | {} | {} | {} | {:.0} | {:.0} | {:.0} |",
+            "| {:.0} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} |",
             started.elapsed().as_secs_f64(),
             now.total,
             now.total.saturating_sub(now.pending),
             now.running,
             now.placements.saturating_sub(last.placements) as f64 / EVERY.as_secs_f64(),
             load::memory_mb(manager.pid)?.0,
+            sims_mb(&sims)?.0,
             file_mb(&store_file)
         );
         if now.running >= total as u64 && submitted_in.is_some() {
@@ -257,6 +267,7 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
         last = now;
     };
     let (rss_mb, peak_mb) = load::memory_mb(manager.pid)?;
+    let (sims_rss_mb, sims_peak_mb) = sims_mb(&sims)?;
     let end = look(&http, &base).await?;
     let nodes = load::nodes(&http, &base).await?;
     let on_nodes: usize = nodes.iter().map(|node| node.task_count).sum();
@@ -303,6 +314,15 @@ pub(crate) async fn c1m(options: Options, cube: &Path) -> anyhow::Result<()> {
         "≤ 100 MB at 100,000"
     };
     println!("| manager RSS, all Running (peak) | {rss_mb:.0} MB ({peak_mb:.0}) | {rss_target} |");
+    let sims_target = if total >= 1_000_000 {
+        ""
+    } else {
+        "≤ 200 MB at 100,000"
+    };
+    println!(
+        "| simulated workers' RSS, all Running (peak), {processes} processes summed | \
+         {sims_rss_mb:.0} MB ({sims_peak_mb:.0}) | {sims_target} |"
+    );
     println!("| store file | {store_mb:.0} MB | |");
     println!(
         "| manager restarted: listening, first GET /tasks answered | {:.1} s, {:.1} s | reads within 10 s |",

@@ -49,8 +49,10 @@ pub(crate) const READY_LINE: &str = "cube-bench sim-workers: listening";
 /// removes containers without end, and a worker asks only for the last few seconds.
 const EVENT_LOG: usize = 4096;
 /// Events not yet read by a stream before it is ended (and its worker reconnects and
-/// resynchronises, as after Docker's stream ends).
-const EVENT_BACKLOG: usize = 1024;
+/// resynchronises, as after Docker's stream ends). The channel holds this many slots from the
+/// start, in every simulated worker: at 1,024 they were a tenth of the simulated workers'
+/// memory (100 KB each), which Docker, not a real worker, would hold.
+const EVENT_BACKLOG: usize = 256;
 
 /// A container runtime in memory: what a worker asks of Docker, answered from a map.
 pub(crate) struct SimulatedRuntime {

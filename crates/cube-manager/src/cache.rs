@@ -194,6 +194,11 @@ impl TaskCache {
         Some((page, None))
     }
 
+    /// How many tasks a job owns.
+    pub fn job_len(&self, job: &str) -> usize {
+        self.by_job.get(job).map_or(0, BTreeSet::len)
+    }
+
     /// The tasks a job owns, shared.
     pub fn of_job(&self, job: &str) -> Vec<Arc<Task>> {
         self.by_job

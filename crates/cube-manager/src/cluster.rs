@@ -193,6 +193,17 @@ pub(crate) struct ClusterSettings {
 pub(crate) type WorkerClientFor<'a> =
     &'a dyn Fn(&str, &str) -> Result<ApiClient, cube_api::ClientError>;
 
+/// How long the queue controller's look waits after a task's write, for more writes.
+pub(crate) const QUEUE_LOOK_DELAY: Duration = Duration::from_millis(50);
+
+/// How long a look at a job waits after a change of one of its copies, for the changes of
+/// others: a look reads every copy, so its cost grows with the job. 20 µs a copy: a job of
+/// 10,000 copies whose copies all start at once is looked at five times a second, not once
+/// per copy (which kept a core busy looking); a job of 10 copies at once (0.2 ms).
+pub(crate) fn look_delay(copies: usize) -> Duration {
+    Duration::from_micros(20).saturating_mul(u32::try_from(copies).unwrap_or(u32::MAX))
+}
+
 impl Cluster {
     /// The cluster as `stores` hold it: every task, job, version, deployment, waiting-list
     /// entry and node read into memory, the events numbered in `epoch`. A stored node whose
@@ -463,7 +474,7 @@ impl Cluster {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
             lock(&self.dispatched).remove(&task.id);
         }
-        self.wake_for_task(&task);
+        self.wake_for_task(state, &task);
         let id = task.id;
         let changed = self.cache_task(state, task);
         if changed.began_waiting {
@@ -474,16 +485,19 @@ impl Cluster {
     }
 
     /// What a write of a task wakes, declared once: its job's controller looks again (a
-    /// copy changed state), and so does the queue controller (`cache_task` marks the task's
-    /// request). Both are level-triggered: a look that finds nothing to do writes nothing.
-    /// The placement pass is woken by [`Cluster::settle`] for a task that began to wait and
-    /// for room that a write freed (see [`Writes`]); the task controller by whoever asks for
-    /// a reconcile of the task.
-    fn wake_for_task(&self, task: &Task) {
+    /// copy changed state), after [`look_delay`] so that the changes of many copies make one
+    /// look; and so does the queue controller (`cache_task` marks the task's request), after
+    /// [`QUEUE_LOOK_DELAY`] for the same reason (a look reads every copy of a marked job).
+    /// Both are level-triggered: a look that finds nothing to do writes nothing. The placement
+    /// pass is woken by [`Cluster::settle`] for a task that began to wait and for room that a
+    /// write freed (see [`Writes`]); the task controller by whoever asks for a reconcile of
+    /// the task.
+    fn wake_for_task(&self, state: &Shared, task: &Task) {
         if !task.spec.job.is_empty() {
-            self.mark_job_dirty(&task.spec.job);
+            let delay = look_delay(state.cache.job_len(&task.spec.job));
+            self.wakes.jobs.push_after(task.spec.job.clone(), delay);
         }
-        self.push_queue();
+        self.wakes.queue.push_after((), QUEUE_LOOK_DELAY);
     }
 
     /// Asks the job controller to look at job `name` (again).

@@ -45,6 +45,30 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
     copy_from(&template, job, group_index, index)
 }
 
+/// The group's template, [`copy_of`] with no pin, sharing its spec body with one of the first
+/// copies of `owned` in the group whose body is equal: then [`has_current_spec`] knows every
+/// copy sharing that body by one pointer comparison instead of comparing 26 fields (a look
+/// at 10,000 copies spent most of its time comparing their strings).
+pub fn template_of(record: &JobRecord, group_index: usize, owned: &[&Task]) -> Task {
+    let mut template = copy_of(record, group_index, 0, None);
+    let group = &record.job.groups[group_index].name;
+    // A few tries: in a rolling update the first copies may be of the earlier version, and a
+    // failed try costs a comparison of every field.
+    for copy in owned
+        .iter()
+        .filter(|task| task.spec.group == *group)
+        .take(SHARING_TRIES)
+    {
+        if template.spec.share_body_of(&copy.spec) {
+            break;
+        }
+    }
+    template
+}
+
+/// How many copies [`template_of`] compares its body with.
+const SHARING_TRIES: usize = 4;
+
 /// Copy `index` of the group from its `template` ([`copy_of`] with no pin, made once per
 /// group and look): what [`copy_of`] makes, sharing the template's spec body, so that the
 /// copies of one job version hold their spec once.
@@ -66,6 +90,10 @@ pub fn copy_from(template: &Task, job: &Job, group_index: usize, index: u32) -> 
 /// own (reading it as a pin once made every copy look changed, and the job replaced its copy
 /// in a tight loop).
 pub(crate) fn has_current_spec(task: &Task, template: &Task) -> bool {
+    // One body: every field the same, the constraints too (no pin: a pin is in the body).
+    if task.spec.shares_body_with(&template.spec) {
+        return true;
+    }
     let wanted = template.spec.constraints.as_slice();
     let constraints = task.spec.constraints.as_slice();
     let same_constraints = constraints == wanted

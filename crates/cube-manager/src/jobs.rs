@@ -15,7 +15,7 @@ use cube_types::{State, Task};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::copies::{copy_from, has_current_spec};
+use crate::copies::{copy_from, has_current_spec, template_of};
 pub use crate::copies::{copy_of, is_live};
 use crate::rollout::{self, Mode};
 
@@ -318,7 +318,7 @@ fn plan_counted<'a>(
         .copied()
         .filter(|task| is_live(task) || (batch && is_complete(task)))
         .partition(|task| is_moving(task, moving.draining));
-    let template = copy_of(record, group_index, 0, None);
+    let template = template_of(record, group_index, mine);
     // One copy per index: an extra one for an index is a duplicate, and goes. In the canary
     // phase the rule is per version: a canary takes the index of the old copy it will
     // replace (`canary_indexes`), so an old copy and its canary share an index and both
@@ -540,7 +540,7 @@ pub fn changed_copies(record: &JobRecord, owned: &[&Task]) -> usize {
         .iter()
         .enumerate()
         .map(|(group_index, group)| {
-            let template = copy_of(record, group_index, 0, None);
+            let template = template_of(record, group_index, owned);
             owned
                 .iter()
                 .filter(|task| task.spec.group == group.name && is_live(task))
@@ -575,7 +575,7 @@ fn plan_system<'a>(
             .all(|constraint| constraint.admits(&node.name, &node.labels))
     };
     let by_name: BTreeMap<&str, &NodeFacts> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
-    let template = copy_of(record, group_index, 0, None);
+    let template = template_of(record, group_index, mine);
     let mut covered = BTreeSet::new();
     let mut live: Vec<&Task> = mine.iter().copied().filter(|task| is_live(task)).collect();
     live.sort_by_key(|task| (task.status.created_time, task.id));
@@ -821,6 +821,33 @@ mod tests {
         changed.spec.image = "cube-sample:v2".into();
         assert!(!changed.spec.shares_body_with(&first.spec));
         assert_eq!(first.spec.image, "cube-sample:latest");
+    }
+
+    #[test]
+    fn the_template_shares_the_body_of_a_current_copy_and_still_tells_an_old_one() {
+        let v1 = versioned(3, 1, Default::default());
+        let v2 = versioned(3, 2, Default::default());
+        // Copies of v1 made in another look (each its own body), the first one old.
+        let copies = [
+            healthy_copy(&v1, 0),
+            healthy_copy(&v2, 1),
+            healthy_copy(&v2, 2),
+        ];
+        let owned: Vec<&Task> = copies.iter().collect();
+        let template = template_of(&v2, 0, &owned);
+        assert!(template.spec.shares_body_with(&copies[1].spec));
+        assert!(!template.spec.shares_body_with(&copies[0].spec));
+        assert!(!has_current_spec(&copies[0], &template));
+        assert!(has_current_spec(&copies[1], &template));
+        // The third copy's body is equal but its own: compared field by field, still current.
+        assert!(!template.spec.shares_body_with(&copies[2].spec));
+        assert!(has_current_spec(&copies[2], &template));
+        // A system copy's pin is in its body: never shared with the template, still current.
+        let system = record(JobType::System, None);
+        let pinned = copy_of(&system, 0, 0, Some("node-1"));
+        let template = template_of(&system, 0, &[&pinned]);
+        assert!(!template.spec.shares_body_with(&pinned.spec));
+        assert!(has_current_spec(&pinned, &template));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use cube_types::deployment::{Deployment, DeploymentGroup, DeploymentState, Updat
 use cube_types::job::JobRecord;
 use uuid::Uuid;
 
-use crate::copies::{copy_of, has_current_spec, is_live};
+use crate::copies::{has_current_spec, is_live, template_of};
 
 /// How a group's copies whose spec changed are replaced in this look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +92,7 @@ fn started(record: &JobRecord, owned: &[&Task], now: DateTime<Utc>) -> Deploymen
             if record.revert_of.is_some() {
                 update.canary = 0;
             }
-            let template = copy_of(record, group_index, 0, None);
+            let template = template_of(record, group_index, owned);
             let has_old = owned.iter().any(|task| {
                 task.spec.group == group.name && is_live(task) && !has_current_spec(task, &template)
             });
@@ -204,7 +204,7 @@ fn look_at_group(
     now: DateTime<Utc>,
 ) -> GroupLook {
     let spec = &record.job.groups[group_index];
-    let template = copy_of(record, group_index, 0, None);
+    let template = template_of(record, group_index, owned);
     let update = group.update;
     let started_at = deployment.create_time.unwrap_or(now);
     let mine: Vec<&Task> = owned
@@ -476,6 +476,7 @@ mod tests {
     use cube_types::job::{Group, Job, JobType, Update};
 
     use super::*;
+    use crate::copies::copy_of;
 
     fn record(count: u32, update: Update, version: u64) -> JobRecord {
         let mut task = Task::new("", "cube-sample:latest");
