@@ -197,11 +197,12 @@ pub(crate) type WorkerClientFor<'a> =
 pub(crate) const QUEUE_LOOK_DELAY: Duration = Duration::from_millis(50);
 
 /// How long a look at a job waits after a change of one of its copies, for the changes of
-/// others: a look reads every copy, so its cost grows with the job. 20 µs a copy: a job of
-/// 10,000 copies whose copies all start at once is looked at five times a second, not once
-/// per copy (which kept a core busy looking); a job of 10 copies at once (0.2 ms).
+/// others: a look reads every copy (about 0.5 µs each), so its cost grows with the job.
+/// 100 µs a copy: while all the copies of a job of 10,000 start, it is looked at once a
+/// second, not once per copy (which kept a core busy looking), and 100 such jobs take half a
+/// core; a job of 10 copies is looked at within a millisecond.
 pub(crate) fn look_delay(copies: usize) -> Duration {
-    Duration::from_micros(20).saturating_mul(u32::try_from(copies).unwrap_or(u32::MAX))
+    Duration::from_micros(100).saturating_mul(u32::try_from(copies).unwrap_or(u32::MAX))
 }
 
 impl Cluster {

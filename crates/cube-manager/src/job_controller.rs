@@ -267,6 +267,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copys_write_wakes_its_job_after_a_delay_that_grows_with_the_job() {
+        let (cluster, controller) = controller_with(record(3));
+        controller.converge("web").await.expect("a look");
+        cluster.wakes.jobs.forget(&"web".to_string());
+        let mut copy = stored_copies(&cluster).remove(0);
+        copy.status.state = State::Scheduled;
+        let before = tokio::time::Instant::now();
+        cluster.store_for_tests(copy).await;
+        let due = cluster
+            .wakes
+            .jobs
+            .deadline(&"web".to_string())
+            .expect("a copy's write wakes its job");
+        assert!(due >= before + crate::cluster::look_delay(3), "{:?}", due - before);
+        assert!(due <= tokio::time::Instant::now() + crate::cluster::look_delay(3));
+        assert_eq!(crate::cluster::look_delay(10_000), std::time::Duration::from_secs(1));
+    }
+
+    #[tokio::test]
     async fn a_job_scaled_down_has_its_surplus_copy_stopped_and_its_controller_woken() {
         let (cluster, controller) = controller_with(record(2));
         controller.converge("web").await.expect("a look");

@@ -137,11 +137,30 @@ enum LookError {
 pub(crate) struct QueueController {
     cluster: Arc<Cluster>,
     records: Arc<JobRecords>,
+    /// No look before this: the rest after the last one ([`REST_PER_LOOK`]).
+    rest_until: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// After a look, the controller rests this many times as long as the look took before it
+/// looks again: a look reads every copy of each job marked, and while the copies of big jobs
+/// all change at once (10,000 starting), looks back to back kept a core busy. What changed
+/// meanwhile is marked and read by the next look; the controller spends at most a quarter of
+/// a core.
+const REST_PER_LOOK: u32 = 3;
 
 impl QueueController {
     pub(crate) fn new(cluster: Arc<Cluster>, records: Arc<JobRecords>) -> QueueController {
-        QueueController { cluster, records }
+        QueueController {
+            cluster,
+            records,
+            rest_until: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn rest_until(&self) -> std::sync::MutexGuard<'_, Option<std::time::Instant>> {
+        self.rest_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Keeps the waiting list until `shutdown`: every request is read at start.
@@ -167,7 +186,14 @@ impl QueueController {
 
     /// One look: plan, sync the entries that changed, stop what expired.
     pub(crate) async fn look(&self) -> Result<Action, String> {
+        let started = std::time::Instant::now();
+        if let Some(until) = *self.rest_until()
+            && until > started
+        {
+            return Ok(Action::RequeueAfter(until - started));
+        }
         let (planned, actions) = self.plan_queue();
+        *self.rest_until() = Some(std::time::Instant::now() + started.elapsed() * REST_PER_LOOK);
         let done = async {
             self.sync_queue(&planned, actions).await?;
             for expiry in &planned.expire {
