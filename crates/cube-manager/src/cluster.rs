@@ -542,36 +542,49 @@ impl Cluster {
 
     /// The scheduler's snapshot of every node: what it offers, what is placed there.
     pub(crate) fn node_views(&self, state: &Shared) -> Vec<cube_scheduler::NodeView> {
+        self.each_node_view(state).collect()
+    }
+
+    /// [`Cluster::node_views`] one at a time, for a look that may stop at the first node.
+    pub(crate) fn each_node_view<'a>(
+        &'a self,
+        state: &'a Shared,
+    ) -> impl Iterator<Item = cube_scheduler::NodeView> + 'a {
         let now = Instant::now();
-        state
-            .nodes
-            .entries()
-            .map(|entry| {
-                let load = state.cache.load(&entry.name);
-                cube_scheduler::NodeView {
-                    name: entry.name.clone(),
-                    ready: entry.is_ready(now, self.heartbeat_grace()),
-                    ineligible: !entry.eligible,
-                    capacity: entry.capacity,
-                    allocated: load.map(|load| load.allocated).unwrap_or_default(),
-                    task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
-                    host_ports_taken: load
-                        .map(|load| load.host_ports.keys().copied().collect())
-                        .unwrap_or_default(),
-                    labels: entry.labels.clone(),
-                    host_policy: entry.host_policy.clone(),
-                }
-            })
-            .collect()
+        state.nodes.entries().map(move |entry| {
+            let load = state.cache.load(&entry.name);
+            cube_scheduler::NodeView {
+                name: entry.name.clone(),
+                ready: entry.is_ready(now, self.heartbeat_grace()),
+                ineligible: !entry.eligible,
+                capacity: entry.capacity,
+                allocated: load.map(|load| load.allocated).unwrap_or_default(),
+                task_count: load.map(|load| load.tasks.len()).unwrap_or(0),
+                host_ports_taken: load
+                    .map(|load| load.host_ports.keys().copied().collect())
+                    .unwrap_or_default(),
+                labels: entry.labels.clone(),
+                host_policy: entry.host_policy.clone(),
+            }
+        })
     }
 
     /// What the job controller's plan needs of each node.
-    pub(crate) fn node_facts(&self) -> Vec<crate::jobs::NodeFacts> {
-        let state = lock(&self.state);
+    ///
+    /// A system job's look reads every node (a copy on each); any other job's only the
+    /// draining ones (its copies there move): with 10,000 nodes, the facts of every node at
+    /// every look of a service job were a tenth of the manager's time.
+    pub(crate) fn node_facts(
+        &self,
+        state: &Shared,
+        job_type: JobType,
+    ) -> Vec<crate::jobs::NodeFacts> {
         let now = Instant::now();
+        let every_node = job_type == JobType::System;
         state
             .nodes
             .entries()
+            .filter(|entry| every_node || entry.drain.is_some())
             .map(|entry| crate::jobs::NodeFacts {
                 name: entry.name.clone(),
                 ready: entry.is_ready(now, self.heartbeat_grace()),

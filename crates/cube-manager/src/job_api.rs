@@ -370,9 +370,13 @@ impl Manager {
         // The job as the API last stored it (what a submission now would be compared with).
         let known = lock(&self.cluster.state).jobs.get(&job.name).cloned();
         let (outcome, record) = next_record(known.as_deref(), job, None);
-        let nodes = self.cluster.node_facts();
-        let (tasks, deployment, last_stable) =
-            lock(&self.cluster.state).job_look_inputs(&record.job.name, record.version);
+        let (nodes, (tasks, deployment, last_stable)) = {
+            let state = lock(&self.cluster.state);
+            (
+                self.cluster.node_facts(&state, record.job.job_type),
+                state.job_look_inputs(&record.job.name, record.version),
+            )
+        };
         let diff = match (&known, outcome) {
             (None, _) => vec!["a new job".to_string()],
             (Some(known), JobSubmitted::Changed | JobSubmitted::Scaled) => {

@@ -96,9 +96,9 @@ impl JobController {
     /// read in a short hold of the lock; a change between them wakes the job again, and the
     /// next look sees it.
     fn job_inputs(&self, name: &str) -> Option<JobInputs> {
-        let nodes = self.cluster.node_facts();
         let state = lock(&self.cluster.state);
         let record = state.jobs.get(name)?.clone();
+        let nodes = self.cluster.node_facts(&state, record.job.job_type);
         let (tasks, deployment, last_stable) = state.job_look_inputs(name, record.version);
         Some(JobInputs {
             record,

@@ -570,7 +570,21 @@ impl Manager {
 
     /// Why no node known today could hold these tasks ([`crate::placement::fits_nowhere_today`]).
     pub(crate) fn fits_nowhere_today(&self, tasks: &[(&Task, usize)]) -> Vec<String> {
-        let views = self.cluster.node_views(&lock(&self.cluster.state));
+        let state = lock(&self.cluster.state);
+        // One task that fits a node of today, empty, is told nothing: found at the first such
+        // node, not after a view of every node (with 10,000 nodes, that view was a third of
+        // the manager's time while bare tasks came in).
+        if let [(task, 1)] = tasks {
+            let request = cube_scheduler::TaskRequest::for_task(task);
+            if self
+                .cluster
+                .each_node_view(&state)
+                .any(|view| cube_scheduler::explain::fits_empty(&request, &view))
+            {
+                return Vec::new();
+            }
+        }
+        let views = self.cluster.node_views(&state);
         crate::placement::fits_nowhere_today(&views, tasks)
     }
 

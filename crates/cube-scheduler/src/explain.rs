@@ -78,6 +78,24 @@ pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<
     }
 }
 
+/// `node` as it would be empty, ready and in service.
+fn emptied(node: &NodeView) -> NodeView {
+    NodeView {
+        ready: true,
+        ineligible: false,
+        allocated: cube_types::Resources::default(),
+        task_count: 0,
+        host_ports_taken: BTreeSet::new(),
+        ..node.clone()
+    }
+}
+
+/// Whether `node`, empty, ready and in service, could hold the task: a submission that fits
+/// one such node is told nothing, and is found at the first one, without a look at the rest.
+pub fn fits_empty(task: &TaskRequest, node: &NodeView) -> bool {
+    crate::FilterChain::standard().admits(task, &emptied(node))
+}
+
 /// Why no node known today could hold the task even empty, ready and in service, or `None`
 /// when one could (or when no node has joined: nothing can be said). What a submission is
 /// answered with as a warning: the request is accepted and waits, since nodes join later
@@ -87,25 +105,12 @@ pub fn too_big_for_every_node(task: &TaskRequest, nodes: &[NodeView]) -> Option<
 /// largest node has 8.0 GiB`; `no node matches label.zone = eu (0 of 3)`; otherwise every
 /// node's own reason (`no node could hold it today, even empty: ...`).
 pub fn fits_no_node_today(task: &TaskRequest, nodes: &[NodeView]) -> Option<String> {
-    if nodes.is_empty() {
+    if nodes.is_empty() || nodes.iter().any(|node| fits_empty(task, node)) {
         return None;
     }
-    let empty: Vec<NodeView> = nodes
-        .iter()
-        .map(|node| NodeView {
-            ready: true,
-            ineligible: false,
-            allocated: cube_types::Resources::default(),
-            task_count: 0,
-            host_ports_taken: BTreeSet::new(),
-            ..node.clone()
-        })
-        .collect();
+    let empty: Vec<NodeView> = nodes.iter().map(emptied).collect();
     let chain = crate::FilterChain::standard();
     let rejections = chain.rejections(task, &empty);
-    if rejections.len() < empty.len() {
-        return None;
-    }
     if let Some(why) = too_big_for_every_node(task, &empty) {
         return Some(why);
     }
