@@ -280,9 +280,16 @@ mod tests {
             .jobs
             .deadline(&"web".to_string())
             .expect("a copy's write wakes its job");
-        assert!(due >= before + crate::cluster::look_delay(3), "{:?}", due - before);
+        assert!(
+            due >= before + crate::cluster::look_delay(3),
+            "{:?}",
+            due - before
+        );
         assert!(due <= tokio::time::Instant::now() + crate::cluster::look_delay(3));
-        assert_eq!(crate::cluster::look_delay(10_000), std::time::Duration::from_secs(1));
+        assert_eq!(
+            crate::cluster::look_delay(10_000),
+            std::time::Duration::from_secs(1)
+        );
     }
 
     #[tokio::test]

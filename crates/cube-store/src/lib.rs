@@ -452,20 +452,30 @@ mod contract {
         a_slow_watcher_is_dropped_not_waited_for(&persistent(&tempfile::tempdir().unwrap()));
     }
 
+    /// A watch of `store` from `from` ends at once, told to relist from `oldest`.
+    fn assert_compacted(store: &dyn Store<String>, from: u64, oldest: u64) {
+        let err = store
+            .watch("", from)
+            .unwrap()
+            .try_next()
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            WatchError::Compacted {
+                requested: from,
+                oldest
+            }
+        );
+    }
+
     #[test]
     fn a_watch_older_than_the_kept_changes_says_relist() {
         let store = MemoryStore::<String>::with_watch_limits(3, 16);
         for n in 1..=5 {
             store.put("k", &n.to_string()).unwrap();
         }
-        let err = store.watch("", 1).unwrap().try_next().unwrap().unwrap_err();
-        assert_eq!(
-            err,
-            WatchError::Compacted {
-                requested: 1,
-                oldest: 2
-            }
-        );
+        assert_compacted(&store, 1, 2);
         let listing = store.list_with_revision().unwrap();
         let mut relisted = store.watch("", listing.revision).unwrap();
         store.put("k", &text("6")).unwrap();
@@ -479,14 +489,7 @@ mod contract {
         let mut now = store.watch("", store.revision().unwrap()).unwrap();
         store.put("k", &text("2")).unwrap();
         assert_eq!(next_now(&mut now), put_of("k", "2", 2));
-        let err = store.watch("", 1).unwrap().try_next().unwrap().unwrap_err();
-        assert_eq!(
-            err,
-            WatchError::Compacted {
-                requested: 1,
-                oldest: 2
-            }
-        );
+        assert_compacted(&store, 1, 2);
         behaves_like_a_store(&MemoryStore::<String>::without_history());
     }
 
