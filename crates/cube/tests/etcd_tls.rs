@@ -126,26 +126,18 @@ async fn await_leader(
 /// Waits until node `name`, as `client` reads it, is `Ready` with a heartbeat taken after
 /// `after`.
 async fn await_beating(client: &Client, name: &str, after: chrono::DateTime<chrono::Utc>) -> Value {
-    let deadline = Instant::now() + support::STATE_BOUND;
-    loop {
-        let answer = client.get(&format!("/nodes/{name}")).await;
+    let path = format!("/nodes/{name}");
+    let what = format!("node {name} not beating since {after}");
+    let poll = support::Poll::every(Duration::from_millis(50), support::STATE_BOUND);
+    let beating = |answer: &support::Answer| {
         let beat = answer.body["LastHeartbeat"]
             .as_str()
             .and_then(|text| chrono::DateTime::parse_from_rfc3339(text).ok());
-        if answer.status == 200
+        answer.status == 200
             && answer.body["Status"] == "Ready"
             && beat.is_some_and(|beat| beat > after)
-        {
-            return answer.body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "node {name} not beating since {after}: {} {}",
-            answer.status,
-            answer.body
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    client.await_answer(&path, &what, poll, beating).await.body
 }
 
 #[tokio::test]

@@ -557,18 +557,52 @@ impl Client {
 
     /// Polls the task every 20 ms until `done` holds for it; fails after `STATE_BOUND`.
     pub async fn await_task(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + STATE_BOUND;
+        let path = format!("/tasks/{id}");
+        let poll = Poll::every(Duration::from_millis(20), STATE_BOUND);
+        self.await_answer(&path, &format!("task {id}: no {what}"), poll, |answer| {
+            done(&answer.body)
+        })
+        .await
+        .body
+    }
+
+    /// Polls `GET path` until `done` holds for the answer; fails after `poll.bound`, saying
+    /// `what` was not seen, with the answer last seen.
+    pub async fn await_answer(
+        &self,
+        path: &str,
+        what: &str,
+        poll: Poll,
+        done: impl Fn(&Answer) -> bool,
+    ) -> Answer {
+        let deadline = Instant::now() + poll.bound;
         loop {
-            let task = self.get(&format!("/tasks/{id}")).await.body;
-            if done(&task) {
-                return task;
+            let answer = self.get(path).await;
+            if done(&answer) {
+                return answer;
             }
             assert!(
                 Instant::now() < deadline,
-                "task {id}: no {what} within {STATE_BOUND:?}: {task}"
+                "{what} within {:?}: {} {}",
+                poll.bound,
+                answer.status,
+                answer.body
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(poll.every).await;
         }
+    }
+}
+
+/// How often [`Client::await_answer`] asks, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub struct Poll {
+    pub every: Duration,
+    pub bound: Duration,
+}
+
+impl Poll {
+    pub fn every(every: Duration, bound: Duration) -> Poll {
+        Poll { every, bound }
     }
 }
 
@@ -576,19 +610,13 @@ impl Client {
     /// Polls `GET /jobs/{name}` every 100 ms until `done` holds; fails after 60 s with the
     /// job as last seen.
     pub async fn await_job(&self, name: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let bound = Duration::from_secs(60);
-        let deadline = Instant::now() + bound;
-        loop {
-            let job = self.get(&format!("/jobs/{name}")).await.body;
-            if done(&job) {
-                return job;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "job {name}: not {what} within {bound:?}: {job}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let path = format!("/jobs/{name}");
+        let poll = Poll::every(Duration::from_millis(100), Duration::from_secs(60));
+        self.await_answer(&path, &format!("job {name}: not {what}"), poll, |answer| {
+            done(&answer.body)
+        })
+        .await
+        .body
     }
 }
 
@@ -596,20 +624,12 @@ impl Client {
     /// Polls `GET /queue/{kind}/{id}` every 20 ms until the request has its entry (the queue
     /// controller writes it after the submission is answered); fails after `STATE_BOUND`.
     pub async fn await_queue_entry(&self, kind: &str, id: &str) -> Value {
-        let deadline = Instant::now() + STATE_BOUND;
-        loop {
-            let entry = self.get(&format!("/queue/{kind}/{id}")).await;
-            if entry.status == 200 {
-                return entry.body;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{kind} {id}: no entry in the waiting list within {STATE_BOUND:?}: {} {}",
-                entry.status,
-                entry.body
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let path = format!("/queue/{kind}/{id}");
+        let what = format!("{kind} {id}: no entry in the waiting list");
+        let poll = Poll::every(Duration::from_millis(20), STATE_BOUND);
+        self.await_answer(&path, &what, poll, |answer| answer.status == 200)
+            .await
+            .body
     }
 }
 
