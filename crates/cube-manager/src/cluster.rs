@@ -12,7 +12,8 @@
 //! Every write of a task goes through [`Cluster::save`] (or [`Cluster::reload_task`]), and
 //! what a task's change wakes is declared there once: its job and the queue controller
 //! ([`Cluster::wake_for_task`]), and the placement pass, recorded in [`Writes`] and asked for
-//! by [`Cluster::settle`] once the writes are durable.
+//! by [`Cluster::settle`] once the writes are durable. What a node's change wakes is declared
+//! once too, by the kind of change ([`NodeChange`], [`Cluster::wake_for_node`]).
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -501,6 +502,53 @@ impl Cluster {
         self.wakes.queue.push_after((), QUEUE_LOOK_DELAY);
     }
 
+    /// Declares a node's change where it is applied, under the lock: when the node has room it
+    /// did not have, every waiting request is marked from this hold of the lock on (as
+    /// `cache_task` does for room a task freed), so that a placement pass in between reads them
+    /// all in the waiting list's order. What the change wakes comes once it is durable: hand
+    /// the answer to [`Cluster::wake_for_node`].
+    pub(crate) fn node_changed(
+        &self,
+        state: &mut Shared,
+        name: &str,
+        change: NodeChange,
+    ) -> NodeWake {
+        if change.frees_room() {
+            state.placement_dirty.mark_everything();
+        }
+        NodeWake {
+            name: name.to_string(),
+            change,
+        }
+    }
+
+    /// What a node's change wakes, declared here once for every kind of change (see
+    /// [`NodeChange`]); called once the change is durable.
+    pub(crate) fn wake_for_node(&self, wake: NodeWake) {
+        let NodeWake { name, change } = wake;
+        match change {
+            NodeChange::Room => {
+                // Stops to deliver and lost runs to report there; what waits may go there;
+                // system jobs may want a copy there.
+                self.push_node_tasks(&name);
+                self.push_waiting();
+                self.mark_system_jobs_dirty();
+            }
+            // System jobs may want a copy there, or no longer want the one they have.
+            NodeChange::Facts | NodeChange::Removed => self.mark_system_jobs_dirty(),
+            NodeChange::Enabled => {
+                // What waits may go there; jobs may place copies there again.
+                self.push_waiting();
+                self.mark_all_jobs_dirty();
+            }
+            // Its job copies move (a drain) or stay where they are, but no new one goes there.
+            NodeChange::OutOfService => self.mark_all_jobs_dirty(),
+            // Down: its tasks' writes (`Lost`) wake their jobs and the queue, and whoever lost
+            // them wakes the task controller for each. Drained: nothing is left to move.
+            NodeChange::Down | NodeChange::Drained => {}
+        }
+    }
+
     /// Asks the job controller to look at job `name` (again).
     pub(crate) fn mark_job_dirty(&self, name: &str) {
         self.wakes.jobs.push(name.to_string());
@@ -863,7 +911,7 @@ impl Cluster {
         name: &str,
         change: impl FnOnce(&mut crate::nodes::NodeEntry) -> Option<&'static str>,
     ) -> Result<bool, NodeUpdateError> {
-        let commit = {
+        let (commit, wake) = {
             let mut state = lock(&self.state);
             let entry = state
                 .nodes
@@ -872,23 +920,66 @@ impl Cluster {
             let Some(kind) = change(entry) else {
                 return Ok(false);
             };
-            if kind == "NodeEligible" {
-                // The node takes work from this hold of the lock on: every waiting request is
-                // marked now, not after the write, so that a placement pass in between reads
-                // them all in the waiting list's order (as `cache_task` does).
-                state.placement_dirty.mark_everything();
-            }
+            let wake = NodeChange::of_event(kind)
+                .map(|change| self.node_changed(&mut state, name, change));
             let Some(entry) = state.nodes.get(name) else {
                 return Ok(false);
             };
             let view = self.node_view(&state, entry, Instant::now());
             let commit = self.stores.nodes.put_queued(name, &view)?;
             self.publish_node(&state, name, kind);
-            commit
+            (commit, wake)
         };
         commit.durable().await?;
+        if let Some(wake) = wake {
+            self.wake_for_node(wake);
+        }
         Ok(true)
     }
+}
+
+/// What changed about a node, by what it means for the controllers: [`Cluster::wake_for_node`]
+/// says once what each kind wakes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NodeChange {
+    /// It joined, came back (from `Down` or `Unreachable`) or grew: it has room it did not have.
+    Room,
+    /// Its address, labels or version changed, and no room appeared.
+    Facts,
+    /// It takes work again (eligible again; a drain under way ends).
+    Enabled,
+    /// It takes no new work: ineligible, or draining.
+    OutOfService,
+    /// Its drain ended with nothing left to move.
+    Drained,
+    /// It stopped reporting: its tasks are lost.
+    Down,
+    /// It was forgotten.
+    Removed,
+}
+
+impl NodeChange {
+    /// The change a node event made by [`Cluster::update_node`] stands for.
+    fn of_event(kind: &str) -> Option<NodeChange> {
+        match kind {
+            "NodeEligible" => Some(NodeChange::Enabled),
+            "NodeIneligible" | "NodeDrain" => Some(NodeChange::OutOfService),
+            "NodeDrained" => Some(NodeChange::Drained),
+            _ => None,
+        }
+    }
+
+    /// Whether the node has room it did not have.
+    fn frees_room(self) -> bool {
+        matches!(self, NodeChange::Room | NodeChange::Enabled)
+    }
+}
+
+/// A node's change whose wakes are still to come ([`Cluster::node_changed`]).
+#[must_use = "a node's change wakes the controllers only through Cluster::wake_for_node, once durable"]
+pub(crate) struct NodeWake {
+    name: String,
+    change: NodeChange,
 }
 
 /// A cluster on memory stores, read from `stores`, for the unit tests of one controller

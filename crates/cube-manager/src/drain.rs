@@ -21,7 +21,7 @@ use cube_types::{Node, NodeStatus, State};
 
 use crate::manager::{Manager, ManagerError};
 
-use crate::cluster::lock;
+use crate::cluster::{NodeChange, lock};
 
 impl Manager {
     /// `POST /nodes/{name}/eligibility`: whether new tasks may go to the node. Enabling a
@@ -43,13 +43,8 @@ impl Manager {
             })
             .await?;
         if changed {
+            // What the change wakes: `Cluster::wake_for_node`.
             tracing::info!(node = name, eligible, "node eligibility changed");
-            if eligible {
-                // It can take work again: what waits may go there, system jobs too.
-                self.cluster.push_waiting();
-                self.cluster.mark_system_jobs_dirty();
-            }
-            self.cluster.mark_all_jobs_dirty();
         }
         self.node(name)
     }
@@ -90,7 +85,6 @@ impl Manager {
             })
             .await?;
         tracing::info!(node = name, ?deadline, "draining a node");
-        self.cluster.mark_all_jobs_dirty();
         self.node(name)
     }
 
@@ -101,7 +95,7 @@ impl Manager {
     /// that is gone.
     pub async fn remove_node(&self, name: &str) -> Result<(), ManagerError> {
         let mut writes = crate::cluster::Writes::default();
-        let failed = {
+        let (failed, wake) = {
             let mut state = lock(&self.cluster.state);
             let entry = state
                 .nodes
@@ -148,6 +142,9 @@ impl Manager {
                 failed.push(id);
             }
             state.nodes.remove(name);
+            let wake = self
+                .cluster
+                .node_changed(&mut state, name, NodeChange::Removed);
             self.cluster.publish(
                 crate::events::Topic::Node,
                 "NodeRemoved",
@@ -155,7 +152,7 @@ impl Manager {
                 None,
                 serde_json::json!({"Name": name}),
             );
-            failed
+            (failed, wake)
         };
         self.cluster.settle(writes).await?;
         self.followers.stop_following(name);
@@ -168,7 +165,7 @@ impl Manager {
         for id in failed {
             self.cluster.wakes.tasks.push(id);
         }
-        self.cluster.mark_system_jobs_dirty();
+        self.cluster.wake_for_node(wake);
         Ok(())
     }
 }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::cluster::{Cluster, Shared, Writes, lock};
+use crate::cluster::{Cluster, NodeChange, Shared, Writes, lock};
 use crate::nodes::node_status_event;
 use crate::observation::{is_stray, merge_observation};
 
@@ -240,22 +240,19 @@ impl Followers {
                         if let Some(entry) = state.nodes.get_mut(&name) {
                             entry.followed_at = Some(Instant::now());
                         }
-                        if back {
-                            // The node takes work again from this hold of the lock on.
-                            state.placement_dirty.mark_everything();
+                        back.then(|| {
+                            // It takes work again, and what waits to be sent there can go.
                             self.publish_node_status(&state, &name);
-                        }
-                        back
+                            self.cluster
+                                .node_changed(&mut state, &name, NodeChange::Room)
+                        })
                     };
-                    if !reachable || back {
+                    if !reachable || back.is_some() {
                         tracing::info!(node = %name, "following the node's tasks again");
                         reachable = true;
                     }
-                    if back {
-                        // It can take work again, and what waits to be sent there can go.
-                        self.cluster.push_node_tasks(&name);
-                        self.cluster.push_waiting();
-                        self.cluster.mark_system_jobs_dirty();
+                    if let Some(wake) = back {
+                        self.cluster.wake_for_node(wake);
                     }
                     let (strays, forgotten) = self.observe(&name, tasks, complete).await;
                     for id in forgotten {

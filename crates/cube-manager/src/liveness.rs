@@ -17,7 +17,7 @@ use cube_types::State;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::cluster::{Cluster, Writes, lock};
+use crate::cluster::{Cluster, NodeChange, NodeWake, Writes, lock};
 use crate::nodes::drain_counts;
 
 /// The liveness controller (see the module comment).
@@ -49,25 +49,34 @@ impl Liveness {
     /// wakes the task controller for each), and ends the drains with nothing left to move.
     pub(crate) async fn look(&self, now: Instant) {
         let mut writes = Writes::default();
-        let lost = self.mark_silent_nodes_down(now, &mut writes);
+        let (lost, down) = self.mark_silent_nodes_down(now, &mut writes);
         let _ = self.cluster.settle(writes).await;
         for id in lost {
             self.cluster.wakes.tasks.push(id);
+        }
+        for wake in down {
+            self.cluster.wake_for_node(wake);
         }
         self.finish_drains().await;
     }
 
     /// Marks the nodes that stopped reporting `Down` (once each) and their tasks `Lost`;
-    /// returns those tasks.
-    fn mark_silent_nodes_down(&self, now: Instant, writes: &mut Writes) -> Vec<Uuid> {
+    /// returns those tasks, and the nodes' changes.
+    fn mark_silent_nodes_down(
+        &self,
+        now: Instant,
+        writes: &mut Writes,
+    ) -> (Vec<Uuid>, Vec<NodeWake>) {
         let cluster = &self.cluster;
         let grace = cluster.heartbeat_grace();
         let mut state = lock(&cluster.state);
         let newly_down = state.nodes.mark_down(now, grace);
         let mut lost = Vec::new();
+        let mut down = Vec::new();
         for name in newly_down {
             tracing::warn!(node = %name, ?grace, "node stopped reporting: Down; its tasks are Lost");
             cluster.publish_node(&state, &name, "NodeDown");
+            down.push(cluster.node_changed(&mut state, &name, NodeChange::Down));
             let placed_here: Vec<Uuid> = state
                 .cache
                 .load(&name)
@@ -90,7 +99,7 @@ impl Liveness {
                 lost.push(id);
             }
         }
-        lost
+        (lost, down)
     }
 
     /// Ends the drains that have nothing left to move (after each look for silent nodes): the

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cluster::{
-    Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, Retrying, Shared, Writes, lock,
+    Cluster, ClusterSettings, EPOCH_KEY, ManagerStores, NodeChange, Retrying, Shared, Writes, lock,
 };
 use crate::events::EventBroker;
 use crate::followers::Followers;
@@ -444,7 +444,7 @@ impl Manager {
             None => (build(&report.address)?, true),
         };
         let mut node_write = None;
-        let (effect, view) = loop {
+        let (effect, view, wake) = loop {
             let mut state = lock(&self.cluster.state);
             if !fresh && known_client(&state).is_none() {
                 // The node moved or went since the look above: a client for this address.
@@ -465,10 +465,13 @@ impl Manager {
                 now,
                 self.cluster.heartbeat_grace(),
             );
-            if effect.more_room {
-                // As in `cache_task`: the room is visible from this hold of the lock on.
-                state.placement_dirty.mark_everything();
-            }
+            // What the report changed wakes (`Cluster::wake_for_node`) once it is durable.
+            let change = if effect.more_room {
+                Some(NodeChange::Room)
+            } else {
+                effect.changed.then_some(NodeChange::Facts)
+            };
+            let wake = change.map(|change| self.cluster.node_changed(&mut state, &name, change));
             self.cluster.count_nodes(&state);
             let Some(entry) = state.nodes.get(&name) else {
                 return Err(ManagerError::NodeNotFound(name));
@@ -485,7 +488,7 @@ impl Manager {
             if let Some(kind) = node_report_event(before, view.status, effect.changed) {
                 self.cluster.publish_node(&state, &name, kind);
             }
-            break (effect, view);
+            break (effect, view, wake);
         };
         if let Some(commit) = node_write {
             commit.durable().await?;
@@ -505,15 +508,8 @@ impl Manager {
             };
             self.followers.follow(name.clone(), client);
         }
-        if effect.more_room {
-            // A node that is back may have stops to deliver and lost tasks to report.
-            self.cluster.push_node_tasks(&name);
-            self.cluster.push_waiting();
-        }
-        if effect.more_room || effect.changed {
-            // A node joined, came back or changed: system jobs may want a copy there, or no
-            // longer want the one they have.
-            self.cluster.mark_system_jobs_dirty();
+        if let Some(wake) = wake {
+            self.cluster.wake_for_node(wake);
         }
         Ok(view)
     }
