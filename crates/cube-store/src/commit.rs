@@ -39,7 +39,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::StoreError;
 use crate::revision::{Conflict, Expected};
-use crate::watch::{Change, ChangeHub, HISTORY_BYTES};
+use crate::watch::{Change, ChangeHub, History};
 
 /// Each store's index, under the store's table name, and the file's revision under
 /// [`REVISION_KEY`].
@@ -359,15 +359,15 @@ impl Committer {
 
     /// The hub of `table`'s changes, made on first use: it knows every change committed from
     /// then on. Made while nobody commits, so that its start is exactly the file's revision.
-    pub(crate) fn hub(&self, table: &str) -> Result<TableHub, StoreError> {
+    pub(crate) fn hub(&self, table: &str, history: History) -> Result<TableHub, StoreError> {
         let _committing = lock(&self.committing);
         let mut hubs = lock(&self.hubs);
         if let Some(hub) = hubs.get(table) {
+            lock(hub).keep_history(history);
             return Ok(hub.clone());
         }
         let revision = read_revision(&self.db)?;
-        let hub = ChangeHub::new(revision).weighing(|value: &Arc<[u8]>| value.len(), HISTORY_BYTES);
-        let hub: TableHub = Arc::new(Mutex::new(hub));
+        let hub: TableHub = Arc::new(Mutex::new(ChangeHub::of_bytes(revision, history)));
         if lock(&self.queue).failed.is_some() {
             lock(&hub).close();
         }

@@ -201,6 +201,24 @@ mod contract {
 
     use super::*;
 
+    /// A store that keeps no history: a watch from now sees the next change; one from before
+    /// the last change is told it is too old.
+    pub fn keeps_no_change_for_a_watch_from_the_past(store: &dyn Store<String>) {
+        let before = store.revision().unwrap();
+        store.put("k", &text("1")).unwrap();
+        let mut now = store.watch("", store.revision().unwrap()).unwrap();
+        let revision = store.put("k", &text("2")).unwrap();
+        let change = now.try_next().expect("a change is there now").unwrap();
+        assert_eq!(change.revision(), revision);
+        assert!(
+            matches!(
+                store.watch("", before + 1).unwrap().try_next(),
+                Some(Err(WatchError::Compacted { .. }))
+            ),
+            "a watch from before the last change is told it is too old"
+        );
+    }
+
     /// The book's operations. Indexes and revisions are counted from the store's revision
     /// at the start (0 for a new memory or redb store; etcd's revision is the cluster's).
     pub fn behaves_like_a_store(store: &dyn Store<String>) {
@@ -484,13 +502,25 @@ mod contract {
 
     #[test]
     fn a_store_without_history_reaches_its_watches_and_keeps_no_change() {
-        let store = MemoryStore::<String>::without_history();
-        store.put("k", &text("1")).unwrap();
-        let mut now = store.watch("", store.revision().unwrap()).unwrap();
-        store.put("k", &text("2")).unwrap();
-        assert_eq!(next_now(&mut now), put_of("k", "2", 2));
-        assert_compacted(&store, 1, 2);
+        keeps_no_change_for_a_watch_from_the_past(&MemoryStore::<String>::without_history());
         behaves_like_a_store(&MemoryStore::<String>::without_history());
+    }
+
+    #[test]
+    fn a_file_table_nothing_watches_from_the_past_keeps_no_change_until_a_store_of_it_asks() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = PersistentDb::open(&dir.path().join("cube.redb")).unwrap();
+        let unwatched = PersistentStore::<String>::unwatched(db.clone(), "tasks").unwrap();
+        keeps_no_change_for_a_watch_from_the_past(&unwatched);
+        let fresh = tempfile::tempdir().unwrap();
+        let fresh = PersistentDb::open(&fresh.path().join("cube.redb")).unwrap();
+        behaves_like_a_store(&PersistentStore::<String>::unwatched(fresh, "things").unwrap());
+        // A store of the same table that wants a history gets one, from then on, for both.
+        let watched = PersistentStore::<String>::new(db, "tasks").unwrap();
+        let from = watched.revision().unwrap();
+        unwatched.put("k", &text("3")).unwrap();
+        let mut from_past = watched.watch("", from).unwrap();
+        assert_eq!(next_now(&mut from_past), put_of("k", "3", from + 1));
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -13,7 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::check;
 use crate::commit::{Commit, Committer, META, REVISION_KEY, REVISIONS, Slot, TableHub, Write};
 use crate::revision::{ConditionalCommit, Expected, Listing};
-use crate::watch::Watch;
+use crate::watch::{History, Watch};
 use crate::{Store, StoreError};
 
 /// What redb may keep of the file in memory (its default is 1 GiB). Cube reads its stores
@@ -179,7 +179,23 @@ pub struct PersistentStore<V> {
 
 impl<V> PersistentStore<V> {
     /// A store over the table `table`, created now so that reads of an empty store succeed.
+    /// It keeps its recent changes (at most 8 MiB) for watches that start in the past.
     pub fn new(db: PersistentDb, table: &str) -> Result<PersistentStore<V>, StoreError> {
+        PersistentStore::open(db, table, History::Kept)
+    }
+
+    /// A store over the table `table` that nothing watches from the past: each change
+    /// reaches the watches open at the time, and none is kept in memory (unless another
+    /// store of the table keeps them).
+    pub fn unwatched(db: PersistentDb, table: &str) -> Result<PersistentStore<V>, StoreError> {
+        PersistentStore::open(db, table, History::None)
+    }
+
+    fn open(
+        db: PersistentDb,
+        table: &str,
+        history: History,
+    ) -> Result<PersistentStore<V>, StoreError> {
         let txn = db
             .inner
             .committer
@@ -191,7 +207,7 @@ impl<V> PersistentStore<V> {
         txn.open_table(META).map_err(redb::Error::from)?;
         txn.open_table(REVISIONS).map_err(redb::Error::from)?;
         txn.commit().map_err(redb::Error::from)?;
-        let hub = db.inner.committer.hub(table)?;
+        let hub = db.inner.committer.hub(table, history)?;
         Ok(PersistentStore {
             db,
             table: table.to_string(),

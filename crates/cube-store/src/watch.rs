@@ -176,7 +176,39 @@ impl<T> ChangeHub<T> {
     }
 }
 
+/// Whether a table keeps its recent changes for watches that start in the past.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum History {
+    /// The last [`HISTORY`] changes (and [`HISTORY_BYTES`] where values are weighed).
+    Kept,
+    /// None: each change reaches the watches open at the time, and a watch starts at the
+    /// current revision or is told it is too old. For a table nothing watches from the past.
+    None,
+}
+
 impl<T: Clone> ChangeHub<T> {
+    /// A hub of a table's changes from `revision` on, its values weighed as their bytes, with
+    /// the history asked for.
+    pub(crate) fn of_bytes(revision: u64, history: History) -> ChangeHub<T>
+    where
+        T: AsRef<[u8]>,
+    {
+        let mut hub =
+            ChangeHub::new(revision).weighing(|value: &T| value.as_ref().len(), HISTORY_BYTES);
+        if history == History::None {
+            hub.history_capacity = 0;
+        }
+        hub
+    }
+
+    /// Keeps a history from now on, if the hub kept none: one store of a table that asks for
+    /// it is enough (a table's stores share its hub).
+    pub(crate) fn keep_history(&mut self, history: History) {
+        if history == History::Kept {
+            self.history_capacity = self.history_capacity.max(HISTORY);
+        }
+    }
+
     /// The same hub, its history also bounded by the bytes `weigh` counts in its values.
     pub(crate) fn weighing(self, weigh: fn(&T) -> usize, max_history_bytes: usize) -> Self {
         ChangeHub {

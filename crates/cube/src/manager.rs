@@ -199,15 +199,18 @@ fn parse_gc_after(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// The manager's tables. Nothing watches them from the past, so none keeps a history of its
+/// changes in memory: the manager holds every record once, written through, and its event
+/// broker is the change log API clients watch.
 fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
     Ok(ManagerStores {
-        tasks: stores.table("tasks")?,
-        nodes: stores.table("nodes")?,
-        jobs: stores.table("jobs")?,
-        job_versions: stores.table("job_versions")?,
-        deployments: stores.table("deployments")?,
-        meta: stores.table("meta")?,
-        queue: stores.table("queue")?,
+        tasks: stores.unwatched_table("tasks")?,
+        nodes: stores.unwatched_table("nodes")?,
+        jobs: stores.unwatched_table("jobs")?,
+        job_versions: stores.unwatched_table("job_versions")?,
+        deployments: stores.unwatched_table("deployments")?,
+        meta: stores.unwatched_table("meta")?,
+        queue: stores.unwatched_table("queue")?,
     })
 }
 
@@ -235,8 +238,9 @@ pub async fn prepare(
     let manager_stores = manager_stores(&stores)?;
     let acl = if args.acl {
         let acl_stores = cube_manager::acl::AclStores {
+            // A stream opened with a token watches it (it ends when the token is revoked).
             tokens: stores.table("acl_tokens")?,
-            keys: stores.table("acl_keys")?,
+            keys: stores.unwatched_table("acl_keys")?,
         };
         Some(std::sync::Arc::new(
             cube_manager::acl::Acl::open(acl_stores).context("opening the ACL")?,

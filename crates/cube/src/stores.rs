@@ -243,15 +243,18 @@ impl OpenedStores {
         })
     }
 
-    /// The store for one table nothing watches from the past (a worker's own tasks): in
-    /// memory, it keeps no history of changes; a file's or etcd's history is bounded by bytes.
+    /// The store for one table nothing watches from the past: it keeps no history of changes
+    /// in memory. A worker's own tasks, and every manager table but the ACL tokens (a stream
+    /// opened with a token watches it, to end when it is revoked): the manager holds its
+    /// records in memory, written through, and what API clients watch is its event broker.
     pub fn unwatched_table<V>(&self, name: &str) -> anyhow::Result<Arc<dyn Store<V>>>
     where
         V: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
     {
-        match (&self.db, &self.etcd) {
-            (None, None) => Ok(Arc::new(MemoryStore::without_history())),
-            _ => self.table(name),
-        }
+        Ok(match (&self.db, &self.etcd) {
+            (Some(db), _) => Arc::new(PersistentStore::unwatched(db.clone(), name)?),
+            (None, Some(etcd)) => Arc::new(EtcdStore::unwatched(etcd.clone(), name)?),
+            (None, None) => Arc::new(MemoryStore::without_history()),
+        })
     }
 }

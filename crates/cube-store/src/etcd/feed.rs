@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::members::Members;
 use crate::commit::TableHub;
-use crate::watch::{Change, ChangeHub, HISTORY_BYTES};
+use crate::watch::{Change, ChangeHub, History};
 
 /// Every table's hub, and how far the feed has delivered.
 pub(crate) struct Hubs {
@@ -57,16 +57,19 @@ impl Hubs {
     }
 
     /// The hub of `table`, made now if it has none.
-    pub(crate) fn hub(&self, table: &str) -> TableHub {
+    pub(crate) fn hub(&self, table: &str, history: History) -> TableHub {
         let mut tables = lock(&self.tables);
-        tables
+        let hub = tables
             .entry(table.to_string())
             .or_insert_with(|| {
-                let hub = ChangeHub::new(*self.seen.borrow())
-                    .weighing(|value: &Arc<[u8]>| value.len(), HISTORY_BYTES);
-                Arc::new(Mutex::new(hub))
+                Arc::new(Mutex::new(ChangeHub::of_bytes(
+                    *self.seen.borrow(),
+                    history,
+                )))
             })
-            .clone()
+            .clone();
+        lock(&hub).keep_history(history);
+        hub
     }
 
     /// Hands one etcd watch response's events to their tables' hubs.

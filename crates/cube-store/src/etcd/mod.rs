@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::commit::{Commit, Slot, TableHub};
 use crate::revision::{ConditionalCommit, Expected, Listing};
-use crate::watch::Watch;
+use crate::watch::{History, Watch};
 use crate::{Store, StoreError};
 
 pub use leader::Leadership;
@@ -368,14 +368,26 @@ pub struct EtcdStore<V> {
 }
 
 impl<V> EtcdStore<V> {
-    /// The store of `table` (no `/` in it).
+    /// The store of `table` (no `/` in it). It keeps its recent changes (at most 8 MiB) for
+    /// watches that start in the past.
     pub fn new(db: EtcdDb, table: &str) -> Result<EtcdStore<V>, StoreError> {
+        EtcdStore::open(db, table, History::Kept)
+    }
+
+    /// The store of `table` that nothing watches from the past: each change reaches the
+    /// watches open at the time, and none is kept in memory (unless another store of the
+    /// table keeps them).
+    pub fn unwatched(db: EtcdDb, table: &str) -> Result<EtcdStore<V>, StoreError> {
+        EtcdStore::open(db, table, History::None)
+    }
+
+    fn open(db: EtcdDb, table: &str, history: History) -> Result<EtcdStore<V>, StoreError> {
         if table.is_empty() || table.contains('/') {
             return Err(StoreError::Etcd(format!(
                 "a table name may not be empty or hold '/': {table:?}"
             )));
         }
-        let hub = db.inner.hubs.hub(table);
+        let hub = db.inner.hubs.hub(table, history);
         Ok(EtcdStore {
             db,
             table: table.to_string(),

@@ -52,6 +52,10 @@ fn keeps_the_contract(cluster: &EtcdCluster) {
     contract::keeps_revisions_and_can_be_watched(&store(cluster, "/contract/revisions", "things"));
     contract::racing_put_ifs_win_once_per_revision(&store(cluster, "/contract/race", "things"));
     contract::a_slow_watcher_is_dropped_not_waited_for(&store(cluster, "/contract/slow", "things"));
+    let unwatched =
+        EtcdStore::unwatched(connect(cluster, "/contract/unwatched"), "things").unwrap();
+    contract::behaves_like_a_store(&unwatched);
+    contract::keeps_no_change_for_a_watch_from_the_past(&unwatched);
 }
 
 #[test]
