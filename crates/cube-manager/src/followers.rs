@@ -469,6 +469,59 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn alone_on_a_memory_store_followers_store_what_a_worker_reports_and_fail_what_it_lost() {
+        // No `Manager`: a cluster read from memory stores holding a task placed on node w1.
+        let stores = crate::cluster::ManagerStores::in_memory();
+        let mut placed = Task::new("web", "cube-sample:latest");
+        placed.status.node_name = "w1".to_string();
+        placed.move_to(State::Scheduled).unwrap();
+        let id = placed.id;
+        stores.tasks.put(&id.to_string(), &placed).unwrap();
+        let cluster = crate::cluster::cluster_for_tests(stores, Duration::from_secs(60));
+        crate::cluster::report_test_node(&cluster, "w1", std::time::Instant::now());
+        let followers = Followers::new(cluster.clone(), CancellationToken::new());
+        let stored = || {
+            cluster
+                .stores
+                .tasks
+                .get(&id.to_string())
+                .unwrap()
+                .expect("the task is stored")
+        };
+        // The worker lists it running: the manager stores that, durably.
+        let mut running = placed.clone();
+        running.move_to(State::Running).unwrap();
+        running.status.run.container_id = "c0ffee".to_string();
+        let (strays, forgotten) = followers.observe("w1", vec![running], true).await;
+        assert!(strays.is_empty() && forgotten.is_empty());
+        let seen = stored();
+        assert_eq!(seen.status.state, State::Running);
+        assert_eq!(seen.status.run.container_id, "c0ffee");
+        // Its whole list without the task: the worker lost it, and it fails with its end
+        // recorded.
+        followers.observe("w1", Vec::new(), true).await;
+        let failed = stored();
+        assert_eq!(failed.status.state, State::Failed);
+        assert!(failed.status.run.finish_time.is_some(), "{failed:?}");
+        let reason = failed.status.run.error.clone().unwrap_or_default();
+        assert!(reason.contains("no longer has this task"), "{reason}");
+        assert_eq!(
+            failed
+                .status
+                .history
+                .last()
+                .map(|entry| entry.event.as_ref()),
+            Some("Failed")
+        );
+        // A report from another node of a task placed on w1 moves nothing.
+        let mut elsewhere = failed.clone();
+        elsewhere.status.node_name = "w2".to_string();
+        elsewhere.status.state = State::Running;
+        followers.observe("w2", vec![elsewhere], false).await;
+        assert_eq!(stored().status.state, State::Failed);
+    }
+
+    #[tokio::test]
     async fn followers_of_dead_nodes_do_not_keep_the_complete_list_permits_while_they_wait() {
         // Two nodes whose address refuses every connection: each follower's request fails at
         // once and it waits a second before the next. A live node that joins meanwhile must

@@ -579,6 +579,85 @@ mod tests {
         );
     }
 
+    /// A bare task that waits (nothing could hold 1 TiB), expiring after `timeout`.
+    fn waiting_task(name: &str, timeout: Option<std::time::Duration>) -> Task {
+        let mut task = Task::new(name, "cube-sample:latest");
+        task.spec.memory = 1 << 40;
+        task.spec.queue_timeout = timeout;
+        task
+    }
+
+    #[tokio::test]
+    async fn alone_on_a_memory_store_the_controller_numbers_what_waits_and_stops_what_expired() {
+        // No `Manager`: a cluster read from memory stores that hold two waiting bare tasks.
+        let stores = crate::cluster::ManagerStores::in_memory();
+        let impatient = waiting_task("impatient", Some(std::time::Duration::from_millis(300)));
+        let patient = waiting_task("patient", None);
+        for task in [&impatient, &patient] {
+            stores.tasks.put(&task.id.to_string(), task).unwrap();
+        }
+        let cluster = crate::cluster::cluster_for_tests(stores, std::time::Duration::from_secs(60));
+        let records = Arc::new(JobRecords::new(cluster.clone()));
+        let controller = QueueController::new(cluster.clone(), records);
+        let first = controller.look().await.unwrap();
+        assert!(
+            matches!(first, Action::RequeueAfter(wait) if wait <= std::time::Duration::from_millis(320)),
+            "the look comes back when the timeout runs out: {first:?}"
+        );
+        let entry = |task: &Task| {
+            cluster
+                .stores
+                .queue
+                .get(&RequestKind::Task.key(&task.id.to_string()))
+                .unwrap()
+                .expect("an entry is stored")
+        };
+        let (first_entry, second_entry) = (entry(&impatient), entry(&patient));
+        assert_eq!(first_entry.state, QueueState::Waiting);
+        assert_eq!(second_entry.state, QueueState::Waiting);
+        assert_ne!(
+            first_entry.queue, second_entry.queue,
+            "each request has a number of its own"
+        );
+        assert!(
+            first_entry.request.is_null(),
+            "a waiting entry keeps no copy of its task"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(350)).await;
+        controller.look().await.unwrap();
+        let expired = entry(&impatient);
+        assert_eq!(expired.state, QueueState::Expired);
+        assert!(
+            expired.reason.contains("QueueTimeout"),
+            "{}",
+            expired.reason
+        );
+        assert_eq!(expired.queue, first_entry.queue, "the number is kept");
+        assert_eq!(entry(&patient).state, QueueState::Waiting);
+        let stored = cluster
+            .stores
+            .tasks
+            .get(&impatient.id.to_string())
+            .unwrap()
+            .expect("the task is stored");
+        assert_eq!(
+            stored.spec.desired_state,
+            State::Completed,
+            "the expired request is stopped, durably"
+        );
+        assert_eq!(
+            cluster
+                .stores
+                .tasks
+                .get(&patient.id.to_string())
+                .unwrap()
+                .expect("the task is stored")
+                .spec
+                .desired_state,
+            State::Running
+        );
+    }
+
     #[tokio::test]
     async fn a_look_with_nothing_changed_writes_nothing() {
         let manager = crate::manager::manager_for_tests();
