@@ -104,7 +104,7 @@ fn main() {
             .enumerate()
             .map(|(n, mut task)| {
                 task.status.state = State::Running;
-                task.status.node_name = nodes[n % node_count].name.clone();
+                task.status.node_name = nodes[n % node_count].name.as_str().into();
                 task
             })
             .collect();

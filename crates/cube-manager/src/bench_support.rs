@@ -201,7 +201,7 @@ pub async fn free_one(manager: &Manager, name: &str) -> Result<Option<String>, M
     // As a worker's report of an ended task does (`followers.rs`): room may have appeared, so
     // the next pass reads every waiting task, not only those submitted since.
     manager.cluster.push_waiting();
-    Ok(Some(node))
+    Ok(Some(node.to_string()))
 }
 
 /// One look of the queue controller (what every change of a task, job or node asks for).

@@ -10,11 +10,11 @@
 //! for its in-sync flag, went in issue 30: the cache is whole before the manager that reads
 //! it exists, and what follows task changes follows the event broker.)
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use cube_types::{HostPort, Resources, State, Task};
+use cube_types::{HostPort, NodeName, Resources, State, Task};
 use uuid::Uuid;
 
 /// How many copies of its job a task's spec is compared with, for one to share (a job in a
@@ -43,7 +43,10 @@ pub struct NodeLoad {
 pub struct TaskCache {
     /// Every task by ID, the one copy the indexes below point into.
     tasks: HashMap<Uuid, Arc<Task>>,
-    loads: HashMap<String, NodeLoad>,
+    loads: HashMap<NodeName, NodeLoad>,
+    /// Every node name a task has held, once: each task placed on a node holds this one
+    /// (a task read from the store or a worker's report comes with a copy of its own).
+    node_names: HashSet<NodeName>,
     /// Tasks that are `Pending` and asked to run: the ones a new node or freed capacity may
     /// let the scheduler place.
     waiting: BTreeSet<Uuid>,
@@ -102,6 +105,7 @@ impl TaskCache {
             return Some(held.clone());
         }
         self.share_spec(&mut task);
+        self.share_node_name(&mut task);
         let task = Arc::new(task);
         let previous = self.tasks.remove(&task.id);
         if let Some(old) = &previous {
@@ -124,6 +128,20 @@ impl TaskCache {
         }
         self.tasks.insert(task.id, task);
         previous
+    }
+
+    /// Gives the task the node name every task on its node holds.
+    fn share_node_name(&mut self, task: &mut Task) {
+        let name = &mut task.status.node_name;
+        if name.is_empty() {
+            return;
+        }
+        match self.node_names.get(name.as_str()) {
+            Some(shared) => *name = shared.clone(),
+            None => {
+                self.node_names.insert(name.clone());
+            }
+        }
     }
 
     /// Gives a job's copy the spec body another copy of its job already holds, when they are
@@ -239,7 +257,7 @@ impl TaskCache {
         if !holds_resources(task) {
             return;
         }
-        let Some(load) = self.loads.get_mut(&task.status.node_name) else {
+        let Some(load) = self.loads.get_mut(task.status.node_name.as_str()) else {
             return;
         };
         // Floating-point sums drift; a node with no tasks left holds exactly nothing.
@@ -267,7 +285,7 @@ mod tests {
 
     fn placed(node: &str, state: State, memory: u64, port: Option<&str>) -> Task {
         let mut task = Task::new("t", "img");
-        task.status.node_name = node.to_string();
+        task.status.node_name = node.into();
         task.status.state = state;
         task.spec.memory = memory;
         task.spec.cpu = 0.5;
@@ -300,6 +318,22 @@ mod tests {
         let load = cache.load("w1").unwrap();
         assert_eq!(load.allocated, Resources::default());
         assert!(load.tasks.is_empty() && load.host_ports.is_empty());
+    }
+
+    #[test]
+    fn the_tasks_of_one_node_hold_one_copy_of_its_name() {
+        let mut cache = TaskCache::default();
+        // Each read anew (from the store, from a worker): a name of its own.
+        let (first, second) = (
+            placed("w1", State::Running, 1, None),
+            placed("w1", State::Completed, 1, None),
+        );
+        assert!(!first.status.node_name.shares(&second.status.node_name));
+        cache.insert(first.clone());
+        cache.insert(second.clone());
+        let name = |id| cache.get(id).unwrap().status.node_name.clone();
+        assert!(name(&first.id).shares(&name(&second.id)));
+        assert_eq!(name(&second.id), "w1");
     }
 
     #[test]

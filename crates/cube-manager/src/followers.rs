@@ -473,7 +473,7 @@ mod tests {
         // No `Manager`: a cluster read from memory stores holding a task placed on node w1.
         let stores = crate::cluster::ManagerStores::in_memory();
         let mut placed = Task::new("web", "cube-sample:latest");
-        placed.status.node_name = "w1".to_string();
+        placed.status.node_name = "w1".into();
         placed.move_to(State::Scheduled).unwrap();
         let id = placed.id;
         stores.tasks.put(&id.to_string(), &placed).unwrap();
@@ -515,7 +515,7 @@ mod tests {
         );
         // A report from another node of a task placed on w1 moves nothing.
         let mut elsewhere = failed.clone();
-        elsewhere.status.node_name = "w2".to_string();
+        elsewhere.status.node_name = "w2".into();
         elsewhere.status.state = State::Running;
         followers.observe("w2", vec![elsewhere], false).await;
         assert_eq!(stored().status.state, State::Failed);

@@ -156,7 +156,7 @@ impl GarbageCollector {
                 Ok(()) => pruned.tasks.push(PrunedTask {
                     id: task.id,
                     name: task.name.clone(),
-                    node_name: task.status.node_name.clone(),
+                    node_name: task.status.node_name.to_string(),
                 }),
                 Err(err) => pruned
                     .errors

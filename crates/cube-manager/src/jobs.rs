@@ -1493,7 +1493,7 @@ mod tests {
                     .map(|mut copy| {
                         copy.status.state = State::Running;
                         copy.status.node_name =
-                            pinned_node(&copy).unwrap_or("n1").to_string();
+                            pinned_node(&copy).unwrap_or("n1").into();
                         copy
                     })
                     .collect();

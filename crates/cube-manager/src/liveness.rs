@@ -192,7 +192,7 @@ mod liveness_tests {
         report_test_node(&cluster, "w1", then);
         let mut task = Task::new("t", "cube-sample:latest");
         task.status.state = State::Running;
-        task.status.node_name = "w1".to_string();
+        task.status.node_name = "w1".into();
         cluster.store_for_tests(task.clone()).await;
         (cluster, task)
     }

@@ -919,7 +919,7 @@ mod tests {
         .unwrap();
         let mut task = Task::new("t", "cube-sample:latest");
         task.status.state = State::Running;
-        task.status.node_name = "gone".to_string();
+        task.status.node_name = "gone".into();
         let stores = ManagerStores::in_memory();
         stores.nodes.put("gone", &node).unwrap();
         stores.tasks.put(&task.id.to_string(), &task).unwrap();

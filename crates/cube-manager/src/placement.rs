@@ -171,7 +171,7 @@ impl PlacementController {
                         }
                         tracing::info!(task = %task.id, name = %task.name, node = %name, "task placed");
                         task.record(Utc::now(), "Placed", format!("on {name}"));
-                        task.status.node_name = name;
+                        task.status.node_name = name.into();
                         task.status.pending_reason = None;
                         placed.push(task.id);
                         updates.push(task);
@@ -670,7 +670,7 @@ pub(crate) fn explain(task: &Task, views: &[NodeView]) -> Placement {
     Placement {
         id,
         state: task.status.state,
-        node_name: task.status.node_name.clone(),
+        node_name: task.status.node_name.to_string(),
         summary: if rejections.len() == views.len() {
             Some(summarize_rejections(&request, views, &rejections))
         } else {

@@ -226,7 +226,7 @@ pub fn endpoints(tasks: &[&Task], hosts: &BTreeMap<String, String>) -> Vec<Endpo
         .filter(|task| task.spec.desired_state == State::Running && task.is_healthy())
         .map(|task| {
             let address = hosts
-                .get(&task.status.node_name)
+                .get(task.status.node_name.as_str())
                 .cloned()
                 .unwrap_or_default();
             endpoint(task, address)
@@ -256,7 +256,7 @@ pub fn endpoint(task: &Task, address: String) -> Endpoint {
     Endpoint {
         id: task.id,
         name: task.name.clone(),
-        node: task.status.node_name.clone(),
+        node: task.status.node_name.to_string(),
         address,
         ports,
     }
@@ -538,7 +538,7 @@ mod tests {
 
     fn running(mut task: Task, node: &str) -> Task {
         task.status.state = State::Running;
-        task.status.node_name = node.to_string();
+        task.status.node_name = node.into();
         task.status.run.health = None;
         task.status.run.host_ports.insert(
             "7777/tcp".to_string(),
@@ -691,7 +691,7 @@ mod tests {
     fn ended_copy(record: &JobRecord, index: u32, state: State) -> Task {
         let mut task = crate::jobs::copy_of(record, 0, index, None);
         task.status.created_time = Some(at(1));
-        task.status.node_name = "w1".to_string();
+        task.status.node_name = "w1".into();
         task.status.state = state;
         task
     }

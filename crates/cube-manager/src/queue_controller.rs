@@ -538,7 +538,7 @@ pub(crate) fn host_of(address: &str) -> String {
 
 pub(crate) fn endpoint_of(task: &Task, hosts: &BTreeMap<String, String>) -> Endpoint {
     let address = hosts
-        .get(&task.status.node_name)
+        .get(task.status.node_name.as_str())
         .cloned()
         .unwrap_or_default();
     endpoint(task, address)

@@ -536,7 +536,7 @@ mod tests {
             "Name": "t", "Image": "cube-sample:latest", "RestartPolicy": "always"
         }))
         .expect("a task");
-        task.status.node_name = "w1".to_string();
+        task.status.node_name = "w1".into();
         task.status.state = State::Running;
         // It ended an hour ago: its backoff is over.
         let ended = Utc::now() - chrono::Duration::hours(1);

@@ -298,7 +298,7 @@ impl<R: Runtime> Worker<R> {
         // number is the manager's and is kept.
         task.clear_status(Receiver::Worker);
         task.status.state = checked_transition(&task, State::Scheduled)?;
-        task.status.node_name = self.config.name.clone();
+        task.status.node_name = self.config.name.as_str().into();
         if task.status.created_time.is_none() {
             task.status.created_time = Some(Utc::now());
         }

@@ -1168,7 +1168,7 @@ async fn observe(
             index: task.spec.index,
             state: task.status.state,
             desired_state: task.spec.desired_state,
-            node: task.status.node_name,
+            node: task.status.node_name.into(),
             restart_count: task.status.restart_count,
             restart_policy: task.spec.restart_policy,
             max_restarts: task.spec.max_restarts,

@@ -18,6 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::NodeName;
 use crate::pod::{ContainerStatus, Pod};
 use crate::state::State;
 
@@ -186,7 +187,7 @@ pub struct TaskStatus {
     /// What Cube last saw (the observed state).
     pub state: State,
     /// The worker the task is placed on.
-    pub node_name: String,
+    pub node_name: NodeName,
     pub restart_count: u32,
     /// Failures in a row, each after a short run; sets the backoff before the next restart.
     pub failure_streak: u32,
@@ -394,7 +395,7 @@ impl Task {
             ),
             status: TaskStatus {
                 state: State::Pending,
-                node_name: String::new(),
+                node_name: NodeName::default(),
                 restart_count: 0,
                 failure_streak: 0,
                 created_time: None,
@@ -643,7 +644,7 @@ impl Task {
         self.spec.desired_state = State::Running;
         let status = &mut self.status;
         status.state = State::Pending;
-        status.node_name.clear();
+        status.node_name = NodeName::default();
         status.failure_streak = 0;
         status.history.clear();
         if receiver == Receiver::Manager {

@@ -18,6 +18,7 @@ use super::{
     Health, HealthCheckType, HistoryEntry, HostBinding, RestartPolicy, RunStatus, SpecBody, Task,
     TaskSpec, TaskStatus,
 };
+use crate::NodeName;
 use crate::pod::{ContainerStatus, Pod};
 use crate::state::State;
 
@@ -151,7 +152,7 @@ pub(super) struct TaskWire {
     pub health_failures: u32,
     /// The worker the task is placed on.
     #[serde(rename = "NodeName", default, deserialize_with = "null_as_default")]
-    pub node_name: String,
+    pub node_name: NodeName,
     /// What the user asked for: `Running` to run it, `Completed` to stop it.
     #[serde(rename = "DesiredState", default = "running")]
     pub desired_state: State,
@@ -302,7 +303,7 @@ struct TaskWireRef<'a> {
     #[serde(rename = "HealthFailures", skip_serializing_if = "zero")]
     health_failures: &'a u32,
     #[serde(rename = "NodeName")]
-    node_name: &'a String,
+    node_name: &'a NodeName,
     #[serde(rename = "DesiredState")]
     desired_state: &'a State,
     #[serde(rename = "ExitCode")]

@@ -573,7 +573,7 @@ pub fn job_details(view: &JobView, now: DateTime<Utc>) -> Vec<String> {
                 if task.status.node_name.is_empty() {
                     "-".to_string()
                 } else {
-                    task.status.node_name.clone()
+                    task.status.node_name.to_string()
                 },
             ]
         }));
@@ -734,7 +734,7 @@ mod tests {
         task.spec.group = "api".to_string();
         task.spec.index = Some(index);
         task.status.state = state;
-        task.status.node_name = node.to_string();
+        task.status.node_name = node.into();
         task
     }
 

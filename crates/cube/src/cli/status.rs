@@ -313,7 +313,7 @@ fn task_details(task: &Task, now: DateTime<Utc>) -> Vec<String> {
         .chain(waiting_phrase(task, now))
         .collect();
     pairs.extend([
-        ("Node", task.status.node_name.clone()),
+        ("Node", task.status.node_name.to_string()),
         ("Image", image_cell(task)),
         ("Cmd", command_line(&task.spec.cmd)),
         ("Env", task.spec.env.join("\n")),
@@ -691,7 +691,7 @@ mod tests {
             State::Running,
             180,
         );
-        running.status.node_name = "w1".to_string();
+        running.status.node_name = "w1".into();
         running.status.run.host_ports =
             BTreeMap::from([("7777/tcp".to_string(), vec![binding("0.0.0.0", "49155")])]);
         let mut waiting = task(
@@ -707,7 +707,7 @@ mod tests {
             State::Failed,
             7_200,
         );
-        failed.status.node_name = "w1".to_string();
+        failed.status.node_name = "w1".into();
         failed.status.run.error = Some("exited with code 1".to_string());
 
         let (tasks, hidden) = listed(vec![failed, running, waiting], true);
@@ -786,7 +786,7 @@ mod tests {
             State::Failed,
             60,
         );
-        task.status.node_name = "w1".to_string();
+        task.status.node_name = "w1".into();
         task.status.run.error = Some("exited with code 1".to_string());
         task.status.restart_count = 2;
         task.spec.max_restarts = Some(5);
@@ -838,7 +838,7 @@ mod tests {
             State::Scheduled,
             10,
         );
-        task.status.node_name = "w1".to_string();
+        task.status.node_name = "w1".into();
         task.status.dispatch_error =
             Some("cannot reach w1 at http://10.0.0.9:5556: connection refused".to_string());
         task.status.next_attempt = Some(now() + chrono::Duration::seconds(3));
@@ -920,7 +920,7 @@ mod tests {
             State::Running,
             180,
         );
-        web.status.node_name = "w1".to_string();
+        web.status.node_name = "w1".into();
         web.spec.cpu = 0.5;
         web.spec.memory = 256 * 1024 * 1024;
         web.status.restart_count = 1;
