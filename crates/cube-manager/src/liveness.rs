@@ -157,16 +157,23 @@ impl Resync {
         }
     }
 
-    /// Wakes the task controller for every task that has not ended, a placement pass over
-    /// every waiting task, and the job controller for every job.
+    /// Wakes the task controller for every task that has not ended and that it would act on
+    /// now, a placement pass over every waiting task, and the job controller for every job.
+    /// A task the controller would leave as it is (running as wanted: the decision is
+    /// `Nothing`) is not woken: with a million running, waking each every interval was an
+    /// eighth of the manager's time, for nothing.
     fn wake_everything(&self) {
-        let unfinished: Vec<Uuid> = lock(&self.cluster.state)
+        let now = Utc::now();
+        let in_doubt: Vec<Uuid> = lock(&self.cluster.state)
             .cache
             .tasks()
-            .filter(|task| !task.status.state.is_terminal())
+            .filter(|task| {
+                !task.status.state.is_terminal()
+                    && crate::reconcile::reconcile(task, now) != crate::reconcile::Action::Nothing
+            })
             .map(|task| task.id)
             .collect();
-        for id in unfinished {
+        for id in in_doubt {
             self.cluster.wakes.tasks.push(id);
         }
         self.cluster.push_waiting();
@@ -273,12 +280,21 @@ mod liveness_tests {
         assert_eq!(cluster.stores.tasks.revision().unwrap(), revision);
     }
     #[tokio::test]
-    async fn the_resync_wakes_every_unfinished_task_a_placement_pass_and_every_job() {
+    async fn the_resync_wakes_the_tasks_in_doubt_a_placement_pass_and_every_job() {
         let then = Instant::now();
         let (cluster, running) = one_running_task(then).await;
         let mut done = Task::new("done", "cube-sample:latest");
         done.status.state = State::Completed;
-        cluster.store_for_tests(done.clone()).await;
+        let mut scheduled = Task::new("sent", "cube-sample:latest");
+        scheduled.status.state = State::Scheduled;
+        scheduled.status.node_name = "w1".into();
+        let waiting = Task::new("waiting", "cube-sample:latest");
+        let mut stopping = running.clone();
+        stopping.id = uuid::Uuid::new_v4();
+        stopping.spec.desired_state = State::Completed;
+        for task in [&done, &scheduled, &waiting, &stopping] {
+            cluster.store_for_tests(task.clone()).await;
+        }
         let record: cube_types::job::JobRecord = serde_json::from_value(serde_json::json!({
             "Job": {"Name": "web", "Groups": [{"Name": "api", "Task": {"Image": "cube-sample:latest"}}]},
             "Version": 1
@@ -290,11 +306,15 @@ mod liveness_tests {
         let resync = super::Resync::new(cluster.clone(), Duration::from_secs(60));
 
         resync.wake_everything();
-        assert!(cluster.wakes.tasks.deadline(&running.id).is_some());
+        let woken = |task: &Task| cluster.wakes.tasks.deadline(&task.id).is_some();
+        assert!(!woken(&done), "an ended task is not looked at again");
         assert!(
-            cluster.wakes.tasks.deadline(&done.id).is_none(),
-            "an ended task is not looked at again"
+            !woken(&running),
+            "a task running as wanted: the controller would do nothing"
         );
+        assert!(woken(&scheduled), "sent to its node again");
+        assert!(woken(&waiting), "handed to the placement pass again");
+        assert!(woken(&stopping), "its stop sent again");
         assert!(cluster.wakes.jobs.deadline(&"web".to_string()).is_some());
         assert!(cluster.wakes.placement.deadline(&()).is_some());
     }
