@@ -154,7 +154,11 @@ mod tests {
         assert_eq!(serde_json::to_string(&name).unwrap(), "\"w1\"");
         let read: NodeName = serde_json::from_str("\"w1\"").unwrap();
         assert_eq!(read, name);
-        assert!(read == "w1" && "w1" == read && read == "w1".to_string());
+        let text = String::from("w1");
+        assert_eq!(read, "w1");
+        assert_eq!("w1", read);
+        assert_eq!(read, text);
+        assert_eq!(text, read);
         assert!(!read.shares(&name), "read anew: equal, not shared");
         assert!(name.clone().shares(&name), "a clone shares the text");
         assert!(NodeName::default().is_empty());
