@@ -528,17 +528,19 @@ impl Cluster {
         let NodeWake { name, change } = wake;
         match change {
             NodeChange::Room => {
-                // Stops to deliver and lost runs to report there; what waits may go there;
-                // system jobs may want a copy there.
+                // Stops to deliver and lost runs to report there; what waits may go there
+                // (`node_changed` marked every waiting request already); system jobs may want
+                // a copy there.
                 self.push_node_tasks(&name);
-                self.push_waiting();
+                self.wakes.placement.push(());
                 self.mark_system_jobs_dirty();
             }
             // System jobs may want a copy there, or no longer want the one they have.
             NodeChange::Facts | NodeChange::Removed => self.mark_system_jobs_dirty(),
             NodeChange::Enabled => {
-                // What waits may go there; jobs may place copies there again.
-                self.push_waiting();
+                // What waits may go there (marked by `node_changed`); jobs may place copies
+                // there again.
+                self.wakes.placement.push(());
                 self.mark_all_jobs_dirty();
             }
             // Its job copies move (a drain) or stay where they are, but no new one goes there.
