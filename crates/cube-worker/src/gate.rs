@@ -59,26 +59,29 @@ impl CommandGate {
     }
 
     /// Whether `presented` is the token the manager gave, or why not.
+    ///
+    /// A token presented before the manager answered this worker's first heartbeat cannot be
+    /// told right or wrong yet: that is 503, for a while, not a refusal. The manager places
+    /// work on a node as soon as it registered, and its request can arrive before the
+    /// registration's answer does; it retries a 5xx, where a 4xx would fail the task.
     fn check(&self, presented: Option<&str>) -> Result<(), ApiError> {
         let kept = self
             .token
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some(expected) = kept.as_deref() else {
-            return Err(ApiError::new(
-                StatusCode::UNAUTHORIZED,
+        match (presented, kept.as_deref()) {
+            (Some(token), Some(expected)) if same_secret(token, expected) => Ok(()),
+            (Some(_), None) => Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
                 "this worker joined with a token and takes requests from its manager only; \
-                 it has not yet been answered by its manager",
-            ));
-        };
-        match presented {
-            Some(token) if same_secret(token, expected) => Ok(()),
-            Some(_) => Err(ApiError::new(
+                 it has not yet been answered by its manager: try again shortly",
+            )),
+            (Some(_), Some(_)) => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "this worker takes requests from its manager only: the token given is not \
                  the manager's worker-command token",
             )),
-            None => Err(ApiError::new(
+            (None, _) => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "this worker takes requests from its manager only (Authorization: Bearer \
                  <the manager's worker-command token>); none was given",
@@ -122,4 +125,26 @@ pub async fn guard(
         return response;
     }
     next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_before_the_managers_first_answer_is_asked_again_later_not_refused() {
+        let gate = CommandGate::new();
+        let early = gate.check(Some("cube-command-token")).unwrap_err();
+        assert_eq!(early.status, StatusCode::SERVICE_UNAVAILABLE, "{early:?}");
+        let none = gate.check(None).unwrap_err();
+        assert_eq!(
+            none.status,
+            StatusCode::UNAUTHORIZED,
+            "no token: refused at once"
+        );
+        gate.learn("cube-command-token");
+        assert!(gate.check(Some("cube-command-token")).is_ok());
+        let wrong = gate.check(Some("another")).unwrap_err();
+        assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    }
 }
