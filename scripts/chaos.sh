@@ -25,6 +25,10 @@ chaos() {
     pkill -9 -x dockerd || true
     pkill -9 -f containerd-shim || true
     pkill -9 -x containerd || true
+    # The killed shims' task state: the next containerd cleans each up before it answers, and
+    # with a few hundred it ran past dockerd's start timeout (seen 2026-11-27, "failed to start
+    # containerd"). Nothing runs any more that it could describe.
+    rm -rf /var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby/* || true
     bash scripts/setup.sh >&2
     "$bench" chaos "$@"
   elif [ "$status" -ne 0 ]; then
