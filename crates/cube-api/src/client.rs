@@ -201,6 +201,9 @@ pub struct ApiClient {
     /// Sent as `Authorization: Bearer …` on every request when set: an ACL token to a
     /// manager, the worker-command token to a worker.
     bearer: Option<String>,
+    /// Added as `?project=NAME` to every request when set: the project a command works in
+    /// (`cube --project`, `CUBE_PROJECT`).
+    project: Option<String>,
 }
 
 impl ApiClient {
@@ -234,6 +237,7 @@ impl ApiClient {
             base,
             timeout,
             bearer: None,
+            project: None,
         })
     }
 
@@ -242,6 +246,24 @@ impl ApiClient {
     pub fn with_token(mut self, token: Option<&str>) -> ApiClient {
         self.bearer = token.map(str::to_string);
         self
+    }
+
+    /// Every request of this client in `project` (`?project=NAME`, `*` for every project).
+    pub fn with_project(mut self, project: Option<&str>) -> ApiClient {
+        self.project = project.map(str::to_string);
+        self
+    }
+
+    /// The URL of `path`, with `?project=` when the client has a project and the path names
+    /// none.
+    fn url(&self, path: &str) -> String {
+        match &self.project {
+            Some(project) if !path.contains("project=") => {
+                let separator = if path.contains('?') { '&' } else { '?' };
+                format!("{}{path}{separator}project={project}", self.base)
+            }
+            _ => format!("{}{path}", self.base),
+        }
     }
 
     /// A request to `url`, with the token when there is one.
@@ -350,7 +372,7 @@ impl ApiClient {
         body: Option<&B>,
         timeout: Option<Duration>,
     ) -> Result<Answer<T>, ClientError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.url(path);
         let timeout = timeout.unwrap_or(self.timeout);
         let mut request = self.request(method, &url).timeout(timeout);
         if let Some(body) = body {
@@ -422,7 +444,7 @@ impl ApiClient {
         path: &str,
         accept: Option<&str>,
     ) -> Result<(LineStream, Option<u64>), ClientError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.url(path);
         let mut request = self.request(Method::GET, &url);
         if let Some(accept) = accept {
             request = request.header(reqwest::header::ACCEPT, accept);
@@ -466,7 +488,7 @@ impl ApiClient {
         path: &str,
         body: Option<&B>,
     ) -> Result<reqwest::Response, ClientError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.url(path);
         let mut request = self.request(method, &url);
         if let Some(body) = body {
             request = request.json(body);
@@ -498,7 +520,7 @@ impl ApiClient {
         path: &str,
         protocol: &str,
     ) -> Result<reqwest::Response, ClientError> {
-        let url = format!("{}{path}", self.base);
+        let url = self.url(path);
         let request = self
             .request(Method::GET, &url)
             .header(reqwest::header::CONNECTION, "Upgrade")

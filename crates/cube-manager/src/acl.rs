@@ -139,6 +139,11 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/queue/{kind}/{id}", Need::Role(Role::Read)),
     ("GET", "/services", Need::Role(Role::Read)),
     ("GET", "/store/backup", Need::Role(Role::Management)),
+    ("GET", "/projects", Need::Role(Role::Read)),
+    ("POST", "/projects", Need::Role(Role::Management)),
+    ("GET", "/projects/{name}", Need::Role(Role::Read)),
+    ("DELETE", "/projects/{name}", Need::Role(Role::Management)),
+    ("PUT", "/projects/{name}/quota", Need::Role(Role::Management)),
 ];
 
 /// What `route` (a pattern as the router matched it) needs for `method`; a `HEAD` needs what
@@ -336,6 +341,7 @@ impl Acl {
         role: Role,
         name: Option<String>,
         ttl: Option<std::time::Duration>,
+        projects: Vec<String>,
         now: DateTime<Utc>,
     ) -> Result<TokenCreated, AclError> {
         let id = random_hex(8)?;
@@ -353,6 +359,7 @@ impl Acl {
                 now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(365))
             }),
             node: None,
+            projects,
         };
         self.stores
             .tokens
@@ -371,7 +378,13 @@ impl Acl {
             return Ok(None);
         }
         let created = self
-            .create(Role::Management, Some("bootstrap".to_string()), None, now)
+            .create(
+                Role::Management,
+                Some("bootstrap".to_string()),
+                None,
+                Vec::new(),
+                now,
+            )
             .await?;
         let claimed = self
             .stores
@@ -489,6 +502,8 @@ fn name_taken(node: &str) -> ApiError {
 pub struct Submitter {
     pub name: String,
     pub role: Role,
+    /// The projects its role holds in (`TokenRecord::projects`).
+    pub projects: Vec<String>,
 }
 
 impl Submitter {
@@ -726,6 +741,7 @@ async fn checked(
     request.extensions_mut().insert(Submitter {
         name: record.name.clone(),
         role: record.role,
+        projects: record.projects.clone(),
     });
     if record.role == Role::Node {
         // The routes a node token may use: `PUT /nodes/{name}` and `POST
@@ -920,6 +936,39 @@ pub async fn bootstrap(State(state): State<AclState>) -> Result<Response, ApiErr
 }
 
 /// `POST /acl/tokens`: a new token, shown once.
+/// The projects a new token of `role` holds in, as asked: `read`, `submit` and `operator`
+/// tokens name theirs (`*` for every one; none: `default`); a `management` token holds in
+/// every project and a node token in none, so they name none.
+fn token_projects(role: Role, asked: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if matches!(role, Role::Management | Role::Node) {
+        if !asked.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "Projects: a {role} token is not scoped to projects ({}); leave Projects out",
+                if role == Role::Node {
+                    "it runs tasks of every project"
+                } else {
+                    "it holds in every project"
+                }
+            )));
+        }
+        return Ok(Vec::new());
+    }
+    if asked.is_empty() {
+        return Ok(vec![cube_types::project::DEFAULT_PROJECT.to_string()]);
+    }
+    let mut projects = Vec::new();
+    for project in asked {
+        if project != cube_types::project::ALL_PROJECTS {
+            cube_types::project::check_project_name(&project)
+                .map_err(|why| ApiError::bad_request(format!("Projects: {why}")))?;
+        }
+        if !projects.contains(&project) {
+            projects.push(project);
+        }
+    }
+    Ok(projects)
+}
+
 pub async fn create_token(
     State(state): State<AclState>,
     body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>,
@@ -957,8 +1006,9 @@ pub async fn create_token(
             "TTL: at most 8760h (a year); leave it out for a token that lasts until revoked",
         ));
     }
+    let projects = token_projects(request.role, request.projects)?;
     let mut created = acl
-        .create(request.role, request.name, ttl, Utc::now())
+        .create(request.role, request.name, ttl, projects, Utc::now())
         .await?;
     if let (Role::Node, Some(ca)) = (created.token.role, &state.ca) {
         // A join token carries the CA's fingerprint, for the worker to know its manager on

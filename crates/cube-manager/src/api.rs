@@ -43,7 +43,7 @@ use axum::extract::{FromRef, MatchedPath, Query, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{ApiError, INDEX_HEADER, JsonPath, parse_task_id, with_json_fallbacks};
@@ -62,6 +62,7 @@ use crate::job_records::JobSubmitted;
 use crate::manager::{Manager, ManagerError, Submitted};
 use crate::nodes::NodeSource;
 use crate::placement::Placement;
+use crate::projects::Scope;
 use crate::queue_controller::QueueView;
 use crate::tls::TlsState;
 
@@ -72,7 +73,9 @@ impl From<ManagerError> for ApiError {
             ManagerError::NotFound(_)
             | ManagerError::NodeNotFound(_)
             | ManagerError::JobNotFound(_)
+            | ManagerError::ProjectNotFound(_)
             | ManagerError::NoDeployment(_) => StatusCode::NOT_FOUND,
+            ManagerError::OverQuota(_) => StatusCode::UNPROCESSABLE_ENTITY,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -107,7 +110,8 @@ pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /ta
          POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, \
          POST /nodes/{name}/certificate, GET /tls/ca, GET /events, GET /queue, \
          GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /metrics, \
-         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}";
+         GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, DELETE /acl/tokens/{id}, \
+         GET|POST /projects, GET|DELETE /projects/{name}, PUT /projects/{name}/quota";
 
 pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
@@ -153,6 +157,23 @@ pub fn router(manager: Arc<Manager>) -> Router {
             get(crate::acl::list_tokens).post(crate::acl::create_token),
         )
         .route("/acl/tokens/{id}", delete(crate::acl::revoke_token))
+        .route(
+            "/projects",
+            get(crate::projects::list_projects).post(crate::projects::create_project),
+        )
+        .route(
+            "/projects/{name}",
+            get(crate::projects::get_project).delete(crate::projects::remove_project),
+        )
+        .route(
+            "/projects/{name}/quota",
+            axum::routing::put(crate::projects::set_quota),
+        )
+        // Inside the guard: the scope reads the token the guard found.
+        .route_layer(axum::middleware::from_fn_with_state(
+            manager.clone(),
+            crate::projects::scoped,
+        ))
         // Inside the count: a refused request is counted too.
         .route_layer(axum::middleware::from_fn_with_state(
             AclState::from_ref(&manager),
@@ -298,8 +319,11 @@ async fn exec_attach(
 
 /// `POST /tasks/prune`: removes every ended task now (with its container) and the stopped
 /// jobs left without tasks.
-async fn prune_tasks(State(manager): State<Arc<Manager>>) -> Json<crate::gc::Pruned> {
-    Json(manager.prune(Duration::ZERO).await)
+async fn prune_tasks(
+    State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
+) -> Json<crate::gc::Pruned> {
+    Json(manager.prune_in(Duration::ZERO, &scope).await)
 }
 
 /// The body of `POST /nodes/{name}/drain`.
@@ -507,6 +531,7 @@ fn with_index(mut response: Response, index: u64) -> Response {
 
 async fn list_tasks(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<TaskQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
@@ -528,7 +553,8 @@ async fn list_tasks(
     let (limit, start) = page_of(query.limit, query.next.as_deref())?;
     let index = settle_query(&manager, blocking, |event| event.topic == Topic::Task).await;
     let keep = |task: &Task| {
-        state.is_none_or(|state| task.status.state == state)
+        scope.lists(&task.spec.project)
+            && state.is_none_or(|state| task.status.state == state)
             && query
                 .node
                 .as_ref()
@@ -571,12 +597,14 @@ struct AcceptedTask {
 
 async fn submit_task(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<AcceptedTask>), ApiError> {
     let body = body?;
     let mut submission = Submission::parse(&body, Utc::now())
         .map_err(|err| ApiError::bad_request(err.to_string()))?;
+    scope.settle(&mut submission.event.task.spec.project)?;
     // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
     crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
     let (status, task, warnings) = match manager.submit(submission.event).await? {
@@ -593,10 +621,12 @@ fn job_from(body: &[u8]) -> Result<Job, ApiError> {
 
 async fn submit_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     let mut job = job_from(&body?)?;
+    scope.settle(&mut job.project)?;
     crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     let (outcome, mut view) = manager.submit_job(job).await?;
     view.outcome = Some(outcome.word().to_string());
@@ -609,10 +639,12 @@ async fn submit_job(
 
 async fn plan_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     submitter: Option<axum::Extension<crate::acl::Submitter>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<PlanView>, ApiError> {
     let mut job = job_from(&body?)?;
+    scope.settle(&mut job.project)?;
     // As `POST /jobs` would store it, so that the plan shows no change of owner.
     crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
     Ok(Json(manager.plan_job(job)?))
@@ -621,6 +653,7 @@ async fn plan_job(
 /// Every job; a blocking query wakes on a job's, a deployment's or a job's task's event.
 async fn list_jobs(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<BlockingQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
@@ -628,10 +661,15 @@ async fn list_jobs(
     let index = settle_query(&manager, blocking, |event| match event.topic {
         Topic::Job | Topic::Deployment => true,
         Topic::Task | Topic::Queue => event.job.is_some(),
-        Topic::Node => false,
+        Topic::Node | Topic::Project | Topic::Quota => false,
     })
     .await;
-    Ok(with_index(Json(manager.jobs()).into_response(), index))
+    let jobs: Vec<JobView> = manager
+        .jobs()
+        .into_iter()
+        .filter(|view| scope.lists(view.job.project()))
+        .collect();
+    Ok(with_index(Json(jobs).into_response(), index))
 }
 
 /// One job; a blocking query wakes on the job's events and its objects' (404 at once for a
@@ -854,12 +892,18 @@ async fn list_nodes(
 /// The waiting list, in order; a blocking query wakes on a change of an entry.
 async fn list_queue(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<BlockingQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
     let index = settle_query(&manager, blocking, |event| event.topic == Topic::Queue).await;
-    Ok(with_index(Json(manager.queue()).into_response(), index))
+    let queue: Vec<_> = manager
+        .queue()
+        .into_iter()
+        .filter(|listed| scope.lists(listed.entry.project()))
+        .collect();
+    Ok(with_index(Json(queue).into_response(), index))
 }
 
 /// One entry of the waiting list: `GET /queue/task/{id}` or `GET /queue/job/{name}`.
@@ -888,6 +932,7 @@ async fn get_queue_entry(
 /// addresses; a blocking query wakes on a task's or an entry's change.
 async fn list_services(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     query: Result<Query<BlockingQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
@@ -896,12 +941,18 @@ async fn list_services(
         matches!(event.topic, Topic::Task | Topic::Queue)
     })
     .await;
-    Ok(with_index(Json(manager.services()).into_response(), index))
+    let services: Vec<_> = manager
+        .services()
+        .into_iter()
+        .filter(|service| scope.lists(&service.project))
+        .collect();
+    Ok(with_index(Json(services).into_response(), index))
 }
 
 /// `GET /events`: see `event_stream.rs`.
 async fn stream_events(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -910,6 +961,7 @@ async fn stream_events(
     Ok(events_response(
         &manager,
         query,
+        scope,
         Framing::from_request(&headers),
     ))
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use cube_types::{HostPort, NodeName, Resources, State, Task};
+use cube_types::project::Usage;
 use uuid::Uuid;
 
 /// How many copies of its job a task's spec is compared with, for one to share (a job in a
@@ -44,6 +45,10 @@ pub struct TaskCache {
     /// Every task by ID, the one copy the indexes below point into.
     tasks: HashMap<Uuid, Arc<Task>>,
     loads: HashMap<NodeName, NodeLoad>,
+    /// What each project's placed tasks declare together (a task counts while it holds
+    /// resources on a node, as in `loads`): the usage its quota bounds, kept from the tasks
+    /// as they are observed, never from the requests.
+    usage: HashMap<String, Usage>,
     /// Every node name a task has held, once: each task placed on a node holds this one
     /// (a task read from the store or a worker's report comes with a copy of its own).
     node_names: HashSet<NodeName>,
@@ -68,6 +73,16 @@ pub fn holds_resources(task: &Task) -> bool {
 }
 
 impl TaskCache {
+    /// What `project`'s placed tasks declare together.
+    pub fn usage_of(&self, project: &str) -> Usage {
+        self.usage.get(project).copied().unwrap_or_default()
+    }
+
+    /// Every project's usage, of those that have a task placed.
+    pub fn usages(&self) -> &HashMap<String, Usage> {
+        &self.usage
+    }
+
     pub fn get(&self, id: &Uuid) -> Option<&Task> {
         self.tasks.get(id).map(|task| &**task)
     }
@@ -243,6 +258,13 @@ impl TaskCache {
         if !holds_resources(task) {
             return;
         }
+        let declared = Usage::of_task(task.spec.cpu, task.spec.memory, task.spec.disk);
+        match self.usage.get_mut(task.spec.project.as_str()) {
+            Some(usage) => usage.add(&declared),
+            None => {
+                self.usage.insert(task.spec.project.clone(), declared);
+            }
+        }
         let load = self.loads.entry(task.status.node_name.clone()).or_default();
         load.allocated.cpu += task.spec.cpu;
         load.allocated.memory += task.spec.memory;
@@ -256,6 +278,16 @@ impl TaskCache {
     fn release(&mut self, task: &Task) {
         if !holds_resources(task) {
             return;
+        }
+        if let Some(usage) = self.usage.get_mut(task.spec.project.as_str()) {
+            usage.remove(&Usage::of_task(
+                task.spec.cpu,
+                task.spec.memory,
+                task.spec.disk,
+            ));
+            if usage.is_empty() {
+                self.usage.remove(task.spec.project.as_str());
+            }
         }
         let Some(load) = self.loads.get_mut(task.status.node_name.as_str()) else {
             return;

@@ -28,6 +28,7 @@ use cube_scheduler::Scheduler;
 use cube_store::{Commit, Store, StoreError};
 use cube_types::deployment::Deployment;
 use cube_types::job::{JobHistory, JobRecord, JobType};
+use cube_types::project::ProjectRecord;
 use cube_types::queue::QueueEntry;
 use cube_types::{Node, Receiver, State, Task};
 use uuid::Uuid;
@@ -79,6 +80,9 @@ pub struct ManagerStores {
     pub meta: Arc<dyn Store<u64>>,
     /// The waiting list: one entry per request, under `task/<id>` or `job/<name>`.
     pub queue: Arc<dyn Store<QueueEntry>>,
+    /// The projects made with `cube project create`, by name, with their quotas (`default`
+    /// is there only once its quota is set).
+    pub projects: Arc<dyn Store<ProjectRecord>>,
 }
 
 impl ManagerStores {
@@ -92,6 +96,7 @@ impl ManagerStores {
             deployments: Arc::new(cube_store::MemoryStore::new()),
             meta: Arc::new(cube_store::MemoryStore::new()),
             queue: Arc::new(cube_store::MemoryStore::new()),
+            projects: Arc::new(cube_store::MemoryStore::new()),
         }
     }
 }
@@ -128,6 +133,9 @@ pub(crate) struct Shared {
     pub(crate) queue: BTreeMap<String, Arc<QueueEntry>>,
     /// The highest queue number given (stored in `meta` under [`QUEUE_NUMBER_KEY`]).
     pub(crate) queue_number: u64,
+    /// Every project made, as stored, by name (`default` is there only once its quota was
+    /// set; it exists all the same).
+    pub(crate) projects: BTreeMap<String, Arc<ProjectRecord>>,
     /// Requests a placement pass let in whose entry does not say so yet (the queue
     /// controller writes it after), by key, with their owner: counted against
     /// `--max-claimed-per-owner` meanwhile. Emptied as the entries catch up.
@@ -243,6 +251,10 @@ impl Cluster {
             queue_number = queue_number.max(entry.queue);
             queue.insert(entry.key(), Arc::new(entry));
         })?;
+        let mut projects = BTreeMap::new();
+        stores.projects.scan(&mut |record: ProjectRecord| {
+            projects.insert(record.name.clone(), Arc::new(record));
+        })?;
         let mut nodes = NodeRegistry::default();
         for node in stores.nodes.list()? {
             match worker_client(&node.name, &node.address) {
@@ -281,6 +293,7 @@ impl Cluster {
             deployments,
             queue,
             queue_number,
+            projects,
             just_admitted: HashMap::new(),
             queue_dirty: crate::queue::QueueDirty::everything(),
             placement_dirty: cube_controller::marks::Marks::everything(),
@@ -858,6 +871,7 @@ impl Cluster {
                         Cow::Borrowed("Removed"),
                         id.to_string(),
                         (!forgotten.spec.job.is_empty()).then(|| forgotten.spec.job.clone()),
+                        Some(forgotten.spec.project.clone()),
                         Payload::Task(forgotten),
                         true,
                     );
@@ -878,6 +892,7 @@ impl Cluster {
         kind: &str,
         key: &str,
         job: Option<&str>,
+        project: Option<&str>,
         object: serde_json::Value,
     ) {
         self.events.publish(
@@ -885,6 +900,7 @@ impl Cluster {
             Cow::Owned(kind.to_string()),
             key.to_string(),
             job.map(str::to_string),
+            project.map(str::to_string),
             Payload::Value(object),
             false,
         );
@@ -901,6 +917,7 @@ impl Cluster {
             Topic::Node,
             kind,
             name,
+            None,
             None,
             serde_json::to_value(&view).unwrap_or_default(),
         );

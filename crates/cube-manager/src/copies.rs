@@ -32,6 +32,7 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
     let group = &job.groups[group_index];
     let mut template = group.task.clone();
     template.spec.job = job.name.clone();
+    template.spec.project = job.project().to_string();
     template.spec.group = group.name.clone();
     template.spec.constraints = job.constraints_of(group).cloned().collect();
     if let Some(node) = pin {

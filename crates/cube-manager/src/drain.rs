@@ -150,6 +150,7 @@ impl Manager {
                 "NodeRemoved",
                 name,
                 None,
+                None,
                 serde_json::json!({"Name": name}),
             );
             (failed, wake)

@@ -184,6 +184,7 @@ impl EventsQuery {
 pub(crate) fn events_response(
     manager: &Arc<Manager>,
     query: EventsQuery,
+    scope: crate::projects::Scope,
     framing: Framing,
 ) -> Response {
     let subscription = match manager.events().subscribe(query.index) {
@@ -194,6 +195,7 @@ pub(crate) fn events_response(
     let streamer = Streamer {
         subscription,
         filter: query.filter,
+        scope,
         framing,
         shutdown: manager.shutdown.clone(),
         heartbeat: HEARTBEAT,
@@ -236,6 +238,9 @@ fn refusal(err: SubscribeError) -> Response {
 struct Streamer {
     subscription: Subscription,
     filter: EventFilter,
+    /// The projects whose events the token may see, and asked for; a node's event (which
+    /// belongs to none) goes to every subscriber.
+    scope: crate::projects::Scope,
     framing: Framing,
     shutdown: CancellationToken,
     heartbeat: Duration,
@@ -288,7 +293,12 @@ impl Streamer {
     fn write(&mut self, received: Received, out: &mut Vec<u8>) {
         match received {
             Received::Event(event) => {
-                if self.filter.admits(&event) {
+                if self.filter.admits(&event)
+                    && event
+                        .project
+                        .as_deref()
+                        .is_none_or(|project| self.scope.lists(project))
+                {
                     self.framing.write_event(&event, out);
                 }
             }
@@ -388,6 +398,7 @@ mod tests {
             Topic::Node,
             "NodeReady".into(),
             name.to_string(),
+            None,
             None,
             crate::events::Payload::Value(serde_json::json!({"Name": name})),
             false,

@@ -57,15 +57,22 @@ pub enum Topic {
     Deployment,
     /// The waiting list's entries.
     Queue,
+    /// Projects and their quotas.
+    Project,
+    /// A request that starts (`QuotaWaiting`) or stops (`QuotaAdmitted`) waiting for its
+    /// project's quota.
+    Quota,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 5] = [
+    pub const ALL: [Topic; 7] = [
         Topic::Task,
         Topic::Job,
         Topic::Node,
         Topic::Deployment,
         Topic::Queue,
+        Topic::Project,
+        Topic::Quota,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +82,8 @@ impl Topic {
             Topic::Node => "Node",
             Topic::Deployment => "Deployment",
             Topic::Queue => "Queue",
+            Topic::Project => "Project",
+            Topic::Quota => "Quota",
         }
     }
 
@@ -112,6 +121,9 @@ pub struct Event {
     pub key: String,
     /// The job the object belongs to, if any.
     pub job: Option<String>,
+    /// The project the object belongs to; `None` for what is cluster-wide (a node), which
+    /// every token that may read events sees.
+    pub project: Option<String>,
     /// Whether the change moved what a node holds (a task placed, or one that ended): what
     /// wakes a blocking `GET /nodes`. Not written.
     pub allocation: bool,
@@ -167,6 +179,8 @@ struct EventWire<'a, O: Serialize> {
     key: &'a str,
     #[serde(rename = "Job", skip_serializing_if = "Option::is_none")]
     job: Option<&'a str>,
+    #[serde(rename = "Project", skip_serializing_if = "Option::is_none")]
+    project: Option<&'a str>,
     #[serde(rename = "Object")]
     object: O,
 }
@@ -180,6 +194,7 @@ impl Event {
             kind: &self.kind,
             key: &self.key,
             job: self.job.as_deref(),
+            project: self.project.as_deref(),
             object,
         }
     }
@@ -331,6 +346,7 @@ impl EventBroker {
         kind: Cow<'static, str>,
         key: String,
         job: Option<String>,
+        project: Option<String>,
         payload: Payload,
         allocation: bool,
     ) -> u64 {
@@ -343,6 +359,7 @@ impl EventBroker {
             kind,
             key,
             job,
+            project,
             allocation,
             payload,
             json: OnceLock::new(),
@@ -584,6 +601,7 @@ pub(crate) fn publish_task(broker: &EventBroker, before: Option<&Task>, after: &
             kind,
             after.id.to_string(),
             job_of(after),
+            Some(after.spec.project.clone()),
             Payload::Task(after.clone()),
             allocation && index == last,
         );
@@ -628,6 +646,7 @@ mod tests {
             Cow::Borrowed("Test"),
             key.to_string(),
             job.map(str::to_string),
+            None,
             Payload::Value(serde_json::json!({"Name": key})),
             false,
         )
@@ -949,6 +968,7 @@ mod tests {
             "JobRegistered",
             "web",
             Some("web"),
+            Some("default"),
             serde_json::json!({}),
         );
         drop(first);

@@ -135,6 +135,15 @@ impl GarbageCollector {
     /// removes every task that may be removed and ended at least `older_than` ago, then the
     /// stopped jobs left without tasks (`older_than` after they were submitted).
     pub(crate) async fn prune(&self, older_than: Duration) -> Pruned {
+        self.prune_in(older_than, &|_| true).await
+    }
+
+    /// [`GarbageCollector::prune`] of the tasks and jobs of the projects `in_projects` admits.
+    pub(crate) async fn prune_in(
+        &self,
+        older_than: Duration,
+        in_projects: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Pruned {
         let now = Utc::now();
         let older_than = chrono::Duration::from_std(older_than).unwrap_or(chrono::Duration::MAX);
         let due: Vec<Task> = {
@@ -142,6 +151,7 @@ impl GarbageCollector {
             state
                 .cache
                 .tasks()
+                .filter(|task| in_projects(&task.spec.project))
                 .filter(|task| {
                     let job = state.jobs.get(&task.spec.job).map(|record| &**record);
                     removable(task, job).is_none()
@@ -163,7 +173,7 @@ impl GarbageCollector {
                     .push(format!("task {} ({}): {err}", task.name, task.id)),
             }
         }
-        pruned.jobs = self.prune_jobs(now, older_than).await;
+        pruned.jobs = self.prune_jobs(now, older_than, in_projects).await;
         if !pruned.tasks.is_empty() || !pruned.jobs.is_empty() {
             tracing::info!(
                 tasks = pruned.tasks.len(),
@@ -177,7 +187,12 @@ impl GarbageCollector {
 
     /// Removes the stopped jobs that have no task left and were submitted at least
     /// `older_than` ago: their record, their versions and their last deployment.
-    async fn prune_jobs(&self, now: DateTime<Utc>, older_than: chrono::Duration) -> Vec<String> {
+    async fn prune_jobs(
+        &self,
+        now: DateTime<Utc>,
+        older_than: chrono::Duration,
+        in_projects: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Vec<String> {
         let _writing = self.records.hold().await;
         let due: Vec<String> = {
             let state = lock(&self.cluster.state);
@@ -186,6 +201,7 @@ impl GarbageCollector {
                 .values()
                 .filter(|record| {
                     record.stopped
+                        && in_projects(record.job.project())
                         && state.cache.of_job(&record.job.name).is_empty()
                         && record
                             .submit_time
@@ -217,7 +233,10 @@ impl GarbageCollector {
             }
             let mut state = lock(&self.cluster.state);
             state.queue_dirty.mark_job(&name);
-            state.jobs.remove(&name);
+            let project = state
+                .jobs
+                .remove(&name)
+                .map(|record| record.job.project().to_string());
             state.histories.remove(&name);
             state.deployments.remove(&name);
             self.cluster.publish(
@@ -225,6 +244,7 @@ impl GarbageCollector {
                 "JobRemoved",
                 &name,
                 Some(&name),
+                project.as_deref(),
                 serde_json::json!({"Name": name}),
             );
             removed.push(name);
@@ -282,6 +302,7 @@ impl GarbageCollector {
                 std::borrow::Cow::Borrowed("Removed"),
                 id.to_string(),
                 (!removed.spec.job.is_empty()).then(|| removed.spec.job.clone()),
+                Some(removed.spec.project.clone()),
                 Payload::Task(removed),
                 false,
             );

@@ -132,11 +132,20 @@ impl Manager {
             return Err(ManagerError::BadRequest(findings.join("; ")));
         }
         refuse_if_too_large(&job)?;
+        self.check_quota(job.project(), &job_usage(&job))?;
         let name = job.name.clone();
         let mut warnings = Vec::new();
         let outcome = {
             let _writing = self.job_records.hold().await;
             let known = lock(&self.cluster.state).jobs.get(&name).cloned();
+            if let Some(known) = &known
+                && known.job.project() != job.project()
+            {
+                return Err(ManagerError::Conflict(format!(
+                    "job name {name:?} is taken in another project: job names are unique \
+                     across the cluster (unlike task names); choose another name"
+                )));
+            }
             let (outcome, record) = next_record(known.as_deref(), job, None);
             if outcome != JobSubmitted::Unchanged {
                 warnings = self.job_fits_nowhere_today(&record);
@@ -199,6 +208,7 @@ impl Manager {
             if target.count != Some(count) {
                 target.count = Some(count);
                 refuse_if_too_large(&record.job)?;
+                self.check_quota(record.job.project(), &job_usage(&record.job))?;
                 warnings = self.job_fits_nowhere_today(&record);
                 self.job_records.store_job(record).await?;
             }
@@ -495,6 +505,23 @@ impl Manager {
             .map(|(record, tasks, deployment)| view_of(record, tasks, deployment.as_ref()))
             .collect()
     }
+}
+
+/// What a job's copies declare together, as its project's quota counts them (a system job:
+/// one copy per group, the least it runs).
+fn job_usage(job: &Job) -> cube_types::project::Usage {
+    let mut usage = cube_types::project::Usage::default();
+    for group in &job.groups {
+        let copies = u64::from(group.count.unwrap_or(1));
+        let task = &group.task.spec;
+        usage.add(&cube_types::project::Usage {
+            cpus: task.cpu * copies as f64,
+            memory: task.memory.saturating_mul(copies),
+            disk: task.disk.saturating_mul(copies),
+            tasks: copies,
+        });
+    }
+    usage
 }
 
 /// Refuses a job whose copies together would be more than one request may make

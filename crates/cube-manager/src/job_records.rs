@@ -79,11 +79,16 @@ impl JobRecords {
         // Published where the map is written, under the state lock: before the stops and
         // copies this look goes on to make.
         let mut state = lock(&self.cluster.state);
+        let project = state
+            .jobs
+            .get(&deployment.job)
+            .map(|record| record.job.project().to_string());
         self.cluster.publish(
             Topic::Deployment,
             kind,
             &deployment.job,
             Some(&deployment.job),
+            project.as_deref(),
             serde_json::to_value(deployment).unwrap_or_default(),
         );
         state
@@ -218,7 +223,14 @@ impl JobRecords {
             let commit = self.cluster.stores.jobs.put_queued(&name, &record)?;
             let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
             self.cluster
-                .publish(Topic::Job, kind, &name, Some(&name), job_object(&record));
+                .publish(
+                Topic::Job,
+                kind,
+                &name,
+                Some(&name),
+                Some(record.job.project()),
+                job_object(&record),
+            );
             commit
         };
         commit.durable().await?;

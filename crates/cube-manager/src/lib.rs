@@ -34,6 +34,7 @@ mod metrics;
 mod nodes;
 mod observation;
 mod placement;
+pub mod projects;
 mod queue;
 mod queue_api;
 pub mod queue_controller;

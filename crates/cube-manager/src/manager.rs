@@ -89,6 +89,11 @@ pub enum ManagerError {
     NodeNotFound(String),
     #[error("no job named {0:?}")]
     JobNotFound(String),
+    #[error("no project named {0:?} (cube project list; cube project create {0})")]
+    ProjectNotFound(String),
+    /// The request could never fit its project's quota.
+    #[error("{0}")]
+    OverQuota(String),
     /// The job exists but has no deployment to show.
     #[error("{0}")]
     NoDeployment(String),
@@ -285,6 +290,11 @@ impl Manager {
         }
         // A request no node could hold today is accepted and waits, with a warning: nodes
         // join later (a bigger one, one with the right labels, one back from maintenance).
+        let spec = &event.task.spec;
+        self.check_quota(
+            &spec.project,
+            &cube_types::project::Usage::of_task(spec.cpu, spec.memory, spec.disk),
+        )?;
         let warnings = self.fits_nowhere_today(&[(&event.task, 1)]);
         // The manager owns placement and observation: whatever the submission said about
         // them (state, restarts, history, ...) is not the manager's to believe.
@@ -656,6 +666,17 @@ impl Manager {
         self.garbage_collector().prune(older_than).await
     }
 
+    /// [`Manager::prune`] of what the projects `scope` lists hold.
+    pub async fn prune_in(
+        &self,
+        older_than: Duration,
+        scope: &crate::projects::Scope,
+    ) -> crate::gc::Pruned {
+        self.garbage_collector()
+            .prune_in(older_than, &|project| scope.lists(project))
+            .await
+    }
+
     /// The garbage collector, with the manager's `--gc-after`.
     pub(crate) fn garbage_collector(&self) -> crate::gc::GarbageCollector {
         crate::gc::GarbageCollector::new(
@@ -758,6 +779,19 @@ impl Manager {
             metrics.set_jobs(state.jobs.values().map(|record| &**record));
             metrics.set_waiting(state.cache.waiting().count());
             metrics.set_queue(state.queue.values().map(|entry| &**entry));
+            let mut projects: std::collections::BTreeSet<&str> =
+                state.projects.keys().map(String::as_str).collect();
+            projects.insert(cube_types::project::DEFAULT_PROJECT);
+            projects.extend(state.cache.usages().keys().map(String::as_str));
+            metrics.set_projects(
+                projects
+                    .into_iter()
+                    .map(|project| (project, state.cache.usage_of(project))),
+                state
+                    .projects
+                    .values()
+                    .map(|record| (record.name.as_str(), &record.quota)),
+            );
             metrics.set_nodes(
                 state
                     .nodes

@@ -27,6 +27,13 @@ pub struct StateLabel {
     pub state: &'static str,
 }
 
+/// A project's resource: `cpu` (cores), `memory` and `disk` (bytes), `tasks`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProjectLabel {
+    pub project: String,
+    pub resource: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
     pub r#type: &'static str,
@@ -126,6 +133,8 @@ pub struct ManagerMetrics {
     node_gauges: NodeGauges,
     queue_depth: Family<StateLabel, Gauge>,
     waiting_tasks: Gauge,
+    project_usage: Family<ProjectLabel, FloatGauge>,
+    project_quota: Family<ProjectLabel, FloatGauge>,
     pub placements: Counter,
     pub placement_failures: Family<ReasonLabel, Counter>,
     pub reconciles: Histograms<ControllerLabel>,
@@ -164,6 +173,19 @@ impl Default for ManagerMetrics {
             "cube_waiting_tasks",
             "Tasks waiting for a node (Pending, asked to run)",
             waiting_tasks.clone(),
+        );
+        let project_usage = Family::<ProjectLabel, FloatGauge>::default();
+        registry.register(
+            "cube_project_usage",
+            "What each project's placed tasks declare together, by resource (cpu in cores, \
+             memory and disk in bytes, tasks)",
+            project_usage.clone(),
+        );
+        let project_quota = Family::<ProjectLabel, FloatGauge>::default();
+        registry.register(
+            "cube_project_quota",
+            "Each project's quota, by resource (only the limits set)",
+            project_quota.clone(),
         );
         let placements = Counter::default();
         registry.register(
@@ -206,6 +228,8 @@ impl Default for ManagerMetrics {
             node_gauges,
             queue_depth,
             waiting_tasks,
+            project_usage,
+            project_quota,
             placements,
             placement_failures,
             reconciles,
@@ -216,6 +240,47 @@ impl Default for ManagerMetrics {
 }
 
 impl ManagerMetrics {
+    /// Each project's usage (every project made, and any with a task placed) and the limits
+    /// of its quota.
+    pub(crate) fn set_projects<'a>(
+        &self,
+        usage: impl Iterator<Item = (&'a str, cube_types::project::Usage)>,
+        quotas: impl Iterator<Item = (&'a str, &'a cube_types::project::Quota)>,
+    ) {
+        self.project_usage.clear();
+        self.project_quota.clear();
+        let label = |project: &str, resource| ProjectLabel {
+            project: project.to_string(),
+            resource,
+        };
+        for (project, used) in usage {
+            for (resource, value) in [
+                ("cpu", used.cpus),
+                ("memory", used.memory as f64),
+                ("disk", used.disk as f64),
+                ("tasks", used.tasks as f64),
+            ] {
+                self.project_usage
+                    .get_or_create(&label(project, resource))
+                    .set(value);
+            }
+        }
+        for (project, quota) in quotas {
+            for (resource, value) in [
+                ("cpu", quota.cpus),
+                ("memory", quota.memory.map(|bytes| bytes as f64)),
+                ("disk", quota.disk.map(|bytes| bytes as f64)),
+                ("tasks", quota.tasks.map(|tasks| tasks as f64)),
+            ] {
+                if let Some(value) = value {
+                    self.project_quota
+                        .get_or_create(&label(project, resource))
+                        .set(value);
+                }
+            }
+        }
+    }
+
     /// Times one reconcile of `controller`.
     pub fn reconciled(&self, controller: &'static str, started: Instant) {
         self.reconciles

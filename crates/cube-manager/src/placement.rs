@@ -21,6 +21,7 @@ use cube_scheduler::{
 };
 use cube_store::StoreError;
 use cube_types::job::{Constraint, DEFAULT_PRIORITY, JobType};
+use cube_types::project::Usage;
 use cube_types::queue::RequestKind;
 use cube_types::task::ANONYMOUS;
 use cube_types::{HostPort, Resources, State, Task};
@@ -131,6 +132,8 @@ impl PlacementController {
             HashMap::new()
         };
         let mut failed_shapes: HashMap<Shape, String> = HashMap::new();
+        // Each project with a quota met in this pass: its usage, with what the pass placed.
+        let mut project_usage: HashMap<String, Usage> = HashMap::new();
         let mut updates = Vec::new();
         let mut placed = Vec::new();
         for request in requests {
@@ -156,8 +159,44 @@ impl PlacementController {
                 note_reasons(&mut updates, &tasks, &reason);
                 continue;
             }
+            // The project's quota: what its placed tasks declare, with what this pass
+            // placed, plus this request, within every limit set.
+            let project = tasks[0].spec.project.as_str();
+            let quota = state
+                .projects
+                .get(project)
+                .map(|record| &record.quota)
+                .filter(|quota| !quota.is_unlimited())
+                .cloned();
+            let adding = request_usage(&tasks);
+            let was_held = tasks[0]
+                .status
+                .pending_reason
+                .as_deref()
+                .is_some_and(|reason| reason.starts_with(QUOTA_REASON_PREFIX));
+            if let Some(quota) = &quota {
+                let used = project_usage
+                    .entry(project.to_string())
+                    .or_insert_with(|| state.cache.usage_of(project));
+                if let Some(why) = quota.exceeded(used, &adding) {
+                    let reason = quota_reason(project, &why);
+                    if !was_held {
+                        self.publish_quota(&request, &tasks[0], "QuotaWaiting", &reason);
+                    }
+                    note_reasons(&mut updates, &tasks, &reason);
+                    continue;
+                }
+            }
+            if was_held {
+                self.publish_quota(&request, &tasks[0], "QuotaAdmitted", "");
+            }
             match self.place_request(&mut state, &mut views, &tasks, &mut failed_shapes) {
                 Ok(nodes) => {
+                    if quota.is_some()
+                        && let Some(used) = project_usage.get_mut(&tasks[0].spec.project)
+                    {
+                        used.add(&adding);
+                    }
                     if request.is_new {
                         *admitted_by_owner.entry(request.owner.clone()).or_default() += 1;
                         state
@@ -196,6 +235,20 @@ impl PlacementController {
             self.cluster.save(&mut state, writes, task)?;
         }
         Ok(placed)
+    }
+
+    /// A `Quota` event: `request` starts or stops waiting for its project's quota.
+    fn publish_quota(&self, request: &WaitingRequest, task: &Task, kind: &str, reason: &str) {
+        let key = request.key.entry_key();
+        let job = (!task.spec.job.is_empty()).then_some(task.spec.job.as_str());
+        self.cluster.publish(
+            crate::events::Topic::Quota,
+            kind,
+            &key,
+            job,
+            Some(&task.spec.project),
+            serde_json::json!({"Request": key, "Project": task.spec.project, "Reason": reason}),
+        );
     }
 
     /// Places every task of one request on `views`, or none: the node of each, in order, or
@@ -271,6 +324,28 @@ impl PlacementController {
         Ok(nodes)
     }
 }
+
+/// What a request's tasks declare together, as its project's quota counts it.
+pub(crate) fn request_usage(tasks: &[Arc<Task>]) -> Usage {
+    let mut usage = Usage::default();
+    for task in tasks {
+        usage.add(&Usage::of_task(
+            task.spec.cpu,
+            task.spec.memory,
+            task.spec.disk,
+        ));
+    }
+    usage
+}
+
+/// What a request held by its project's quota waits for (its `PendingReason`, the waiting
+/// list's `WaitingFor`): `quota of team-a: memory 15.5/16 GiB`.
+pub(crate) fn quota_reason(project: &str, why: &str) -> String {
+    format!("{QUOTA_REASON_PREFIX}{project}: {why}")
+}
+
+/// How every reason [`quota_reason`] writes begins.
+pub(crate) const QUOTA_REASON_PREFIX: &str = "quota of ";
 
 /// Which request a waiting task belongs to, borrowed from the pass's state: no string is
 /// built per task.

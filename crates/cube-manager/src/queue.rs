@@ -58,6 +58,14 @@ impl Request<'_> {
         self.kind().key(&self.id())
     }
 
+    /// The project the request is in.
+    pub fn project(&self) -> &str {
+        match self.source {
+            Source::Task(task) => &task.spec.project,
+            Source::Job(record) => record.job.project(),
+        }
+    }
+
     /// When it was submitted: the order new entries are numbered in.
     fn submitted(&self) -> Option<DateTime<Utc>> {
         match self.source {
@@ -383,6 +391,7 @@ fn entry_of(
     if let Some(entry) = stored
         && entry.priority == settings.priority
         && entry.owner == settings.owner
+        && entry.project() == request.project()
         && entry.state == state
         && entry.since == Some(since)
         && entry.version == settings.version
@@ -406,6 +415,7 @@ fn entry_of(
         queue: stored.map_or(0, |entry| entry.queue),
         priority: settings.priority,
         owner: settings.owner,
+        project: request.project().to_string(),
         state,
         since: Some(since),
         version: settings.version,
@@ -670,6 +680,7 @@ mod tests {
                 priority: 50,
                 constraints: Vec::new(),
                 owner: String::new(),
+                project: String::new(),
                 queue_timeout: None,
                 groups: vec![Group {
                     name: "work".into(),
@@ -751,6 +762,7 @@ mod tests {
             queue,
             priority,
             owner: ANONYMOUS.to_string(),
+            project: String::new(),
             state,
             since: None,
             version: None,

@@ -87,6 +87,7 @@ impl Manager {
                     name,
                     kind: RequestKind::Task,
                     job: String::new(),
+                    project: entry.project().to_string(),
                     endpoints,
                 });
             }
@@ -109,6 +110,7 @@ impl Manager {
                     name: format!("{}.{}", record.job.name, group.name),
                     kind: RequestKind::Job,
                     job: record.job.name.clone(),
+                    project: record.job.project().to_string(),
                     endpoints,
                 });
             }

@@ -116,6 +116,11 @@ pub struct ServiceView {
     pub kind: RequestKind,
     #[serde(rename = "Job", skip_serializing_if = "String::is_empty")]
     pub job: String,
+    #[serde(
+        rename = "Project",
+        skip_serializing_if = "cube_types::project::is_default"
+    )]
+    pub project: String,
     #[serde(rename = "Endpoints")]
     pub endpoints: Vec<Endpoint>,
 }
@@ -414,6 +419,7 @@ impl QueueController {
                         kind,
                         &key,
                         (entry.kind == RequestKind::Job).then_some(entry.id.as_str()),
+                        Some(entry.project()),
                         serde_json::to_value(&**entry).unwrap_or_default(),
                     );
                     state.queue.insert(key, Arc::clone(entry));
@@ -426,6 +432,7 @@ impl QueueController {
                             "Left",
                             &key,
                             (gone.kind == RequestKind::Job).then_some(gone.id.as_str()),
+                            Some(gone.project()),
                             serde_json::to_value(&*gone).unwrap_or_default(),
                         );
                     }

@@ -45,6 +45,14 @@ pub struct Job {
     /// Who asked for the job: the waiting list's `Owner` (`anonymous` when unset).
     #[serde(rename = "Owner", default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
+    /// The project the job and its copies belong to (`default` when unset, and then not
+    /// written).
+    #[serde(
+        rename = "Project",
+        default,
+        skip_serializing_if = "crate::project::is_default"
+    )]
+    pub project: String,
     /// How long the job may wait in the queue, none of its copies placed, before it gives
     /// up (`expired`, and the job is stopped).
     #[serde(
@@ -389,6 +397,15 @@ fn name_findings(path: &str, name: &str) -> Vec<String> {
 }
 
 impl Job {
+    /// The job's project: `default` when the job names none.
+    pub fn project(&self) -> &str {
+        if self.project.is_empty() {
+            crate::project::DEFAULT_PROJECT
+        } else {
+            &self.project
+        }
+    }
+
     /// What the job expands to: the sum over its groups of `Count` copies of the group's
     /// task spec, each as the JSON it is stored as, and a finding naming the largest group when
     /// the sum is over [`MAX_EXPANDED_BYTES`]. A system job has no count (one copy per node)
@@ -432,6 +449,11 @@ impl Job {
             findings.push(format!("Priority: {} is out of range 0-100", self.priority));
         }
         findings.extend(crate::task::owner_findings("Owner", &self.owner));
+        if !self.project.is_empty()
+            && let Err(why) = crate::project::check_project_name(&self.project)
+        {
+            findings.push(format!("Project: {why}"));
+        }
         if let Some(timeout) = self.queue_timeout {
             if timeout.is_zero() {
                 findings.push("QueueTimeout: must be longer than 0".to_string());
@@ -494,6 +516,12 @@ impl Job {
             if !group.task.id.is_nil() {
                 findings.push(format!(
                     "{path}.Task.ID: a job's tasks get their IDs from the job; leave ID out"
+                ));
+            }
+            if group.task.spec.project != crate::project::DEFAULT_PROJECT {
+                findings.push(format!(
+                    "{path}.Task.Project: a job's copies are in the job's project; set \
+                     Project on the job"
                 ));
             }
             for (field, set) in [

@@ -26,6 +26,7 @@ pub mod node;
 mod node_name;
 pub mod output;
 pub mod pod;
+pub mod project;
 pub mod queue;
 pub mod size;
 pub mod state;

@@ -140,6 +140,13 @@ pub struct QueueEntry {
     pub priority: u8,
     #[serde(rename = "Owner")]
     pub owner: String,
+    /// The request's project (`default` when unset, and then not written).
+    #[serde(
+        rename = "Project",
+        default,
+        skip_serializing_if = "crate::project::is_default"
+    )]
+    pub project: String,
     #[serde(rename = "State")]
     pub state: QueueState,
     /// When the request joined the queue.
@@ -168,6 +175,15 @@ pub struct QueueEntry {
 }
 
 impl QueueEntry {
+    /// The request's project.
+    pub fn project(&self) -> &str {
+        if self.project.is_empty() {
+            crate::project::DEFAULT_PROJECT
+        } else {
+            &self.project
+        }
+    }
+
     /// The key of the entry in the manager's `queue` table.
     pub fn key(&self) -> String {
         self.kind.key(&self.id)

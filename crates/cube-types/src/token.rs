@@ -168,9 +168,27 @@ pub struct TokenRecord {
     /// A node token: the node it joined as (set at its first registration).
     #[serde(rename = "Node", default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The projects the token's role holds in (`*`: every one); none listed (a token made
+    /// before projects): `default` only. A `management` token holds in every project.
+    #[serde(rename = "Projects", default, skip_serializing_if = "Vec::is_empty")]
+    pub projects: Vec<String>,
+}
+
+/// Whether a token of `role` listing `projects` reaches `project`.
+pub fn reaches(role: Role, projects: &[String], project: &str) -> bool {
+    role == Role::Management
+        || projects
+            .iter()
+            .any(|listed| listed == crate::project::ALL_PROJECTS || listed == project)
+        || (projects.is_empty() && project == crate::project::DEFAULT_PROJECT)
 }
 
 impl TokenRecord {
+    /// Whether the token may see and act on `project`'s records.
+    pub fn reaches(&self, project: &str) -> bool {
+        reaches(self.role, &self.projects, project)
+    }
+
     pub fn expired(&self, now: DateTime<Utc>) -> bool {
         self.expire_time.is_some_and(|expiry| expiry <= now)
     }
@@ -184,6 +202,7 @@ impl TokenRecord {
             create_time: self.create_time,
             expire_time: self.expire_time,
             node: self.node.clone(),
+            projects: self.projects.clone(),
         }
     }
 }
@@ -207,6 +226,8 @@ pub struct TokenView {
     pub expire_time: Option<DateTime<Utc>>,
     #[serde(rename = "Node", default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    #[serde(rename = "Projects", default, skip_serializing_if = "Vec::is_empty")]
+    pub projects: Vec<String>,
 }
 
 /// `POST /acl/tokens`: the token to make.
@@ -221,6 +242,9 @@ pub struct TokenRequest {
     /// How long it lasts (`"24h"`, `"90s"`); none: until revoked.
     #[serde(rename = "TTL", default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<String>,
+    /// The projects its role holds in (`["*"]`: every one) [default: `["default"]`].
+    #[serde(rename = "Projects", default, skip_serializing_if = "Vec::is_empty")]
+    pub projects: Vec<String>,
 }
 
 /// The answer to `POST /acl/tokens` and `POST /acl/bootstrap`: the token's text, shown once.

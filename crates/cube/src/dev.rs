@@ -90,6 +90,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 cube_types::token::Role::Node,
                 Some(format!("dev-{}", args.name)),
                 None,
+                Vec::new(),
                 chrono::Utc::now(),
             )
             .await

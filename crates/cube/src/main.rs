@@ -73,6 +73,7 @@ enum Command {
     Config(cli::ConfigArgs),
     Acl(cli::AclArgs),
     Token(cli::TokenArgs),
+    Project(cli::ProjectArgs),
     SampleImage(sample_image::SampleImageArgs),
     Store(store_cmd::StoreCommandArgs),
 }
@@ -217,6 +218,7 @@ fn main() -> ExitCode {
             Command::Config(args) => cli::config(args).await,
             Command::Acl(args) => cli::acl(args).await,
             Command::Token(args) => cli::token(args).await,
+            Command::Project(args) => cli::project(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
             Command::Store(args) => store_cmd::run(args).await,
         }

@@ -211,6 +211,7 @@ fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
         deployments: stores.unwatched_table("deployments")?,
         meta: stores.unwatched_table("meta")?,
         queue: stores.unwatched_table("queue")?,
+        projects: stores.unwatched_table("projects")?,
     })
 }
 

@@ -22,8 +22,9 @@ use serde_json::Value;
 use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 
 /// Every table a manager keeps, in the order they are written.
-pub const MANAGER_TABLES: [&str; 9] = [
+pub const MANAGER_TABLES: [&str; 10] = [
     "meta",
+    "projects",
     "acl_tokens",
     "acl_keys",
     "nodes",

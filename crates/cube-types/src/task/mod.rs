@@ -169,6 +169,9 @@ pub struct SpecBody {
     /// Who asked for the task (a bare task; a job's copies belong to the job's owner): the
     /// waiting list's `Owner`, `anonymous` when unset.
     pub owner: String,
+    /// The project the task belongs to ([`crate::project::DEFAULT_PROJECT`] unless named; a
+    /// job's copies are in the job's).
+    pub project: String,
     /// 0 (least) to 100 (most) in the waiting list; a bare task's own (a job's copies go by
     /// the job's). Unset: the default, 50.
     pub priority: Option<u8>,
@@ -386,6 +389,7 @@ impl Task {
                     job: String::new(),
                     group: String::new(),
                     owner: String::new(),
+                    project: crate::project::DEFAULT_PROJECT.to_string(),
                     priority: None,
                     queue_timeout: None,
                     pod: None,
@@ -676,7 +680,7 @@ impl Task {
     }
 
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
-    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 26] {
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 27] {
         // No `..`: a new spec field does not compile until it is compared here.
         let SpecBody {
             image,
@@ -700,6 +704,7 @@ impl Task {
             job,
             group,
             owner,
+            project,
             priority,
             queue_timeout,
             pod,
@@ -745,6 +750,7 @@ impl Task {
             ("Group", *group == theirs.group),
             ("Index", *index == theirs.index),
             ("Owner", *owner == theirs.owner),
+            ("Project", *project == theirs.project),
             ("Priority", *priority == theirs.priority),
             ("QueueTimeout", *queue_timeout == theirs.queue_timeout),
             ("Pod", *pod == theirs.pod),

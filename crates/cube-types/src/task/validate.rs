@@ -238,6 +238,9 @@ impl Task {
             }
         }
         findings.extend(owner_findings("Owner", &self.spec.owner));
+        if let Err(why) = crate::project::check_project_name(&self.spec.project) {
+            findings.push(format!("Project: {why}"));
+        }
         if let Some(priority) = self.spec.priority
             && priority > 100
         {

@@ -185,6 +185,9 @@ pub(super) struct TaskWire {
     /// Who asked for the task, for the waiting list (`anonymous` when unset).
     #[serde(rename = "Owner", default, deserialize_with = "null_as_default")]
     pub owner: String,
+    /// The project the task belongs to (`default` when unset).
+    #[serde(rename = "Project", default, deserialize_with = "null_as_default")]
+    pub project: String,
     /// The task's priority in the waiting list, 0 to 100 [default: 50].
     #[serde(rename = "Priority", default)]
     pub priority: Option<u8>,
@@ -324,6 +327,8 @@ struct TaskWireRef<'a> {
     index: &'a Option<u32>,
     #[serde(rename = "Owner", skip_serializing_if = "blank")]
     owner: &'a String,
+    #[serde(rename = "Project", skip_serializing_if = "crate::project::is_default")]
+    project: &'a String,
     #[serde(rename = "Priority", skip_serializing_if = "unset")]
     priority: &'a Option<u8>,
     #[serde(
@@ -454,6 +459,7 @@ impl Task {
             job,
             group,
             owner,
+            project,
             priority,
             queue_timeout,
             pod,
@@ -500,6 +506,7 @@ impl Task {
             group,
             index,
             owner,
+            project,
             priority,
             queue_timeout,
             next_restart,
@@ -555,6 +562,7 @@ impl From<TaskWire> for Task {
             group,
             index,
             owner,
+            project,
             priority,
             queue_timeout,
             next_restart,
@@ -590,6 +598,7 @@ impl From<TaskWire> for Task {
                     job,
                     group,
                     owner,
+                    project: crate::project::normalized(project),
                     priority,
                     queue_timeout,
                     pod,

@@ -58,6 +58,10 @@ pub struct ClusterEntry {
     /// then speaks HTTPS and trusts only a manager certificate from that CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_fingerprint: Option<String>,
+    /// The project commands work in on this cluster when neither --project nor
+    /// CUBE_PROJECT names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 /// The manager a command talks to, and what chose it.
@@ -70,6 +74,9 @@ pub struct ManagerTarget {
     /// The CA fingerprint to verify the manager with (HTTPS): --ca-fingerprint or
     /// CUBE_CA_FINGERPRINT, else the chosen cluster's in the file.
     pub ca_fingerprint: Option<String>,
+    /// The project to work in: --project or CUBE_PROJECT, else the chosen cluster's in the
+    /// file; none: `default`.
+    pub project: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -120,6 +127,7 @@ pub fn resolve_manager(flags: &ClusterFlags) -> anyhow::Result<ManagerTarget> {
             source: TargetSource::Flag,
             token: flags.token.clone(),
             ca_fingerprint: flags.ca_fingerprint.clone(),
+            project: flags.project.clone(),
         });
     }
     let path = config_path()?;
@@ -130,6 +138,9 @@ pub fn resolve_manager(flags: &ClusterFlags) -> anyhow::Result<ManagerTarget> {
     }
     if flags.ca_fingerprint.is_some() {
         target.ca_fingerprint = flags.ca_fingerprint.clone();
+    }
+    if flags.project.is_some() {
+        target.project = flags.project.clone();
     }
     Ok(target)
 }
@@ -151,6 +162,7 @@ fn choose(
                 source: TargetSource::Default,
                 token: None,
                 ca_fingerprint: None,
+                project: None,
             });
         }
     };
@@ -166,6 +178,7 @@ fn choose(
             source,
             token: entry.token.clone(),
             ca_fingerprint: entry.ca_fingerprint.clone(),
+            project: entry.project.clone(),
         }),
         None => {
             let what = match source {
@@ -326,6 +339,10 @@ enum ConfigCommand {
         /// (it prints it when it starts): commands then reach it over HTTPS, verified.
         #[arg(long, value_name = "SHA256")]
         ca_fingerprint: Option<String>,
+        /// The project commands work in on this cluster when neither --project nor
+        /// CUBE_PROJECT names one.
+        #[arg(long = "default-project", value_name = "NAME")]
+        default_project: Option<String>,
     },
     /// List the clusters; the current one is marked *.
     List,
@@ -362,7 +379,12 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
             manager,
             token,
             ca_fingerprint,
+            default_project,
         } => {
+            if let Some(project) = &default_project {
+                cube_types::project::check_project_name(project)
+                    .map_err(|why| anyhow!("--default-project: {why}"))?;
+            }
             // Checked as every command will read it, so that a typo fails here and not later.
             let tls = match &ca_fingerprint {
                 None => None,
@@ -382,6 +404,7 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
                     manager: manager.clone(),
                     token: None,
                     ca_fingerprint: None,
+                    project: None,
                 });
             entry.manager = manager.clone();
             if token.is_some() {
@@ -389,6 +412,9 @@ pub async fn config(args: ConfigArgs) -> anyhow::Result<()> {
             }
             if ca_fingerprint.is_some() {
                 entry.ca_fingerprint = ca_fingerprint;
+            }
+            if default_project.is_some() {
+                entry.project = default_project;
             }
             // The first cluster is the one a user means until they say otherwise.
             let made_current = config.current.is_none();

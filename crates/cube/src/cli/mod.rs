@@ -22,6 +22,7 @@ mod job_output;
 mod logs;
 mod node;
 mod output;
+mod project;
 mod prune;
 mod queue;
 mod resolve;
@@ -52,6 +53,7 @@ pub use exec::{ExecArgs, exec};
 pub use job::{JobArgs, job};
 pub use logs::{LogsArgs, logs};
 pub use node::{NodeArgs, node};
+pub use project::{ProjectArgs, project};
 pub use prune::{PruneArgs, RmArgs, prune, rm};
 pub use queue::{QueueArgs, ServiceArgs, queue, service};
 pub use restart::{RestartArgs, restart};
@@ -100,6 +102,13 @@ pub struct ClusterFlags {
     /// manager prints it when it starts.
     #[arg(long, env = "CUBE_CA_FINGERPRINT", value_name = "SHA256")]
     pub ca_fingerprint: Option<String>,
+    /// The project the command works in: what it lists, shows and creates; `*` lists every
+    /// project the token reaches (with a PROJECT column).
+    ///
+    /// The first of: --project, CUBE_PROJECT, the config file's cluster's `project`, then
+    /// `default`. `cube project list` shows the projects.
+    #[arg(long, env = "CUBE_PROJECT", value_name = "NAME")]
+    pub project: Option<String>,
 }
 
 impl ClusterFlags {
@@ -359,7 +368,10 @@ impl ManagerClient {
             .filter(|address| !address.is_empty())
             .map(|address| {
                 ApiClient::with_tls(address, REQUEST_TIMEOUT, tls.clone())
-                    .map(|api| api.with_token(target.token.as_deref()))
+                    .map(|api| {
+                        api.with_token(target.token.as_deref())
+                            .with_project(target.project.as_deref())
+                    })
                     .map_err(|err| {
                         anyhow!(
                             "{err}{}; set the manager with -m HOST:PORT[,HOST:PORT...], \
@@ -477,6 +489,19 @@ impl ManagerClient {
             .await
             .map_err(|err| self.explain(err))?;
         Ok((status.as_u16(), answer))
+    }
+
+    /// A `PUT`: the same request again changes nothing, so it is tried again as a read is.
+    async fn put<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.failover(Retry::Idempotent, |api| async move {
+            api.put(path, body).await
+        })
+        .await
+        .map_err(|err| self.explain(err))
     }
 
     async fn delete(&self, path: &str) -> anyhow::Result<()> {

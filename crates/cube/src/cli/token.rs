@@ -38,6 +38,7 @@ enum AclCommand {
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube token create --role submit --name ci --ttl 24h\n  \
+    cube token create --role submit --project team-a,team-b   # or --project '*'\n  \
     cube token create --role node --name w1-join\n  \
     cube token list\n  \
     cube token revoke 1a2b3c4d5e6f7a8b")]
@@ -94,10 +95,33 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<()> {
             role,
             name,
             ttl,
-            flags,
+            mut flags,
         } => {
+            // --project (or CUBE_PROJECT) names the projects the token holds in, not one to
+            // send the request in.
+            let projects: Vec<String> = flags
+                .target
+                .project
+                .take()
+                .map(|list| {
+                    list.split(',')
+                        .map(|project| project.trim().to_string())
+                        .filter(|project| !project.is_empty())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let projects = if matches!(role, Role::Management | Role::Node) {
+                Vec::new()
+            } else {
+                projects
+            };
             let manager = ManagerClient::connect(&flags)?;
-            let request = TokenRequest { role, name, ttl };
+            let request = TokenRequest {
+                role,
+                name,
+                ttl,
+                projects,
+            };
             let (_, created): (u16, TokenCreated) = manager.post("/acl/tokens", &request).await?;
             print_created(&created, flags.output)
         }
@@ -152,6 +176,7 @@ fn token_table(tokens: &[TokenView]) -> Vec<String> {
         "NAME".to_string(),
         "ROLE".to_string(),
         "NODE".to_string(),
+        "PROJECTS".to_string(),
         "CREATED".to_string(),
         "EXPIRES".to_string(),
     ]];
@@ -161,6 +186,12 @@ fn token_table(tokens: &[TokenView]) -> Vec<String> {
             token.name.clone(),
             token.role.to_string(),
             token.node.clone().unwrap_or_else(|| "-".to_string()),
+            match token.role {
+                Role::Management => "*".to_string(),
+                Role::Node => "-".to_string(),
+                _ if token.projects.is_empty() => "default".to_string(),
+                _ => token.projects.join(","),
+            },
             time_ago(Some(token.create_time), now),
             token
                 .expire_time
