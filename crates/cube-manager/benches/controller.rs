@@ -65,6 +65,7 @@ fn job(copies: u32) -> Job {
         priority: 50,
         constraints: Vec::new(),
         owner: String::new(),
+        project: String::new(),
         queue_timeout: None,
         groups: vec![Group {
             name: "api".into(),

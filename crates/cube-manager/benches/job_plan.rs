@@ -36,6 +36,7 @@ fn record(job_type: JobType, count: Option<u32>) -> JobRecord {
             priority: 50,
             constraints: Vec::new(),
             owner: String::new(),
+            project: String::new(),
             queue_timeout: None,
             groups: vec![Group {
                 name: "api".into(),

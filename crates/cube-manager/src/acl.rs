@@ -1102,6 +1102,7 @@ mod tests {
         let submit = Submitter {
             name: "night build".into(),
             role: Role::Submit,
+            projects: Vec::new(),
         };
         let mut owner = String::new();
         submit.settle_owner(&mut owner).unwrap();
@@ -1113,6 +1114,7 @@ mod tests {
         let operator = Submitter {
             name: "ops".into(),
             role: Role::Operator,
+            projects: Vec::new(),
         };
         operator.settle_owner(&mut other).unwrap();
         assert_eq!(other, "bob");
@@ -1126,7 +1128,10 @@ mod tests {
         })
         .unwrap();
         let now = Utc::now();
-        let token = acl.create(Role::Read, None, None, now).await.unwrap();
+        let token = acl
+            .create(Role::Read, None, None, Vec::new(), now)
+            .await
+            .unwrap();
         assert!(acl.authenticate(&token.secret, now).is_ok());
         let wrong = format!("{}0", &token.secret[..token.secret.len() - 1]);
         let wrong = if wrong == token.secret {
@@ -1143,6 +1148,7 @@ mod tests {
                 Role::Read,
                 None,
                 Some(std::time::Duration::from_secs(1)),
+                Vec::new(),
                 now,
             )
             .await

@@ -386,6 +386,7 @@ mod tests {
         Streamer {
             subscription: broker.subscribe(None).unwrap(),
             filter: EventFilter::default(),
+            scope: crate::projects::Scope::everything(),
             framing,
             shutdown,
             heartbeat: HEARTBEAT,

@@ -750,6 +750,7 @@ mod tests {
                 priority: 50,
                 constraints: Vec::new(),
                 owner: String::new(),
+                project: String::new(),
                 queue_timeout: None,
                 groups: vec![Group {
                     name: "api".into(),

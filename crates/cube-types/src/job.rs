@@ -796,6 +796,7 @@ mod tests {
             priority: DEFAULT_PRIORITY,
             constraints: Vec::new(),
             owner: String::new(),
+            project: String::new(),
             queue_timeout: None,
             groups: vec![Group {
                 name: "g".into(),

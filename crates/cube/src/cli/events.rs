@@ -365,6 +365,7 @@ mod tests {
                     cluster: None,
                     token: None,
                     ca_fingerprint: None,
+                    project: None,
                 },
                 output: OutputFormat::Table,
             },

@@ -699,6 +699,7 @@ mod tests {
                 priority: 50,
                 constraints: Vec::new(),
                 owner: String::new(),
+                project: String::new(),
                 queue_timeout: None,
                 groups: vec![Group {
                     name: "api".to_string(),

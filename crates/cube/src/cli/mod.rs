@@ -774,6 +774,7 @@ mod tests {
             cluster: cluster.map(String::from),
             token: None,
             ca_fingerprint: None,
+            project: None,
         };
         assert_eq!(flags(None, None).hint(), "");
         assert_eq!(flags(Some(DEFAULT_MANAGER), None).hint(), "");

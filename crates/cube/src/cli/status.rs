@@ -175,8 +175,18 @@ fn hidden_footer(hidden: usize, manager_hint: &str) -> Option<String> {
 /// The task table, in the order given, then a note for each task that waits, failed or
 /// restarts, so that "why is my task not running?" is answered on the same screen. `wide`
 /// adds CPU, MEMORY, RESTARTS and HEALTH.
+///
+/// Tasks of more than one project (`cube --project '*' status`) get a PROJECT column.
 fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
+    let projects = tasks
+        .iter()
+        .map(|task| task.spec.project.as_str())
+        .collect::<std::collections::BTreeSet<_>>();
+    let with_project = projects.len() > 1;
     let mut header = vec!["ID", "NAME", "CREATED", "STATE", "NODE", "IMAGE"];
+    if with_project {
+        header.insert(1, "PROJECT");
+    }
     if wide {
         header.extend(["CPU", "MEMORY", "RESTARTS", "HEALTH"]);
     }
@@ -191,6 +201,9 @@ fn task_table(tasks: &[Task], now: DateTime<Utc>, wide: bool) -> Vec<String> {
             or_dash(&task.status.node_name),
             image_cell(task),
         ];
+        if with_project {
+            row.insert(1, task.spec.project.clone());
+        }
         if wide {
             row.extend([
                 limit_or_dash(task.spec.cpu > 0.0, || format_cores(task.spec.cpu)),
