@@ -143,7 +143,11 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("POST", "/projects", Need::Role(Role::Management)),
     ("GET", "/projects/{name}", Need::Role(Role::Read)),
     ("DELETE", "/projects/{name}", Need::Role(Role::Management)),
-    ("PUT", "/projects/{name}/quota", Need::Role(Role::Management)),
+    (
+        "PUT",
+        "/projects/{name}/quota",
+        Need::Role(Role::Management),
+    ),
 ];
 
 /// What `route` (a pattern as the router matched it) needs for `method`; a `HEAD` needs what

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use cube_types::{HostPort, NodeName, Resources, State, Task};
 use cube_types::project::Usage;
+use cube_types::{HostPort, NodeName, Resources, State, Task};
 use uuid::Uuid;
 
 /// How many copies of its job a task's spec is compared with, for one to share (a job in a

@@ -222,8 +222,7 @@ impl JobRecords {
             let state = lock(&self.cluster.state);
             let commit = self.cluster.stores.jobs.put_queued(&name, &record)?;
             let kind = job_event_kind(state.jobs.get(&name).map(|known| &**known), &record);
-            self.cluster
-                .publish(
+            self.cluster.publish(
                 Topic::Job,
                 kind,
                 &name,

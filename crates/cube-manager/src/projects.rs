@@ -17,10 +17,10 @@
 
 use std::sync::Arc;
 
+use axum::Json;
 use axum::extract::{MatchedPath, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{ApiError, JsonPath};
@@ -235,8 +235,7 @@ fn hidden_record(manager: &Manager, scope: &Scope, route: &str, path: &str) -> O
     let hidden = |project: Option<String>| project.is_some_and(|project| !scope.shows(&project));
     if route.starts_with("/tasks/{id}") {
         let id = segments.get(1).and_then(|id| Uuid::parse_str(id).ok())?;
-        return hidden(manager.project_of_task(&id))
-            .then(|| ManagerError::NotFound(id).into());
+        return hidden(manager.project_of_task(&id)).then(|| ManagerError::NotFound(id).into());
     }
     if route.starts_with("/jobs/{name}") {
         let name = percent_decoded(segments.get(1)?);
@@ -479,7 +478,9 @@ fn view_of(state: &crate::cluster::Shared, name: &str) -> ProjectView {
         .count() as u64;
     ProjectView {
         name: name.to_string(),
-        quota: record.map(|record| record.quota.clone()).unwrap_or_default(),
+        quota: record
+            .map(|record| record.quota.clone())
+            .unwrap_or_default(),
         usage: state.cache.usage_of(name),
         tasks,
         jobs,
@@ -501,8 +502,8 @@ pub async fn create_project(
     State(manager): State<Arc<Manager>>,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<ProjectView>), ApiError> {
-    let request: ProjectRequest = cube_types::event::decode(&body?)
-        .map_err(|err| ApiError::bad_request(err.to_string()))?;
+    let request: ProjectRequest =
+        cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
     Ok((
         StatusCode::CREATED,
         Json(manager.create_project(request).await?),

@@ -231,11 +231,7 @@ impl Quota {
     pub fn rows(&self, used: &Usage) -> Vec<(&'static str, String, String)> {
         let mut rows = Vec::new();
         let limit_or = |limit: Option<String>| limit.unwrap_or_else(|| "-".to_string());
-        rows.push((
-            "cpu",
-            cores(used.cpus),
-            limit_or(self.cpus.map(cores)),
-        ));
+        rows.push(("cpu", cores(used.cpus), limit_or(self.cpus.map(cores))));
         rows.push((
             "memory",
             format_size(used.memory),
@@ -330,7 +326,16 @@ mod tests {
     fn names_are_dns_labels() {
         assert!(check_project_name("team-a").is_ok());
         assert!(check_project_name("a1").is_ok());
-        for bad in ["", "Team", "1team", "team-", "team_a", "team/a", "*", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "Team",
+            "1team",
+            "team-",
+            "team_a",
+            "team/a",
+            "*",
+            &"a".repeat(64),
+        ] {
             assert!(check_project_name(bad).is_err(), "{bad:?}");
         }
     }
@@ -356,7 +361,10 @@ mod tests {
             quota.exceeded(&used, &Usage::of_task(0.0, 1 << 30, 0)),
             Some("memory 15.5/16 GiB".to_string())
         );
-        assert_eq!(quota.exceeded(&used, &Usage::of_task(0.0, 1 << 29, 0)), None);
+        assert_eq!(
+            quota.exceeded(&used, &Usage::of_task(0.0, 1 << 29, 0)),
+            None
+        );
         // What the request does not ask for is not checked: a project over its CPU quota
         // (lowered below use) still takes a task that declares no CPU.
         assert_eq!(quota.exceeded(&used, &Usage::of_task(0.0, 0, 5)), None);

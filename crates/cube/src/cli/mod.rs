@@ -497,9 +497,10 @@ impl ManagerClient {
         path: &str,
         body: &B,
     ) -> anyhow::Result<T> {
-        self.failover(Retry::Idempotent, |api| async move {
-            api.put(path, body).await
-        })
+        self.failover(
+            Retry::Idempotent,
+            |api| async move { api.put(path, body).await },
+        )
         .await
         .map_err(|err| self.explain(err))
     }

@@ -253,8 +253,14 @@ mod tests {
         assert!(lines.contains("Project:  team-a"), "{lines}");
         assert!(lines.contains("2 not ended, 1 waiting"), "{lines}");
         let cpu = lines.lines().find(|line| line.starts_with("cpu")).unwrap();
-        assert_eq!(cpu.split_whitespace().collect::<Vec<_>>(), ["cpu", "1", "1"]);
-        let memory = lines.lines().find(|line| line.starts_with("memory")).unwrap();
+        assert_eq!(
+            cpu.split_whitespace().collect::<Vec<_>>(),
+            ["cpu", "1", "1"]
+        );
+        let memory = lines
+            .lines()
+            .find(|line| line.starts_with("memory"))
+            .unwrap();
         assert_eq!(
             memory.split_whitespace().collect::<Vec<_>>(),
             ["memory", "64.0", "MiB", "-"]
