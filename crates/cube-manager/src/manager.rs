@@ -666,16 +666,6 @@ impl Manager {
         self.garbage_collector().prune(older_than).await
     }
 
-    /// [`Manager::prune`] of what the projects `scope` lists hold.
-    pub async fn prune_in(
-        &self,
-        older_than: Duration,
-        scope: &crate::projects::Scope,
-    ) -> crate::gc::Pruned {
-        self.garbage_collector()
-            .prune_in(older_than, &|project| scope.lists(project))
-            .await
-    }
 
     /// The garbage collector, with the manager's `--gc-after`.
     pub(crate) fn garbage_collector(&self) -> crate::gc::GarbageCollector {

@@ -178,7 +178,9 @@ impl PlacementController {
                 let used = project_usage
                     .entry(project.to_string())
                     .or_insert_with(|| state.cache.usage_of(project));
-                if let Some(why) = quota.exceeded(used, &adding) {
+                let mut counted = adding;
+                counted.remove(&rollout_allowance(&state, &tasks));
+                if let Some(why) = quota.exceeded(used, &counted) {
                     let reason = quota_reason(project, &why);
                     if !was_held {
                         self.publish_quota(&request, &tasks[0], "QuotaWaiting", &reason);
@@ -336,6 +338,39 @@ pub(crate) fn request_usage(tasks: &[Arc<Task>]) -> Usage {
         ));
     }
     usage
+}
+
+/// How far a service job that already has copies placed may go over its project's quota
+/// while it replaces them: the declared use of up to `MaxParallel` of its waiting copies (the
+/// old copies they replace still hold theirs until the new ones are healthy). A job placed
+/// for the first time gets none.
+fn rollout_allowance(state: &Shared, tasks: &[Arc<Task>]) -> Usage {
+    let job = tasks[0].spec.job.as_str();
+    let Some(record) = (!job.is_empty()).then(|| state.jobs.get(job)).flatten() else {
+        return Usage::default();
+    };
+    if record.job.job_type != JobType::Service
+        || !state
+            .cache
+            .of_job(job)
+            .iter()
+            .any(|copy| crate::cache::holds_resources(copy))
+    {
+        return Usage::default();
+    }
+    let parallel: usize = record
+        .job
+        .groups
+        .iter()
+        .map(|group| {
+            group
+                .update
+                .as_ref()
+                .and_then(|update| update.max_parallel)
+                .unwrap_or(cube_types::deployment::DEFAULT_MAX_PARALLEL) as usize
+        })
+        .sum();
+    request_usage(&tasks[..parallel.min(tasks.len())])
 }
 
 /// What a request held by its project's quota waits for (its `PendingReason`, the waiting

@@ -272,6 +272,17 @@ fn percent_decoded(segment: &str) -> String {
 }
 
 impl Manager {
+    /// [`Manager::prune`] of what the projects `scope` lists hold (`POST /tasks/prune`).
+    pub async fn prune_in(
+        &self,
+        older_than: std::time::Duration,
+        scope: &Scope,
+    ) -> crate::gc::Pruned {
+        self.garbage_collector()
+            .prune_in(older_than, &|project| scope.lists(project))
+            .await
+    }
+
     /// Whether `name` is a project: `default`, or one made.
     pub fn project_exists(&self, name: &str) -> bool {
         name == DEFAULT_PROJECT || lock(&self.cluster.state).projects.contains_key(name)

@@ -1,6 +1,6 @@
 //! A store written by an earlier Cube opens unchanged: `fixtures/store-2026-11-27.redb` is the
 //! `manager.redb` a manager built from main on 2026-11-27 (before a job's copies shared one
-//! spec in memory) wrote after a job `web` (group `api`, 3 copies of `httpd` with `Env`,
+//! spec in memory, and before projects) wrote after a job `web` (group `api`, 3 copies of `httpd` with `Env`,
 //! `Memory`, `ExposedPorts` and `HealthCheck`) and a bare task `bare` (`sleep 60`, 8 MiB,
 //! `on-failure`) were submitted, with no worker. Today's manager must read every field back.
 
@@ -94,4 +94,21 @@ async fn a_store_written_before_copies_shared_their_spec_opens_with_every_field(
         ],
         "the job kept its three copies and added the fourth"
     );
+
+    // Written before projects existed: every record is in `default`, which lists them, and
+    // the project's usage and counts are read from them.
+    for task in client.get("/tasks?project=default").await.body.as_array().unwrap() {
+        assert!(task.get("Project").is_none(), "a default task is written as before: {task}");
+    }
+    assert_eq!(names().await.len(), 5);
+    let star = client.get("/tasks?project=*").await.body;
+    assert_eq!(star.as_array().unwrap().len(), 5);
+    let jobs = client.get("/jobs?project=default").await.body;
+    assert_eq!(jobs.as_array().unwrap().len(), 1, "{jobs}");
+    let project = client.get("/projects/default").await;
+    assert_eq!(project.status, 200, "{:?}", project.body);
+    assert_eq!(project.body["Tasks"], 5, "{:?}", project.body);
+    assert_eq!(project.body["Jobs"], 1, "{:?}", project.body);
+    let other = client.get("/tasks?project=team-a").await;
+    assert_eq!(other.status, 404, "no project was made: {:?}", other.body);
 }
