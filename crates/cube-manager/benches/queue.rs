@@ -3,7 +3,11 @@
 //! one admission pass (the placement pass, which lets requests in whole and in order) when
 //! nothing fits, one when one node was freed (the head of the queue is let in), and what
 //! `GET /queue` serialises (the list in order, with positions and why each waits), and one
-//! look of the queue controller with nothing changed, whose store writes must be 0.
+//! look of the queue controller with nothing changed, whose store writes must be 0. Then
+//! projects: 100 projects, each with a quota of one core already used, and 10,000 requests
+//! waiting for their project's quota on nodes with room: one admission pass when every
+//! request is held by its quota, and one after a project's task stopped (its first request
+//! let in).
 //!
 //! ```text
 //! cargo bench -p cube-manager --bench queue
@@ -13,13 +17,14 @@ use std::time::Instant;
 
 use cube_manager::bench_support::{
     admission_pass, fill_every_node, free_one, look_at_queue, manager_with_nodes, queue_listing,
-    submit_waiting,
+    quota_bound, submit_waiting,
 };
 
 const NODES: usize = 1_000;
 const WAITING: usize = 10_000;
 const SHAPES: usize = 20;
 const RUNS: usize = 5;
+const PROJECTS: usize = 100;
 
 /// `--quick` (as CI's `scripts/bench-smoke.sh` runs it):
 /// small sizes and one run, so that the assertions run in seconds in a debug build. The
@@ -107,5 +112,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(looks)
     );
     println!("| store writes of those looks and a pass with nothing changed | {writes} |");
+
+    // Projects: every waiting request held by its project's quota, the nodes with room.
+    let projects = if quick() { 4 } else { PROJECTS };
+    let manager = manager_with_nodes(nodes)?;
+    runtime.block_on(quota_bound(&manager, projects, waiting))?;
+    let mut held = Vec::new();
+    for _ in 0..runs {
+        let started = Instant::now();
+        let placed = runtime.block_on(admission_pass(&manager))?;
+        held.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(placed, 0, "every request is over its project's quota");
+    }
+    let mut quota_freed = Vec::new();
+    for run in 0..runs.min(projects) {
+        runtime.block_on(free_one(&manager, &format!("holder{run}")))?;
+        let started = Instant::now();
+        let placed = runtime.block_on(admission_pass(&manager))?;
+        quota_freed.push(started.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(placed, 1, "the project's first waiting request let in, no other");
+    }
+    println!();
+    println!(
+        "{nodes} nodes with room, {projects} projects each with a quota of 1 core used, \
+         {waiting} bare tasks of 1 core waiting for their project's quota; median of {runs}"
+    );
+    println!("| pass | median ms |");
+    println!("|---|---:|");
+    println!(
+        "| one admission pass, every request held by its quota | {:.1} |",
+        median(held)
+    );
+    println!(
+        "| one admission pass after a project's task stopped (its first request let in) | {:.1} |",
+        median(quota_freed)
+    );
     Ok(())
 }

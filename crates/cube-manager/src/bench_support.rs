@@ -158,6 +158,52 @@ pub async fn submit_waiting(
     Ok(())
 }
 
+/// `projects` projects (`p000`, `p001`, ...), each with a quota of one core and one task of
+/// one core placed (its whole quota used), and `waiting` bare tasks of one core each, spread
+/// over the projects in turn, all held by their project's quota while the nodes have room;
+/// numbered in the waiting list.
+pub async fn quota_bound(
+    manager: &Arc<Manager>,
+    projects: usize,
+    waiting: usize,
+) -> Result<(), ManagerError> {
+    let task = |name: String, project: usize| {
+        let mut task = cube_types::Task::new(name, "cube-sample:latest");
+        task.spec.cpu = 1.0;
+        task.spec.memory = 64 << 20;
+        task.spec.project = format!("p{project:03}");
+        task
+    };
+    for project in 0..projects {
+        manager
+            .create_project(cube_types::project::ProjectRequest {
+                name: format!("p{project:03}"),
+                quota: cube_types::project::Quota {
+                    cpus: Some(1.0),
+                    ..Default::default()
+                },
+            })
+            .await?;
+    }
+    let holders: Vec<cube_types::Task> = (0..projects)
+        .map(|project| task(format!("holder{project}"), project))
+        .collect();
+    manager.cluster.accept_tasks(holders, None).await?;
+    admission_pass(manager).await?;
+    let held: Vec<cube_types::Task> = (0..waiting)
+        .map(|n| task(format!("held{n}"), n % projects.max(1)))
+        .collect();
+    for chunk in held.chunks(1_000) {
+        manager.cluster.accept_tasks(chunk.to_vec(), None).await?;
+    }
+    manager
+        .queue_controller()
+        .look()
+        .await
+        .map_err(ManagerError::BadRequest)?;
+    Ok(())
+}
+
 /// One admission pass (the placement pass) and its writes; the tasks it let in.
 pub async fn admission_pass(manager: &Manager) -> Result<usize, ManagerError> {
     let mut writes = Writes::default();
