@@ -2,7 +2,10 @@
 //! copies on 1,000 nodes converged from nothing (the job controller creates every copy, one
 //! placement pass places them all, every write made), then one more look with nothing changed
 //! (the job controller and a placement pass, as at each event of the job and each resync),
-//! which must write nothing. Time, heap allocations and store writes of each.
+//! which must write nothing. Time, heap allocations and store writes of each. Then the same
+//! convergence with the job in a project with a quota (every copy counted against it), next
+//! to the job in `default`, in the same run: what projects cost on the way from a submission
+//! to every copy placed.
 //!
 //! ```text
 //! cargo bench -p cube-manager --bench controller
@@ -15,6 +18,7 @@ use std::time::Instant;
 use cube_manager::bench_support::{converge, look_again, manager_with_nodes, scheduled};
 use cube_types::Task;
 use cube_types::job::{Group, Job, JobType};
+use cube_types::project::{ProjectRequest, Quota};
 
 /// Counts heap allocations, to report them per pass.
 struct Counting;
@@ -130,6 +134,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(again),
         median(again_allocs),
         median(again_writes)
+    );
+
+    // The same convergence, in `default` and in a project whose quota every copy counts
+    // against, turn by turn.
+    let (mut in_default, mut in_project) = (Vec::new(), Vec::new());
+    for run in 0..runs.max(3) * 2 {
+        // Turn by turn, each on a manager of its own that is dropped before the next.
+        let scoped = run % 2 == 1;
+        let manager = manager_with_nodes(nodes)?;
+        let mut submitted = job(copies);
+        if scoped {
+            runtime.block_on(manager.create_project(ProjectRequest {
+                name: "team-a".to_string(),
+                quota: Quota {
+                    cpus: Some(copies as f64),
+                    memory: Some(u64::from(copies) << 30),
+                    disk: None,
+                    tasks: Some(u64::from(copies)),
+                },
+            }))?;
+            submitted.project = "team-a".to_string();
+        }
+        let converged = runtime.block_on(converge(&manager, submitted))?;
+        assert_eq!(converged.placed, copies as usize, "every copy placed");
+        let took = converged.from_nothing.as_secs_f64() * 1e3;
+        if scoped {
+            in_project.push(took);
+        } else {
+            in_default.push(took);
+        }
+        drop(manager);
+    }
+    let (in_default, in_project) = (median(in_default), median(in_project));
+    println!();
+    println!("| the same job converged | median ms |");
+    println!("|---|---:|");
+    println!("| in `default` (no quota) | {in_default:.1} |");
+    println!("| in a project with a quota | {in_project:.1} |");
+    println!(
+        "| ratio, project / default | {:.3} |",
+        in_project / in_default
     );
     Ok(())
 }

@@ -204,6 +204,14 @@ pub async fn quota_bound(
     Ok(())
 }
 
+/// Marks every waiting request for the next placement pass, as a change that may have made
+/// room does (a node joined, a quota was raised): the pass then reads them all.
+pub fn mark_all_waiting(manager: &Manager) {
+    lock(&manager.cluster.state)
+        .placement_dirty
+        .mark_everything();
+}
+
 /// One admission pass (the placement pass) and its writes; the tasks it let in.
 pub async fn admission_pass(manager: &Manager) -> Result<usize, ManagerError> {
     let mut writes = Writes::default();

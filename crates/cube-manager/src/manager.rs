@@ -666,7 +666,6 @@ impl Manager {
         self.garbage_collector().prune(older_than).await
     }
 
-
     /// The garbage collector, with the manager's `--gc-after`.
     pub(crate) fn garbage_collector(&self) -> crate::gc::GarbageCollector {
         crate::gc::GarbageCollector::new(

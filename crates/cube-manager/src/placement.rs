@@ -162,22 +162,31 @@ impl PlacementController {
             // The project's quota: what its placed tasks declare, with what this pass
             // placed, plus this request, within every limit set.
             let project = tasks[0].spec.project.as_str();
-            let quota = state
-                .projects
-                .get(project)
-                .map(|record| &record.quota)
-                .filter(|quota| !quota.is_unlimited())
-                .cloned();
-            let adding = request_usage(&tasks);
+            let quota = if state.projects.is_empty() {
+                None
+            } else {
+                state
+                    .projects
+                    .get(project)
+                    .map(|record| record.quota)
+                    .filter(|quota| !quota.is_unlimited())
+            };
+            let adding = match quota {
+                Some(_) => request_usage(&tasks),
+                None => Usage::default(),
+            };
             let was_held = tasks[0]
                 .status
                 .pending_reason
                 .as_deref()
                 .is_some_and(|reason| reason.starts_with(QUOTA_REASON_PREFIX));
             if let Some(quota) = &quota {
-                let used = project_usage
-                    .entry(project.to_string())
-                    .or_insert_with(|| state.cache.usage_of(project));
+                if !project_usage.contains_key(project) {
+                    project_usage.insert(project.to_string(), state.cache.usage_of(project));
+                }
+                let Some(used) = project_usage.get_mut(project) else {
+                    continue;
+                };
                 let mut counted = adding;
                 counted.remove(&rollout_allowance(&state, &tasks));
                 if let Some(why) = quota.exceeded(used, &counted) {

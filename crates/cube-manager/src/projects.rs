@@ -489,9 +489,7 @@ fn view_of(state: &crate::cluster::Shared, name: &str) -> ProjectView {
         .count() as u64;
     ProjectView {
         name: name.to_string(),
-        quota: record
-            .map(|record| record.quota.clone())
-            .unwrap_or_default(),
+        quota: record.map(|record| record.quota).unwrap_or_default(),
         usage: state.cache.usage_of(name),
         tasks,
         jobs,

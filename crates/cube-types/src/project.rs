@@ -61,7 +61,7 @@ pub fn check_project_name(name: &str) -> Result<(), String> {
 }
 
 /// The most a project's placed tasks may declare together; an unset limit is no limit.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Quota {
     /// Cores.

@@ -594,3 +594,57 @@ async fn a_new_leader_carries_a_rolling_update_on_at_once_not_at_its_next_resync
         took_over.elapsed()
     );
 }
+
+/// A project's quota usage is not stored: a new leader reads it from the tasks it loads, so
+/// a request held by the quota before a failover is still held after it, and let in once the
+/// project's running task stops.
+#[tokio::test]
+async fn a_new_leader_reads_a_projects_quota_usage_from_its_tasks() {
+    let cluster = EtcdCluster::start(1);
+    let mut managers = Managers::start(&cluster, 2, &[]);
+    let leader = managers.await_leader(None).await;
+    let _worker = managers.join_worker(&unique_node("quota-failover"));
+    managers.get(leader).await_ready_nodes(1).await;
+    let client = managers.get(leader).client();
+    let made = client
+        .request_answer(
+            "POST",
+            "/projects",
+            Some(r#"{"Name": "small", "Quota": {"Cpus": 1}}"#),
+        )
+        .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let submit = async |client: &Client, name: &str| {
+        let mut task = web_task(name);
+        task["Cpu"] = serde_json::json!(1);
+        let answer = client
+            .request_answer("POST", "/tasks?project=small", Some(&task.to_string()))
+            .await;
+        assert_eq!(answer.status, 201, "{}", answer.body);
+        answer.body["ID"].as_str().unwrap().to_string()
+    };
+    let first = submit(&client, "first").await;
+    client.await_state(&first, "Running").await;
+    let second = submit(&client, "second").await;
+    let held = |task: &serde_json::Value| {
+        task["PendingReason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("quota of small: cpu 1/1"))
+    };
+    client.await_task(&second, "the quota's reason", held).await;
+
+    let dead = managers.get(leader).address();
+    managers.managers[leader].take().unwrap().kill_9();
+    let new_leader = managers.await_leader(Some(&dead)).await;
+    let client = managers.get(new_leader).client();
+    let project = client.get("/projects/small").await;
+    assert_eq!(project.status, 200, "{}", project.body);
+    assert_eq!(project.body["Usage"]["Cpus"], 1.0, "{}", project.body);
+    assert_eq!(project.body["Quota"]["Cpus"], 1.0, "{}", project.body);
+    let still = client.get(&format!("/tasks/{second}")).await.body;
+    assert_eq!(still["State"], "Pending", "{still}");
+    assert!(held(&still), "{still}");
+
+    assert_eq!(client.delete(&format!("/tasks/{first}")).await.status, 204);
+    client.await_state(&second, "Running").await;
+}

@@ -298,6 +298,7 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
 
     let first = submit_in(&client, "small", &one_cpu("first")).await;
     client.await_state(&first, "Running").await;
+    let mut quota_events = support::EventReader::open(&manager, "?topic=Quota&project=small").await;
     // The node has room for three more; the project's quota has none.
     let second = submit_in(&client, "small", &one_cpu("second")).await;
     let waiting = client
@@ -321,6 +322,10 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
         )
         .await;
     assert_eq!(entry.body["State"], "waiting", "{}", entry.body);
+    let event = quota_events.next_event().await;
+    assert_eq!(event["Type"], "QuotaWaiting", "{event}");
+    assert_eq!(event["Key"], format!("task/{second}"), "{event}");
+    assert_eq!(event["Project"], "small", "{event}");
 
     // Bigger than the quota itself: refused at once, naming the limit.
     let mut two = web_task("two");
@@ -366,9 +371,28 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
     let still = client.get(&format!("/tasks/{second}")).await.body;
     assert_eq!(still["State"], "Pending", "{still}");
 
-    // The first stopped: the second is let in.
+    // What `cube project status` shows of it.
+    let (ok, stdout, stderr) =
+        support::cube_cli(&manager.address(), &["project", "status", "small"]);
+    assert!(ok, "{stderr}");
+    let cpu = stdout
+        .lines()
+        .find(|line| line.starts_with("cpu"))
+        .unwrap_or_default();
+    assert_eq!(
+        cpu.split_whitespace().collect::<Vec<_>>(),
+        ["cpu", "1", "1"],
+        "{stdout}"
+    );
+    assert!(stdout.contains("2 not ended, 1 waiting"), "{stdout}");
+
+    // The first stopped: the second is let in, and the stream says it stopped waiting.
+    let mut quota_events = support::EventReader::open(&manager, "?topic=Quota&project=small").await;
     assert_eq!(client.delete(&format!("/tasks/{first}")).await.status, 204);
     client.await_state(&second, "Running").await;
+    let event = quota_events.next_event().await;
+    assert_eq!(event["Type"], "QuotaAdmitted", "{event}");
+    assert_eq!(event["Key"], format!("task/{second}"), "{event}");
     let status = client.get("/projects/small").await;
     assert_eq!(status.body["Usage"]["Cpus"], 1.0, "{}", status.body);
 }

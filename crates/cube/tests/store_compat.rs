@@ -97,8 +97,17 @@ async fn a_store_written_before_copies_shared_their_spec_opens_with_every_field(
 
     // Written before projects existed: every record is in `default`, which lists them, and
     // the project's usage and counts are read from them.
-    for task in client.get("/tasks?project=default").await.body.as_array().unwrap() {
-        assert!(task.get("Project").is_none(), "a default task is written as before: {task}");
+    for task in client
+        .get("/tasks?project=default")
+        .await
+        .body
+        .as_array()
+        .unwrap()
+    {
+        assert!(
+            task.get("Project").is_none(),
+            "a default task is written as before: {task}"
+        );
     }
     assert_eq!(names().await.len(), 5);
     let star = client.get("/tasks?project=*").await.body;
@@ -111,4 +120,70 @@ async fn a_store_written_before_copies_shared_their_spec_opens_with_every_field(
     assert_eq!(project.body["Jobs"], 1, "{:?}", project.body);
     let other = client.get("/tasks?project=team-a").await;
     assert_eq!(other.status, 404, "no project was made: {:?}", other.body);
+}
+
+/// The same store moved into etcd as it was written (`cube store export` reads every record
+/// as the JSON the earlier Cube stored; `cube store import` puts those bytes in etcd): a
+/// manager on etcd reads it with every record in `default`.
+#[tokio::test]
+async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_default() {
+    let cluster = cube_test_support::EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let redb = dir.path().join("redb");
+    std::fs::create_dir_all(&redb).unwrap();
+    std::fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/store-2026-11-27.redb"
+        ),
+        redb.join("manager.redb"),
+    )
+    .unwrap();
+    let exported = dir.path().join("state.jsonl");
+    let (status, _, stderr) = cube_command(&[
+        "store",
+        "export",
+        exported.to_str().unwrap(),
+        "--data-dir",
+        redb.to_str().unwrap(),
+    ]);
+    assert!(status.success(), "{stderr}");
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let etcd = [
+        "--etcd-endpoints",
+        endpoints.as_str(),
+        "--etcd-prefix",
+        prefix.as_str(),
+    ];
+    let mut import = vec![
+        "store",
+        "import",
+        exported.to_str().unwrap(),
+        "--store",
+        "etcd",
+    ];
+    import.extend_from_slice(&etcd);
+    let (status, _, stderr) = cube_command(&import);
+    assert!(status.success(), "{stderr}");
+
+    let manager = ManagerProcess::start_with("epvm", "etcd", dir.path(), 0, &etcd);
+    let client = manager.client();
+    let tasks = client.get("/tasks?project=default").await;
+    assert_eq!(tasks.status, 200, "{:?}", tasks.body);
+    let mut names: Vec<String> = tasks
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| task["Name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["bare", "web.api[0]", "web.api[1]", "web.api[2]"]);
+    let project = client.get("/projects/default").await;
+    assert_eq!(project.body["Tasks"], 4, "{:?}", project.body);
+    assert_eq!(project.body["Jobs"], 1, "{:?}", project.body);
+    let job = client.get("/jobs/web").await;
+    assert_eq!(job.status, 200, "{:?}", job.body);
+    assert!(job.body["Job"].get("Project").is_none(), "{:?}", job.body);
 }

@@ -487,12 +487,22 @@ pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
         .map(String::from)
         .to_vec(),
     ];
+    // Jobs of several projects (`--project '*'`): a PROJECT column after NAME.
+    let with_project = views
+        .iter()
+        .map(|view| view.job.project())
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
+    if with_project {
+        rows[0].insert(1, "PROJECT".to_string());
+    }
     rows.extend(views.iter().map(|view| {
         let deployment = view
             .deployment
             .as_ref()
             .map_or("-".to_string(), |d| format!("v{} {}", d.version, d.state));
-        vec![
+        let mut row = vec![
             view.job.name.clone(),
             view.job.job_type.name().to_string(),
             view.version.to_string(),
@@ -500,7 +510,11 @@ pub fn job_table(views: &[JobView], now: DateTime<Utc>) -> Vec<String> {
             group_cells(view),
             deployment,
             time_ago(view.submit_time, now),
-        ]
+        ];
+        if with_project {
+            row.insert(1, view.job.project().to_string());
+        }
+        row
     }));
     table(&rows)
 }

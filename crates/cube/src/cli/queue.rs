@@ -33,6 +33,9 @@ pub struct QueueEntryView {
     pub priority: u8,
     #[serde(rename = "Owner", default)]
     pub owner: String,
+    /// The request's project; empty (not written) for `default`.
+    #[serde(rename = "Project", default, skip_serializing_if = "String::is_empty")]
+    pub project: String,
     /// `waiting`, `pending-N`, `claimed` or `expired`.
     #[serde(rename = "State", default)]
     pub state: String,
@@ -187,13 +190,30 @@ pub fn queue_table(entries: &[QueueEntryView], now: DateTime<Utc>) -> Vec<String
         .map(String::from)
         .to_vec(),
     ];
+    // Requests of several projects (`--project '*'`): a PROJECT column after NAME.
+    let project = |entry: &QueueEntryView| {
+        if entry.project.is_empty() {
+            cube_types::project::DEFAULT_PROJECT.to_string()
+        } else {
+            entry.project.clone()
+        }
+    };
+    let with_project = entries
+        .iter()
+        .map(project)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        > 1;
+    if with_project {
+        rows[0].insert(4, "PROJECT".to_string());
+    }
     for entry in entries {
         let detail = match entry.state.as_str() {
             "waiting" => entry.waiting_for.clone().unwrap_or_default(),
             "expired" => entry.reason.clone(),
             _ => addresses(&entry.services),
         };
-        rows.push(vec![
+        let mut row = vec![
             if entry.position == 0 {
                 "-".to_string()
             } else {
@@ -207,7 +227,11 @@ pub fn queue_table(entries: &[QueueEntryView], now: DateTime<Utc>) -> Vec<String
             entry.state.clone(),
             time_ago(entry.since, now),
             detail,
-        ]);
+        ];
+        if with_project {
+            row.insert(4, project(entry));
+        }
+        rows.push(row);
     }
     table(&rows)
 }
@@ -269,6 +293,22 @@ mod tests {
             "Later": "a field this CLI does not know"
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn requests_of_several_projects_get_a_project_column() {
+        let now = Utc::now();
+        let one = entry(1, "waiting");
+        let mut other = entry(2, "waiting");
+        other.project = "team-a".to_string();
+        let alone = queue_table(std::slice::from_ref(&one), now);
+        assert!(!alone[0].contains("PROJECT"), "{alone:?}");
+        let both = queue_table(&[one, other], now);
+        assert!(both[0].contains("PROJECT"), "{both:?}");
+        assert!(
+            both[1].contains("default") && both[2].contains("team-a"),
+            "{both:?}"
+        );
     }
 
     #[test]
