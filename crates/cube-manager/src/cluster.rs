@@ -870,8 +870,11 @@ impl Cluster {
                         Topic::Task,
                         Cow::Borrowed("Removed"),
                         id.to_string(),
-                        (!forgotten.spec.job.is_empty()).then(|| forgotten.spec.job.clone()),
-                        Some(forgotten.spec.project.clone()),
+                        crate::events::Belongs {
+                            job: (!forgotten.spec.job.is_empty())
+                                .then(|| forgotten.spec.job.clone()),
+                            project: Some(forgotten.spec.project.clone()),
+                        },
                         Payload::Task(forgotten),
                         true,
                     );
@@ -899,8 +902,10 @@ impl Cluster {
             topic,
             Cow::Owned(kind.to_string()),
             key.to_string(),
-            job.map(str::to_string),
-            project.map(str::to_string),
+            crate::events::Belongs {
+                job: job.map(str::to_string),
+                project: project.map(str::to_string),
+            },
             Payload::Value(object),
             false,
         );

@@ -399,8 +399,7 @@ mod tests {
             Topic::Node,
             "NodeReady".into(),
             name.to_string(),
-            None,
-            None,
+            crate::events::Belongs::default(),
             crate::events::Payload::Value(serde_json::json!({"Name": name})),
             false,
         );

@@ -286,6 +286,13 @@ impl Window {
     }
 }
 
+/// What an event's object belongs to: its job and its project (none for a node).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Belongs {
+    pub(crate) job: Option<String>,
+    pub(crate) project: Option<String>,
+}
+
 /// Numbers events, keeps the last ones, and hands them to subscribers.
 pub struct EventBroker {
     /// A `std` mutex, held to number an event, keep it and send it (a few map operations,
@@ -345,11 +352,11 @@ impl EventBroker {
         topic: Topic,
         kind: Cow<'static, str>,
         key: String,
-        job: Option<String>,
-        project: Option<String>,
+        of: Belongs,
         payload: Payload,
         allocation: bool,
     ) -> u64 {
+        let Belongs { job, project } = of;
         let mut window = self.window();
         window.last += 1;
         let event = Arc::new(Event {
@@ -600,8 +607,10 @@ pub(crate) fn publish_task(broker: &EventBroker, before: Option<&Task>, after: &
             Topic::Task,
             kind,
             after.id.to_string(),
-            job_of(after),
-            Some(after.spec.project.clone()),
+            Belongs {
+                job: job_of(after),
+                project: Some(after.spec.project.clone()),
+            },
             Payload::Task(after.clone()),
             allocation && index == last,
         );
@@ -645,8 +654,10 @@ mod tests {
             topic,
             Cow::Borrowed("Test"),
             key.to_string(),
-            job.map(str::to_string),
-            None,
+            Belongs {
+                job: job.map(str::to_string),
+                project: None,
+            },
             Payload::Value(serde_json::json!({"Name": key})),
             false,
         )

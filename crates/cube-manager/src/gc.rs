@@ -301,8 +301,10 @@ impl GarbageCollector {
                 Topic::Task,
                 std::borrow::Cow::Borrowed("Removed"),
                 id.to_string(),
-                (!removed.spec.job.is_empty()).then(|| removed.spec.job.clone()),
-                Some(removed.spec.project.clone()),
+                crate::events::Belongs {
+                    job: (!removed.spec.job.is_empty()).then(|| removed.spec.job.clone()),
+                    project: Some(removed.spec.project.clone()),
+                },
                 Payload::Task(removed),
                 false,
             );

@@ -459,7 +459,7 @@ impl Manager {
 /// A quota's values as a person can mean them: no negative or endless CPU.
 fn check_quota_values(quota: &Quota) -> Result<(), ManagerError> {
     if let Some(cpus) = quota.cpus
-        && !(cpus.is_finite() && cpus >= 0.0 && cpus <= cube_types::node::MAX_CPU_CORES * 1e6)
+        && !(cpus.is_finite() && (0.0..=cube_types::node::MAX_CPU_CORES * 1e6).contains(&cpus))
     {
         return Err(ManagerError::BadRequest(format!(
             "Quota.Cpus: {cpus} is not a number of cores >= 0"

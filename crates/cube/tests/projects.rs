@@ -156,9 +156,9 @@ async fn a_teams_token_sees_nothing_of_another_teams_project() {
     // Lists leave B's task out; B's project itself is not there for A.
     assert_eq!(
         ids(&a.get("/tasks?project=team-a").await.body),
-        [in_a.clone()]
+        [in_a.as_str()]
     );
-    assert_eq!(ids(&a.get("/tasks?project=*").await.body), [in_a.clone()]);
+    assert_eq!(ids(&a.get("/tasks?project=*").await.body), [in_a.as_str()]);
     assert_eq!(
         a.get("/tasks").await.body,
         json!([]),
