@@ -147,7 +147,16 @@ pub async fn submit_waiting(
             task
         })
         .collect();
-    for chunk in waiting.chunks(1_000) {
+    accept_and_number(manager, waiting).await
+}
+
+/// Accepts `tasks` (in chunks of 1,000, as many submissions would) and numbers them in the
+/// waiting list (one look of the queue controller).
+async fn accept_and_number(
+    manager: &Arc<Manager>,
+    tasks: Vec<cube_types::Task>,
+) -> Result<(), ManagerError> {
+    for chunk in tasks.chunks(1_000) {
         manager.cluster.accept_tasks(chunk.to_vec(), None).await?;
     }
     manager
@@ -193,15 +202,7 @@ pub async fn quota_bound(
     let held: Vec<cube_types::Task> = (0..waiting)
         .map(|n| task(format!("held{n}"), n % projects.max(1)))
         .collect();
-    for chunk in held.chunks(1_000) {
-        manager.cluster.accept_tasks(chunk.to_vec(), None).await?;
-    }
-    manager
-        .queue_controller()
-        .look()
-        .await
-        .map_err(ManagerError::BadRequest)?;
-    Ok(())
+    accept_and_number(manager, held).await
 }
 
 /// Marks every waiting request for the next placement pass, as a change that may have made
