@@ -578,6 +578,7 @@ async fn status(args: JobStatusArgs) -> anyhow::Result<()> {
     let raw: Value = manager.get("/jobs").await?;
     let views: Vec<JobView> = serde_json::from_value(raw.clone())
         .map_err(|err| anyhow!("cannot read the manager's list of jobs: {err}"))?;
+    manager.print_project_line(format);
     match format {
         ListFormat::Table | ListFormat::Wide if views.is_empty() => {
             println!("no jobs; run one with: cube job run FILE");

@@ -256,12 +256,13 @@ enum LeadingFlag {
 }
 
 fn leading_flag(arg: &str) -> LeadingFlag {
-    const LONG: [&str; 5] = [
+    const LONG: [&str; 6] = [
         "--output",
         "--manager",
         "--cluster",
         "--token",
         "--ca-fingerprint",
+        "--project",
     ];
     const SHORT: [&str; 2] = ["-o", "-m"];
     if LONG.contains(&arg) || SHORT.contains(&arg) {
@@ -340,9 +341,33 @@ struct ManagerClient {
     /// What the last request that gave up tried (`tried 6 times in 20 s on ...`), for the
     /// error that ends the command. A `std` lock: held only to set or take the text.
     gave_up: Mutex<Option<String>>,
+    /// The project the command works in, when one was named (`--project`, `CUBE_PROJECT`,
+    /// the config file): every request carries it.
+    project: Option<String>,
 }
 
 impl ManagerClient {
+    /// The line a table starts with when the command works in another project than
+    /// `default` (`project: team-a`), so that an empty or short list says whose it is.
+    fn project_line(&self) -> Option<String> {
+        match self.project.as_deref() {
+            None | Some(cube_types::project::DEFAULT_PROJECT) => None,
+            Some(cube_types::project::ALL_PROJECTS) => {
+                Some("project: * (every project the token holds in)".to_string())
+            }
+            Some(project) => Some(format!("project: {project}")),
+        }
+    }
+
+    /// Prints [`ManagerClient::project_line`] for a table, if there is one.
+    fn print_project_line(&self, format: ListFormat) {
+        if matches!(format, ListFormat::Table | ListFormat::Wide)
+            && let Some(line) = self.project_line()
+        {
+            println!("{line}");
+        }
+    }
+
     fn connect(flags: &ManagerFlags) -> anyhow::Result<ManagerClient> {
         ManagerClient::connect_to(&flags.target)
     }
@@ -389,6 +414,7 @@ impl ManagerClient {
             current: AtomicUsize::new(0),
             origin: target.described(),
             gave_up: Mutex::new(None),
+            project: target.project.clone(),
         })
     }
 
@@ -743,6 +769,10 @@ mod tests {
         assert_eq!(
             moved(&["cube", "--token", "cube.1a2b", "status"]),
             vec!["cube", "status", "--token", "cube.1a2b"]
+        );
+        assert_eq!(
+            moved(&["cube", "--project", "*", "queue"]),
+            vec!["cube", "queue", "--project", "*"]
         );
         assert_eq!(
             moved(&["cube", "--ca-fingerprint=ab:cd", "-m", "h:1", "node", "-q"]),

@@ -129,6 +129,7 @@ pub async fn queue(args: QueueArgs) -> anyhow::Result<()> {
     let raw: Value = manager.get("/queue").await?;
     let entries: Vec<QueueEntryView> = serde_json::from_value(raw.clone())
         .map_err(|err| anyhow!("cannot read the manager's waiting list: {err}"))?;
+    manager.print_project_line(args.flags.format());
     match args.flags.format() {
         ListFormat::Table | ListFormat::Wide if entries.is_empty() => {
             println!("the waiting list is empty");
@@ -163,6 +164,7 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
         }
         None => raw,
     };
+    manager.print_project_line(args.flags.format());
     match args.flags.format() {
         ListFormat::Table | ListFormat::Wide if services.is_empty() => {
             println!("no service runs");

@@ -90,6 +90,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     }
     let tasks: Vec<Task> = manager.get("/tasks").await?;
     let (tasks, hidden) = listed(tasks, args.all);
+    manager.print_project_line(format);
     match format {
         ListFormat::Table | ListFormat::Wide => {
             let mut lines = task_table(&tasks, now, format == ListFormat::Wide);
