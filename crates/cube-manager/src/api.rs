@@ -560,7 +560,9 @@ async fn list_tasks(
                 .as_ref()
                 .is_none_or(|node| &task.status.node_name == node)
             && query.name.as_ref().is_none_or(|name| &task.name == name)
-            && query.job.as_ref().is_none_or(|job| &task.spec.job == job)
+            && query.job.as_ref().is_none_or(|job| {
+                task.spec.job == cube_types::job::job_key(&task.spec.project, job)
+            })
     };
     // Without a limit, every task that matches (in one page).
     let (tasks, next) = manager.tasks_page(start, limit, keep).ok_or_else(|| {
@@ -720,9 +722,11 @@ fn with_next_token(mut response: Response, next: Option<Uuid>) -> Response {
 
 async fn get_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
     query: Result<Query<JobQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    let name = scope.job_key(&name)?;
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
     let (limit, start) = page_of(query.limit, query.next.as_deref())?;
@@ -743,8 +747,10 @@ async fn get_job(
 
 async fn stop_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
 ) -> Result<Json<JobView>, ApiError> {
+    let name = scope.job_key(&name)?;
     Ok(Json(manager.stop_job(&name).await?))
 }
 
@@ -760,9 +766,11 @@ struct Scale {
 
 async fn scale_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<JobView>, ApiError> {
+    let name = scope.job_key(&name)?;
     let scale: Scale =
         cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
     Ok(Json(
@@ -772,22 +780,28 @@ async fn scale_job(
 
 async fn job_versions(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
 ) -> Result<Json<Vec<VersionView>>, ApiError> {
+    let name = scope.job_key(&name)?;
     Ok(Json(manager.job_versions(&name)?))
 }
 
 async fn job_deployment(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
 ) -> Result<Json<Arc<Deployment>>, ApiError> {
+    let name = scope.job_key(&name)?;
     Ok(Json(manager.job_deployment(&name)?))
 }
 
 async fn promote_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
 ) -> Result<Json<JobView>, ApiError> {
+    let name = scope.job_key(&name)?;
     Ok(Json(manager.promote_job(&name).await?))
 }
 
@@ -801,9 +815,11 @@ struct Revert {
 
 async fn revert_job(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath(name): JsonPath<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<JobView>, ApiError> {
+    let name = scope.job_key(&name)?;
     let revert: Revert =
         cube_types::event::decode(&body?).map_err(|err| ApiError::bad_request(err.to_string()))?;
     let (outcome, mut view) = manager.revert_job(&name, revert.version).await?;
@@ -909,11 +925,12 @@ async fn list_queue(
 /// One entry of the waiting list: `GET /queue/task/{id}` or `GET /queue/job/{name}`.
 async fn get_queue_entry(
     State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
     JsonPath((kind, id)): JsonPath<(String, String)>,
 ) -> Result<Json<QueueView>, ApiError> {
     let entry = match kind.as_str() {
         "task" => manager.queue_entry_of_task(parse_task_id(&id)?),
-        "job" => manager.queue_entry_of_job(&id),
+        "job" => manager.queue_entry_of_job(&scope.job_key(&id)?),
         other => {
             return Err(ApiError::bad_request(format!(
                 "{other:?} is not a kind of request: /queue/task/ID or /queue/job/NAME"
@@ -957,7 +974,11 @@ async fn stream_events(
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(pairs) = query?;
-    let query = EventsQuery::parse(&pairs)?.or_last_event_id(&headers)?;
+    let mut query = EventsQuery::parse(&pairs)?.or_last_event_id(&headers)?;
+    // `?job=NAME` is a job of the project asked for: its events carry the job's key.
+    if let Some(job) = query.filter.job.take() {
+        query.filter.job = Some(scope.job_key(&job).unwrap_or(job));
+    }
     Ok(events_response(
         &manager,
         query,

@@ -80,7 +80,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
 
 /// Submits `job` and runs its controller and one placement pass, as the runners would.
 pub async fn converge(manager: &Manager, job: Job) -> Result<Convergence, ManagerError> {
-    let name = job.name.clone();
+    let name = job.key();
     let before = manager.store_revision()?;
     let started = Instant::now();
     manager.submit_job(job).await?;

@@ -233,12 +233,12 @@ impl Cluster {
         })?;
         let mut jobs = BTreeMap::new();
         stores.jobs.scan(&mut |record: JobRecord| {
-            jobs.insert(record.job.name.clone(), Arc::new(record));
+            jobs.insert(record.job.key(), Arc::new(record));
         })?;
         let mut histories = BTreeMap::new();
         stores.job_versions.scan(&mut |history: JobHistory| {
             if let Some(newest) = history.versions.last() {
-                histories.insert(newest.job.name.clone(), Arc::new(history));
+                histories.insert(newest.job.key(), Arc::new(history));
             }
         })?;
         let mut deployments = BTreeMap::new();
@@ -588,7 +588,7 @@ impl Cluster {
             .jobs
             .values()
             .filter(|record| record.job.job_type == JobType::System && !record.stopped)
-            .map(|record| record.job.name.clone())
+            .map(|record| record.job.key())
             .collect();
         for name in system {
             self.mark_job_dirty(&name);

@@ -31,7 +31,8 @@ pub fn copy_of(record: &JobRecord, group_index: usize, index: u32, pin: Option<&
     let job = &record.job;
     let group = &job.groups[group_index];
     let mut template = group.task.clone();
-    template.spec.job = job.name.clone();
+    // The job's key: its name, with its project in front outside `default`.
+    template.spec.job = job.key();
     template.spec.project = job.project().to_string();
     template.spec.group = group.name.clone();
     template.spec.constraints = job.constraints_of(group).cloned().collect();

@@ -202,12 +202,12 @@ impl GarbageCollector {
                 .filter(|record| {
                     record.stopped
                         && in_projects(record.job.project())
-                        && state.cache.of_job(&record.job.name).is_empty()
+                        && state.cache.of_job(&record.job.key()).is_empty()
                         && record
                             .submit_time
                             .is_none_or(|submitted| submitted + older_than <= now)
                 })
-                .map(|record| record.job.name.clone())
+                .map(|record| record.job.key())
                 .collect()
         };
         let mut removed = Vec::new();

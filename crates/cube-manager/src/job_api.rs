@@ -133,19 +133,11 @@ impl Manager {
         }
         refuse_if_too_large(&job)?;
         self.check_quota(job.project(), &job_usage(&job))?;
-        let name = job.name.clone();
+        let name = job.key();
         let mut warnings = Vec::new();
         let outcome = {
             let _writing = self.job_records.hold().await;
             let known = lock(&self.cluster.state).jobs.get(&name).cloned();
-            if let Some(known) = &known
-                && known.job.project() != job.project()
-            {
-                return Err(ManagerError::Conflict(format!(
-                    "job name {name:?} is taken in another project: job names are unique \
-                     across the cluster (unlike task names); choose another name"
-                )));
-            }
             let (outcome, record) = next_record(known.as_deref(), job, None);
             if outcome != JobSubmitted::Unchanged {
                 warnings = self.job_fits_nowhere_today(&record);
@@ -378,13 +370,13 @@ impl Manager {
         }
         refuse_if_too_large(&job)?;
         // The job as the API last stored it (what a submission now would be compared with).
-        let known = lock(&self.cluster.state).jobs.get(&job.name).cloned();
+        let known = lock(&self.cluster.state).jobs.get(&job.key()).cloned();
         let (outcome, record) = next_record(known.as_deref(), job, None);
         let (nodes, (tasks, deployment, last_stable)) = {
             let state = lock(&self.cluster.state);
             (
                 self.cluster.node_facts(&state, record.job.job_type),
-                state.job_look_inputs(&record.job.name, record.version),
+                state.job_look_inputs(&record.job.key(), record.version),
             )
         };
         let diff = match (&known, outcome) {
@@ -491,7 +483,7 @@ impl Manager {
                 .jobs
                 .values()
                 .map(|record| {
-                    let name = &record.job.name;
+                    let name = &record.job.key();
                     (
                         record.clone(),
                         state.cache.of_job(name),

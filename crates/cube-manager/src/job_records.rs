@@ -149,7 +149,7 @@ impl JobRecords {
         known: Option<&JobRecord>,
         record: JobRecord,
     ) -> Result<(), StoreError> {
-        let name = record.job.name.clone();
+        let name = record.job.key();
         let diff = match known {
             Some(known) => {
                 let mut diff = known.job.diff(&record.job);
@@ -215,7 +215,7 @@ impl JobRecords {
     /// and wakes the job controller and the queue controller for it (a job record's write
     /// wakes both, declared here once).
     pub(crate) async fn store_job(&self, record: JobRecord) -> Result<(), StoreError> {
-        let name = record.job.name.clone();
+        let name = record.job.key();
         // Queued and published under the state lock, as a task's write is: the event comes
         // before anything the job controller does once the write is committed.
         let commit = {

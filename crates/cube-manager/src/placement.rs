@@ -486,7 +486,8 @@ fn waiting_requests(
                 record.job.owner.as_str(),
             ),
             Some(record) => (
-                RequestRef::Job(record.job.name.as_str()),
+                // The job's key, as its copies carry it.
+                RequestRef::Job(task.spec.job.as_str()),
                 record.job.priority,
                 record.job.owner.as_str(),
             ),

@@ -93,6 +93,18 @@ impl Scope {
         })
     }
 
+    /// The key of job `name` in the project asked for (`cube_types::job::job_key`); a job is
+    /// named within one project, so `?project=*` names none.
+    pub fn job_key(&self, name: &str) -> Result<String, ApiError> {
+        match &self.asked {
+            Some(project) => Ok(cube_types::job::job_key(project, name)),
+            None => Err(ApiError::bad_request(format!(
+                "?project={ALL_PROJECTS} names no project; a job is named within one \
+                 (?project=NAME, cube --project NAME)"
+            ))),
+        }
+    }
+
     /// The project a submitted record goes in: the one its body names, which must agree with
     /// `?project=` when both are given, or the one asked for (a body that names `default`
     /// names nothing: a task read without `Project` reads as `default`). 404 for a project
@@ -238,9 +250,11 @@ fn hidden_record(manager: &Manager, scope: &Scope, route: &str, path: &str) -> O
         return hidden(manager.project_of_task(&id)).then(|| ManagerError::NotFound(id).into());
     }
     if route.starts_with("/jobs/{name}") {
+        // A job is looked up under its project's key, so another project's job of the same
+        // name is not found; what is left is a project the token does not reach.
         let name = percent_decoded(segments.get(1)?);
-        return hidden(manager.project_of_job(&name))
-            .then(|| ManagerError::JobNotFound(name).into());
+        let project = scope.asked.as_deref()?;
+        return (!scope.reaches(project)).then(|| ManagerError::JobNotFound(name).into());
     }
     if route == "/queue/{kind}/{id}" {
         let id = percent_decoded(segments.get(2)?);
@@ -248,7 +262,10 @@ fn hidden_record(manager: &Manager, scope: &Scope, route: &str, path: &str) -> O
             "task" => Uuid::parse_str(&id)
                 .ok()
                 .and_then(|id| manager.project_of_task(&id)),
-            "job" => manager.project_of_job(&id),
+            "job" => scope
+                .job_key(&id)
+                .ok()
+                .and_then(|key| manager.project_of_job(&key)),
             _ => None,
         };
         return hidden(project).then(|| {

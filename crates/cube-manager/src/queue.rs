@@ -50,7 +50,7 @@ impl Request<'_> {
     fn id(&self) -> String {
         match self.source {
             Source::Task(task) => task.id.to_string(),
-            Source::Job(record) => record.job.name.clone(),
+            Source::Job(record) => record.job.key(),
         }
     }
 

@@ -93,7 +93,7 @@ impl Manager {
             }
         }
         for record in state.jobs.values().filter(|record| !record.stopped) {
-            let tasks = state.cache.of_job(&record.job.name);
+            let tasks = state.cache.of_job(&record.job.key());
             for group in &record.job.groups {
                 let endpoints: Vec<Endpoint> = tasks
                     .iter()

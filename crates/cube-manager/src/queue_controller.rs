@@ -273,14 +273,9 @@ impl QueueController {
                 }
                 job_tasks = state
                     .jobs
-                    .values()
-                    .filter(|record| record.job.job_type != JobType::System)
-                    .map(|record| {
-                        (
-                            record.job.name.as_str(),
-                            state.cache.of_job(&record.job.name),
-                        )
-                    })
+                    .iter()
+                    .filter(|(_, record)| record.job.job_type != JobType::System)
+                    .map(|(key, _)| (key.as_str(), state.cache.of_job(key)))
                     .collect();
                 None
             }
@@ -311,10 +306,10 @@ impl QueueController {
                                 tasks: vec![task],
                             });
                         }
-                    } else if let Some(record) = state.jobs.get(id)
+                    } else if let Some((key, record)) = state.jobs.get_key_value(id)
                         && record.job.job_type != JobType::System
                     {
-                        job_tasks.push((record.job.name.as_str(), state.cache.of_job(id)));
+                        job_tasks.push((key.as_str(), state.cache.of_job(id)));
                     }
                 }
                 // The stored entries of those requests: what the plan is compared with.

@@ -113,7 +113,7 @@ fn started(record: &JobRecord, owned: &[&Task], now: DateTime<Utc>) -> Deploymen
         .collect();
     Deployment {
         id: Uuid::new_v4(),
-        job: record.job.name.clone(),
+        job: record.job.key(),
         version: record.version,
         state: DeploymentState::Running,
         reason: String::new(),

@@ -396,7 +396,24 @@ fn name_findings(path: &str, name: &str) -> Vec<String> {
     findings
 }
 
+/// The key a job is known by in the manager (its records, its copies' `Job`, its waiting-list
+/// entry, its events): its name in `default`, `PROJECT/NAME` in any other project, so that
+/// names are unique within a project and a job of `default` is keyed as before projects.
+/// A job's name holds no `/`, so the two never meet.
+pub fn job_key(project: &str, name: &str) -> String {
+    if project.is_empty() || project == crate::project::DEFAULT_PROJECT {
+        name.to_string()
+    } else {
+        format!("{project}/{name}")
+    }
+}
+
 impl Job {
+    /// The key the manager knows the job by ([`job_key`]).
+    pub fn key(&self) -> String {
+        job_key(self.project(), &self.name)
+    }
+
     /// The job's project: `default` when the job names none.
     pub fn project(&self) -> &str {
         if self.project.is_empty() {

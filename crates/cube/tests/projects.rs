@@ -396,3 +396,88 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
     let status = client.get("/projects/small").await;
     assert_eq!(status.body["Usage"]["Cpus"], 1.0, "{}", status.body);
 }
+
+fn web_job(count: u32) -> Value {
+    json!({"Name": "web", "Groups": [{"Name": "api", "Count": count, "Task": web_task("")}]})
+}
+
+/// How many of the job's copies run, in `project`.
+async fn running_copies(client: &Client, project: &str) -> usize {
+    let job = client.get(&format!("/jobs/web?project={project}")).await;
+    assert_eq!(job.status, 200, "{}", job.body);
+    support::live_tasks(&job.body)
+        .iter()
+        .filter(|task| task["State"] == "Running")
+        .count()
+}
+
+async fn await_running_copies(client: &Client, project: &str, count: usize) {
+    let poll = support::Poll::every(Duration::from_millis(100), support::STATE_BOUND);
+    client
+        .await_answer(
+            &format!("/jobs/web?project={project}"),
+            &format!("{count} copies of web running in {project}"),
+            poll,
+            |answer| {
+                support::live_tasks(&answer.body)
+                    .iter()
+                    .filter(|task| task["State"] == "Running")
+                    .count()
+                    == count
+            },
+        )
+        .await;
+}
+
+#[tokio::test]
+async fn the_same_job_name_in_two_projects_is_two_jobs() {
+    let cluster = support::OneNodeCluster::start("jobs-proj").await;
+    let client = cluster.manager.client();
+    create_project(&client, "team-a", json!({})).await;
+    create_project(&client, "team-b", json!({})).await;
+    for (project, count) in [("team-a", 2), ("team-b", 1)] {
+        let answer = client
+            .request_answer(
+                "POST",
+                &format!("/jobs?project={project}"),
+                Some(&web_job(count).to_string()),
+            )
+            .await;
+        assert_eq!(answer.status, 201, "{project}: {}", answer.body);
+        assert_eq!(answer.body["Job"]["Project"], project, "{}", answer.body);
+    }
+    await_running_copies(&client, "team-a", 2).await;
+    await_running_copies(&client, "team-b", 1).await;
+    assert_eq!(client.get("/jobs/web").await.status, 404, "none in default");
+    let listed = client.get("/jobs?project=*").await.body;
+    let mut projects: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|view| view["Job"]["Project"].as_str().unwrap_or("default"))
+        .collect();
+    projects.sort();
+    assert_eq!(projects, ["team-a", "team-b"]);
+
+    // Scaling one leaves the other as it was.
+    let scaled = client
+        .request_answer(
+            "POST",
+            "/jobs/web/scale?project=team-b",
+            Some(r#"{"Group": "api", "Count": 3}"#),
+        )
+        .await;
+    assert_eq!(scaled.status, 200, "{}", scaled.body);
+    await_running_copies(&client, "team-b", 3).await;
+    assert_eq!(running_copies(&client, "team-a").await, 2);
+
+    // Stopping one stops its copies only.
+    let stopped = client
+        .request_answer("DELETE", "/jobs/web?project=team-a", None)
+        .await;
+    assert_eq!(stopped.status, 200, "{}", stopped.body);
+    await_running_copies(&client, "team-a", 0).await;
+    assert_eq!(running_copies(&client, "team-b").await, 3);
+    let b = client.get("/jobs/web?project=team-b").await.body;
+    assert_eq!(b["Stopped"], false, "{b}");
+}
