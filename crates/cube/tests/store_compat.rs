@@ -169,7 +169,13 @@ async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_defa
 
     let manager = ManagerProcess::start_with("epvm", "etcd", dir.path(), 0, &etcd);
     let client = manager.client();
-    let tasks = client.get("/tasks?project=default").await;
+    // A manager on etcd answers 503 until it leads and has read the store.
+    let poll = Poll::every(std::time::Duration::from_millis(50), STATE_BOUND);
+    let tasks = client
+        .await_answer("/tasks?project=default", "the manager leading", poll, |answer| {
+            answer.status != 503
+        })
+        .await;
     assert_eq!(tasks.status, 200, "{:?}", tasks.body);
     let mut names: Vec<String> = tasks
         .body

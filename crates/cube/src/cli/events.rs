@@ -247,7 +247,14 @@ fn event_line(event: &Value) -> String {
     } else {
         text("Key").to_string()
     };
-    let summary = summary(topic, &event["Object"]);
+    let mut summary = summary(topic, &event["Object"]);
+    // Another project's than `default` (a stream of `--project '*'`): said at the end.
+    if let Some(project) = event["Project"]
+        .as_str()
+        .filter(|project| *project != cube_types::project::DEFAULT_PROJECT)
+    {
+        summary = format!("{summary}  project={project}");
+    }
     format!(
         "{time}  {topic:<10} {kind:<16} {key:<12} {summary}",
         kind = text("Type")
