@@ -122,7 +122,7 @@ async fn a_store_written_before_copies_shared_their_spec_opens_with_every_field(
     assert_eq!(other.status, 404, "no project was made: {:?}", other.body);
 }
 
-/// The same store moved into etcd as it was written (`cube store export` reads every record
+/// The store of the release before projects moved into etcd as it was written (`cube store export` reads every record
 /// as the JSON the earlier Cube stored; `cube store import` puts those bytes in etcd): a
 /// manager on etcd reads it with every record in `default`.
 #[tokio::test]
@@ -134,7 +134,7 @@ async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_defa
     std::fs::copy(
         concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/store-2026-11-27.redb"
+            "/tests/fixtures/store-before-projects.redb"
         ),
         redb.join("manager.redb"),
     )
@@ -192,4 +192,95 @@ async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_defa
     let job = client.get("/jobs/web").await;
     assert_eq!(job.status, 200, "{:?}", job.body);
     assert!(job.body["Job"].get("Project").is_none(), "{:?}", job.body);
+}
+
+/// `fixtures/store-before-projects.redb` is the `manager.redb` the release before projects
+/// (main at 3bc3b88) wrote with `cube manager --acl -d persistent`, after `cube acl
+/// bootstrap`, `cube token create --role submit --name ci`, and, with that token, a job `web`
+/// (3 copies of `httpd`, 16 MiB, a health check) and a bare task `bare` (`sleep 60`, 8 MiB,
+/// `on-failure`), with no worker: both wait in the waiting list. The two tokens' texts are in
+/// `store-before-projects.tokens.json` (a test cluster's, nothing else's). Today's manager
+/// reads it with everything in `default`, and the old `submit` token holds in `default` only.
+#[tokio::test]
+async fn a_store_of_the_release_before_projects_keeps_its_tokens_and_waiting_list_in_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    std::fs::copy(
+        format!("{fixtures}/store-before-projects.redb"),
+        dir.path().join("manager.redb"),
+    )
+    .unwrap();
+    let tokens: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{fixtures}/store-before-projects.tokens.json")).unwrap(),
+    )
+    .unwrap();
+    let manager = ManagerProcess::start_with("epvm", "persistent", dir.path(), 0, &["--acl"]);
+    let management = Client::with_token(&manager.url, tokens["Management"].as_str().unwrap());
+    let submit = Client::with_token(&manager.url, tokens["Submit"].as_str().unwrap());
+
+    let names = |list: &Value| {
+        let mut names: Vec<String> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|task| task["Name"].as_str().unwrap().to_string())
+            .collect();
+        names.sort();
+        names
+    };
+    let all = ["bare", "web.api[0]", "web.api[1]", "web.api[2]"];
+    let tasks = submit.get("/tasks").await;
+    assert_eq!(tasks.status, 200, "{:?}", tasks.body);
+    assert_eq!(names(&tasks.body), all);
+    assert_eq!(names(&management.get("/tasks?project=*").await.body), all);
+    let queue = submit.get("/queue").await.body;
+    let mut entries: Vec<(String, String, String)> = queue
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            assert!(entry.get("Project").is_none(), "{entry}");
+            (
+                entry["Kind"].as_str().unwrap().to_string(),
+                entry["State"].as_str().unwrap().to_string(),
+                entry["Owner"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        [
+            ("job".to_string(), "waiting".to_string(), "ci".to_string()),
+            ("task".to_string(), "waiting".to_string(), "ci".to_string())
+        ]
+    );
+    assert_eq!(submit.get("/jobs/web").await.status, 200);
+
+    // The old token holds in `default` only: a new project is not there for it.
+    let made = management
+        .request_answer("POST", "/projects", Some(r#"{"Name": "team-a"}"#))
+        .await;
+    assert_eq!(made.status, 201, "{:?}", made.body);
+    assert_eq!(submit.get("/tasks?project=team-a").await.status, 404);
+    assert_eq!(management.get("/tasks?project=team-a").await.status, 200);
+    let listed = management.get("/acl/tokens").await.body;
+    let ci = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|token| token["Name"] == "ci")
+        .unwrap()
+        .clone();
+    assert!(ci.get("Projects").is_none(), "{ci}");
+    // And it still submits, in `default`.
+    let submitted = submit
+        .request_answer(
+            "POST",
+            "/tasks",
+            Some(r#"{"Name": "after", "Image": "cube-sample:latest"}"#),
+        )
+        .await;
+    assert_eq!(submitted.status, 201, "{:?}", submitted.body);
+    assert!(submitted.body.get("Project").is_none(), "{:?}", submitted.body);
 }
