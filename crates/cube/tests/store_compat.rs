@@ -172,9 +172,12 @@ async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_defa
     // A manager on etcd answers 503 until it leads and has read the store.
     let poll = Poll::every(std::time::Duration::from_millis(50), STATE_BOUND);
     let tasks = client
-        .await_answer("/tasks?project=default", "the manager leading", poll, |answer| {
-            answer.status != 503
-        })
+        .await_answer(
+            "/tasks?project=default",
+            "the manager leading",
+            poll,
+            |answer| answer.status != 503,
+        )
         .await;
     assert_eq!(tasks.status, 200, "{:?}", tasks.body);
     let mut names: Vec<String> = tasks
@@ -282,5 +285,9 @@ async fn a_store_of_the_release_before_projects_keeps_its_tokens_and_waiting_lis
         )
         .await;
     assert_eq!(submitted.status, 201, "{:?}", submitted.body);
-    assert!(submitted.body.get("Project").is_none(), "{:?}", submitted.body);
+    assert!(
+        submitted.body.get("Project").is_none(),
+        "{:?}",
+        submitted.body
+    );
 }
