@@ -180,15 +180,10 @@ async fn a_store_written_before_projects_opens_on_etcd_with_every_record_in_defa
         )
         .await;
     assert_eq!(tasks.status, 200, "{:?}", tasks.body);
-    let mut names: Vec<String> = tasks
-        .body
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|task| task["Name"].as_str().unwrap().to_string())
-        .collect();
-    names.sort();
-    assert_eq!(names, ["bare", "web.api[0]", "web.api[1]", "web.api[2]"]);
+    assert_eq!(
+        sorted_names(&tasks.body),
+        ["bare", "web.api[0]", "web.api[1]", "web.api[2]"]
+    );
     let project = client.get("/projects/default").await;
     assert_eq!(project.body["Tasks"], 4, "{:?}", project.body);
     assert_eq!(project.body["Jobs"], 1, "{:?}", project.body);
@@ -221,21 +216,14 @@ async fn a_store_of_the_release_before_projects_keeps_its_tokens_and_waiting_lis
     let management = Client::with_token(&manager.url, tokens["Management"].as_str().unwrap());
     let submit = Client::with_token(&manager.url, tokens["Submit"].as_str().unwrap());
 
-    let names = |list: &Value| {
-        let mut names: Vec<String> = list
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|task| task["Name"].as_str().unwrap().to_string())
-            .collect();
-        names.sort();
-        names
-    };
     let all = ["bare", "web.api[0]", "web.api[1]", "web.api[2]"];
     let tasks = submit.get("/tasks").await;
     assert_eq!(tasks.status, 200, "{:?}", tasks.body);
-    assert_eq!(names(&tasks.body), all);
-    assert_eq!(names(&management.get("/tasks?project=*").await.body), all);
+    assert_eq!(sorted_names(&tasks.body), all);
+    assert_eq!(
+        sorted_names(&management.get("/tasks?project=*").await.body),
+        all
+    );
     let queue = submit.get("/queue").await.body;
     let mut entries: Vec<(String, String, String)> = queue
         .as_array()
@@ -290,4 +278,16 @@ async fn a_store_of_the_release_before_projects_keeps_its_tokens_and_waiting_lis
         "{:?}",
         submitted.body
     );
+}
+
+/// The tasks' names in a list of tasks, sorted.
+fn sorted_names(tasks: &Value) -> Vec<String> {
+    let mut names: Vec<String> = tasks
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| task["Name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
 }
