@@ -25,9 +25,20 @@ chaos() {
     pkill -9 -x dockerd || true
     pkill -9 -f containerd-shim || true
     pkill -9 -x containerd || true
-    # The killed shims' task state: the next containerd cleans each up before it answers, and
-    # with a few hundred it ran past dockerd's start timeout (seen 2026-11-27, "failed to start
-    # containerd"). Nothing runs any more that it could describe.
+    # A process killed with -9 is gone only once it has exited: wait for that (at most 30 s).
+    # A dockerd started while the old containerd still exits finds containerd's pid file naming
+    # a live process, says "containerd is still running", waits for its socket and gives up
+    # ("failed to start containerd": seen twice in CI on 2026-11-27).
+    for _ in $(seq 300); do
+      pgrep -x dockerd >/dev/null || pgrep -x containerd >/dev/null \
+        || pgrep -f containerd-shim >/dev/null || break
+      sleep 0.1
+    done
+    # Their pid files and sockets, and the killed shims' task state (the next containerd
+    # cleans each up before it answers; a few hundred ran past dockerd's start timeout).
+    rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid \
+      /var/run/docker/containerd/containerd.sock /var/run/docker/containerd/containerd.sock.ttrpc \
+      || true
     rm -rf /var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby/* || true
     bash scripts/setup.sh >&2
     "$bench" chaos "$@"

@@ -56,6 +56,11 @@ enum Command {
         /// Submit to the manager (placement, dispatch, state reports) or to the worker alone.
         #[arg(long, value_enum, default_value_t = Through::Manager)]
         through: Through,
+        /// Instead of raw Docker, the other side is Cube too, with each task in a project
+        /// that has a quota (`bench`, made at the start): what projects cost on the way from
+        /// a submission to `Running`. Through the manager only.
+        #[arg(long)]
+        in_project: bool,
     },
     /// Many tasks asked for at once, until all run: Cube, raw Docker at the worker's
     /// parallelism, and Docker Swarm (`service create --replicas N`), taking turns.
@@ -416,7 +421,11 @@ async fn main() -> anyhow::Result<()> {
             sets,
             cube,
             through,
-        } => start_latency::start_latency(runs, sets, &cube_binary(cube)?, through).await,
+            in_project,
+        } => {
+            start_latency::start_latency(runs, sets, &cube_binary(cube)?, through, in_project)
+                .await
+        }
         Command::Burst {
             runs,
             tasks,

@@ -10,6 +10,10 @@
 //!
 //! Each set of `--runs` tasks gives a p50, a p95 and the ratio of the p50s; the summary gives
 //! the median, min and max of those over `--sets` sets.
+//!
+//! With `--in-project`, the other side is Cube as well, each task submitted in a project with
+//! a quota (`bench`, every task counted against it): the cost of projects on the same path,
+//! taking turns with tasks in `default`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -27,13 +31,35 @@ pub(crate) async fn start_latency(
     sets: usize,
     cube: &Path,
     through: Through,
+    in_project: bool,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !(in_project && through == Through::Worker),
+        "--in-project needs --through manager: a worker has no projects"
+    );
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
     anyhow::ensure!(sets > 0, "--sets must be at least 1");
     let docker = DockerRuntime::connect().await?;
     docker.ensure_sample_image(SAMPLE_IMAGE).await?;
     let cluster = BenchCluster::start(cube, through).await?;
     let (http, base) = (&cluster.http, &cluster.base);
+    if in_project {
+        let made = http
+            .post(format!("{base}/projects"))
+            .json(&json!({"Name": BENCH_PROJECT, "Quota": {"Cpus": 1000, "Memory": "1Ti", "Tasks": 100000}}))
+            .send()
+            .await?;
+        anyhow::ensure!(
+            made.status().is_success(),
+            "POST /projects answered {}",
+            made.status()
+        );
+    }
+    let other = if in_project {
+        format!("Cube in project {BENCH_PROJECT} (a quota)")
+    } else {
+        "raw Docker".to_string()
+    };
 
     let path = match through {
         Through::Manager => "manager + worker",
@@ -41,11 +67,16 @@ pub(crate) async fn start_latency(
     };
     println!(
         "start latency: {sets} sets of {runs} tasks each side, one at a time, image {SAMPLE_IMAGE}; \
-         Cube = POST /tasks → Running ({path}, persistent stores), raw Docker = bollard create + start"
+         Cube = POST /tasks → Running ({path}, persistent stores), {}",
+        if in_project {
+            "the other side the same in a project with a quota"
+        } else {
+            "raw Docker = bollard create + start"
+        }
     );
     println!();
     println!(
-        "| set | Cube p50 ms | Cube p95 ms | raw Docker p50 ms | raw Docker p95 ms | ratio of p50s |"
+        "| set | Cube p50 ms | Cube p95 ms | {other} p50 ms | {other} p95 ms | ratio of p50s |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
     let (mut cube_p50, mut cube_p95, mut raw_p50, mut raw_p95, mut ratios) =
@@ -57,11 +88,15 @@ pub(crate) async fn start_latency(
             let name = set * runs + run;
             // Alternate which side goes first, so neither always meets a Docker still busy
             // cleaning up after the other.
+            let other_once = async || match in_project {
+                true => cube_once_in(http, base, &docker, name, Some(BENCH_PROJECT)).await,
+                false => raw_once(&docker, RAW_NODE, name).await,
+            };
             if run % 2 == 0 {
                 cube_ms.push(cube_once(http, base, &docker, name).await?);
-                raw_ms.push(raw_once(&docker, RAW_NODE, name).await?);
+                raw_ms.push(other_once().await?);
             } else {
-                raw_ms.push(raw_once(&docker, RAW_NODE, name).await?);
+                raw_ms.push(other_once().await?);
                 cube_ms.push(cube_once(http, base, &docker, name).await?);
             }
         }
@@ -93,16 +128,16 @@ pub(crate) async fn start_latency(
     println!("| Cube p50 ms | {} |", Summary::of(&mut cube_p50).spread(1));
     println!("| Cube p95 ms | {} |", Summary::of(&mut cube_p95).spread(1));
     println!(
-        "| raw Docker p50 ms | {} |",
+        "| {other} p50 ms | {} |",
         Summary::of(&mut raw_p50).spread(1)
     );
     println!(
-        "| raw Docker p95 ms | {} |",
+        "| {other} p95 ms | {} |",
         Summary::of(&mut raw_p95).spread(1)
     );
     println!(
-        "| ratio of p50s, Cube / raw Docker | {} |",
-        Summary::of(&mut ratios).spread(2)
+        "| ratio of p50s, Cube / {other} | {} |",
+        Summary::of(&mut ratios).spread(3)
     );
     Ok(())
 }
@@ -119,7 +154,24 @@ pub(crate) async fn cube_once(
     docker: &DockerRuntime,
     run: usize,
 ) -> anyhow::Result<f64> {
-    let task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
+    cube_once_in(http, base, docker, run, None).await
+}
+
+/// The project `--in-project` submits in.
+const BENCH_PROJECT: &str = "bench";
+
+/// [`cube_once`], the task in `project` when one is named.
+async fn cube_once_in(
+    http: &reqwest::Client,
+    base: &str,
+    docker: &DockerRuntime,
+    run: usize,
+    project: Option<&str>,
+) -> anyhow::Result<f64> {
+    let mut task = json!({"Name": format!("bench-{run}"), "Image": SAMPLE_IMAGE, "PortBindings": {"7777/tcp": ""}});
+    if let Some(project) = project {
+        task["Project"] = json!(project);
+    }
     let started = Instant::now();
     let id = submit(http, base, &task).await?;
     let running = loop {
