@@ -423,8 +423,7 @@ async fn main() -> anyhow::Result<()> {
             through,
             in_project,
         } => {
-            start_latency::start_latency(runs, sets, &cube_binary(cube)?, through, in_project)
-                .await
+            start_latency::start_latency(runs, sets, &cube_binary(cube)?, through, in_project).await
         }
         Command::Burst {
             runs,
