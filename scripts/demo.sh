@@ -54,7 +54,14 @@ if [ "$state" != Running ]; then
   echo "the sample task is $state, not Running; see $data_dir/cube.log" >&2
   exit 1
 fi
-echo "==> the task answers: GET http://localhost:7777/health -> $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:7777/health)"
+# Running means Docker started the container; its server listens a moment later (up to 5 s).
+answer=000
+for _ in $(seq 1 50); do
+  answer=$(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:7777/health || true)
+  [ "$answer" = 200 ] && break
+  sleep 0.1
+done
+echo "==> the task answers: GET http://localhost:7777/health -> $answer"
 cat <<TXT
 
 The local cluster runs in the background (pid $(cat "$data_dir/cube.pid")). Try:
