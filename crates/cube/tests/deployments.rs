@@ -256,19 +256,14 @@ async fn with_auto_revert_a_failed_update_goes_back_to_the_last_stable_version()
     );
 }
 
-/// What each running copy of `job` serves at `/version` on its published port (version 2
-/// writes the file; version 1's server has none, and answers 404).
+/// What each running copy of `job` serves at `/version` (version 2 writes the file; version
+/// 1's server has none, and answers 404), asked of each copy's container on Docker's bridge
+/// (`get_in_container`: a 404 through Docker's proxy can arrive as an empty reply).
 async fn served_versions(job: &Value) -> Vec<u16> {
-    let http = support::http();
     let mut statuses = Vec::new();
     for task in live_tasks(job) {
-        let port = host_port(&task, "7777/tcp");
-        let answer = http
-            .get(format!("http://127.0.0.1:{port}/version"))
-            .send()
-            .await
-            .unwrap();
-        statuses.push(answer.status().as_u16());
+        let container = task["ContainerID"].as_str().unwrap_or_default().to_string();
+        statuses.push(support::get_in_container(&container, 7777, "/version").await);
     }
     statuses
 }

@@ -41,12 +41,8 @@ async fn started_task_runs_and_its_host_port_answers() {
 
     let port = host_port(&task, "7777/tcp");
     assert_eq!(get_published(port, "/health").await, 200);
-    let missing = support::http()
-        .get(format!("http://127.0.0.1:{port}/healthfail"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(missing.status(), 404);
+    // A missing file is a 404 (asked of the container itself: see `get_in_container`).
+    assert_eq!(get_in_container(container, 7777, "/healthfail").await, 404);
 
     let listed = client.get("/tasks").await.body;
     assert_eq!(listed.as_array().unwrap().len(), 1);

@@ -439,6 +439,47 @@ pub fn container_running(id: &str) -> bool {
     String::from_utf8_lossy(&output.stdout).trim() == "true"
 }
 
+/// `GET http://127.0.0.1:{port}{path}` from inside the container (`docker exec`, busybox
+/// `wget`): the real server's status, without the network in between. Busybox `httpd` here
+/// sends an error status (404) only to a client on its own loopback; a client elsewhere (the
+/// host, through Docker's proxy or on the bridge) gets the connection closed with no answer
+/// (seen 2026-11-27), while a 200 reaches everyone. So a test that expects an error status
+/// asks from inside. Retried while the server does not listen yet; returns the status.
+pub async fn get_in_container(container: &str, port: u16, path: &str) -> u16 {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let deadline = Instant::now() + STATE_BOUND;
+    loop {
+        let output = Command::new("docker")
+            .args([
+                "exec",
+                container,
+                "wget",
+                "-S",
+                "-q",
+                "-O",
+                "/dev/null",
+                &url,
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&output.stderr).to_string();
+        let status = said
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("HTTP/1."))
+            .filter_map(|rest| rest.split_whitespace().nth(1))
+            .filter_map(|code| code.parse::<u16>().ok())
+            .last();
+        if let Some(status) = status {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} in {container} did not answer within {STATE_BOUND:?}: {said}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// An HTTP client for one worker.
 pub struct Client {
     pub base: String,
