@@ -465,10 +465,10 @@ pub async fn get_in_container(container: &str, port: u16, path: &str) -> u16 {
         let said = String::from_utf8_lossy(&output.stderr).to_string();
         let status = said
             .lines()
+            .rev()
             .filter_map(|line| line.trim().strip_prefix("HTTP/1."))
             .filter_map(|rest| rest.split_whitespace().nth(1))
-            .filter_map(|code| code.parse::<u16>().ok())
-            .last();
+            .find_map(|code| code.parse::<u16>().ok());
         if let Some(status) = status {
             return status;
         }
