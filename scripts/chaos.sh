@@ -34,6 +34,15 @@ chaos() {
         || pgrep -f containerd-shim >/dev/null || break
       sleep 0.1
     done
+    # The containers' own processes outlive their killed shims (reparented to init), and so do
+    # their network namespaces, whose addresses the next engine hands to new containers: the
+    # host then reaches an orphan instead of the new container (seen 2026-11-27: requests to
+    # published ports reset or went unanswered). Every process left in Docker's cgroups
+    # belongs to a container of the killed engine.
+    for procs in /sys/fs/cgroup/*/docker/*/cgroup.procs /sys/fs/cgroup/system.slice/docker-*.scope/cgroup.procs; do
+      [ -r "$procs" ] || continue
+      while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done < "$procs"
+    done
     # Their pid files and sockets, and the killed shims' task state (the next containerd
     # cleans each up before it answers; a few hundred ran past dockerd's start timeout).
     rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid \
