@@ -440,11 +440,12 @@ pub fn container_running(id: &str) -> bool {
 }
 
 /// `GET http://127.0.0.1:{port}{path}` from inside the container (`docker exec`, busybox
-/// `wget`): the real server's status, without the network in between. Busybox `httpd` here
-/// sends an error status (404) only to a client on its own loopback; a client elsewhere (the
-/// host, through Docker's proxy or on the bridge) gets the connection closed with no answer
-/// (seen 2026-11-27), while a 200 reaches everyone. So a test that expects an error status
-/// asks from inside. Retried while the server does not listen yet; returns the status.
+/// `wget`): the real server's status, with nothing between. The host's way to a container
+/// (Docker's proxy, the bridge) broke on this machine once an engine was killed with its
+/// shims: the containers' processes outlived them with their addresses, which the next engine
+/// gave again, and the host reached those orphans (seen 2026-11-27; `scripts/chaos.sh` now
+/// kills them). A test that checks what the server answers asks from inside. Retried while the
+/// server does not listen yet; returns the status.
 pub async fn get_in_container(container: &str, port: u16, path: &str) -> u16 {
     let url = format!("http://127.0.0.1:{port}{path}");
     let deadline = Instant::now() + STATE_BOUND;
