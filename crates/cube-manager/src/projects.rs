@@ -29,7 +29,7 @@ use cube_types::project::{
     check_project_name,
 };
 use cube_types::token::Role;
-use cube_types::{State as TaskState, Task};
+use cube_types::State as TaskState;
 use uuid::Uuid;
 
 use crate::cluster::lock;
@@ -52,8 +52,7 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// Everything, as a request without ACL and without `?project=*` sees... only when asked
-    /// for all: for tests and internal callers.
+    /// Every project, as `?project=*` without ACL sees them: for tests.
     pub fn everything() -> Scope {
         Scope {
             asked: None,
@@ -252,12 +251,12 @@ fn hidden_record(manager: &Manager, scope: &Scope, route: &str, path: &str) -> O
     if route.starts_with("/jobs/{name}") {
         // A job is looked up under its project's key, so another project's job of the same
         // name is not found; what is left is a project the token does not reach.
-        let name = percent_decoded(segments.get(1)?);
+        let name = segments.get(1)?.to_string();
         let project = scope.asked.as_deref()?;
         return (!scope.reaches(project)).then(|| ManagerError::JobNotFound(name).into());
     }
     if route == "/queue/{kind}/{id}" {
-        let id = percent_decoded(segments.get(2)?);
+        let id = segments.get(2)?.to_string();
         let project = match *segments.get(1)? {
             "task" => Uuid::parse_str(&id)
                 .ok()
@@ -276,16 +275,10 @@ fn hidden_record(manager: &Manager, scope: &Scope, route: &str, path: &str) -> O
         });
     }
     if route.starts_with("/projects/{name}") {
-        let name = percent_decoded(segments.get(1)?);
-        return (!scope.reaches(&name)).then(|| no_project(&name));
+        let name = segments.get(1)?;
+        return (!scope.reaches(name)).then(|| no_project(name));
     }
     None
-}
-
-/// A path segment with its `%XX` escapes read (job names are letters, digits, `_` and `-`,
-/// which need none; anything else is not a job's name anyway).
-fn percent_decoded(segment: &str) -> String {
-    segment.to_string()
 }
 
 impl Manager {
@@ -489,16 +482,18 @@ fn check_quota_values(quota: &Quota) -> Result<(), ManagerError> {
 /// path).
 fn view_of(state: &crate::cluster::Shared, name: &str) -> ProjectView {
     let record = state.projects.get(name);
-    let live = |task: &&Task| task.spec.project == name && !task.status.state.is_terminal();
-    let tasks = state.cache.tasks().filter(live).count() as u64;
-    let waiting = state
-        .cache
-        .tasks()
-        .filter(live)
-        .filter(|task| {
-            task.status.state == TaskState::Pending && task.spec.desired_state == TaskState::Running
-        })
-        .count() as u64;
+    // One pass over the tasks: those not ended, and of those the ones waiting for room.
+    let (mut tasks, mut waiting) = (0u64, 0u64);
+    for task in state.cache.tasks() {
+        if task.spec.project != name || task.status.state.is_terminal() {
+            continue;
+        }
+        tasks += 1;
+        if task.status.state == TaskState::Pending && task.spec.desired_state == TaskState::Running
+        {
+            waiting += 1;
+        }
+    }
     let jobs = state
         .jobs
         .values()

@@ -416,11 +416,7 @@ impl Job {
 
     /// The job's project: `default` when the job names none.
     pub fn project(&self) -> &str {
-        if self.project.is_empty() {
-            crate::project::DEFAULT_PROJECT
-        } else {
-            &self.project
-        }
+        crate::project::name_or_default(&self.project)
     }
 
     /// What the job expands to: the sum over its groups of `Count` copies of the group's

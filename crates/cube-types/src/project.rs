@@ -24,6 +24,16 @@ pub fn is_default(project: &String) -> bool {
     project.is_empty() || project == DEFAULT_PROJECT
 }
 
+/// A record's project field as a name: empty (written before projects, or left out) is
+/// `default`.
+pub fn name_or_default(project: &str) -> &str {
+    if project.is_empty() {
+        DEFAULT_PROJECT
+    } else {
+        project
+    }
+}
+
 /// A project name as read: empty (a record from before projects) is `default`.
 pub fn normalized(project: String) -> String {
     if project.is_empty() {

@@ -177,11 +177,7 @@ pub struct QueueEntry {
 impl QueueEntry {
     /// The request's project.
     pub fn project(&self) -> &str {
-        if self.project.is_empty() {
-            crate::project::DEFAULT_PROJECT
-        } else {
-            &self.project
-        }
+        crate::project::name_or_default(&self.project)
     }
 
     /// The key of the entry in the manager's `queue` table.

@@ -193,13 +193,8 @@ pub fn queue_table(entries: &[QueueEntryView], now: DateTime<Utc>) -> Vec<String
         .to_vec(),
     ];
     // Requests of several projects (`--project '*'`): a PROJECT column after NAME.
-    let project = |entry: &QueueEntryView| {
-        if entry.project.is_empty() {
-            cube_types::project::DEFAULT_PROJECT.to_string()
-        } else {
-            entry.project.clone()
-        }
-    };
+    let project =
+        |entry: &QueueEntryView| cube_types::project::name_or_default(&entry.project).to_string();
     let with_project = entries
         .iter()
         .map(project)
