@@ -24,12 +24,12 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use chrono::Utc;
 use cube_api::{ApiError, JsonPath};
+use cube_types::State as TaskState;
 use cube_types::project::{
     ALL_PROJECTS, DEFAULT_PROJECT, ProjectRecord, ProjectRequest, ProjectView, Quota, Usage,
     check_project_name,
 };
 use cube_types::token::Role;
-use cube_types::State as TaskState;
 use uuid::Uuid;
 
 use crate::cluster::lock;
