@@ -123,6 +123,7 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
         Need::Role(Role::Operator),
     ),
     ("GET", "/version", Need::Role(Role::Read)),
+    ("GET", "/shards", Need::Role(Role::Read)),
     ("GET", "/metrics", Need::Role(Role::Read)),
     ("GET", "/jobs", Need::Role(Role::Read)),
     ("POST", "/jobs", Need::Role(Role::Submit)),

@@ -136,6 +136,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/nodes/{name}/drain", post(drain_node))
         .route("/nodes/{name}/eligibility", post(node_eligibility))
         .route("/version", get(version))
+        .route("/shards", get(shards))
         .route("/metrics", get(metrics))
         .route("/jobs", get(list_jobs).post(submit_job))
         .route("/jobs/plan", post(plan_job))
@@ -243,6 +244,20 @@ async fn count_request(
 /// `GET /version`: this manager's build.
 async fn version() -> Json<cube_types::version::VersionInfo> {
     Json(cube_types::version::VersionInfo::this_build())
+}
+
+/// `GET /shards` of a manager on its own store: it holds every shard of the ring. It is
+/// named by the address the client reached it at (it has no other: only managers sharing
+/// etcd advertise one).
+async fn shards(headers: axum::http::HeaderMap) -> Json<cube_types::shard::ShardsView> {
+    let me = headers
+        .get(axum::http::header::HOST)
+        .and_then(|host| host.to_str().ok())
+        .unwrap_or("this manager");
+    Json(cube_types::shard::ShardsView::alone(
+        me,
+        cube_types::shard::DEFAULT_RING,
+    ))
 }
 
 /// `GET /metrics`: every metric in the Prometheus text format.

@@ -57,7 +57,9 @@ fn encode<V: serde::Serialize>(key: &str, value: &V) -> Result<Vec<u8>, StoreErr
 }
 
 pub use commit::Commit;
-pub use etcd::{EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, normalize_prefix};
+pub use etcd::{
+    EtcdConfig, EtcdDb, EtcdStore, Fence, Lease, LeasedKey, Leadership, normalize_prefix,
+};
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};
 pub use revision::{ConditionalCommit, Conflict, Expected, Listing};

@@ -28,6 +28,7 @@ pub mod output;
 pub mod pod;
 pub mod project;
 pub mod queue;
+pub mod shard;
 pub mod size;
 pub mod state;
 pub mod stats;

@@ -69,6 +69,8 @@ pub struct Front {
     /// With --tls: requests are handed on over HTTPS (`https://` and the client settings of
     /// `ManagerTls::peers`); `false` speaks plain HTTP.
     tls: bool,
+    /// The shard ring's size (`ring.rs`).
+    ring: u32,
 }
 
 impl Front {
@@ -77,6 +79,7 @@ impl Front {
         db: EtcdDb,
         acl: Option<Arc<cube_manager::acl::Acl>>,
         tls: Option<Arc<cube_manager::tls::ManagerTls>>,
+        ring: u32,
     ) -> anyhow::Result<Arc<Front>> {
         let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(1));
         if let Some(tls) = &tls {
@@ -91,6 +94,7 @@ impl Front {
             http: http.build()?,
             acl,
             tls: tls.is_some(),
+            ring,
         }))
     }
 
@@ -106,10 +110,11 @@ impl Front {
     }
 }
 
-/// `GET /leader`, and everything else to the leader.
+/// `GET /leader` and `GET /shards`, and everything else to the leader.
 pub fn router(front: Arc<Front>) -> Router {
     Router::new()
         .route("/leader", get(leader))
+        .route("/shards", get(shards))
         .fallback(forward)
         .with_state(front)
 }
@@ -118,12 +123,21 @@ fn unavailable(message: String) -> Response {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
 }
 
+/// Answered by every manager itself, with a `read` token when ACL is on.
+fn may_read(front: &Front, headers: &axum::http::HeaderMap, route: &str) -> Result<(), Response> {
+    match &front.acl {
+        Some(acl) => acl
+            .check(headers, cube_types::token::Role::Read, route)
+            .map(|_| ())
+            .map_err(|(_, error)| error.into_response()),
+        None => Ok(()),
+    }
+}
+
 /// `{"Leader": "HOST:PORT" or null, "Self": "HOST:PORT", "IsLeader": bool}`.
 async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap) -> Response {
-    if let Some(acl) = &front.acl
-        && let Err((_, error)) = acl.check(&headers, cube_types::token::Role::Read, "GET /leader")
-    {
-        return error.into_response();
+    if let Err(refused) = may_read(&front, &headers, "GET /leader") {
+        return refused;
     }
     let leading = front.leading_router().is_some();
     let leader = if leading {
@@ -140,6 +154,18 @@ async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap)
         "IsLeader": leading,
     }))
     .into_response()
+}
+
+/// The shard ring as etcd holds it now: every manager's virtual nodes, their ranges and
+/// the shards they hold (`cube_types::shard::ShardsView`).
+async fn shards(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap) -> Response {
+    if let Err(refused) = may_read(&front, &headers, "GET /shards") {
+        return refused;
+    }
+    match crate::ring::view(&front.db, front.ring).await {
+        Ok(view) => axum::Json(view).into_response(),
+        Err(err) => unavailable(format!("cannot read the shard ring from etcd: {err}")),
+    }
 }
 
 /// The client certificate a request is to be judged by: over a connection with a manager's

@@ -8,6 +8,7 @@ mod dev;
 mod leading;
 mod limits;
 mod manager;
+mod ring;
 mod sample_image;
 mod shutdown;
 mod store_cmd;

@@ -68,6 +68,19 @@ pub struct ManagerArgs {
     /// address it listens on).
     #[arg(long, value_name = "HOST:PORT")]
     advertise: Option<String>,
+    /// With --store etcd: how many virtual nodes this manager runs on the shard ring (1 to
+    /// 4). Each holds a point on the ring and the shards from it to the next point; a
+    /// manager joining puts its points in the middle of other managers' ranges, so two
+    /// virtual nodes take shards from two others. `GET /shards` and `cube node managers`
+    /// show who holds what.
+    #[arg(long, value_name = "N", default_value_t = cube_types::shard::DEFAULT_VIRTUAL_NODES,
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_types::shard::MAX_VIRTUAL_NODES)))]
+    virtual_nodes: u32,
+    /// With --store etcd: the shard ring's size, set by the cluster's first manager and
+    /// stored (16 when left out; a later manager given another size refuses to start). A
+    /// project's shard is a hash of its name modulo the ring.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_types::shard::MAX_RING)))]
+    shards: Option<u32>,
     #[command(flatten)]
     limits: crate::limits::LimitArgs,
     /// Turn authentication on: every route but GET /health needs a token (`Authorization:
@@ -144,6 +157,8 @@ impl ManagerArgs {
             max_concurrent_reconciles: 64,
             leader_ttl: Duration::from_secs(5),
             advertise: None,
+            virtual_nodes: cube_types::shard::DEFAULT_VIRTUAL_NODES,
+            shards: None,
             limits,
             acl: acl || tls,
             tls,
@@ -182,6 +197,9 @@ enum Mode {
         db: cube_store::EtcdDb,
         build: crate::leading::Build,
         leader_ttl: Duration,
+        /// The shard ring's size and this manager's part in it.
+        ring: u32,
+        part: crate::ring::RingSettings,
     },
 }
 
@@ -372,6 +390,11 @@ pub async fn prepare(
         );
     }
     let mode = match stores.etcd() {
+        None if args.shards.is_some() => anyhow::bail!(
+            "--shards is for managers sharing etcd (--store etcd): a manager on its own store \
+             holds every shard of a ring of {}",
+            cube_types::shard::DEFAULT_RING
+        ),
         None => Mode::Alone(
             Manager::open(config, manager_stores, scheduler, shutdown)
                 .context("loading the manager's state")?,
@@ -382,6 +405,7 @@ pub async fn prepare(
                 "--leader-ttl must be at least 1s (etcd counts leases in seconds)"
             );
             let me = args.advertise.unwrap_or_else(|| address.to_string());
+            let ring = crate::ring::ring_size(db, args.shards).await?;
             let scheduler_name = args.scheduler.clone();
             let build: crate::leading::Build = std::sync::Arc::new(move |term| {
                 let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)
@@ -390,11 +414,23 @@ pub async fn prepare(
                     .context("loading the manager's state from etcd")
             });
             Mode::OnEtcd {
-                front: crate::leading::Front::new(me, db.clone(), acl.clone(), tls.clone())?,
+                front: crate::leading::Front::new(
+                    me.clone(),
+                    db.clone(),
+                    acl.clone(),
+                    tls.clone(),
+                    ring,
+                )?,
                 tls: tls.clone(),
                 db: db.clone(),
                 build,
                 leader_ttl: args.leader_ttl,
+                ring,
+                part: crate::ring::RingSettings {
+                    manager: me,
+                    virtual_nodes: args.virtual_nodes,
+                    ttl: args.leader_ttl,
+                },
             }
         }
     };
@@ -425,6 +461,8 @@ impl PreparedManager {
                     db,
                     build,
                     leader_ttl,
+                    ring,
+                    part,
                 } => {
                     // Every manager serves HTTPS with its own certificate, leading or not.
                     let server_config = match &tls {
@@ -437,6 +475,12 @@ impl PreparedManager {
                         }
                         None => None,
                     };
+                    let holding = tokio::spawn(crate::ring::hold_shards(
+                        db.clone(),
+                        ring,
+                        part,
+                        shutdown.clone(),
+                    ));
                     let leading = tokio::spawn(crate::leading::campaign_and_lead(
                         front.clone(),
                         db,
@@ -455,6 +499,9 @@ impl PreparedManager {
                     .context("serving the manager API");
                     if let Err(err) = leading.await {
                         tracing::error!(error = %err, "the leadership loop ended abnormally");
+                    }
+                    if let Err(err) = holding.await {
+                        tracing::error!(error = %err, "the shard ring's loop ended abnormally");
                     }
                     served
                 }

@@ -117,7 +117,7 @@ impl EtcdDb {
         let keeping = lost.clone();
         let _ = self
             .on_runtime(async move {
-                tokio::spawn(keep_alive(members, lease, ttl, keeping));
+                tokio::spawn(keep_alive(members, lease, ttl, keeping, "the leader lease"));
                 Ok(())
             })
             .await;
@@ -131,7 +131,7 @@ impl EtcdDb {
 }
 
 /// Whole seconds of a TTL, at least one (etcd's unit).
-fn ttl_seconds(ttl: Duration) -> i64 {
+pub(super) fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX)
 }
 
@@ -230,7 +230,13 @@ async fn wait_until_gone(
 
 /// Renews the lease every third of the TTL until `lost` is cancelled; cancels it when etcd
 /// says the lease is gone or when no renewal succeeded for a whole TTL.
-async fn keep_alive(members: Arc<Members>, lease: i64, ttl: Duration, lost: CancellationToken) {
+pub(super) async fn keep_alive(
+    members: Arc<Members>,
+    lease: i64,
+    ttl: Duration,
+    lost: CancellationToken,
+    what: &'static str,
+) {
     let period = (ttl / 3).max(Duration::from_millis(100));
     let mut renewed = Instant::now();
     let mut ticks = tokio::time::interval(period);
@@ -254,19 +260,19 @@ async fn keep_alive(members: Arc<Members>, lease: i64, ttl: Duration, lost: Canc
         match answer {
             Ok(Ok(Some(response))) if response.ttl() > 0 => renewed = Instant::now(),
             Ok(Ok(_)) => {
-                tracing::warn!(lease, "the leader lease expired: no longer leading");
+                tracing::warn!(lease, "{what} expired: no longer held");
                 lost.cancel();
                 return;
             }
             Ok(Err(err)) => {
-                tracing::warn!(lease, error = %err, "cannot renew the leader lease");
+                tracing::warn!(lease, error = %err, "cannot renew {what}");
             }
-            Err(_) => tracing::warn!(lease, "no answer to the leader lease's renewal"),
+            Err(_) => tracing::warn!(lease, "no answer to the renewal of {what}"),
         }
         if renewed.elapsed() >= ttl {
             tracing::warn!(
                 lease,
-                "the leader lease could not be renewed for a whole TTL: no longer leading"
+                "{what} could not be renewed for a whole TTL: no longer held"
             );
             lost.cancel();
             return;

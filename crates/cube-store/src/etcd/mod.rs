@@ -22,6 +22,7 @@
 //! that lost its leadership has its writes refused ([`StoreError::Fenced`]).
 
 mod feed;
+mod leased;
 mod leader;
 mod members;
 mod writer;
@@ -42,6 +43,7 @@ use crate::revision::{ConditionalCommit, Expected, Listing};
 use crate::watch::{History, Watch};
 use crate::{Store, StoreError};
 
+pub use leased::{Lease, LeasedKey};
 pub use leader::Leadership;
 pub use writer::Fence;
 

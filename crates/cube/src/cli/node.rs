@@ -7,6 +7,7 @@ use anyhow::anyhow;
 use chrono::{DateTime, Utc};
 use clap::{Args, Subcommand};
 use cube_types::duration::parse_duration;
+use cube_types::shard::{ShardsView, format_shards};
 use cube_types::size::format_size;
 use cube_types::{Node, Stats};
 
@@ -98,6 +99,18 @@ enum NodeAction {
         name: String,
         #[command(flatten)]
         target: ClusterFlags,
+    },
+    /// Show the managers and the shards of the ring each holds (`GET /shards`): MANAGER (its
+    /// address), LEADER (the one that runs the cluster-wide work: nodes, tokens, projects),
+    /// SHARDS (those its virtual nodes hold now) and VIRTUAL NODES (each one's point on the
+    /// ring). A project's records are in shard hash(name) mod the ring's size. A manager on
+    /// its own store holds every shard.
+    #[command(after_help = "Examples:\n  \
+        cube node managers\n  \
+        cube node managers -o json | jq '.Managers[] | {Manager, Shards}'")]
+    Managers {
+        #[command(flatten)]
+        flags: ListFlags,
     },
 }
 
@@ -200,6 +213,7 @@ async fn node_action(action: NodeAction) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        NodeAction::Managers { flags } => managers(&flags).await,
         NodeAction::Rm { name, target } => {
             let manager = ManagerClient::connect_to(&target)?;
             manager
@@ -209,6 +223,72 @@ async fn node_action(action: NodeAction) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `cube node managers`.
+async fn managers(flags: &ListFlags) -> anyhow::Result<()> {
+    let manager = ManagerClient::connect_to(&flags.target)?;
+    let view: ShardsView = manager.get("/shards").await?;
+    // Managers sharing etcd say who leads; a manager alone has no /leader.
+    let leader = manager
+        .try_get::<serde_json::Value>("/leader")
+        .await
+        .ok()
+        .and_then(|leader| leader["Leader"].as_str().map(str::to_string));
+    match flags.format() {
+        ListFormat::Table | ListFormat::Wide => {
+            print_lines(&managers_table(&view, leader.as_deref()))
+        }
+        ListFormat::Json => print_json(&view)?,
+        ListFormat::Yaml => print_yaml(&view)?,
+        ListFormat::Name | ListFormat::Ids => print_lines(
+            &view
+                .managers
+                .iter()
+                .map(|m| m.manager.clone())
+                .collect::<Vec<_>>(),
+        ),
+    }
+    Ok(())
+}
+
+/// The ring's size, a line per manager, and the shards no one holds at this instant.
+fn managers_table(view: &ShardsView, leader: Option<&str>) -> Vec<String> {
+    let mut lines = vec![format!("Ring: {} shards", view.ring)];
+    let mut rows = vec![
+        ["MANAGER", "LEADER", "SHARDS", "VIRTUAL NODES"]
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>(),
+    ];
+    for manager in &view.managers {
+        let points: Vec<String> = manager
+            .virtual_nodes
+            .iter()
+            .map(|node| {
+                let number = node.id.rsplit('/').next().unwrap_or(&node.id);
+                format!("{number}: at {}, holds {}", node.position, format_shards(&node.shards))
+            })
+            .collect();
+        rows.push(vec![
+            manager.manager.clone(),
+            if leader == Some(manager.manager.as_str()) {
+                "yes".to_string()
+            } else {
+                "-".to_string()
+            },
+            format_shards(&manager.shards),
+            points.join("; "),
+        ]);
+    }
+    lines.extend(table(&rows));
+    if !view.unowned.is_empty() {
+        lines.push(format!(
+            "Held by no manager at this instant (moving to a new owner): {}",
+            format_shards(&view.unowned)
+        ));
+    }
+    lines
 }
 
 /// Follows a drain with blocking queries on `GET /nodes` until it is done, a line each time

@@ -1,0 +1,342 @@
+//! The shard ring of managers sharing one etcd cluster: each manager's virtual nodes hold
+//! points on the ring and the shards of their ranges (`cube_types::shard` says how points
+//! are chosen and what range each gives).
+//!
+//! In etcd, beside the tables, under the store's prefix:
+//! - `ring/size`: the ring's size, written once by the cluster's first manager
+//!   (`--shards`, 16 by default) and read by every later one;
+//! - `ring/points/NNNNN`: a virtual node's point (`{"Position","Manager","VirtualNode"}`),
+//!   under its manager's lease;
+//! - `ring/shards/NNNNN`: who holds shard N (`{"Manager","VirtualNode"}`), under the
+//!   holder's lease. Created only where absent and deleted only by its holder, so a shard is
+//!   held by one live virtual node at most; its `create_revision` is the holder's fence.
+//!
+//! Each manager runs one loop ([`hold_shards`]): read `ring/`, put a point for each of its
+//! virtual nodes that has none, give back (delete) the shards it holds that the points now
+//! give to another, take (create) the free ones they give to it, and wait on a watch of
+//! `ring/` for the next change. A manager joining puts points in the middle of others'
+//! ranges; those others see the points, give the shards back, and the joining one takes
+//! them. A manager that dies stops renewing its lease; within the TTL etcd deletes its
+//! points and shards, and the virtual nodes before its points take its ranges. A manager
+//! that stops revokes its lease: the others take its shards at once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use cube_store::{EtcdDb, Lease, LeasedKey, StoreError};
+use cube_types::shard::{DEFAULT_RING, MAX_RING, Point, ShardsView, format_shards, owner_of};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+const SIZE_KEY: &str = "ring/size";
+const RING_PREFIX: &str = "ring/";
+const POINTS: &str = "ring/points/";
+const SHARDS: &str = "ring/shards/";
+
+/// The value of `ring/shards/N`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Holder {
+    manager: String,
+    virtual_node: String,
+}
+
+/// The ring's size: the one stored, or `asked` (else 16) stored now by the cluster's first
+/// manager. A size asked for that differs from the stored one is an error: the ring cannot
+/// change under a cluster's records.
+pub async fn ring_size(db: &EtcdDb, asked: Option<u32>) -> anyhow::Result<u32> {
+    let wanted = asked.unwrap_or(DEFAULT_RING);
+    let stored = db
+        .get_or_create(SIZE_KEY, wanted.to_string().into_bytes())
+        .await
+        .context("reading the shard ring's size from etcd")?;
+    let stored: u32 = String::from_utf8_lossy(&stored)
+        .trim()
+        .parse()
+        .ok()
+        .filter(|size| (1..=MAX_RING).contains(size))
+        .with_context(|| {
+            format!(
+                "etcd's {SIZE_KEY} holds {:?}, not a ring size of 1 to {MAX_RING}",
+                String::from_utf8_lossy(&stored)
+            )
+        })?;
+    if let Some(asked) = asked {
+        anyhow::ensure!(
+            asked == stored,
+            "this cluster's shard ring has {stored} shards, set when its first manager \
+             started; --shards {asked} cannot change it (leave --shards out)"
+        );
+    }
+    Ok(stored)
+}
+
+/// What etcd says of the ring now.
+struct RingNow {
+    /// Every point, with the lease it is held under.
+    points: Vec<(Point, i64)>,
+    /// Each shard's holder, with its lease.
+    holders: BTreeMap<u32, (Holder, i64)>,
+    revision: i64,
+}
+
+fn numbered(key: &str, prefix: &str) -> Option<u32> {
+    key.strip_prefix(prefix)?.parse().ok()
+}
+
+fn read_ring(keys: Vec<LeasedKey>, revision: i64) -> RingNow {
+    let mut points = Vec::new();
+    let mut holders = BTreeMap::new();
+    for key in keys {
+        if numbered(&key.key, POINTS).is_some() {
+            if let Ok(point) = serde_json::from_slice::<Point>(&key.value) {
+                points.push((point, key.lease));
+            }
+        } else if let Some(shard) = numbered(&key.key, SHARDS)
+            && let Ok(holder) = serde_json::from_slice::<Holder>(&key.value)
+        {
+            holders.insert(shard, (holder, key.lease));
+        }
+    }
+    RingNow {
+        points,
+        holders,
+        revision,
+    }
+}
+
+/// `GET /shards` of managers on etcd.
+pub async fn view(db: &EtcdDb, ring: u32) -> Result<ShardsView, StoreError> {
+    let (keys, revision) = db.read_prefix(RING_PREFIX).await?;
+    let now = read_ring(keys, revision);
+    let points: Vec<Point> = now.points.into_iter().map(|(point, _)| point).collect();
+    let holders: Vec<Option<String>> = (0..ring)
+        .map(|shard| {
+            now.holders
+                .get(&shard)
+                .map(|(holder, _)| holder.virtual_node.clone())
+        })
+        .collect();
+    Ok(ShardsView::from_ring(ring, &points, &holders))
+}
+
+/// This manager's part in the ring.
+pub struct RingSettings {
+    /// Its address, as the others reach it.
+    pub manager: String,
+    /// 1 to 4.
+    pub virtual_nodes: u32,
+    /// The lease's TTL (`--leader-ttl`).
+    pub ttl: Duration,
+}
+
+/// Holds this manager's part of the ring until `shutdown`, joining again with a new lease
+/// whenever its lease is lost; at shutdown the lease is revoked, so the others take its
+/// shards at once.
+pub async fn hold_shards(
+    db: EtcdDb,
+    ring: u32,
+    settings: RingSettings,
+    shutdown: CancellationToken,
+) {
+    let mut pause = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let lease = match db.grant_lease(settings.ttl, "the shard ring's lease").await {
+            Ok(lease) => lease,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot join the shard ring; trying again");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    // A retry's backoff: etcd did not answer.
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(settings.ttl);
+                continue;
+            }
+        };
+        let mut member = Member {
+            db: &db,
+            ring,
+            settings: &settings,
+            lease: &lease,
+            taken_from: Vec::new(),
+            held: Vec::new(),
+        };
+        while !shutdown.is_cancelled() && !lease.is_lost() {
+            match member.look(&shutdown).await {
+                Ok(()) => pause = Duration::from_millis(100),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read or change the shard ring; trying again");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => {}
+                        _ = lease.lost() => {}
+                        // A retry's backoff: etcd did not answer.
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(settings.ttl);
+                }
+            }
+        }
+        if shutdown.is_cancelled() {
+            lease.revoke().await;
+            tracing::info!("left the shard ring: the other managers take its shards");
+            return;
+        }
+        tracing::warn!(
+            shards = %format_shards(&member.held),
+            "the shard ring's lease was lost, and with it every shard held: joining again"
+        );
+    }
+}
+
+/// One manager's virtual nodes on the ring, under one lease.
+struct Member<'a> {
+    db: &'a EtcdDb,
+    ring: u32,
+    settings: &'a RingSettings,
+    lease: &'a Lease,
+    /// The managers this one's points have taken ranges from, so that its next point
+    /// takes from another.
+    taken_from: Vec<String>,
+    /// The shards held after the last look, for the log of what changed.
+    held: Vec<u32>,
+}
+
+impl Member<'_> {
+    fn virtual_node(&self, n: u32) -> String {
+        format!("{}/{n}", self.settings.manager)
+    }
+
+    /// One look at the ring: a change made, or the wait for the next change done.
+    async fn look(&mut self, shutdown: &CancellationToken) -> Result<(), StoreError> {
+        let (keys, revision) = self.db.read_prefix(RING_PREFIX).await?;
+        let now = read_ring(keys, revision);
+        let lease = self.lease.id();
+        if self.place_points(&now).await? {
+            return Ok(());
+        }
+        let points: Vec<Point> = now.points.iter().map(|(point, _)| point.clone()).collect();
+        let mut changed = false;
+        let mut held = Vec::new();
+        for shard in 0..self.ring {
+            let wanted = owner_of(shard, &points)
+                .filter(|point| now.points.iter().any(|(p, l)| p == *point && *l == lease));
+            let key = format!("{SHARDS}{shard:05}");
+            match (now.holders.get(&shard), wanted) {
+                // Held here by the virtual node the points give it to.
+                (Some((holder, held_under)), Some(point))
+                    if *held_under == lease && holder.virtual_node == point.virtual_node =>
+                {
+                    held.push(shard);
+                }
+                // Held here, but the points give it to another (or to another of this
+                // manager's virtual nodes): give it back.
+                (Some((_, held_under)), _) if *held_under == lease => {
+                    changed |= self.db.delete_if_held(&key, lease).await?;
+                }
+                // Free, and the points give it here: take it.
+                (None, Some(point)) => {
+                    let holder = Holder {
+                        manager: self.settings.manager.clone(),
+                        virtual_node: point.virtual_node.clone(),
+                    };
+                    let value = serde_json::to_vec(&holder)
+                        .map_err(|err| StoreError::Etcd(err.to_string()))?;
+                    if self.db.create_if_absent(&key, value, lease).await?.is_some() {
+                        held.push(shard);
+                    }
+                    changed = true;
+                }
+                // Held by another (who gives it back once it sees the points), or not ours.
+                _ => {}
+            }
+        }
+        held.sort_unstable();
+        if held != self.held {
+            let taken: Vec<u32> = held
+                .iter()
+                .copied()
+                .filter(|s| !self.held.contains(s))
+                .collect();
+            let given: Vec<u32> = self
+                .held
+                .iter()
+                .copied()
+                .filter(|s| !held.contains(s))
+                .collect();
+            tracing::info!(
+                holding = %format_shards(&held),
+                taken = %format_shards(&taken),
+                given_back = %format_shards(&given),
+                "shards held by this manager"
+            );
+            self.held = held;
+        }
+        if changed {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = self.lease.lost() => {}
+            _ = self.db.wait_for_change(RING_PREFIX, now.revision, self.settings.ttl, shutdown) => {}
+        }
+        Ok(())
+    }
+
+    /// Puts a point for each virtual node of this manager that has none on the ring;
+    /// whether it wrote (then the ring is read again before anything else is decided).
+    async fn place_points(&mut self, now: &RingNow) -> Result<bool, StoreError> {
+        let lease = self.lease.id();
+        let mut points: Vec<Point> = now.points.iter().map(|(point, _)| point.clone()).collect();
+        let mut wrote = false;
+        for n in 1..=self.settings.virtual_nodes {
+            let id = self.virtual_node(n);
+            if now
+                .points
+                .iter()
+                .any(|(point, held_under)| point.virtual_node == id && *held_under == lease)
+            {
+                continue;
+            }
+            let Some((position, from)) = cube_types::shard::pick_point(
+                self.ring,
+                &points,
+                &self.settings.manager,
+                &self.taken_from,
+            ) else {
+                // The ring is divided as far as it goes: this virtual node waits for a
+                // manager to leave.
+                continue;
+            };
+            let point = Point {
+                position,
+                manager: self.settings.manager.clone(),
+                virtual_node: id,
+            };
+            let value =
+                serde_json::to_vec(&point).map_err(|err| StoreError::Etcd(err.to_string()))?;
+            wrote = true;
+            let key = format!("{POINTS}{position:05}");
+            if self
+                .db
+                .create_if_absent(&key, value, lease)
+                .await?
+                .is_none()
+            {
+                // Another manager took that point meanwhile: read the ring again.
+                return Ok(true);
+            }
+            tracing::info!(
+                virtual_node = %point.virtual_node,
+                position,
+                from = from.as_deref().unwrap_or("nobody"),
+                "a virtual node joined the shard ring"
+            );
+            if let Some(from) = from {
+                self.taken_from.push(from);
+            }
+            points.push(point);
+        }
+        Ok(wrote)
+    }
+}
