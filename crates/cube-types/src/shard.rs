@@ -83,7 +83,8 @@ pub fn owner_of(shard: u32, points: &[Point]) -> Option<&Point> {
 /// take over, and the manager that range is taken from. Ranges of other managers come before
 /// the manager's own, those of managers it has not yet taken from (`taken_from`) before the
 /// rest, then the longest, then the lowest position. `None` when every range is a single
-/// shard (the ring is as divided as it can be). The first point of an empty ring is 0.
+/// shard (the ring is as divided as it can be). The first point of an empty ring is 0; a
+/// range of the manager's own is taken from no one (`None`).
 pub fn pick_point(
     ring: u32,
     points: &[Point],
@@ -111,7 +112,7 @@ pub fn pick_point(
         .map(|(point, length)| {
             (
                 (point.position + length / 2) % ring,
-                Some(point.manager.clone()),
+                (point.manager != manager).then(|| point.manager.clone()),
             )
         })
 }

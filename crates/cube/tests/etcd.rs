@@ -80,39 +80,87 @@ fn a_manager_on_an_etcd_nobody_answers_at_says_so_and_exits() {
 struct Managers {
     managers: Vec<Option<ManagerProcess>>,
     _dirs: Vec<tempfile::TempDir>,
+    endpoints: String,
+    prefix: String,
 }
 
 const LEADER_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Managers {
     fn start(cluster: &EtcdCluster, count: usize, extra: &[&str]) -> Managers {
-        let endpoints = cluster.endpoints_flag();
-        let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
-        let mut managers = Vec::new();
-        let mut dirs = Vec::new();
+        let mut managers = Managers {
+            managers: Vec::new(),
+            _dirs: Vec::new(),
+            endpoints: cluster.endpoints_flag(),
+            prefix: format!("/cube-test-{}", uuid::Uuid::new_v4().simple()),
+        };
         for _ in 0..count {
-            let dir = tempfile::tempdir().unwrap();
-            let mut flags = vec![
-                "--etcd-endpoints",
-                &endpoints,
-                "--etcd-prefix",
-                &prefix,
-                "--leader-ttl",
-                "2s",
-            ];
-            flags.extend_from_slice(extra);
-            managers.push(Some(ManagerProcess::start_with(
-                "epvm",
-                "etcd",
-                dir.path(),
-                0,
-                &flags,
-            )));
-            dirs.push(dir);
+            managers.add(extra);
         }
-        Managers {
-            managers,
-            _dirs: dirs,
+        managers
+    }
+
+    /// Starts one more manager on the same etcd and prefix; its index.
+    fn add(&mut self, extra: &[&str]) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let mut flags = vec![
+            "--etcd-endpoints",
+            &self.endpoints,
+            "--etcd-prefix",
+            &self.prefix,
+            "--leader-ttl",
+            "2s",
+        ];
+        flags.extend_from_slice(extra);
+        self.managers.push(Some(ManagerProcess::start_with(
+            "epvm",
+            "etcd",
+            dir.path(),
+            0,
+            &flags,
+        )));
+        self._dirs.push(dir);
+        self.managers.len() - 1
+    }
+
+    /// Waits until `GET /shards` on every running manager shows each of them, and only
+    /// them, on the ring, every shard held and every virtual node holding just its range.
+    async fn await_settled_ring(&self) -> cube_types::shard::ShardsView {
+        let deadline = std::time::Instant::now() + STATE_BOUND;
+        let mut expected: Vec<String> = self
+            .running()
+            .into_iter()
+            .map(|index| self.get(index).address())
+            .collect();
+        expected.sort();
+        loop {
+            let mut views = Vec::new();
+            for index in self.running() {
+                let answer = self.get(index).client().get("/shards").await;
+                assert_eq!(answer.status, 200, "{}", answer.body);
+                views.push(
+                    serde_json::from_value::<cube_types::shard::ShardsView>(answer.body).unwrap(),
+                );
+            }
+            let settled = views.iter().all(|view| {
+                let named: Vec<String> = view.managers.iter().map(|m| m.manager.clone()).collect();
+                named == expected
+                    && view.unowned.is_empty()
+                    && view.managers.iter().all(|manager| {
+                        manager
+                            .virtual_nodes
+                            .iter()
+                            .all(|node| !node.shards.is_empty() && node.shards == node.range)
+                    })
+            });
+            if settled && views.windows(2).all(|pair| pair[0] == pair[1]) {
+                return views.remove(0);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the ring did not settle on {expected:?}: {views:#?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
 
@@ -489,6 +537,8 @@ async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import()
     let leader = Managers {
         managers: vec![Some(on_etcd)],
         _dirs: Vec::new(),
+        endpoints: endpoints.clone(),
+        prefix: prefix.clone(),
     };
     leader.await_leader(None).await;
     for id in [&first, &second] {
@@ -647,4 +697,113 @@ async fn a_new_leader_reads_a_projects_quota_usage_from_its_tasks() {
 
     assert_eq!(client.delete(&format!("/tasks/{first}")).await.status, 204);
     client.await_state(&second, "Running").await;
+}
+
+#[tokio::test]
+async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_ones_move() {
+    let cluster = EtcdCluster::start(3);
+    let mut managers = Managers::start(&cluster, 3, &[]);
+    let three = managers.await_settled_ring().await;
+    assert_eq!(three.ring, 16);
+    // Every shard is held by exactly one manager (the view lists each once), every manager
+    // holds some.
+    let mut counted = [0; 16];
+    for manager in &three.managers {
+        assert!(!manager.shards.is_empty(), "{three:#?}");
+        assert_eq!(manager.virtual_nodes.len(), 2, "{three:#?}");
+        for shard in &manager.shards {
+            counted[*shard as usize] += 1;
+        }
+    }
+    assert_eq!(counted, [1; 16], "{three:#?}");
+    // 20 projects fall on shards held by all three managers.
+    let holders: std::collections::BTreeSet<&str> = (0..20)
+        .map(|n| cube_types::shard::shard_of(&format!("team-{n}"), 16))
+        .map(|shard| three.holder(shard).unwrap())
+        .collect();
+    assert_eq!(holders.len(), 3, "{three:#?}");
+
+    // A fourth manager takes ranges from at least two of the others.
+    let fourth = managers.add(&[]);
+    let four = managers.await_settled_ring().await;
+    let address = managers.get(fourth).address();
+    let taken = &four
+        .managers
+        .iter()
+        .find(|manager| manager.manager == address)
+        .unwrap()
+        .shards;
+    let given_by: std::collections::BTreeSet<&str> = taken
+        .iter()
+        .map(|shard| three.holder(*shard).unwrap())
+        .collect();
+    assert!(given_by.len() >= 2, "{taken:?} came from {given_by:?}");
+
+    // The command line shows each manager's shards and who leads.
+    let (ok, stdout, stderr) = cube_cli_env(
+        &[("CUBE_MANAGER", &managers.addresses())],
+        &["node", "managers"],
+    );
+    assert!(ok, "{stderr}");
+    assert!(stdout.starts_with("Ring: 16 shards"), "{stdout}");
+    assert!(stdout.contains(&address), "{stdout}");
+    assert_eq!(stdout.matches(" yes ").count(), 1, "one leader: {stdout}");
+
+    // A manager killed with -9: its shards are held by the others within the lease's TTL
+    // (and the time the others take to see it go).
+    let killed = managers.get(1).address();
+    let before = std::time::Instant::now();
+    managers.managers[1].take().unwrap().kill_9();
+    let three_again = managers.await_settled_ring().await;
+    let moved = before.elapsed();
+    eprintln!("the killed manager's shards were held by the others after {moved:?}");
+    assert!(three_again.managers.iter().all(|m| m.manager != killed));
+    assert!(
+        moved <= LEADER_TTL + std::time::Duration::from_secs(3),
+        "{moved:?}"
+    );
+
+    // The ring's size is the cluster's: a manager asked for another refuses to start.
+    let dir = tempfile::tempdir().unwrap();
+    let (status, _, stderr) = cube_command(&[
+        "manager",
+        "-p",
+        "0",
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &managers.endpoints,
+        "--etcd-prefix",
+        &managers.prefix,
+        "--shards",
+        "32",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("has 16 shards"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_manager_on_its_own_store_holds_every_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), 0);
+    let view: cube_types::shard::ShardsView =
+        serde_json::from_value(manager.client().get("/shards").await.body).unwrap();
+    assert_eq!(view.managers.len(), 1);
+    assert_eq!(view.managers[0].shards, (0..16).collect::<Vec<u32>>());
+    let (ok, stdout, stderr) = cube_cli(&manager.address(), &["node", "managers"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("0-15"), "{stdout}");
+    let (status, _, stderr) = cube_command(&[
+        "manager",
+        "-p",
+        "0",
+        "--shards",
+        "8",
+        "--data-dir",
+        dir.path().join("other").to_str().unwrap(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("--shards is for managers sharing etcd"), "{stderr}");
 }

@@ -321,3 +321,62 @@ fn one_campaign_leads_another_takes_over_when_the_lease_ends_and_the_first_is_fe
             .unwrap();
     });
 }
+
+#[tokio::test]
+async fn leased_keys_are_created_once_deleted_only_by_their_holder_and_go_with_the_lease() {
+    let cluster = EtcdCluster::start(1);
+    let db = connect(&cluster, "/leased");
+    let mine = db.grant_lease(LONG_TTL, "a test lease").await.unwrap();
+    let theirs = db
+        .grant_lease(Duration::from_secs(1), "a test lease")
+        .await
+        .unwrap();
+    let created = db
+        .create_if_absent("ring/shards/00001", b"mine".to_vec(), mine.id())
+        .await
+        .unwrap();
+    assert!(created.is_some());
+    assert_eq!(
+        db.create_if_absent("ring/shards/00001", b"theirs".to_vec(), theirs.id())
+            .await
+            .unwrap(),
+        None,
+        "a key is created once"
+    );
+    db.create_if_absent("ring/shards/00002", b"theirs".to_vec(), theirs.id())
+        .await
+        .unwrap()
+        .unwrap();
+    // Only its holder deletes a key.
+    assert!(!db.delete_if_held("ring/shards/00002", mine.id()).await.unwrap());
+    let (keys, revision) = db.read_prefix("ring/").await.unwrap();
+    assert_eq!(
+        keys.iter()
+            .map(|key| (key.key.as_str(), key.lease))
+            .collect::<Vec<_>>(),
+        vec![
+            ("ring/shards/00001", mine.id()),
+            ("ring/shards/00002", theirs.id())
+        ]
+    );
+    assert_eq!(keys[0].create_revision, created.unwrap());
+    // A lease revoked takes its keys, and a waiter on the prefix wakes.
+    let waiting = {
+        let db = db.clone();
+        tokio::spawn(async move {
+            db.wait_for_change("ring/", revision, LONG_TTL, &CancellationToken::new())
+                .await
+        })
+    };
+    theirs.revoke().await;
+    tokio::time::timeout(STATE_BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let (keys, _) = db.read_prefix("ring/").await.unwrap();
+    assert_eq!(keys.len(), 1);
+    assert!(db.delete_if_held("ring/shards/00001", mine.id()).await.unwrap());
+    // The first to ask sets a value; later ones read it.
+    assert_eq!(db.get_or_create("ring/size", b"16".to_vec()).await.unwrap(), b"16");
+    assert_eq!(db.get_or_create("ring/size", b"32".to_vec()).await.unwrap(), b"16");
+}
