@@ -19,7 +19,8 @@
 //! killed manager is started again before the next kill. At the end every acknowledged
 //! submission is looked for; the table says how many were acknowledged, how many of them
 //! needed another attempt (their first failed: they were in flight at a kill, or sent while
-//! no manager led), and how many of the acknowledged are missing.
+//! no manager led), and how many of the acknowledged are missing. Timed from the same kill:
+//! until a survivor's `GET /shards` shows the killed manager's shards held by the others.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -338,6 +339,8 @@ async fn failover(
     let mut times_ms = Vec::new();
     // From the kill to a survivor saying it leads and serving.
     let mut leader_ms = Vec::new();
+    // From the kill to every shard of the killed manager held by a survivor.
+    let mut shards_ms = Vec::new();
     for kill in 1..=kills {
         let leader = await_leader(&http, &bases, None).await?;
         tokio::time::sleep(BEFORE_KILL).await;
@@ -348,15 +351,27 @@ async fn failover(
             manager.kill().await?;
         }
         let survivors: Vec<String> = bases.iter().filter(|b| **b != dead).cloned().collect();
-        await_leader(&http, &bases, Some(&dead)).await?;
-        let led = killed.elapsed();
+        let (led, moved) = tokio::join!(
+            async {
+                await_leader(&http, &bases, Some(&dead)).await?;
+                anyhow::Ok(killed.elapsed())
+            },
+            async {
+                await_shards_moved(&http, &survivors, &dead).await?;
+                anyhow::Ok(killed.elapsed())
+            }
+        );
+        let (led, moved) = (led?, moved?);
+        shards_ms.push(moved.as_secs_f64() * 1000.0);
         let placed = await_placement(&http, &survivors, kill).await?;
         let took = killed.elapsed();
         times_ms.push(took.as_secs_f64() * 1000.0);
         leader_ms.push(led.as_secs_f64() * 1000.0);
         eprintln!(
-            "kill {kill}/{kills}: a new leader after {:.0} ms; it placed {placed} after {:.0} ms",
+            "kill {kill}/{kills}: a new leader after {:.0} ms, the dead one's shards held by \
+             the others after {:.0} ms; it placed {placed} after {:.0} ms",
             led.as_secs_f64() * 1000.0,
+            moved.as_secs_f64() * 1000.0,
             took.as_secs_f64() * 1000.0
         );
         // The killed manager comes back, on its port, before the next kill.
@@ -387,6 +402,7 @@ async fn failover(
     sim.stop().await?;
     let summary = Summary::of(&mut times_ms);
     let leading = Summary::of(&mut leader_ms);
+    let moving = Summary::of(&mut shards_ms);
     println!(
         "failover: 3 managers on a 3-member loopback etcd, --leader-ttl {ttl}, 10 sim-workers, \
          {FAILOVER_CLIENTS} clients submitting all along ({FAILOVER_PAUSE:?} between two \
@@ -396,14 +412,18 @@ async fn failover(
     );
     println!();
     println!(
-        "| kills | new leader: median ms | max ms | new task placed: median ms | min ms | max ms \
+        "| kills | new leader: median ms | max ms | its shards held by the others: median ms \
+         | max ms | shards / leader (medians) | new task placed: median ms | min ms | max ms \
          | acknowledged meanwhile | of them retried on another manager | unacknowledged at the end | lost |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| {kills} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {lost} |",
+        "| {kills} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {lost} |",
         leading.median,
         leading.max,
+        moving.median,
+        moving.max,
+        moving.median / leading.median.max(1.0),
         summary.median,
         summary.min,
         summary.max,
@@ -444,6 +464,38 @@ async fn await_leader(
         }
         if started.elapsed() > Duration::from_secs(60) {
             bail!("no manager led within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until a survivor's `GET /shards` shows no virtual node of `dead` and every shard
+/// held, each virtual node holding its whole range (the ring settled without it).
+async fn await_shards_moved(
+    http: &reqwest::Client,
+    survivors: &[String],
+    dead: &str,
+) -> anyhow::Result<()> {
+    let dead = dead.trim_start_matches("http://");
+    let started = Instant::now();
+    loop {
+        for base in survivors {
+            if let Ok(answer) = http.get(format!("{base}/shards")).send().await
+                && let Ok(view) = answer.json::<cube_types::shard::ShardsView>().await
+                && view.unowned.is_empty()
+                && view.managers.iter().all(|manager| {
+                    manager.manager != dead
+                        && manager
+                            .virtual_nodes
+                            .iter()
+                            .all(|node| node.shards == node.range)
+                })
+            {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            bail!("the shards of {dead} were not held by the others within 60 s");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

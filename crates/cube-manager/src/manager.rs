@@ -34,6 +34,8 @@ use crate::nodes::{NodeSource, node_status_event};
 /// Settings that do not change while the manager runs.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
+    /// The shard ring's size: a project's shard is `shard_of(name, ring)` (`cube_types::shard`).
+    pub ring: u32,
     /// A node that has not reported for this long is `Down`: nothing new is placed on it.
     pub heartbeat_grace: Duration,
     /// How often the manager asks a static (`-w`) worker for its report.
@@ -867,6 +869,7 @@ pub(crate) async fn placed_test_task(manager: &Arc<Manager>) -> uuid::Uuid {
 #[cfg(test)]
 pub(crate) fn test_config() -> ManagerConfig {
     ManagerConfig {
+        ring: cube_types::shard::DEFAULT_RING,
         heartbeat_grace: Duration::from_secs(60),
         poll_interval: Duration::from_secs(60),
         resync_interval: Duration::from_secs(60),

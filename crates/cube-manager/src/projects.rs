@@ -343,7 +343,7 @@ impl Manager {
         names
             .into_iter()
             .filter(|name| scope.reaches(name))
-            .map(|name| view_of(&state, &name))
+            .map(|name| view_of(&state, &name, self.config.ring))
             .collect()
     }
 
@@ -353,7 +353,7 @@ impl Manager {
         if name != DEFAULT_PROJECT && !state.projects.contains_key(name) {
             return Err(ManagerError::ProjectNotFound(name.to_string()));
         }
-        Ok(view_of(&state, name))
+        Ok(view_of(&state, name, self.config.ring))
     }
 
     /// `POST /projects`: a new project (409 if it exists).
@@ -415,7 +415,7 @@ impl Manager {
             if !state.projects.contains_key(name) {
                 return Err(ManagerError::ProjectNotFound(name.to_string()));
             }
-            let view = view_of(&state, name);
+            let view = view_of(&state, name, self.config.ring);
             if view.tasks > 0 || view.jobs > 0 {
                 return Err(ManagerError::Conflict(format!(
                     "project {name} still has {} task{} not ended and {} job{} not stopped; \
@@ -480,7 +480,7 @@ fn check_quota_values(quota: &Quota) -> Result<(), ManagerError> {
 
 /// A project as `GET /projects` shows it; its counts read every task (a status, not a hot
 /// path).
-fn view_of(state: &crate::cluster::Shared, name: &str) -> ProjectView {
+fn view_of(state: &crate::cluster::Shared, name: &str, ring: u32) -> ProjectView {
     let record = state.projects.get(name);
     // One pass over the tasks: those not ended, and of those the ones waiting for room.
     let (mut tasks, mut waiting) = (0u64, 0u64);
@@ -507,6 +507,7 @@ fn view_of(state: &crate::cluster::Shared, name: &str) -> ProjectView {
         jobs,
         waiting,
         create_time: record.and_then(|record| record.create_time),
+        shard: cube_types::shard::shard_of(name, ring),
     }
 }
 

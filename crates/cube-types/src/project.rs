@@ -326,6 +326,10 @@ pub struct ProjectView {
     pub waiting: u64,
     #[serde(rename = "CreateTime", default, with = "crate::time::optional")]
     pub create_time: Option<DateTime<Utc>>,
+    /// The shard its records are in: a hash of its name modulo the ring
+    /// (`crate::shard::shard_of`).
+    #[serde(rename = "Shard", default)]
+    pub shard: u32,
 }
 
 #[cfg(test)]

@@ -170,8 +170,9 @@ pub struct ManagerShards {
     pub virtual_nodes: Vec<VirtualNodeShards>,
 }
 
-/// One virtual node: its point, the range the points give it, and what it holds now (the
-/// same, once a change of owners has settled).
+/// One virtual node: its point, the range the points give it (in shard order, a range that
+/// wraps past the ring's end included), and what it holds now (the same, once a change of
+/// owners has settled).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct VirtualNodeShards {
@@ -215,10 +216,12 @@ impl ShardsView {
                         == Some(point.virtual_node.as_str())
                 })
                 .collect();
+            let mut range = range_at(ring, points, point.position);
+            range.sort_unstable();
             let node = VirtualNodeShards {
                 id: point.virtual_node.clone(),
                 position: point.position,
-                range: range_at(ring, points, point.position),
+                range,
                 shards,
             };
             match managers.last_mut() {
@@ -371,6 +374,9 @@ mod tests {
 
     #[test]
     fn the_view_groups_virtual_nodes_by_manager_and_names_unowned_shards() {
+        let wrapping = vec![point(2, "a", 1), point(12, "b", 1)];
+        let view = ShardsView::from_ring(16, &wrapping, &[]);
+        assert_eq!(view.managers[1].virtual_nodes[0].range, vec![0, 1, 12, 13, 14, 15]);
         let points = vec![point(0, "a", 1), point(8, "b", 1)];
         let mut holders: Vec<Option<String>> = (0..16)
             .map(|shard| Some(if shard < 8 { "a/1" } else { "b/1" }.to_string()))

@@ -366,7 +366,18 @@ pub async fn prepare(
     } else {
         None
     };
+    // The shard ring's size: the cluster's, on etcd; a manager alone holds a ring of 16.
+    let ring = match stores.etcd() {
+        Some(db) => crate::ring::ring_size(db, args.shards).await?,
+        None if args.shards.is_some() => anyhow::bail!(
+            "--shards is for managers sharing etcd (--store etcd): a manager on its own store \
+             holds every shard of a ring of {}",
+            cube_types::shard::DEFAULT_RING
+        ),
+        None => cube_types::shard::DEFAULT_RING,
+    };
     let config = ManagerConfig {
+        ring,
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
         resync_interval: Duration::from_secs(30),
@@ -390,11 +401,6 @@ pub async fn prepare(
         );
     }
     let mode = match stores.etcd() {
-        None if args.shards.is_some() => anyhow::bail!(
-            "--shards is for managers sharing etcd (--store etcd): a manager on its own store \
-             holds every shard of a ring of {}",
-            cube_types::shard::DEFAULT_RING
-        ),
         None => Mode::Alone(
             Manager::open(config, manager_stores, scheduler, shutdown)
                 .context("loading the manager's state")?,
@@ -405,7 +411,6 @@ pub async fn prepare(
                 "--leader-ttl must be at least 1s (etcd counts leases in seconds)"
             );
             let me = args.advertise.unwrap_or_else(|| address.to_string());
-            let ring = crate::ring::ring_size(db, args.shards).await?;
             let scheduler_name = args.scheduler.clone();
             let build: crate::leading::Build = std::sync::Arc::new(move |term| {
                 let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)

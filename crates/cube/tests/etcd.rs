@@ -722,6 +722,19 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
         .map(|shard| three.holder(shard).unwrap())
         .collect();
     assert_eq!(holders.len(), 3, "{three:#?}");
+    // A project says its shard.
+    let client = managers.get(2).client();
+    let created = client
+        .post_raw("/projects", r#"{"Name": "team-3"}"#)
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let project = client.get("/projects/team-3").await;
+    assert_eq!(
+        project.body["Shard"],
+        cube_types::shard::shard_of("team-3", 16),
+        "{}",
+        project.body
+    );
 
     // A fourth manager takes ranges from at least two of the others.
     let fourth = managers.add(&[]);

@@ -189,6 +189,10 @@ fn status_lines(view: &ProjectView) -> Vec<String> {
             "Tasks:    {} not ended, {} waiting; jobs: {}",
             view.tasks, view.waiting, view.jobs
         ),
+        format!(
+            "Shard:    {} (its manager: cube node managers)",
+            view.shard
+        ),
         String::new(),
     ];
     let mut rows = vec![vec![
@@ -214,6 +218,7 @@ fn project_table(views: &[ProjectView]) -> Vec<String> {
         "MEMORY".to_string(),
         "DISK".to_string(),
         "PLACED".to_string(),
+        "SHARD".to_string(),
     ]];
     for view in views {
         let mut row = vec![
@@ -225,6 +230,7 @@ fn project_table(views: &[ProjectView]) -> Vec<String> {
         for (_, used, limit) in view.quota.rows(&view.usage) {
             row.push(format!("{used}/{limit}"));
         }
+        row.push(view.shard.to_string());
         rows.push(row);
     }
     table(&rows)
@@ -248,10 +254,12 @@ mod tests {
             jobs: 0,
             waiting: 1,
             create_time: None,
+            shard: 7,
         };
         let lines = status_lines(&view).join("\n");
         assert!(lines.contains("Project:  team-a"), "{lines}");
         assert!(lines.contains("2 not ended, 1 waiting"), "{lines}");
+        assert!(lines.contains("Shard:    7"), "{lines}");
         let cpu = lines.lines().find(|line| line.starts_with("cpu")).unwrap();
         assert_eq!(
             cpu.split_whitespace().collect::<Vec<_>>(),
