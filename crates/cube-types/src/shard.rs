@@ -310,7 +310,10 @@ mod tests {
     fn a_range_runs_to_the_next_point_and_wraps() {
         let points = vec![point(2, "a", 1), point(10, "b", 1)];
         assert_eq!(range_at(16, &points, 2), (2..10).collect::<Vec<_>>());
-        assert_eq!(range_at(16, &points, 10), vec![10, 11, 12, 13, 14, 15, 0, 1]);
+        assert_eq!(
+            range_at(16, &points, 10),
+            vec![10, 11, 12, 13, 14, 15, 0, 1]
+        );
         assert_eq!(range_at(16, &points, 3), Vec::<u32>::new());
         assert_eq!(owner_of(0, &points).unwrap().manager, "b");
         assert_eq!(owner_of(9, &points).unwrap().manager, "a");
@@ -376,7 +379,10 @@ mod tests {
     fn the_view_groups_virtual_nodes_by_manager_and_names_unowned_shards() {
         let wrapping = vec![point(2, "a", 1), point(12, "b", 1)];
         let view = ShardsView::from_ring(16, &wrapping, &[]);
-        assert_eq!(view.managers[1].virtual_nodes[0].range, vec![0, 1, 12, 13, 14, 15]);
+        assert_eq!(
+            view.managers[1].virtual_nodes[0].range,
+            vec![0, 1, 12, 13, 14, 15]
+        );
         let points = vec![point(0, "a", 1), point(8, "b", 1)];
         let mut holders: Vec<Option<String>> = (0..16)
             .map(|shard| Some(if shard < 8 { "a/1" } else { "b/1" }.to_string()))

@@ -123,20 +123,18 @@ fn unavailable(message: String) -> Response {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
 }
 
-/// Answered by every manager itself, with a `read` token when ACL is on.
-fn may_read(front: &Front, headers: &axum::http::HeaderMap, route: &str) -> Result<(), Response> {
-    match &front.acl {
-        Some(acl) => acl
-            .check(headers, cube_types::token::Role::Read, route)
-            .map(|_| ())
-            .map_err(|(_, error)| error.into_response()),
-        None => Ok(()),
-    }
+/// Answered by every manager itself, with a `read` token when ACL is on: the refusal, if
+/// the request is refused.
+fn refused_read(front: &Front, headers: &axum::http::HeaderMap, route: &str) -> Option<Response> {
+    let acl = front.acl.as_ref()?;
+    acl.check(headers, cube_types::token::Role::Read, route)
+        .err()
+        .map(|(_, error)| error.into_response())
 }
 
 /// `{"Leader": "HOST:PORT" or null, "Self": "HOST:PORT", "IsLeader": bool}`.
 async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap) -> Response {
-    if let Err(refused) = may_read(&front, &headers, "GET /leader") {
+    if let Some(refused) = refused_read(&front, &headers, "GET /leader") {
         return refused;
     }
     let leading = front.leading_router().is_some();
@@ -159,7 +157,7 @@ async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap)
 /// The shard ring as etcd holds it now: every manager's virtual nodes, their ranges and
 /// the shards they hold (`cube_types::shard::ShardsView`).
 async fn shards(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap) -> Response {
-    if let Err(refused) = may_read(&front, &headers, "GET /shards") {
+    if let Some(refused) = refused_read(&front, &headers, "GET /shards") {
         return refused;
     }
     match crate::ring::view(&front.db, front.ring).await {

@@ -243,7 +243,12 @@ impl Member<'_> {
                     };
                     let value = serde_json::to_vec(&holder)
                         .map_err(|err| StoreError::Etcd(err.to_string()))?;
-                    if self.db.create_if_absent(&key, value, lease).await?.is_some() {
+                    if self
+                        .db
+                        .create_if_absent(&key, value, lease)
+                        .await?
+                        .is_some()
+                    {
                         held.push(shard);
                     }
                     changed = true;

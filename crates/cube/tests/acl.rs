@@ -627,11 +627,13 @@ async fn on_etcd_a_token_made_on_one_manager_works_on_the_other_and_a_revoke_hol
     let on_b = Client::with_token(&b.url, &secret(&made));
     assert_eq!(on_b.request("GET", "/nodes", None).await, 200);
     assert_eq!(b.client().request("GET", "/nodes", None).await, 401);
-    // The front of each manager (`GET /leader`) needs a token too.
+    // The front of each manager (`GET /leader`, `GET /shards`) needs a token too.
     for manager in [&a, &b] {
-        assert_eq!(manager.client().request("GET", "/leader", None).await, 401);
         let with_token = Client::with_token(&manager.url, &secret(&made));
-        assert_eq!(with_token.request("GET", "/leader", None).await, 200);
+        for path in ["/leader", "/shards"] {
+            assert_eq!(manager.client().request("GET", path, None).await, 401);
+            assert_eq!(with_token.request("GET", path, None).await, 200);
+        }
     }
     let id = made["Token"]["ID"].as_str().unwrap();
     let revoked = Client::with_token(&b.url, &management)

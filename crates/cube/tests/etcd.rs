@@ -724,9 +724,7 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
     assert_eq!(holders.len(), 3, "{three:#?}");
     // A project says its shard.
     let client = managers.get(2).client();
-    let created = client
-        .post_raw("/projects", r#"{"Name": "team-3"}"#)
-        .await;
+    let created = client.post_raw("/projects", r#"{"Name": "team-3"}"#).await;
     assert_eq!(created.status, 201, "{}", created.body);
     let project = client.get("/projects/team-3").await;
     assert_eq!(
@@ -818,5 +816,8 @@ async fn a_manager_on_its_own_store_holds_every_shard() {
         dir.path().join("other").to_str().unwrap(),
     ]);
     assert!(!status.success());
-    assert!(stderr.contains("--shards is for managers sharing etcd"), "{stderr}");
+    assert!(
+        stderr.contains("--shards is for managers sharing etcd"),
+        "{stderr}"
+    );
 }

@@ -94,7 +94,9 @@ impl EtcdDb {
             .on_runtime(async move {
                 let id = members
                     .call(|mut client| async move {
-                        client.lease_grant(super::leader::ttl_seconds(ttl), None).await
+                        client
+                            .lease_grant(super::leader::ttl_seconds(ttl), None)
+                            .await
                     })
                     .await?
                     .id();
@@ -193,9 +195,9 @@ impl EtcdDb {
                 TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
                 _ => None,
             });
-            existing.map(|kv| kv.value().to_vec()).ok_or_else(|| {
-                StoreError::Etcd(format!("{key} was neither absent nor readable"))
-            })
+            existing
+                .map(|kv| kv.value().to_vec())
+                .ok_or_else(|| StoreError::Etcd(format!("{key} was neither absent nor readable")))
         })
         .await
     }

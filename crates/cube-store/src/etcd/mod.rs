@@ -22,8 +22,8 @@
 //! that lost its leadership has its writes refused ([`StoreError::Fenced`]).
 
 mod feed;
-mod leased;
 mod leader;
+mod leased;
 mod members;
 mod writer;
 
@@ -43,8 +43,8 @@ use crate::revision::{ConditionalCommit, Expected, Listing};
 use crate::watch::{History, Watch};
 use crate::{Store, StoreError};
 
-pub use leased::{Lease, LeasedKey};
 pub use leader::Leadership;
+pub use leased::{Lease, LeasedKey};
 pub use writer::Fence;
 
 use feed::Hubs;

@@ -348,7 +348,11 @@ async fn leased_keys_are_created_once_deleted_only_by_their_holder_and_go_with_t
         .unwrap()
         .unwrap();
     // Only its holder deletes a key.
-    assert!(!db.delete_if_held("ring/shards/00002", mine.id()).await.unwrap());
+    assert!(
+        !db.delete_if_held("ring/shards/00002", mine.id())
+            .await
+            .unwrap()
+    );
     let (keys, revision) = db.read_prefix("ring/").await.unwrap();
     assert_eq!(
         keys.iter()
@@ -375,8 +379,18 @@ async fn leased_keys_are_created_once_deleted_only_by_their_holder_and_go_with_t
         .unwrap();
     let (keys, _) = db.read_prefix("ring/").await.unwrap();
     assert_eq!(keys.len(), 1);
-    assert!(db.delete_if_held("ring/shards/00001", mine.id()).await.unwrap());
+    assert!(
+        db.delete_if_held("ring/shards/00001", mine.id())
+            .await
+            .unwrap()
+    );
     // The first to ask sets a value; later ones read it.
-    assert_eq!(db.get_or_create("ring/size", b"16".to_vec()).await.unwrap(), b"16");
-    assert_eq!(db.get_or_create("ring/size", b"32".to_vec()).await.unwrap(), b"16");
+    assert_eq!(
+        db.get_or_create("ring/size", b"16".to_vec()).await.unwrap(),
+        b"16"
+    );
+    assert_eq!(
+        db.get_or_create("ring/size", b"32".to_vec()).await.unwrap(),
+        b"16"
+    );
 }

@@ -267,7 +267,11 @@ fn managers_table(view: &ShardsView, leader: Option<&str>) -> Vec<String> {
             .iter()
             .map(|node| {
                 let number = node.id.rsplit('/').next().unwrap_or(&node.id);
-                format!("{number}: at {}, holds {}", node.position, format_shards(&node.shards))
+                format!(
+                    "{number}: at {}, holds {}",
+                    node.position,
+                    format_shards(&node.shards)
+                )
             })
             .collect();
         rows.push(vec![

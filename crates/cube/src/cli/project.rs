@@ -189,10 +189,7 @@ fn status_lines(view: &ProjectView) -> Vec<String> {
             "Tasks:    {} not ended, {} waiting; jobs: {}",
             view.tasks, view.waiting, view.jobs
         ),
-        format!(
-            "Shard:    {} (its manager: cube node managers)",
-            view.shard
-        ),
+        format!("Shard:    {} (its manager: cube node managers)", view.shard),
         String::new(),
     ];
     let mut rows = vec![vec![
