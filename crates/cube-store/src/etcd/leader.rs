@@ -20,18 +20,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::EtcdDb;
+use super::leased::Lease;
 use super::members::Members;
 use super::writer::Fence;
 use crate::StoreError;
 
-/// This process leads: the fence of its writes, and a token cancelled once it no longer
-/// does. Dropping it ends the lease's renewal; [`Leadership::resign`] also gives the key
+/// This process leads: the fence of its writes, and the lease the leader key is held
+/// under. Dropping it ends the lease's renewal; [`Leadership::resign`] also gives the key
 /// up at once.
 pub struct Leadership {
     fence: Fence,
-    lease: i64,
-    lost: CancellationToken,
-    db: EtcdDb,
+    lease: Lease,
 }
 
 impl Leadership {
@@ -42,29 +41,13 @@ impl Leadership {
     /// Resolves once the leadership is lost (the lease expired, or could not be renewed
     /// for a whole TTL).
     pub async fn lost(&self) {
-        self.lost.cancelled().await
+        self.lease.lost().await
     }
 
     /// Gives the leadership up now: the lease is revoked, the key goes, another leads
     /// without waiting for the TTL.
     pub async fn resign(self) {
-        self.lost.cancel();
-        let members = self.db.inner.members.clone();
-        let lease = self.lease;
-        let _ = self
-            .db
-            .on_runtime(async move {
-                members
-                    .call(|mut client| async move { client.lease_revoke(lease).await })
-                    .await
-            })
-            .await;
-    }
-}
-
-impl Drop for Leadership {
-    fn drop(&mut self) {
-        self.lost.cancel();
+        self.lease.revoke().await
     }
 }
 
@@ -112,21 +95,8 @@ impl EtcdDb {
         let Some((fence, lease)) = won else {
             return Ok(None);
         };
-        let lost = CancellationToken::new();
-        let members = self.inner.members.clone();
-        let keeping = lost.clone();
-        let _ = self
-            .on_runtime(async move {
-                tokio::spawn(keep_alive(members, lease, ttl, keeping, "the leader lease"));
-                Ok(())
-            })
-            .await;
-        Ok(Some(Leadership {
-            fence,
-            lease,
-            lost,
-            db: self.clone(),
-        }))
+        let lease = self.keep_lease(lease, ttl, "the leader lease").await;
+        Ok(Some(Leadership { fence, lease }))
     }
 }
 

@@ -88,27 +88,38 @@ impl EtcdDb {
         what: &'static str,
     ) -> Result<Lease, StoreError> {
         let members = self.inner.members.clone();
-        let lost = CancellationToken::new();
-        let keeping = lost.clone();
         let id = self
             .on_runtime(async move {
-                let id = members
+                Ok(members
                     .call(|mut client| async move {
                         client
                             .lease_grant(super::leader::ttl_seconds(ttl), None)
                             .await
                     })
                     .await?
-                    .id();
-                tokio::spawn(super::leader::keep_alive(members, id, ttl, keeping, what));
-                Ok(id)
+                    .id())
             })
             .await?;
-        Ok(Lease {
+        Ok(self.keep_lease(id, ttl, what).await)
+    }
+
+    /// Keeps the granted lease `id` alive, every third of `ttl`, until the [`Lease`] is
+    /// dropped or revoked, or etcd says it expired.
+    pub(super) async fn keep_lease(&self, id: i64, ttl: Duration, what: &'static str) -> Lease {
+        let lost = CancellationToken::new();
+        let members = self.inner.members.clone();
+        let keeping = lost.clone();
+        let _ = self
+            .on_runtime(async move {
+                tokio::spawn(super::leader::keep_alive(members, id, ttl, keeping, what));
+                Ok(())
+            })
+            .await;
+        Lease {
             id,
             lost,
             db: self.clone(),
-        })
+        }
     }
 
     /// Every key under `prefix`, in key order, and the revision they were read at.
