@@ -262,13 +262,18 @@ async fn shards(headers: axum::http::HeaderMap) -> Json<cube_types::shard::Shard
 }
 
 /// `GET /metrics`: every metric in the Prometheus text format.
-async fn metrics(State(manager): State<Arc<Manager>>) -> Result<Response, ApiError> {
+/// A token sees the samples of the projects it reaches, and the cluster's.
+async fn metrics(
+    State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, ApiError> {
     let text = manager.metrics_text().map_err(|err| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot write the metrics: {err}"),
         )
     })?;
+    let text = crate::metrics::only_reached(&text, |project| scope.reaches(project));
     Ok((
         [(header::CONTENT_TYPE, cube_api::metrics::CONTENT_TYPE)],
         text,

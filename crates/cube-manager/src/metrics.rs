@@ -239,6 +239,25 @@ impl Default for ManagerMetrics {
     }
 }
 
+/// The metrics text without the samples of projects the token does not reach: a sample
+/// labelled `project="NAME"` is kept only when `reaches(NAME)`. Every other line (the
+/// cluster's metrics, `# HELP` and `# TYPE`) stays, so that a token of one project learns
+/// nothing of the others' names, usage or quotas from `GET /metrics`.
+pub(crate) fn only_reached(text: &str, reaches: impl Fn(&str) -> bool) -> String {
+    let mut kept = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let project = (!line.starts_with('#'))
+            .then(|| line.split_once("project=\""))
+            .flatten()
+            .and_then(|(_, rest)| rest.split_once('"'))
+            .map(|(project, _)| project);
+        if project.is_none_or(&reaches) {
+            kept.push_str(line);
+        }
+    }
+    kept
+}
+
 impl ManagerMetrics {
     /// Each project's usage (every project made, and any with a task placed) and the limits
     /// of its quota.
@@ -530,5 +549,29 @@ fn status_name(status: NodeStatus) -> &'static str {
         NodeStatus::Ready => "Ready",
         NodeStatus::Down => "Down",
         NodeStatus::Unreachable => "Unreachable",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_sees_only_the_samples_of_the_projects_it_reaches() {
+        let text = "# HELP cube_project_usage What each project's placed tasks declare\n\
+                    # TYPE cube_project_usage gauge\n\
+                    cube_project_usage{project=\"team-a\",resource=\"cpu\"} 1\n\
+                    cube_project_usage{project=\"team-b\",resource=\"cpu\"} 2\n\
+                    cube_project_quota{resource=\"cpu\",project=\"team-b\"} 4\n\
+                    cube_tasks{state=\"Running\"} 3\n";
+        let kept = only_reached(text, |project| project == "team-a");
+        assert_eq!(
+            kept,
+            "# HELP cube_project_usage What each project's placed tasks declare\n\
+             # TYPE cube_project_usage gauge\n\
+             cube_project_usage{project=\"team-a\",resource=\"cpu\"} 1\n\
+             cube_tasks{state=\"Running\"} 3\n"
+        );
+        assert_eq!(only_reached(text, |_| true), text);
     }
 }

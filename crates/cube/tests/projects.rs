@@ -176,6 +176,18 @@ async fn a_teams_token_sees_nothing_of_another_teams_project() {
         .collect();
     assert_eq!(projects, ["team-a"]);
     assert_eq!(a.get("/projects/team-b").await.status, 404);
+    // Its metrics carry A's project, not B's: not even the name.
+    let metrics = support::http()
+        .get(format!("{}/metrics", manager.url))
+        .bearer_auth(&a_token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains(r#"project="team-a""#), "{metrics}");
+    assert!(!metrics.contains("team-b"), "{metrics}");
     // Submitting into B's project is refused the same way.
     let into_b = a
         .request_answer(
