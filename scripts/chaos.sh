@@ -46,6 +46,18 @@ restart_engine() {
     /var/run/docker/containerd/containerd.sock /var/run/docker/containerd/containerd.sock.ttrpc \
     || true
   rm -rf /var/run/docker/containerd/daemon/io.containerd.runtime.v2.task/moby/* || true
+  # Their network namespaces outlive them too: the killed engine bind-mounted each under
+  # /var/run/docker/netns, and each keeps its veth on docker0 with the container's address,
+  # which the next engine gives again (seen 2026-11-28: a published port answered one request
+  # in two). Every one belongs to a container of the killed engine.
+  for netns in /var/run/docker/netns/*; do
+    [ -e "$netns" ] || continue
+    umount "$netns" 2>/dev/null || true
+    rm -f "$netns" || true
+  done
+  for veth in $(ip -o link show master docker0 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    ip link del "$veth" 2>/dev/null || true
+  done
   # The network store the deadlock sits on, with the endpoints of every container the killed
   # engine ran: the next engine makes it anew (the default bridge; nothing after the chaos
   # runs needs another network).
