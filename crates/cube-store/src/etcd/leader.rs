@@ -128,12 +128,7 @@ async fn campaign(
                 Some(PutOptions::new().with_lease(lease)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let response = members
-            .call(|mut client| {
-                let txn = txn.clone();
-                async move { client.txn(txn).await }
-            })
-            .await?;
+        let response = super::leased::send_txn(members, txn).await?;
         let revision = response.header().map_or(0, |header| header.revision());
         if response.succeeded() {
             return Ok(Some((

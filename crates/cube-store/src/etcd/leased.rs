@@ -171,12 +171,7 @@ impl EtcdDb {
             let txn = Txn::new()
                 .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value, options)]);
-            let response = members
-                .call(|mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await?;
+            let response = send_txn(&members, txn).await?;
             let revision = response.header().map_or(0, |header| header.revision());
             Ok(response.succeeded().then_some(revision))
         })
@@ -193,12 +188,7 @@ impl EtcdDb {
                 .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value.clone(), None)])
                 .or_else([TxnOp::get(key.clone(), None)]);
-            let response = members
-                .call(|mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await?;
+            let response = send_txn(&members, txn).await?;
             if response.succeeded() {
                 return Ok(value);
             }
@@ -221,12 +211,7 @@ impl EtcdDb {
             let txn = Txn::new()
                 .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
                 .and_then([TxnOp::delete(key.clone(), None)]);
-            let response = members
-                .call(|mut client| {
-                    let txn = txn.clone();
-                    async move { client.txn(txn).await }
-                })
-                .await?;
+            let response = send_txn(&members, txn).await?;
             Ok(response.succeeded())
         })
         .await
@@ -276,4 +261,17 @@ impl EtcdDb {
             _ = watching => {}
         }
     }
+}
+
+/// Sends one transaction to the members (again to the next while one cannot answer).
+pub(super) async fn send_txn(
+    members: &Members,
+    txn: Txn,
+) -> Result<etcd_client::TxnResponse, StoreError> {
+    members
+        .call(|mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })
+        .await
 }
