@@ -41,6 +41,7 @@ pub mod queue_controller;
 pub mod reconcile;
 mod relay;
 mod rollout;
+pub mod shared_placement;
 mod task_controller;
 pub mod tls;
 

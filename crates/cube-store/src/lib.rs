@@ -58,7 +58,8 @@ fn encode<V: serde::Serialize>(key: &str, value: &V) -> Result<Vec<u8>, StoreErr
 
 pub use commit::Commit;
 pub use etcd::{
-    EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, Lease, LeasedKey, normalize_prefix,
+    EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, Lease, LeasedKey, Optimistic, Unchanged,
+    Versioned, normalize_prefix,
 };
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};

@@ -15,6 +15,7 @@
 //! Nomad's API) so that every API crate agrees on them; the validation of submitted tasks lives
 //! here too, so that a manager and a worker reject the same input with the same words.
 
+pub mod claims;
 pub mod cpu;
 pub mod deployment;
 pub mod duration;

@@ -76,7 +76,7 @@ impl Drop for Lease {
 
 impl EtcdDb {
     /// The whole etcd key of a key relative to the prefix.
-    fn whole(&self, key: &str) -> String {
+    pub(super) fn whole(&self, key: &str) -> String {
         format!("{}{key}", self.inner.root)
     }
 

@@ -25,6 +25,7 @@ mod feed;
 mod leader;
 mod leased;
 mod members;
+mod versioned;
 mod writer;
 
 use std::future::Future;
@@ -45,6 +46,7 @@ use crate::{Store, StoreError};
 
 pub use leader::Leadership;
 pub use leased::{Lease, LeasedKey};
+pub use versioned::{Optimistic, Unchanged, Versioned};
 pub use writer::Fence;
 
 use feed::Hubs;
