@@ -7,6 +7,7 @@ mod burst;
 mod c1m;
 mod chaos;
 mod containers;
+mod contend;
 mod day_two;
 mod etcd;
 mod events;
@@ -216,6 +217,27 @@ enum Command {
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
+    },
+    /// Several placers at once on a 3-member etcd, as the managers of a sharded cluster
+    /// place: placements per second by 1, 2 and 3 placers, conflicts and re-plans, the
+    /// conflict check's cost per placement; the claims checked against the records after.
+    Contend {
+        /// How many runs of each placer count and scheduler.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// How many simulated nodes (4 cores, 8 GiB each).
+        #[arg(long, default_value_t = 2000)]
+        nodes: usize,
+        /// How many requests (0.25 cores, 256 MiB each) one trial places, divided among
+        /// its placers.
+        #[arg(long, default_value_t = 3000)]
+        requests: usize,
+        /// The placer counts to try, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+        placers: Vec<usize>,
+        /// How many transactions of each kind time the conflict check's cost.
+        #[arg(long, default_value_t = 1000)]
+        check_writes: usize,
     },
     /// Reads and writes mixed on one manager for minutes: half the clients GET /tasks?limit=100,
     /// half POST /tasks; p50/p99 of each, errors, and the manager's RSS over time.
@@ -481,6 +503,13 @@ async fn main() -> anyhow::Result<()> {
             )
             .await
         }
+        Command::Contend {
+            runs,
+            nodes,
+            requests,
+            placers,
+            check_writes,
+        } => contend::contend(runs, nodes, requests, placers, check_writes).await,
         Command::Soak {
             seconds,
             clients,

@@ -22,7 +22,9 @@
 use std::collections::HashMap;
 
 use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, summarize_rejections};
-use cube_store::{EtcdDb, Fence, Optimistic, StoreError, Unchanged, Versioned};
+use cube_store::{
+    Change, EtcdDb, EtcdStore, Fence, Optimistic, Store, StoreError, Unchanged, Versioned, Watch,
+};
 use cube_types::claims::{CLAIMS_PREFIX, Claim, NodeClaims, claims_key};
 
 /// What a placer counted since it was made.
@@ -49,9 +51,16 @@ pub enum Placement {
     Waiting { reason: String },
 }
 
-/// One placer: a manager's placement on the shared claims.
+/// One placer: a manager's placement on the shared claims, which it follows live (a watch
+/// of `alloc/`), so that it plans on what the others placed up to a moment ago and loses a
+/// race only to a placement made in the same moment.
 pub struct SharedPlacer {
     db: EtcdDb,
+    /// The claims as a table of the store, for its watch.
+    table: EtcdStore<NodeClaims>,
+    /// The changes of the claims since they were last read; `None` after a watch ended
+    /// (they are read again before the next plan).
+    watch: Option<Watch<NodeClaims>>,
     scheduler: Box<dyn Scheduler>,
     /// Every node with its capacity, readiness, eligibility and labels, sorted by name; what
     /// is allocated on it comes from `claims`.
@@ -78,8 +87,11 @@ impl SharedPlacer {
         nodes: Vec<NodeView>,
         fence: Option<Fence>,
     ) -> Result<SharedPlacer, StoreError> {
+        let table = EtcdStore::new(db.clone(), CLAIMS_PREFIX.trim_end_matches('/'))?;
         let mut placer = SharedPlacer {
             db,
+            table,
+            watch: None,
             scheduler,
             nodes: Vec::new(),
             claims: HashMap::new(),
@@ -98,14 +110,46 @@ impl SharedPlacer {
         self.nodes = nodes;
     }
 
-    /// Reads every node's claims again.
+    /// Reads every node's claims again, and follows their changes from there.
     pub async fn refresh(&mut self) -> Result<(), StoreError> {
-        let (keys, _) = self.db.read_versioned(CLAIMS_PREFIX).await?;
+        let (keys, revision) = self.db.read_versioned(CLAIMS_PREFIX).await?;
         self.claims.clear();
         for key in keys {
             self.remember(key);
         }
+        self.watch = Some(self.table.watch("", u64::try_from(revision).unwrap_or(0))?);
         Ok(())
+    }
+
+    /// Takes in the claims' changes that arrived since the last look; reads them all again
+    /// when the watch ended (it fell behind, or a value could not be read).
+    async fn catch_up(&mut self) -> Result<(), StoreError> {
+        while let Some(watch) = self.watch.as_mut() {
+            match watch.try_next() {
+                None => return Ok(()),
+                Some(Ok(Change::Put {
+                    key,
+                    value,
+                    revision,
+                })) => {
+                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
+                    if revision >= self.revision_of(&key) {
+                        self.claims.insert(key, (value, revision));
+                    }
+                }
+                Some(Ok(Change::Delete { key, revision })) => {
+                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
+                    if revision >= self.revision_of(&key) {
+                        self.claims.remove(&key);
+                    }
+                }
+                Some(Err(err)) => {
+                    tracing::debug!("the claims are read again: {err}");
+                    self.watch = None;
+                }
+            }
+        }
+        self.refresh().await
     }
 
     pub fn counts(&self) -> PlacerCounts {
@@ -130,6 +174,7 @@ impl SharedPlacer {
         records: impl Fn(&[String]) -> Vec<(String, Vec<u8>)>,
     ) -> Result<Placement, StoreError> {
         loop {
+            self.catch_up().await?;
             let plan = match self.plan(copies) {
                 Ok(plan) => plan,
                 Err(reason) => {
@@ -188,6 +233,7 @@ impl SharedPlacer {
         records: Vec<(String, Option<Vec<u8>>)>,
     ) -> Result<(), StoreError> {
         loop {
+            self.catch_up().await?;
             let mut claims = self.claims_of(node);
             claims.remove(&claim_of(copy));
             let unchanged = [Unchanged {

@@ -49,7 +49,7 @@ fn requests(placer: usize) -> Vec<Vec<TaskRequest>> {
             let copy = TaskRequest {
                 cpu: [0.1, 0.2, 0.25][seed % 3],
                 memory: [64 * MIB, 128 * MIB, 256 * MIB][seed % 4 % 3],
-                host_ports: if seed % 5 == 0 {
+                host_ports: if seed.is_multiple_of(5) {
                     [HostPort::tcp(8080 + (seed % 2) as u16)]
                         .into_iter()
                         .collect()
@@ -228,16 +228,13 @@ async fn three_placers_at_once_never_put_more_on_a_node_than_it_holds() {
         .sum();
     assert_eq!(written.len(), copies_placed);
 
-    // Taking placer 0's copies off frees their room: the claims follow the records, and a
-    // request that waited fits now.
+    // Taking every copy off frees the nodes: the claims follow the records back to nothing,
+    // and a request that waited fits now.
     let mut releaser = SharedPlacer::new(db.clone(), Box::new(Epvm::new()), small_nodes(), None)
         .await
         .unwrap();
     let mut freed = 0;
-    for (key, record) in written
-        .iter()
-        .filter(|(key, _)| key.starts_with("tasks/0-"))
-    {
+    for (key, record) in &written {
         let copy = TaskRequest {
             cpu: record.cpu,
             memory: record.memory,
@@ -250,19 +247,23 @@ async fn three_placers_at_once_never_put_more_on_a_node_than_it_holds() {
             .unwrap();
         freed += 1;
     }
-    assert!(freed > 0);
-    let remaining = records(&db).await;
-    assert_no_node_overbooked(&remaining, &stored_claims(&db).await);
+    assert_eq!(freed, written.len());
+    let left = records(&db).await;
+    assert!(
+        left.is_empty(),
+        "{} records left of {}: {:?}",
+        left.len(),
+        written.len(),
+        left.keys().take(3).collect::<Vec<_>>()
+    );
+    let claims = stored_claims(&db).await;
+    assert!(
+        claims.values().all(NodeClaims::is_empty),
+        "claims left once every copy was taken off: {claims:?}"
+    );
     let (placer, n, copies, _) = outcomes
         .iter()
-        .find(|(placer, _, _, outcome)| {
-            *placer != 0 && matches!(outcome, Placement::Waiting { .. })
-        })
-        .or_else(|| {
-            outcomes
-                .iter()
-                .find(|(_, _, _, outcome)| matches!(outcome, Placement::Waiting { .. }))
-        })
+        .find(|(_, _, _, outcome)| matches!(outcome, Placement::Waiting { .. }))
         .unwrap();
     let again = releaser
         .place(copies, |nodes| {
@@ -316,9 +317,9 @@ async fn a_placement_whose_node_changed_under_it_is_planned_again_on_the_fresher
         .await
         .unwrap();
     assert!(matches!(placed, Placement::Placed { .. }));
-    // The second still sees the node empty: its transaction fails, it reads the node's
-    // claims again, and then the request fits nowhere, with the reason.
-    assert_eq!(second.claims_of("small-1"), NodeClaims::default());
+    // The second read the node empty. Whether the watch of the claims told it of the first
+    // placement before it planned, or its transaction lost and answered the node's fresher
+    // claims, the request fits nowhere now, with the reason, and nothing of it is written.
     let outcome = second
         .place(std::slice::from_ref(&big), |nodes| {
             vec![("tasks/b".to_string(), record(&nodes[0]))]
@@ -330,7 +331,7 @@ async fn a_placement_whose_node_changed_under_it_is_planned_again_on_the_fresher
     };
     assert!(reason.contains("small-1"), "{reason}");
     assert!(reason.contains("CPU") || reason.contains("cpu"), "{reason}");
-    assert_eq!(second.counts().conflicts, 1);
+    assert!(second.counts().conflicts <= 1, "{:?}", second.counts());
     assert_eq!(second.claims_of("small-1").cpu_millis, 600);
     let db = connect(&cluster);
     assert!(db.read_versioned("tasks/b").await.unwrap().0.is_empty());
