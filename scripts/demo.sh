@@ -65,6 +65,7 @@ echo "==> the task answers: GET http://localhost:7777/health -> $answer"
 cat <<TXT
 
 The local cluster runs in the background (pid $(cat "$data_dir/cube.pid")). Try:
+  http://localhost:5555/ui                # the web UI, in a browser
   target/release/cube status              # the tasks, like docker ps
   target/release/cube status bb1d         # one task, by a unique ID prefix
   target/release/cube node                # the workers and what they hold

@@ -2,7 +2,8 @@
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
 # curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
 # for the etcd store's tests, openssl for the tests' certificates, etcd-client for etcdctl,
-# promtool for the metrics lint) from Debian's packages, and starts dockerd when no engine
+# promtool for the metrics lint, chromium and chromium-driver for the web UI's tests) from
+# Debian's packages, and starts dockerd when no engine
 # answers. Safe to run again.
 set -euo pipefail
 
@@ -28,6 +29,9 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 # The README's backup of an etcd store (`etcdctl snapshot save`).
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# The web UI's tests drive the real page in headless Chromium through chromedriver.
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq

@@ -96,6 +96,11 @@ pub enum Need {
 /// store's backup (every record, token hashes included) is `management`.
 pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/health", Need::Open),
+    // The web UI's page, script and style: built into the binary, holding no data (every
+    // answer the page then asks for is checked as any other request).
+    ("GET", "/ui", Need::Open),
+    ("GET", "/ui/{asset}", Need::Open),
+    ("GET", "/acl/self", Need::Role(Role::Read)),
     ("POST", "/acl/bootstrap", Need::Bootstrap),
     ("GET", "/acl/tokens", Need::Role(Role::Management)),
     ("POST", "/acl/tokens", Need::Role(Role::Management)),
@@ -1021,6 +1026,23 @@ pub async fn create_token(
         created.secret = format!("{}.{}", created.secret, ca.fingerprint());
     }
     Ok((StatusCode::CREATED, axum::Json(created)).into_response())
+}
+
+/// `GET /acl/self`: the token the request came with — its name, role and projects — so that
+/// a client (the web UI) can tell what it may do before it tries. Without --acl every
+/// request may do everything: `{"Acl": false, "Role": "management"}`.
+pub async fn whoami(
+    submitter: Option<axum::Extension<Submitter>>,
+) -> axum::Json<serde_json::Value> {
+    axum::Json(match submitter {
+        Some(axum::Extension(submitter)) => serde_json::json!({
+            "Acl": true,
+            "Name": submitter.name,
+            "Role": submitter.role,
+            "Projects": submitter.projects,
+        }),
+        None => serde_json::json!({ "Acl": false, "Role": Role::Management }),
+    })
 }
 
 /// `GET /acl/tokens`: every token, without secrets.

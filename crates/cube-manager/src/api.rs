@@ -111,7 +111,7 @@ pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /ta
          POST /nodes/{name}/certificate, GET /tls/ca, GET /events, GET /queue, \
          GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /shards, \
          GET /metrics, GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, \
-         DELETE /acl/tokens/{id}, \
+         DELETE /acl/tokens/{id}, GET /acl/self, GET /ui, GET /ui/{asset}, \
          GET|POST /projects, GET|DELETE /projects/{name}, PUT /projects/{name}/quota";
 
 pub fn router(manager: Arc<Manager>) -> Router {
@@ -159,6 +159,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
             get(crate::acl::list_tokens).post(crate::acl::create_token),
         )
         .route("/acl/tokens/{id}", delete(crate::acl::revoke_token))
+        .route("/acl/self", get(crate::acl::whoami))
+        .route("/ui", get(crate::ui::index))
+        .route("/ui/{asset}", get(crate::ui::asset))
         .route(
             "/projects",
             get(crate::projects::list_projects).post(crate::projects::create_project),

@@ -44,6 +44,7 @@ mod rollout;
 pub mod shared_placement;
 mod task_controller;
 pub mod tls;
+mod ui;
 
 use std::sync::Arc;
 use std::time::Duration;

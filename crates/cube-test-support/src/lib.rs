@@ -1,10 +1,13 @@
 //! What Cube's tests share, and nothing else uses: a real etcd cluster ([`EtcdCluster`]),
 //! one member or several, on free loopback ports and in a temporary directory, stopped
-//! when the test drops it.
+//! when the test drops it; and a real headless browser ([`Browser`]: Chromium through
+//! `chromedriver`) for the web UI's tests.
 //!
-//! A test that needs etcd fails, saying how to install it, when no `etcd` binary is found:
-//! it is never skipped silently.
+//! A test that needs etcd or Chromium fails, saying how to install it, when it is not
+//! found: it is never skipped silently.
 
+pub mod browser;
 mod etcd;
 
+pub use browser::Browser;
 pub use etcd::{EtcdCluster, etcd_binary};

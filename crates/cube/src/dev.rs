@@ -157,9 +157,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     } else {
         ""
     };
+    let page = if scheme.is_empty() { "http://" } else { scheme };
     let banner = format!(
         "{}\n{}\ncube dev: ready. {first_step}Try: cube run -f examples/sample-task.json && cube \
-         status (CUBE_MANAGER={scheme}{manager_address})",
+         status (CUBE_MANAGER={scheme}{manager_address})\ncube dev: the web UI is at \
+         {page}{manager_address}/ui",
         manager_line, worker.listening_line
     );
     if let Err(err) = writeln!(std::io::stdout(), "{banner}") {

@@ -59,6 +59,7 @@ fn concrete(route: &str) -> String {
         .replace("{name}", "no-such-node")
         .replace("{kind}", "task")
         .replace("{id}", "0b4c5f1e-51d5-4c36-a4a5-5c8b3b7a9d10")
+        .replace("{asset}", "app.js")
 }
 
 const ROLES: [Role; 5] = [
@@ -83,6 +84,13 @@ async fn every_route_but_health_needs_a_token_and_a_role_that_allows_it() {
     for (method, route, need) in ROUTES {
         let path = concrete(route);
         let body = matches!(*method, "POST" | "PUT").then_some("{}");
+        if route.starts_with("/ui") {
+            // The web UI's page, script and style: open, and not JSON.
+            assert_eq!(*need, Need::Open, "{method} {route}");
+            let status = anonymous.request(method, &path, body).await;
+            assert_eq!(status, 200, "{method} {route} without a token");
+            continue;
+        }
         let without = anonymous.request_answer(method, &path, body).await;
         match need {
             // `GET /tls/ca` is open, and 404 on a manager without --tls (`tls.rs` tests it).
