@@ -153,6 +153,40 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
         .await;
     browser.screenshot(&shots.join("job.png")).await;
 
+    // A rolling update, one copy at a time, each healthy for a second before the next: the
+    // job page's deployment shows version 2's healthy copies going up to all of them.
+    let rolled = json!({"Name": "ui-job", "Type": "service",
+        "Groups": [{"Name": "api", "Count": 3,
+                    "Update": {"MaxParallel": 1, "MinHealthyTime": "1s"},
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB", "Env": ["VERSION=2"],
+                             "HealthCheck": "/health", "HealthCheckInterval": "250ms"}}]});
+    let answer = client.post_raw("/jobs", rolled.to_string()).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    browser
+        .wait_for("#main", "version 2 rolled out to every copy", |text| {
+            if !text.contains("Version 2") {
+                return false;
+            }
+            if let Some(healthy) = text
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .windows(3)
+                .find(|words| words[1] == "of" && words[2] == "3")
+                .and_then(|words| words[0].parse::<u32>().ok())
+            {
+                seen.lock().unwrap().insert(healthy);
+            }
+            text.contains("3 of 3 healthy") && text.contains("successful")
+        })
+        .await;
+    let seen = seen.into_inner().unwrap();
+    assert!(
+        seen.len() >= 2,
+        "the page showed the rollout at one step only: {seen:?} healthy of 3"
+    );
+    browser.screenshot(&shots.join("job-rolled.png")).await;
+
     // The events page shows the stream as it comes.
     browser.open(&format!("{}/ui#/events", dev.url)).await;
     browser

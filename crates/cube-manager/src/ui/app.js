@@ -169,10 +169,16 @@ function actionButton(label, role, confirmText, action, extra) {
     type: 'button',
     disabled: !allowed,
     title: allowed ? undefined : 'needs a ' + role + ' token',
-    onclick: () => confirmThen(typeof confirmText === 'function' ? confirmText() : confirmText, async () => {
-      try { await action(); showNotice(label + ': done'); }
-      catch (err) { showNotice(label + ' failed: ' + err.message, true); }
-    }),
+    onclick: async () => {
+      let text = confirmText;
+      if (typeof confirmText === 'function') {
+        try { text = await confirmText(); } catch (err) { showNotice(label + ' failed: ' + err.message, true); return; }
+      }
+      confirmThen(text, async () => {
+        try { await action(); showNotice(label + ': done'); }
+        catch (err) { showNotice(label + ' failed: ' + err.message, true); }
+      });
+    },
   }, extra || {}), label);
 }
 
@@ -574,9 +580,19 @@ function jobPage(name) {
   const body = el('div');
   const copies = el('div');
   const deployment = el('div');
+  const versions = el('div');
   const path = '/jobs/' + encodeURIComponent(name);
   const scale = el('input', { id: 'scale-count', type: 'number', min: '0', value: '1', width: '6rem' });
-  const scaleButton = actionButton('Scale', 'submit', () => 'Scale ' + name + ' to ' + scale.value + ' copies? Copies are started or stopped until that many run.', async () => {
+  // The confirmation says what the manager's plan would do (`cube job plan`).
+  const scaleText = async () => {
+    const view = ui.jobs.get(name);
+    const job = JSON.parse(JSON.stringify(view.Job));
+    job.Groups[0].Count = Number(scale.value);
+    const plan = (await api('POST', '/jobs/plan', job)).json;
+    return 'Scale ' + name + ' to ' + scale.value + ' copies? The plan: ' + (plan.Create || []).length + ' to create, '
+      + (plan.Stop || []).length + ' to stop, ' + (plan.Keep || []).length + ' kept.';
+  };
+  const scaleButton = actionButton('Scale', 'submit', scaleText, async () => {
     const view = ui.jobs.get(name);
     const group = view && view.Job && view.Job.Groups && view.Job.Groups[0] ? view.Job.Groups[0].Name : '';
     await api('POST', path + '/scale', { Group: group, Count: Number(scale.value) });
@@ -589,7 +605,7 @@ function jobPage(name) {
     title: 'Job',
     body: [el('h1', {}, 'Job ', el('code', {}, name)),
       el('div', { class: 'actions' }, el('label', { for: 'scale-count' }, 'Copies'), scale, scaleButton, promote, stop, el('span', { id: 'notice', role: 'status' })),
-      body, el('h2', {}, 'Deployment'), deployment, el('h2', {}, 'Copies'), copies],
+      body, el('h2', {}, 'Deployment'), deployment, el('h2', {}, 'Copies'), copies, el('h2', {}, 'Versions'), versions],
     update() {
       const view = ui.jobs.get(name);
       if (!view) { body.replaceChildren(el('p', { class: 'muted' }, 'No job ' + name + '.')); return; }
@@ -613,9 +629,24 @@ function jobPage(name) {
         drawn = view;
         api('GET', path + '/deployment').then((answer) => drawDeployment(deployment, answer.json))
           .catch(() => deployment.replaceChildren(el('p', { class: 'muted' }, 'No deployment.')));
+        api('GET', path + '/versions').then((answer) => drawVersions(versions, name, answer.json || []))
+          .catch((err) => versions.replaceChildren(el('p', { class: 'error' }, err.message)));
       }
     },
   };
+}
+
+// The kept versions, newest first, each with what it changed and a revert to it.
+function drawVersions(target, name, kept) {
+  const path = '/jobs/' + encodeURIComponent(name);
+  target.replaceChildren(table([{ title: 'Version', class: 'num' }, { title: 'Submitted' }, { title: 'Stable' },
+    { title: 'Changes' }, { title: '' }], kept.map((version) => ({ cells: [
+    String(version.Version) + (version.Current ? ' (current)' : ''), ago(version.SubmitTime), version.Stable ? 'yes' : 'no',
+    el('div', {}, (version.Diff || []).map((line) => el('div', {}, el('code', {}, line)))),
+    version.Current ? '' : actionButton('Revert to ' + version.Version, 'submit',
+      'Revert ' + name + ' to version ' + version.Version + '? Its spec becomes a new version, rolled out as any other.',
+      () => api('POST', path + '/revert', { Version: version.Version })),
+  ] })), 'No versions kept.'));
 }
 
 function drawDeployment(target, deployment) {
