@@ -159,9 +159,11 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
         "Groups": [{"Name": "api", "Count": 3,
                     "Update": {"MaxParallel": 1, "MinHealthyTime": "1s"},
                     "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB", "Env": ["VERSION=2"],
+                             "ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": ""},
                              "HealthCheck": "/health", "HealthCheckInterval": "250ms"}}]});
     let answer = client.post_raw("/jobs", rolled.to_string()).await;
-    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(answer.status, 200, "a new version of the job: {}", answer.body);
+    assert_eq!(answer.body["Outcome"], "changed");
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     browser
         .wait_for("#main", "version 2 rolled out to every copy", |text| {
@@ -298,4 +300,47 @@ async fn with_acl_the_page_asks_for_a_token_and_a_read_token_cannot_stop() {
     );
     let task = management.get(&format!("/tasks/{id}")).await;
     assert_eq!(task.body["DesiredState"], "Running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_is_shown_and_the_page_comes_back_with_the_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), port);
+    let before = manager.client().submit(&web_task("ui-before")).await;
+    let browser = Browser::start().await;
+    browser.open(&format!("{}/ui#/tasks", manager.url)).await;
+    browser
+        .wait_for("#main", "the task", |text| text.contains("ui-before"))
+        .await;
+    browser
+        .wait_for("#connection", "the live stream", |text| text == "live")
+        .await;
+
+    manager.kill_9();
+    browser
+        .wait_for("#connection", "the lost connection", |text| {
+            text.contains("connection lost")
+        })
+        .await;
+    browser
+        .screenshot(&screenshots().join("connection-lost.png"))
+        .await;
+
+    // The same manager again, on the same port and store: the page reconnects by itself
+    // and shows what changed since.
+    let manager = ManagerProcess::start("epvm", "persistent", dir.path(), port);
+    browser
+        .wait_for("#connection", "the stream back", |text| text == "live")
+        .await;
+    let after = manager.client().submit(&web_task("ui-after")).await;
+    browser
+        .wait_for(&format!("[data-task='{after}']"), "the task submitted since", |text| {
+            text.contains("ui-after")
+        })
+        .await;
+    assert!(browser.text_of("#main").await.contains("ui-before"));
+    for id in [&before, &after] {
+        manager.client().delete(&format!("/tasks/{id}")).await;
+    }
 }
