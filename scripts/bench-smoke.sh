@@ -35,6 +35,7 @@ smoke pod pod --runs 1
 smoke recovery recovery --runs 1 --sets 1
 smoke footprint footprint --runs 1 --tasks 100
 smoke store store --runs 1 --seconds 1 --concurrency 4 --list-tasks 100
+smoke ui ui --runs 1 --tasks 50 --tabs 2
 smoke contend contend --runs 1 --nodes 50 --requests 60 --check-writes 10
 smoke etcd etcd --runs 1 --seconds 1 --concurrency 4 --kills 1 --leader-ttl 1s
 smoke soak soak --seconds 20 --clients 4 --tasks 100

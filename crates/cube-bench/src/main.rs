@@ -25,6 +25,7 @@ mod soak;
 mod start_latency;
 mod store;
 mod swarm;
+mod ui;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -238,6 +239,22 @@ enum Command {
         /// How many transactions of each kind time the conflict check's cost.
         #[arg(long, default_value_t = 1000)]
         check_writes: usize,
+    },
+    /// The web UI in headless Chromium: the cluster page's first render with many tasks,
+    /// next to the page's requests alone, and the manager's RSS with many tabs open.
+    Ui {
+        /// How many first renders (each taking turns with its peer).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// How many Running tasks the manager holds (on 100 simulated workers).
+        #[arg(long, default_value_t = 10_000)]
+        tasks: usize,
+        /// How many tabs are open for the RSS figure.
+        #[arg(long, default_value_t = 20)]
+        tabs: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
     },
     /// Reads and writes mixed on one manager for minutes: half the clients GET /tasks?limit=100,
     /// half POST /tasks; p50/p99 of each, errors, and the manager's RSS over time.
@@ -510,6 +527,12 @@ async fn main() -> anyhow::Result<()> {
             placers,
             check_writes,
         } => contend::contend(runs, nodes, requests, placers, check_writes).await,
+        Command::Ui {
+            runs,
+            tasks,
+            tabs,
+            cube,
+        } => ui::ui(runs, tasks, tabs, &cube_binary(cube)?).await,
         Command::Soak {
             seconds,
             clients,

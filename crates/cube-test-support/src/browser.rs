@@ -171,6 +171,49 @@ impl Browser {
         .await;
     }
 
+    /// Opens a new tab and makes it the current one (the others stay open, their pages
+    /// running).
+    pub async fn new_tab(&self) {
+        let opened = self
+            .call(
+                reqwest::Method::POST,
+                "/window/new",
+                Some(json!({ "type": "tab" })),
+            )
+            .await;
+        let handle = opened["handle"].as_str().unwrap_or_default().to_string();
+        self.call(
+            reqwest::Method::POST,
+            "/window",
+            Some(json!({ "handle": handle })),
+        )
+        .await;
+    }
+
+    /// Closes the current tab and makes the first one left current.
+    pub async fn close_tab(&self) {
+        let left = self.call(reqwest::Method::DELETE, "/window", None).await;
+        if let Some(handle) = left.as_array().and_then(|handles| handles.first()) {
+            self.call(
+                reqwest::Method::POST,
+                "/window",
+                Some(json!({ "handle": handle })),
+            )
+            .await;
+        }
+    }
+
+    /// Runs `script` as an async function (its last argument is the callback that ends it)
+    /// and returns what it passed on.
+    pub async fn script_async(&self, script: &str, args: Vec<Value>) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/async",
+            Some(json!({ "script": script, "args": args })),
+        )
+        .await
+    }
+
     pub async fn open(&self, url: &str) {
         self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
             .await;

@@ -162,7 +162,11 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
                              "ExposedPorts": {"7777/tcp": {}}, "PortBindings": {"7777/tcp": ""},
                              "HealthCheck": "/health", "HealthCheckInterval": "250ms"}}]});
     let answer = client.post_raw("/jobs", rolled.to_string()).await;
-    assert_eq!(answer.status, 200, "a new version of the job: {}", answer.body);
+    assert_eq!(
+        answer.status, 200,
+        "a new version of the job: {}",
+        answer.body
+    );
     assert_eq!(answer.body["Outcome"], "changed");
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     browser
@@ -335,9 +339,11 @@ async fn a_lost_connection_is_shown_and_the_page_comes_back_with_the_manager() {
         .await;
     let after = manager.client().submit(&web_task("ui-after")).await;
     browser
-        .wait_for(&format!("[data-task='{after}']"), "the task submitted since", |text| {
-            text.contains("ui-after")
-        })
+        .wait_for(
+            &format!("[data-task='{after}']"),
+            "the task submitted since",
+            |text| text.contains("ui-after"),
+        )
         .await;
     assert!(browser.text_of("#main").await.contains("ui-before"));
     for id in [&before, &after] {

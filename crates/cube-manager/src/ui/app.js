@@ -18,9 +18,15 @@ const ui = {
   tasks: new Map(),
   jobs: new Map(),
   queue: [],
+  services: [],
   shards: null,
+  leader: null,
   events: [],
+  removed: new Set(),
+  loadingTasks: false,
+  generation: 0,
   stream: null,
+  started: false,
   retry: 1000,
   page: null,
   drawing: false,
@@ -53,7 +59,7 @@ async function api(method, path, body) {
     if (response.status === 401) askForToken(message);
     throw new ApiError(response.status, message);
   }
-  return { json, index: Number(response.headers.get('X-Cube-Index') || 0) };
+  return { json, index: Number(response.headers.get('X-Cube-Index') || 0), next: response.headers.get('X-Cube-Next-Token') };
 }
 
 // ---- the token ------------------------------------------------------------------------
@@ -192,21 +198,73 @@ function showNotice(text, bad) {
 
 // ---- the state, and the stream that keeps it ------------------------------------------
 
+// The first page of tasks is drawn at once; the others are read after it, a page at a
+// time, while the page already follows the events (a big cluster's first render waits for
+// one page, not for every task).
+const FIRST_TASKS = 500;
+const MORE_TASKS = 5000;
+
 async function loadAll() {
-  const [nodes, tasks, jobs, queue] = await Promise.all([
+  // The first render waits for the nodes and the first page of tasks only; the jobs, the
+  // waiting list (which holds every request ever let in) and the rest come after it.
+  const [nodes, tasks] = await Promise.all([
     api('GET', '/nodes'),
-    api('GET', '/tasks?summary=true'),
-    api('GET', '/jobs'),
-    api('GET', '/queue'),
+    api('GET', '/tasks?summary=true&limit=' + FIRST_TASKS),
   ]);
+  ui.generation = (ui.generation || 0) + 1;
   ui.nodes = new Map((nodes.json || []).map((node) => [node.Name, node]));
   ui.tasks = new Map((tasks.json || []).map((task) => [task.ID, task]));
-  ui.jobs = new Map((jobs.json || []).map((job) => [jobName(job), job]));
-  ui.queue = queue.json || [];
+  ui.removed = new Set();
   // The lists were read at different indexes: the stream starts after the oldest, so that
-  // no change is missed (one seen twice is applied twice, to the same end).
-  ui.index = Math.min(nodes.index, tasks.index, jobs.index, queue.index);
-  try { ui.shards = (await api('GET', '/shards')).json; } catch (_) { ui.shards = null; }
+  // no change is missed (one seen twice is applied twice, to the same end). What is read
+  // after this is newer still, and what changes after it comes as events.
+  ui.index = Math.min(nodes.index, tasks.index);
+  ui.loadingTasks = Boolean(tasks.next);
+  if (tasks.next) loadMoreTasks(tasks.next, ui.generation);
+  else performance.mark('cube-all-tasks');
+  loadTheRest(ui.generation);
+}
+
+async function loadTheRest(generation) {
+  const optional = (path) => api('GET', path).catch((err) => { console.warn('could not read ' + path, err); return null; });
+  const [jobs, queue, shards, leader, services] = await Promise.all([
+    optional('/jobs'),
+    optional('/queue'),
+    optional('/shards'),
+    // Several managers on etcd answer who leads; a manager on its own store has no such route.
+    optional('/leader'),
+    optional('/services'),
+  ]);
+  if (generation !== ui.generation) return;
+  if (jobs) ui.jobs = new Map((jobs.json || []).map((job) => [jobName(job), job]));
+  if (queue) ui.queue = queue.json || [];
+  ui.shards = shards ? shards.json : null;
+  ui.leader = leader && leader.json ? leader.json.Leader : null;
+  ui.services = services ? services.json || [] : [];
+  draw();
+}
+
+// The rest of the tasks, a page at a time. A task the events already brought is newer than
+// its page (or the events still to come make it so); a removed one stays removed.
+async function loadMoreTasks(next, generation) {
+  try {
+    while (next && generation === ui.generation) {
+      const page = await api('GET', '/tasks?summary=true&limit=' + MORE_TASKS + '&next=' + encodeURIComponent(next));
+      if (generation !== ui.generation) return;
+      for (const task of page.json || []) {
+        if (!ui.tasks.has(task.ID) && !ui.removed.has(task.ID)) ui.tasks.set(task.ID, task);
+      }
+      next = page.next;
+      draw();
+    }
+  } catch (err) {
+    console.warn('could not read every task', err);
+  }
+  if (generation === ui.generation) {
+    ui.loadingTasks = false;
+    performance.mark('cube-all-tasks');
+    draw();
+  }
 }
 
 function jobName(view) {
@@ -219,7 +277,28 @@ function setConnection(state, text) {
   badge.textContent = text;
 }
 
+// A hidden tab follows nothing: a browser opens at most six connections to one manager,
+// and twenty tabs each holding a stream would leave none for the tab in front. A tab that
+// is shown again reads everything anew and follows from there.
+function pauseWhileHidden() {
+  document.addEventListener('visibilitychange', () => {
+    if (!ui.started) return;
+    if (document.hidden) {
+      if (ui.stream) ui.stream.abort();
+      ui.stream = null;
+      setConnection('', 'paused while the tab is hidden');
+    } else {
+      ui.retry = 1000;
+      reconnect();
+    }
+  });
+}
+
 async function follow() {
+  if (document.hidden) {
+    setConnection('', 'paused while the tab is hidden');
+    return;
+  }
   if (ui.stream) ui.stream.abort();
   const controller = new AbortController();
   ui.stream = controller;
@@ -285,7 +364,7 @@ function take(event) {
   const object = event.Object;
   switch (event.Topic) {
     case 'Task':
-      if (event.Type === 'Removed') ui.tasks.delete(event.Key);
+      if (event.Type === 'Removed') { ui.tasks.delete(event.Key); ui.removed.add(event.Key); }
       else if (object && object.ID) ui.tasks.set(object.ID, object);
       break;
     case 'Node':
@@ -317,6 +396,7 @@ function refresh(what) {
         ui.jobs = new Map(jobs.map((job) => [jobName(job), job]));
       } else if (what === 'queue') {
         ui.queue = (await api('GET', '/queue')).json || [];
+        ui.services = (await api('GET', '/services')).json || [];
       }
     } catch (err) {
       console.warn('could not read ' + what, err);
@@ -359,7 +439,8 @@ function clusterPage() {
       const counts = {};
       for (const task of ui.tasks.values()) counts[task.State] = (counts[task.State] || 0) + 1;
       summary.replaceChildren(...STATES.map((state) => el('a', { class: 'count', href: '#/tasks?state=' + state },
-        el('b', {}, String(counts[state] || 0)), stateBadge(state))));
+        el('b', {}, String(counts[state] || 0)), stateBadge(state))),
+      ui.loadingTasks ? el('span', { class: 'muted', role: 'status' }, 'counting the rest…') : '');
       const rows = [...ui.nodes.values()].sort((a, b) => a.Name.localeCompare(b.Name)).map((node) => {
         const capacity = node.Capacity || {};
         const allocated = node.Allocated || {};
@@ -387,7 +468,9 @@ function clusterPage() {
         managers.replaceChildren(el('p', { class: 'muted' }, 'One manager.'));
       } else {
         managers.replaceChildren(table([{ title: 'Manager' }, { title: 'Shards' }],
-          shards.Managers.map((manager) => ({ cells: [manager.Manager, (manager.Shards || []).join(', ')] })),
+          shards.Managers.map((manager) => ({ cells: [
+            el('span', {}, manager.Manager, manager.Manager === ui.leader ? el('span', { class: 'state Ready' }, 'leader') : ''),
+            (manager.Shards || []).join(', ')] })),
           'No manager holds shards.'));
       }
     },
@@ -417,7 +500,8 @@ function tasksPage(query) {
       const pages = Math.max(1, Math.ceil(matching.length / PAGE_SIZE));
       page = Math.min(page, pages - 1);
       const shown = matching.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
-      counter.textContent = matching.length + ' tasks' + (pages > 1 ? ', page ' + (page + 1) + ' of ' + pages : '');
+      counter.textContent = matching.length + ' tasks' + (ui.loadingTasks ? ' so far (reading the rest)' : '')
+        + (pages > 1 ? ', page ' + (page + 1) + ' of ' + pages : '');
       list.replaceChildren(table([
         { title: 'Name' }, { title: 'State' }, { title: 'Node' }, { title: 'Job', class: 'optional' },
         { title: 'Image', class: 'optional' }, { title: 'Created' },
@@ -668,10 +752,17 @@ function drawDeployment(target, deployment) {
 
 function queuePage() {
   const list = el('div');
+  const services = el('div');
   return {
     title: 'Waiting list',
-    body: [el('h1', {}, 'Waiting list'), list],
+    body: [el('h1', {}, 'Waiting list'), list, el('h2', {}, 'Services'), services],
     update() {
+      services.replaceChildren(table([{ title: 'Service' }, { title: 'Node' }, { title: 'Address' }],
+        (ui.services || []).map((service) => ({ cells: [
+          el('a', { href: '#/tasks/' + service.ID }, service.Name || service.ID),
+          service.Node || '—',
+          Object.entries(service.Ports || {}).map(([port, host]) => (service.Address || '') + ':' + host + ' → ' + port).join(', ') || (service.Address || '—')] })),
+        'No claimed request answers anywhere yet.'));
       const entries = [...ui.queue].sort((a, b) => (a.Position || 1e9) - (b.Position || 1e9));
       list.replaceChildren(table([{ title: 'Position', class: 'num' }, { title: 'Request' }, { title: 'State' },
         { title: 'Waiting for' }, { title: 'Owner', class: 'optional' }, { title: 'Priority', class: 'num' }, { title: 'Since' }],
@@ -743,7 +834,10 @@ async function start() {
     ui.retry = Math.min(ui.retry * 2, 10000);
     return;
   }
+  ui.started = true;
   route();
+  // When the first page is on screen (the frame after it was drawn): `cube-bench ui` reads it.
+  requestAnimationFrame(() => performance.mark('cube-first-render'));
   follow();
 }
 
@@ -753,5 +847,6 @@ window.addEventListener('hashchange', route);
 setInterval(draw, 30000);
 document.addEventListener('DOMContentLoaded', () => {
   setUpTokenDialog();
+  pauseWhileHidden();
   start();
 });
