@@ -53,6 +53,17 @@ fn free_port() -> u16 {
 impl Browser {
     /// Starts `chromedriver` and a headless Chromium session of 1280×800.
     pub async fn start() -> Browser {
+        Browser::start_with(false).await
+    }
+
+    /// [`Browser::start`], the browser taking any server certificate: for a manager with
+    /// `--tls`, whose certificate comes from the cluster's own CA, which a person's browser
+    /// would be told to trust once.
+    pub async fn start_accepting_any_certificate() -> Browser {
+        Browser::start_with(true).await
+    }
+
+    async fn start_with(accept_any_certificate: bool) -> Browser {
         let chromium = binary("chromium");
         let driver_path = binary("chromedriver");
         let port = free_port();
@@ -88,6 +99,7 @@ impl Browser {
             "capabilities": {
                 "alwaysMatch": {
                     "browserName": "chrome",
+                    "acceptInsecureCerts": accept_any_certificate,
                     "goog:chromeOptions": {
                         "binary": chromium,
                         "args": [

@@ -350,3 +350,52 @@ async fn a_lost_connection_is_shown_and_the_page_comes_back_with_the_manager() {
         manager.client().delete(&format!("/tasks/{id}")).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_works_over_tls_with_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--acl", "--tls"]);
+    assert!(manager.url.starts_with("https://"), "{}", manager.url);
+    // The test's own client trusts the manager's certificate as the browser is told to.
+    let insecure = http_builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let bootstrap: Value = insecure
+        .post(format!("{}/acl/bootstrap", manager.url))
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let secret = bootstrap["Secret"].as_str().unwrap().to_string();
+
+    let browser = Browser::start_accepting_any_certificate().await;
+    browser.open(&format!("{}/ui", manager.url)).await;
+    browser
+        .wait_for("#token-dialog", "the token dialog", |text| {
+            text.contains("needs a token")
+        })
+        .await;
+    let input = browser.find("#token-input").await;
+    browser.type_into(&input, &secret).await;
+    browser.press("#token-submit").await;
+    browser
+        .wait_for("#who", "who the token is", |text| {
+            text.contains("management")
+        })
+        .await;
+    browser
+        .wait_for("#connection", "the live stream over HTTPS", |text| {
+            text == "live"
+        })
+        .await;
+    browser
+        .wait_for("#main", "the cluster page", |text| {
+            text.contains("No node has joined yet")
+        })
+        .await;
+    browser.screenshot(&screenshots().join("tls.png")).await;
+}
