@@ -314,32 +314,18 @@ async function follow() {
   const controller = new AbortController();
   ui.stream = controller;
   try {
-    const response = await fetch('/events?index=' + ui.index, { headers: headers(), signal: controller.signal });
-    if (response.status === 410 || response.status === 400) {
+    await readLines('/events?index=' + ui.index, { headers: headers(), signal: controller.signal }, take, () => {
+      setConnection('live', 'live');
+      ui.retry = 1000;
+    });
+  } catch (err) {
+    if (controller.signal.aborted) return;
+    if (err.status === 410 || err.status === 400) {
       // The events after our index are no longer kept: read everything again.
-      await loadAll();
+      await loadAll().catch(() => {});
       draw();
       return follow();
     }
-    if (!response.ok) throw new ApiError(response.status, await response.text());
-    setConnection('live', 'live');
-    ui.retry = 1000;
-    const reader = response.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = '';
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let end;
-      while ((end = buffer.indexOf('\n')) >= 0) {
-        const line = buffer.slice(0, end).trim();
-        buffer = buffer.slice(end + 1);
-        if (line) take(JSON.parse(line));
-      }
-    }
-  } catch (err) {
-    if (controller.signal.aborted) return;
     console.warn('the event stream broke', err);
   }
   if (controller.signal.aborted) return;
@@ -527,8 +513,9 @@ function tasksPage(query) {
   };
 }
 
-// Reads a stream of JSON lines into `onLine` until it ends or `signal` aborts.
-async function readLines(path, init, onLine) {
+// Reads a stream of JSON lines into `onLine` until it ends or `init.signal` aborts;
+// `onOpen` is called once the answer said yes. A refusal throws its status and message.
+async function readLines(path, init, onLine, onOpen) {
   const response = await fetch(path, init);
   if (!response.ok) {
     const text = await response.text();
@@ -536,6 +523,7 @@ async function readLines(path, init, onLine) {
     try { message = JSON.parse(text).Message || text; } catch (_) { /* plain text */ }
     throw new ApiError(response.status, message);
   }
+  if (onOpen) onOpen();
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = '';

@@ -124,9 +124,28 @@ impl EtcdDb {
 
     /// Every key under `prefix`, in key order, and the revision they were read at.
     pub async fn read_prefix(&self, prefix: &str) -> Result<(Vec<LeasedKey>, i64), StoreError> {
+        let root_length = self.inner.root.len();
+        let (kvs, revision) = self.range_of(prefix).await?;
+        let keys = kvs
+            .into_iter()
+            .map(|kv| LeasedKey {
+                key: relative_key(root_length, &kv),
+                value: kv.value().to_vec(),
+                create_revision: kv.create_revision(),
+                lease: kv.lease(),
+            })
+            .collect();
+        Ok((keys, revision))
+    }
+
+    /// Every etcd key-value under `prefix` (relative to the store's prefix), in key order,
+    /// and the revision they were read at.
+    pub(super) async fn range_of(
+        &self,
+        prefix: &str,
+    ) -> Result<(Vec<etcd_client::KeyValue>, i64), StoreError> {
         let members = self.inner.members.clone();
         let start = self.whole(prefix);
-        let root_length = self.inner.root.len();
         self.on_runtime(async move {
             let end = prefix_end(&start);
             let mut response = members
@@ -140,18 +159,7 @@ impl EtcdDb {
                 })
                 .await?;
             let revision = response.header().map_or(0, |header| header.revision());
-            let keys = response
-                .take_kvs()
-                .into_iter()
-                .map(|kv| LeasedKey {
-                    key: String::from_utf8_lossy(&kv.key()[root_length.min(kv.key().len())..])
-                        .into_owned(),
-                    value: kv.value().to_vec(),
-                    create_revision: kv.create_revision(),
-                    lease: kv.lease(),
-                })
-                .collect();
-            Ok((keys, revision))
+            Ok((response.take_kvs(), revision))
         })
         .await
     }
@@ -261,6 +269,11 @@ impl EtcdDb {
             _ = watching => {}
         }
     }
+}
+
+/// A key read from etcd without the store's prefix (`root_length` bytes).
+pub(super) fn relative_key(root_length: usize, kv: &etcd_client::KeyValue) -> String {
+    String::from_utf8_lossy(&kv.key()[root_length.min(kv.key().len())..]).into_owned()
 }
 
 /// Sends one transaction to the members (again to the next while one cannot answer).

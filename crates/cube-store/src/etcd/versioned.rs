@@ -7,11 +7,11 @@
 //! Keys here are relative to the store's prefix, as table names are: `tasks/ID` is a task
 //! record of the `tasks` table, and its watchers see the write as any other.
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
-use super::leased::send_txn;
+use super::EtcdDb;
+use super::leased::{relative_key, send_txn};
 use super::writer::{Fence, MAX_TXN_OPS};
-use super::{EtcdDb, prefix_end};
 use crate::StoreError;
 
 /// A key as read, with the revision it was last changed at.
@@ -46,30 +46,12 @@ impl EtcdDb {
     /// Every key under `prefix` with its value and `mod_revision`, in key order, and the
     /// revision they were read at.
     pub async fn read_versioned(&self, prefix: &str) -> Result<(Vec<Versioned>, i64), StoreError> {
-        let members = self.inner.members.clone();
-        let start = self.whole(prefix);
         let root_length = self.inner.root.len();
-        self.on_runtime(async move {
-            let end = prefix_end(&start);
-            let mut response = members
-                .call(|mut client| {
-                    let (start, end) = (start.clone(), end.clone());
-                    async move {
-                        client
-                            .get(start, Some(GetOptions::new().with_range(end)))
-                            .await
-                    }
-                })
-                .await?;
-            let revision = response.header().map_or(0, |header| header.revision());
-            let keys = response
-                .take_kvs()
-                .into_iter()
-                .map(|kv| versioned(root_length, &kv))
-                .collect();
-            Ok((keys, revision))
-        })
-        .await
+        let (kvs, revision) = self.range_of(prefix).await?;
+        Ok((
+            kvs.iter().map(|kv| versioned(root_length, kv)).collect(),
+            revision,
+        ))
     }
 
     /// Writes `puts` (`None` deletes the key) in one transaction, if every key of
@@ -157,7 +139,7 @@ impl EtcdDb {
 
 fn versioned(root_length: usize, kv: &etcd_client::KeyValue) -> Versioned {
     Versioned {
-        key: String::from_utf8_lossy(&kv.key()[root_length.min(kv.key().len())..]).into_owned(),
+        key: relative_key(root_length, kv),
         value: kv.value().to_vec(),
         mod_revision: kv.mod_revision(),
     }
