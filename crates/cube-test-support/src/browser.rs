@@ -173,8 +173,23 @@ impl Browser {
         Ok(answer["value"].clone())
     }
 
-    /// The window's size in CSS pixels.
+    /// The page's size (the viewport, what a screenshot holds) in CSS pixels: the window is
+    /// made larger by what the browser's own bars take.
     pub async fn set_size(&self, width: u32, height: u32) {
+        self.set_window(width, height).await;
+        let inner = self
+            .script("return [window.innerWidth, window.innerHeight];", vec![])
+            .await;
+        if let (Some(inner_width), Some(inner_height)) = (inner[0].as_u64(), inner[1].as_u64()) {
+            let grow = |outer: u32, inner: u64| outer + outer.saturating_sub(inner as u32);
+            if inner_width != u64::from(width) || inner_height != u64::from(height) {
+                self.set_window(grow(width, inner_width), grow(height, inner_height))
+                    .await;
+            }
+        }
+    }
+
+    async fn set_window(&self, width: u32, height: u32) {
         self.call(
             reqwest::Method::POST,
             "/window/rect",

@@ -88,6 +88,18 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
         .await;
     browser.screenshot(&shots.join("task.png")).await;
 
+    // A command run in it from the page answers there.
+    let command = browser.find("#exec-command").await;
+    browser
+        .type_into(&command, "echo hello-from-the-page")
+        .await;
+    browser.press("#exec-run").await;
+    browser
+        .wait_for("#exec-output", "the command's output", |text| {
+            text.contains("hello-from-the-page") && text.contains("exit code 0")
+        })
+        .await;
+
     // Stopping it from the page stops it: the page asks first, then the manager says so.
     let stop = browser.find("#stop-task").await;
     assert!(browser.is_enabled(&stop).await);
@@ -206,6 +218,44 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
         .await;
     browser.screenshot(&shots.join("events.png")).await;
 
+    // Projects: the page shows every project the token reaches, or the one picked.
+    let made = client
+        .post_raw("/projects", json!({"Name": "team-ui"}).to_string())
+        .await;
+    assert_eq!(made.status, 201, "{}", made.body);
+    let theirs = client
+        .post_raw(
+            "/tasks?project=team-ui",
+            web_task("ui-team-task").to_string(),
+        )
+        .await;
+    assert_eq!(theirs.status, 201, "{}", theirs.body);
+    let theirs = theirs.body["ID"].as_str().unwrap().to_string();
+    browser.open(&format!("{}/ui#/tasks", dev.url)).await;
+    browser
+        .wait_for(
+            "#main",
+            "the other project's task among every project's",
+            |text| text.contains("ui-team-task") && text.contains("ui-web"),
+        )
+        .await;
+    browser.press("#project option[value='team-ui']").await;
+    browser
+        .wait_for("#main", "team-ui's task alone", |text| {
+            text.contains("ui-team-task") && !text.contains("ui-web")
+        })
+        .await;
+    browser.screenshot(&shots.join("project.png")).await;
+    browser.press("#project option[value='*']").await;
+    browser
+        .wait_for("#main", "every project again", |text| {
+            text.contains("ui-web")
+        })
+        .await;
+    client
+        .delete(&format!("/tasks/{theirs}?project=team-ui"))
+        .await;
+
     // At a narrow width the page still reads, without a sideways scroll of the whole page.
     browser.set_size(420, 800).await;
     browser.open(&format!("{}/ui", dev.url)).await;
@@ -234,7 +284,7 @@ async fn the_page_shows_the_cluster_live_follows_logs_and_stops_a_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_acl_the_page_asks_for_a_token_and_a_read_token_cannot_stop() {
     let dir = tempfile::tempdir().unwrap();
-    let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--acl"]);
+    let manager = ManagerProcess::start_dev_with(&unique_node("ui-acl"), dir.path(), &["--acl"]);
     let anonymous = manager.client();
     let bootstrap = anonymous
         .request_answer("POST", "/acl/bootstrap", Some("{}"))
@@ -250,8 +300,7 @@ async fn with_acl_the_page_asks_for_a_token_and_a_read_token_cannot_stop() {
         .await;
     assert_eq!(made.status, 201, "{}", made.body);
     let read_secret = made.body["Secret"].as_str().unwrap().to_string();
-    // No worker: the task waits, and may be stopped by a token that may stop it.
-    let id = management.submit(&web_task("ui-guarded")).await;
+    let (id, _) = management.run(&web_task("ui-guarded")).await;
     let shots = screenshots();
 
     let browser = Browser::start().await;
@@ -286,7 +335,9 @@ async fn with_acl_the_page_asks_for_a_token_and_a_read_token_cannot_stop() {
         .open(&format!("{}/ui#/tasks/{id}", manager.url))
         .await;
     browser
-        .wait_for("#main dl", "the task", |text| text.contains("ui-guarded"))
+        .wait_for("#main dl", "the task running", |text| {
+            text.contains("ui-guarded") && text.contains("Running")
+        })
         .await;
     let stop = browser.find("#stop-task").await;
     assert!(
@@ -304,6 +355,8 @@ async fn with_acl_the_page_asks_for_a_token_and_a_read_token_cannot_stop() {
     );
     let task = management.get(&format!("/tasks/{id}")).await;
     assert_eq!(task.body["DesiredState"], "Running");
+    assert_eq!(task.body["State"], "Running");
+    management.delete(&format!("/tasks/{id}")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

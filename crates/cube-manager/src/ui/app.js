@@ -12,6 +12,9 @@ const EVENTS_KEPT = 1000;
 
 const ui = {
   token: sessionStorage.getItem('cube-token') || '',
+  // The project the page shows: `*` is every project the token reaches.
+  project: sessionStorage.getItem('cube-project') || '*',
+  projects: [],
   self: null,
   index: 0,
   nodes: new Map(),
@@ -46,11 +49,19 @@ function headers(extra) {
   return all;
 }
 
-// One request to the API: its JSON and its X-Cube-Index. A 401 asks for a token.
-async function api(method, path, body) {
+// `path` in `project` (the page's by default): every route takes `?project=`.
+function scoped(path, project) {
+  const scope = project || ui.project;
+  if (!scope || scope === 'default') return path;
+  return path + (path.includes('?') ? '&' : '?') + 'project=' + encodeURIComponent(scope);
+}
+
+// One request to the API, in the page's project (or `project`): its JSON, its X-Cube-Index
+// and its next page's token. A 401 asks for a token.
+async function api(method, path, body, project) {
   const init = { method, headers: headers(body === undefined ? {} : { 'Content-Type': 'application/json' }) };
   if (body !== undefined) init.body = JSON.stringify(body);
-  const response = await fetch(path, init);
+  const response = await fetch(scoped(path, project), init);
   const text = await response.text();
   let json = null;
   try { json = text ? JSON.parse(text) : null; } catch (_) { json = null; }
@@ -238,15 +249,20 @@ function loadRest() {
 
 async function loadTheRest(generation) {
   const optional = (path) => api('GET', path).catch((err) => { console.warn('could not read ' + path, err); return null; });
-  const [jobs, queue, shards, leader, services] = await Promise.all([
+  const [jobs, queue, shards, leader, services, projects] = await Promise.all([
     optional('/jobs'),
     optional('/queue'),
     optional('/shards'),
     // Several managers on etcd answer who leads; a manager on its own store has no such route.
     optional('/leader'),
     optional('/services'),
+    optional('/projects'),
   ]);
   if (generation !== ui.generation) return;
+  if (projects) {
+    ui.projects = (projects.json || []).map((project) => project.Name).filter(Boolean);
+    drawProjects();
+  }
   if (jobs) ui.jobs = new Map((jobs.json || []).map((job) => [jobName(job), job]));
   if (queue) ui.queue = queue.json || [];
   ui.shards = shards ? shards.json : null;
@@ -278,8 +294,38 @@ async function loadMoreTasks(next, generation) {
   }
 }
 
+// A job's key, as its copies' `Job` says it: its name in `default`, `PROJECT/NAME` elsewhere.
 function jobName(view) {
-  return view.Job ? view.Job.Name : view.Name;
+  const job = view.Job || view;
+  return job.Project && job.Project !== 'default' ? job.Project + '/' + job.Name : job.Name;
+}
+
+// The job routes' path and project of a job's key.
+function jobRoute(key) {
+  const at = key.indexOf('/');
+  const [project, name] = at < 0 ? ['default', key] : [key.slice(0, at), key.slice(at + 1)];
+  return { project, name, path: '/jobs/' + encodeURIComponent(name) };
+}
+
+// The header's project selector: every project the token reaches, or one.
+function drawProjects() {
+  const select = document.getElementById('project');
+  const names = ['*', ...ui.projects];
+  if (!names.includes(ui.project)) names.push(ui.project);
+  select.replaceChildren(...names.map((name) => el('option', { value: name, selected: name === ui.project },
+    name === '*' ? 'every project' : name)));
+}
+
+function setUpProjects() {
+  const select = document.getElementById('project');
+  drawProjects();
+  select.addEventListener('change', () => {
+    ui.project = select.value;
+    sessionStorage.setItem('cube-project', ui.project);
+    if (!ui.started) return;
+    ui.retry = 1000;
+    reconnect();
+  });
 }
 
 function setConnection(state, text) {
@@ -376,6 +422,9 @@ function take(event) {
     case 'Quota':
       refresh('queue');
       break;
+    case 'Project':
+      refresh('projects');
+      break;
     default:
       break;
   }
@@ -391,6 +440,9 @@ function refresh(what) {
       if (what === 'jobs') {
         const jobs = (await api('GET', '/jobs')).json || [];
         ui.jobs = new Map(jobs.map((job) => [jobName(job), job]));
+      } else if (what === 'projects') {
+        ui.projects = ((await api('GET', '/projects')).json || []).map((project) => project.Name).filter(Boolean);
+        drawProjects();
       } else if (what === 'queue') {
         ui.queue = (await api('GET', '/queue')).json || [];
         ui.services = (await api('GET', '/services')).json || [];
@@ -497,7 +549,7 @@ function tasksPage(query) {
       const pages = Math.max(1, Math.ceil(matching.length / PAGE_SIZE));
       page = Math.min(page, pages - 1);
       const shown = matching.slice(page * PAGE_SIZE, (page + 1) * PAGE_SIZE);
-      counter.textContent = matching.length + ' tasks' + (ui.loadingTasks ? ' so far (reading the rest)' : '')
+      counter.textContent = matching.length + (matching.length === 1 ? ' task' : ' tasks') + (ui.loadingTasks ? ' so far (reading the rest)' : '')
         + (pages > 1 ? ', page ' + (page + 1) + ' of ' + pages : '');
       list.replaceChildren(table([
         { title: 'Name' }, { title: 'State' }, { title: 'Node' }, { title: 'Job', class: 'optional' },
@@ -516,7 +568,7 @@ function tasksPage(query) {
 // Reads a stream of JSON lines into `onLine` until it ends or `init.signal` aborts;
 // `onOpen` is called once the answer said yes. A refusal throws its status and message.
 async function readLines(path, init, onLine, onOpen) {
-  const response = await fetch(path, init);
+  const response = await fetch(scoped(path), init);
   if (!response.ok) {
     const text = await response.text();
     let message = text;
@@ -664,24 +716,24 @@ function jobPage(name) {
   const copies = el('div');
   const deployment = el('div');
   const versions = el('div');
-  const path = '/jobs/' + encodeURIComponent(name);
+  const { project, path } = jobRoute(name);
   const scale = el('input', { id: 'scale-count', type: 'number', min: '0', value: '1', width: '6rem' });
   // The confirmation says what the manager's plan would do (`cube job plan`).
   const scaleText = async () => {
     const view = ui.jobs.get(name);
     const job = JSON.parse(JSON.stringify(view.Job));
     job.Groups[0].Count = Number(scale.value);
-    const plan = (await api('POST', '/jobs/plan', job)).json;
+    const plan = (await api('POST', '/jobs/plan', job, project)).json;
     return 'Scale ' + name + ' to ' + scale.value + ' copies? The plan: ' + (plan.Create || []).length + ' to create, '
       + (plan.Stop || []).length + ' to stop, ' + (plan.Keep || []).length + ' kept.';
   };
   const scaleButton = actionButton('Scale', 'submit', scaleText, async () => {
     const view = ui.jobs.get(name);
     const group = view && view.Job && view.Job.Groups && view.Job.Groups[0] ? view.Job.Groups[0].Name : '';
-    await api('POST', path + '/scale', { Group: group, Count: Number(scale.value) });
+    await api('POST', path + '/scale', { Group: group, Count: Number(scale.value) }, project);
   }, { id: 'scale-job' });
-  const stop = actionButton('Stop job', 'submit', 'Stop job ' + name + '? Every copy is stopped.', () => api('DELETE', path), { id: 'stop-job', class: 'danger' });
-  const promote = actionButton('Promote', 'submit', 'Promote the canaries of ' + name + '? The rollout goes on to every copy.', () => api('POST', path + '/promote', {}), { id: 'promote-job' });
+  const stop = actionButton('Stop job', 'submit', 'Stop job ' + name + '? Every copy is stopped.', () => api('DELETE', path, undefined, project), { id: 'stop-job', class: 'danger' });
+  const promote = actionButton('Promote', 'submit', 'Promote the canaries of ' + name + '? The rollout goes on to every copy.', () => api('POST', path + '/promote', {}, project), { id: 'promote-job' });
   let loaded = null;
   let drawn = null;
   return {
@@ -710,9 +762,9 @@ function jobPage(name) {
       // the jobs again, which gives a new view), not at every event.
       if (drawn !== view) {
         drawn = view;
-        api('GET', path + '/deployment').then((answer) => drawDeployment(deployment, answer.json))
+        api('GET', path + '/deployment', undefined, project).then((answer) => drawDeployment(deployment, answer.json))
           .catch(() => deployment.replaceChildren(el('p', { class: 'muted' }, 'No deployment.')));
-        api('GET', path + '/versions').then((answer) => drawVersions(versions, name, answer.json || []))
+        api('GET', path + '/versions', undefined, project).then((answer) => drawVersions(versions, name, answer.json || []))
           .catch((err) => versions.replaceChildren(el('p', { class: 'error' }, err.message)));
       }
     },
@@ -721,14 +773,14 @@ function jobPage(name) {
 
 // The kept versions, newest first, each with what it changed and a revert to it.
 function drawVersions(target, name, kept) {
-  const path = '/jobs/' + encodeURIComponent(name);
+  const { project, path } = jobRoute(name);
   target.replaceChildren(table([{ title: 'Version', class: 'num' }, { title: 'Submitted' }, { title: 'Stable' },
     { title: 'Changes' }, { title: '' }], kept.map((version) => ({ cells: [
     String(version.Version) + (version.Current ? ' (current)' : ''), ago(version.SubmitTime), version.Stable ? 'yes' : 'no',
     el('div', {}, (version.Diff || []).map((line) => el('div', {}, el('code', {}, line)))),
     version.Current ? '' : actionButton('Revert to ' + version.Version, 'submit',
       'Revert ' + name + ' to version ' + version.Version + '? Its spec becomes a new version, rolled out as any other.',
-      () => api('POST', path + '/revert', { Version: version.Version })),
+      () => api('POST', path + '/revert', { Version: version.Version }, project)),
   ] })), 'No versions kept.'));
 }
 
@@ -853,6 +905,7 @@ window.addEventListener('hashchange', route);
 setInterval(draw, 30000);
 document.addEventListener('DOMContentLoaded', () => {
   setUpTokenDialog();
+  setUpProjects();
   pauseWhileHidden();
   start();
 });
