@@ -18,7 +18,7 @@ use cube_runtime::sample_image::SAMPLE_IMAGE;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-use crate::load::{self, DbType, ManagerProcess, SIM_WORKERS, SimWorkers};
+use crate::load::{self, DbType, SIM_WORKERS, SimCluster};
 
 /// p50 and p99 of latencies in milliseconds.
 fn percentiles(mut values: Vec<f64>) -> (f64, f64) {
@@ -178,13 +178,13 @@ pub(crate) async fn metrics_scrape(
     cube: &Path,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(scrapes > 0, "--scrapes must be at least 1");
-    let data_dir = tempfile::tempdir()?;
-    let manager = ManagerProcess::start(cube, data_dir.path(), dbtype).await?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()?;
+    let SimCluster {
+        _data_dir,
+        manager,
+        http,
+        sim,
+    } = SimCluster::start(cube, dbtype, SIM_WORKERS).await?;
     let base = manager.base.clone();
-    let sim = SimWorkers::start(&http, &base, SIM_WORKERS).await?;
     load::load_tasks(&http, &base, "t", 0, tasks).await?;
     load::await_placed(&http, &base, tasks).await?;
     load::await_running(&http, &base, tasks).await?;

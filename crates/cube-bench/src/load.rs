@@ -209,6 +209,38 @@ impl ManagerProcess {
     }
 }
 
+/// What several benchmarks start with: one `cube manager` on a store of its own in a
+/// temporary directory, an HTTP client with a long timeout (loads of thousands of tasks) and
+/// `workers` simulated workers joined to it.
+pub(crate) struct SimCluster {
+    /// Removed when the cluster is dropped: keep it as long as the manager runs.
+    pub(crate) _data_dir: tempfile::TempDir,
+    pub(crate) manager: ManagerProcess,
+    pub(crate) http: reqwest::Client,
+    pub(crate) sim: SimWorkers,
+}
+
+impl SimCluster {
+    pub(crate) async fn start(
+        cube: &Path,
+        dbtype: DbType,
+        workers: usize,
+    ) -> anyhow::Result<SimCluster> {
+        let data_dir = tempfile::tempdir()?;
+        let manager = ManagerProcess::start(cube, data_dir.path(), dbtype).await?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()?;
+        let sim = SimWorkers::start(&http, &manager.base, workers).await?;
+        Ok(SimCluster {
+            _data_dir: data_dir,
+            manager,
+            http,
+            sim,
+        })
+    }
+}
+
 /// `cube-bench sim-workers` as a child process, registered with a manager; killed when dropped.
 pub(crate) struct SimWorkers {
     child: Child,

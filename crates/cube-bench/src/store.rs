@@ -25,7 +25,7 @@ use anyhow::Context;
 use tokio::task::JoinSet;
 
 use crate::Summary;
-use crate::load::{self, DbType, ManagerProcess, SIM_WORKERS, SimWorkers};
+use crate::load::{self, DbType, ManagerProcess, SIM_WORKERS, SimCluster, SimWorkers};
 
 /// How many `GET /tasks` are timed at each size.
 const LIST_SAMPLES: usize = 20;
@@ -270,13 +270,13 @@ async fn submit_until_stopped(
 async fn list_latency(cube: &Path, sizes: &[usize]) -> anyhow::Result<Vec<(usize, Summary, f64)>> {
     let mut sizes = sizes.to_vec();
     sizes.sort_unstable();
-    let data_dir = tempfile::tempdir()?;
-    let manager = ManagerProcess::start(cube, data_dir.path(), DbType::Persistent).await?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()?;
+    let SimCluster {
+        _data_dir,
+        manager,
+        http,
+        sim,
+    } = SimCluster::start(cube, DbType::Persistent, SIM_WORKERS).await?;
     let base = manager.base.clone();
-    let sim = SimWorkers::start(&http, &base, SIM_WORKERS).await?;
     let mut loaded = 0;
     let mut results = Vec::new();
     for size in sizes {

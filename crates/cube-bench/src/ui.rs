@@ -23,7 +23,7 @@ use cube_test_support::Browser;
 use serde_json::json;
 
 use crate::Summary;
-use crate::load::{self, DbType, ManagerProcess, SimWorkers};
+use crate::load::{self, DbType, SimCluster};
 
 const SIM_WORKERS: usize = 100;
 
@@ -39,13 +39,13 @@ Promise.all(['/nodes', '/tasks?summary=true&limit=500'].map((path) =>
 
 pub async fn ui(runs: usize, tasks: usize, tabs: usize, cube: &Path) -> anyhow::Result<()> {
     anyhow::ensure!(runs > 0, "--runs must be at least 1");
-    let data_dir = tempfile::tempdir()?;
-    let manager = ManagerProcess::start(cube, data_dir.path(), DbType::Persistent).await?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()?;
+    let SimCluster {
+        _data_dir,
+        manager,
+        http,
+        sim,
+    } = SimCluster::start(cube, DbType::Persistent, SIM_WORKERS).await?;
     let base = manager.base.clone();
-    let sim = SimWorkers::start(&http, &base, SIM_WORKERS).await?;
     load::load_tasks(&http, &base, "ui", 0, tasks).await?;
     load::await_running(&http, &base, tasks).await?;
 

@@ -468,14 +468,6 @@ function draw() {
 
 // ---- pages ----------------------------------------------------------------------------
 
-function tasksOn(node) {
-  const held = [];
-  for (const task of ui.tasks.values()) {
-    if (task.NodeName === node && (task.State === 'Running' || task.State === 'Scheduled')) held.push(task);
-  }
-  return held;
-}
-
 function clusterPage() {
   const summary = el('div', { class: 'summary', 'aria-label': 'Tasks by state' });
   const managers = el('div');
@@ -485,15 +477,23 @@ function clusterPage() {
     body: [el('h1', {}, 'Cluster'), el('h2', {}, 'Tasks by state'), summary,
       el('h2', {}, 'Nodes'), nodes, el('h2', {}, 'Managers'), managers],
     update() {
+      // One pass over the tasks: the counts by state and what each node holds.
       const counts = {};
-      for (const task of ui.tasks.values()) counts[task.State] = (counts[task.State] || 0) + 1;
+      const onNode = new Map();
+      for (const task of ui.tasks.values()) {
+        counts[task.State] = (counts[task.State] || 0) + 1;
+        if (task.NodeName && (task.State === 'Running' || task.State === 'Scheduled')) {
+          if (!onNode.has(task.NodeName)) onNode.set(task.NodeName, []);
+          onNode.get(task.NodeName).push(task);
+        }
+      }
       summary.replaceChildren(...STATES.map((state) => el('a', { class: 'count', href: '#/tasks?state=' + state },
         el('b', {}, String(counts[state] || 0)), stateBadge(state))),
       ui.loadingTasks ? el('span', { class: 'muted', role: 'status' }, 'counting the rest…') : '');
       const rows = [...ui.nodes.values()].sort((a, b) => a.Name.localeCompare(b.Name)).map((node) => {
         const capacity = node.Capacity || {};
         const allocated = node.Allocated || {};
-        const held = tasksOn(node.Name);
+        const held = onNode.get(node.Name) || [];
         return {
           attributes: { 'data-node': node.Name },
           cells: [
