@@ -2,9 +2,9 @@
 # Makes this machine ready for Cube: installs what is missing (Docker engine, busybox-static,
 # curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
 # for the etcd store's tests, openssl for the tests' certificates, etcd-client for etcdctl,
-# promtool for the metrics lint, chromium and chromium-driver for the web UI's tests) from
-# Debian's packages, and starts dockerd when no engine
-# answers. Safe to run again.
+# promtool for the metrics lint, chromium and chromium-driver for the web UI's tests,
+# docker-registry and apache2-utils for the private-registry tests) from Debian's packages,
+# and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
 log() { printf 'setup: %s\n' "$*" >&2; }
@@ -32,10 +32,26 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 # The web UI's tests drive the real page in headless Chromium through chromedriver.
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# The private-registry tests start their own registries (Debian's docker-registry) with
+# htpasswd basic auth on loopback ports (cube-test-support).
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+# htpasswd makes those registries' bcrypt password files.
+command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  # docker-registry also enables a registry service of its own (on port 5000, all interfaces),
+  # started at once where an init system runs; where none runs (a container), invoke-rc.d finds
+  # no runlevel and nothing starts. The tests never use it: it is stopped and disabled.
+  if [[ " ${missing[*]} " == *" docker-registry "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      as_root systemctl disable --now docker-registry.service >/dev/null 2>&1 || true
+    else
+      as_root update-rc.d docker-registry disable >/dev/null 2>&1 || true
+      as_root /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+    fi
+  fi
 fi
 
 # The metrics tests lint both processes' /metrics with Prometheus's own checker, `promtool

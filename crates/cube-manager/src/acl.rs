@@ -154,6 +154,15 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
         "/projects/{name}/quota",
         Need::Role(Role::Management),
     ),
+    // Names, versions and times; never a value.
+    ("GET", "/secrets", Need::Role(Role::Read)),
+    ("POST", "/secrets", Need::Role(Role::Submit)),
+    ("DELETE", "/secrets/{name}", Need::Role(Role::Submit)),
+    // The values of a run's secrets: to the node the task is placed on, and to nobody else.
+    ("GET", "/nodes/{name}/secrets", Need::Role(Role::Node)),
+    ("POST", "/registries", Need::Role(Role::Submit)),
+    ("GET", "/volumes", Need::Role(Role::Read)),
+    ("DELETE", "/volumes/{name}", Need::Role(Role::Submit)),
 ];
 
 /// What `route` (a pattern as the router matched it) needs for `method`; a `HEAD` needs what
@@ -768,7 +777,7 @@ async fn checked(
                 return refused(&record.name, Some(record.role), ApiError::from(rejection));
             }
         };
-        if tls && route == "/nodes/{name}" {
+        if tls && (route == "/nodes/{name}" || route == "/nodes/{name}/secrets") {
             // With TLS, a report for node N is taken only over N's certificate.
             let peer = parts.extensions.get::<PeerIdentity>();
             if let Err(error) = check_node_peer(peer, &node, &format!("{method} {route}")) {

@@ -112,7 +112,9 @@ pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /ta
          GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /shards, \
          GET /metrics, GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, \
          DELETE /acl/tokens/{id}, GET /acl/self, GET /ui, GET /ui/{asset}, \
-         GET|POST /projects, GET|DELETE /projects/{name}, PUT /projects/{name}/quota";
+         GET|POST /projects, GET|DELETE /projects/{name}, PUT /projects/{name}/quota, \
+         GET|POST /secrets, DELETE /secrets/{name}, GET /nodes/{name}/secrets, \
+         POST /registries, GET /volumes, DELETE /volumes/{name}";
 
 pub fn router(manager: Arc<Manager>) -> Router {
     let routes = Router::new()
@@ -174,6 +176,18 @@ pub fn router(manager: Arc<Manager>) -> Router {
             "/projects/{name}/quota",
             axum::routing::put(crate::projects::set_quota),
         )
+        .route(
+            "/secrets",
+            get(crate::secrets::list_secrets).post(crate::secrets::create_secret),
+        )
+        .route("/secrets/{name}", delete(crate::secrets::remove_secret))
+        .route(
+            "/nodes/{name}/secrets",
+            get(crate::secrets::secrets_for_run),
+        )
+        .route("/registries", post(crate::secrets::registry_login))
+        .route("/volumes", get(crate::volumes::list_volumes))
+        .route("/volumes/{name}", delete(crate::volumes::remove_volume))
         // Inside the guard: the scope reads the token the guard found.
         .route_layer(axum::middleware::from_fn_with_state(
             manager.clone(),
@@ -633,6 +647,11 @@ async fn submit_task(
     scope.settle(&mut submission.event.task.spec.project)?;
     // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
     crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
+    let task = &submission.event.task;
+    manager.config.secrets.check_uses(
+        &task.spec.project,
+        task.spec.secrets.iter().map(|secret| secret.name.as_str()),
+    )?;
     let (status, task, warnings) = match manager.submit(submission.event).await? {
         Submitted::Created(task, warnings) => (StatusCode::CREATED, task, warnings),
         Submitted::Existing(task) => (StatusCode::OK, task, Vec::new()),
@@ -654,6 +673,13 @@ async fn submit_job(
     let mut job = job_from(&body?)?;
     scope.settle(&mut job.project)?;
     crate::acl::settle_owner(submitter.as_ref(), &mut job.owner)?;
+    manager.config.secrets.check_uses(
+        &job.project,
+        job.groups
+            .iter()
+            .flat_map(|group| group.task.spec.secrets.iter())
+            .map(|secret| secret.name.as_str()),
+    )?;
     let (outcome, mut view) = manager.submit_job(job).await?;
     view.outcome = Some(outcome.word().to_string());
     let status = match outcome {

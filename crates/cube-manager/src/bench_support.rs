@@ -44,6 +44,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         acl: None,
         audit: None,
         tls: None,
+        secrets: Arc::new(crate::secrets::Secrets::in_memory()),
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")
@@ -66,6 +67,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
                 labels: Default::default(),
                 version: None,
                 host_policy: None,
+                volumes: Vec::new(),
             };
             state.nodes.report(
                 report,

@@ -39,12 +39,16 @@ mod queue;
 mod queue_api;
 pub mod queue_controller;
 pub mod reconcile;
+mod registry_check;
 mod relay;
 mod rollout;
+mod sealing;
+pub mod secrets;
 pub mod shared_placement;
 mod task_controller;
 pub mod tls;
 mod ui;
+pub mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -62,6 +62,8 @@ pub struct ManagerConfig {
     /// Mutual TLS (`--tls`): `None` speaks plain HTTP. With it, every call to a worker is
     /// HTTPS with the manager's certificate (`tls.rs`).
     pub tls: Option<Arc<crate::tls::ManagerTls>>,
+    /// The projects' secrets and registry logins, sealed (`secrets.rs`).
+    pub secrets: Arc<crate::secrets::Secrets>,
 }
 
 impl ManagerConfig {
@@ -881,6 +883,7 @@ pub(crate) fn test_config() -> ManagerConfig {
         acl: None,
         audit: None,
         tls: None,
+        secrets: Arc::new(crate::secrets::Secrets::in_memory()),
     }
 }
 
@@ -904,6 +907,7 @@ mod tests {
             labels: Default::default(),
             version: None,
             host_policy: None,
+            volumes: Vec::new(),
         };
         let base = |manager: &Manager| {
             lock(&manager.cluster.state)

@@ -52,6 +52,9 @@ pub struct NodeEntry {
     /// not say, and placement leaves the check to the worker). Shared with every scheduler
     /// snapshot, as the labels are.
     pub host_policy: Option<Arc<HostPolicy>>,
+    /// The named volumes the node last reported (kept in memory only: a node reports them
+    /// at every beat).
+    pub volumes: Arc<Vec<cube_types::secret::VolumeInfo>>,
     pub source: NodeSource,
     pub stats: Option<Stats>,
     pub last_heartbeat: Option<DateTime<Utc>>,
@@ -124,6 +127,7 @@ impl NodeRegistry {
                 capacity: node.capacity,
                 labels: Arc::new(node.labels.clone()),
                 host_policy: node.host_policy.clone().map(Arc::new),
+                volumes: Arc::new(node.volumes.clone()),
                 source: NodeSource::parse(&node.source),
                 stats: None,
                 last_heartbeat: node.last_heartbeat,
@@ -199,6 +203,9 @@ impl NodeRegistry {
                     entry.host_policy = report.host_policy.map(Arc::new);
                 }
                 entry.source = source;
+                if *entry.volumes != report.volumes {
+                    entry.volumes = Arc::new(report.volumes);
+                }
                 entry.stats = report.stats;
                 entry.last_heartbeat = Some(wall);
                 entry.last_seen = Some(now);
@@ -223,6 +230,7 @@ impl NodeRegistry {
                     capacity: report.capacity,
                     labels: Arc::new(report.labels),
                     host_policy: report.host_policy.map(Arc::new),
+                    volumes: Arc::new(report.volumes),
                     source,
                     stats: report.stats,
                     last_heartbeat: Some(wall),
@@ -330,6 +338,7 @@ impl NodeEntry {
             version: self.version.clone(),
             version_warning: self.version_warning.clone(),
             host_policy: self.host_policy.as_deref().cloned(),
+            volumes: (*self.volumes).clone(),
         }
     }
 }
@@ -382,6 +391,7 @@ pub(crate) fn test_report(name: &str, address: &str, cpu: f64, memory: u64) -> N
         labels: Default::default(),
         version: None,
         host_policy: None,
+        volumes: Vec::new(),
     }
 }
 
@@ -405,6 +415,7 @@ mod tests {
                 .collect(),
             version: None,
             host_policy: None,
+            volumes: Vec::new(),
         }
     }
 

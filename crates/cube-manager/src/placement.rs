@@ -220,7 +220,16 @@ impl PlacementController {
                             continue;
                         }
                         tracing::info!(task = %task.id, name = %task.name, node = %name, "task placed");
-                        task.record(Utc::now(), "Placed", format!("on {name}"));
+                        let holds = state.nodes.get(&name).is_some_and(|entry| {
+                            crate::volumes::holds_volumes_of(&entry.volumes, &task)
+                        });
+                        let placed_on = if holds {
+                            let volumes: Vec<String> = crate::volumes::volumes_of(&task).collect();
+                            format!("on {name}, which holds its volume {}", volumes.join(", "))
+                        } else {
+                            format!("on {name}")
+                        };
+                        task.record(Utc::now(), "Placed", placed_on);
                         task.status.node_name = name.into();
                         task.status.pending_reason = None;
                         placed.push(task.id);
@@ -286,9 +295,21 @@ impl PlacementController {
             // A restarted task goes back to the node it ran on when that node is ready and
             // has room (its image is there, its data may be); otherwise the scheduler
             // chooses.
+            // A task new to placement whose named volumes a node holds (a job's copy started
+            // again) goes back there the same way: its data is there.
+            let holder = if task.status.node_name.is_empty() && !task.spec.volumes.is_empty() {
+                state
+                    .nodes
+                    .entries()
+                    .find(|entry| crate::volumes::holds_volumes_of(&entry.volumes, task))
+                    .map(|entry| entry.name.clone())
+            } else {
+                None
+            };
+            let back_to = holder.as_deref().unwrap_or(task.status.node_name.as_str());
             let previous = views
                 .iter()
-                .position(|view| view.name == task.status.node_name)
+                .position(|view| view.name == back_to)
                 .filter(|index| {
                     let one = std::slice::from_ref(&views[*index]);
                     !state

@@ -265,7 +265,7 @@ pub enum SharedCaError {
 /// The key that seals the shared CA's key: derived from `--tls-ca-secret`, which every
 /// manager of the cluster is given and which etcd never holds.
 pub struct CaSecret {
-    key: ring::aead::LessSafeKey,
+    key: crate::sealing::SealingKey,
 }
 
 impl std::fmt::Debug for CaSecret {
@@ -273,9 +273,6 @@ impl std::fmt::Debug for CaSecret {
         f.write_str("CaSecret { .. }")
     }
 }
-
-/// The nonce's length of AES-256-GCM, in bytes.
-const NONCE_LEN: usize = 12;
 
 impl CaSecret {
     /// The secret of a file's text (surrounding white space aside), which must be at least
@@ -286,51 +283,30 @@ impl CaSecret {
             return None;
         }
         // A fixed label keeps this key apart from any other use of the same secret.
-        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-        context.update(b"cube cluster CA key, v1\0");
-        context.update(text.as_bytes());
-        let digest = context.finish();
-        let key = ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, digest.as_ref()).ok()?;
         Some(CaSecret {
-            key: ring::aead::LessSafeKey::new(key),
+            key: crate::sealing::SealingKey::derive("cube cluster CA key, v1\0", text.as_bytes()),
         })
     }
 
     /// `plain` sealed, bound to `bound_to` (the CA's fingerprint: a sealed key moved under
     /// another certificate does not open), in hex.
     fn seal(&self, plain: &[u8], bound_to: &str) -> Result<String, SharedCaError> {
-        let mut nonce = [0u8; NONCE_LEN];
-        getrandom::fill(&mut nonce).map_err(|err| SharedCaError::Random(err.to_string()))?;
-        let mut sealed = plain.to_vec();
-        self.key
-            .seal_in_place_append_tag(
-                ring::aead::Nonce::assume_unique_for_key(nonce),
-                ring::aead::Aad::from(bound_to.as_bytes()),
-                &mut sealed,
-            )
-            .map_err(|_| SharedCaError::Malformed("the CA's key could not be sealed".into()))?;
-        Ok(format!("{}{}", hex(&nonce), hex(&sealed)))
+        let sealed = self
+            .key
+            .seal(plain, bound_to.as_bytes())
+            .map_err(|err| match err {
+                crate::sealing::SealError::Random(why) => SharedCaError::Random(why),
+                crate::sealing::SealError::Seal => {
+                    SharedCaError::Malformed("the CA's key could not be sealed".into())
+                }
+            })?;
+        Ok(hex(&sealed))
     }
 
     /// What [`CaSecret::seal`] sealed, or `None` when this is not the key it was sealed with
     /// (or it was altered).
     fn open(&self, sealed: &str, bound_to: &str) -> Option<Vec<u8>> {
-        let bytes = unhex(sealed)?;
-        if bytes.len() < NONCE_LEN {
-            return None;
-        }
-        let (nonce, sealed) = bytes.split_at(NONCE_LEN);
-        let nonce = ring::aead::Nonce::try_assume_unique_for_key(nonce).ok()?;
-        let mut sealed = sealed.to_vec();
-        let plain = self
-            .key
-            .open_in_place(
-                nonce,
-                ring::aead::Aad::from(bound_to.as_bytes()),
-                &mut sealed,
-            )
-            .ok()?;
-        Some(plain.to_vec())
+        self.key.open(&unhex(sealed)?, bound_to.as_bytes())
     }
 }
 

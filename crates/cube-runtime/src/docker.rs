@@ -69,11 +69,21 @@ impl DockerRuntime {
         }
     }
 
-    async fn pull(&self, image: &str) -> Result<(), RuntimeError> {
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&cube_types::secret::RegistryAuth>,
+    ) -> Result<(), RuntimeError> {
         let options = CreateImageOptionsBuilder::new()
             .from_image(&with_default_tag(image))
             .build();
-        let mut progress = self.docker.create_image(Some(options), None, None);
+        let credentials = auth.map(|auth| bollard::auth::DockerCredentials {
+            username: Some(auth.username.clone()),
+            password: Some(auth.password.clone()),
+            serveraddress: Some(auth.host.clone()),
+            ..Default::default()
+        });
+        let mut progress = self.docker.create_image(Some(options), None, credentials);
         while let Some(step) = progress.next().await {
             step.map_err(|err| RuntimeError::Image {
                 image: image.to_string(),
@@ -86,6 +96,14 @@ impl DockerRuntime {
 
 impl Runtime for DockerRuntime {
     async fn ensure_image(&self, image: &str) -> Result<(), RuntimeError> {
+        self.ensure_image_with(image, None).await
+    }
+
+    async fn ensure_image_with(
+        &self,
+        image: &str,
+        auth: Option<&cube_types::secret::RegistryAuth>,
+    ) -> Result<(), RuntimeError> {
         if self.image_present(image).await? {
             return Ok(());
         }
@@ -95,7 +113,7 @@ impl Runtime for DockerRuntime {
             return self.ensure_pause_image().await;
         }
         tracing::info!(image, "image not present locally, pulling it");
-        match tokio::time::timeout(self.pull_timeout, self.pull(image)).await {
+        match tokio::time::timeout(self.pull_timeout, self.pull(image, auth)).await {
             Ok(result) => result,
             Err(_) => Err(RuntimeError::Image {
                 image: image.to_string(),
@@ -381,6 +399,48 @@ impl Runtime for DockerRuntime {
             .resize_exec(exec_id, ResizeExecOptions { height, width })
             .await
             .map_err(|err| engine_error("exec resize", err))
+    }
+
+    async fn ensure_volume(
+        &self,
+        name: &str,
+        labels: &HashMap<String, String>,
+    ) -> Result<(), RuntimeError> {
+        let request = bollard::models::VolumeCreateRequest {
+            name: Some(name.to_string()),
+            labels: Some(labels.clone()),
+            ..Default::default()
+        };
+        // Making one that exists answers it as it is.
+        self.docker
+            .create_volume(request)
+            .await
+            .map(|_| ())
+            .map_err(|err| engine_error("volume create", err))
+    }
+
+    async fn list_volumes(
+        &self,
+        node: &str,
+    ) -> Result<Vec<(String, HashMap<String, String>)>, RuntimeError> {
+        let filters = HashMap::from([(
+            "label".to_string(),
+            vec![format!("{}={node}", cube_types::secret::LABEL_VOLUME_NODE)],
+        )]);
+        let options = bollard::query_parameters::ListVolumesOptionsBuilder::new()
+            .filters(&filters)
+            .build();
+        let listed = self
+            .docker
+            .list_volumes(Some(options))
+            .await
+            .map_err(|err| engine_error("volume list", err))?;
+        Ok(listed
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .map(|volume| (volume.name, volume.labels))
+            .collect())
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {

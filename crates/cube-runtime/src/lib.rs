@@ -272,6 +272,33 @@ pub trait Runtime: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
         async { Ok(()) }
     }
+    /// [`Runtime::ensure_image`] with a registry's login (`cube registry login`); without one,
+    /// the same.
+    fn ensure_image_with(
+        &self,
+        image: &str,
+        auth: Option<&cube_types::secret::RegistryAuth>,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        let _ = auth;
+        self.ensure_image(image)
+    }
+    /// Makes the named volume `name` exist, with `labels` when it is made now.
+    fn ensure_volume(
+        &self,
+        _name: &str,
+        _labels: &std::collections::HashMap<String, String>,
+    ) -> impl Future<Output = Result<(), RuntimeError>> + Send {
+        async { Err(RuntimeError::Unsupported("make a volume")) }
+    }
+    /// The named volumes labelled as made by the worker `node`: each one's name and labels.
+    fn list_volumes(
+        &self,
+        _node: &str,
+    ) -> impl Future<
+        Output = Result<Vec<(String, std::collections::HashMap<String, String>)>, RuntimeError>,
+    > + Send {
+        async { Ok(Vec::new()) }
+    }
     /// Removes a named volume (a pod's, when the worker is told to remove volumes on kill).
     /// Removing one that is gone succeeds.
     fn remove_volume(&self, _name: &str) -> impl Future<Output = Result<(), RuntimeError>> + Send {

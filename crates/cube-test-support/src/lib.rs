@@ -8,6 +8,8 @@
 
 pub mod browser;
 mod etcd;
+pub mod registry;
 
 pub use browser::Browser;
 pub use etcd::{EtcdCluster, etcd_binary};
+pub use registry::Registry;

@@ -145,6 +145,9 @@ pub struct NodeReport {
         skip_serializing_if = "Option::is_none"
     )]
     pub host_policy: Option<HostPolicy>,
+    /// The named volumes Cube made on the node and the engine still holds.
+    #[serde(rename = "Volumes", default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::secret::VolumeInfo>,
 }
 
 /// A drain under way: the node's service and batch job copies move elsewhere (each new copy
@@ -455,6 +458,9 @@ pub struct Node {
         skip_serializing_if = "Option::is_none"
     )]
     pub host_policy: Option<HostPolicy>,
+    /// The named volumes Cube made on the node, as it last reported them.
+    #[serde(rename = "Volumes", default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::secret::VolumeInfo>,
 }
 
 fn eligible_by_default() -> bool {

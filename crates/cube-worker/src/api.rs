@@ -79,6 +79,8 @@ pub fn router_with_gate<R: Runtime>(
         .route("/metrics", get(metrics::<R>))
         .route("/stats", get(stats::<R>))
         .route("/node", get(node::<R>))
+        .route("/volumes", get(list_volumes::<R>))
+        .route("/volumes/{name}", axum::routing::delete(remove_volume::<R>))
         .route("/health", get(health::<R>))
         .with_state(worker);
     if let Some(gate) = gate {
@@ -91,7 +93,8 @@ pub fn router_with_gate<R: Runtime>(
         routes,
         "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/logs, POST /tasks/{id}/exec, \
          GET /tasks/{id}/exec/attach (Upgrade: cube-exec), \
-         GET /version, GET /metrics, GET /stats, GET /node, GET /health",
+         GET /version, GET /metrics, GET /stats, GET /node, GET /volumes, \
+         DELETE /volumes/{name}, GET /health",
     )
 }
 
@@ -464,6 +467,22 @@ async fn stats<R: Runtime>(
 }
 
 /// What this worker says about itself: name, address, capacity and stats, as in a heartbeat.
+/// `GET /volumes`: the named volumes Cube made on this node, with the tasks using them.
+async fn list_volumes<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+) -> Result<Json<Vec<cube_types::secret::VolumeInfo>>, ApiError> {
+    Ok(Json(worker.volumes().await?))
+}
+
+/// `DELETE /volumes/{name}` (the engine's name): refused (409) while a task uses it.
+async fn remove_volume<R: Runtime>(
+    State(worker): State<Arc<Worker<R>>>,
+    JsonPath(name): JsonPath<String>,
+) -> Result<StatusCode, ApiError> {
+    worker.remove_named_volume(&name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 async fn node<R: Runtime>(
     State(worker): State<Arc<Worker<R>>>,
 ) -> Result<Json<NodeReport>, ApiError> {

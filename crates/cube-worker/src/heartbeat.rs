@@ -54,6 +54,7 @@ impl Heartbeat {
     /// tried again at the next beat.
     pub async fn run<R: Runtime>(self, worker: Arc<Worker<R>>, shutdown: CancellationToken) {
         let path = format!("/nodes/{}", worker.name());
+        worker.set_managers(self.managers.clone());
         let mut current = 0;
         let mut interval = self.interval;
         let mut reachable = None;
@@ -65,7 +66,23 @@ impl Heartbeat {
             }
             next_beat = tokio::time::Instant::now() + interval;
             let report = match worker.node_report() {
-                Ok(report) => report,
+                Ok(mut report) => {
+                    match worker.volumes().await {
+                        Ok(volumes) => {
+                            report.volumes = volumes
+                                .into_iter()
+                                .map(|mut volume| {
+                                    volume.used_by.clear();
+                                    volume
+                                })
+                                .collect();
+                        }
+                        Err(err) => {
+                            tracing::debug!(error = %err, "cannot list this node's volumes for the heartbeat");
+                        }
+                    }
+                    report
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot read this node's stats for the heartbeat");
                     continue;

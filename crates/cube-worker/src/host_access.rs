@@ -82,10 +82,21 @@ impl HostAccess {
     /// Whether `task` stays within what this worker allows; else every refusal, each naming
     /// the field and the setting that would allow it.
     pub fn check(&self, task: &Task) -> Result<(), String> {
-        let Some(pod) = &task.spec.pod else {
-            return Ok(());
-        };
         let mut refusals = Vec::new();
+        for (n, mount) in task.spec.volumes.iter().enumerate() {
+            if mount.is_bind()
+                && let Err(why) = self.check_bind(&mount.source)
+            {
+                refusals.push(format!("Volumes[{n}]: {why}"));
+            }
+        }
+        let Some(pod) = &task.spec.pod else {
+            return if refusals.is_empty() {
+                Ok(())
+            } else {
+                Err(refusals.join("; "))
+            };
+        };
         if pod.spec.network == PodNetwork::Host && !self.allow_host_network {
             refusals.push(
                 "network_mode: host refused: the host's network is not allowed on this worker \

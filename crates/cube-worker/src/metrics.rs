@@ -237,6 +237,29 @@ impl<R: Runtime> Runtime for Metered<R> {
     ) -> Result<(), RuntimeError> {
         self.inner.resize_exec(exec_id, width, height).await
     }
+    async fn ensure_image_with(
+        &self,
+        image: &str,
+        auth: Option<&cube_types::secret::RegistryAuth>,
+    ) -> Result<(), RuntimeError> {
+        self.timed("ensure_image", self.inner.ensure_image_with(image, auth))
+            .await
+    }
+    async fn ensure_volume(
+        &self,
+        name: &str,
+        labels: &std::collections::HashMap<String, String>,
+    ) -> Result<(), RuntimeError> {
+        self.timed("volume_create", self.inner.ensure_volume(name, labels))
+            .await
+    }
+    async fn list_volumes(
+        &self,
+        node: &str,
+    ) -> Result<Vec<(String, std::collections::HashMap<String, String>)>, RuntimeError> {
+        self.timed("volume_list", self.inner.list_volumes(node))
+            .await
+    }
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {
         self.timed("volume_remove", self.inner.remove_volume(name))
             .await

@@ -59,6 +59,8 @@ pub struct LaunchPlan {
     pub containers: Vec<PlannedContainer>,
     /// The engine's names of the pod's named volumes (removed on kill when configured).
     pub volumes: Vec<String>,
+    /// The login to the registry of the task's image, from its project (never stored).
+    pub registry_auth: Option<cube_types::secret::RegistryAuth>,
 }
 
 /// One container of a plan.
@@ -85,6 +87,7 @@ impl LaunchPlan {
             network: PodNetwork::Shared,
             containers: Vec::new(),
             volumes: Vec::new(),
+            registry_auth: None,
         };
         let Some(pod) = &task.spec.pod else {
             plan.network = PodNetwork::Host; // a single container keeps its own network

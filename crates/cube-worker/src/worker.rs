@@ -46,6 +46,7 @@ mod launch;
 mod probes;
 mod reconcile;
 mod resync;
+mod secrets;
 
 /// How many locks the writes of task records are spread over (see `Worker::writes`).
 const WRITE_STRIPES: usize = 64;
@@ -165,6 +166,9 @@ pub struct Worker<R> {
     /// Cancelled when the worker stops: long answers (followed logs, commands) end with it,
     /// so that they do not hold the server's graceful shutdown open.
     closing: CancellationToken,
+    /// The managers this worker reports to (set by its heartbeat): where a run's secrets and
+    /// registry login are fetched (`worker/secrets.rs`).
+    managers: Mutex<Vec<cube_api::ApiClient>>,
 }
 
 impl<R: Runtime> Worker<R> {
@@ -193,6 +197,7 @@ impl<R: Runtime> Worker<R> {
             metrics,
             engine: Mutex::new(None),
             closing: CancellationToken::new(),
+            managers: Mutex::new(Vec::new()),
         };
         Arc::new(worker)
     }
@@ -437,6 +442,8 @@ impl<R: Runtime> Worker<R> {
             stats: Some(stats),
             labels: self.config.labels.clone(),
             host_policy: Some(self.config.pods.host_access.policy()),
+            // Filled in by the heartbeat, which may ask the engine (`Worker::volumes`).
+            volumes: Vec::new(),
             version: Some({
                 let mut info = cube_types::version::VersionInfo::this_build();
                 if let Some(engine) = lock_engine(&self.engine).clone() {

@@ -75,6 +75,9 @@ enum Command {
     Acl(cli::AclArgs),
     Token(cli::TokenArgs),
     Project(cli::ProjectArgs),
+    Secret(cli::SecretArgs),
+    Registry(cli::RegistryArgs),
+    Volume(cli::VolumeArgs),
     SampleImage(sample_image::SampleImageArgs),
     Store(store_cmd::StoreCommandArgs),
 }
@@ -220,6 +223,9 @@ fn main() -> ExitCode {
             Command::Acl(args) => cli::acl(args).await,
             Command::Token(args) => cli::token(args).await,
             Command::Project(args) => cli::project(args).await,
+            Command::Secret(args) => cli::secret(args).await,
+            Command::Registry(args) => cli::registry(args).await,
+            Command::Volume(args) => cli::volume(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
             Command::Store(args) => store_cmd::run(args).await,
         }

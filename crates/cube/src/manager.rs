@@ -103,6 +103,13 @@ pub struct ManagerArgs {
     /// every manager the same one).
     #[arg(long, value_name = "FILE", requires = "tls")]
     tls_ca_secret: Option<std::path::PathBuf>,
+    /// The key the projects' secrets are sealed with (`cube secret create`): a file of 64 hex
+    /// digits (`openssl rand -hex 32 > FILE; chmod 600 FILE`). Needed with --store etcd (the
+    /// same file on every manager; etcd then holds only sealed values). Without it a manager
+    /// on its own store makes one at its first start, --data-dir/secrets.key (mode 0600),
+    /// and a memory store keeps one for the life of the process.
+    #[arg(long, value_name = "FILE")]
+    secrets_key_file: Option<std::path::PathBuf>,
     /// How long the certificates the manager makes last (its own and the nodes'); each is
     /// renewed, without a restart, once two thirds of its life have passed.
     #[arg(long, default_value = "720h", value_parser = parse_duration, requires = "tls")]
@@ -163,6 +170,7 @@ impl ManagerArgs {
             acl: acl || tls,
             tls,
             tls_ca_secret: None,
+            secrets_key_file: None,
             cert_ttl: cube_api::tls::DEFAULT_CERT_TTL,
             brought: BroughtTls::default(),
         }
@@ -231,6 +239,32 @@ fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
         queue: stores.unwatched_table("queue")?,
         projects: stores.unwatched_table("projects")?,
     })
+}
+
+/// The secrets' table and key (`--secrets-key-file`, or the data directory's).
+fn open_secrets(
+    args: &ManagerArgs,
+    stores: &OpenedStores,
+) -> anyhow::Result<cube_manager::secrets::Secrets> {
+    use crate::stores::DbType;
+    let key = match (&args.secrets_key_file, args.store.dbtype) {
+        (Some(path), _) => Ok(cube_manager::secrets::key_from_file(path, false)
+            .map_err(|why| anyhow::anyhow!("--secrets-key-file {why}"))?),
+        (None, DbType::Persistent) => Ok(cube_manager::secrets::key_from_file(
+            &args.store.data_dir().join(cube_manager::secrets::KEY_FILE),
+            true,
+        )
+        .map_err(|why| anyhow::anyhow!("the secrets key: {why}"))?),
+        (None, DbType::Memory) => return Ok(cube_manager::secrets::Secrets::in_memory()),
+        (None, DbType::Etcd) => Err(
+            "this manager keeps no secrets: managers on etcd seal them with one key, given to              each with --secrets-key-file FILE (make it once: `openssl rand -hex 32 > FILE`)"
+                .to_string(),
+        ),
+    };
+    Ok(cube_manager::secrets::Secrets::new(
+        stores.unwatched_table("secrets")?,
+        key,
+    ))
 }
 
 pub async fn prepare(
@@ -376,6 +410,7 @@ pub async fn prepare(
         ),
         None => cube_types::shard::DEFAULT_RING,
     };
+    let secrets = std::sync::Arc::new(open_secrets(&args, &stores)?);
     let config = ManagerConfig {
         ring,
         heartbeat_grace: args.heartbeat_grace,
@@ -389,6 +424,7 @@ pub async fn prepare(
         acl: acl.clone(),
         audit,
         tls: tls.clone(),
+        secrets,
     };
     let (listener, address) = crate::listen(&args.host, args.port, args.acl).await?;
     let mut listening_line =

@@ -180,6 +180,10 @@ pub struct SpecBody {
     /// Several containers as one task, from a compose file; then `Image`, `Cmd`, `Env` and
     /// the health-check fields are empty, and `Cpu`, `Memory` and the ports are the pod's sums.
     pub pod: Option<Box<Pod>>,
+    /// The project's secrets the task uses, by name (their values never are in the task).
+    pub secrets: Vec<crate::secret::SecretUse>,
+    /// Named volumes (kept when the task ends) and bind mounts, `NAME:/path[:ro]`.
+    pub volumes: Vec<crate::secret::VolumeMount>,
 }
 
 /// What Cube observed and decided: the state, the node, the run number and its backoff, the
@@ -393,6 +397,8 @@ impl Task {
                     priority: None,
                     queue_timeout: None,
                     pod: None,
+                    secrets: Vec::new(),
+                    volumes: Vec::new(),
                 },
                 None,
                 State::Running,
@@ -680,7 +686,7 @@ impl Task {
     }
 
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
-    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 27] {
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 29] {
         // No `..`: a new spec field does not compile until it is compared here.
         let SpecBody {
             image,
@@ -708,6 +714,8 @@ impl Task {
             priority,
             queue_timeout,
             pod,
+            secrets,
+            volumes,
         } = &*self.spec;
         let index = &self.spec.index;
         let theirs = &other.spec;
@@ -754,6 +762,8 @@ impl Task {
             ("Priority", *priority == theirs.priority),
             ("QueueTimeout", *queue_timeout == theirs.queue_timeout),
             ("Pod", *pod == theirs.pod),
+            ("Secrets", *secrets == theirs.secrets),
+            ("Volumes", *volumes == theirs.volumes),
         ]
     }
 

@@ -44,7 +44,40 @@ impl Task {
         for (n, constraint) in self.spec.constraints.iter().enumerate() {
             findings.extend(constraint.findings(&format!("Constraints[{n}]")));
         }
+        self.validate_secrets_and_volumes(&mut findings);
         findings
+    }
+
+    /// `Secrets` and `Volumes`: names that are files and Docker names, each target once.
+    fn validate_secrets_and_volumes(&self, findings: &mut Vec<String>) {
+        let mut names = BTreeSet::new();
+        let mut vars = BTreeSet::new();
+        for (n, secret) in self.spec.secrets.iter().enumerate() {
+            findings.extend(secret.findings(&format!("Secrets[{n}]")));
+            if !names.insert(secret.name.as_str()) {
+                findings.push(format!("Secrets[{n}]: {:?} is named twice", secret.name));
+            }
+            if let Some(env) = &secret.env
+                && !vars.insert(env.as_str())
+            {
+                findings.push(format!("Secrets[{n}].Env: {env:?} is given twice"));
+            }
+        }
+        let mut targets = BTreeSet::new();
+        for (n, volume) in self.spec.volumes.iter().enumerate() {
+            findings.extend(volume.findings(&format!("Volumes[{n}]")));
+            if !targets.insert(volume.target.as_str()) {
+                findings.push(format!("Volumes[{n}]: {} is mounted twice", volume.target));
+            }
+        }
+        if self.spec.pod.is_some()
+            && !(self.spec.secrets.is_empty() && self.spec.volumes.is_empty())
+        {
+            findings.push(
+                "Secrets, Volumes: a pod names its secrets and volumes in its compose file"
+                    .to_string(),
+            );
+        }
     }
 
     /// `Name`, `Image`, `Env` and `Cmd`: what fuzzing found reaches Docker (or a terminal)

@@ -214,6 +214,13 @@ pub(super) struct TaskWire {
     /// A pod's containers as the worker saw them.
     #[serde(rename = "Containers", default, deserialize_with = "null_as_default")]
     pub containers: Vec<ContainerStatus>,
+    /// The project's secrets the task uses: `"NAME"` (mounted at `/run/secrets/NAME`) or
+    /// `{"Name": "NAME", "Env": "VAR"}`.
+    #[serde(rename = "Secrets", default, deserialize_with = "null_as_default")]
+    pub secrets: Vec<crate::secret::SecretUse>,
+    /// `NAME:/path[:ro]` (a named volume, kept when the task ends) or `/host/path:/path[:ro]`.
+    #[serde(rename = "Volumes", default, deserialize_with = "null_as_default")]
+    pub volumes: Vec<crate::secret::VolumeMount>,
 }
 
 /// A task as it is written, from references (listing 100,000 tasks must not copy each one
@@ -361,6 +368,10 @@ struct TaskWireRef<'a> {
     pod: &'a Option<Box<Pod>>,
     #[serde(rename = "Containers", skip_serializing_if = "none_listed")]
     containers: &'a Vec<ContainerStatus>,
+    #[serde(rename = "Secrets", skip_serializing_if = "none_listed")]
+    secrets: &'a Vec<crate::secret::SecretUse>,
+    #[serde(rename = "Volumes", skip_serializing_if = "none_listed")]
+    volumes: &'a Vec<crate::secret::VolumeMount>,
 }
 
 fn unset<T>(value: &&Option<T>) -> bool {
@@ -463,6 +474,8 @@ impl Task {
             priority,
             queue_timeout,
             pod,
+            secrets,
+            volumes,
         } = &**spec;
         let (index, desired_state) = (&spec.index, &spec.desired_state);
         TaskWireRef {
@@ -515,6 +528,8 @@ impl Task {
             healthy_since,
             pod,
             containers,
+            secrets,
+            volumes,
         }
     }
 }
@@ -571,6 +586,8 @@ impl From<TaskWire> for Task {
             healthy_since,
             pod,
             containers,
+            secrets,
+            volumes,
         } = wire;
         Task {
             id,
@@ -602,6 +619,8 @@ impl From<TaskWire> for Task {
                     priority,
                     queue_timeout,
                     pod,
+                    secrets,
+                    volumes,
                 },
                 index,
                 desired_state,

@@ -116,6 +116,43 @@ pub(crate) fn assess(
     (Verdict::Running { health }, statuses)
 }
 
+/// Whether a pull failed for good: the registry refused the login or has no such image
+/// (another try would be refused the same).
+fn pull_refused(err: &RuntimeError) -> bool {
+    let text = err.to_string();
+    text.contains("no basic auth credentials")
+        || text.contains("unauthorized")
+        || text.contains("manifest unknown")
+        || text.contains(" not found")
+}
+
+/// A failed pull's error in words that say why first: `unauthorized`, `not found` or
+/// `time-out`, then the engine's own.
+fn explain_pull(image: &str, with_login: bool, engine: &str) -> String {
+    let registry = cube_types::secret::registry_of_image(image).unwrap_or("Docker Hub");
+    if engine.contains("no basic auth credentials")
+        || engine.contains("unauthorized")
+        || engine.contains("authentication required")
+    {
+        let hint = if with_login {
+            format!(
+                "the registry refused the project's login for {registry} (cube registry login {registry} again)"
+            )
+        } else {
+            format!(
+                "the registry wants a login and the task's project has none for {registry} (cube registry login {registry})"
+            )
+        };
+        format!("unauthorized: {hint}: {engine}")
+    } else if engine.contains("manifest unknown") || engine.contains(" not found") {
+        format!("not found: {registry} has no image {image}: {engine}")
+    } else if engine.contains("did not finish within") {
+        format!("time-out: {engine}")
+    } else {
+        engine.to_string()
+    }
+}
+
 /// Whether an event a launch waits on is about its container (then it looks again), or why
 /// the wait fails (the engine's events broke or ended).
 fn about(
@@ -201,10 +238,27 @@ impl<R: Runtime> Worker<R> {
         if let Err(why) = settings.host_access.check(&task) {
             return self.fail(task, why);
         }
+        let run_secrets = if super::secrets::needs_manager(&task) {
+            match self.run_secrets(&task).await {
+                Ok(run) => run,
+                Err(why) => return self.fail(task, why),
+            }
+        } else {
+            cube_types::secret::RunSecrets::default()
+        };
         let mut plan = LaunchPlan::for_task(&task, &self.config.name, &self.config.labels);
+        plan.registry_auth = run_secrets.registry.clone();
         if let Err(err) = settings.plugins.pre_launch(&mut plan) {
             return self.fail(task, err.to_string());
         }
+        if let Err(why) = self.prepare_volumes(&task, &mut plan).await {
+            return self.fail(task, why);
+        }
+        let secret_files = match self.place_secrets(&task, &run_secrets, &mut plan) {
+            Ok(files) => files,
+            Err(why) => return self.fail(task, why),
+        };
+        drop(run_secrets);
         let launched = tokio::time::timeout(settings.launch_timeout, self.launch(&plan))
             .await
             .unwrap_or_else(|_| {
@@ -213,6 +267,8 @@ impl<R: Runtime> Worker<R> {
                     format_duration(settings.launch_timeout)
                 )))
             });
+        // Started (its mounts hold the files) or failed: no path to a value stays on the host.
+        drop(secret_files);
         let infos = match launched {
             Ok(infos) => infos,
             Err(LaunchFailure(reason)) => {
@@ -331,7 +387,7 @@ impl<R: Runtime> Worker<R> {
         stage: &[&PlannedContainer],
     ) -> Result<Vec<(String, bool)>, LaunchFailure> {
         let created = futures_util::future::join_all(stage.iter().map(|container| async {
-            self.create_or_adopt(container)
+            self.create_or_adopt(container, plan.registry_auth.as_ref())
                 .await
                 .map_err(|why| LaunchFailure(format!("{}{why}", step_prefix(plan, container))))
         }))
@@ -369,11 +425,12 @@ impl<R: Runtime> Worker<R> {
     async fn create_or_adopt(
         &self,
         container: &PlannedContainer,
+        auth: Option<&cube_types::secret::RegistryAuth>,
     ) -> Result<(String, bool), String> {
         let spec = &container.spec;
         let created = match self.runtime.create(spec).await {
             Err(RuntimeError::Image { .. }) => {
-                self.pull(&spec.image).await?;
+                self.pull(&spec.image, auth).await?;
                 self.runtime.create(spec).await
             }
             other => other,
@@ -415,16 +472,21 @@ impl<R: Runtime> Worker<R> {
 
     /// Makes `image` present: the engine's pull, tried again `pull_retries` times, each after
     /// a backoff that doubles.
-    async fn pull(&self, image: &str) -> Result<(), String> {
+    async fn pull(
+        &self,
+        image: &str,
+        auth: Option<&cube_types::secret::RegistryAuth>,
+    ) -> Result<(), String> {
         let settings = &self.config.pods;
         let mut backoff = settings.pull_backoff;
         let mut attempt = 0;
         loop {
-            match self.runtime.ensure_image(image).await {
+            match self.runtime.ensure_image_with(image, auth).await {
                 Ok(()) => return Ok(()),
-                Err(err) if attempt >= settings.pull_retries => {
+                Err(err) if attempt >= settings.pull_retries || pull_refused(&err) => {
+                    let err = explain_pull(image, auth.is_some(), &err.to_string());
                     return Err(if attempt == 0 {
-                        err.to_string()
+                        err
                     } else {
                         format!("{err} (after {} attempts)", attempt + 1)
                     });

@@ -564,6 +564,7 @@ mod tests {
             version: None,
             version_warning: None,
             host_policy: None,
+            volumes: Vec::new(),
         }
     }
 

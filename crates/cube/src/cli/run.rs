@@ -92,6 +92,16 @@ struct TaskFlags {
     /// Set an environment variable, KEY=value, or KEY to pass this shell's value. Repeatable.
     #[arg(short, long, value_name = "KEY=VALUE")]
     env: Vec<String>,
+    /// Use the project's secret NAME, read-only at /run/secrets/NAME (on tmpfs); NAME:VAR
+    /// puts it in the variable VAR instead (`docker inspect` on the node shows variables).
+    /// Repeatable. Make one with `cube secret create`.
+    #[arg(long = "secret", value_name = "NAME[:VAR]")]
+    secrets: Vec<String>,
+    /// Mount a named volume, NAME:/path[:ro], kept on the node when the task ends (`cube
+    /// volume ls`), or a directory of the node, /host/path:/path[:ro] (under the worker's
+    /// allowed_host_paths). Repeatable.
+    #[arg(short = 'v', long = "volume", value_name = "NAME:/PATH[:ro]")]
+    volumes: Vec<String>,
     /// CPU cores: a number (0.5) or millicores (500m).
     #[arg(long, value_parser = cube_types::cpu::parse_cpu)]
     cpus: Option<f64>,
@@ -300,6 +310,23 @@ fn task_from_flags(flags: &TaskFlags) -> anyhow::Result<(String, Value, Submissi
     for entry in &flags.env {
         task.spec.env.push(env_entry(entry)?);
     }
+    for secret in &flags.secrets {
+        let (name, env) = match secret.split_once(':') {
+            Some((name, var)) => (name, Some(var.to_string())),
+            None => (secret.as_str(), None),
+        };
+        task.spec.secrets.push(cube_types::secret::SecretUse {
+            name: name.to_string(),
+            env,
+        });
+    }
+    for volume in &flags.volumes {
+        task.spec.volumes.push(
+            volume
+                .parse()
+                .map_err(|why| anyhow::anyhow!("-v {volume}: {why}"))?,
+        );
+    }
     for publish in &flags.publish {
         let (container, host) = parse_publish(publish)?;
         task.spec.exposed_ports.insert(container.clone());
@@ -491,6 +518,8 @@ mod tests {
             name: Some("web".to_string()),
             publish: vec!["7777".to_string()],
             env: vec!["A=1".to_string()],
+            secrets: Vec::new(),
+            volumes: Vec::new(),
             cpus: Some(0.5),
             memory: Some(64 * 1024 * 1024),
             disk: None,
@@ -519,6 +548,8 @@ mod tests {
             name: None,
             publish: Vec::new(),
             env: Vec::new(),
+            secrets: Vec::new(),
+            volumes: Vec::new(),
             cpus: None,
             memory: None,
             disk: None,

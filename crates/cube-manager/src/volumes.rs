@@ -1,0 +1,177 @@
+//! Named volumes (`cube volume ls|rm`): made on a node by its worker when a task mounts one,
+//! kept when the task ends, reported with every beat (`Node.Volumes`), listed here from those
+//! reports with the tasks of the manager that use them, and removed through their node's
+//! worker — refused while a task that has not ended uses the volume. A job's copy has a
+//! volume of its own (`cube_types::secret::volume_of_copy`) and is placed back on the node
+//! that holds it (`placement.rs`).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use cube_api::server::{ApiError, JsonPath};
+use cube_types::Task;
+use cube_types::secret::{VolumeInfo, volume_of_copy};
+use serde::Deserialize;
+
+use crate::Manager;
+use crate::cluster::lock;
+use crate::projects::Scope;
+
+/// The named volumes of `task` (Cube's names, its copy's own for a job's copy).
+pub(crate) fn volumes_of(task: &Task) -> impl Iterator<Item = String> + '_ {
+    task.spec
+        .volumes
+        .iter()
+        .filter(|mount| !mount.is_bind())
+        .map(|mount| {
+            volume_of_copy(
+                &mount.source,
+                &task.spec.job,
+                &task.spec.group,
+                task.spec.index,
+            )
+        })
+}
+
+/// Whether `volumes` (a node's report) holds every named volume `task` mounts (and it mounts
+/// one).
+pub(crate) fn holds_volumes_of(volumes: &[VolumeInfo], task: &Task) -> bool {
+    let mut wanted = volumes_of(task).peekable();
+    wanted.peek().is_some()
+        && wanted.all(|name| {
+            volumes
+                .iter()
+                .any(|volume| volume.name == name && volume.project == task.spec.project)
+        })
+}
+
+impl Manager {
+    /// Every named volume the nodes reported that `keep` lets through (by project), with the
+    /// tasks on its node that use it and have not ended.
+    pub fn volumes(&self, keep: impl Fn(&str) -> bool) -> Vec<VolumeInfo> {
+        let state = lock(&self.cluster.state);
+        let mut listed = Vec::new();
+        for entry in state.nodes.entries() {
+            for volume in entry.volumes.iter().filter(|v| keep(&v.project)) {
+                let mut volume = volume.clone();
+                volume.node = entry.name.clone();
+                volume.used_by = state
+                    .cache
+                    .tasks()
+                    .filter(|task| {
+                        task.status.node_name.as_str() == entry.name
+                            && !task.status.state.is_terminal()
+                            && task.spec.project == volume.project
+                            && volumes_of(task).any(|name| name == volume.name)
+                    })
+                    .map(|task| task.id.to_string())
+                    .collect();
+                listed.push(volume);
+            }
+        }
+        listed.sort_by(|a, b| (&a.project, &a.name, &a.node).cmp(&(&b.project, &b.name, &b.node)));
+        listed
+    }
+}
+
+/// `GET /volumes`.
+pub async fn list_volumes(
+    State(manager): State<Arc<Manager>>,
+    scope: axum::Extension<Scope>,
+) -> Json<Vec<VolumeInfo>> {
+    Json(manager.volumes(|project| scope.lists(project)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    #[serde(default)]
+    node: Option<String>,
+}
+
+/// `DELETE /volumes/{name}?node=N` (in `?project=`): removes the volume from its node (`node`
+/// may be left out when one node holds it); 409 while a task uses it.
+pub async fn remove_volume(
+    State(manager): State<Arc<Manager>>,
+    scope: axum::Extension<Scope>,
+    JsonPath(name): JsonPath<String>,
+    query: Result<axum::extract::Query<RemoveQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let axum::extract::Query(query) =
+        query.map_err(|err| ApiError::bad_request(format!("?node=NAME: {}", err.body_text())))?;
+    let project = scope.target()?.to_string();
+    let found: Vec<VolumeInfo> = manager
+        .volumes(|p| p == project && scope.reaches(p))
+        .into_iter()
+        .filter(|volume| volume.name == name)
+        .filter(|volume| query.node.as_ref().is_none_or(|node| *node == volume.node))
+        .collect();
+    let volume = match found.as_slice() {
+        [] => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no volume {name:?} in project {project:?}{} (cube volume ls)",
+                    query
+                        .node
+                        .as_ref()
+                        .map(|node| format!(" on node {node:?}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        [one] => one.clone(),
+        several => {
+            let nodes: Vec<&str> = several.iter().map(|v| v.node.as_str()).collect();
+            return Err(ApiError::bad_request(format!(
+                "volume {name:?} is on nodes {}: name one (--node NAME)",
+                nodes.join(", ")
+            )));
+        }
+    };
+    if !volume.used_by.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "volume {name:?} on node {} is in use by task {} (stop it first)",
+                volume.node,
+                volume.used_by.join(", ")
+            ),
+        ));
+    }
+    let client = {
+        let state = lock(&manager.cluster.state);
+        state
+            .nodes
+            .get(&volume.node)
+            .map(|entry| entry.client.clone())
+    };
+    let Some(client) = client else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("node {:?} is no longer known", volume.node),
+        ));
+    };
+    client
+        .delete(&format!("/volumes/{}", volume.docker_name))
+        .await
+        .map_err(|err| {
+            let status = err
+                .status()
+                .and_then(|status| StatusCode::from_u16(status.as_u16()).ok())
+                .filter(|status| status.is_client_error())
+                .unwrap_or(StatusCode::BAD_GATEWAY);
+            ApiError::new(
+                status,
+                format!(
+                    "node {} could not remove volume {name:?}: {}",
+                    volume.node,
+                    err.cause()
+                ),
+            )
+        })?;
+    tracing::info!(volume = %name, node = %volume.node, project = %project, "volume removed");
+    Ok(StatusCode::NO_CONTENT)
+}
