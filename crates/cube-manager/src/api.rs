@@ -178,14 +178,14 @@ pub fn router(manager: Arc<Manager>) -> Router {
         )
         .route(
             "/secrets",
-            get(crate::secrets::list_secrets).post(crate::secrets::create_secret),
+            get(crate::secret_api::list_secrets).post(crate::secret_api::create_secret),
         )
-        .route("/secrets/{name}", delete(crate::secrets::remove_secret))
+        .route("/secrets/{name}", delete(crate::secret_api::remove_secret))
         .route(
             "/nodes/{name}/secrets",
-            get(crate::secrets::secrets_for_run),
+            get(crate::secret_api::secrets_for_run),
         )
-        .route("/registries", post(crate::secrets::registry_login))
+        .route("/registries", post(crate::secret_api::registry_login))
         .route("/volumes", get(crate::volumes::list_volumes))
         .route("/volumes/{name}", delete(crate::volumes::remove_volume))
         // Inside the guard: the scope reads the token the guard found.
@@ -648,10 +648,10 @@ async fn submit_task(
     // With ACL on, what a token submits is its name's (the waiting list's `Owner`).
     crate::acl::settle_owner(submitter.as_ref(), &mut submission.event.task.spec.owner)?;
     let task = &submission.event.task;
-    manager.config.secrets.check_uses(
-        &task.spec.project,
-        task.spec.secrets.iter().map(|secret| secret.name.as_str()),
-    )?;
+    manager
+        .config
+        .secrets
+        .check_uses(&task.spec.project, task.secret_names())?;
     let (status, task, warnings) = match manager.submit(submission.event).await? {
         Submitted::Created(task, warnings) => (StatusCode::CREATED, task, warnings),
         Submitted::Existing(task) => (StatusCode::OK, task, Vec::new()),
@@ -677,8 +677,7 @@ async fn submit_job(
         &job.project,
         job.groups
             .iter()
-            .flat_map(|group| group.task.spec.secrets.iter())
-            .map(|secret| secret.name.as_str()),
+            .flat_map(|group| group.task.secret_names()),
     )?;
     let (outcome, mut view) = manager.submit_job(job).await?;
     view.outcome = Some(outcome.word().to_string());

@@ -43,6 +43,7 @@ mod registry_check;
 mod relay;
 mod rollout;
 mod sealing;
+mod secret_api;
 pub mod secrets;
 pub mod shared_placement;
 mod task_controller;

@@ -108,6 +108,16 @@ impl NodeRegistry {
         self.nodes.get(name)
     }
 
+    /// Takes a removed volume off `node`'s last report, so that a list does not show it until
+    /// the next beat.
+    pub fn forget_volume(&mut self, node: &str, docker_name: &str) {
+        if let Some(entry) = self.nodes.get_mut(node) {
+            let mut volumes = (*entry.volumes).clone();
+            volumes.retain(|volume| volume.docker_name != docker_name);
+            entry.volumes = Arc::new(volumes);
+        }
+    }
+
     /// How many nodes are known (whatever their status).
     pub fn len(&self) -> usize {
         self.nodes.len()

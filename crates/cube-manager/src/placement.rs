@@ -221,10 +221,11 @@ impl PlacementController {
                         }
                         tracing::info!(task = %task.id, name = %task.name, node = %name, "task placed");
                         let holds = state.nodes.get(&name).is_some_and(|entry| {
-                            crate::volumes::holds_volumes_of(&entry.volumes, &task)
+                            cube_types::secret::holds_volumes_of(&entry.volumes, &task)
                         });
                         let placed_on = if holds {
-                            let volumes: Vec<String> = crate::volumes::volumes_of(&task).collect();
+                            let volumes: Vec<String> =
+                                cube_types::secret::volumes_of(&task).collect();
                             format!("on {name}, which holds its volume {}", volumes.join(", "))
                         } else {
                             format!("on {name}")
@@ -301,7 +302,7 @@ impl PlacementController {
                 state
                     .nodes
                     .entries()
-                    .find(|entry| crate::volumes::holds_volumes_of(&entry.volumes, task))
+                    .find(|entry| cube_types::secret::holds_volumes_of(&entry.volumes, task))
                     .map(|entry| entry.name.clone())
             } else {
                 None

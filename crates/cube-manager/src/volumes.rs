@@ -11,41 +11,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use cube_api::server::{ApiError, JsonPath};
-use cube_types::Task;
-use cube_types::secret::{VolumeInfo, volume_of_copy};
+use cube_types::secret::{VolumeInfo, volumes_of};
 use serde::Deserialize;
 
 use crate::Manager;
 use crate::cluster::lock;
 use crate::projects::Scope;
-
-/// The named volumes of `task` (Cube's names, its copy's own for a job's copy).
-pub(crate) fn volumes_of(task: &Task) -> impl Iterator<Item = String> + '_ {
-    task.spec
-        .volumes
-        .iter()
-        .filter(|mount| !mount.is_bind())
-        .map(|mount| {
-            volume_of_copy(
-                &mount.source,
-                &task.spec.job,
-                &task.spec.group,
-                task.spec.index,
-            )
-        })
-}
-
-/// Whether `volumes` (a node's report) holds every named volume `task` mounts (and it mounts
-/// one).
-pub(crate) fn holds_volumes_of(volumes: &[VolumeInfo], task: &Task) -> bool {
-    let mut wanted = volumes_of(task).peekable();
-    wanted.peek().is_some()
-        && wanted.all(|name| {
-            volumes
-                .iter()
-                .any(|volume| volume.name == name && volume.project == task.spec.project)
-        })
-}
 
 impl Manager {
     /// Every named volume the nodes reported that `keep` lets through (by project), with the
@@ -172,6 +143,9 @@ pub async fn remove_volume(
                 ),
             )
         })?;
+    lock(&manager.cluster.state)
+        .nodes
+        .forget_volume(&volume.node, &volume.docker_name);
     tracing::info!(volume = %name, node = %volume.node, project = %project, "volume removed");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -199,6 +199,7 @@ mod tests {
             drain: None,
             version: None,
             version_warning: None,
+            volumes: Vec::new(),
             host_policy: None,
         };
         assert!(!NodeView::from_node(&node, BTreeSet::new()).ready);

@@ -91,6 +91,17 @@ pub struct PodSpec {
     pub restart: Option<RestartPolicy>,
 }
 
+impl PodSpec {
+    /// The project's secrets any of the pod's services reads, each once.
+    pub fn secret_names(&self) -> BTreeSet<&str> {
+        self.services
+            .iter()
+            .flat_map(|service| service.secrets.iter())
+            .map(|secret| secret.source.as_str())
+            .collect()
+    }
+}
+
 /// How a pod's containers reach each other and the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodNetwork {
@@ -133,6 +144,17 @@ pub struct Service {
     pub working_dir: Option<String>,
     /// More `/etc/hosts` entries, `HOST:IP`.
     pub extra_hosts: Vec<String>,
+    /// The project's secrets the service reads (compose `secrets:`), each at
+    /// `/run/secrets/TARGET`.
+    pub secrets: Vec<ServiceSecret>,
+}
+
+/// A secret a service reads: the project's secret `source`, mounted at `/run/secrets/TARGET`
+/// (`target` is `source` unless the file says otherwise).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSecret {
+    pub source: String,
+    pub target: String,
 }
 
 /// A container port and the host port it is published on (`""`: the engine chooses).
@@ -233,6 +255,7 @@ impl Pod {
             env_files,
             variables,
             findings: Vec::new(),
+            secrets: BTreeSet::new(),
         }
         .spec(file)?;
         Ok(Pod {
@@ -341,8 +364,37 @@ struct ComposeFile {
     services: BTreeMap<String, ComposeService>,
     #[serde(default)]
     volumes: BTreeMap<String, Option<ComposeVolume>>,
+    /// The project's secrets the services may read: each `external: true` (made with `cube
+    /// secret create`).
+    #[serde(default)]
+    secrets: BTreeMap<String, Option<ComposeSecret>>,
     /// Read only to be refused with why: a pod's services share one network.
     networks: Option<serde_norway::Value>,
+}
+
+/// A top-level secret: Cube's secrets are made with `cube secret create`, so only
+/// `external: true` is taken; `file:` and `environment:` are refused with why.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeSecret {
+    external: Option<bool>,
+    file: Option<serde_norway::Value>,
+    environment: Option<serde_norway::Value>,
+}
+
+/// A service's `secrets:` entry: the secret's name, or `{source, target}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ComposeServiceSecret {
+    Short(String),
+    Long(ComposeServiceSecretLong),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ComposeServiceSecretLong {
+    source: String,
+    target: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -363,6 +415,8 @@ struct ComposeService {
     expose: Vec<Scalar>,
     #[serde(default)]
     volumes: Vec<ComposeMount>,
+    #[serde(default)]
+    secrets: Vec<ComposeServiceSecret>,
     depends_on: Option<ComposeDependsOn>,
     healthcheck: Option<ComposeHealthcheck>,
     labels: Option<ListOrMap>,
@@ -554,6 +608,8 @@ struct Interpreter<'a> {
     env_files: &'a BTreeMap<String, String>,
     variables: &'a BTreeMap<String, String>,
     findings: Vec<String>,
+    /// The secrets the file declares (top-level `secrets`), once read.
+    secrets: BTreeSet<String>,
 }
 
 impl Interpreter<'_> {
@@ -585,6 +641,38 @@ impl Interpreter<'_> {
                 );
             }
         }
+        for (name, declared) in &file.secrets {
+            let path = ["secrets", name.as_str()];
+            if let Some(problem) = crate::secret::name_problem("secret", name) {
+                self.finding(&path, problem);
+            }
+            match declared {
+                Some(ComposeSecret {
+                    file: Some(_), ..
+                })
+                | Some(ComposeSecret {
+                    environment: Some(_),
+                    ..
+                }) => self.finding(
+                    &path,
+                    format!(
+                        "Cube takes a secret's value from `cube secret create {name}` (kept \
+                         encrypted by the manager), never from a file or a variable beside the \
+                         compose file: create it, then declare it `external: true`"
+                    ),
+                ),
+                Some(ComposeSecret {
+                    external: Some(false),
+                    ..
+                }) => self.finding(
+                    &path,
+                    format!("external: false; create it with `cube secret create {name}` and declare it external: true"),
+                ),
+                _ => {}
+            }
+        }
+        let secrets: BTreeSet<String> = file.secrets.keys().cloned().collect();
+        self.secrets = secrets;
         let names: BTreeSet<String> = file.services.keys().cloned().collect();
         let mut network_modes = BTreeSet::new();
         let mut restarts = BTreeMap::new();
@@ -746,6 +834,7 @@ impl Interpreter<'_> {
             .into_iter()
             .filter_map(|mount| self.mount(name, mount, volumes))
             .collect();
+        let secrets = self.service_secrets(name, written.secrets);
         let depends_on = self.depends_on(name, written.depends_on, names);
         let healthcheck = written
             .healthcheck
@@ -800,7 +889,47 @@ impl Interpreter<'_> {
             user,
             working_dir,
             extra_hosts,
+            secrets,
         }
+    }
+
+    /// A service's `secrets:`, each declared at the top of the file, each target a file name.
+    fn service_secrets(
+        &mut self,
+        name: &str,
+        written: Vec<ComposeServiceSecret>,
+    ) -> Vec<ServiceSecret> {
+        let path = ["services", name, "secrets"];
+        let mut secrets: Vec<ServiceSecret> = Vec::new();
+        for entry in written {
+            let (source, target) = match entry {
+                ComposeServiceSecret::Short(source) => (source.clone(), source),
+                ComposeServiceSecret::Long(long) => {
+                    let target = long.target.unwrap_or_else(|| long.source.clone());
+                    (long.source, target)
+                }
+            };
+            if !self.secrets.contains(&source) {
+                self.finding(
+                    &path,
+                    format!(
+                        "{source:?} is not declared in the file's top-level secrets (add \
+                         `secrets: {{{source}: {{external: true}}}}`)"
+                    ),
+                );
+            }
+            if let Some(problem) = crate::secret::name_problem("target", &target) {
+                self.finding(
+                    &path,
+                    format!("{problem}: a secret is a file in /run/secrets"),
+                );
+            }
+            if secrets.iter().any(|secret| secret.target == target) {
+                self.finding(&path, format!("/run/secrets/{target} is given twice"));
+            }
+            secrets.push(ServiceSecret { source, target });
+        }
+        secrets
     }
 
     /// `extra_hosts` as `HOST:IP` entries, from a list of them or a map of host to address;

@@ -267,6 +267,34 @@ pub fn volume_of_copy(name: &str, job: &str, group: &str, index: Option<u32>) ->
     }
 }
 
+/// The named volumes of `task` (Cube's names, its copy's own for a job's copy).
+pub fn volumes_of(task: &crate::Task) -> impl Iterator<Item = String> + '_ {
+    task.spec
+        .volumes
+        .iter()
+        .filter(|mount| !mount.is_bind())
+        .map(|mount| {
+            volume_of_copy(
+                &mount.source,
+                &task.spec.job,
+                &task.spec.group,
+                task.spec.index,
+            )
+        })
+}
+
+/// Whether `volumes` (a node's report) holds every named volume `task` mounts (and it mounts
+/// one).
+pub fn holds_volumes_of(volumes: &[VolumeInfo], task: &crate::Task) -> bool {
+    let mut wanted = volumes_of(task).peekable();
+    wanted.peek().is_some()
+        && wanted.all(|name| {
+            volumes
+                .iter()
+                .any(|volume| volume.name == name && volume.project == task.spec.project)
+        })
+}
+
 /// The Docker volume holding the volume `volume` of `project` for the worker `node`: the node
 /// is in it because several workers may share one engine (a test machine, `cube dev`).
 pub fn docker_volume_name(node: &str, project: &str, volume: &str) -> String {

@@ -21,10 +21,13 @@ use serde_json::Value;
 
 use crate::stores::{OpenedStores, StoreArgs, StoreOwner};
 
-/// Every table a manager keeps, in the order they are written.
-pub const MANAGER_TABLES: [&str; 10] = [
+/// Every table a manager keeps, in the order they are written. (`secrets` moves sealed: the
+/// manager on the target needs the same key, `--secrets-key-file` of the source's
+/// `secrets.key`.)
+pub const MANAGER_TABLES: [&str; 11] = [
     "meta",
     "projects",
+    "secrets",
     "acl_tokens",
     "acl_keys",
     "nodes",

@@ -322,7 +322,12 @@ async fn a_secret_reaches_its_task_at_run_secrets_and_nowhere_else() {
     assert!(files_holding(dir.path(), &second).is_empty());
 
     // Stopped: the secret can go.
-    assert_eq!(a.delete(&format!("/tasks/{id}?project=team-a")).await.status, 204);
+    assert_eq!(
+        a.delete(&format!("/tasks/{id}?project=team-a"))
+            .await
+            .status,
+        204
+    );
     a.await_task(&id, "ended", |task| task["State"] == "Completed")
         .await;
     let (ok, out, err) = support::cube_cli_env(&a_env, &["secret", "rm", "db-password"]);
@@ -490,4 +495,92 @@ async fn an_image_from_a_private_registry_is_pulled_after_login_and_refused_befo
     assert!(error.starts_with("not found"), "{error}");
     assert!(files_holding(dir.path(), registry.password()).is_empty());
     let _ = docker(&["rmi", "-f", &image]);
+}
+
+/// The README's "Secrets, volumes and private registries" session, as written, against `cube
+/// dev`: the web service and its database (`examples/shop.json`).
+#[tokio::test]
+async fn the_readme_shop_runs_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_dev(&unique_node("shop"), dir.path());
+    let address = manager.address();
+    let env = [("CUBE_MANAGER", address.as_str())];
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/shop.json");
+    let run = |args: &[&str]| {
+        let (ok, out, err) = support::cube_cli_env(&env, args);
+        assert!(ok, "cube {args:?}: {out}{err}");
+        out
+    };
+    let (ok, out, err) = cube_with_input(
+        &env,
+        &["secret", "create", "db-password"],
+        "correct-horse-battery",
+    );
+    assert!(ok, "{out}{err}");
+    run(&["job", "run", example]);
+    assert_eq!(
+        run(&[
+            "exec",
+            "shop.db[0]",
+            "--",
+            "cat",
+            "/run/secrets/db-password"
+        ]),
+        "correct-horse-battery"
+    );
+    assert_eq!(
+        run(&["exec", "shop.db[0]", "--", "cat", "/var/lib/db/starts"]),
+        "start\n"
+    );
+    let web = run(&["exec", "shop.web[1]", "--", "env"]);
+    assert!(web.contains("DB_PASSWORD=correct-horse-battery"), "{web}");
+    let volumes = run(&["volume", "ls"]);
+    assert!(volumes.contains("data.shop.db.0"), "{volumes}");
+    run(&["job", "stop", "shop", "--wait"]);
+    run(&["job", "run", example]);
+    assert_eq!(
+        run(&["exec", "shop.db[0]", "--", "cat", "/var/lib/db/starts"]),
+        "start\nstart\n"
+    );
+    let listed = run(&["secret", "list"]);
+    assert!(
+        listed.contains("db-password") && !listed.contains("correct-horse"),
+        "{listed}"
+    );
+
+    // A compose file's services name the secrets they read, as compose does.
+    let compose = dir.path().join("app.yml");
+    std::fs::write(
+        &compose,
+        format!(
+            "services:\n  app:\n    image: {image}\n    command: [\"sleep\", \"3600\"]\n    \
+             secrets: [db-password]\n  side:\n    image: {image}\n    command: [\"sleep\", \
+             \"3600\"]\n    secrets:\n      - source: db-password\n        target: pw\n\
+             secrets:\n  db-password:\n    external: true\n",
+            image = support::SAMPLE_IMAGE
+        ),
+    )
+    .unwrap();
+    let id = run(&["run", "-f", &compose.display().to_string()])
+        .trim()
+        .to_string();
+    manager.client().await_state(&id, "Running").await;
+    assert_eq!(
+        run(&["exec", &id, "--", "cat", "/run/secrets/db-password"]),
+        "correct-horse-battery"
+    );
+    assert_eq!(
+        run(&["exec", "-c", "side", &id, "--", "cat", "/run/secrets/pw"]),
+        "correct-horse-battery"
+    );
+    let from_file =
+        "services:\n  app:\n    image: x\n    secrets: [s]\nsecrets:\n  s:\n    file: ./s.txt\n";
+    std::fs::write(&compose, from_file).unwrap();
+    let (ok, _, err) = support::cube_cli_env(&env, &["run", "-f", &compose.display().to_string()]);
+    assert!(!ok && err.contains("cube secret create s"), "{err}");
+    run(&["stop", &id]);
+    run(&["job", "stop", "shop", "--wait"]);
+    run(&["volume", "rm", "data.shop.db.0"]);
+    run(&["secret", "rm", "db-password"]);
+    assert!(!run(&["volume", "ls"]).contains("data.shop.db.0"));
 }

@@ -767,6 +767,18 @@ impl Task {
         ]
     }
 
+    /// The project's secrets the task reads: its `Secrets`, or a pod's services' `secrets:`,
+    /// each once.
+    pub fn secret_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = match &self.spec.pod {
+            Some(pod) => pod.spec.secret_names().into_iter().collect(),
+            None => self.spec.secrets.iter().map(|s| s.name.as_str()).collect(),
+        };
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
     /// The first eight characters of the ID, as `docker ps` shortens container IDs.
     pub fn short_id(&self) -> String {
         self.id.simple().to_string()[..8].to_string()

@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use cube_api::{ApiClient, ClientError};
 use cube_runtime::Runtime;
+use cube_types::Task;
 use cube_types::secret::{
     LABEL_VOLUME, LABEL_VOLUME_NODE, LABEL_VOLUME_PROJECT, RunSecrets, SECRETS_DIR_IN_CONTAINER,
     VolumeInfo, docker_volume_name, registry_of_image, volume_of_copy,
 };
-use cube_types::Task;
 
 use super::{Worker, WorkerError};
 use crate::plugin::LaunchPlan;
@@ -51,6 +51,14 @@ impl Drop for SecretFiles {
     }
 }
 
+/// How a container reads a secret.
+enum Use {
+    /// The file `/run/secrets/NAME`.
+    File(String),
+    /// The variable `NAME`.
+    Var(String),
+}
+
 /// Whether `path` is on tmpfs.
 fn on_tmpfs(path: &Path) -> bool {
     rustix::fs::statfs(path).is_ok_and(|stat| stat.f_type as i64 == TMPFS_MAGIC)
@@ -59,7 +67,7 @@ fn on_tmpfs(path: &Path) -> bool {
 /// Whether the run of `task` needs anything from the manager: secrets, or perhaps a login to
 /// the registry its image is on.
 pub(crate) fn needs_manager(task: &Task) -> bool {
-    !task.spec.secrets.is_empty()
+    !task.secret_names().is_empty()
         || (task.spec.pod.is_none() && registry_of_image(&task.spec.image).is_some())
 }
 
@@ -81,7 +89,7 @@ impl<R: Runtime> Worker<R> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
         if managers.is_empty() {
-            if task.spec.secrets.is_empty() {
+            if task.secret_names().is_empty() {
                 // An image on a registry, and no manager to ask for a login: pulled without.
                 return Ok(RunSecrets::default());
             }
@@ -112,19 +120,41 @@ impl<R: Runtime> Worker<R> {
     }
 
     /// Writes the run's secret files on tmpfs and binds them (or sets the variables asked
-    /// for) in the task's container.
+    /// for) in the containers that read them: a single container's `Secrets`, or each pod
+    /// service's `secrets:`.
     pub(crate) fn place_secrets(
         &self,
         task: &Task,
         run: &RunSecrets,
         plan: &mut LaunchPlan,
     ) -> Result<Option<SecretFiles>, String> {
-        if task.spec.secrets.is_empty() {
+        // (container's name in the plan, secret, file name in /run/secrets or variable)
+        let mut wanted: Vec<(String, String, Use)> = Vec::new();
+        match &task.spec.pod {
+            Some(pod) => {
+                for service in &pod.spec.services {
+                    for secret in &service.secrets {
+                        wanted.push((
+                            service.name.clone(),
+                            secret.source.clone(),
+                            Use::File(secret.target.clone()),
+                        ));
+                    }
+                }
+            }
+            None => {
+                for secret in &task.spec.secrets {
+                    let how = match &secret.env {
+                        Some(var) => Use::Var(var.clone()),
+                        None => Use::File(secret.name.clone()),
+                    };
+                    wanted.push((task.name.clone(), secret.name.clone(), how));
+                }
+            }
+        }
+        if wanted.is_empty() {
             return Ok(None);
         }
-        let Some(container) = plan.containers.iter_mut().find(|c| !c.infra) else {
-            return Ok(None);
-        };
         let value_of = |name: &str| -> Result<Vec<u8>, String> {
             let given = run
                 .secrets
@@ -136,20 +166,30 @@ impl<R: Runtime> Worker<R> {
                 .map_err(|_| format!("the manager's value of secret {name:?} is not base64"))
         };
         let root = Path::new(SECRETS_ROOT);
+        let run_dir = root.join(format!("{}-r{}", task.id.simple(), plan.run));
         let mut files = None;
-        for secret in &task.spec.secrets {
-            let value = value_of(&secret.name)?;
-            if let Some(var) = &secret.env {
-                let text = String::from_utf8(value).map_err(|_| {
-                    format!(
-                        "secret {:?} is not UTF-8 text, so it cannot be the variable {var}; \
-                         use it as a file",
-                        secret.name
-                    )
-                })?;
-                container.spec.env.push(format!("{var}={text}"));
+        for (container_name, source, how) in wanted {
+            let Some(container) = plan
+                .containers
+                .iter_mut()
+                .find(|c| !c.infra && c.name == container_name)
+            else {
                 continue;
-            }
+            };
+            let value = value_of(&source)?;
+            let target = match how {
+                Use::Var(var) => {
+                    let text = String::from_utf8(value).map_err(|_| {
+                        format!(
+                            "secret {source:?} is not UTF-8 text, so it cannot be the variable \
+                             {var}; use it as a file"
+                        )
+                    })?;
+                    container.spec.env.push(format!("{var}={text}"));
+                    continue;
+                }
+                Use::File(target) => target,
+            };
             if files.is_none() {
                 std::fs::create_dir_all(root)
                     .map_err(|err| format!("cannot make {SECRETS_ROOT}: {err}"))?;
@@ -159,29 +199,29 @@ impl<R: Runtime> Worker<R> {
                          node's disk, so the task cannot start here"
                     ));
                 }
-                let dir = root.join(&container.spec.name);
-                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(&run_dir);
                 std::fs::DirBuilder::new()
                     .mode_0700()
-                    .create(&dir)
-                    .map_err(|err| format!("cannot make {}: {err}", dir.display()))?;
-                files = Some(SecretFiles { dir });
+                    .create(&run_dir)
+                    .map_err(|err| format!("cannot make {}: {err}", run_dir.display()))?;
+                files = Some(SecretFiles {
+                    dir: run_dir.clone(),
+                });
             }
-            let Some(SecretFiles { dir }) = &files else {
-                continue;
-            };
-            let path = dir.join(&secret.name);
+            let dir = run_dir.join(&container_name);
+            std::fs::create_dir_all(&dir)
+                .map_err(|err| format!("cannot make {}: {err}", dir.display()))?;
+            let path = dir.join(&target);
             let mut options = std::fs::OpenOptions::new();
             options.write(true).create_new(true);
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o444);
             options
                 .open(&path)
                 .and_then(|mut file| file.write_all(&value))
-                .map_err(|err| format!("cannot write secret {:?}: {err}", secret.name))?;
+                .map_err(|err| format!("cannot write secret {source:?}: {err}"))?;
             container.spec.binds.push(format!(
-                "{}:{SECRETS_DIR_IN_CONTAINER}/{}:ro",
-                path.display(),
-                secret.name
+                "{}:{SECRETS_DIR_IN_CONTAINER}/{target}:ro",
+                path.display()
             ));
         }
         Ok(files)
