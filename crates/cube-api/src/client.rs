@@ -709,8 +709,9 @@ fn with_https_hint(url: &str, reason: String) -> String {
     }
 }
 
-/// An error and its causes, one after the other ("connection refused" is in a source).
-fn error_chain(err: &dyn std::error::Error) -> String {
+/// An error and its causes, one after the other, `outer: inner: innermost` ("connection
+/// refused" is in a source).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

@@ -15,7 +15,9 @@ pub mod serve;
 pub mod server;
 pub mod tls;
 
-pub use client::{ApiClient, Changes, ClientError, LineStream, Unreached, innermost_cause};
+pub use client::{
+    ApiClient, Changes, ClientError, LineStream, Unreached, error_chain, innermost_cause,
+};
 pub use reqwest::Method;
 pub use serve::{ServeLimits, serve, serve_tls};
 pub use server::{

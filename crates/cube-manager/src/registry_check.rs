@@ -41,7 +41,7 @@ pub async fn check(host: &str, username: &str, password: &str) -> Result<Option<
         {
             Ok(answer) => answer,
             Err(err) => {
-                unreached.push(format!("{url}: {}", error_chain(&err)));
+                unreached.push(format!("{url}: {}", cube_api::error_chain(&err)));
                 continue;
             }
         };
@@ -121,18 +121,7 @@ async fn token_check(
         ))),
         Err(err) => Ok(Some(format!(
             "not verified: {realm}: {}",
-            error_chain(&err)
+            cube_api::error_chain(&err)
         ))),
     }
-}
-
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

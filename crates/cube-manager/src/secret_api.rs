@@ -161,7 +161,7 @@ pub async fn registry_login(
     }
     let verified = crate::registry_check::check(&login.host, &login.username, &login.password)
         .await
-        .map_err(|refusal| ApiError::bad_request(refusal))?;
+        .map_err(ApiError::bad_request)?;
     let auth = RegistryAuth {
         host: login.host.clone(),
         username: login.username.clone(),

@@ -44,6 +44,9 @@ pub const LABEL_POD_CONTAINER: &str = "cube.pod-container";
 /// Label holding the run (the task's `RestartCount`) a container belongs to.
 pub const LABEL_RUN: &str = "cube.run";
 
+/// A named volume as the engine lists it: its name and labels.
+pub type VolumeListed = (String, std::collections::HashMap<String, String>);
+
 /// What the engine says about one container.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ContainerInfo {
@@ -294,9 +297,7 @@ pub trait Runtime: Send + Sync + 'static {
     fn list_volumes(
         &self,
         _node: &str,
-    ) -> impl Future<
-        Output = Result<Vec<(String, std::collections::HashMap<String, String>)>, RuntimeError>,
-    > + Send {
+    ) -> impl Future<Output = Result<Vec<VolumeListed>, RuntimeError>> + Send {
         async { Ok(Vec::new()) }
     }
     /// Removes a named volume (a pod's, when the worker is told to remove volumes on kill).

@@ -286,7 +286,7 @@ async fn hand_on(
             return unavailable(format!(
                 "the leader {leader} does not answer ({}); a new leader is elected within \
                  --leader-ttl: try again",
-                cube_api::innermost_cause(&error_chain(&err))
+                cube_api::innermost_cause(&cube_api::error_chain(&err))
             ));
         }
     };
@@ -302,18 +302,6 @@ async fn hand_on(
     response
         .body(Body::from_stream(answer.bytes_stream()))
         .unwrap_or_else(|err| unavailable(format!("the leader's answer: {err}")))
-}
-
-/// An error and its causes, `outer: inner: innermost`.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut chain = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        chain.push_str(": ");
-        chain.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    chain
 }
 
 /// Builds this manager's state once it leads (loads everything from etcd).

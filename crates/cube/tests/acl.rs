@@ -24,16 +24,6 @@ fn acl_manager(dbtype: &str) -> (ManagerProcess, tempfile::TempDir) {
     (manager, dir)
 }
 
-/// `POST /acl/bootstrap` with no token: the management token's text.
-async fn bootstrap(manager: &ManagerProcess) -> String {
-    let answer = manager
-        .client()
-        .request_answer("POST", "/acl/bootstrap", Some("{}"))
-        .await;
-    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
-    answer.body["Secret"].as_str().unwrap().to_string()
-}
-
 /// A new token of `role` named `name`, made with the management token.
 async fn token(manager: &ManagerProcess, management: &str, role: &str, name: &str) -> Value {
     let answer = Client::with_token(&manager.url, management)
@@ -73,7 +63,7 @@ const ROLES: [Role; 5] = [
 #[tokio::test]
 async fn every_route_but_health_needs_a_token_and_a_role_that_allows_it() {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let mut clients = Vec::new();
     for role in ROLES {
         let made = token(&manager, &management, role.as_str(), &format!("t-{role}")).await;
@@ -148,7 +138,7 @@ async fn every_route_but_health_needs_a_token_and_a_role_that_allows_it() {
 #[tokio::test]
 async fn a_revoked_or_expired_token_is_refused_at_once() {
     let (manager, _dir) = acl_manager("persistent");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let made = token(&manager, &management, "submit", "short-lived").await;
     let user = Client::with_token(&manager.url, &secret(&made));
@@ -244,7 +234,7 @@ async fn await_ready(admin: &Client, name: &str) {
 #[tokio::test]
 async fn a_joined_node_runs_tasks_and_its_token_does_nothing_else() {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let name = unique_node("acl-join");
     let join_token = secret(&token(&manager, &management, "node", "join-a").await);
@@ -330,7 +320,7 @@ async fn worker_command_token(
 async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behind_the_managers_back_is_stopped()
  {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let (a, b) = (unique_node("acl-a"), unique_node("acl-b"));
     let join_a = secret(&token(&manager, &management, "node", "join-a").await);
@@ -398,7 +388,7 @@ async fn a_nodes_command_token_is_refused_by_other_workers_and_a_task_sent_behin
 #[tokio::test]
 async fn a_malformed_report_binds_no_node_name_to_a_fresh_node_token() {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let first = secret(&token(&manager, &management, "node", "fresh-a").await);
     let second = secret(&token(&manager, &management, "node", "fresh-b").await);
@@ -449,7 +439,7 @@ async fn a_malformed_report_binds_no_node_name_to_a_fresh_node_token() {
 #[tokio::test]
 async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let name = unique_node("acl-owner");
     let join_token = secret(&token(&manager, &management, "node", "join-owner").await);
@@ -503,7 +493,7 @@ async fn the_waiting_list_names_the_submitting_tokens_name_as_owner() {
 #[tokio::test]
 async fn the_audit_log_records_a_mutating_request_with_its_tokens_name() {
     let (manager, dir) = acl_manager("persistent");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let reader = secret(&token(&manager, &management, "read", "audited-reader").await);
     let status = Client::with_token(&manager.url, &reader)
         .request("DELETE", "/jobs/some-job", None)
@@ -539,7 +529,7 @@ async fn the_audit_log_records_a_mutating_request_with_its_tokens_name() {
 #[tokio::test]
 async fn the_command_line_sends_its_token_from_the_flag_the_variable_or_the_config() {
     let (manager, dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let address = manager.address();
     let config = dir.path().join("config.yaml");
     let config = config.to_str().unwrap();
@@ -594,7 +584,7 @@ async fn cube_dev_with_acl_joins_its_own_worker_and_asks_for_tokens() {
     let name = unique_node("acl-dev");
     let dev = ManagerProcess::start_dev_with(&name, dir.path(), &["--acl"]);
     assert_eq!(dev.client().get("/tasks").await.status, 401);
-    let management = bootstrap(&dev).await;
+    let management = support::bootstrap(&dev).await;
     let admin = Client::with_token(&dev.url, &management);
     await_ready(&admin, &name).await;
     let (id, _) = admin.run(&web_task("acl-dev-web")).await;
@@ -685,7 +675,7 @@ async fn without_acl_the_audit_log_names_the_caller_anonymous_and_skips_heartbea
 #[tokio::test]
 async fn a_bad_token_request_is_refused_naming_the_field() {
     let (manager, _dir) = acl_manager("memory");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     for (body, field) in [
         (json!({"Role": "admin"}), "Role"),
@@ -718,7 +708,7 @@ async fn a_bad_token_request_is_refused_naming_the_field() {
 #[tokio::test]
 async fn an_open_event_stream_ends_when_its_token_is_revoked() {
     let (manager, _dir) = acl_manager("persistent");
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let made = token(&manager, &management, "read", "watcher").await;
     let watcher = Client::with_token(&manager.url, &secret(&made));
     let mut stream = watcher

@@ -11,34 +11,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::{Client, ManagerProcess, WorkerProcess, unique_node, web_task};
 
-/// `POST /acl/bootstrap`: the management token's text.
-async fn bootstrap(manager: &ManagerProcess) -> String {
-    let answer = manager
-        .client()
-        .request_answer("POST", "/acl/bootstrap", Some("{}"))
-        .await;
-    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
-    answer.body["Secret"].as_str().unwrap().to_string()
-}
-
-/// A token of `role` holding in `projects`, made with the management token.
-async fn token(
-    manager: &ManagerProcess,
-    management: &str,
-    role: &str,
-    projects: &[&str],
-) -> String {
-    let answer = Client::with_token(&manager.url, management)
-        .request_answer(
-            "POST",
-            "/acl/tokens",
-            Some(&json!({"Role": role, "Projects": projects}).to_string()),
-        )
-        .await;
-    assert_eq!(answer.status, 201, "token create: {}", answer.body);
-    answer.body["Secret"].as_str().unwrap().to_string()
-}
-
 async fn create_project(client: &Client, name: &str, quota: Value) {
     let answer = client
         .request_answer(
@@ -78,10 +50,10 @@ fn ids(list: &Value) -> Vec<String> {
 async fn a_teams_token_sees_nothing_of_another_teams_project() {
     let dir = tempfile::tempdir().unwrap();
     let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--acl"]);
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let node = unique_node("proj");
-    let join = token(&manager, &management, "node", &[]).await;
+    let join = support::token_in(&manager, &management, "node", &[]).await;
     support::ensure_sample_image();
     let _worker = WorkerProcess::start_with(
         &node,
@@ -98,15 +70,15 @@ async fn a_teams_token_sees_nothing_of_another_teams_project() {
     );
     create_project(&admin, "team-a", json!({})).await;
     create_project(&admin, "team-b", json!({})).await;
-    let a_token = token(&manager, &management, "submit", &["team-a"]).await;
+    let a_token = support::token_in(&manager, &management, "submit", &["team-a"]).await;
     let a = Client::with_token(&manager.url, &a_token);
     let b = Client::with_token(
         &manager.url,
-        &token(&manager, &management, "submit", &["team-b"]).await,
+        &support::token_in(&manager, &management, "submit", &["team-b"]).await,
     );
     let everyone = Client::with_token(
         &manager.url,
-        &token(&manager, &management, "read", &["*"]).await,
+        &support::token_in(&manager, &management, "read", &["*"]).await,
     );
 
     // A's event stream, opened before anything runs: it must carry A's task and never B's.

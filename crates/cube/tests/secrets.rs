@@ -15,34 +15,6 @@ use std::process::{Command, Stdio};
 use serde_json::{Value, json};
 use support::{Client, ManagerProcess, WorkerProcess, unique_node};
 
-/// `POST /acl/bootstrap`: the management token's text.
-async fn bootstrap(manager: &ManagerProcess) -> String {
-    let answer = manager
-        .client()
-        .request_answer("POST", "/acl/bootstrap", Some("{}"))
-        .await;
-    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
-    answer.body["Secret"].as_str().unwrap().to_string()
-}
-
-/// A token of `role` holding in `projects`.
-async fn token(
-    manager: &ManagerProcess,
-    management: &str,
-    role: &str,
-    projects: &[&str],
-) -> String {
-    let answer = Client::with_token(&manager.url, management)
-        .request_answer(
-            "POST",
-            "/acl/tokens",
-            Some(&json!({"Role": role, "Projects": projects}).to_string()),
-        )
-        .await;
-    assert_eq!(answer.status, 201, "token create: {}", answer.body);
-    answer.body["Secret"].as_str().unwrap().to_string()
-}
-
 /// Runs `cube` with `env` added and `stdin` written to it: success, stdout, stderr.
 fn cube_with_input(env: &[(&str, &str)], args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_cube"));
@@ -138,7 +110,7 @@ fn docker(args: &[&str]) -> (bool, String) {
 async fn a_secret_reaches_its_task_at_run_secrets_and_nowhere_else() {
     let dir = tempfile::tempdir().unwrap();
     let manager = ManagerProcess::start_with("epvm", "persistent", dir.path(), 0, &["--acl"]);
-    let management = bootstrap(&manager).await;
+    let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     for project in ["team-a", "team-b"] {
         let answer = admin
@@ -151,7 +123,7 @@ async fn a_secret_reaches_its_task_at_run_secrets_and_nowhere_else() {
         assert_eq!(answer.status, 201, "{}", answer.body);
     }
     let node = unique_node("secret");
-    let join = token(&manager, &management, "node", &[]).await;
+    let join = support::token_in(&manager, &management, "node", &[]).await;
     support::ensure_sample_image();
     let worker = WorkerProcess::start_with(
         &node,
@@ -166,9 +138,9 @@ async fn a_secret_reaches_its_task_at_run_secrets_and_nowhere_else() {
             "300ms",
         ],
     );
-    let a_token = token(&manager, &management, "submit", &["team-a"]).await;
-    let b_token = token(&manager, &management, "submit", &["team-b"]).await;
-    let read_token = token(&manager, &management, "read", &["*"]).await;
+    let a_token = support::token_in(&manager, &management, "submit", &["team-a"]).await;
+    let b_token = support::token_in(&manager, &management, "submit", &["team-b"]).await;
+    let read_token = support::token_in(&manager, &management, "read", &["*"]).await;
     let a = Client::with_token(&manager.url, &a_token);
     let b = Client::with_token(&manager.url, &b_token);
     let reader = Client::with_token(&manager.url, &read_token);

@@ -61,7 +61,7 @@ enum Use {
 
 /// Whether `path` is on tmpfs.
 fn on_tmpfs(path: &Path) -> bool {
-    rustix::fs::statfs(path).is_ok_and(|stat| stat.f_type as i64 == TMPFS_MAGIC)
+    rustix::fs::statfs(path).is_ok_and(|stat| stat.f_type == TMPFS_MAGIC)
 }
 
 /// Whether the run of `task` needs anything from the manager: secrets, or perhaps a login to

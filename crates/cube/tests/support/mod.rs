@@ -966,3 +966,31 @@ pub fn http_builder() -> reqwest::ClientBuilder {
 pub fn http() -> reqwest::Client {
     http_builder().build().unwrap()
 }
+
+/// `POST /acl/bootstrap` on a manager started with `--acl`: the management token's text.
+pub async fn bootstrap(manager: &ManagerProcess) -> String {
+    let answer = manager
+        .client()
+        .request_answer("POST", "/acl/bootstrap", Some("{}"))
+        .await;
+    assert_eq!(answer.status, 201, "bootstrap: {}", answer.body);
+    answer.body["Secret"].as_str().unwrap().to_string()
+}
+
+/// A new token of `role` holding in `projects`, made with the management token: its text.
+pub async fn token_in(
+    manager: &ManagerProcess,
+    management: &str,
+    role: &str,
+    projects: &[&str],
+) -> String {
+    let answer = Client::with_token(&manager.url, management)
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(&json!({"Role": role, "Projects": projects}).to_string()),
+        )
+        .await;
+    assert_eq!(answer.status, 201, "token create: {}", answer.body);
+    answer.body["Secret"].as_str().unwrap().to_string()
+}
