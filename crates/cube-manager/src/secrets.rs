@@ -153,31 +153,43 @@ impl Secrets {
         value: &[u8],
     ) -> Result<SecretInfo, SecretError> {
         let key = self.key()?;
-        let now = chrono::Utc::now();
         let stored_key = record_key(project, name);
-        let previous = self.table.get(&stored_key)?;
-        let info = SecretInfo {
-            name: name.to_string(),
-            project: project.to_string(),
-            version: previous
-                .as_ref()
-                .map_or(1, |record| record.info.version + 1),
-            created_time: previous
-                .as_ref()
-                .and_then(|record| record.info.created_time)
-                .or(Some(now)),
-            updated_time: Some(now),
-        };
-        let sealed = key.seal(value, &binding(project, name, info.version))?;
-        let record = SecretRecord {
-            info: info.clone(),
-            sealed: crate::acl::hex(&sealed),
-        };
-        self.table
-            .put_queued(&stored_key, &record)?
-            .durable()
-            .await?;
-        Ok(info)
+        // Two creates of one name at once: each version is given once (the write is
+        // conditioned on the record read; the loser reads again).
+        loop {
+            let now = chrono::Utc::now();
+            let previous = self.table.get_with_revision(&stored_key)?;
+            let info = SecretInfo {
+                name: name.to_string(),
+                project: project.to_string(),
+                version: previous
+                    .as_ref()
+                    .map_or(1, |(record, _)| record.info.version + 1),
+                created_time: previous
+                    .as_ref()
+                    .and_then(|(record, _)| record.info.created_time)
+                    .or(Some(now)),
+                updated_time: Some(now),
+            };
+            let sealed = key.seal(value, &binding(project, name, info.version))?;
+            let record = SecretRecord {
+                info: info.clone(),
+                sealed: crate::acl::hex(&sealed),
+            };
+            let expected = match &previous {
+                Some((_, revision)) => cube_store::Expected::Revision(*revision),
+                None => cube_store::Expected::Absent,
+            };
+            if self
+                .table
+                .put_if_queued(&stored_key, &record, expected)?
+                .durable()
+                .await?
+                .is_ok()
+            {
+                return Ok(info);
+            }
+        }
     }
 
     /// Every secret `keep` lets through (by project), by project and name.
@@ -275,5 +287,83 @@ impl Secrets {
             }
         }
         Ok(run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn each_create_is_the_next_version_and_opens_as_written() {
+        let secrets = Arc::new(Secrets::in_memory());
+        let first = secrets.put("team-a", "pw", b"one").await.unwrap();
+        assert_eq!(first.version, 1);
+        let racing: Vec<_> = (0..8)
+            .map(|n| {
+                let secrets = secrets.clone();
+                tokio::spawn(async move {
+                    secrets
+                        .put("team-a", "pw", format!("v{n}").as_bytes())
+                        .await
+                        .unwrap()
+                        .version
+                })
+            })
+            .collect();
+        let mut versions = Vec::new();
+        for task in racing {
+            versions.push(task.await.unwrap());
+        }
+        versions.sort_unstable();
+        assert_eq!(
+            versions,
+            (2..=9).collect::<Vec<u64>>(),
+            "each version given once"
+        );
+        let (version, value) = secrets.open("team-a", "pw").unwrap();
+        assert_eq!(version, 9);
+        assert!(value.starts_with(b"v"));
+        assert!(matches!(
+            secrets.open("team-b", "pw"),
+            Err(SecretError::NotFound { .. })
+        ));
+        let listed = secrets.list(|project| project == "team-a").unwrap();
+        assert_eq!(listed.len(), 1);
+        let keyless = Secrets::new(
+            Arc::new(cube_store::MemoryStore::new()),
+            Err("no key here".to_string()),
+        );
+        assert!(matches!(
+            keyless.put("team-a", "pw", b"x").await,
+            Err(SecretError::NoKey(_))
+        ));
+    }
+
+    #[test]
+    fn a_key_file_is_made_once_with_mode_0600_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KEY_FILE);
+        let made = key_from_file(&path, true).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let again = key_from_file(&path, true).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            text,
+            "not made twice"
+        );
+        let sealed = made.seal(b"x", b"b").unwrap();
+        assert_eq!(again.open(&sealed, b"b").as_deref(), Some(&b"x"[..]));
+        std::fs::write(&path, "short").unwrap();
+        assert!(
+            key_from_file(&path, false)
+                .unwrap_err()
+                .contains("64 hex digits")
+        );
     }
 }

@@ -821,3 +821,72 @@ async fn a_manager_on_its_own_store_holds_every_shard() {
         "{stderr}"
     );
 }
+
+/// Managers on etcd keep secrets only with the key file every one of them is given: etcd
+/// holds the sealed value, never the value (nor its base64), and a task still reads it.
+#[tokio::test]
+async fn on_etcd_a_secret_is_sealed_with_the_key_file_and_etcd_never_holds_its_value() {
+    use base64::Engine;
+    let cluster = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let value = format!("etcd-pw-{}", uuid::Uuid::new_v4().simple());
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&value);
+    let body = serde_json::json!({"Name": "db-password", "Value": encoded}).to_string();
+
+    // Without a key: refused, saying what to give.
+    let keyless = etcd_manager(&cluster, &dir.path().join("keyless"), &[]);
+    let answer = keyless
+        .client()
+        .request_answer("POST", "/secrets", Some(&body))
+        .await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(
+        answer.message().contains("--secrets-key-file"),
+        "{}",
+        answer.message()
+    );
+    drop(keyless);
+
+    let key = dir.path().join("secrets.key");
+    std::fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
+    let key = key.display().to_string();
+    let manager = etcd_manager(&cluster, dir.path(), &["--secrets-key-file", &key]);
+    let answer = manager
+        .client()
+        .request_answer("POST", "/secrets", Some(&body))
+        .await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let _worker = manager.join_worker(&unique_node("etcd-secret"), &[]);
+    let task = serde_json::json!({"Name": "reader", "Image": SAMPLE_IMAGE,
+        "Cmd": ["sh", "-c", "sleep 3600"], "Secrets": ["db-password"]});
+    let id = manager.client().submit(&task).await;
+    manager.client().await_state(&id, "Running").await;
+    let (ok, out, err) = cube_cli(
+        &manager.address(),
+        &["exec", &id, "--", "cat", "/run/secrets/db-password"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out, value);
+
+    let dump = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &cluster.endpoints_flag(),
+            "get",
+            "",
+            "--prefix",
+        ])
+        .output()
+        .expect("etcdctl");
+    assert!(dump.status.success());
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    assert!(
+        dump.contains("/secrets/default/db-password"),
+        "the record is there: {dump}"
+    );
+    assert!(
+        !dump.contains(&value) && !dump.contains(&encoded),
+        "etcd holds the value: {dump}"
+    );
+}
