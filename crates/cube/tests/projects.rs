@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Client, ManagerProcess, WorkerProcess, unique_node, web_task};
+use support::{Client, ManagerProcess, unique_node, web_task};
 
 async fn create_project(client: &Client, name: &str, quota: Value) {
     let answer = client
@@ -53,21 +53,7 @@ async fn a_teams_token_sees_nothing_of_another_teams_project() {
     let management = support::bootstrap(&manager).await;
     let admin = Client::with_token(&manager.url, &management);
     let node = unique_node("proj");
-    let join = support::token_in(&manager, &management, "node", &[]).await;
-    support::ensure_sample_image();
-    let _worker = WorkerProcess::start_with(
-        &node,
-        "memory",
-        &dir.path().join(&node),
-        &[
-            "--join",
-            &manager.address(),
-            "--token",
-            &join,
-            "--heartbeat-interval",
-            "300ms",
-        ],
-    );
+    let _worker = support::join_with_node_token(&manager, &management, &node, "memory").await;
     create_project(&admin, "team-a", json!({})).await;
     create_project(&admin, "team-b", json!({})).await;
     let a_token = support::token_in(&manager, &management, "submit", &["team-a"]).await;

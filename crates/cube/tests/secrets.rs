@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use support::{Client, ManagerProcess, WorkerProcess, unique_node};
+use support::{Client, ManagerProcess, unique_node};
 
 /// Runs `cube` with `env` added and `stdin` written to it: success, stdout, stderr.
 fn cube_with_input(env: &[(&str, &str)], args: &[&str], stdin: &str) -> (bool, String, String) {
@@ -123,21 +123,7 @@ async fn a_secret_reaches_its_task_at_run_secrets_and_nowhere_else() {
         assert_eq!(answer.status, 201, "{}", answer.body);
     }
     let node = unique_node("secret");
-    let join = support::token_in(&manager, &management, "node", &[]).await;
-    support::ensure_sample_image();
-    let worker = WorkerProcess::start_with(
-        &node,
-        "persistent",
-        &dir.path().join(&node),
-        &[
-            "--join",
-            &manager.address(),
-            "--token",
-            &join,
-            "--heartbeat-interval",
-            "300ms",
-        ],
-    );
+    let worker = support::join_with_node_token(&manager, &management, &node, "persistent").await;
     let a_token = support::token_in(&manager, &management, "submit", &["team-a"]).await;
     let b_token = support::token_in(&manager, &management, "submit", &["team-b"]).await;
     let read_token = support::token_in(&manager, &management, "read", &["*"]).await;

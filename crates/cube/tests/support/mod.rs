@@ -994,3 +994,28 @@ pub async fn token_in(
     assert_eq!(answer.status, 201, "token create: {}", answer.body);
     answer.body["Secret"].as_str().unwrap().to_string()
 }
+
+/// A worker named `name` on `dbtype` (its directory under the manager's) that joins `manager`
+/// with a node token made with the management token, beating every 300 ms.
+pub async fn join_with_node_token(
+    manager: &ManagerProcess,
+    management: &str,
+    name: &str,
+    dbtype: &str,
+) -> WorkerProcess {
+    let join = token_in(manager, management, "node", &[]).await;
+    ensure_sample_image();
+    WorkerProcess::start_with(
+        name,
+        dbtype,
+        &manager.data_dir.join(name),
+        &[
+            "--join",
+            &manager.address(),
+            "--token",
+            &join,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    )
+}
