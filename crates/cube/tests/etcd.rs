@@ -833,8 +833,23 @@ async fn on_etcd_a_secret_is_sealed_with_the_key_file_and_etcd_never_holds_its_v
     let encoded = base64::engine::general_purpose::STANDARD.encode(&value);
     let body = serde_json::json!({"Name": "db-password", "Value": encoded}).to_string();
 
+    // A manager on etcd answers 503 while it is elected and loads the state: read first.
+    let leading = |manager: &ManagerProcess| {
+        let client = manager.client();
+        async move {
+            client
+                .await_answer(
+                    "/secrets",
+                    "leading and loaded",
+                    Poll::every(std::time::Duration::from_millis(50), STATE_BOUND),
+                    |answer| answer.status == 200,
+                )
+                .await;
+        }
+    };
     // Without a key: refused, saying what to give.
     let keyless = etcd_manager(&cluster, &dir.path().join("keyless"), &[]);
+    leading(&keyless).await;
     let answer = keyless
         .client()
         .request_answer("POST", "/secrets", Some(&body))
@@ -851,6 +866,7 @@ async fn on_etcd_a_secret_is_sealed_with_the_key_file_and_etcd_never_holds_its_v
     std::fs::write(&key, format!("{}\n", "ab".repeat(32))).unwrap();
     let key = key.display().to_string();
     let manager = etcd_manager(&cluster, dir.path(), &["--secrets-key-file", &key]);
+    leading(&manager).await;
     let answer = manager
         .client()
         .request_answer("POST", "/secrets", Some(&body))
