@@ -22,7 +22,8 @@ use super::{ManagerClient, ManagerFlags, OutputFormat};
 /// mounts it read-only on tmpfs at /run/secrets/NAME (or sets a variable, when the task asks:
 /// {"Name": "NAME", "Env": "VAR"}). `list` shows names, versions and times, never values.
 /// Creating a secret that exists makes its next version; running tasks keep the value they
-/// started with (run the job again to roll it).
+/// started with, and read the new one when their next run starts (a job's copies: a new
+/// version of the job).
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     printf %s 's3cret' | cube secret create db-password\n  \
