@@ -5,6 +5,7 @@
 //! volume of its own (`cube_types::secret::volume_of_copy`) and is placed back on the node
 //! that holds it (`placement.rs`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -23,24 +24,48 @@ impl Manager {
     /// tasks on its node that use it and have not ended.
     pub fn volumes(&self, keep: impl Fn(&str) -> bool) -> Vec<VolumeInfo> {
         let state = lock(&self.cluster.state);
-        let mut listed = Vec::new();
-        for entry in state.nodes.entries() {
-            for volume in entry.volumes.iter().filter(|v| keep(&v.project)) {
-                let mut volume = volume.clone();
-                volume.node = entry.name.clone();
-                volume.used_by = state
-                    .cache
-                    .tasks()
-                    .filter(|task| {
-                        task.status.node_name.as_str() == entry.name
-                            && !task.status.state.is_terminal()
-                            && task.spec.project == volume.project
-                            && volumes_of(task).any(|name| name == volume.name)
+        let mut listed: Vec<VolumeInfo> = state
+            .nodes
+            .entries()
+            .flat_map(|entry| {
+                entry
+                    .volumes
+                    .iter()
+                    .filter(|v| keep(&v.project))
+                    .map(|volume| {
+                        let mut volume = volume.clone();
+                        volume.node = entry.name.clone();
+                        volume
                     })
-                    .map(|task| task.id.to_string())
-                    .collect();
-                listed.push(volume);
+            })
+            .collect();
+        if listed.is_empty() {
+            return listed;
+        }
+        // One pass over the tasks: who uses which volume on which node.
+        let mut users: HashMap<(&str, &str, String), Vec<String>> = HashMap::new();
+        for task in state.cache.tasks() {
+            if task.status.state.is_terminal() || !keep(&task.spec.project) {
+                continue;
             }
+            for name in volumes_of(task) {
+                users
+                    .entry((
+                        task.status.node_name.as_str(),
+                        task.spec.project.as_str(),
+                        name,
+                    ))
+                    .or_default()
+                    .push(task.id.to_string());
+            }
+        }
+        for volume in &mut listed {
+            let key = (
+                volume.node.as_str(),
+                volume.project.as_str(),
+                volume.name.clone(),
+            );
+            volume.used_by = users.remove(&key).unwrap_or_default();
         }
         listed.sort_by(|a, b| (&a.project, &a.name, &a.node).cmp(&(&b.project, &b.name, &b.node)));
         listed

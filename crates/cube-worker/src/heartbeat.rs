@@ -67,16 +67,8 @@ impl Heartbeat {
             next_beat = tokio::time::Instant::now() + interval;
             let report = match worker.node_report() {
                 Ok(mut report) => {
-                    match worker.volumes().await {
-                        Ok(volumes) => {
-                            report.volumes = volumes
-                                .into_iter()
-                                .map(|mut volume| {
-                                    volume.used_by.clear();
-                                    volume
-                                })
-                                .collect();
-                        }
+                    match worker.engine_volumes().await {
+                        Ok(volumes) => report.volumes = volumes,
                         Err(err) => {
                             tracing::debug!(error = %err, "cannot list this node's volumes for the heartbeat");
                         }

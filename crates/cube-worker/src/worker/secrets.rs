@@ -23,7 +23,7 @@ use cube_runtime::Runtime;
 use cube_types::Task;
 use cube_types::secret::{
     LABEL_VOLUME, LABEL_VOLUME_NODE, LABEL_VOLUME_PROJECT, RunSecrets, SECRETS_DIR_IN_CONTAINER,
-    VolumeInfo, docker_volume_name, registry_of_image, volume_of_copy,
+    VolumeInfo, docker_volume_name, registry_of_image, volume_of_copy, volumes_of,
 };
 
 use super::{Worker, WorkerError};
@@ -200,8 +200,7 @@ impl<R: Runtime> Worker<R> {
                     ));
                 }
                 let _ = std::fs::remove_dir_all(&run_dir);
-                std::fs::DirBuilder::new()
-                    .mode_0700()
+                std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
                     .create(&run_dir)
                     .map_err(|err| format!("cannot make {}: {err}", run_dir.display()))?;
                 files = Some(SecretFiles {
@@ -267,27 +266,23 @@ impl<R: Runtime> Worker<R> {
         Ok(())
     }
 
-    /// The named volumes Cube made on this node, with the tasks that use them and have not
-    /// ended.
-    pub async fn volumes(&self) -> Result<Vec<VolumeInfo>, WorkerError> {
+    /// The named volumes Cube made on this node, as the engine lists them (what a beat
+    /// reports: no task is read).
+    pub async fn engine_volumes(&self) -> Result<Vec<VolumeInfo>, WorkerError> {
         let listed = self
             .runtime
             .list_volumes(&self.config.name)
             .await
             .map_err(|err| WorkerError::Runtime(err.to_string()))?;
-        let tasks = self.list_tasks()?;
         let mut volumes: Vec<VolumeInfo> = listed
             .into_iter()
             .filter_map(|(docker_name, labels)| {
-                let name = labels.get(LABEL_VOLUME)?.clone();
-                let project = labels.get(LABEL_VOLUME_PROJECT)?.clone();
-                let used_by = users(&tasks, &self.config.name, &docker_name);
                 Some(VolumeInfo {
-                    name,
-                    project,
+                    name: labels.get(LABEL_VOLUME)?.clone(),
+                    project: labels.get(LABEL_VOLUME_PROJECT)?.clone(),
                     node: self.config.name.clone(),
                     docker_name,
-                    used_by,
+                    used_by: Vec::new(),
                 })
             })
             .collect();
@@ -295,26 +290,37 @@ impl<R: Runtime> Worker<R> {
         Ok(volumes)
     }
 
+    /// [`Worker::engine_volumes`], each with the tasks that use it and have not ended.
+    pub async fn volumes(&self) -> Result<Vec<VolumeInfo>, WorkerError> {
+        let mut volumes = self.engine_volumes().await?;
+        let tasks = self.list_tasks()?;
+        for volume in &mut volumes {
+            volume.used_by = users(&tasks, &self.config.name, &volume.docker_name);
+        }
+        Ok(volumes)
+    }
+
     /// Removes the named volume `docker_name` of this node: refused while a task that has not
     /// ended uses it.
     pub async fn remove_named_volume(&self, docker_name: &str) -> Result<(), WorkerError> {
-        let volumes = self.volumes().await?;
+        let volumes = self.engine_volumes().await?;
         let Some(volume) = volumes.iter().find(|v| v.docker_name == docker_name) else {
             return Err(WorkerError::BadRequest(format!(
                 "no volume {docker_name:?} made by Cube on node {}",
                 self.config.name
             )));
         };
-        if !volume.used_by.is_empty() {
+        let tasks = self.list_tasks()?;
+        let used_by = users(&tasks, &self.config.name, docker_name);
+        if !used_by.is_empty() {
             return Err(WorkerError::WrongState(format!(
                 "volume {:?} is in use by task {} (stop it first)",
                 volume.name,
-                volume.used_by.join(", ")
+                used_by.join(", ")
             )));
         }
         // The containers of ended tasks that mounted it (kept for their logs) go with it: the
         // engine removes no volume a container still names.
-        let tasks = self.list_tasks()?;
         for task in tasks.iter().filter(|task| {
             task.status.state.is_terminal() && mounts(task, &self.config.name, docker_name)
         }) {
@@ -343,28 +349,5 @@ fn users(tasks: &[Task], node: &str, docker_name: &str) -> Vec<String> {
 
 /// Whether `task` on `node` mounts the named volume `docker_name`.
 fn mounts(task: &Task, node: &str, docker_name: &str) -> bool {
-    task.spec.volumes.iter().any(|mount| {
-        !mount.is_bind()
-            && docker_volume_name(
-                node,
-                &task.spec.project,
-                &volume_of_copy(
-                    &mount.source,
-                    &task.spec.job,
-                    &task.spec.group,
-                    task.spec.index,
-                ),
-            ) == docker_name
-    })
-}
-
-/// `DirBuilder` with mode 0700.
-trait Mode0700 {
-    fn mode_0700(&mut self) -> &mut Self;
-}
-
-impl Mode0700 for std::fs::DirBuilder {
-    fn mode_0700(&mut self) -> &mut Self {
-        std::os::unix::fs::DirBuilderExt::mode(self, 0o700)
-    }
+    volumes_of(task).any(|name| docker_volume_name(node, &task.spec.project, &name) == docker_name)
 }
