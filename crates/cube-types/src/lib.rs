@@ -29,6 +29,7 @@ pub mod output;
 pub mod pod;
 pub mod project;
 pub mod queue;
+pub mod route;
 pub mod secret;
 pub mod shard;
 pub mod size;

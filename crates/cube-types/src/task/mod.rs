@@ -184,6 +184,9 @@ pub struct SpecBody {
     pub secrets: Vec<crate::secret::SecretUse>,
     /// Named volumes (kept when the task ends) and bind mounts, `NAME:/path[:ro]`.
     pub volumes: Vec<crate::secret::VolumeMount>,
+    /// Where `cube router` reaches the task's copies (see [`crate::route`]); unset: the
+    /// default route, when the task exposes a TCP port.
+    pub route: Option<crate::route::RouteSpec>,
 }
 
 /// What Cube observed and decided: the state, the node, the run number and its backoff, the
@@ -399,6 +402,7 @@ impl Task {
                     pod: None,
                     secrets: Vec::new(),
                     volumes: Vec::new(),
+                    route: None,
                 },
                 None,
                 State::Running,
@@ -686,7 +690,7 @@ impl Task {
     }
 
     /// Each spec field's wire name, and whether `self` and `other` agree on it.
-    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 29] {
+    fn spec_comparison(&self, other: &Task) -> [(&'static str, bool); 30] {
         // No `..`: a new spec field does not compile until it is compared here.
         let SpecBody {
             image,
@@ -716,6 +720,7 @@ impl Task {
             pod,
             secrets,
             volumes,
+            route,
         } = &*self.spec;
         let index = &self.spec.index;
         let theirs = &other.spec;
@@ -764,6 +769,7 @@ impl Task {
             ("Pod", *pod == theirs.pod),
             ("Secrets", *secrets == theirs.secrets),
             ("Volumes", *volumes == theirs.volumes),
+            ("Route", *route == theirs.route),
         ]
     }
 

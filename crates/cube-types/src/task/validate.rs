@@ -70,6 +70,9 @@ impl Task {
                 findings.push(format!("Volumes[{n}]: {} is mounted twice", volume.target));
             }
         }
+        if let Some(route) = &self.spec.route {
+            findings.extend(route.findings("Route", &self.spec.exposed_ports));
+        }
         if self.spec.pod.is_some()
             && !(self.spec.secrets.is_empty() && self.spec.volumes.is_empty())
         {

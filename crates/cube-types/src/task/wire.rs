@@ -221,6 +221,9 @@ pub(super) struct TaskWire {
     /// `NAME:/path[:ro]` (a named volume, kept when the task ends) or `/host/path:/path[:ro]`.
     #[serde(rename = "Volumes", default, deserialize_with = "null_as_default")]
     pub volumes: Vec<crate::secret::VolumeMount>,
+    /// Where `cube router` reaches the task: `{"Host": "api.example.test", "Port": 7777}`.
+    #[serde(rename = "Route", default)]
+    pub route: Option<crate::route::RouteSpec>,
 }
 
 /// A task as it is written, from references (listing 100,000 tasks must not copy each one
@@ -372,6 +375,8 @@ struct TaskWireRef<'a> {
     secrets: &'a Vec<crate::secret::SecretUse>,
     #[serde(rename = "Volumes", skip_serializing_if = "none_listed")]
     volumes: &'a Vec<crate::secret::VolumeMount>,
+    #[serde(rename = "Route", skip_serializing_if = "unset")]
+    route: &'a Option<crate::route::RouteSpec>,
 }
 
 fn unset<T>(value: &&Option<T>) -> bool {
@@ -476,6 +481,7 @@ impl Task {
             pod,
             secrets,
             volumes,
+            route,
         } = &**spec;
         let (index, desired_state) = (&spec.index, &spec.desired_state);
         TaskWireRef {
@@ -530,6 +536,7 @@ impl Task {
             containers,
             secrets,
             volumes,
+            route,
         }
     }
 }
@@ -588,6 +595,7 @@ impl From<TaskWire> for Task {
             containers,
             secrets,
             volumes,
+            route,
         } = wire;
         Task {
             id,
@@ -621,6 +629,7 @@ impl From<TaskWire> for Task {
                     pod,
                     secrets,
                     volumes,
+                    route,
                 },
                 index,
                 desired_state,
