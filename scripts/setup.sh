@@ -3,7 +3,8 @@
 # curl, docker-compose, protobuf-compiler for the etcd client's build, gcc for ring's, etcd-server
 # for the etcd store's tests, openssl for the tests' certificates, etcd-client for etcdctl,
 # promtool for the metrics lint, chromium and chromium-driver for the web UI's tests,
-# docker-registry and apache2-utils for the private-registry tests) from Debian's packages,
+# docker-registry and apache2-utils for the private-registry tests, haproxy for the router's
+# HAProxy tests and wrk for its benchmark) from Debian's packages,
 # and starts dockerd when no engine answers. Safe to run again.
 set -euo pipefail
 
@@ -37,6 +38,11 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 # htpasswd makes those registries' bcrypt password files.
 command -v htpasswd >/dev/null 2>&1 || missing+=(apache2-utils)
+# `cube router --haproxy-config` keeps a real HAProxy's backends equal to the routes: its tests
+# start their own HAProxy (Debian's) on loopback ports; the router's benchmark loads it, the
+# router and a copy directly with the same tool, wrk.
+command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+command -v wrk >/dev/null 2>&1 || missing+=(wrk)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing ${missing[*]}"
   as_root apt-get update -qq
@@ -50,6 +56,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
     else
       as_root update-rc.d docker-registry disable >/dev/null 2>&1 || true
       as_root /etc/init.d/docker-registry stop >/dev/null 2>&1 || true
+    fi
+  fi
+  # So does haproxy (its packaged configuration listens on no port, but it is not ours).
+  if [[ " ${missing[*]} " == *" haproxy "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      as_root systemctl disable --now haproxy.service >/dev/null 2>&1 || true
+    else
+      as_root update-rc.d haproxy disable >/dev/null 2>&1 || true
+      as_root /etc/init.d/haproxy stop >/dev/null 2>&1 || true
     fi
   fi
 fi
