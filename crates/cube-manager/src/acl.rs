@@ -144,6 +144,8 @@ pub const ROUTES: &[(&str, &str, Need)] = &[
     ("GET", "/queue", Need::Role(Role::Read)),
     ("GET", "/queue/{kind}/{id}", Need::Role(Role::Read)),
     ("GET", "/services", Need::Role(Role::Read)),
+    // What `cube router` follows: a `router` token may read this and nothing else.
+    ("GET", "/routes", Need::Role(Role::Router)),
     ("GET", "/store/backup", Need::Role(Role::Management)),
     ("GET", "/projects", Need::Role(Role::Read)),
     ("POST", "/projects", Need::Role(Role::Management)),
@@ -959,14 +961,14 @@ pub async fn bootstrap(State(state): State<AclState>) -> Result<Response, ApiErr
 /// tokens name theirs (`*` for every one; none: `default`); a `management` token holds in
 /// every project and a node token in none, so they name none.
 fn token_projects(role: Role, asked: Vec<String>) -> Result<Vec<String>, ApiError> {
-    if matches!(role, Role::Management | Role::Node) {
+    if matches!(role, Role::Management | Role::Node | Role::Router) {
         if !asked.is_empty() {
             return Err(ApiError::bad_request(format!(
                 "Projects: a {role} token is not scoped to projects ({}); leave Projects out",
-                if role == Role::Node {
-                    "it runs tasks of every project"
-                } else {
-                    "it holds in every project"
+                match role {
+                    Role::Node => "it runs tasks of every project",
+                    Role::Router => "it routes to every project's services",
+                    _ => "it holds in every project",
                 }
             )));
         }

@@ -153,6 +153,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/queue", get(list_queue))
         .route("/queue/{kind}/{id}", get(get_queue_entry))
         .route("/services", get(list_services))
+        .route("/routes", get(list_routes))
         .route("/health", get(health))
         .route("/store/backup", get(backup_store))
         .route("/acl/bootstrap", post(crate::acl::bootstrap))
@@ -712,7 +713,7 @@ async fn list_jobs(
     let index = settle_query(&manager, blocking, |event| match event.topic {
         Topic::Job | Topic::Deployment => true,
         Topic::Task | Topic::Queue => event.job.is_some(),
-        Topic::Node | Topic::Project | Topic::Quota => false,
+        Topic::Node | Topic::Project | Topic::Quota | Topic::Route => false,
     })
     .await;
     let jobs: Vec<JobView> = manager
@@ -1013,6 +1014,24 @@ async fn list_services(
         .filter(|service| scope.lists(&service.project))
         .collect();
     Ok(with_index(Json(services).into_response(), index))
+}
+
+/// `GET /routes`: every route with the copies that take its requests (`routes.rs`); a
+/// blocking query wakes on a `Route` event, that is when a route changed.
+async fn list_routes(
+    State(manager): State<Arc<Manager>>,
+    Extension(scope): Extension<Scope>,
+    query: Result<Query<BlockingQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query?;
+    let blocking = blocking(query.index, query.wait.as_deref())?;
+    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Route).await;
+    let routes: Vec<_> = manager
+        .routes()
+        .into_iter()
+        .filter(|route| scope.lists(&route.project))
+        .collect();
+    Ok(with_index(Json(routes).into_response(), index))
 }
 
 /// `GET /events`: see `event_stream.rs`.

@@ -62,10 +62,13 @@ pub enum Topic {
     /// A request that starts (`QuotaWaiting`) or stops (`QuotaAdmitted`) waiting for its
     /// project's quota.
     Quota,
+    /// A route's backends, host or port changed (`routes.rs`): `Added`, `Updated`,
+    /// `Removed`.
+    Route,
 }
 
 impl Topic {
-    pub const ALL: [Topic; 7] = [
+    pub const ALL: [Topic; 8] = [
         Topic::Task,
         Topic::Job,
         Topic::Node,
@@ -73,6 +76,7 @@ impl Topic {
         Topic::Queue,
         Topic::Project,
         Topic::Quota,
+        Topic::Route,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +88,7 @@ impl Topic {
             Topic::Queue => "Queue",
             Topic::Project => "Project",
             Topic::Quota => "Quota",
+            Topic::Route => "Route",
         }
     }
 

@@ -42,6 +42,7 @@ pub mod reconcile;
 mod registry_check;
 mod relay;
 mod rollout;
+mod routes;
 mod sealing;
 mod secret_api;
 pub mod secrets;

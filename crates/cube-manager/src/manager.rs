@@ -712,6 +712,8 @@ impl Manager {
         );
         loops.spawn(jobs.run(self.shutdown.clone()));
         loops.spawn(self.queue_controller().run(self.shutdown.clone()));
+        let routes = crate::routes::RouteWatch::new(self.cluster.clone());
+        loops.spawn(routes.run(self.shutdown.clone()));
         let resync =
             crate::liveness::Resync::new(self.cluster.clone(), self.config.resync_interval);
         loops.spawn(resync.run(self.shutdown.clone()));
@@ -741,6 +743,11 @@ impl Manager {
 }
 
 impl Manager {
+    /// `GET /routes`: every route (`routes.rs`).
+    pub fn routes(&self) -> Vec<cube_types::route::RouteView> {
+        crate::routes::routes(&lock(&self.cluster.state))
+    }
+
     /// The manager's events, for the API.
     pub fn events(&self) -> &EventBroker {
         &self.cluster.events

@@ -10,6 +10,13 @@
 //!   for those who run HAProxy already;
 //! - [`metrics`] counts requests, errors and latency per route for `/metrics`.
 
+pub mod haproxy;
+pub mod metrics;
+pub mod proxy;
 pub mod table;
+pub mod tcp;
 
+pub use metrics::RouterMetrics;
+pub use proxy::Router;
 pub use table::{Pick, RouteTable, Target};
+pub use tcp::serve_tcp;

@@ -25,10 +25,14 @@ pub enum Role {
     Management,
     /// A join token: registration and heartbeats of the one node it joined as.
     Node,
+    /// `cube router`'s: the routes of every project (`GET /routes`), nothing else. Every
+    /// role of the chain may read the routes too.
+    Router,
 }
 
 impl Role {
-    pub const NAMES: [&'static str; 5] = ["read", "submit", "operator", "management", "node"];
+    pub const NAMES: [&'static str; 6] =
+        ["read", "submit", "operator", "management", "node", "router"];
 
     /// Where the role stands in the chain read < submit < operator < management; a node
     /// token is in no chain.
@@ -38,7 +42,7 @@ impl Role {
             Role::Submit => Some(1),
             Role::Operator => Some(2),
             Role::Management => Some(3),
-            Role::Node => None,
+            Role::Node | Role::Router => None,
         }
     }
 
@@ -46,6 +50,8 @@ impl Role {
     pub fn allows(self, needed: Role) -> bool {
         match (self.rank(), needed.rank()) {
             (Some(have), Some(need)) => have >= need,
+            // What a router token may do, every token of the chain may.
+            (Some(_), None) => needed == Role::Router,
             _ => self == needed,
         }
     }
@@ -57,6 +63,7 @@ impl Role {
             "operator" => Ok(Role::Operator),
             "management" => Ok(Role::Management),
             "node" => Ok(Role::Node),
+            "router" => Ok(Role::Router),
             _ => Err(format!(
                 "unknown role {text:?}; the roles are {}",
                 Role::NAMES.join(", ")
@@ -71,6 +78,7 @@ impl Role {
             Role::Operator => "operator",
             Role::Management => "management",
             Role::Node => "node",
+            Role::Router => "router",
         }
     }
 }
@@ -176,7 +184,7 @@ pub struct TokenRecord {
 
 /// Whether a token of `role` listing `projects` reaches `project`.
 pub fn reaches(role: Role, projects: &[String], project: &str) -> bool {
-    role == Role::Management
+    matches!(role, Role::Management | Role::Router)
         || projects
             .iter()
             .any(|listed| listed == crate::project::ALL_PROJECTS || listed == project)

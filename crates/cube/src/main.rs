@@ -78,6 +78,7 @@ enum Command {
     Secret(cli::SecretArgs),
     Registry(cli::RegistryArgs),
     Volume(cli::VolumeArgs),
+    Router(cli::RouterArgs),
     SampleImage(sample_image::SampleImageArgs),
     Store(store_cmd::StoreCommandArgs),
 }
@@ -226,6 +227,7 @@ fn main() -> ExitCode {
             Command::Secret(args) => cli::secret(args).await,
             Command::Registry(args) => cli::registry(args).await,
             Command::Volume(args) => cli::volume(args).await,
+            Command::Router(args) => cli::router(args).await,
             Command::SampleImage(args) => sample_image::run(args).await,
             Command::Store(args) => store_cmd::run(args).await,
         }

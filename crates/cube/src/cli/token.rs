@@ -187,7 +187,7 @@ fn token_table(tokens: &[TokenView]) -> Vec<String> {
             token.role.to_string(),
             token.node.clone().unwrap_or_else(|| "-".to_string()),
             match token.role {
-                Role::Management => "*".to_string(),
+                Role::Management | Role::Router => "*".to_string(),
                 Role::Node => "-".to_string(),
                 _ if token.projects.is_empty() => "default".to_string(),
                 _ => token.projects.join(","),

@@ -1019,3 +1019,74 @@ pub async fn join_with_node_token(
         ],
     )
 }
+
+/// A `cube router` process following `manager`, listening on free loopback ports; its
+/// stderr goes to `DIR/router.stderr`.
+pub struct RouterProcess {
+    /// `http://127.0.0.1:PORT`: where requests go.
+    pub url: String,
+    /// `http://127.0.0.1:PORT`: `/metrics`, `/health`, `/routes`.
+    pub admin: String,
+    child: Child,
+    stderr_path: PathBuf,
+}
+
+impl RouterProcess {
+    /// Starts `cube router -m MANAGER --listen 127.0.0.1:0 --admin 127.0.0.1:0 EXTRA`.
+    pub fn start(manager: &str, dir: &Path, extra: &[&str]) -> RouterProcess {
+        std::fs::create_dir_all(dir).unwrap();
+        let stderr_path = dir.join("router.stderr");
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = Command::new(cube_binary())
+            .args([
+                "router",
+                "-m",
+                manager,
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn cube router");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        let urls: Vec<String> = line
+            .split_whitespace()
+            .filter_map(|word| word.trim_end_matches([')', ',']).strip_prefix("http://"))
+            .map(|address| format!("http://{address}"))
+            .collect();
+        assert!(
+            urls.len() == 2,
+            "cube router printed {line:?}; stderr: {}",
+            std::fs::read_to_string(&stderr_path).unwrap_or_default()
+        );
+        RouterProcess {
+            url: urls[0].clone(),
+            admin: urls[1].clone(),
+            child,
+            stderr_path,
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn terminate(mut self, bound: Duration) -> std::process::ExitStatus {
+        signal_and_wait(&mut self.child, "-TERM", bound)
+    }
+}
+
+impl Drop for RouterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

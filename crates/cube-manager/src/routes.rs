@@ -1,0 +1,391 @@
+//! Routes (`cube_types::route`): `GET /routes` and the `Route` events.
+//!
+//! A route is read from the tasks, never stored: a job group's is its template's (`Route`,
+//! or the default when it exposes a TCP port), a bare task's its own. Its backends are the
+//! copies that run, whose desired state is still to run, and whose health check passes with
+//! no failure counted since (one failed probe takes a copy out at once, before
+//! `HealthCheckRetries` fail it), at the address their node publishes the port on.
+//!
+//! A copy leaves its route the moment the manager decides to stop it (its desired state
+//! changes, before its worker hears of it), so that a router following the routes has
+//! stopped sending it requests by the time its container gets the signal: the rolling
+//! update's drain.
+//!
+//! The [`RouteWatch`] follows the task and job events and publishes a `Route` event
+//! (`Added`, `Updated`, `Removed`; the route as its object) whenever a route's backends,
+//! host or port change: what a blocking `GET /routes` waits for, so that a router asks again
+//! only when there is something new.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use cube_types::route::{Backend, RouteView, default_name, route_port};
+use cube_types::{State, Task};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{Cluster, Shared, lock};
+use crate::events::{Received, Topic};
+use crate::queue_controller::hosts;
+
+/// Whether `task` takes requests now (see the module comment).
+pub(crate) fn takes_requests(task: &Task) -> bool {
+    task.spec.desired_state == State::Running
+        && task.is_healthy()
+        && task.status.run.health_failures == 0
+}
+
+/// A copy as its route's backend, when it takes requests and its node publishes `port`.
+fn backend_of(task: &Task, port: &str, hosts: &BTreeMap<String, String>) -> Option<Backend> {
+    if !takes_requests(task) {
+        return None;
+    }
+    let node_host = hosts.get(task.status.node_name.as_str())?;
+    let binding = task.status.run.host_ports.get(port)?.first()?;
+    let host = match binding.host_ip.as_str() {
+        "" | "0.0.0.0" | "::" => node_host.as_str(),
+        ip => ip,
+    };
+    let address = if host.contains(':') {
+        format!("[{host}]:{}", binding.host_port)
+    } else {
+        format!("{host}:{}", binding.host_port)
+    };
+    Some(Backend {
+        address,
+        id: task.id,
+        name: task.name.clone(),
+        node: task.status.node_name.to_string(),
+    })
+}
+
+/// The route of one job's group, from its template; `None` when it exposes no TCP port.
+fn job_group_route(
+    state: &Shared,
+    job_key: &str,
+    group: &str,
+    hosts: &BTreeMap<String, String>,
+) -> Option<RouteView> {
+    let record = state.jobs.get(job_key).filter(|record| !record.stopped)?;
+    let template = record.job.groups.iter().find(|g| g.name == group)?;
+    let spec = &template.task.spec;
+    let port = route_port(spec.route.as_ref(), &spec.exposed_ports)?;
+    let project = record.job.project().to_string();
+    let mut backends: Vec<Backend> = state
+        .cache
+        .of_job(job_key)
+        .iter()
+        .filter(|task| task.spec.group == group)
+        .filter_map(|task| {
+            // A copy of an older version goes by its own port, as its container was made.
+            let own = route_port(task.spec.route.as_ref(), &task.spec.exposed_ports)?;
+            backend_of(task, &own, hosts)
+        })
+        .collect();
+    backends.sort();
+    Some(RouteView {
+        name: default_name(&record.job.name, group, "", &project),
+        host: spec
+            .route
+            .as_ref()
+            .map(|route| route.host.clone())
+            .unwrap_or_default(),
+        project,
+        job: record.job.name.clone(),
+        group: group.to_string(),
+        port,
+        backends,
+    })
+}
+
+/// A bare task's route; `None` when it exposes no TCP port or has ended for good.
+fn task_route(task: &Task, hosts: &BTreeMap<String, String>) -> Option<RouteView> {
+    if !task.spec.job.is_empty() || task.spec.desired_state != State::Running {
+        return None;
+    }
+    let port = route_port(task.spec.route.as_ref(), &task.spec.exposed_ports)?;
+    let project = task.spec.project.clone();
+    Some(RouteView {
+        name: default_name("", "", &task.name, &project),
+        host: task
+            .spec
+            .route
+            .as_ref()
+            .map(|route| route.host.clone())
+            .unwrap_or_default(),
+        project,
+        job: String::new(),
+        group: String::new(),
+        backends: backend_of(task, &port, hosts).into_iter().collect(),
+        port,
+    })
+}
+
+/// Every route, sorted by project then name. Bare tasks are found through their waiting
+/// list entries (every bare task has one), not by reading every task.
+pub(crate) fn routes(state: &Shared) -> Vec<RouteView> {
+    let hosts = hosts(state);
+    let mut routes = Vec::new();
+    for (key, record) in &state.jobs {
+        for group in &record.job.groups {
+            routes.extend(job_group_route(state, key, &group.name, &hosts));
+        }
+    }
+    for entry in state.queue.values() {
+        if entry.kind != cube_types::queue::RequestKind::Task {
+            continue;
+        }
+        if let Some(task) = crate::queue_controller::task_of(state, entry) {
+            routes.extend(task_route(&task, &hosts));
+        }
+    }
+    routes.sort_by(|a, b| (&a.project, &a.name).cmp(&(&b.project, &b.name)));
+    routes
+}
+
+/// Where a route is kept in [`RouteWatch`]'s map: what it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Owner {
+    Group { job: String, group: String },
+    Task(uuid::Uuid),
+}
+
+/// Publishes a `Route` event when a route changes (see the module comment). Runs on the
+/// leader with the other controllers.
+pub(crate) struct RouteWatch {
+    cluster: Arc<Cluster>,
+    /// Every route as last published.
+    known: HashMap<Owner, RouteView>,
+}
+
+impl RouteWatch {
+    pub(crate) fn new(cluster: Arc<Cluster>) -> RouteWatch {
+        RouteWatch {
+            cluster,
+            known: HashMap::new(),
+        }
+    }
+
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
+        let Ok(mut events) = self.cluster.events.subscribe(None) else {
+            return;
+        };
+        // What is there at the start is known without an event: a router reads it whole.
+        self.look_all(false);
+        loop {
+            let received = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                received = events.next() => received,
+            };
+            match received {
+                Received::Closed => return,
+                // Fell behind: whatever changed meanwhile is found by looking at everything.
+                Received::Lagged { .. } => {
+                    if let Ok(resumed) = self.cluster.events.subscribe(None) {
+                        events = resumed;
+                    }
+                    self.look_all(true);
+                }
+                Received::Event(event) => match (event.topic, &event.job) {
+                    // A copy's change: its job's groups (a removed copy is no longer in
+                    // the cache to say which group it was of).
+                    (Topic::Task | Topic::Job, Some(job)) => self.look_at_job(job),
+                    (Topic::Job, None) => self.look_at_job(&event.key),
+                    (Topic::Task, None) => {
+                        if let Ok(id) = event.key.parse::<uuid::Uuid>() {
+                            self.look_at_task(id);
+                        }
+                    }
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    /// Every route against what was published.
+    fn look_all(&mut self, publish: bool) {
+        let state = lock(&self.cluster.state);
+        let hosts = hosts(&state);
+        let mut now: HashMap<Owner, RouteView> = HashMap::new();
+        for (key, record) in &state.jobs {
+            for group in &record.job.groups {
+                if let Some(route) = job_group_route(&state, key, &group.name, &hosts) {
+                    let owner = Owner::Group {
+                        job: key.clone(),
+                        group: group.name.clone(),
+                    };
+                    now.insert(owner, route);
+                }
+            }
+        }
+        for entry in state.queue.values() {
+            if let Some(task) = crate::queue_controller::task_of(&state, entry)
+                && let Some(route) = task_route(&task, &hosts)
+            {
+                now.insert(Owner::Task(task.id), route);
+            }
+        }
+        drop(state);
+        let gone: Vec<Owner> = self
+            .known
+            .keys()
+            .filter(|owner| !now.contains_key(owner))
+            .cloned()
+            .collect();
+        for owner in gone {
+            self.change(owner, None, publish);
+        }
+        for (owner, route) in now {
+            self.change(owner, Some(route), publish);
+        }
+    }
+
+    /// A bare task's route.
+    fn look_at_task(&mut self, id: uuid::Uuid) {
+        let state = lock(&self.cluster.state);
+        let hosts = hosts(&state);
+        let route = state
+            .cache
+            .shared(&id)
+            .and_then(|task| task_route(&task, &hosts));
+        drop(state);
+        self.change(Owner::Task(id), route, true);
+    }
+
+    fn look_at_job(&mut self, key: &str) {
+        let state = lock(&self.cluster.state);
+        let hosts = hosts(&state);
+        let mut now: HashMap<Owner, Option<RouteView>> = HashMap::new();
+        for owner in self.known.keys() {
+            if let Owner::Group { job, .. } = owner
+                && job == key
+            {
+                now.insert(owner.clone(), None);
+            }
+        }
+        if let Some(record) = state.jobs.get(key) {
+            for group in &record.job.groups {
+                let owner = Owner::Group {
+                    job: key.to_string(),
+                    group: group.name.clone(),
+                };
+                now.insert(owner, job_group_route(&state, key, &group.name, &hosts));
+            }
+        }
+        drop(state);
+        for (owner, route) in now {
+            self.change(owner, route, true);
+        }
+    }
+
+    /// Records `route` as `owner`'s, publishing the change when asked.
+    fn change(&mut self, owner: Owner, route: Option<RouteView>, publish: bool) {
+        let before = match &route {
+            Some(route) => self.known.insert(owner, route.clone()),
+            None => self.known.remove(&owner),
+        };
+        let kind = match (&before, &route) {
+            (None, None) => return,
+            (Some(before), Some(after)) if before == after => return,
+            (None, Some(_)) => "Added",
+            (Some(_), Some(_)) => "Updated",
+            (Some(_), None) => "Removed",
+        };
+        if !publish {
+            return;
+        }
+        let Some(shown) = route.as_ref().or(before.as_ref()) else {
+            return;
+        };
+        let key = if shown.host.is_empty() {
+            shown.name.clone()
+        } else {
+            shown.host.clone()
+        };
+        let job =
+            (!shown.job.is_empty()).then(|| cube_types::job::job_key(&shown.project, &shown.job));
+        let object = serde_json::to_value(route.as_ref().unwrap_or(shown)).unwrap_or_default();
+        // Under the state lock, as every event: its index orders it with the changes that
+        // made it.
+        let _state = lock(&self.cluster.state);
+        self.cluster.publish(
+            Topic::Route,
+            kind,
+            &key,
+            job.as_deref(),
+            Some(&shown.project),
+            object,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cube_types::route::RouteSpec;
+    use cube_types::{Health, HostBinding};
+
+    fn running_copy(port: &str, host_port: &str) -> Task {
+        let mut task = Task::new("web-0", "cube-sample:latest");
+        task.spec.exposed_ports.insert(port.to_string());
+        task.status.state = State::Running;
+        task.status.node_name = "w1".into();
+        task.status.run.host_ports.insert(
+            port.to_string(),
+            vec![HostBinding {
+                host_ip: "0.0.0.0".into(),
+                host_port: host_port.into(),
+            }],
+        );
+        task
+    }
+
+    fn hosts() -> BTreeMap<String, String> {
+        BTreeMap::from([("w1".to_string(), "10.0.0.2".to_string())])
+    }
+
+    #[test]
+    fn a_running_copy_is_a_backend_at_its_nodes_host() {
+        let task = running_copy("7777/tcp", "49153");
+        let backend = backend_of(&task, "7777/tcp", &hosts()).unwrap();
+        assert_eq!(backend.address, "10.0.0.2:49153");
+        assert_eq!(backend.node, "w1");
+        // A port it does not publish, or a node not known: no backend.
+        assert!(backend_of(&task, "8080/tcp", &hosts()).is_none());
+        assert!(backend_of(&task, "7777/tcp", &BTreeMap::new()).is_none());
+    }
+
+    #[test]
+    fn a_copy_leaves_when_told_to_stop_or_when_a_probe_fails() {
+        let mut task = running_copy("7777/tcp", "49153");
+        task.spec.health_check = "/health".into();
+        task.status.run.health = Some(Health::Healthy);
+        assert!(takes_requests(&task));
+        task.status.run.health_failures = 1;
+        assert!(!takes_requests(&task), "one failed probe takes it out");
+        task.status.run.health_failures = 0;
+        task.status.run.health = None;
+        assert!(!takes_requests(&task), "not yet found healthy");
+        task.status.run.health = Some(Health::Healthy);
+        task.spec.desired_state = State::Completed;
+        assert!(!takes_requests(&task), "on its way to be stopped");
+    }
+
+    #[test]
+    fn a_bare_task_has_its_own_route_with_its_host() {
+        let mut task = running_copy("7777/tcp", "49153");
+        let route = task_route(&task, &hosts()).unwrap();
+        assert_eq!(route.name, "web-0");
+        assert_eq!(route.port, "7777/tcp");
+        assert_eq!(route.backends.len(), 1);
+        task.spec.route = Some(RouteSpec {
+            host: "api.example.test".into(),
+            port: None,
+        });
+        task.spec.project = "team-a".into();
+        let route = task_route(&task, &hosts()).unwrap();
+        assert_eq!(route.host, "api.example.test");
+        assert_eq!(route.name, "web-0.team-a");
+        task.spec.exposed_ports.clear();
+        assert!(task_route(&task, &hosts()).is_none(), "no port, no route");
+    }
+}

@@ -1,0 +1,345 @@
+//! `cube router` as a user meets it: a job's copies reached by the job's host name through
+//! the router, in turn; a rolling update under a client's loop of requests that sees no
+//! error; a copy whose health check fails leaving its route; an unknown host answered 404
+//! and a route without a healthy copy 503. Real `cube` processes, the real Docker engine,
+//! requests sent as `curl --resolve` sends them (the route's host resolved to the router).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::*;
+
+const DOMAIN: &str = "example.test";
+const HOST: &str = "web.shop.example.test";
+
+/// The sample server, writing its container's host name to `/www/who` (each copy answers
+/// with its own) and `version` to `/www/version` first.
+fn copy_cmd(version: &str) -> Value {
+    json!([
+        "sh",
+        "-c",
+        format!(
+            "hostname > /www/who && echo {version} > /www/version && exec httpd -f -p 7777 -h /www"
+        )
+    ])
+}
+
+/// The job `shop`: group `web` of `count` copies, probed on `/health` every `interval`.
+fn shop(count: u32, version: &str, interval: &str) -> Value {
+    json!({"Name": "shop", "Type": "service",
+           "Groups": [{"Name": "web", "Count": count,
+                       "Update": {"MaxParallel": 1, "MinHealthyTime": "300ms"},
+                       "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB",
+                                "Cmd": copy_cmd(version),
+                                "ExposedPorts": {"7777/tcp": {}},
+                                "PortBindings": {"7777/tcp": ""},
+                                "HealthCheck": "/health", "HealthCheckInterval": interval,
+                                "HealthCheckRetries": 3, "RestartPolicy": "on-failure",
+                                "RestartDelay": "1s"}}]})
+}
+
+/// An HTTP client that reaches every host of the test domain at the router, as
+/// `curl --resolve HOST:PORT:127.0.0.1` does.
+struct Through {
+    http: reqwest::Client,
+    port: u16,
+}
+
+impl Through {
+    fn new(router: &RouterProcess, hosts: &[&str]) -> Through {
+        let address: SocketAddr = router.url.trim_start_matches("http://").parse().unwrap();
+        let mut builder = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .no_proxy();
+        for host in hosts {
+            builder = builder.resolve(host, address);
+        }
+        Through {
+            http: builder.build().unwrap(),
+            port: address.port(),
+        }
+    }
+
+    /// `GET http://HOST:PORT/path` through the router: the status and the body, or why no
+    /// answer came.
+    async fn get(&self, host: &str, path: &str) -> Result<(u16, String), String> {
+        let answer = self
+            .http
+            .get(format!("http://{host}:{}{path}", self.port))
+            .send()
+            .await
+            .map_err(|err| format!("{err:?}"))?;
+        let status = answer.status().as_u16();
+        let body = answer.text().await.map_err(|err| format!("{err:?}"))?;
+        Ok((status, body.trim().to_string()))
+    }
+
+    /// Asks until `count` different copies answered `/who` (each at most 200 tries): the
+    /// route has them all.
+    async fn await_copies(&self, host: &str, count: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..(count * 4) {
+                if let Ok((200, who)) = self.get(host, "/who").await {
+                    seen.insert(who);
+                }
+            }
+            if seen.len() == count {
+                return seen.into_iter().collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{host}: {} copies answered through the router, not {count}",
+                seen.len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The manager's routes, by name.
+async fn routes(client: &Client) -> BTreeMap<String, Value> {
+    let answer = client.get("/routes?project=*").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|route| (route["Name"].as_str().unwrap().to_string(), route.clone()))
+        .collect()
+}
+
+async fn submit(client: &Client, job: &Value) {
+    let answer = client.post_raw("/jobs", job.to_string()).await;
+    assert!(
+        answer.status == 200 || answer.status == 201,
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test]
+async fn three_copies_answer_in_turn_by_the_jobs_host_name_and_unknown_or_empty_routes_say_so() {
+    let cluster = OneNodeCluster::start("route").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let router = RouterProcess::start(
+        &cluster.manager.address(),
+        dir.path(),
+        &["--domain", DOMAIN],
+    );
+    let mut route_events = EventReader::open(&cluster.manager, "?topic=Route").await;
+    submit(&client, &shop(3, "one", "250ms")).await;
+
+    let through = Through::new(&router, &[HOST, "nothing.example.test"]);
+    let copies = through.await_copies(HOST, 3).await;
+
+    // The manager's view: one route, its three copies, at the node's published ports.
+    let listed = routes(&client).await;
+    let route = &listed["web.shop"];
+    assert_eq!(
+        route["Host"], "",
+        "a default route: named under the router's domain"
+    );
+    assert_eq!(route["Port"], "7777/tcp");
+    assert_eq!(route["Backends"].as_array().unwrap().len(), 3, "{route}");
+    // Each change of it was an event.
+    let event = route_events.next_event().await;
+    assert_eq!(event["Topic"], "Route");
+    assert_eq!(event["Key"], "web.shop");
+
+    // One request after the other: each copy answers in turn, twice in six.
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..6 {
+        let (status, who) = through.get(HOST, "/who").await.unwrap();
+        assert_eq!(status, 200);
+        *answered.entry(who).or_default() += 1;
+    }
+    assert_eq!(
+        answered.keys().cloned().collect::<Vec<_>>(),
+        copies,
+        "every copy answered"
+    );
+    assert!(answered.values().all(|n| *n == 2), "in turn: {answered:?}");
+
+    // A host no route has: 404, saying so in JSON.
+    let (status, body) = through.get("nothing.example.test", "/").await.unwrap();
+    assert_eq!(status, 404, "{body}");
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        body["Message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing.example.test"),
+        "{body}"
+    );
+
+    // The router counts per route.
+    let metrics = reqwest::get(format!("{}/metrics", router.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("cube_router_requests_total")
+                && line.contains("web.shop")),
+        "{metrics}"
+    );
+
+    // No copy left: the route stays, without a copy, and answers 503 naming it.
+    let scaled = client
+        .post_raw(
+            "/jobs/shop/scale",
+            json!({"Group": "web", "Count": 0}).to_string(),
+        )
+        .await;
+    assert_eq!(scaled.status, 200, "{}", scaled.body);
+    let deadline = Instant::now() + STATE_BOUND;
+    let body = loop {
+        let (status, body) = through.get(HOST, "/who").await.unwrap();
+        if status == 503 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "still {status} {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        body["Message"].as_str().unwrap().contains("web.shop"),
+        "{body}"
+    );
+    assert!(!router.stderr().contains("panicked"), "{}", router.stderr());
+}
+
+#[tokio::test]
+async fn a_rolling_update_under_a_loop_of_requests_sees_no_error() {
+    let cluster = OneNodeCluster::start("roll-route").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let router = RouterProcess::start(
+        &cluster.manager.address(),
+        dir.path(),
+        &["--domain", DOMAIN],
+    );
+    submit(&client, &shop(3, "one", "250ms")).await;
+    let through = Arc::new(Through::new(&router, &[HOST]));
+    let old = through.await_copies(HOST, 3).await;
+
+    // A client asks in a loop through the whole update.
+    let done = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let loop_client = {
+        let (through, done, sent) = (through.clone(), done.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut errors = Vec::new();
+            let mut versions = std::collections::BTreeSet::new();
+            while !done.load(Ordering::Relaxed) {
+                match through.get(HOST, "/version").await {
+                    Ok((200, version)) => {
+                        versions.insert(version);
+                    }
+                    other => errors.push(format!("{other:?}")),
+                }
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+            (errors, versions)
+        })
+    };
+    submit(&client, &shop(3, "two", "250ms")).await;
+    client
+        .await_job("shop", "version 2 deployed", |job| {
+            job["Deployment"]["Version"] == 2 && job["Deployment"]["State"] == "successful"
+        })
+        .await;
+    // Every old copy is gone from the route, and the new ones answer.
+    let new = through.await_copies(HOST, 3).await;
+    assert!(new.iter().all(|who| !old.contains(who)), "{old:?} {new:?}");
+    done.store(true, Ordering::Relaxed);
+    let (errors, versions) = loop_client.await.unwrap();
+    let sent = sent.load(Ordering::Relaxed);
+    eprintln!(
+        "{sent} requests through the update, {} errors",
+        errors.len()
+    );
+    assert!(sent > 50, "the loop sent only {sent} requests");
+    assert!(errors.is_empty(), "{} errors: {errors:?}", errors.len());
+    assert!(
+        versions.contains("one") && versions.contains("two"),
+        "{versions:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_copy_whose_health_check_fails_leaves_the_route_within_one_check_interval() {
+    let cluster = OneNodeCluster::start("sick-route").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let router = RouterProcess::start(
+        &cluster.manager.address(),
+        dir.path(),
+        &["--domain", DOMAIN],
+    );
+    let interval = Duration::from_secs(1);
+    submit(&client, &shop(2, "one", "1s")).await;
+    let through = Through::new(&router, &[HOST]);
+    through.await_copies(HOST, 2).await;
+
+    // One copy's health check starts failing: its `/health` is gone.
+    let job = client.get("/jobs/shop").await.body;
+    let sick = live_tasks(&job)
+        .into_iter()
+        .find(|task| task["State"] == "Running")
+        .unwrap();
+    let container = sick["ContainerID"].as_str().unwrap().to_string();
+    let sick_id = sick["ID"].as_str().unwrap().to_string();
+    let removed = std::process::Command::new("docker")
+        .args(["exec", &container, "rm", "/www/health"])
+        .status()
+        .unwrap();
+    assert!(removed.success());
+    let broken_at = Instant::now();
+
+    // Gone from the manager's route, and so from the router's, within one interval (the
+    // next probe fails) and what it takes to say so.
+    let deadline = broken_at + interval * 3;
+    loop {
+        let listed = routes(&client).await;
+        let backends = listed["web.shop"]["Backends"].as_array().unwrap().clone();
+        if !backends.iter().any(|backend| backend["ID"] == sick_id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still routed: {backends:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left_after = broken_at.elapsed();
+    eprintln!("the failing copy left its route {left_after:?} after its /health was removed");
+    assert!(
+        left_after <= interval + Duration::from_millis(500),
+        "left after {left_after:?}, more than one check interval ({interval:?}) and 500 ms"
+    );
+    // Every request now goes to the healthy copy.
+    let sick_host = String::from_utf8(
+        std::process::Command::new("docker")
+            .args(["exec", &container, "cat", "/www/who"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for _ in 0..10 {
+        let (status, who) = through.get(HOST, "/who").await.unwrap();
+        assert_eq!(status, 200);
+        assert_ne!(who, sick_host.trim(), "a request reached the failing copy");
+    }
+}
