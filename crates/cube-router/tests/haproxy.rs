@@ -6,16 +6,17 @@
 
 use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cube_router::RouteTable;
 use cube_router::haproxy::{self, HaproxyOptions};
+use cube_test_support::{Haproxy, haproxy_binary};
 use cube_types::route::{Backend, RouteView};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -176,7 +177,7 @@ async fn backends_follow_a_scale_from_3_to_5_to_1_copies_within_a_second() {
     let empty = Arc::new(RouteTable::build(&[], DOMAIN, None));
     let initial = options(&dir, port, None);
     std::fs::write(&initial.config, haproxy::render(&empty, &initial)).unwrap();
-    let haproxy = Haproxy::start(&dir, &initial.config).await;
+    let haproxy = Haproxy::start(&initial.config, initial.stats_socket.as_deref().unwrap());
     let options = HaproxyOptions {
         reload: Some(format!("kill -USR2 {}", haproxy.master_pid())),
         ..initial.clone()
@@ -213,16 +214,20 @@ async fn backends_follow_a_scale_from_3_to_5_to_1_copies_within_a_second() {
 
         let pushed = Instant::now();
         tables.send(Arc::clone(&table)).unwrap();
-        let in_stats = haproxy
-            .wait_for(pushed, "its servers to be the copies", async || {
-                haproxy.servers(BACKEND).await.as_ref() == Ok(&expected_addresses)
-            })
-            .await;
-        let in_answers = haproxy
-            .wait_for(pushed, "exactly the copies to answer", async || {
-                answering(port, HOST, 20).await.as_ref() == Ok(&expected_names)
-            })
-            .await;
+        let in_stats = wait_for(
+            &haproxy,
+            pushed,
+            "its servers to be the copies",
+            async || haproxy.servers(BACKEND).as_ref() == Ok(&expected_addresses),
+        )
+        .await;
+        let in_answers = wait_for(
+            &haproxy,
+            pushed,
+            "exactly the copies to answer",
+            async || answering(port, HOST, 20).await.as_ref() == Ok(&expected_names),
+        )
+        .await;
         println!(
             "{count} copies: HAProxy's servers are the copies after {} ms, exactly they answer after {} ms",
             in_stats.as_millis(),
@@ -266,7 +271,7 @@ async fn unknown_hosts_and_routes_without_copies_answer_in_json_and_tcp_ports_fo
         ..options(&dir, port, None)
     };
     std::fs::write(&options.config, haproxy::render(&table, &options)).unwrap();
-    let haproxy = Haproxy::start(&dir, &options.config).await;
+    let haproxy = Haproxy::start(&options.config, options.stats_socket.as_deref().unwrap());
 
     let (status, body) = get(port, "nobody.Example.test:8080").await.unwrap();
     assert_eq!(status, 404, "{body}");
@@ -433,17 +438,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn haproxy_binary() -> &'static str {
-    match Command::new("haproxy").arg("-v").output() {
-        Ok(output) if output.status.success() => "haproxy",
-        Ok(output) => panic!(
-            "haproxy -v failed ({}): install haproxy (scripts/setup.sh)",
-            output.status
-        ),
-        Err(error) => panic!("cannot run haproxy ({error}): install haproxy (scripts/setup.sh)"),
-    }
-}
-
 /// Polls `done` every [`POLL_EVERY`] for at most 10 s.
 async fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
@@ -545,134 +539,21 @@ async fn answering(port: u16, host: &str, requests: usize) -> Result<BTreeSet<St
     Ok(names)
 }
 
-/// An HAProxy in master-worker mode, in the foreground, killed when dropped (a failed
-/// assertion too).
-struct Haproxy {
-    child: Child,
-    log: PathBuf,
-    stats_socket: PathBuf,
-}
-
-impl Haproxy {
-    /// Starts HAProxy on `config` (whose stats socket is `admin.sock` in `dir`) and waits
-    /// until its runtime API answers.
-    async fn start(dir: &tempfile::TempDir, config: &Path) -> Haproxy {
-        let log = dir.path().join("haproxy.log");
-        let log_file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(haproxy_binary())
-            .args(["-W", "-db", "-f"])
-            .arg(config)
-            .arg("-p")
-            .arg(dir.path().join("haproxy.pid"))
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file)
-            .spawn()
-            .unwrap();
-        let haproxy = Haproxy {
-            child,
-            log,
-            stats_socket: dir.path().join("admin.sock"),
-        };
-        let started = Instant::now();
-        while haproxy.ask("show info").await.is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "HAProxy's runtime API did not answer within 10 s; log:\n{}",
-                haproxy.log()
-            );
-            tokio::time::sleep(POLL_EVERY).await;
-        }
-        haproxy
+/// Polls `done` every [`POLL_EVERY`] until it holds and returns how long after `since`
+/// it did; fails after 10 s with HAProxy's log.
+async fn wait_for(
+    haproxy: &Haproxy,
+    since: Instant,
+    what: &str,
+    mut done: impl AsyncFnMut() -> bool,
+) -> Duration {
+    while !done().await {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "waited 10 s for {what}; log:\n{}",
+            haproxy.log()
+        );
+        tokio::time::sleep(POLL_EVERY).await;
     }
-
-    /// With `-W -db`, the process started is the master, which reloads on SIGUSR2.
-    fn master_pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// `command`'s answer on the runtime API.
-    async fn ask(&self, command: &str) -> std::io::Result<String> {
-        let exchange = async {
-            let mut stream = UnixStream::connect(&self.stats_socket).await?;
-            stream.write_all(format!("{command}\n").as_bytes()).await?;
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).await?;
-            Ok(answer)
-        };
-        tokio::time::timeout(Duration::from_secs(2), exchange)
-            .await
-            .map_err(|_| std::io::Error::other("no answer within 2 s"))?
-    }
-
-    /// The `ADDRESS:PORT` of each server of `backend`, from `show servers state`.
-    async fn servers(&self, backend: &str) -> Result<BTreeSet<String>, String> {
-        let answer = self
-            .ask(&format!("show servers state {backend}"))
-            .await
-            .map_err(|error| error.to_string())?;
-        let mut lines = answer.lines().skip_while(|line| !line.starts_with("# "));
-        let columns: Vec<&str> = lines
-            .next()
-            .ok_or_else(|| format!("no header: {answer:?}"))?
-            .trim_start_matches("# ")
-            .split(' ')
-            .collect();
-        let column = |name: &str| {
-            columns
-                .iter()
-                .position(|column| *column == name)
-                .ok_or_else(|| format!("no column {name}: {answer:?}"))
-        };
-        let (address, port) = (column("srv_addr")?, column("srv_port")?);
-        Ok(lines
-            .filter(|line| !line.trim().is_empty())
-            .map(|line| {
-                let fields: Vec<&str> = line.split(' ').collect();
-                format!("{}:{}", fields[address], fields[port])
-            })
-            .collect())
-    }
-
-    /// Polls `done` every [`POLL_EVERY`] until it holds and returns how long after `since`
-    /// it did; fails after 10 s.
-    async fn wait_for(
-        &self,
-        since: Instant,
-        what: &str,
-        mut done: impl AsyncFnMut() -> bool,
-    ) -> Duration {
-        while !done().await {
-            assert!(
-                since.elapsed() < Duration::from_secs(10),
-                "waited 10 s for {what}; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(POLL_EVERY).await;
-        }
-        since.elapsed()
-    }
-}
-
-impl Drop for Haproxy {
-    /// SIGTERM first, so that the master stops its workers (old ones from reloads too), then
-    /// SIGKILL if it has not exited within 2 s.
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(2) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(POLL_EVERY);
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    since.elapsed()
 }

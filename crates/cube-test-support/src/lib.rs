@@ -8,8 +8,10 @@
 
 pub mod browser;
 mod etcd;
+mod haproxy;
 pub mod registry;
 
 pub use browser::Browser;
 pub use etcd::{EtcdCluster, etcd_binary};
+pub use haproxy::{Haproxy, haproxy_binary};
 pub use registry::Registry;
