@@ -343,3 +343,109 @@ async fn a_copy_whose_health_check_fails_leaves_the_route_within_one_check_inter
         assert_ne!(who, sick_host.trim(), "a request reached the failing copy");
     }
 }
+
+#[tokio::test]
+async fn haproxy_fed_by_the_router_follows_a_scale_from_3_to_5_to_1_copies_within_a_second() {
+    let cluster = OneNodeCluster::start("haproxy-route").await;
+    let client = cluster.manager.client();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("haproxy.cfg");
+    let socket = dir.path().join("admin.sock");
+    let pidfile = dir.path().join("haproxy.pid");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    // The reload as an operator writes it: HAProxy's master reloads on SIGUSR2.
+    let reload = format!("kill -USR2 $(cat {})", pidfile.display());
+    let mut route_events = EventReader::open(&cluster.manager, "?topic=Route").await;
+    let _router = {
+        let mut args = vec!["--domain", DOMAIN, "--haproxy-config"];
+        let (config, socket) = (config.to_str().unwrap(), socket.to_str().unwrap());
+        args.extend([config, "--haproxy-stats-socket", socket, "--haproxy-reload"]);
+        args.push(&reload);
+        // Where HAProxy listens.
+        args.extend(["--listen", &listen]);
+        RouterProcess::start(&cluster.manager.address(), dir.path(), &args)
+    };
+    // The router writes the configuration of the routes it read; HAProxy starts on it.
+    let deadline = Instant::now() + STATE_BOUND;
+    while !config.exists() {
+        assert!(Instant::now() < deadline, "no configuration written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let haproxy = cube_test_support::Haproxy::start(&config, &socket);
+    let backend = format!("route_{HOST}");
+
+    submit(&client, &shop(3, "one", "250ms")).await;
+    for count in [3usize, 5, 1] {
+        if count != 3 {
+            let scaled = client
+                .post_raw(
+                    "/jobs/shop/scale",
+                    json!({"Group": "web", "Count": count}).to_string(),
+                )
+                .await;
+            assert_eq!(scaled.status, 200, "{}", scaled.body);
+        }
+        // The manager's route reaches `count` copies: an event says so.
+        let (changed_at, addresses) = loop {
+            let event = route_events.next_event().await;
+            let backends: std::collections::BTreeSet<String> = event["Object"]["Backends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|backend| backend["Address"].as_str().unwrap().to_string())
+                .collect();
+            if event["Key"] == "web.shop" && backends.len() == count {
+                break (Instant::now(), backends);
+            }
+        };
+        // HAProxy's servers of the route are those copies within a second of the change.
+        loop {
+            if haproxy.servers(&backend).as_ref() == Ok(&addresses) {
+                break;
+            }
+            assert!(
+                changed_at.elapsed() < Duration::from_secs(1),
+                "{count} copies: HAProxy's servers {:?}, not {addresses:?}, 1 s after the \
+                 route changed; HAProxy's log:\n{}",
+                haproxy.servers(&backend),
+                haproxy.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let followed = changed_at.elapsed();
+        eprintln!("{count} copies: HAProxy followed the route {followed:?} after its event");
+        // And requests through HAProxy reach exactly those copies.
+        let http = reqwest::Client::builder()
+            .resolve(HOST, format!("127.0.0.1:{port}").parse().unwrap())
+            .build()
+            .unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..(count * 4) {
+            let answer = http
+                .get(format!("http://{HOST}:{port}/who"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(answer.status(), 200);
+            seen.insert(answer.text().await.unwrap());
+        }
+        assert_eq!(seen.len(), count, "{seen:?}");
+    }
+    // An unknown host: 404 from HAProxy, in JSON.
+    let answer = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/"))
+        .header("Host", "nothing.example.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 404);
+    let body: Value = answer.json().await.unwrap();
+    assert!(
+        body["Message"]
+            .as_str()
+            .unwrap()
+            .contains("nothing.example.test"),
+        "{body}"
+    );
+}

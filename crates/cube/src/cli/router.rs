@@ -129,9 +129,11 @@ pub async fn router(args: RouterArgs) -> anyhow::Result<()> {
             tcp,
             stats_socket: args.haproxy_stats_socket,
         };
-        tracing::info!(
-            config = %options.config.display(),
-            "writing HAProxy's configuration from the routes"
+        println!(
+            "cube router keeping HAProxy's configuration {} in step with the routes, for \
+             HAProxy listening on http://{}",
+            options.config.display(),
+            options.listen
         );
         cube_router::haproxy::keep_in_step(table_rx, options, shutdown.clone()).await;
         let _ = follow.await;

@@ -1032,21 +1032,20 @@ pub struct RouterProcess {
 }
 
 impl RouterProcess {
-    /// Starts `cube router -m MANAGER --listen 127.0.0.1:0 --admin 127.0.0.1:0 EXTRA`.
+    /// Starts `cube router -m MANAGER --listen 127.0.0.1:0 --admin 127.0.0.1:0 EXTRA` (the
+    /// `--listen` of `extra` when it has one).
     pub fn start(manager: &str, dir: &Path, extra: &[&str]) -> RouterProcess {
+        let listen = if extra.contains(&"--listen") {
+            &[][..]
+        } else {
+            &["--listen", "127.0.0.1:0"][..]
+        };
         std::fs::create_dir_all(dir).unwrap();
         let stderr_path = dir.join("router.stderr");
         let stderr = std::fs::File::create(&stderr_path).unwrap();
         let mut child = Command::new(cube_binary())
-            .args([
-                "router",
-                "-m",
-                manager,
-                "--listen",
-                "127.0.0.1:0",
-                "--admin",
-                "127.0.0.1:0",
-            ])
+            .args(["router", "-m", manager, "--admin", "127.0.0.1:0"])
+            .args(listen)
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
@@ -1063,13 +1062,14 @@ impl RouterProcess {
             .map(|address| format!("http://{address}"))
             .collect();
         assert!(
-            urls.len() == 2,
+            !urls.is_empty(),
             "cube router printed {line:?}; stderr: {}",
             std::fs::read_to_string(&stderr_path).unwrap_or_default()
         );
         RouterProcess {
             url: urls[0].clone(),
-            admin: urls[1].clone(),
+            // None with --haproxy-config: HAProxy serves.
+            admin: urls.get(1).cloned().unwrap_or_default(),
             child,
             stderr_path,
         }
