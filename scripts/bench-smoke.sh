@@ -43,6 +43,7 @@ smoke events events --tasks 10 --subscribers 1,3 --idle-seconds 1
 smoke logs-latency logs-latency --lines 20 --interval-ms 5
 smoke metrics-scrape metrics-scrape --tasks 100 --scrapes 3
 smoke c1m c1m --tasks 300 --job-size 100 --bare 100 --workers 10 --processes 2 --heartbeat 2s
+smoke router router --runs 1 --seconds 1 --scale-runs 1
 smoke secure secure --runs 1 --sets 1 --requests 5 --submit-runs 1 --seconds 1 --concurrency 4
 # `sim-workers` runs until it is stopped; footprint, store and metrics-scrape start it above.
 

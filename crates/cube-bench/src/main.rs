@@ -17,6 +17,7 @@ mod pod;
 mod queue;
 mod recovery;
 mod rolling;
+mod router;
 mod scale;
 mod secure;
 mod service_job;
@@ -293,6 +294,30 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// One copy of the sample server loaded by wrk directly, through `cube router` and
+    /// through HAProxy fed by `cube router --haproxy-config`, taking turns: requests/s, p50
+    /// and p99 each; then the time from a copy turning healthy to its first request through
+    /// the router.
+    Router {
+        /// How many turns each way gets.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// How long one wrk run lasts, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        /// wrk's open connections (`-c`).
+        #[arg(long, default_value_t = 16)]
+        connections: usize,
+        /// wrk's threads (`-t`).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// How many times a second copy is started and timed to its first request.
+        #[arg(long, default_value_t = 10)]
+        scale_runs: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// `cube logs -f` next to `docker logs -f` on the same container: a line printed in the
     /// container until it is on the follower's stdout, p50 and p99.
     LogsLatency {
@@ -533,6 +558,23 @@ async fn main() -> anyhow::Result<()> {
             tabs,
             cube,
         } => ui::ui(runs, tasks, tabs, &cube_binary(cube)?).await,
+        Command::Router {
+            runs,
+            seconds,
+            connections,
+            threads,
+            scale_runs,
+            cube,
+        } => {
+            let options = router::Options {
+                runs,
+                seconds,
+                connections,
+                threads,
+                scale_runs,
+            };
+            router::router(options, &cube_binary(cube)?).await
+        }
         Command::Soak {
             seconds,
             clients,

@@ -656,13 +656,15 @@ fn is_replayable(request: &Request<Incoming>) -> bool {
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
     );
-    let _ = idempotent;
+    if !idempotent {
+        return false;
+    }
     let headers = request.headers();
     if headers.contains_key(header::TRANSFER_ENCODING) {
         return false;
     }
     match headers.get(header::CONTENT_LENGTH) {
-        Some(_) => true,
+        Some(length) => length.as_bytes() == b"0",
         None => request.body().is_end_stream(),
     }
 }
