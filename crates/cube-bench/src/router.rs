@@ -1,9 +1,12 @@
-//! `cube-bench router`: one copy of the sample server reached three ways by the same load
+//! `cube-bench router`: one copy of a small keep-alive HTTP server (`copy/copy.rs`, built here
+//! with `rustc` as a statically linked binary and imported as an image: busybox `httpd`
+//! closes every connection and would be what is measured) reached three ways by the same load
 //! generator (Debian's `wrk`, same threads, connections and duration), taking turns in each
 //! run: directly at its published port, through `cube router`, and through a real HAProxy
 //! whose configuration a second `cube router --haproxy-config` keeps in step with the same
 //! routes. Requests per second and p50/p99 latency each; the router's p50 overhead over the
 //! direct path and its throughput next to HAProxy's.
+//!
 //!
 //! Then the time from a copy becoming healthy to its first request through the router: the
 //! job is scaled from 1 to 2 copies while a client asks the router in a loop; from the moment
@@ -18,13 +21,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cube_runtime::sample_image::SAMPLE_IMAGE;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::{BenchCluster, Summary, Through};
 
 const DOMAIN: &str = "bench.test";
+/// The copy's image, built by [`build_copy_image`].
+const COPY_IMAGE: &str = "cube-bench-copy:latest";
+/// The copy's server, std only.
+const COPY_SOURCE: &str = include_str!("../copy/copy.rs");
 const JOB: &str = "route-bench";
 const GROUP: &str = "api";
 /// The route's host: `<group>.<job>.<domain>`.
@@ -50,6 +56,7 @@ struct Load {
 pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> {
     check_wrk().await?;
     cube_test_support::haproxy_binary();
+    build_copy_image().await?;
     let cluster = BenchCluster::start(cube, Through::Manager).await?;
     submit(&cluster, 1).await?;
     let direct = await_copies(&cluster, 1).await?;
@@ -181,6 +188,63 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Builds [`COPY_IMAGE`]: `copy.rs` compiled by `rustc` (there wherever Cube is built) into
+/// a statically linked binary, alone in the image's root with an empty `/etc` (Docker mounts
+/// the container's `hostname` there).
+async fn build_copy_image() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let source = dir.path().join("copy.rs");
+    std::fs::write(&source, COPY_SOURCE)?;
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("etc"))?;
+    let built = tokio::process::Command::new("rustc")
+        .args([
+            "--edition",
+            "2021",
+            "-O",
+            "-C",
+            "target-feature=+crt-static",
+            "-o",
+        ])
+        .arg(root.join("copy"))
+        .arg(&source)
+        .output()
+        .await
+        .context("running rustc to build the copy's server")?;
+    if !built.status.success() {
+        bail!(
+            "rustc could not build the copy's server: {}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+    }
+    let tarball = dir.path().join("copy.tar");
+    let packed = tokio::process::Command::new("tar")
+        .arg("-C")
+        .arg(&root)
+        .arg("-cf")
+        .arg(&tarball)
+        .arg(".")
+        .status()
+        .await?;
+    if !packed.success() {
+        bail!("tar of the copy's root failed: {packed}");
+    }
+    let imported = tokio::process::Command::new("docker")
+        .args(["import", "--change", "CMD [\"/copy\", \"7777\"]"])
+        .arg(&tarball)
+        .arg(COPY_IMAGE)
+        .output()
+        .await
+        .context("running docker import")?;
+    if !imported.status.success() {
+        bail!(
+            "docker import of the copy's image failed: {}",
+            String::from_utf8_lossy(&imported.stderr)
+        );
+    }
+    Ok(())
+}
+
 /// `wrk` is there, or the way to get it.
 async fn check_wrk() -> anyhow::Result<()> {
     let found = tokio::process::Command::new("wrk")
@@ -207,13 +271,12 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
-/// The job: `count` copies of the sample server, each answering `/who` with its host name,
+/// The job: `count` copies of the copy server, each answering `/who` with its host name,
 /// probed on `/health` every 250 ms.
 fn job(count: usize) -> Value {
     json!({"Name": JOB, "Type": "service",
            "Groups": [{"Name": GROUP, "Count": count,
-                       "Task": {"Image": SAMPLE_IMAGE,
-                                "Cmd": ["sh", "-c", "hostname > /www/who && exec httpd -f -p 7777 -h /www"],
+                       "Task": {"Image": COPY_IMAGE, "Cmd": ["/copy", "7777"],
                                 "ExposedPorts": {"7777/tcp": {}},
                                 "PortBindings": {"7777/tcp": "127.0.0.1:"},
                                 "HealthCheck": "/health", "HealthCheckInterval": "250ms"}}]})
@@ -378,7 +441,11 @@ async fn wrk(url: &str, options: &Options) -> anyhow::Result<Load> {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    parse_wrk(&text).with_context(|| format!("reading wrk's output: {text}"))
+    let load = parse_wrk(&text).with_context(|| format!("reading wrk's output: {text}"))?;
+    if load.errors > 0 {
+        eprintln!("wrk {url}, with errors:\n{text}");
+    }
+    Ok(load)
 }
 
 /// Requests/s, the 50th and 99th percentiles and the errors from `wrk --latency`'s output.

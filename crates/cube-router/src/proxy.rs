@@ -233,8 +233,9 @@ impl Router {
         answered(&metrics, started, response)
     }
 
-    /// Sends `request` to the copy `first`, and once more to another copy when it failed
-    /// before answering and may be sent again.
+    /// Sends `request` to the copy `first`, and once more to another copy (the same one
+    /// when it is the route's only copy) when it failed before answering and may be sent
+    /// again.
     async fn forward(
         &self,
         request: Request<Incoming>,

@@ -87,25 +87,28 @@ pub struct Route {
 
 impl Route {
     /// The copy with the fewest requests outstanding, ties taken in turn; `avoid` (a copy
-    /// that just failed) only when it is the only one.
+    /// that just failed) only when it is the only one. One pass from a turning start, with no
+    /// allocation; the counts are read once each, as other requests change them meanwhile.
     pub fn pick(&self, avoid: Option<&Target>) -> Option<Pick> {
-        let candidates: Vec<&Arc<Target>> = self
-            .targets
-            .iter()
-            .filter(|target| avoid.is_none_or(|avoid| !std::ptr::eq(&***target, avoid)))
-            .collect();
-        let candidates = if candidates.is_empty() {
-            self.targets.iter().collect()
-        } else {
-            candidates
-        };
-        let least = candidates.iter().map(|target| target.outstanding()).min()?;
-        let tied: Vec<&&Arc<Target>> = candidates
-            .iter()
-            .filter(|target| target.outstanding() == least)
-            .collect();
-        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
-        let chosen = tied[turn % tied.len()];
+        let count = self.targets.len();
+        if count == 0 {
+            return None;
+        }
+        let start = self.turn.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<(&Arc<Target>, usize)> = None;
+        let mut avoided = None;
+        for offset in 0..count {
+            let target = &self.targets[(start + offset) % count];
+            if avoid.is_some_and(|avoid| std::ptr::eq(&**target, avoid)) {
+                avoided = Some(target);
+                continue;
+            }
+            let load = target.outstanding();
+            if best.is_none_or(|(_, least)| load < least) {
+                best = Some((target, load));
+            }
+        }
+        let chosen = best.map(|(target, _)| target).or(avoided)?;
         Some(Pick::new(Arc::clone(chosen)))
     }
 }
@@ -300,6 +303,32 @@ mod tests {
         let route = alone.by_name("one").unwrap();
         let first = route.pick(None).unwrap();
         assert_eq!(route.pick(Some(&first)).unwrap().address, "a:1");
+    }
+
+    #[test]
+    fn picks_from_many_threads_while_counts_change_never_fail() {
+        let table = RouteTable::build(
+            &[view("web.shop", "", &[("a:1", 1), ("b:1", 2), ("c:1", 3)])],
+            "example.test",
+            None,
+        );
+        let route = table.by_name("web.shop").unwrap().clone();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let route = route.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let first = route.pick(None).expect("a copy");
+                        let second = route.pick(Some(&first)).expect("another copy");
+                        assert_ne!(first.address, second.address);
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert!(route.targets.iter().all(|target| target.outstanding() == 0));
     }
 
     #[test]

@@ -449,3 +449,147 @@ async fn haproxy_fed_by_the_router_follows_a_scale_from_3_to_5_to_1_copies_withi
         "{body}"
     );
 }
+
+/// The README's "Routing users to their services" session, command by command (the router
+/// on free ports rather than 8080 and 9180, which the machine may use).
+#[tokio::test]
+async fn the_readme_router_session_works_as_written() {
+    let cluster = OneNodeCluster::start("readme-route").await;
+    let manager = cluster.manager.address();
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let (ok, out, err) = cube_cli(
+        &manager,
+        &["job", "run", &format!("{examples}/web-routed.yaml")],
+    );
+    assert!(ok, "{out}{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let router = RouterProcess::start(
+        &manager,
+        dir.path(),
+        &["--listen", &listen, "--domain", "example.test"],
+    );
+    let curl = |host: &str, path: &str| {
+        let output = std::process::Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/stdout",
+                "-w",
+                "\n%{http_code}",
+                "--resolve",
+                &format!("{host}:{port}:127.0.0.1"),
+                &format!("http://{host}:{port}{path}"),
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or_default();
+        (code.to_string(), body.to_string())
+    };
+    // A healthy copy answers at the declared host, once the copies are up.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, body) = curl("web.example.test", "/");
+        if code == "200" {
+            assert!(body.contains("<"), "the sample server's page: {body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "web.example.test: {code} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (ok, out, err) = cube_cli(
+        &manager,
+        &["job", "run", &format!("{examples}/job-web.yaml")],
+    );
+    assert!(ok, "{out}{err}");
+    loop {
+        let (code, body) = curl("api.web.example.test", "/health");
+        if code == "200" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "api.web.example.test: {code} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, body) = curl("x.example.test", "/");
+    assert_eq!(code, "404", "{body}");
+    let metrics = reqwest::get(format!("{}/metrics", router.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for route in ["web.site", "api.web"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|line| line.starts_with("cube_router_requests_total") && line.contains(route)),
+            "no requests counted for {route}: {metrics}"
+        );
+    }
+}
+
+/// With `--acl`: a `router` token reads the routes of every project and nothing else, and
+/// `cube router --token` routes with it; every role of the chain may read the routes too.
+#[tokio::test]
+async fn a_router_token_reads_the_routes_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start_with("epvm", "memory", dir.path(), 0, &["--acl"]);
+    let management = bootstrap(&manager).await;
+    let router_token = token_in(&manager, &management, "router", &[]).await;
+    let as_router = Client::with_token(&manager.url, &router_token);
+    assert_eq!(as_router.get("/routes?project=*").await.status, 200);
+    for (method, path) in [("GET", "/tasks"), ("GET", "/nodes"), ("GET", "/services")] {
+        let answer = as_router.request_answer(method, path, None).await;
+        assert_eq!(answer.status, 403, "{method} {path}: {}", answer.body);
+    }
+    let read = token_in(&manager, &management, "read", &["default"]).await;
+    assert_eq!(
+        Client::with_token(&manager.url, &read)
+            .get("/routes")
+            .await
+            .status,
+        200
+    );
+    // A router token is for every project: naming some is refused, saying why.
+    let refused = Client::with_token(&manager.url, &management)
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(&json!({"Role": "router", "Projects": ["team-a"]}).to_string()),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(refused.message().contains("router"), "{}", refused.body);
+
+    // The router with its token reaches a task's copy by the task's name.
+    let _worker =
+        join_with_node_token(&manager, &management, &unique_node("acl-route"), "memory").await;
+    let admin = Client::with_token(&manager.url, &management);
+    let answer = admin
+        .request_answer("POST", "/tasks", Some(&web_task("shopfront").to_string()))
+        .await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    let router = RouterProcess::start(
+        &manager.address(),
+        dir.path(),
+        &["--domain", DOMAIN, "--token", &router_token],
+    );
+    let through = Through::new(&router, &["shopfront.example.test"]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok((200, _)) = through.get("shopfront.example.test", "/health").await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer through the router; its log:\n{}",
+            router.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
