@@ -305,9 +305,10 @@ enum Command {
         /// How long one wrk run lasts, in seconds.
         #[arg(long, default_value_t = 10)]
         seconds: u64,
-        /// wrk's open connections (`-c`).
-        #[arg(long, default_value_t = 16)]
-        connections: usize,
+        /// wrk's open connections (`-c`), comma-separated: each count is measured every
+        /// run; 1 gives the latency a proxy adds to one request at a time.
+        #[arg(long, value_delimiter = ',', default_value = "1,16")]
+        connections: Vec<usize>,
         /// wrk's threads (`-t`).
         #[arg(long, default_value_t = 1)]
         threads: usize,

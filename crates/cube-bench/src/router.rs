@@ -39,7 +39,9 @@ const HOST: &str = "api.route-bench.bench.test";
 pub(crate) struct Options {
     pub runs: usize,
     pub seconds: u64,
-    pub connections: usize,
+    /// wrk's connection counts, each measured in every run: 1 (one request at a time: the
+    /// latency a proxy adds) and more (throughput, queueing included).
+    pub connections: Vec<usize>,
     pub threads: usize,
     pub scale_runs: usize,
 }
@@ -99,65 +101,67 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
     await_answer(&haproxy_url).await?;
 
     println!(
-        "# cube-bench router: {} runs of {} s each way, wrk -t{} -c{} --latency, GET /index.html \
-         with Host: {HOST}; load average {}",
+        "# cube-bench router: {} runs of {} s each way and connection count, wrk -t{} -c{:?} \
+         --latency, GET /index.html with Host: {HOST}; load average {}",
         options.runs,
         options.seconds,
         options.threads,
         options.connections,
         crate::load_average()
     );
-    println!();
-    println!("| run | way | requests/s | p50 ms | p99 ms | errors |");
-    println!("|---|---|---|---|---|---|");
     let ways = [
         ("direct", format!("http://{direct}")),
         ("cube router", router_url.clone()),
         ("HAProxy", haproxy_url.clone()),
     ];
-    let mut measured: Vec<Vec<Load>> = vec![Vec::new(); ways.len()];
-    for run in 1..=options.runs {
-        for (n, (way, url)) in ways.iter().enumerate() {
-            let load = wrk(url, &options).await?;
-            println!(
-                "| {run} | {way} | {:.0} | {:.3} | {:.3} | {} |",
-                load.requests_per_second, load.p50_ms, load.p99_ms, load.errors
-            );
-            measured[n].push(load);
+    let mut errors = 0;
+    for &connections in &options.connections {
+        println!();
+        println!("| run | connections | way | requests/s | p50 ms | p99 ms | errors |");
+        println!("|---|---|---|---|---|---|---|");
+        let mut measured: Vec<Vec<Load>> = vec![Vec::new(); ways.len()];
+        for run in 1..=options.runs {
+            for (n, (way, url)) in ways.iter().enumerate() {
+                let load = wrk(url, connections, &options).await?;
+                println!(
+                    "| {run} | {connections} | {way} | {:.0} | {:.3} | {:.3} | {} |",
+                    load.requests_per_second, load.p50_ms, load.p99_ms, load.errors
+                );
+                measured[n].push(load);
+            }
         }
+        let per_run = |f: &dyn Fn(usize) -> f64| -> Summary {
+            let mut values: Vec<f64> = (0..options.runs).map(f).collect();
+            Summary::of(&mut values)
+        };
+        println!();
+        println!("| {connections} connection(s), per run | median | min | max |");
+        println!("|---|---|---|---|");
+        println!(
+            "| cube router p50 − direct p50 (ms) | {} |",
+            per_run(&|run| measured[1][run].p50_ms - measured[0][run].p50_ms).spread(3)
+        );
+        println!(
+            "| HAProxy p50 − direct p50 (ms) | {} |",
+            per_run(&|run| measured[2][run].p50_ms - measured[0][run].p50_ms).spread(3)
+        );
+        println!(
+            "| cube router p99 − direct p99 (ms) | {} |",
+            per_run(&|run| measured[1][run].p99_ms - measured[0][run].p99_ms).spread(3)
+        );
+        println!(
+            "| cube router requests/s ÷ HAProxy's | {} |",
+            per_run(
+                &|run| measured[1][run].requests_per_second / measured[2][run].requests_per_second
+            )
+            .ratios()
+        );
+        errors += measured
+            .iter()
+            .flatten()
+            .map(|load| load.errors)
+            .sum::<u64>();
     }
-    let mut overhead: Vec<f64> = (0..options.runs)
-        .map(|run| measured[1][run].p50_ms - measured[0][run].p50_ms)
-        .collect();
-    let mut p99_overhead: Vec<f64> = (0..options.runs)
-        .map(|run| measured[1][run].p99_ms - measured[0][run].p99_ms)
-        .collect();
-    let mut throughput: Vec<f64> = (0..options.runs)
-        .map(|run| measured[1][run].requests_per_second / measured[2][run].requests_per_second)
-        .collect();
-    let mut haproxy_overhead: Vec<f64> = (0..options.runs)
-        .map(|run| measured[2][run].p50_ms - measured[0][run].p50_ms)
-        .collect();
-    println!();
-    println!("| per run | median | min | max |");
-    println!("|---|---|---|---|");
-    println!(
-        "| cube router p50 − direct p50 (ms) | {} |",
-        Summary::of(&mut overhead).spread(3)
-    );
-    println!(
-        "| HAProxy p50 − direct p50 (ms) | {} |",
-        Summary::of(&mut haproxy_overhead).spread(3)
-    );
-    println!(
-        "| cube router p99 − direct p99 (ms) | {} |",
-        Summary::of(&mut p99_overhead).spread(3)
-    );
-    println!(
-        "| cube router requests/s ÷ HAProxy's | {} |",
-        Summary::of(&mut throughput).ratios()
-    );
-    let errors: u64 = measured.iter().flatten().map(|load| load.errors).sum();
     if errors > 0 {
         bail!("{errors} requests failed (wrk's non-2xx or socket errors); see the table");
     }
@@ -419,11 +423,11 @@ async fn await_answer(url: &str) -> anyhow::Result<()> {
     }
 }
 
-async fn wrk(url: &str, options: &Options) -> anyhow::Result<Load> {
+async fn wrk(url: &str, connections: usize, options: &Options) -> anyhow::Result<Load> {
     let output = tokio::process::Command::new("wrk")
         .args([
             &format!("-t{}", options.threads),
-            &format!("-c{}", options.connections),
+            &format!("-c{connections}"),
             &format!("-d{}s", options.seconds),
             "--latency",
             "-H",

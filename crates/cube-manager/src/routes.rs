@@ -16,7 +16,7 @@
 //! host or port change: what a blocking `GET /routes` waits for, so that a router asks again
 //! only when there is something new.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use cube_types::route::{Backend, RouteView, default_name, route_port};
@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::{Cluster, Shared, lock};
 use crate::events::{Received, Topic};
 use crate::queue_controller::hosts;
+
+/// How many waiting events one look takes at most.
+const BATCH: usize = 4096;
 
 /// Whether `task` takes requests now (see the module comment).
 pub(crate) fn takes_requests(task: &Task) -> bool {
@@ -176,27 +179,55 @@ impl RouteWatch {
                 _ = shutdown.cancelled() => return,
                 received = events.next() => received,
             };
-            match received {
-                Received::Closed => return,
-                // Fell behind: whatever changed meanwhile is found by looking at everything.
-                Received::Lagged { .. } => {
-                    if let Ok(resumed) = self.cluster.events.subscribe(None) {
-                        events = resumed;
-                    }
-                    self.look_all(true);
-                }
-                Received::Event(event) => match (event.topic, &event.job) {
-                    // A copy's change: its job's groups (a removed copy is no longer in
-                    // the cache to say which group it was of).
-                    (Topic::Task | Topic::Job, Some(job)) => self.look_at_job(job),
-                    (Topic::Job, None) => self.look_at_job(&event.key),
-                    (Topic::Task, None) => {
-                        if let Ok(id) = event.key.parse::<uuid::Uuid>() {
-                            self.look_at_task(id);
+            // What this event and those already waiting name, each looked at once: a burst
+            // of a job's copies' changes is one look at the job.
+            let mut jobs: BTreeSet<String> = BTreeSet::new();
+            let mut tasks: BTreeSet<uuid::Uuid> = BTreeSet::new();
+            let mut everything = false;
+            let mut next = Some(received);
+            let mut taken = 0;
+            while let Some(received) = next.take() {
+                match received {
+                    Received::Closed => return,
+                    // Fell behind: whatever changed meanwhile is found by looking at
+                    // everything.
+                    Received::Lagged { .. } => {
+                        if let Ok(resumed) = self.cluster.events.subscribe(None) {
+                            events = resumed;
                         }
+                        everything = true;
                     }
-                    _ => {}
-                },
+                    Received::Event(event) => match (event.topic, &event.job) {
+                        // A copy's change: its job's groups (a removed copy is no longer in
+                        // the cache to say which group it was of).
+                        (Topic::Task | Topic::Job, Some(job)) => {
+                            jobs.insert(job.clone());
+                        }
+                        (Topic::Job, None) => {
+                            jobs.insert(event.key.clone());
+                        }
+                        (Topic::Task, None) => {
+                            if let Ok(id) = event.key.parse::<uuid::Uuid>() {
+                                tasks.insert(id);
+                            }
+                        }
+                        _ => {}
+                    },
+                }
+                taken += 1;
+                if taken < BATCH {
+                    next = events.try_next();
+                }
+            }
+            if everything {
+                self.look_all(true);
+                continue;
+            }
+            for job in jobs {
+                self.look_at_job(&job);
+            }
+            for task in tasks {
+                self.look_at_task(task);
             }
         }
     }

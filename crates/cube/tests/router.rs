@@ -593,3 +593,34 @@ async fn a_router_token_reads_the_routes_and_nothing_else() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A route that cannot be is refused at submission, naming the field.
+#[tokio::test]
+async fn a_route_that_cannot_be_is_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let mut task = web_task("shopfront");
+    task["Route"] = json!({"Host": "Shop_Front.example.test"});
+    let answer = client.post(&task).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.message().contains("Route.Host"), "{}", answer.body);
+    task["Route"] = json!({"Port": 8080});
+    let answer = client.post(&task).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(
+        answer.message().contains("Route.Port") && answer.message().contains("7777/tcp"),
+        "{}",
+        answer.body
+    );
+    task["Route"] = json!({"Hots": "shop.example.test"});
+    let answer = client.post(&task).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    let mut job = shop(1, "one", "1s");
+    job["Groups"][0]["Task"]["Route"] = json!({"Host": "-shop.example.test"});
+    let answer = client.post_raw("/jobs", job.to_string()).await;
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.message().contains("Route.Host"), "{}", answer.body);
+    // Nothing was accepted.
+    assert_eq!(client.get("/routes").await.body, json!([]));
+}
