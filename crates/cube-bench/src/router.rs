@@ -75,8 +75,7 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
     let haproxy_port = free_port()?;
     let config = dir.path().join("haproxy.cfg");
     let socket = dir.path().join("admin.sock");
-    let pidfile = dir.path().join("haproxy.pid");
-    let reload = format!("kill -USR2 $(cat {})", pidfile.display());
+    let master = dir.path().join("master.sock");
     let listen = format!("127.0.0.1:{haproxy_port}");
     let (mut feeder, _) = spawn_router(
         cube,
@@ -89,8 +88,8 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
             path_str(&config)?,
             "--haproxy-stats-socket",
             path_str(&socket)?,
-            "--haproxy-reload",
-            &reload,
+            "--haproxy-master-socket",
+            path_str(&master)?,
         ],
     )
     .await?;
@@ -164,6 +163,19 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
     }
     if errors > 0 {
         bail!("{errors} requests failed (wrk's non-2xx or socket errors); see the table");
+    }
+
+    // HAProxy following the route: scaled 1 → 3 → 5 → 1.
+    let backend = format!("route_{HOST}");
+    println!();
+    println!(
+        "| HAProxy fed by cube router: from the manager's Route event with the new copies \
+         (read by this process) to HAProxy's servers being them, ms | scaled to | ms |"
+    );
+    println!("|---|---|---|");
+    for count in [3, 5, 1] {
+        let followed = haproxy_follows(&cluster, &haproxy, &backend, count).await?;
+        println!("| | {count} copies | {followed:.1} |");
     }
 
     // From healthy to traffic.
@@ -495,6 +507,60 @@ fn wrk_ms(text: &str) -> Option<f64> {
         return None;
     };
     number.parse::<f64>().ok().map(|value| value * factor)
+}
+
+/// Scales the job to `count` copies; from the manager's `Route` event that lists them (as
+/// this process reads it) to HAProxy's `show servers state` listing them, in ms.
+async fn haproxy_follows(
+    cluster: &BenchCluster,
+    haproxy: &cube_test_support::Haproxy,
+    backend: &str,
+    count: usize,
+) -> anyhow::Result<f64> {
+    let mut events = cluster
+        .http
+        .get(format!("{}/events?topic=Route", cluster.base))
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await?;
+    scale(cluster, count).await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut buffer = Vec::new();
+    let (changed_at, addresses) = 'events: loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let chunk = tokio::time::timeout(remaining, events.chunk())
+            .await
+            .with_context(|| format!("the route did not reach {count} copies within 60 s"))??
+            .context("the event stream ended")?;
+        buffer.extend_from_slice(&chunk);
+        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            let Ok(event) = serde_json::from_slice::<Value>(&line) else {
+                continue;
+            };
+            let addresses: BTreeSet<String> = event["Object"]["Backends"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|backend| backend["Address"].as_str().map(str::to_string))
+                .collect();
+            if event["Object"]["Job"] == JOB && addresses.len() == count {
+                break 'events (Instant::now(), addresses);
+            }
+        }
+    };
+    loop {
+        if haproxy.servers(backend).as_ref() == Ok(&addresses) {
+            return Ok(changed_at.elapsed().as_secs_f64() * 1000.0);
+        }
+        if changed_at.elapsed() > Duration::from_secs(30) {
+            bail!(
+                "HAProxy's servers {:?} are not {addresses:?} 30 s after the route changed",
+                haproxy.servers(backend)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 /// Scales from 1 to 2 copies while a client asks the router in a loop; the time from the

@@ -109,7 +109,8 @@ pub const ROUTE_LIST: &str = "GET|POST /tasks, POST /tasks/prune, GET|DELETE /ta
          GET /jobs/{name}/deployment, GET /nodes, GET|PUT|DELETE /nodes/{name}, \
          POST /nodes/{name}/drain, POST /nodes/{name}/eligibility, \
          POST /nodes/{name}/certificate, GET /tls/ca, GET /events, GET /queue, \
-         GET /queue/{kind}/{id}, GET /services, GET /health, GET /version, GET /shards, \
+         GET /queue/{kind}/{id}, GET /services, GET /routes, GET /health, GET /version, \
+         GET /shards, \
          GET /metrics, GET /store/backup, POST /acl/bootstrap, GET|POST /acl/tokens, \
          DELETE /acl/tokens/{id}, GET /acl/self, GET /ui, GET /ui/{asset}, \
          GET|POST /projects, GET|DELETE /projects/{name}, PUT /projects/{name}/quota, \

@@ -28,6 +28,10 @@ use crate::table::{Route, RouteTable, Target};
 /// How long the reload command may run before it is killed and counted failed: a reload that
 /// hangs must not stop the routes that follow from reaching HAProxy.
 const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a reload waits for HAProxy's master CLI to be there (a master starting again
+/// from the last reload), asking every [`MASTER_POLL`].
+const MASTER_WAIT: Duration = Duration::from_secs(5);
+const MASTER_POLL: Duration = Duration::from_millis(5);
 
 /// The first wait before a failed write or reload is tried again when no new table comes
 /// first; doubled after each failure up to [`RETRY_MAX`], so that an HAProxy that is down
@@ -56,6 +60,11 @@ pub struct HaproxyOptions {
     /// mode 600 level admin`), so that an operator (and the tests) can read `show servers
     /// state` / `show stat`.
     pub stats_socket: Option<PathBuf>,
+    /// HAProxy's master CLI socket (`haproxy -W -S PATH`): when set, each reload is asked of
+    /// the master there (`reload`) rather than by `reload`'s command. The master serves its
+    /// CLI only from its loop, where it is ready for a reload; a signal (`kill -USR2`) that
+    /// comes while the master is still starting from the last one ends it instead.
+    pub master_socket: Option<PathBuf>,
 }
 
 /// A rendered configuration, with what it had to leave out and why.
@@ -95,6 +104,12 @@ pub enum HaproxyError {
         "the HAProxy reload command `{command}` did not finish within {timeout_s}s and was killed"
     )]
     ReloadTimeout { command: String, timeout_s: u64 },
+    #[error("cannot ask HAProxy's master to reload through {socket}: {source}")]
+    Master {
+        socket: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// The configuration for `table`: deterministic text (routes sorted by host, servers by
@@ -493,12 +508,18 @@ impl Keeper {
                 routes = table.len(),
                 "wrote HAProxy's configuration"
             );
-            self.reload_owed = self.options.reload.is_some();
+            self.reload_owed =
+                self.options.reload.is_some() || self.options.master_socket.is_some();
         }
-        if let (true, Some(command)) = (self.reload_owed, &self.options.reload) {
-            reload(command).await?;
+        if self.reload_owed {
+            if let Some(socket) = &self.options.master_socket {
+                reload_through_master(socket).await?;
+                tracing::info!(socket = %socket.display(), "HAProxy's master reloads");
+            } else if let Some(command) = &self.options.reload {
+                reload(command).await?;
+                tracing::info!(command, "reloaded HAProxy");
+            }
             self.reload_owed = false;
-            tracing::info!(command, "reloaded HAProxy");
         }
         Ok(())
     }
@@ -543,6 +564,49 @@ fn write_if_changed(path: &Path, text: &str) -> io::Result<bool> {
     // The rename itself survives a crash once the directory is on disk too.
     std::fs::File::open(directory)?.sync_all()?;
     Ok(true)
+}
+
+/// Asks HAProxy's master to reload through its CLI socket: `reload`, then the master closes
+/// the connection as it starts again (at most [`RELOAD_TIMEOUT`]).
+async fn reload_through_master(socket: &Path) -> Result<(), HaproxyError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        // A master that is starting again from the last reload has no CLI yet: asked again
+        // every few milliseconds, for at most MASTER_WAIT (it tells no one when it is back).
+        let started = tokio::time::Instant::now();
+        let mut stream = loop {
+            match tokio::net::UnixStream::connect(socket).await {
+                Ok(stream) => break stream,
+                Err(err)
+                    if matches!(
+                        err.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                    ) && started.elapsed() < MASTER_WAIT =>
+                {
+                    tokio::time::sleep(MASTER_POLL).await;
+                }
+                Err(err) => return Err(err),
+            }
+        };
+        stream.write_all(b"reload\n").await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, io::Error>(())
+    };
+    match tokio::time::timeout(RELOAD_TIMEOUT, exchange).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(HaproxyError::Master {
+            socket: socket.to_path_buf(),
+            source,
+        }),
+        Err(_) => Err(HaproxyError::Master {
+            socket: socket.to_path_buf(),
+            source: io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {} s", RELOAD_TIMEOUT.as_secs()),
+            ),
+        }),
+    }
 }
 
 /// Runs `command` with `sh -c`, at most [`RELOAD_TIMEOUT`]; fails with its stderr unless it

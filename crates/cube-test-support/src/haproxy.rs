@@ -29,18 +29,23 @@ pub struct Haproxy {
     child: Child,
     log: PathBuf,
     stats_socket: PathBuf,
+    master_socket: PathBuf,
 }
 
 impl Haproxy {
     /// Starts HAProxy on `config`, whose `stats socket` is `stats_socket`, logging to
     /// `DIR/haproxy.log` (`DIR` the config's directory), and waits until its runtime API
-    /// answers.
+    /// answers and its master's CLI (`-S DIR/master.sock`) does: the master installs its
+    /// SIGUSR2 handler only in its loop, and a reload signalled before would end it.
     pub fn start(config: &Path, stats_socket: &Path) -> Haproxy {
         let dir = config.parent().unwrap_or(Path::new("."));
         let log = dir.join("haproxy.log");
         let log_file = std::fs::File::create(&log).unwrap();
+        let master_socket = dir.join("master.sock");
         let child = Command::new(haproxy_binary())
-            .args(["-W", "-db", "-f"])
+            .args(["-W", "-db", "-S"])
+            .arg(&master_socket)
+            .arg("-f")
             .arg(config)
             .arg("-p")
             .arg(dir.join("haproxy.pid"))
@@ -53,9 +58,10 @@ impl Haproxy {
             child,
             log,
             stats_socket: stats_socket.to_path_buf(),
+            master_socket: master_socket.clone(),
         };
         let started = Instant::now();
-        while haproxy.ask("show info").is_err() {
+        while haproxy.ask("show info").is_err() || !master_answers(&master_socket) {
             assert!(
                 started.elapsed() < Duration::from_secs(10),
                 "HAProxy's runtime API did not answer within 10 s; log:\n{}",
@@ -72,18 +78,19 @@ impl Haproxy {
         self.child.id()
     }
 
+    /// The master's CLI socket (`-S`): `cube router --haproxy-master-socket` reloads through
+    /// it.
+    pub fn master_socket(&self) -> PathBuf {
+        self.master_socket.clone()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// `command`'s answer on the runtime API (at most 2 s).
     pub fn ask(&self, command: &str) -> std::io::Result<String> {
-        let mut stream = UnixStream::connect(&self.stats_socket)?;
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-        stream.write_all(format!("{command}\n").as_bytes())?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer)?;
-        Ok(answer)
+        ask_socket(&self.stats_socket, command)
     }
 
     /// The `ADDRESS:PORT` of each server of `backend`, from `show servers state`.
@@ -113,6 +120,37 @@ impl Haproxy {
             })
             .collect())
     }
+}
+
+/// `command`'s answer on a HAProxy CLI socket (at most 2 s).
+fn ask_socket(socket: &Path, command: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(format!("{command}\n").as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// Whether the master's CLI answers `show proc` with its own line (it keeps the connection
+/// open after an answer, so the answer is read until it holds the master's row).
+fn master_answers(socket: &Path) -> bool {
+    let asked = (|| {
+        let mut stream = UnixStream::connect(socket)?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.write_all(b"show proc\n")?;
+        let mut answer = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&answer).contains("master") {
+            let read = stream.read(&mut chunk)?;
+            if read == 0 {
+                break;
+            }
+            answer.extend_from_slice(&chunk[..read]);
+        }
+        Ok::<bool, std::io::Error>(String::from_utf8_lossy(&answer).contains("master"))
+    })();
+    asked.unwrap_or(false)
 }
 
 impl Drop for Haproxy {

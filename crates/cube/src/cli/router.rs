@@ -45,7 +45,7 @@ const MOST_PAUSE: Duration = Duration::from_secs(5);
     curl --resolve web.shop.example.test:80:127.0.0.1 http://web.shop.example.test/\n  \
     cube router --listen 127.0.0.1:8080 --tcp 5432=db.shop --token \"$ROUTER_TOKEN\"\n  \
     cube router --listen 0.0.0.0:80 --haproxy-config /etc/haproxy/haproxy.cfg \\\n    \
-    --haproxy-reload 'systemctl reload haproxy'")]
+    --haproxy-master-socket /run/haproxy-master.sock")]
 pub struct RouterArgs {
     #[command(flatten)]
     target: ClusterFlags,
@@ -69,9 +69,20 @@ pub struct RouterArgs {
     #[arg(long, value_name = "FILE")]
     haproxy_config: Option<PathBuf>,
     /// The command that makes HAProxy read its configuration again, run by `sh -c` after
-    /// every change (`systemctl reload haproxy`, `kill -USR2 $(cat /run/haproxy.pid)`).
+    /// every change (`systemctl reload haproxy`). Prefer --haproxy-master-socket with a
+    /// HAProxy in master-worker mode: a `kill -USR2` that comes while the master is still
+    /// starting from the last reload ends it.
     #[arg(long, value_name = "COMMAND", requires = "haproxy_config")]
     haproxy_reload: Option<String>,
+    /// HAProxy's master CLI socket (`haproxy -W -S PATH`): each reload is asked of the
+    /// master there, which answers only when it is ready for one.
+    #[arg(
+        long,
+        value_name = "PATH",
+        requires = "haproxy_config",
+        conflicts_with = "haproxy_reload"
+    )]
+    haproxy_master_socket: Option<PathBuf>,
     /// A runtime API socket to put in HAProxy's configuration (`stats socket`), for `show
     /// servers state`.
     #[arg(long, value_name = "PATH", requires = "haproxy_config")]
@@ -128,6 +139,7 @@ pub async fn router(args: RouterArgs) -> anyhow::Result<()> {
             reload: args.haproxy_reload,
             tcp,
             stats_socket: args.haproxy_stats_socket,
+            master_socket: args.haproxy_master_socket,
         };
         println!(
             "cube router keeping HAProxy's configuration {} in step with the routes, for \
