@@ -517,38 +517,19 @@ async fn haproxy_follows(
     backend: &str,
     count: usize,
 ) -> anyhow::Result<f64> {
-    let mut events = cluster
-        .http
-        .get(format!("{}/events?topic=Route", cluster.base))
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await?;
+    let mut events = Events::open(cluster, "topic=Route").await?;
     scale(cluster, count).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut buffer = Vec::new();
-    let (changed_at, addresses) = 'events: loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let chunk = tokio::time::timeout(remaining, events.chunk())
-            .await
-            .with_context(|| format!("the route did not reach {count} copies within 60 s"))??
-            .context("the event stream ended")?;
-        buffer.extend_from_slice(&chunk);
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            let Ok(event) = serde_json::from_slice::<Value>(&line) else {
-                continue;
-            };
+    let (changed_at, addresses) = events
+        .first(&format!("a route of {count} copies"), |event| {
             let addresses: BTreeSet<String> = event["Object"]["Backends"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|backend| backend["Address"].as_str().map(str::to_string))
                 .collect();
-            if event["Object"]["Job"] == JOB && addresses.len() == count {
-                break 'events (Instant::now(), addresses);
-            }
-        }
-    };
+            (event["Object"]["Job"] == JOB && addresses.len() == count).then_some(addresses)
+        })
+        .await?;
     loop {
         if haproxy.servers(backend).as_ref() == Ok(&addresses) {
             return Ok(changed_at.elapsed().as_secs_f64() * 1000.0);
@@ -568,12 +549,7 @@ async fn haproxy_follows(
 /// answer through the router, in ms.
 async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow::Result<f64> {
     let before: BTreeSet<String> = answering_hosts(router_url, 8).await?;
-    let mut events = cluster
-        .http
-        .get(format!("{}/events?topic=Task&job={JOB}", cluster.base))
-        .timeout(Duration::from_secs(120))
-        .send()
-        .await?;
+    let mut events = Events::open(cluster, &format!("topic=Task&job={JOB}")).await?;
     // The client's loop, from now on, noting when each host name first answered.
     let stop = Arc::new(AtomicBool::new(false));
     let asking = {
@@ -599,32 +575,18 @@ async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow:
         })
     };
     scale(cluster, 2).await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut buffer = Vec::new();
-    let (healthy_at, container) = 'events: loop {
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let chunk = tokio::time::timeout(remaining, events.chunk())
-            .await
-            .context("no healthy copy within 60 s")??
-            .context("the event stream ended")?;
-        buffer.extend_from_slice(&chunk);
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            let Ok(event) = serde_json::from_slice::<Value>(&line) else {
-                continue;
-            };
+    let (healthy_at, container) = events
+        .first("a new healthy copy", |event| {
             let task = &event["Object"];
-            if task["Health"] == "Healthy"
+            let container = task["ContainerID"].as_str()?;
+            (task["Health"] == "Healthy"
                 && task["State"] == "Running"
-                && let Some(container) = task["ContainerID"].as_str()
                 && !before
                     .iter()
-                    .any(|host| container.starts_with(host.as_str()))
-            {
-                break 'events (Instant::now(), container.to_string());
-            }
-        }
-    };
+                    .any(|host| container.starts_with(host.as_str())))
+            .then(|| container.to_string())
+        })
+        .await?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline && !asking.is_finished() {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -644,6 +606,52 @@ async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow:
         .saturating_duration_since(healthy_at)
         .as_secs_f64()
         * 1000.0)
+}
+
+/// The manager's event stream (`GET /events?QUERY`), read line by line.
+struct Events {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+}
+
+impl Events {
+    async fn open(cluster: &BenchCluster, query: &str) -> anyhow::Result<Events> {
+        let response = cluster
+            .http
+            .get(format!("{}/events?{query}", cluster.base))
+            .timeout(Duration::from_secs(180))
+            .send()
+            .await?;
+        Ok(Events {
+            response,
+            buffer: Vec::new(),
+        })
+    }
+
+    /// The first event `wanted` takes (within 60 s), with the moment this process read it.
+    async fn first<T>(
+        &mut self,
+        what: &str,
+        mut wanted: impl FnMut(&Value) -> Option<T>,
+    ) -> anyhow::Result<(Instant, T)> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            while let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                if let Ok(event) = serde_json::from_slice::<Value>(&line)
+                    && let Some(found) = wanted(&event)
+                {
+                    return Ok((Instant::now(), found));
+                }
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(remaining, self.response.chunk())
+                .await
+                .with_context(|| format!("no event of {what} within 60 s"))??
+                .context("the event stream ended")?;
+            self.buffer.extend_from_slice(&chunk);
+        }
+    }
 }
 
 /// The host names that answer `/who` through the router in `requests` requests.

@@ -32,11 +32,14 @@ const RELOAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// from the last reload), asking every [`MASTER_POLL`].
 const MASTER_WAIT: Duration = Duration::from_secs(5);
 const MASTER_POLL: Duration = Duration::from_millis(5);
+/// How long a `reload` may take to show in the master's count before it is sent again, and
+/// the most one `show proc` may take.
+const MASTER_ANSWER: Duration = Duration::from_secs(2);
 
 /// The first wait before a failed write or reload is tried again when no new table comes
-/// first; doubled after each failure up to [`RETRY_MAX`], so that an HAProxy that is down
-/// for long is not asked every second.
-const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// first (short: a reload that failed leaves HAProxy behind the routes); doubled after each
+/// failure up to [`RETRY_MAX`], so that an HAProxy that is down for long is not asked often.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// The most of a failed reload command's stderr kept in its error, so that a chatty command
@@ -441,7 +444,7 @@ pub async fn keep_in_step(
             Err(error) => {
                 tracing::warn!(
                     %error,
-                    retry_in_s = retry_delay.as_secs(),
+                    retry_in_ms = retry_delay.as_millis() as u64,
                     "HAProxy is not in step with the routes; trying again at the next change or after the wait"
                 );
                 let wait = retry_delay;
@@ -566,47 +569,127 @@ fn write_if_changed(path: &Path, text: &str) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Asks HAProxy's master to reload through its CLI socket: `reload`, then the master closes
-/// the connection as it starts again (at most [`RELOAD_TIMEOUT`]).
+/// Asks HAProxy's master to reload through its CLI socket, and waits until it has: its count
+/// of reloads (`show proc`) grew. A master that is starting again from the last reload has no
+/// CLI yet, or takes a `reload` and drops it as it starts again: the count is read before,
+/// the command sent, the count read again every [`MASTER_POLL`], and the command sent anew
+/// when the count has not grown after [`MASTER_ANSWER`]; at most [`MASTER_WAIT`] in all (the
+/// master tells no one when it is back).
 async fn reload_through_master(socket: &Path) -> Result<(), HaproxyError> {
+    let failed = |source: io::Error| HaproxyError::Master {
+        socket: socket.to_path_buf(),
+        source,
+    };
+    let started = tokio::time::Instant::now();
+    let mut last_error = None;
+    while started.elapsed() < MASTER_WAIT {
+        let before = match master_reloads(socket).await {
+            Ok(count) => count,
+            Err(err) if master_away(&err) => {
+                last_error = Some(err);
+                tokio::time::sleep(MASTER_POLL).await;
+                continue;
+            }
+            Err(err) => return Err(failed(err)),
+        };
+        match send_reload(socket).await {
+            Ok(()) => {}
+            Err(err) if master_away(&err) => {
+                last_error = Some(err);
+                tokio::time::sleep(MASTER_POLL).await;
+                continue;
+            }
+            Err(err) => return Err(failed(err)),
+        }
+        let asked = tokio::time::Instant::now();
+        while asked.elapsed() < MASTER_ANSWER {
+            tokio::time::sleep(MASTER_POLL).await;
+            match master_reloads(socket).await {
+                Ok(count) if count > before => return Ok(()),
+                Ok(_) => {}
+                Err(err) if master_away(&err) => last_error = Some(err),
+                Err(err) => return Err(failed(err)),
+            }
+        }
+    }
+    Err(failed(last_error.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "the master's count of reloads did not grow within {} s",
+                MASTER_WAIT.as_secs()
+            ),
+        )
+    })))
+}
+
+/// Whether `err` says the master is starting again (no CLI, or a connection dropped).
+fn master_away(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::NotFound
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::TimedOut
+    )
+}
+
+/// Sends `reload` on the master's CLI (the master closes the connection as it starts again;
+/// that is not waited for).
+async fn send_reload(socket: &Path) -> io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::UnixStream::connect(socket).await?;
+    stream.write_all(b"reload\n").await
+}
+
+/// The master's count of reloads, from its row of `show proc` (`PID master RELOADS [failed:
+/// N] UPTIME VERSION`). The master keeps the connection open after its answer: read until the
+/// row is whole.
+async fn master_reloads(socket: &Path) -> io::Result<u64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
-        // A master that is starting again from the last reload has no CLI yet: asked again
-        // every few milliseconds, for at most MASTER_WAIT (it tells no one when it is back).
-        let started = tokio::time::Instant::now();
-        let mut stream = loop {
-            match tokio::net::UnixStream::connect(socket).await {
-                Ok(stream) => break stream,
-                Err(err)
-                    if matches!(
-                        err.kind(),
-                        io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
-                    ) && started.elapsed() < MASTER_WAIT =>
-                {
-                    tokio::time::sleep(MASTER_POLL).await;
-                }
-                Err(err) => return Err(err),
-            }
-        };
-        stream.write_all(b"reload\n").await?;
+        let mut stream = tokio::net::UnixStream::connect(socket).await?;
+        stream.write_all(b"show proc\n").await?;
         let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await?;
-        Ok::<_, io::Error>(())
+        let mut chunk = [0u8; 1024];
+        loop {
+            let text = String::from_utf8_lossy(&answer);
+            if let Some(row) = text
+                .lines()
+                .find(|line| line.split_whitespace().nth(1) == Some("master"))
+                && text.contains(&format!("{row}\n"))
+            {
+                return row
+                    .split_whitespace()
+                    .nth(2)
+                    .and_then(|count| count.parse().ok())
+                    .ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("a master row without a count of reloads: {row:?}"),
+                        )
+                    });
+            }
+            let read = stream.read(&mut chunk).await?;
+            if read == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the master closed the connection before its row",
+                ));
+            }
+            answer.extend_from_slice(&chunk[..read]);
+        }
     };
-    match tokio::time::timeout(RELOAD_TIMEOUT, exchange).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(source)) => Err(HaproxyError::Master {
-            socket: socket.to_path_buf(),
-            source,
-        }),
-        Err(_) => Err(HaproxyError::Master {
-            socket: socket.to_path_buf(),
-            source: io::Error::new(
+    tokio::time::timeout(MASTER_ANSWER, exchange)
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("no answer within {} s", RELOAD_TIMEOUT.as_secs()),
-            ),
-        }),
-    }
+                "no answer to show proc",
+            ))
+        })
 }
 
 /// Runs `command` with `sh -c`, at most [`RELOAD_TIMEOUT`]; fails with its stderr unless it
