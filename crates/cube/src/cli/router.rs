@@ -38,7 +38,8 @@ const MOST_PAUSE: Duration = Duration::from_secs(5);
 /// copy refused or dropped the connection before answering is sent once more, to another
 /// copy. An unknown host is answered 404, a route without a healthy copy 503, both with a JSON
 /// body naming what is missing. With --acl on the manager, give it a token of the `router`
-/// role (`cube token create --role router NAME`): it reads the routes and nothing else.
+/// role (`cube token create --role router --name NAME`): it reads the routes and nothing
+/// else.
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
     cube router --listen 0.0.0.0:80 --domain example.test\n  \
@@ -280,7 +281,7 @@ async fn follow_routes(
                 if refused {
                     tracing::warn!(
                         "the manager refused the token: give the router one of the `router` \
-                         role (cube token create --role router NAME) with --token"
+                         role (cube token create --role router --name NAME) with --token"
                     );
                 }
                 index = 0;

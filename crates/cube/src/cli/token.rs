@@ -40,6 +40,7 @@ enum AclCommand {
     cube token create --role submit --name ci --ttl 24h\n  \
     cube token create --role submit --project team-a,team-b   # or --project '*'\n  \
     cube token create --role node --name w1-join\n  \
+    cube token create --role router --name edge\n  \
     cube token list\n  \
     cube token revoke 1a2b3c4d5e6f7a8b")]
 pub struct TokenArgs {
@@ -51,7 +52,8 @@ pub struct TokenArgs {
 enum TokenCommand {
     /// Make a token and print it (shown once: only its hash is kept).
     Create {
-        /// read, submit, operator, management or node.
+        /// read, submit, operator, management, node or router (`cube router`: reads the
+        /// routes and nothing else).
         #[arg(long, value_parser = Role::parse)]
         role: Role,
         /// A name to know it by in `cube token list` and the audit log [default: ROLE-ID].
