@@ -551,12 +551,14 @@ async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow:
     let before: BTreeSet<String> = answering_hosts(router_url, 8).await?;
     let mut events = Events::open(cluster, &format!("topic=Task&job={JOB}")).await?;
     // The client's loop, from now on, noting when each host name first answered.
+    // Each host name the first time it answers, with when, sent as it happens.
+    let (first_answers, mut answered) = tokio::sync::mpsc::unbounded_channel();
     let stop = Arc::new(AtomicBool::new(false));
     let asking = {
         let (stop, url) = (stop.clone(), router_url.to_string());
         let http = client()?;
         tokio::spawn(async move {
-            let mut first: Vec<(String, Instant)> = Vec::new();
+            let mut seen: BTreeSet<String> = BTreeSet::new();
             while !stop.load(Ordering::Relaxed) {
                 if let Ok(answer) = http
                     .get(format!("{url}/who"))
@@ -566,12 +568,13 @@ async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow:
                     && let Ok(who) = answer.text().await
                 {
                     let who = who.trim().to_string();
-                    if !first.iter().any(|(seen, _)| *seen == who) {
-                        first.push((who, Instant::now()));
+                    if seen.insert(who.clone())
+                        && first_answers.send((who, Instant::now())).is_err()
+                    {
+                        return;
                     }
                 }
             }
-            first
         })
     };
     scale(cluster, 2).await?;
@@ -587,19 +590,17 @@ async fn healthy_to_traffic(cluster: &BenchCluster, router_url: &str) -> anyhow:
             .then(|| container.to_string())
         })
         .await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline && !asking.is_finished() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if Instant::now() > healthy_at + Duration::from_secs(2) {
-            break;
+    let deadline = tokio::time::Instant::from_std(healthy_at + Duration::from_secs(2));
+    let answered_at = loop {
+        match tokio::time::timeout_at(deadline, answered.recv()).await {
+            Ok(Some((host, at))) if container.starts_with(host.as_str()) => break Some(at),
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break None,
         }
-    }
+    };
     stop.store(true, Ordering::Relaxed);
-    let first = asking.await?;
-    let Some((_, answered_at)) = first
-        .iter()
-        .find(|(host, _)| container.starts_with(host.as_str()))
-    else {
+    asking.await?;
+    let Some(answered_at) = answered_at else {
         bail!("the new copy {container} answered no request through the router within 2 s");
     };
     Ok(answered_at

@@ -123,25 +123,42 @@ fn task_route(task: &Task, hosts: &BTreeMap<String, String>) -> Option<RouteView
     })
 }
 
-/// Every route, sorted by project then name. Bare tasks are found through their waiting
-/// list entries (every bare task has one), not by reading every task.
+/// Every route, sorted by project then name.
 pub(crate) fn routes(state: &Shared) -> Vec<RouteView> {
     let hosts = hosts(state);
+    let mut routes: Vec<RouteView> = routes_by_owner(state, &hosts)
+        .into_iter()
+        .map(|(_, route)| route)
+        .collect();
+    routes.sort_by(|a, b| (&a.project, &a.name).cmp(&(&b.project, &b.name)));
+    routes
+}
+
+/// Every route with what it belongs to. Bare tasks are found through their waiting-list
+/// entries (every bare task has one), not by reading every task.
+fn routes_by_owner(state: &Shared, hosts: &BTreeMap<String, String>) -> Vec<(Owner, RouteView)> {
     let mut routes = Vec::new();
     for (key, record) in &state.jobs {
         for group in &record.job.groups {
-            routes.extend(job_group_route(state, key, &group.name, &hosts));
+            if let Some(route) = job_group_route(state, key, &group.name, hosts) {
+                let owner = Owner::Group {
+                    job: key.clone(),
+                    group: group.name.clone(),
+                };
+                routes.push((owner, route));
+            }
         }
     }
     for entry in state.queue.values() {
         if entry.kind != cube_types::queue::RequestKind::Task {
             continue;
         }
-        if let Some(task) = crate::queue_controller::task_of(state, entry) {
-            routes.extend(task_route(&task, &hosts));
+        if let Some(task) = crate::queue_controller::task_of(state, entry)
+            && let Some(route) = task_route(&task, hosts)
+        {
+            routes.push((Owner::Task(task.id), route));
         }
     }
-    routes.sort_by(|a, b| (&a.project, &a.name).cmp(&(&b.project, &b.name)));
     routes
 }
 
@@ -223,39 +240,17 @@ impl RouteWatch {
                 self.look_all(true);
                 continue;
             }
-            for job in jobs {
-                self.look_at_job(&job);
-            }
-            for task in tasks {
-                self.look_at_task(task);
-            }
+            self.look_at(&jobs, &tasks);
         }
     }
 
     /// Every route against what was published.
     fn look_all(&mut self, publish: bool) {
-        let state = lock(&self.cluster.state);
-        let hosts = hosts(&state);
-        let mut now: HashMap<Owner, RouteView> = HashMap::new();
-        for (key, record) in &state.jobs {
-            for group in &record.job.groups {
-                if let Some(route) = job_group_route(&state, key, &group.name, &hosts) {
-                    let owner = Owner::Group {
-                        job: key.clone(),
-                        group: group.name.clone(),
-                    };
-                    now.insert(owner, route);
-                }
-            }
-        }
-        for entry in state.queue.values() {
-            if let Some(task) = crate::queue_controller::task_of(&state, entry)
-                && let Some(route) = task_route(&task, &hosts)
-            {
-                now.insert(Owner::Task(task.id), route);
-            }
-        }
-        drop(state);
+        let now: HashMap<Owner, RouteView> = {
+            let state = lock(&self.cluster.state);
+            let hosts = hosts(&state);
+            routes_by_owner(&state, &hosts).into_iter().collect()
+        };
         let gone: Vec<Owner> = self
             .known
             .keys()
@@ -270,39 +265,42 @@ impl RouteWatch {
         }
     }
 
-    /// A bare task's route.
-    fn look_at_task(&mut self, id: uuid::Uuid) {
-        let state = lock(&self.cluster.state);
-        let hosts = hosts(&state);
-        let route = state
-            .cache
-            .shared(&id)
-            .and_then(|task| task_route(&task, &hosts));
-        drop(state);
-        self.change(Owner::Task(id), route, true);
-    }
-
-    fn look_at_job(&mut self, key: &str) {
-        let state = lock(&self.cluster.state);
-        let hosts = hosts(&state);
+    /// The routes of the jobs (every group) and bare tasks a batch of events named, read
+    /// under one hold of the lock.
+    fn look_at(&mut self, jobs: &BTreeSet<String>, tasks: &BTreeSet<uuid::Uuid>) {
         let mut now: HashMap<Owner, Option<RouteView>> = HashMap::new();
-        for owner in self.known.keys() {
-            if let Owner::Group { job, .. } = owner
-                && job == key
-            {
-                now.insert(owner.clone(), None);
+        {
+            let state = lock(&self.cluster.state);
+            let hosts = hosts(&state);
+            // A group no longer in its job (or a job gone) has no route: known ones first
+            // as gone, then what each job has now.
+            for owner in self.known.keys() {
+                if let Owner::Group { job, .. } = owner
+                    && jobs.contains(job)
+                {
+                    now.insert(owner.clone(), None);
+                }
             }
-        }
-        if let Some(record) = state.jobs.get(key) {
-            for group in &record.job.groups {
-                let owner = Owner::Group {
-                    job: key.to_string(),
-                    group: group.name.clone(),
+            for key in jobs {
+                let Some(record) = state.jobs.get(key) else {
+                    continue;
                 };
-                now.insert(owner, job_group_route(&state, key, &group.name, &hosts));
+                for group in &record.job.groups {
+                    let owner = Owner::Group {
+                        job: key.clone(),
+                        group: group.name.clone(),
+                    };
+                    now.insert(owner, job_group_route(&state, key, &group.name, &hosts));
+                }
+            }
+            for id in tasks {
+                let route = state
+                    .cache
+                    .shared(id)
+                    .and_then(|task| task_route(&task, &hosts));
+                now.insert(Owner::Task(*id), route);
             }
         }
-        drop(state);
         for (owner, route) in now {
             self.change(owner, route, true);
         }

@@ -68,6 +68,31 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// waits before it accepts again, so that it does not spin while the condition lasts.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
+/// The next connection on `listener`, or `None` once `shutdown` is cancelled. A failed
+/// accept is logged and tried again after [`ACCEPT_BACKOFF`].
+pub(crate) async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+    what: &str,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => return Some(accepted),
+                Err(error) => {
+                    tracing::warn!(listener = what, %error, "accepting a connection failed");
+                    tokio::select! {
+                        () = shutdown.cancelled() => return None,
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                    }
+                }
+            },
+        }
+    }
+}
+
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -800,19 +825,8 @@ where
     // Every connection's task, so that shutdown can wait for them.
     let connections = TaskTracker::new();
     loop {
-        let (stream, peer) = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(listener = what, %error, "accepting a connection failed");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    }
-                }
-            },
+        let Some((stream, peer)) = accept(&listener, &shutdown, what).await else {
+            break;
         };
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(listener = what, %peer, %error, "setting TCP_NODELAY failed");

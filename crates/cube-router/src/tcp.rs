@@ -16,10 +16,6 @@ use tokio_util::task::TaskTracker;
 use crate::metrics::ErrorKind;
 use crate::proxy::{CONNECT_TIMEOUT, Router, SHUTDOWN_GRACE};
 
-/// After a failed accept (out of file descriptors, most often), how long the listener
-/// waits before it accepts again, so that it does not spin while the condition lasts.
-const ACCEPT_BACKOFF: std::time::Duration = std::time::Duration::from_millis(20);
-
 /// Forwards each connection accepted on `listener` to a copy of the route named `route`
 /// (looked up in the table at each connection with `RouteTable::by_name`), bytes both ways.
 /// A copy that does not accept the connection (refused, or not within
@@ -36,19 +32,8 @@ pub async fn serve_tcp(
     // Every connection's task, so that shutdown can wait for them.
     let connections = TaskTracker::new();
     loop {
-        let (client, peer) = tokio::select! {
-            biased;
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%route, %error, "accepting a TCP connection failed");
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
-                    }
-                }
-            },
+        let Some((client, peer)) = crate::proxy::accept(&listener, &shutdown, "tcp").await else {
+            break;
         };
         let router = Arc::clone(&router);
         let route = Arc::clone(&route);
