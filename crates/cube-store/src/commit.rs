@@ -104,7 +104,8 @@ pub(crate) enum Refused {
     StoreFailed { path: String, cause: String },
     /// No member of the etcd cluster answered (see [`StoreError::Unavailable`]).
     Unavailable { endpoints: String, reason: String },
-    /// The write was conditioned on a leadership key this process no longer holds.
+    /// The write was conditioned on keys this process held, and `key` (one of them) it no
+    /// longer holds.
     Fenced { key: String },
 }
 

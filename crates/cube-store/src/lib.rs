@@ -58,8 +58,8 @@ fn encode<V: serde::Serialize>(key: &str, value: &V) -> Result<Vec<u8>, StoreErr
 
 pub use commit::Commit;
 pub use etcd::{
-    EtcdConfig, EtcdDb, EtcdStore, Fence, Leadership, Lease, LeasedKey, Optimistic, Unchanged,
-    Versioned, normalize_prefix,
+    EtcdConfig, EtcdDb, EtcdStore, Fence, FenceError, FenceKey, Leadership, Lease, LeasedKey,
+    Optimistic, Unchanged, Versioned, normalize_prefix,
 };
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};
@@ -174,10 +174,13 @@ pub enum StoreError {
     /// etcd refused a request as such (not for want of a member to answer it).
     #[error("etcd: {0}")]
     Etcd(String),
-    /// The write was conditioned on the leadership key this process held, and the key is
-    /// gone or held by another: this process no longer leads, and nothing was written.
+    /// The write was conditioned on keys this process held (its [`Fence`]: the leadership
+    /// key, the shards of the ring it holds), and `key`, the whole etcd key, is gone or
+    /// held by another: this process no longer leads, or no longer holds that shard, and
+    /// nothing was written.
     #[error(
-        "the write was refused: this manager no longer holds the leadership key {key} (another manager leads now)"
+        "the write was refused: this manager no longer holds the fence key {key} (its lease \
+         ended, or another manager holds it now)"
     )]
     Fenced { key: String },
     /// The store lives elsewhere (etcd): there is no file to copy.

@@ -2,10 +2,10 @@
 //!
 //! A campaign grants a lease of the leader TTL and creates the key under it, in one
 //! transaction that succeeds only when the key is absent; whoever creates it leads, and the
-//! revision it was created at is the [`Fence`] its writes are conditioned on. The leader
-//! keeps its lease alive (every third of the TTL); the others wait, on an etcd watch of the
-//! key, for it to go, and campaign again. A leader that dies stops renewing: etcd deletes the
-//! key when the lease expires, within the TTL, and another leads.
+//! revision it was created at is the [`Fence`] (of that one key) its writes are conditioned
+//! on. The leader keeps its lease alive (every third of the TTL); the others wait, on an
+//! etcd watch of the key, for it to go, and campaign again. A leader that dies stops
+//! renewing: etcd deletes the key when the lease expires, within the TTL, and another leads.
 //!
 //! A leader learns it lost when a renewal says the lease is gone, or when it has not been
 //! able to renew for a whole TTL (it may have been paused: it cannot know it still leads).
@@ -54,7 +54,7 @@ impl Leadership {
 impl EtcdDb {
     /// The leader key.
     fn leader_key(&self) -> String {
-        format!("{}leader", self.inner.root)
+        leader_key(&self.inner.root)
     }
 
     /// Who leads now: the value the leader wrote (its address), if anyone leads.
@@ -100,6 +100,11 @@ impl EtcdDb {
     }
 }
 
+/// The leader key under `root` (`PREFIX/`).
+pub(super) fn leader_key(root: &str) -> String {
+    format!("{root}leader")
+}
+
 /// Whole seconds of a TTL, at least one (etcd's unit).
 pub(super) fn ttl_seconds(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX)
@@ -131,13 +136,7 @@ async fn campaign(
         let response = super::leased::send_txn(members, txn).await?;
         let revision = response.header().map_or(0, |header| header.revision());
         if response.succeeded() {
-            return Ok(Some((
-                Fence {
-                    key: key.to_string(),
-                    create_revision: revision,
-                },
-                lease,
-            )));
+            return Ok(Some((Fence::one(key, revision), lease)));
         }
         // Someone leads: give this lease back and wait for the key to go.
         let _ = members

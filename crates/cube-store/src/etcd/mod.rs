@@ -18,8 +18,9 @@
 //! its own small runtime (two threads) for the client, the writer and the feed, and a read
 //! waits for its answer on the calling thread, as a redb read waits for the disk.
 //!
-//! [`EtcdDb::set_fence`] conditions every write on a leadership key (`writer.rs`): a manager
-//! that lost its leadership has its writes refused ([`StoreError::Fenced`]).
+//! [`EtcdDb::set_fence`] conditions every write on the keys a manager holds (`writer.rs`):
+//! the leadership key, or the shards of the ring it holds. A manager that lost its
+//! leadership, or any one of those shards, has its writes refused ([`StoreError::Fenced`]).
 
 mod feed;
 mod leader;
@@ -47,7 +48,7 @@ use crate::{Store, StoreError};
 pub use leader::Leadership;
 pub use leased::{Lease, LeasedKey};
 pub use versioned::{Optimistic, Unchanged, Versioned};
-pub use writer::Fence;
+pub use writer::{Fence, FenceError, FenceKey};
 
 use feed::Hubs;
 use members::Members;
@@ -184,6 +185,7 @@ impl EtcdDb {
             members.clone(),
             queue,
             fence.clone(),
+            leader::leader_key(&root),
             hubs.seen(),
             config.request_timeout,
         ));
@@ -219,9 +221,12 @@ impl EtcdDb {
         format!("{}{table}/{key}", self.inner.root)
     }
 
-    /// From now on every write is conditioned on `fence` (`None`: on nothing). The token
-    /// is cancelled when a write conditioned on this fence is refused: the process no
-    /// longer leads, and should stop acting as if it did.
+    /// From now on every write is conditioned on `fence`, every one of its keys (`None`: on
+    /// nothing). The token is cancelled when a write conditioned on this fence is refused:
+    /// the process no longer holds one of its keys (it no longer leads, or lost a shard),
+    /// and should stop acting as if it did. A later `set_fence` replaces the fence (a
+    /// manager that takes or gives back a shard sets the new set of keys) and hands out a
+    /// new token; the old one is then never cancelled.
     pub fn set_fence(&self, fence: Option<Fence>) -> CancellationToken {
         let refused = CancellationToken::new();
         *self
@@ -231,6 +236,16 @@ impl EtcdDb {
             .unwrap_or_else(|poisoned| poisoned.into_inner()) =
             fence.map(|fence| (fence, refused.clone()));
         refused
+    }
+
+    /// The [`FenceKey`] of `key`, relative to the store's prefix as the keys of
+    /// [`EtcdDb::read_prefix`] and [`EtcdDb::create_if_absent`] are (`ring/shards/00003`),
+    /// created at `create_revision` (what `create_if_absent` answered).
+    pub fn fence_key(&self, key: &str, create_revision: i64) -> FenceKey {
+        FenceKey {
+            key: self.whole(key),
+            create_revision,
+        }
     }
 
     /// Runs `future` on the store's runtime (where the etcd client lives) and awaits it

@@ -201,10 +201,10 @@ fn a_fenced_store_writes_only_while_its_key_is_the_one_it_holds() {
     let tasks = EtcdStore::<String>::new(db.clone(), "tasks").unwrap();
     let leader = EtcdStore::<String>::new(db.clone(), "leader").unwrap();
     let held_at = leader.put("key", &text("me")).unwrap();
-    let refused_token = db.set_fence(Some(Fence {
-        key: "/fenced/leader/key".to_string(),
-        create_revision: i64::try_from(held_at).unwrap(),
-    }));
+    let refused_token = db.set_fence(Some(Fence::one(
+        "/fenced/leader/key",
+        i64::try_from(held_at).unwrap(),
+    )));
     tasks.put("t1", &text("written while leading")).unwrap();
     assert!(
         tasks

@@ -55,20 +55,26 @@ impl EtcdDb {
     }
 
     /// Writes `puts` (`None` deletes the key) in one transaction, if every key of
-    /// `unchanged` is still at the revision it was read at and, when `fence` is given, the
-    /// fence's key is still the one its holder created. A refused fence is
-    /// [`StoreError::Fenced`]: the writer no longer holds what it wrote for.
+    /// `unchanged` is still at the revision it was read at and, when `fence` is given, every
+    /// key of the fence is still the one its holder created. A refused fence is
+    /// [`StoreError::Fenced`], naming a fenced key that moved, whatever the compared keys
+    /// did: the writer no longer holds what it wrote for, and planning again would not help.
+    /// (Unlike the writes of the tables, this does not cancel the token of
+    /// [`EtcdDb::set_fence`]: the fence is the caller's, which may be another.)
     pub async fn write_if_unchanged(
         &self,
         unchanged: &[Unchanged],
         puts: Vec<(String, Option<Vec<u8>>)>,
         fence: Option<&Fence>,
     ) -> Result<Optimistic, StoreError> {
-        if unchanged.len() + usize::from(fence.is_some()) > MAX_TXN_OPS || puts.len() > MAX_TXN_OPS
-        {
+        // Each fenced key is one comparison and one read of the failure branch, as each
+        // compared key is.
+        let fenced = fence.map_or(0, |fence| fence.keys().len());
+        if unchanged.len() + fenced > MAX_TXN_OPS || puts.len() > MAX_TXN_OPS {
             return Err(StoreError::Etcd(format!(
-                "an optimistic write of {} keys on {} compared ones is more than one etcd \
-                 transaction takes ({MAX_TXN_OPS} of each)",
+                "an optimistic write of {} keys on {} compared ones and {fenced} fenced ones is \
+                 more than one etcd transaction takes ({MAX_TXN_OPS} of each, the compared and \
+                 fenced together)",
                 puts.len(),
                 unchanged.len()
             )));
@@ -84,13 +90,7 @@ impl EtcdDb {
                 }
             })
             .collect();
-        if let Some(fence) = fence {
-            compares.push(Compare::create_revision(
-                fence.key.clone(),
-                CompareOp::Equal,
-                fence.create_revision,
-            ));
-        }
+        compares.extend(fence.into_iter().flat_map(Fence::compares));
         let writes: Vec<TxnOp> = puts
             .into_iter()
             .map(|(key, value)| match value {
@@ -98,10 +98,12 @@ impl EtcdDb {
                 None => TxnOp::delete(self.whole(&key), None),
             })
             .collect();
-        let reads: Vec<TxnOp> = unchanged
+        // The compared keys, then the fenced ones: the answer is split at `unchanged.len()`.
+        let mut reads: Vec<TxnOp> = unchanged
             .iter()
             .map(|key| TxnOp::get(self.whole(&key.key), None))
             .collect();
+        reads.extend(fence.into_iter().flat_map(Fence::reads));
         let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
         let members = self.inner.members.clone();
         let root_length = self.inner.root.len();
@@ -112,27 +114,29 @@ impl EtcdDb {
         if response.succeeded() {
             return Ok(Optimistic::Committed { revision });
         }
-        let now: Vec<Versioned> = response
+        let mut read: Vec<Option<etcd_client::KeyValue>> = response
             .op_responses()
             .into_iter()
-            .filter_map(|op| match op {
+            .map(|op| match op {
                 TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
                 _ => None,
             })
-            .map(|kv| versioned(root_length, &kv))
             .collect();
-        let all_as_read = unchanged.iter().all(|key| {
-            let current = now
-                .iter()
-                .find(|read| read.key == key.key)
-                .map_or(0, |read| read.mod_revision);
-            current == key.mod_revision
-        });
-        if all_as_read && let Some(fence) = fence {
-            return Err(StoreError::Fenced {
-                key: fence.key.clone(),
-            });
+        let fence_read = read.split_off(unchanged.len().min(read.len()));
+        if let Some(fence) = fence {
+            let fence_read: Vec<Option<&etcd_client::KeyValue>> =
+                fence_read.iter().map(Option::as_ref).collect();
+            if let Some(moved) = fence.moved(&fence_read) {
+                return Err(StoreError::Fenced {
+                    key: moved.key.clone(),
+                });
+            }
         }
+        let now: Vec<Versioned> = read
+            .iter()
+            .flatten()
+            .map(|kv| versioned(root_length, kv))
+            .collect();
         Ok(Optimistic::Changed { now })
     }
 }

@@ -11,10 +11,12 @@
 //! has delivered it to the store's watchers (see `feed.rs`): as with redb, a change reaches
 //! watchers before its writer hears it is done.
 //!
-//! **Fencing.** While the process holds a [`Fence`] (a leadership key and the revision it
-//! was created at), every transaction is conditioned on that key being still the one it
-//! created. A process that lost its lease (it was paused, cut off) has every write refused
-//! with [`StoreError::Fenced`], whatever it still believes.
+//! **Fencing.** While the process holds a [`Fence`] (keys it created under its lease, each
+//! with the revision it was created at: the leadership key, or every shard of the ring it
+//! holds), every transaction is conditioned on each of those keys being still the one it
+//! created. A process that lost its lease (it was paused, cut off), or any one of its keys,
+//! has every write refused with [`StoreError::Fenced`](crate::StoreError::Fenced), naming a
+//! key it lost, whatever it still believes.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -31,19 +33,127 @@ use crate::revision::{Conflict, Expected};
 /// etcd's default `--max-txn-ops`.
 pub(crate) const MAX_TXN_OPS: usize = 128;
 
-/// A leadership key held by this process: its writes are done only while the key is still
-/// the one it created.
+/// One key a [`Fence`] holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    /// The whole etcd key, prefix included.
+pub struct FenceKey {
+    /// The whole etcd key, prefix included ([`EtcdDb::fence_key`](super::EtcdDb::fence_key)
+    /// makes one from a key relative to the prefix).
     pub key: String,
-    /// The revision the key was created at by this process's campaign.
+    /// The revision this process created the key at; 0 would mean "absent", which no held
+    /// key is.
     pub create_revision: i64,
 }
 
+/// The keys this process holds (a leadership key, the shards of the ring it holds): its
+/// writes are done only while *every* one of them is still the one it created.
+///
+/// A fence holds at least one key. A fence of none would let every write through, which is
+/// what no fence at all does, so there is no such `Fence`: [`Fence::all`] refuses it and
+/// the caller says what holding nothing means (for the writes of the tables,
+/// `set_fence(None)` is "unfenced"; a caller that must not write without a key should not
+/// write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// In the order given, without a key twice: the first that moved is the one a refusal
+    /// names.
+    keys: Vec<FenceKey>,
+}
+
+/// Why a [`Fence`] cannot be built from the keys given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FenceError {
+    #[error("a fence holds at least one key (no key: set no fence)")]
+    Empty,
+    /// Every key is one comparison (and one read, to name the key that moved) of each
+    /// transaction, which etcd bounds.
+    #[error("a fence of {keys} keys is more than one etcd transaction can compare: at most {most}")]
+    TooMany { keys: usize, most: usize },
+    /// The same key at two revisions: no write could ever pass such a fence.
+    #[error("the fence key {key} is given twice, created at {first} and at {second}")]
+    TwoRevisions {
+        key: String,
+        first: i64,
+        second: i64,
+    },
+}
+
 impl Fence {
-    fn compare(&self) -> Compare {
-        Compare::create_revision(self.key.clone(), CompareOp::Equal, self.create_revision)
+    /// The most keys one fence holds: each transaction compares every key and the one
+    /// conditional write it may carry, within etcd's default `--max-txn-ops`.
+    pub const MAX_KEYS: usize = MAX_TXN_OPS - 1;
+
+    /// A fence of one key (the leadership key): `key` is the whole etcd key.
+    pub fn one(key: impl Into<String>, create_revision: i64) -> Fence {
+        Fence {
+            keys: vec![FenceKey {
+                key: key.into(),
+                create_revision,
+            }],
+        }
+    }
+
+    /// A fence of every key of `keys` (a key given twice at the same revision counts once).
+    /// Refused when there is none (see [`Fence`]), more than [`Fence::MAX_KEYS`], or a key
+    /// at two revisions.
+    pub fn all(keys: impl IntoIterator<Item = FenceKey>) -> Result<Fence, FenceError> {
+        let mut held: Vec<FenceKey> = Vec::new();
+        for key in keys {
+            match held.iter().find(|seen| seen.key == key.key) {
+                Some(seen) if seen.create_revision == key.create_revision => {}
+                Some(seen) => {
+                    return Err(FenceError::TwoRevisions {
+                        first: seen.create_revision,
+                        second: key.create_revision,
+                        key: key.key,
+                    });
+                }
+                None => held.push(key),
+            }
+        }
+        if held.is_empty() {
+            return Err(FenceError::Empty);
+        }
+        if held.len() > Fence::MAX_KEYS {
+            return Err(FenceError::TooMany {
+                keys: held.len(),
+                most: Fence::MAX_KEYS,
+            });
+        }
+        Ok(Fence { keys: held })
+    }
+
+    /// The keys, in the order given.
+    pub fn keys(&self) -> &[FenceKey] {
+        &self.keys
+    }
+
+    /// One comparison per key: still at the revision it was created at.
+    pub(crate) fn compares(&self) -> impl Iterator<Item = Compare> + '_ {
+        self.keys.iter().map(|held| {
+            Compare::create_revision(held.key.clone(), CompareOp::Equal, held.create_revision)
+        })
+    }
+
+    /// One read per key, for a refused transaction's failure branch: what [`Fence::moved`]
+    /// is given back.
+    pub(crate) fn reads(&self) -> impl Iterator<Item = TxnOp> + '_ {
+        self.keys
+            .iter()
+            .map(|held| TxnOp::get(held.key.clone(), None))
+    }
+
+    /// The first key that is no longer the one its holder created, given what
+    /// [`Fence::reads`] read, in its order. An absent key was created at revision 0, as
+    /// etcd's comparison has it, so the key named is one the comparison failed on.
+    pub(crate) fn moved(&self, read: &[Option<&etcd_client::KeyValue>]) -> Option<&FenceKey> {
+        self.keys.iter().enumerate().find_map(|(index, held)| {
+            let now = read
+                .get(index)
+                .copied()
+                .flatten()
+                .map_or(0, |kv| kv.create_revision());
+            (now != held.create_revision).then_some(held)
+        })
     }
 }
 
@@ -92,6 +202,7 @@ pub(crate) async fn run(
     members: Arc<Members>,
     mut queue: mpsc::UnboundedReceiver<QueuedWrite>,
     fence: FenceCell,
+    leader_key: String,
     seen: watch::Receiver<u64>,
     settle_timeout: Duration,
 ) {
@@ -121,10 +232,17 @@ pub(crate) async fn run(
         let fence = fence.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let outcomes = send(&members, &batch, fence.as_ref().map(|(fence, _)| fence)).await;
         if let (Err(Refused::Fenced { key }), Some((_, refused))) = (&outcomes, &fence) {
+            // The leader's words are kept as they were: operators (and `cube`'s tests) look
+            // for them.
+            let lost = if *key == leader_key {
+                "the leadership key"
+            } else {
+                "a key its writes are fenced on"
+            };
             tracing::warn!(
                 key = %key,
                 writes = batch.len(),
-                "a write was refused: this manager no longer holds the leadership key"
+                "a write was refused: this manager no longer holds {lost}"
             );
             refused.cancel();
         }
@@ -136,7 +254,7 @@ pub(crate) async fn run(
 type Outcomes = Result<Vec<Written>, Refused>;
 
 async fn send(members: &Members, batch: &[QueuedWrite], fence: Option<&Fence>) -> Outcomes {
-    let mut compares: Vec<Compare> = fence.iter().map(|fence| fence.compare()).collect();
+    let mut compares: Vec<Compare> = fence.into_iter().flat_map(Fence::compares).collect();
     let mut failure = Vec::new();
     if let [write] = batch
         && let Some(expected) = write.expected
@@ -151,9 +269,8 @@ async fn send(members: &Members, batch: &[QueuedWrite], fence: Option<&Fence>) -
         });
         failure.push(TxnOp::get(write.key.clone(), None));
     }
-    if let Some(fence) = fence {
-        failure.push(TxnOp::get(fence.key.clone(), None));
-    }
+    // After the conditional write's read: `refusal` finds the fence's reads last.
+    failure.extend(fence.into_iter().flat_map(Fence::reads));
     let operations: Vec<TxnOp> = batch
         .iter()
         .map(|write| match &write.value {
@@ -206,8 +323,9 @@ async fn send(members: &Members, batch: &[QueuedWrite], fence: Option<&Fence>) -
         .collect())
 }
 
-/// Why a transaction's condition failed: the fence (nothing written, every write refused),
-/// or a conditional write's key (a conflict, an expected outcome).
+/// Why a transaction's condition failed: the fence (nothing written, every write refused;
+/// the first fenced key that moved is named), or a conditional write's key (a conflict, an
+/// expected outcome).
 fn refusal(batch: &[QueuedWrite], fence: Option<&Fence>, responses: &[TxnOpResponse]) -> Outcomes {
     let gets: Vec<Option<&etcd_client::KeyValue>> = responses
         .iter()
@@ -216,18 +334,21 @@ fn refusal(batch: &[QueuedWrite], fence: Option<&Fence>, responses: &[TxnOpRespo
             _ => None,
         })
         .collect();
-    if let Some(fence) = fence {
-        let holder = gets.last().copied().flatten();
-        if holder.map(|kv| kv.create_revision()) != Some(fence.create_revision) {
-            return Err(Refused::Fenced {
-                key: fence.key.clone(),
-            });
-        }
+    // `send` reads the conditional write's key first, when the batch is one, then every
+    // fenced key.
+    let conditional = usize::from(matches!(batch, [write] if write.expected.is_some()));
+    if let Some(fence) = fence
+        && let Some(moved) = fence.moved(gets.get(conditional..).unwrap_or_default())
+    {
+        return Err(Refused::Fenced {
+            key: moved.key.clone(),
+        });
     }
     let current = gets
         .first()
         .copied()
         .flatten()
+        .filter(|_| conditional == 1)
         .map(|kv| u64::try_from(kv.mod_revision()).unwrap_or(0));
     Ok(batch
         .iter()
@@ -287,4 +408,64 @@ fn answer(
         }
         deliver();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(key: &str, create_revision: i64) -> FenceKey {
+        FenceKey {
+            key: key.to_string(),
+            create_revision,
+        }
+    }
+
+    #[test]
+    fn a_fence_of_several_keys_keeps_them_in_order_and_each_once() {
+        let fence = Fence::all([
+            held("/cube/ring/shards/00007", 12),
+            held("/cube/ring/shards/00003", 9),
+            held("/cube/ring/shards/00007", 12),
+        ])
+        .unwrap();
+        assert_eq!(
+            fence.keys(),
+            [
+                held("/cube/ring/shards/00007", 12),
+                held("/cube/ring/shards/00003", 9)
+            ]
+        );
+        assert_eq!(
+            Fence::all([held("/cube/leader", 4)]).unwrap(),
+            Fence::one("/cube/leader", 4)
+        );
+    }
+
+    #[test]
+    fn a_fence_of_no_key_too_many_or_one_key_twice_is_refused() {
+        assert_eq!(Fence::all([]), Err(FenceError::Empty));
+        let most = (0..Fence::MAX_KEYS).map(|shard| held(&format!("/cube/ring/shards/{shard}"), 5));
+        assert!(Fence::all(most).is_ok());
+        let beyond =
+            (0..=Fence::MAX_KEYS).map(|shard| held(&format!("/cube/ring/shards/{shard}"), 5));
+        assert_eq!(
+            Fence::all(beyond),
+            Err(FenceError::TooMany {
+                keys: MAX_TXN_OPS,
+                most: MAX_TXN_OPS - 1
+            })
+        );
+        assert_eq!(
+            Fence::all([
+                held("/cube/ring/shards/1", 5),
+                held("/cube/ring/shards/1", 6)
+            ]),
+            Err(FenceError::TwoRevisions {
+                key: "/cube/ring/shards/1".to_string(),
+                first: 5,
+                second: 6
+            })
+        );
+    }
 }
