@@ -76,6 +76,8 @@ impl From<ManagerError> for ApiError {
             | ManagerError::ProjectNotFound(_)
             | ManagerError::NoDeployment(_) => StatusCode::NOT_FOUND,
             ManagerError::OverQuota(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            // HTTP's own word for a request sent to a server that cannot answer it.
+            ManagerError::NotOwner { .. } => StatusCode::MISDIRECTED_REQUEST,
             ManagerError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -32,7 +32,7 @@ pub struct Convergence {
 /// A manager on memory stores with `nodes` ready nodes of 8 cores and 32 GiB each.
 pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
     let config = ManagerConfig {
-        ring: cube_types::shard::DEFAULT_RING,
+        shards: cube_types::shard::ShardScope::all(cube_types::shard::DEFAULT_RING),
         heartbeat_grace: Duration::from_secs(3600),
         poll_interval: Duration::from_secs(3600),
         resync_interval: Duration::from_secs(3600),

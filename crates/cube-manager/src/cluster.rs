@@ -190,12 +190,14 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// What the cluster's state is built with, from the manager's flags.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct ClusterSettings {
     /// `--heartbeat-grace`.
     pub(crate) heartbeat_grace: Duration,
     /// `--max-concurrent-reconciles`: how many tasks the task controller reconciles at once.
     pub(crate) max_concurrent_reconciles: usize,
+    /// The shards whose records are read in (`ManagerConfig::shards`).
+    pub(crate) scope: cube_types::shard::ShardScope,
 }
 
 /// A client for a node's worker, by name and address.
@@ -227,29 +229,43 @@ impl Cluster {
         worker_client: WorkerClientFor<'_>,
     ) -> Result<Cluster, StoreError> {
         let events = EventBroker::for_epoch(epoch);
+        // Only the records of the shards this manager holds are read in; every one of them
+        // for a manager alone. Projects and nodes are the whole cluster's.
+        let scope = &settings.scope;
         let mut cache = TaskCache::default();
-        stores.tasks.scan(&mut |task| {
-            cache.insert(task);
+        stores.tasks.scan(&mut |task: Task| {
+            if scope.holds_project(&task.spec.project) {
+                cache.insert(task);
+            }
         })?;
         let mut jobs = BTreeMap::new();
         stores.jobs.scan(&mut |record: JobRecord| {
-            jobs.insert(record.job.key(), Arc::new(record));
+            if scope.holds_project(record.job.project()) {
+                jobs.insert(record.job.key(), Arc::new(record));
+            }
         })?;
         let mut histories = BTreeMap::new();
         stores.job_versions.scan(&mut |history: JobHistory| {
-            if let Some(newest) = history.versions.last() {
+            if let Some(newest) = history.versions.last()
+                && scope.holds_project(newest.job.project())
+            {
                 histories.insert(newest.job.key(), Arc::new(history));
             }
         })?;
         let mut deployments = BTreeMap::new();
         stores.deployments.scan(&mut |deployment: Deployment| {
-            deployments.insert(deployment.job.clone(), Arc::new(deployment));
+            if scope.holds_project(cube_types::job::project_of_key(&deployment.job)) {
+                deployments.insert(deployment.job.clone(), Arc::new(deployment));
+            }
         })?;
         let mut queue = BTreeMap::new();
         let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
         stores.queue.scan(&mut |entry: QueueEntry| {
+            // Numbers are given in one order for the whole cluster: every entry counts.
             queue_number = queue_number.max(entry.queue);
-            queue.insert(entry.key(), Arc::new(entry));
+            if scope.holds_project(entry.project()) {
+                queue.insert(entry.key(), Arc::new(entry));
+            }
         })?;
         let mut projects = BTreeMap::new();
         stores.projects.scan(&mut |record: ProjectRecord| {
@@ -1014,6 +1030,7 @@ pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration
     let settings = ClusterSettings {
         heartbeat_grace,
         max_concurrent_reconciles: 4,
+        scope: cube_types::shard::ShardScope::all(cube_types::shard::DEFAULT_RING),
     };
     let client = |_: &str, address: &str| ApiClient::new(address, Duration::from_millis(200));
     Arc::new(

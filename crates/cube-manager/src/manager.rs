@@ -34,8 +34,11 @@ use crate::nodes::{NodeSource, node_status_event};
 /// Settings that do not change while the manager runs.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
-    /// The shard ring's size: a project's shard is `shard_of(name, ring)` (`cube_types::shard`).
-    pub ring: u32,
+    /// The shards whose records this manager holds and acts on (`cube_types::shard`): every
+    /// shard of the ring for a manager on its own store, and for the leader of managers on
+    /// etcd, which acts for all today. Records of other shards are neither loaded nor
+    /// accepted ([`ManagerError::NotOwner`]).
+    pub shards: cube_types::shard::ShardScope,
     /// A node that has not reported for this long is `Down`: nothing new is placed on it.
     pub heartbeat_grace: Duration,
     /// How often the manager asks a static (`-w`) worker for its report.
@@ -95,6 +98,13 @@ pub enum ManagerError {
     JobNotFound(String),
     #[error("no project named {0:?} (cube project list; cube project create {0})")]
     ProjectNotFound(String),
+    /// The project's records are in a shard another manager holds.
+    #[error(
+        "project {project:?} is in shard {shard} of the ring, which this manager does not \
+         hold: send the request to the manager holding shard {shard} (cube node managers, \
+         GET /shards)"
+    )]
+    NotOwner { project: String, shard: u32 },
     /// The request could never fit its project's quota.
     #[error("{0}")]
     OverQuota(String),
@@ -190,6 +200,7 @@ impl Manager {
         let settings = ClusterSettings {
             heartbeat_grace: config.heartbeat_grace,
             max_concurrent_reconciles: config.max_concurrent_reconciles,
+            scope: config.shards.clone(),
         };
         let cluster = Cluster::open(stores, scheduler, epoch, settings, &|name, address| {
             config.worker_client(Some(name), address)
@@ -878,7 +889,7 @@ pub(crate) async fn placed_test_task(manager: &Arc<Manager>) -> uuid::Uuid {
 #[cfg(test)]
 pub(crate) fn test_config() -> ManagerConfig {
     ManagerConfig {
-        ring: cube_types::shard::DEFAULT_RING,
+        shards: cube_types::shard::ShardScope::all(cube_types::shard::DEFAULT_RING),
         heartbeat_grace: Duration::from_secs(60),
         poll_interval: Duration::from_secs(60),
         resync_interval: Duration::from_secs(60),
@@ -1000,5 +1011,116 @@ mod tests {
             .map(|entry| entry.event.as_ref())
             .collect();
         assert_eq!(entries, ["Lost"], "{:?}", lost.status.history);
+    }
+
+    /// A manager holding half of the ring, opened on the store a manager holding all of it
+    /// wrote: it reads in only its shards' tasks, jobs and waiting requests, and refuses a
+    /// new one for a project of another shard (421, naming the shard) while taking one of
+    /// its own.
+    #[tokio::test]
+    async fn a_manager_holding_some_shards_reads_and_takes_only_their_records() {
+        use cube_types::shard::{ShardScope, shard_of};
+        let ring = cube_types::shard::DEFAULT_RING;
+        let stores = ManagerStores::in_memory();
+        let whole = Manager::open(
+            test_config(),
+            stores.clone(),
+            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        let projects: Vec<String> = (0..12).map(|n| format!("team-{n}")).collect();
+        let mut tasks = Vec::new();
+        for project in &projects {
+            whole
+                .create_project(cube_types::project::ProjectRequest {
+                    name: project.clone(),
+                    quota: Default::default(),
+                })
+                .await
+                .unwrap();
+            let mut task = Task::new("t", "cube-sample:latest");
+            task.spec.project = project.clone();
+            let event = TaskEvent {
+                id: Uuid::new_v4(),
+                state: State::Running,
+                timestamp: None,
+                task,
+            };
+            let id = match whole.submit(event).await.unwrap() {
+                Submitted::Created(task, _) | Submitted::Existing(task) => task.id,
+            };
+            tasks.push((project.clone(), id));
+            let job: cube_types::Job = serde_json::from_value(serde_json::json!({
+                "Name": "web", "Type": "service", "Project": project,
+                "Groups": [{"Name": "api", "Count": 2, "Task": {"Image": "cube-sample:latest"}}]
+            }))
+            .unwrap();
+            whole.submit_job(job).await.unwrap();
+        }
+        let held = |project: &str| shard_of(project, ring) < ring / 2;
+        assert!(
+            projects.iter().any(|p| held(p)) && projects.iter().any(|p| !held(p)),
+            "the projects fall on both halves of the ring"
+        );
+        drop(whole);
+
+        let mut config = test_config();
+        config.shards = ShardScope::of(ring, 0..ring / 2);
+        let half = Manager::open(
+            config,
+            stores.clone(),
+            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        for (project, id) in &tasks {
+            assert_eq!(half.task(*id).is_ok(), held(project), "task of {project}");
+            let key = cube_types::job::job_key(project, "web");
+            assert_eq!(half.job(&key).is_ok(), held(project), "job {key}");
+        }
+        let copies = lock(&half.cluster.state).cache.tasks().count();
+        let held_projects = projects.iter().filter(|p| held(p)).count();
+        // The jobs' copies are the job controller's to make; it does not run here.
+        assert_eq!(copies, held_projects, "one task per held project");
+
+        let other = projects.iter().find(|p| !held(p)).unwrap();
+        let mut task = Task::new("t", "cube-sample:latest");
+        task.spec.project = other.clone();
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: State::Running,
+            timestamp: None,
+            task,
+        };
+        let refused = half.submit(event).await.unwrap_err();
+        assert!(
+            matches!(&refused, ManagerError::NotOwner { project, shard }
+                if project == other && *shard == shard_of(other, ring)),
+            "{refused:?}"
+        );
+        let answer = cube_api::server::ApiError::from(refused);
+        assert_eq!(answer.status, axum::http::StatusCode::MISDIRECTED_REQUEST);
+        assert!(
+            answer.message.contains("does not hold"),
+            "{}",
+            answer.message
+        );
+        assert_eq!(
+            stores.tasks.list().unwrap().len(),
+            tasks.len(),
+            "nothing written"
+        );
+
+        let mine = projects.iter().find(|p| held(p)).unwrap();
+        let mut task = Task::new("t", "cube-sample:latest");
+        task.spec.project = mine.clone();
+        let event = TaskEvent {
+            id: Uuid::new_v4(),
+            state: State::Running,
+            timestamp: None,
+            task,
+        };
+        half.submit(event).await.unwrap();
     }
 }

@@ -314,10 +314,24 @@ impl Manager {
             .map(|record| record.job.project().to_string())
     }
 
+    /// Refuses a request for a project whose shard this manager does not hold: its records
+    /// would be written where their owner does not look.
+    pub(crate) fn check_owner(&self, project: &str) -> Result<(), ManagerError> {
+        let scope = &self.config.shards;
+        if scope.holds_project(project) {
+            return Ok(());
+        }
+        Err(ManagerError::NotOwner {
+            project: project.to_string(),
+            shard: cube_types::shard::shard_of(project, scope.ring()),
+        })
+    }
+
     /// Refuses a request for `project` that does not exist, or that could never be let in
     /// under its quota however little the project used (422 naming the limit); a request
     /// that fits the quota but not what is left of it is accepted and waits.
     pub(crate) fn check_quota(&self, project: &str, request: &Usage) -> Result<(), ManagerError> {
+        self.check_owner(project)?;
         let state = lock(&self.cluster.state);
         let record = state.projects.get(project);
         if record.is_none() && project != DEFAULT_PROJECT {
@@ -343,7 +357,7 @@ impl Manager {
         names
             .into_iter()
             .filter(|name| scope.reaches(name))
-            .map(|name| view_of(&state, &name, self.config.ring))
+            .map(|name| view_of(&state, &name, self.config.shards.ring()))
             .collect()
     }
 
@@ -353,7 +367,7 @@ impl Manager {
         if name != DEFAULT_PROJECT && !state.projects.contains_key(name) {
             return Err(ManagerError::ProjectNotFound(name.to_string()));
         }
-        Ok(view_of(&state, name, self.config.ring))
+        Ok(view_of(&state, name, self.config.shards.ring()))
     }
 
     /// `POST /projects`: a new project (409 if it exists).
@@ -415,7 +429,7 @@ impl Manager {
             if !state.projects.contains_key(name) {
                 return Err(ManagerError::ProjectNotFound(name.to_string()));
             }
-            let view = view_of(&state, name, self.config.ring);
+            let view = view_of(&state, name, self.config.shards.ring());
             if view.tasks > 0 || view.jobs > 0 {
                 return Err(ManagerError::Conflict(format!(
                     "project {name} still has {} task{} not ended and {} job{} not stopped; \

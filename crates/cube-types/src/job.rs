@@ -408,6 +408,15 @@ pub fn job_key(project: &str, name: &str) -> String {
     }
 }
 
+/// The project of the job keyed `key` ([`job_key`]'s inverse): what comes before the `/`,
+/// `default` when there is none.
+pub fn project_of_key(key: &str) -> &str {
+    match key.split_once('/') {
+        Some((project, _)) => project,
+        None => crate::project::DEFAULT_PROJECT,
+    }
+}
+
 impl Job {
     /// The key the manager knows the job by ([`job_key`]).
     pub fn key(&self) -> String {

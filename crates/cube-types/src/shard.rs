@@ -265,6 +265,64 @@ impl ShardsView {
     }
 }
 
+/// The shards whose records one manager holds and acts on: every shard of the ring for a
+/// manager on its own store (nothing changes), the shards its virtual nodes hold for a manager
+/// sharing etcd with others. A record belongs to its project's shard, so a scope is asked
+/// about projects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardScope {
+    ring: u32,
+    /// `held[shard]`: whether the scope holds it; one entry per shard of the ring.
+    held: Vec<bool>,
+}
+
+impl ShardScope {
+    /// Every shard of a ring of `ring`.
+    pub fn all(ring: u32) -> ShardScope {
+        let ring = ring.max(1);
+        ShardScope {
+            ring,
+            held: vec![true; ring as usize],
+        }
+    }
+
+    /// The shards `shards` of a ring of `ring`; a shard past the ring's end is not one of its
+    /// and is left out.
+    pub fn of(ring: u32, shards: impl IntoIterator<Item = u32>) -> ShardScope {
+        let ring = ring.max(1);
+        let mut held = vec![false; ring as usize];
+        for shard in shards {
+            if let Some(slot) = held.get_mut(shard as usize) {
+                *slot = true;
+            }
+        }
+        ShardScope { ring, held }
+    }
+
+    pub fn ring(&self) -> u32 {
+        self.ring
+    }
+
+    /// Whether it holds every shard: a manager alone, for which the scope filters nothing.
+    pub fn is_whole(&self) -> bool {
+        self.held.iter().all(|held| *held)
+    }
+
+    pub fn holds(&self, shard: u32) -> bool {
+        self.held.get(shard as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether the records of `project` are this scope's.
+    pub fn holds_project(&self, project: &str) -> bool {
+        self.is_whole() || self.holds(shard_of(project, self.ring))
+    }
+
+    /// The shards it holds, in order.
+    pub fn shards(&self) -> Vec<u32> {
+        (0..self.ring).filter(|shard| self.holds(*shard)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,5 +456,35 @@ mod tests {
         let alone = ShardsView::alone("m", 16);
         assert_eq!(alone.managers[0].shards.len(), 16);
         assert!(alone.unowned.is_empty());
+    }
+
+    #[test]
+    fn a_scope_holds_the_projects_of_its_shards_and_no_other() {
+        let ring = 16;
+        let whole = ShardScope::all(ring);
+        assert!(whole.is_whole());
+        let projects: Vec<String> = (0..200).map(|n| format!("team-{n}")).collect();
+        assert!(projects.iter().all(|project| whole.holds_project(project)));
+
+        let low = ShardScope::of(ring, 0..8);
+        let high = ShardScope::of(ring, 8..16);
+        assert!(!low.is_whole() && !high.is_whole());
+        for project in &projects {
+            // Every project is in exactly one of two scopes that divide the ring.
+            assert_ne!(
+                low.holds_project(project),
+                high.holds_project(project),
+                "{project}"
+            );
+            assert_eq!(
+                low.holds_project(project),
+                shard_of(project, ring) < 8,
+                "{project}"
+            );
+        }
+        assert_eq!(low.shards(), (0..8).collect::<Vec<u32>>());
+        // A shard past the ring's end is none of its.
+        assert_eq!(ShardScope::of(ring, [3, 99]).shards(), vec![3]);
+        assert!(!ShardScope::of(ring, []).holds_project("default"));
     }
 }

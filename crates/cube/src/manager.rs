@@ -412,7 +412,9 @@ pub async fn prepare(
     };
     let secrets = std::sync::Arc::new(open_secrets(&args, &stores)?);
     let config = ManagerConfig {
-        ring,
+        // The leader of managers on etcd still acts for every shard (ARCHITECTURE, "The
+        // shard ring").
+        shards: cube_types::shard::ShardScope::all(ring),
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
         resync_interval: Duration::from_secs(30),
