@@ -15,6 +15,7 @@
 //! by [`Cluster::settle`] once the writes are durable. What a node's change wakes is declared
 //! once too, by the kind of change ([`NodeChange`], [`Cluster::wake_for_node`]).
 
+use cube_types::shard::ShardScope;
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -197,7 +198,7 @@ pub(crate) struct ClusterSettings {
     /// `--max-concurrent-reconciles`: how many tasks the task controller reconciles at once.
     pub(crate) max_concurrent_reconciles: usize,
     /// The shards whose records are read in (`ManagerConfig::shards`).
-    pub(crate) scope: cube_types::shard::ShardScope,
+    pub(crate) scope: ShardScope,
 }
 
 /// A client for a node's worker, by name and address.
@@ -320,6 +321,7 @@ impl Cluster {
             events,
             wakes,
             settings.heartbeat_grace,
+            settings.scope,
         ))
     }
 }
@@ -426,6 +428,9 @@ pub(crate) struct Cluster {
     pub(crate) dispatched: Mutex<HashSet<Uuid>>,
     /// `--heartbeat-grace`.
     heartbeat_grace_setting: Duration,
+    /// The shards whose records this cluster state holds (`ManagerConfig::shards`): a task
+    /// a worker reports of another shard is another manager's to judge.
+    pub(crate) scope: ShardScope,
     /// How many nodes the registry knows, for the heartbeat floor and the grace that
     /// follows from it; set under the state lock where the registry changes.
     known_nodes: AtomicUsize,
@@ -446,6 +451,7 @@ impl Cluster {
         events: EventBroker,
         wakes: Wakes,
         heartbeat_grace: Duration,
+        scope: ShardScope,
     ) -> Cluster {
         let known_nodes = AtomicUsize::new(state.nodes.len());
         Cluster {
@@ -458,6 +464,7 @@ impl Cluster {
             dispatched: Mutex::new(HashSet::new()),
             heartbeat_grace_setting: heartbeat_grace,
             known_nodes,
+            scope,
         }
     }
 
@@ -1030,7 +1037,7 @@ pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration
     let settings = ClusterSettings {
         heartbeat_grace,
         max_concurrent_reconciles: 4,
-        scope: cube_types::shard::ShardScope::all(cube_types::shard::DEFAULT_RING),
+        scope: ShardScope::all(cube_types::shard::DEFAULT_RING),
     };
     let client = |_: &str, address: &str| ApiClient::new(address, Duration::from_millis(200));
     Arc::new(

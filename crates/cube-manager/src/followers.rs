@@ -103,6 +103,12 @@ impl Followers {
             let mut state = lock(&self.cluster.state);
             let mut listed = HashSet::with_capacity(reported.len());
             for observed in reported {
+                // A task of a shard another manager holds is that manager's to judge: never
+                // a stray here, never purged from here (managers sharing etcd each follow
+                // every worker; a manager alone holds every shard).
+                if !self.cluster.scope.holds_project(&observed.spec.project) {
+                    continue;
+                }
                 listed.insert(observed.id);
                 let known = state.cache.get(&observed.id);
                 if is_stray(known, &observed, node) {
@@ -519,6 +525,56 @@ mod tests {
         elsewhere.status.state = State::Running;
         followers.observe("w2", vec![elsewhere], false).await;
         assert_eq!(stored().status.state, State::Failed);
+    }
+
+    /// Managers sharing etcd each follow every worker: a manager holding half of the ring
+    /// leaves alone what a worker runs for a project of the other half (its owner placed it),
+    /// and stops a run it does not know of a project of its own half.
+    #[tokio::test]
+    async fn a_task_of_a_shard_the_manager_does_not_hold_is_not_its_stray() {
+        use cube_types::shard::{DEFAULT_RING, ShardScope, shard_of};
+        let mut config = crate::manager::test_config();
+        config.shards = ShardScope::of(DEFAULT_RING, 0..DEFAULT_RING / 2);
+        let manager = crate::manager::Manager::open(
+            config,
+            crate::cluster::ManagerStores::in_memory(),
+            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
+            CancellationToken::new(),
+        )
+        .unwrap();
+        crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
+        let project_in = |held: bool| {
+            (0..)
+                .map(|n| format!("team-{n}"))
+                .find(|project| (shard_of(project, DEFAULT_RING) < DEFAULT_RING / 2) == held)
+                .unwrap()
+        };
+        let running_of = |project: String, state: State| {
+            let mut task = Task::new("web", "cube-sample:latest");
+            task.spec.project = project;
+            task.status.node_name = "w1".into();
+            task.status.state = state;
+            task
+        };
+        let others = running_of(project_in(false), State::Running);
+        let ended_others = running_of(project_in(false), State::Completed);
+        let unknown_own = running_of(project_in(true), State::Running);
+        let (strays, forgotten) = manager
+            .followers
+            .observe(
+                "w1",
+                vec![others.clone(), ended_others, unknown_own.clone()],
+                true,
+            )
+            .await;
+        assert_eq!(
+            strays,
+            vec![(unknown_own.id, 0)],
+            "only the unknown run of its own shard"
+        );
+        assert!(forgotten.is_empty(), "{forgotten:?}");
+        assert!(manager.task(others.id).is_err(), "nor is it taken in");
+        manager.shutdown.cancel();
     }
 
     #[tokio::test]
