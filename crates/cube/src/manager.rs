@@ -518,10 +518,15 @@ impl PreparedManager {
                         }
                         None => None,
                     };
+                    // What this manager holds, with the fence of its shards: nothing reads it
+                    // yet, as the leader still acts for every shard (ARCHITECTURE, "The
+                    // shard ring").
+                    let held = tokio::sync::watch::Sender::new(crate::ring::Held::default());
                     let holding = tokio::spawn(crate::ring::hold_shards(
                         db.clone(),
                         ring,
                         part,
+                        held,
                         shutdown.clone(),
                     ));
                     let leading = tokio::spawn(crate::leading::campaign_and_lead(

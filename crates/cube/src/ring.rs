@@ -76,9 +76,52 @@ pub async fn ring_size(db: &EtcdDb, asked: Option<u32>) -> anyhow::Result<u32> {
 struct RingNow {
     /// Every point, with the lease it is held under.
     points: Vec<(Point, i64)>,
-    /// Each shard's holder, with its lease.
-    holders: BTreeMap<u32, (Holder, i64)>,
+    /// Each shard's holder, with its lease and the revision its key was created at.
+    holders: BTreeMap<u32, (Holder, i64, i64)>,
     revision: i64,
+}
+
+/// The shards this manager holds, each with the revision its `ring/shards/N` key was created
+/// at: what its writes for those shards' records are fenced on ([`Held::fence`]) and what its
+/// state is scoped to ([`Held::scope`]). Published by [`hold_shards`] after every look that
+/// changed it; empty while the manager holds nothing (its lease lost, or every range taken).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Held {
+    /// In shard order.
+    pub shards: Vec<(u32, i64)>,
+}
+
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "the scope and fence of a manager acting for its own shards (issue 32's next \
+                  step); the leader acts for every shard until then"
+    )
+)]
+impl Held {
+    /// The scope of a `Manager` acting for these shards.
+    pub fn scope(&self, ring: u32) -> cube_types::shard::ShardScope {
+        cube_types::shard::ShardScope::of(ring, self.shards.iter().map(|(shard, _)| *shard))
+    }
+
+    /// The fence of writes made for these shards: refused once any of their keys is no
+    /// longer the one this manager created. `None` when it holds nothing.
+    pub fn fence(&self, db: &EtcdDb) -> Result<Option<cube_store::Fence>, cube_store::FenceError> {
+        if self.shards.is_empty() {
+            return Ok(None);
+        }
+        let keys = self
+            .shards
+            .iter()
+            .map(|(shard, created)| db.fence_key(&shard_key(*shard), *created));
+        cube_store::Fence::all(keys).map(Some)
+    }
+}
+
+/// `ring/shards/NNNNN`.
+fn shard_key(shard: u32) -> String {
+    format!("{SHARDS}{shard:05}")
 }
 
 fn numbered(key: &str, prefix: &str) -> Option<u32> {
@@ -96,7 +139,7 @@ fn read_ring(keys: Vec<LeasedKey>, revision: i64) -> RingNow {
         } else if let Some(shard) = numbered(&key.key, SHARDS)
             && let Ok(holder) = serde_json::from_slice::<Holder>(&key.value)
         {
-            holders.insert(shard, (holder, key.lease));
+            holders.insert(shard, (holder, key.lease, key.create_revision));
         }
     }
     RingNow {
@@ -115,7 +158,7 @@ pub async fn view(db: &EtcdDb, ring: u32) -> Result<ShardsView, StoreError> {
         .map(|shard| {
             now.holders
                 .get(&shard)
-                .map(|(holder, _)| holder.virtual_node.clone())
+                .map(|(holder, _, _)| holder.virtual_node.clone())
         })
         .collect();
     Ok(ShardsView::from_ring(ring, &points, &holders))
@@ -133,11 +176,12 @@ pub struct RingSettings {
 
 /// Holds this manager's part of the ring until `shutdown`, joining again with a new lease
 /// whenever its lease is lost; at shutdown the lease is revoked, so the others take its
-/// shards at once.
+/// shards at once. What it holds is published on `held` as it changes.
 pub async fn hold_shards(
     db: EtcdDb,
     ring: u32,
     settings: RingSettings,
+    held: tokio::sync::watch::Sender<Held>,
     shutdown: CancellationToken,
 ) {
     let mut pause = Duration::from_millis(100);
@@ -162,6 +206,7 @@ pub async fn hold_shards(
             lease: &lease,
             taken_from: Vec::new(),
             held: Vec::new(),
+            published: &held,
         };
         while !shutdown.is_cancelled() && !lease.is_lost() {
             match member.look(&shutdown).await {
@@ -178,6 +223,12 @@ pub async fn hold_shards(
                 }
             }
         }
+        // Whatever was held went with the lease (or goes with it now).
+        held.send_if_modified(|now| {
+            let had = !now.shards.is_empty();
+            now.shards.clear();
+            had
+        });
         if shutdown.is_cancelled() {
             lease.revoke().await;
             tracing::info!("left the shard ring: the other managers take its shards");
@@ -201,6 +252,8 @@ struct Member<'a> {
     taken_from: Vec<String>,
     /// The shards held after the last look, for the log of what changed.
     held: Vec<u32>,
+    /// Where what it holds is published.
+    published: &'a tokio::sync::watch::Sender<Held>,
 }
 
 impl Member<'_> {
@@ -219,20 +272,22 @@ impl Member<'_> {
         let points: Vec<Point> = now.points.iter().map(|(point, _)| point.clone()).collect();
         let mut changed = false;
         let mut held = Vec::new();
+        let mut fences = Vec::new();
         for shard in 0..self.ring {
             let wanted = owner_of(shard, &points)
                 .filter(|point| now.points.iter().any(|(p, l)| p == *point && *l == lease));
-            let key = format!("{SHARDS}{shard:05}");
+            let key = shard_key(shard);
             match (now.holders.get(&shard), wanted) {
                 // Held here by the virtual node the points give it to.
-                (Some((holder, held_under)), Some(point))
+                (Some((holder, held_under, created)), Some(point))
                     if *held_under == lease && holder.virtual_node == point.virtual_node =>
                 {
                     held.push(shard);
+                    fences.push((shard, *created));
                 }
                 // Held here, but the points give it to another (or to another of this
                 // manager's virtual nodes): give it back.
-                (Some((_, held_under)), _) if *held_under == lease => {
+                (Some((_, held_under, _)), _) if *held_under == lease => {
                     changed |= self.db.delete_if_held(&key, lease).await?;
                 }
                 // Free, and the points give it here: take it.
@@ -243,13 +298,9 @@ impl Member<'_> {
                     };
                     let value = serde_json::to_vec(&holder)
                         .map_err(|err| StoreError::Etcd(err.to_string()))?;
-                    if self
-                        .db
-                        .create_if_absent(&key, value, lease)
-                        .await?
-                        .is_some()
-                    {
+                    if let Some(created) = self.db.create_if_absent(&key, value, lease).await? {
                         held.push(shard);
+                        fences.push((shard, created));
                     }
                     changed = true;
                 }
@@ -278,6 +329,15 @@ impl Member<'_> {
             );
             self.held = held;
         }
+        // A shard given back and taken again has a new key: published even when the list of
+        // shards reads the same.
+        self.published.send_if_modified(|now| {
+            let moved = now.shards != fences;
+            if moved {
+                now.shards = fences;
+            }
+            moved
+        });
         if changed {
             return Ok(());
         }
@@ -343,5 +403,142 @@ impl Member<'_> {
             points.push(point);
         }
         Ok(wrote)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use cube_store::{EtcdConfig, EtcdStore, Store, StoreError};
+    use cube_test_support::EtcdCluster;
+    use tokio::sync::watch;
+
+    use super::*;
+
+    const RING: u32 = 16;
+
+    fn settings(manager: &str) -> RingSettings {
+        RingSettings {
+            manager: manager.to_string(),
+            virtual_nodes: 2,
+            ttl: Duration::from_secs(5),
+        }
+    }
+
+    async fn until(held: &mut watch::Receiver<Held>, what: impl Fn(&Held) -> bool) -> Held {
+        tokio::time::timeout(Duration::from_secs(30), held.wait_for(|now| what(now)))
+            .await
+            .expect("the held shards settle")
+            .expect("the ring's loop runs")
+            .clone()
+    }
+
+    /// A write to a table through `db` under the fence of `held`, made off the runtime as a
+    /// manager's are.
+    async fn write_under(db: &EtcdDb, held: &Held, key: &str) -> Result<(), StoreError> {
+        let fence = held.fence(db).expect("a fence of the held shards");
+        db.set_fence(fence);
+        let table = EtcdStore::<String>::new(db.clone(), "tasks")?;
+        let key = key.to_string();
+        tokio::task::spawn_blocking(move || table.put(&key, &"written".to_string()))
+            .await
+            .expect("the write's thread")
+            .map(|_| ())
+    }
+
+    /// What `hold_shards` publishes is what etcd says each manager holds, and its fence
+    /// holds exactly as long as those shards stay: a manager that joins takes shards from
+    /// the first, whose writes under its old fence are then refused, and go through under
+    /// the fence of what it holds now.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_shards_a_manager_holds_are_published_with_their_fence() {
+        let cluster = EtcdCluster::start(1);
+        let connect = || EtcdDb::connect(EtcdConfig::new(cluster.endpoints(), "/cube")).unwrap();
+        let (db_a, db_b) = (connect(), connect());
+        let shutdown_a = CancellationToken::new();
+        let shutdown_b = CancellationToken::new();
+        let (held_a, mut seen_a) = watch::channel(Held::default());
+        tokio::spawn(hold_shards(
+            db_a.clone(),
+            RING,
+            settings("a:1"),
+            held_a,
+            shutdown_a.clone(),
+        ));
+        let alone = until(&mut seen_a, |held| held.shards.len() == RING as usize).await;
+        assert!(alone.scope(RING).is_whole());
+        write_under(&db_a, &alone, "t1").await.unwrap();
+
+        let (held_b, mut seen_b) = watch::channel(Held::default());
+        tokio::spawn(hold_shards(
+            db_b.clone(),
+            RING,
+            settings("b:1"),
+            held_b,
+            shutdown_b.clone(),
+        ));
+        // Settled: each holds exactly the ranges its points give it, as etcd says (between
+        // the two, every shard, none twice).
+        let ranges_of = |view: &ShardsView, manager: &str| -> Vec<u32> {
+            let mut shards: Vec<u32> = view
+                .managers
+                .iter()
+                .filter(|m| m.manager == manager)
+                .flat_map(|m| m.virtual_nodes.iter().flat_map(|v| v.range.clone()))
+                .collect();
+            shards.sort_unstable();
+            shards
+        };
+        let shards_of = |held: &Held| -> Vec<u32> { held.shards.iter().map(|(s, _)| *s).collect() };
+        let (a, b) = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let (a, b) = (seen_a.borrow().clone(), seen_b.borrow().clone());
+                let view = view(&db_a, RING).await.unwrap();
+                if !b.shards.is_empty()
+                    && shards_of(&a) == ranges_of(&view, "a:1")
+                    && shards_of(&b) == ranges_of(&view, "b:1")
+                {
+                    return (a, b);
+                }
+                // Polled: a change of points is not published until a shard moves.
+                tokio::select! {
+                    _ = seen_a.changed() => {}
+                    _ = seen_b.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        })
+        .await
+        .expect("the two managers divide the ring");
+        let mut all = [shards_of(&a), shards_of(&b)].concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..RING).collect::<Vec<u32>>(), "{a:?} {b:?}");
+
+        // The first manager's fence of all sixteen no longer holds: its write is refused,
+        // naming a shard the other took, and nothing is written.
+        let err = write_under(&db_a, &alone, "t2").await.unwrap_err();
+        let StoreError::Fenced { key } = &err else {
+            panic!("expected a fenced write, got {err}");
+        };
+        let moved: u32 = key.rsplit('/').next().unwrap().parse().unwrap();
+        assert!(b.scope(RING).holds(moved), "{key} is one of b's: {b:?}");
+        // Under the fence of what each holds now, each writes.
+        write_under(&db_a, &a, "t2").await.unwrap();
+        write_under(&db_b, &b, "t3").await.unwrap();
+
+        // The second leaves: the first holds the whole ring again, and its fence of half of
+        // it holds (those keys never moved).
+        shutdown_b.cancel();
+        let whole = until(&mut seen_a, |held| held.shards.len() == RING as usize).await;
+        assert!(a.shards.iter().all(|kept| whole.shards.contains(kept)));
+        write_under(&db_a, &whole, "t4").await.unwrap();
+        let table = EtcdStore::<String>::new(db_a.clone(), "tasks").unwrap();
+        let written = tokio::task::spawn_blocking(move || table.count())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(written, 4, "t1 to t4, the refused write not among them");
+        shutdown_a.cancel();
     }
 }
