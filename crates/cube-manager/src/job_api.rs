@@ -134,6 +134,21 @@ impl Manager {
         refuse_if_too_large(&job)?;
         self.check_quota(job.project(), &job_usage(&job))?;
         let name = job.key();
+        {
+            let whose: Vec<String> = job
+                .groups
+                .iter()
+                .map(|group| format!("group {} of job {}", group.name, job.name))
+                .collect();
+            let routes: Vec<_> = job
+                .groups
+                .iter()
+                .zip(&whose)
+                .map(|(group, whose)| (whose.as_str(), group.task.spec.route.as_ref()))
+                .collect();
+            let state = lock(&self.cluster.state);
+            crate::routes::refuse_taken_hosts(&state, &routes, Some(&name))?;
+        }
         let mut warnings = Vec::new();
         let outcome = {
             let _writing = self.job_records.hold().await;

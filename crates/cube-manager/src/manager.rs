@@ -310,6 +310,11 @@ impl Manager {
             &spec.project,
             &cube_types::project::Usage::of_task(spec.cpu, spec.memory, spec.disk),
         )?;
+        crate::routes::refuse_taken_hosts(
+            &lock(&self.cluster.state),
+            &[("this task", spec.route.as_ref())],
+            None,
+        )?;
         let warnings = self.fits_nowhere_today(&[(&event.task, 1)]);
         // The manager owns placement and observation: whatever the submission said about
         // them (state, restarts, history, ...) is not the manager's to believe.

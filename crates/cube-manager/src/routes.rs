@@ -123,6 +123,82 @@ fn task_route(task: &Task, hosts: &BTreeMap<String, String>) -> Option<RouteView
     })
 }
 
+/// The declared host of a route spec, when it declares one.
+fn declared_host(route: Option<&cube_types::route::RouteSpec>) -> Option<&str> {
+    route
+        .map(|route| route.host.as_str())
+        .filter(|host| !host.is_empty())
+}
+
+/// Who else routes `host` (a job's group that has not stopped, or a bare task still to run),
+/// in words for the refusal; the job keyed `except` (being submitted again) does not count.
+/// A host routes to one service: a router sends it to the first route by project and name
+/// and leaves the other out, which a person would not guess, so a second is refused at
+/// submission.
+pub(crate) fn host_holder(state: &Shared, host: &str, except: Option<&str>) -> Option<String> {
+    for (key, record) in &state.jobs {
+        if record.stopped || Some(key.as_str()) == except {
+            continue;
+        }
+        for group in &record.job.groups {
+            if declared_host(group.task.spec.route.as_ref()) == Some(host) {
+                return Some(format!(
+                    "group {} of job {} (project {})",
+                    group.name,
+                    record.job.name,
+                    record.job.project()
+                ));
+            }
+        }
+    }
+    for entry in state.queue.values() {
+        if entry.kind != cube_types::queue::RequestKind::Task {
+            continue;
+        }
+        if let Some(task) = crate::queue_controller::task_of(state, entry)
+            && task.spec.desired_state == State::Running
+            && declared_host(task.spec.route.as_ref()) == Some(host)
+        {
+            return Some(format!(
+                "task {} ({}, project {})",
+                task.name, task.id, task.spec.project
+            ));
+        }
+    }
+    None
+}
+
+/// Refuses a submission whose routes declare a host another job or task routes already, or
+/// two of its own groups the same host (409 naming who has it).
+pub(crate) fn refuse_taken_hosts(
+    state: &Shared,
+    routes: &[(&str, Option<&cube_types::route::RouteSpec>)],
+    except: Option<&str>,
+) -> Result<(), crate::ManagerError> {
+    let declared: Vec<(&str, &str)> = routes
+        .iter()
+        .filter_map(|(whose, route)| Some((*whose, declared_host(*route)?)))
+        .collect();
+    let mut seen: BTreeMap<&str, &str> = BTreeMap::new();
+    for (whose, host) in &declared {
+        if let Some(first) = seen.insert(host, whose) {
+            return Err(crate::ManagerError::Conflict(format!(
+                "Route.Host: {first} and {whose} both declare host {host}; a host routes to \
+                 one service"
+            )));
+        }
+    }
+    for (whose, host) in declared {
+        if let Some(holder) = host_holder(state, host, except) {
+            return Err(crate::ManagerError::Conflict(format!(
+                "Route.Host: {whose} declares host {host}, which {holder} routes already; a \
+                 host routes to one service: choose another, or stop that one first"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Every route, sorted by project then name.
 pub(crate) fn routes(state: &Shared) -> Vec<RouteView> {
     let hosts = hosts(state);

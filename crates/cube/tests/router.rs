@@ -628,3 +628,65 @@ async fn a_route_that_cannot_be_is_refused_naming_the_field() {
     // Nothing was accepted.
     assert_eq!(client.get("/routes").await.body, json!([]));
 }
+
+/// A host routes to one service: a second job or task declaring a host another routes
+/// already is refused, naming who has it; the same job submitted again keeps its host, and
+/// once the first is stopped the host is free.
+#[tokio::test]
+async fn a_host_another_job_routes_already_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = ManagerProcess::start("epvm", "memory", dir.path(), 0);
+    let client = manager.client();
+    let with_host = |mut job: Value, name: &str| {
+        job["Name"] = json!(name);
+        job["Groups"][0]["Task"]["Route"] = json!({"Host": "shop.example.test"});
+        job
+    };
+    let first = client
+        .post_raw("/jobs", with_host(shop(1, "one", "1s"), "shop").to_string())
+        .await;
+    assert_eq!(first.status, 201, "{}", first.body);
+
+    let second = client
+        .post_raw(
+            "/jobs",
+            with_host(shop(1, "one", "1s"), "outlet").to_string(),
+        )
+        .await;
+    assert_eq!(second.status, 409, "{}", second.body);
+    let message = second.message();
+    assert!(
+        message.contains("shop.example.test") && message.contains("job shop"),
+        "{message}"
+    );
+    let mut task = web_task("kiosk");
+    task["Route"] = json!({"Host": "shop.example.test"});
+    let answer = client.post(&task).await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.message().contains("job shop"), "{}", answer.body);
+
+    // Two groups of one job with one host.
+    let mut twice = with_host(shop(1, "one", "1s"), "twice");
+    let mut other = twice["Groups"][0].clone();
+    other["Name"] = json!("admin");
+    twice["Groups"].as_array_mut().unwrap().push(other);
+    let answer = client.post_raw("/jobs", twice.to_string()).await;
+    assert_eq!(answer.status, 409, "{}", answer.body);
+    assert!(answer.message().contains("both declare"), "{}", answer.body);
+
+    // The same job's new version keeps its host.
+    let again = client
+        .post_raw("/jobs", with_host(shop(1, "two", "1s"), "shop").to_string())
+        .await;
+    assert!(again.status == 200 || again.status == 201, "{}", again.body);
+    // Stopped, it routes nothing: the host is free for another.
+    let stopped = client.delete("/jobs/shop").await;
+    assert!(stopped.status < 300, "{}", stopped.body);
+    let second = client
+        .post_raw(
+            "/jobs",
+            with_host(shop(1, "one", "1s"), "outlet").to_string(),
+        )
+        .await;
+    assert_eq!(second.status, 201, "{}", second.body);
+}
