@@ -593,7 +593,10 @@ async fn list_tasks(
     };
     let blocking = blocking(query.index, query.wait.as_deref())?;
     let (limit, start) = page_of(query.limit, query.next.as_deref())?;
-    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Task).await;
+    let index = settle_query(&manager, blocking, |event| {
+        event.topic == Topic::Task && scope.lists_event(event)
+    })
+    .await;
     let keep = |task: &Task| {
         scope.lists(&task.spec.project)
             && state.is_none_or(|state| task.status.state == state)
@@ -713,10 +716,13 @@ async fn list_jobs(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
-    let index = settle_query(&manager, blocking, |event| match event.topic {
-        Topic::Job | Topic::Deployment => true,
-        Topic::Task | Topic::Queue => event.job.is_some(),
-        Topic::Node | Topic::Project | Topic::Quota | Topic::Route => false,
+    let index = settle_query(&manager, blocking, |event| {
+        scope.lists_event(event)
+            && match event.topic {
+                Topic::Job | Topic::Deployment => true,
+                Topic::Task | Topic::Queue => event.job.is_some(),
+                Topic::Node | Topic::Project | Topic::Quota | Topic::Route => false,
+            }
     })
     .await;
     let jobs: Vec<JobView> = manager
@@ -966,7 +972,10 @@ async fn list_queue(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
-    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Queue).await;
+    let index = settle_query(&manager, blocking, |event| {
+        event.topic == Topic::Queue && scope.lists_event(event)
+    })
+    .await;
     let queue: Vec<_> = manager
         .queue()
         .into_iter()
@@ -1008,7 +1017,7 @@ async fn list_services(
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
     let index = settle_query(&manager, blocking, |event| {
-        matches!(event.topic, Topic::Task | Topic::Queue)
+        matches!(event.topic, Topic::Task | Topic::Queue) && scope.lists_event(event)
     })
     .await;
     let services: Vec<_> = manager
@@ -1028,7 +1037,10 @@ async fn list_routes(
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
     let blocking = blocking(query.index, query.wait.as_deref())?;
-    let index = settle_query(&manager, blocking, |event| event.topic == Topic::Route).await;
+    let index = settle_query(&manager, blocking, |event| {
+        event.topic == Topic::Route && scope.lists_event(event)
+    })
+    .await;
     let routes: Vec<_> = manager
         .routes()
         .into_iter()

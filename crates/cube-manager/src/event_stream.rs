@@ -293,12 +293,7 @@ impl Streamer {
     fn write(&mut self, received: Received, out: &mut Vec<u8>) {
         match received {
             Received::Event(event) => {
-                if self.filter.admits(&event)
-                    && event
-                        .project
-                        .as_deref()
-                        .is_none_or(|project| self.scope.lists(project))
-                {
+                if self.filter.admits(&event) && self.scope.lists_event(&event) {
                     self.framing.write_event(&event, out);
                 }
             }

@@ -75,6 +75,16 @@ impl Scope {
         self.asked.as_deref().is_none_or(|asked| asked == project) && self.reaches(project)
     }
 
+    /// Whether an event is one a list or a stream of this scope shows: one of a project it
+    /// lists, or of what is cluster-wide (a node: no project). A blocking query of a list
+    /// wakes only for those, not for another project's change.
+    pub fn lists_event(&self, event: &crate::events::Event) -> bool {
+        event
+            .project
+            .as_deref()
+            .is_none_or(|project| self.lists(project))
+    }
+
     /// Whether a record of `project` read by its ID is shown: one the token reaches, and
     /// the project named, when one was.
     fn shows(&self, project: &str) -> bool {

@@ -116,6 +116,64 @@ async fn a_blocking_query_on_tasks_answers_at_a_change_before_its_wait_is_out() 
     assert!(index_of(&response) >= new_index);
 }
 
+/// A blocking query of one project's tasks waits through another project's change and
+/// answers at its own project's.
+#[tokio::test]
+async fn a_blocking_query_of_one_project_waits_through_another_projects_change() {
+    let (manager, _dir) = lone_manager();
+    let client = manager.client();
+    for name in ["team-a", "team-b"] {
+        let answer = client
+            .request_answer(
+                "POST",
+                "/projects",
+                Some(&json!({"Name": name}).to_string()),
+            )
+            .await;
+        assert_eq!(answer.status, 201, "{}", answer.body);
+    }
+    let submit_in = |project: &'static str| {
+        let client = &client;
+        async move {
+            let answer = client
+                .request_answer(
+                    "POST",
+                    &format!("/tasks?project={project}"),
+                    Some(&web_task("watched").to_string()),
+                )
+                .await;
+            assert_eq!(answer.status, 201, "{}", answer.body);
+            answer.body["ID"].as_str().unwrap().to_string()
+        }
+    };
+    let index = current_index(&manager).await;
+    let url = format!(
+        "{}/tasks?project=team-a&index={index}&wait=60s&summary=true",
+        manager.url
+    );
+    let query = tokio::spawn(async move {
+        let response = support::http().get(url).send().await.unwrap();
+        response.json::<Value>().await.unwrap()
+    });
+    let other = submit_in("team-b").await;
+    let listed = client.get("/tasks?project=team-b").await;
+    assert_eq!(listed.body[0]["ID"], other.as_str(), "{}", listed.body);
+    // Time for a wrong wake to answer; the query must still wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !query.is_finished(),
+        "answered at another project's change: {:?}",
+        query.await
+    );
+    let own = submit_in("team-a").await;
+    let tasks = tokio::time::timeout(STATE_BOUND, query)
+        .await
+        .expect("answered at its own project's change")
+        .unwrap();
+    assert_eq!(tasks.as_array().map(Vec::len), Some(1), "{tasks}");
+    assert_eq!(tasks[0]["ID"], own.as_str());
+}
+
 #[tokio::test]
 async fn a_blocking_query_on_nodes_answers_when_a_node_joins() {
     let (manager, _dir) = lone_manager();
