@@ -12,6 +12,7 @@
 //! [`cube_scheduler`], which does no IO.
 
 pub mod acl;
+pub mod addressing;
 pub mod api;
 #[doc(hidden)]
 pub mod bench_support;
