@@ -21,6 +21,7 @@ mod router;
 mod scale;
 mod secure;
 mod service_job;
+mod shards;
 mod simulated;
 mod soak;
 mod start_latency;
@@ -240,6 +241,31 @@ enum Command {
         /// How many transactions of each kind time the conflict check's cost.
         #[arg(long, default_value_t = 1000)]
         check_writes: usize,
+    },
+    /// Issue 32's benchmark of controllers sharded by project, on the code as it is: for 1, 2
+    /// and 3 managers on a fresh 3-member loopback etcd, --tasks small tasks in --projects
+    /// projects submitted round-robin over the managers and run on --nodes simulated workers;
+    /// the time from the first submission to all Running, each manager's RSS (the leader
+    /// marked), the largest as a fraction of one manager alone, the shards each holds.
+    Shards {
+        /// How many tasks, spread evenly over the projects.
+        #[arg(long, default_value_t = 200_000)]
+        tasks: usize,
+        /// How many projects (`p-0`, `p-1`, ...).
+        #[arg(long, default_value_t = 200)]
+        projects: usize,
+        /// How many simulated workers.
+        #[arg(long, default_value_t = 2000)]
+        nodes: usize,
+        /// The manager counts to measure, comma-separated (one alone is the baseline).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+        managers: Vec<usize>,
+        /// How many runs of each manager count.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
     },
     /// The web UI in headless Chromium: the cluster page's first render with many tasks,
     /// next to the page's requests alone, and the manager's RSS with many tabs open.
@@ -553,6 +579,23 @@ async fn main() -> anyhow::Result<()> {
             placers,
             check_writes,
         } => contend::contend(runs, nodes, requests, placers, check_writes).await,
+        Command::Shards {
+            tasks,
+            projects,
+            nodes,
+            managers,
+            runs,
+            cube,
+        } => {
+            let options = shards::Options {
+                tasks,
+                projects,
+                nodes,
+                managers,
+                runs,
+            };
+            shards::shards(&options, &cube_binary(cube)?).await
+        }
         Command::Ui {
             runs,
             tasks,
