@@ -535,13 +535,8 @@ mod tests {
         use cube_types::shard::{DEFAULT_RING, ShardScope, shard_of};
         let mut config = crate::manager::test_config();
         config.shards = ShardScope::of(DEFAULT_RING, 0..DEFAULT_RING / 2);
-        let manager = crate::manager::Manager::open(
-            config,
-            crate::cluster::ManagerStores::in_memory(),
-            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let manager =
+            crate::manager::manager_on(config, crate::cluster::ManagerStores::in_memory());
         crate::manager::join_test_node(&manager, "w1", 1 << 30).await;
         let project_in = |held: bool| {
             (0..)

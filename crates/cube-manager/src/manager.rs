@@ -839,10 +839,15 @@ fn node_report_event(
 /// A manager on memory stores, with no loop started, for the unit tests of its parts.
 #[cfg(test)]
 pub(crate) fn manager_for_tests() -> Arc<Manager> {
-    let stores = ManagerStores::in_memory();
+    manager_on(test_config(), ManagerStores::in_memory())
+}
+
+/// A manager of `config` on `stores`, with no loop started, for the unit tests.
+#[cfg(test)]
+pub(crate) fn manager_on(config: ManagerConfig, stores: ManagerStores) -> Arc<Manager> {
     let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
-    Manager::open(test_config(), stores, scheduler, CancellationToken::new())
-        .expect("a manager on memory stores")
+    Manager::open(config, stores, scheduler, CancellationToken::new())
+        .expect("a manager on the stores given")
 }
 
 /// Registers a node with `memory` bytes and 2 cores, at an address where nothing answers
@@ -1027,13 +1032,7 @@ mod tests {
         use cube_types::shard::{ShardScope, shard_of};
         let ring = cube_types::shard::DEFAULT_RING;
         let stores = ManagerStores::in_memory();
-        let whole = Manager::open(
-            test_config(),
-            stores.clone(),
-            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let whole = manager_on(test_config(), stores.clone());
         let projects: Vec<String> = (0..12).map(|n| format!("team-{n}")).collect();
         let mut tasks = Vec::new();
         for project in &projects {
@@ -1072,13 +1071,7 @@ mod tests {
 
         let mut config = test_config();
         config.shards = ShardScope::of(ring, 0..ring / 2);
-        let half = Manager::open(
-            config,
-            stores.clone(),
-            cube_scheduler::scheduler_by_name("roundrobin").unwrap(),
-            CancellationToken::new(),
-        )
-        .unwrap();
+        let half = manager_on(config, stores.clone());
         for (project, id) in &tasks {
             assert_eq!(half.task(*id).is_ok(), held(project), "task of {project}");
             let key = cube_types::job::job_key(project, "web");

@@ -125,20 +125,24 @@ fn an_optimistic_write_fenced_on_two_shards_is_refused_once_either_is_taken_over
     let runtime = runtime();
     let db = connect(&cluster);
     let shards = take_two_shards(&runtime, &db);
-    let claim = |key: &str| vec![(key.to_string(), Some(b"claimed".to_vec()))];
-    let absent = |key: &str| Unchanged {
-        key: key.to_string(),
-        mod_revision: 0,
-    };
-    runtime.block_on(async {
-        let written = db
-            .write_if_unchanged(
-                &[absent("claims/a")],
-                claim("claims/a"),
-                Some(&shards.fence),
+    // Writes `written` if `compared` is still absent, under the fence of both shards.
+    let claim = |compared: &'static str, written: &'static str| {
+        let (db, fence) = (&db, &shards.fence);
+        async move {
+            let absent = Unchanged {
+                key: compared.to_string(),
+                mod_revision: 0,
+            };
+            db.write_if_unchanged(
+                &[absent],
+                vec![(written.to_string(), Some(b"claimed".to_vec()))],
+                Some(fence),
             )
             .await
-            .unwrap();
+        }
+    };
+    runtime.block_on(async {
+        let written = claim("claims/a", "claims/a").await.unwrap();
         assert!(
             matches!(written, Optimistic::Committed { .. }),
             "{written:?}"
@@ -146,14 +150,7 @@ fn an_optimistic_write_fenced_on_two_shards_is_refused_once_either_is_taken_over
 
         // While both shards hold, a lost race is a change, and only the compared keys come
         // back (the fenced ones are read in the same round trip, and left out).
-        let raced = db
-            .write_if_unchanged(
-                &[absent("claims/a")],
-                claim("claims/a"),
-                Some(&shards.fence),
-            )
-            .await
-            .unwrap();
+        let raced = claim("claims/a", "claims/a").await.unwrap();
         let Optimistic::Changed { now } = raced else {
             panic!("expected a lost race, got {raced:?}");
         };
@@ -163,25 +160,11 @@ fn an_optimistic_write_fenced_on_two_shards_is_refused_once_either_is_taken_over
 
     let _other = another_takes(&runtime, &cluster, SHARD_3);
     runtime.block_on(async {
-        let err = db
-            .write_if_unchanged(
-                &[absent("claims/b")],
-                claim("claims/b"),
-                Some(&shards.fence),
-            )
-            .await
-            .unwrap_err();
+        let err = claim("claims/b", "claims/b").await.unwrap_err();
         assert_eq!(fenced_key(&err), "/cube/ring/shards/00003");
         // A compared key that changed too does not hide the fence: planning again would not
         // help a writer that lost a shard.
-        let err = db
-            .write_if_unchanged(
-                &[absent("claims/a")],
-                claim("claims/c"),
-                Some(&shards.fence),
-            )
-            .await
-            .unwrap_err();
+        let err = claim("claims/a", "claims/c").await.unwrap_err();
         assert_eq!(fenced_key(&err), "/cube/ring/shards/00003");
         let (claims, _) = db.read_versioned("claims/").await.unwrap();
         let keys: Vec<&str> = claims.iter().map(|read| read.key.as_str()).collect();
