@@ -333,7 +333,7 @@ impl Manager {
         }
         Err(ManagerError::NotOwner {
             project: project.to_string(),
-            shard: cube_types::shard::shard_of(project, scope.ring()),
+            shard: scope.shard_of(project),
         })
     }
 

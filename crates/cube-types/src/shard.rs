@@ -312,9 +312,15 @@ impl ShardScope {
         self.held.get(shard as usize).copied().unwrap_or(false)
     }
 
-    /// Whether the records of `project` are this scope's.
+    /// Whether the records of `project` are this scope's (a record naming no project is
+    /// `default`'s).
     pub fn holds_project(&self, project: &str) -> bool {
-        self.is_whole() || self.holds(shard_of(project, self.ring))
+        self.is_whole() || self.holds(self.shard_of(project))
+    }
+
+    /// The shard of `project` in this scope's ring (no project: `default`).
+    pub fn shard_of(&self, project: &str) -> u32 {
+        shard_of(crate::project::name_or_default(project), self.ring)
     }
 
     /// The shards it holds, in order.
@@ -486,5 +492,8 @@ mod tests {
         // A shard past the ring's end is none of its.
         assert_eq!(ShardScope::of(ring, [3, 99]).shards(), vec![3]);
         assert!(!ShardScope::of(ring, []).holds_project("default"));
+        // A record naming no project is default's.
+        let of_default = ShardScope::of(ring, [shard_of("default", ring)]);
+        assert!(of_default.holds_project("") && of_default.holds_project("default"));
     }
 }
