@@ -72,6 +72,28 @@ impl Manager {
     }
 }
 
+impl Manager {
+    /// The tasks of `project` that have not ended and mount volume `name` (on `node`, when
+    /// one is named; a task not placed yet counts wherever), as `ID on node N`.
+    fn volume_users(&self, project: &str, name: &str, node: Option<&str>) -> Vec<String> {
+        let state = lock(&self.cluster.state);
+        state
+            .cache
+            .tasks()
+            .filter(|task| !task.status.state.is_terminal() && task.spec.project == project)
+            .filter(|task| {
+                let placed = task.status.node_name.as_str();
+                node.is_none_or(|node| placed.is_empty() || placed == node)
+            })
+            .filter(|task| volumes_of(task).any(|used| used == name))
+            .map(|task| match task.status.node_name.as_str() {
+                "" => format!("{} (not placed yet)", task.id),
+                placed => format!("{} on node {placed}", task.id),
+            })
+            .collect()
+    }
+}
+
 /// `GET /volumes`.
 pub async fn list_volumes(
     State(manager): State<Arc<Manager>>,
@@ -98,6 +120,18 @@ pub async fn remove_volume(
     let axum::extract::Query(query) =
         query.map_err(|err| ApiError::bad_request(format!("?node=NAME: {}", err.body_text())))?;
     let project = scope.target()?.to_string();
+    // In use is read from the tasks themselves, not only from what the nodes reported: a
+    // copy that has just started uses its volume before its node's next beat lists it.
+    let users = manager.volume_users(&project, &name, query.node.as_deref());
+    if !users.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "volume {name:?} is in use by task {} (stop it first)",
+                users.join(", ")
+            ),
+        ));
+    }
     let found: Vec<VolumeInfo> = manager
         .volumes(|p| p == project && scope.reaches(p))
         .into_iter()
