@@ -261,16 +261,8 @@ async fn failover(
     let endpoints = cluster.endpoints_flag();
     let prefix = format!("/bench-failover-{}", uuid::Uuid::new_v4().simple());
     let ttl = format!("{}s", leader_ttl.as_secs().max(1));
-    let flags = [
-        "-d",
-        "etcd",
-        "--etcd-endpoints",
-        &endpoints,
-        "--etcd-prefix",
-        &prefix,
-        "--leader-ttl",
-        &ttl,
-    ];
+    let flags = etcd_manager_flags(&endpoints, &prefix, &ttl);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let dirs: Vec<tempfile::TempDir> = (0..3)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
@@ -444,7 +436,36 @@ struct Submitted {
 }
 
 /// The index in `bases` of the manager that says it leads (and serves), other than `not`.
-async fn await_leader(
+/// `cube manager`'s flags for a store on the etcd cluster at `endpoints` (its `--etcd-endpoints`
+/// value), under `prefix`, with a leader lease of `ttl`.
+pub(crate) fn etcd_manager_flags(endpoints: &str, prefix: &str, ttl: &str) -> Vec<String> {
+    [
+        "-d",
+        "etcd",
+        "--etcd-endpoints",
+        endpoints,
+        "--etcd-prefix",
+        prefix,
+        "--leader-ttl",
+        ttl,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Whether the ring has settled: every shard held, every virtual node holding its whole range.
+pub(crate) fn ring_settled(view: &cube_types::shard::ShardsView) -> bool {
+    view.unowned.is_empty()
+        && view.managers.iter().all(|manager| {
+            manager
+                .virtual_nodes
+                .iter()
+                .all(|node| node.shards == node.range)
+        })
+}
+
+/// The index in `bases` of the manager that says it leads (`not` left out).
+pub(crate) async fn await_leader(
     http: &reqwest::Client,
     bases: &[String],
     not: Option<&str>,
@@ -482,14 +503,8 @@ async fn await_shards_moved(
         for base in survivors {
             if let Ok(answer) = http.get(format!("{base}/shards")).send().await
                 && let Ok(view) = answer.json::<cube_types::shard::ShardsView>().await
-                && view.unowned.is_empty()
-                && view.managers.iter().all(|manager| {
-                    manager.manager != dead
-                        && manager
-                            .virtual_nodes
-                            .iter()
-                            .all(|node| node.shards == node.range)
-                })
+                && ring_settled(&view)
+                && view.managers.iter().all(|manager| manager.manager != dead)
             {
                 return Ok(());
             }

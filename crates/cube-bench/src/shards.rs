@@ -310,18 +310,9 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     let prefix = format!("/bench-shards-{}", uuid::Uuid::new_v4().simple());
     // A simulated worker's heartbeat may be late on a busy machine: a node marked down
     // would have its tasks placed again, which is not what is measured.
-    let flags = [
-        "-d",
-        "etcd",
-        "--etcd-endpoints",
-        &endpoints,
-        "--etcd-prefix",
-        &prefix,
-        "--leader-ttl",
-        LEADER_TTL,
-        "--heartbeat-grace",
-        "120s",
-    ];
+    let mut flags = crate::etcd::etcd_manager_flags(&endpoints, &prefix, LEADER_TTL);
+    flags.extend(["--heartbeat-grace".to_string(), "120s".to_string()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     // Each manager's data directory (its log), removed after the run.
     let dirs: Vec<tempfile::TempDir> = (0..count)
         .map(|_| tempfile::tempdir())
@@ -337,7 +328,7 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(60))
         .build()?;
-    let leader = await_leader(&http, &bases).await?;
+    let leader = crate::etcd::await_leader(&http, &bases, None).await?;
     await_ring(&http, &bases[leader], count).await?;
 
     for project in 0..options.projects {
@@ -673,24 +664,6 @@ fn parse_task_counts(text: &str) -> TaskCounts {
     counts
 }
 
-/// The index in `bases` of the manager that says it leads.
-async fn await_leader(http: &reqwest::Client, bases: &[String]) -> anyhow::Result<usize> {
-    let started = Instant::now();
-    loop {
-        if let Some(index) = roles(http, bases)
-            .await
-            .ok()
-            .and_then(|roles| roles.iter().position(|(leads, _)| *leads))
-        {
-            return Ok(index);
-        }
-        if started.elapsed() > SETTLE_BOUND {
-            bail!("no manager led within {SETTLE_BOUND:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Each manager's `GET /leader`, answered by itself: whether it leads, and its address as
 /// the ring names it.
 async fn roles(http: &reqwest::Client, bases: &[String]) -> anyhow::Result<Vec<(bool, String)>> {
@@ -712,13 +685,7 @@ async fn await_ring(http: &reqwest::Client, base: &str, count: usize) -> anyhow:
     loop {
         if let Ok(view) = crate::get_json::<ShardsView>(http, &format!("{base}/shards")).await
             && view.managers.len() == count
-            && view.unowned.is_empty()
-            && view.managers.iter().all(|manager| {
-                manager
-                    .virtual_nodes
-                    .iter()
-                    .all(|node| node.shards == node.range)
-            })
+            && crate::etcd::ring_settled(&view)
         {
             return Ok(());
         }

@@ -1031,6 +1031,17 @@ mod tests {
     async fn a_manager_holding_some_shards_reads_and_takes_only_their_records() {
         use cube_types::shard::{ShardScope, shard_of};
         let ring = cube_types::shard::DEFAULT_RING;
+        // A request to run a task in `project`.
+        let run_in = |project: &str| {
+            let mut task = Task::new("t", "cube-sample:latest");
+            task.spec.project = project.to_string();
+            TaskEvent {
+                id: Uuid::new_v4(),
+                state: State::Running,
+                timestamp: None,
+                task,
+            }
+        };
         let stores = ManagerStores::in_memory();
         let whole = manager_on(test_config(), stores.clone());
         let projects: Vec<String> = (0..12).map(|n| format!("team-{n}")).collect();
@@ -1043,14 +1054,7 @@ mod tests {
                 })
                 .await
                 .unwrap();
-            let mut task = Task::new("t", "cube-sample:latest");
-            task.spec.project = project.clone();
-            let event = TaskEvent {
-                id: Uuid::new_v4(),
-                state: State::Running,
-                timestamp: None,
-                task,
-            };
+            let event = run_in(project);
             let id = match whole.submit(event).await.unwrap() {
                 Submitted::Created(task, _) | Submitted::Existing(task) => task.id,
             };
@@ -1083,14 +1087,7 @@ mod tests {
         assert_eq!(copies, held_projects, "one task per held project");
 
         let other = projects.iter().find(|p| !held(p)).unwrap();
-        let mut task = Task::new("t", "cube-sample:latest");
-        task.spec.project = other.clone();
-        let event = TaskEvent {
-            id: Uuid::new_v4(),
-            state: State::Running,
-            timestamp: None,
-            task,
-        };
+        let event = run_in(other);
         let refused = half.submit(event).await.unwrap_err();
         assert!(
             matches!(&refused, ManagerError::NotOwner { project, shard }
@@ -1111,14 +1108,7 @@ mod tests {
         );
 
         let mine = projects.iter().find(|p| held(p)).unwrap();
-        let mut task = Task::new("t", "cube-sample:latest");
-        task.spec.project = mine.clone();
-        let event = TaskEvent {
-            id: Uuid::new_v4(),
-            state: State::Running,
-            timestamp: None,
-            task,
-        };
+        let event = run_in(mine);
         half.submit(event).await.unwrap();
     }
 }

@@ -161,16 +161,6 @@ pub async fn remove_volume(
             )));
         }
     };
-    if !volume.used_by.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!(
-                "volume {name:?} on node {} is in use by task {} (stop it first)",
-                volume.node,
-                volume.used_by.join(", ")
-            ),
-        ));
-    }
     let client = {
         let state = lock(&manager.cluster.state);
         state

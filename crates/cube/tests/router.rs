@@ -642,17 +642,19 @@ async fn a_host_another_job_routes_already_is_refused_naming_it() {
         job["Groups"][0]["Task"]["Route"] = json!({"Host": "shop.example.test"});
         job
     };
-    let first = client
-        .post_raw("/jobs", with_host(shop(1, "one", "1s"), "shop").to_string())
-        .await;
+    // Submits job `name` at `version`, declaring the host.
+    let submit_named = |name: &'static str, version: &'static str| {
+        let (client, with_host) = (&client, &with_host);
+        async move {
+            client
+                .post_raw("/jobs", with_host(shop(1, version, "1s"), name).to_string())
+                .await
+        }
+    };
+    let first = submit_named("shop", "one").await;
     assert_eq!(first.status, 201, "{}", first.body);
 
-    let second = client
-        .post_raw(
-            "/jobs",
-            with_host(shop(1, "one", "1s"), "outlet").to_string(),
-        )
-        .await;
+    let second = submit_named("outlet", "one").await;
     assert_eq!(second.status, 409, "{}", second.body);
     let message = second.message();
     assert!(
@@ -675,18 +677,11 @@ async fn a_host_another_job_routes_already_is_refused_naming_it() {
     assert!(answer.message().contains("both declare"), "{}", answer.body);
 
     // The same job's new version keeps its host.
-    let again = client
-        .post_raw("/jobs", with_host(shop(1, "two", "1s"), "shop").to_string())
-        .await;
+    let again = submit_named("shop", "two").await;
     assert!(again.status == 200 || again.status == 201, "{}", again.body);
     // Stopped, it routes nothing: the host is free for another.
     let stopped = client.delete("/jobs/shop").await;
     assert!(stopped.status < 300, "{}", stopped.body);
-    let second = client
-        .post_raw(
-            "/jobs",
-            with_host(shop(1, "one", "1s"), "outlet").to_string(),
-        )
-        .await;
+    let second = submit_named("outlet", "one").await;
     assert_eq!(second.status, 201, "{}", second.body);
 }
