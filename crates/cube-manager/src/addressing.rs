@@ -105,6 +105,44 @@ pub fn addressed(method: &str, route: &str) -> Option<Addressed> {
         .map(|(_, _, addressed)| *addressed)
 }
 
+/// The route pattern `path` matches for `method`, and who answers it: the pattern with the
+/// most literal segments wins (`POST /tasks/prune` before `POST /tasks/{id}/…`). `None` for
+/// a path no route has.
+pub fn route_of(method: &str, path: &str) -> Option<(&'static str, Addressed)> {
+    let method = if method == "HEAD" { "GET" } else { method };
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').collect();
+    ADDRESSED
+        .iter()
+        .filter(|(m, route, _)| {
+            *m == method && {
+                let pattern: Vec<&str> = route.split('/').collect();
+                pattern.len() == segments.len()
+                    && pattern
+                        .iter()
+                        .zip(&segments)
+                        .all(|(p, s)| p.starts_with('{') || p == s)
+            }
+        })
+        .max_by_key(|(_, route, _)| route.split('/').filter(|p| !p.starts_with('{')).count())
+        .map(|(_, route, addressed)| (*route, *addressed))
+}
+
+/// The task ID a request on `route` names: the path's `{id}` under `/tasks/`, a waiting
+/// task's `/queue/task/{id}`, or a run's secrets' `?task=` (`task_query`).
+pub fn task_named<'a>(route: &str, path: &'a str, task_query: Option<&'a str>) -> Option<&'a str> {
+    let segments: Vec<&str> = path.split('/').collect();
+    if route.starts_with("/tasks/{id}") {
+        return segments.get(2).copied();
+    }
+    if route == "/queue/{kind}/{id}" && segments.get(2) == Some(&"task") {
+        return segments.get(3).copied();
+    }
+    if route == "/nodes/{name}/secrets" {
+        return task_query;
+    }
+    None
+}
+
 /// The manager a request goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -187,6 +225,32 @@ mod tests {
         );
         assert_eq!(addressed("HEAD", "/tasks"), Some(Addressed::Project));
         assert_eq!(addressed("PATCH", "/tasks"), None);
+    }
+
+    #[test]
+    fn a_path_finds_its_route_and_the_task_it_names() {
+        assert_eq!(route_of("GET", "/tasks"), Some(("/tasks", Addressed::Project)));
+        assert_eq!(
+            route_of("POST", "/tasks/prune"),
+            Some(("/tasks/prune", Addressed::Project))
+        );
+        let (route, addressed) = route_of("POST", "/tasks/abc/restart").unwrap();
+        assert_eq!((route, addressed), ("/tasks/{id}/restart", Addressed::Task));
+        assert_eq!(task_named(route, "/tasks/abc/restart", None), Some("abc"));
+        assert_eq!(
+            route_of("PUT", "/nodes/n1"),
+            Some(("/nodes/{name}", Addressed::Leader))
+        );
+        let (route, _) = route_of("GET", "/queue/task/t1").unwrap();
+        assert_eq!(task_named(route, "/queue/task/t1", None), Some("t1"));
+        assert_eq!(task_named(route, "/queue/job/web", None), None);
+        let (route, _) = route_of("GET", "/nodes/n1/secrets").unwrap();
+        assert_eq!(
+            task_named(route, "/nodes/n1/secrets", Some("t2")),
+            Some("t2")
+        );
+        assert_eq!(route_of("GET", "/nowhere/at/all"), None);
+        assert_eq!(route_of("PATCH", "/tasks"), None);
     }
 
     #[test]

@@ -18,6 +18,7 @@
 //! says it expired) or when one of its writes was refused by the fence (another leads): its
 //! loops stop, its API goes back to forwarding, and it campaigns again.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ use tower::ServiceExt;
 
 /// Set on a request one manager hands to another: a manager that does not lead either
 /// answers 503 rather than handing it on again.
-const FORWARDED: HeaderName = HeaderName::from_static("x-cube-forwarded-by");
+pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-cube-forwarded-by");
 
 /// Set by a follower on a request it hands on: the client certificate its own client
 /// presented (`node:NAME` or `manager:NAME`); absent when it presented none. Believed only
@@ -46,23 +47,20 @@ const FORWARDED_PEER: HeaderName = HeaderName::from_static("x-cube-forwarded-pee
 /// The largest request body handed on (the API's own limit is 1 MiB).
 const FORWARD_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
-/// What this manager's API does now.
-enum Role {
-    Following,
-    /// Leading: the manager's own router.
-    Leading(Router),
-}
-
 /// The API in front of a manager that may or may not lead.
 pub struct Front {
     /// This manager's address as the others reach it (the leader key's value).
     pub me: String,
-    /// A `std` lock held to clone the router or swap the role.
-    role: RwLock<Role>,
-    db: EtcdDb,
+    /// The router of this manager's own `Manager` while it has one: the leader's, or with
+    /// `--shard-controllers` the one acting for the shards it holds. A `std` lock held to
+    /// clone the router or swap it.
+    own: RwLock<Option<Router>>,
+    /// Whether this manager leads.
+    leading: AtomicBool,
+    pub(crate) db: EtcdDb,
     /// For handing requests on: no overall timeout (blocking queries and event streams
     /// last), but a connection must open within a second.
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     /// With --acl: `GET /leader` needs a `read` token like any other read (the rest is
     /// checked by the leader's own router).
     acl: Option<Arc<cube_manager::acl::Acl>>,
@@ -70,7 +68,11 @@ pub struct Front {
     /// `ManagerTls::peers`); `false` speaks plain HTTP.
     tls: bool,
     /// The shard ring's size (`ring.rs`).
-    ring: u32,
+    pub(crate) ring: u32,
+    /// With `--shard-controllers`: the tasks table, where the front reads the project of a
+    /// task a request names by its ID (`acting.rs`). `None`: the leader acts for every shard
+    /// and a follower hands it every request.
+    pub(crate) sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
 }
 
 impl Front {
@@ -80,6 +82,7 @@ impl Front {
         acl: Option<Arc<cube_manager::acl::Acl>>,
         tls: Option<Arc<cube_manager::tls::ManagerTls>>,
         ring: u32,
+        sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
     ) -> anyhow::Result<Arc<Front>> {
         let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(1));
         if let Some(tls) = &tls {
@@ -89,24 +92,33 @@ impl Front {
         }
         Ok(Arc::new(Front {
             me,
-            role: RwLock::new(Role::Following),
+            own: RwLock::new(None),
+            leading: AtomicBool::new(false),
             db,
             http: http.build()?,
             acl,
             tls: tls.is_some(),
             ring,
+            sharded,
         }))
     }
 
-    fn leading_router(&self) -> Option<Router> {
-        match &*self.role.read().unwrap_or_else(|p| p.into_inner()) {
-            Role::Leading(router) => Some(router.clone()),
-            Role::Following => None,
-        }
+    /// This manager's own router, while it has a `Manager`.
+    pub(crate) fn own_router(&self) -> Option<Router> {
+        self.own.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set(&self, role: Role) {
-        *self.role.write().unwrap_or_else(|p| p.into_inner()) = role;
+    /// Serves with `router` from now on (`None`: hands requests on).
+    pub(crate) fn set_own(&self, router: Option<Router>) {
+        *self.own.write().unwrap_or_else(|p| p.into_inner()) = router;
+    }
+
+    pub(crate) fn is_leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Release);
     }
 }
 
@@ -119,7 +131,7 @@ pub fn router(front: Arc<Front>) -> Router {
         .with_state(front)
 }
 
-fn unavailable(message: String) -> Response {
+pub(crate) fn unavailable(message: String) -> Response {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
 }
 
@@ -137,7 +149,7 @@ async fn leader(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap)
     if let Some(refused) = refused_read(&front, &headers, "GET /leader") {
         return refused;
     }
-    let leading = front.leading_router().is_some();
+    let leading = front.is_leading();
     let leader = if leading {
         Some(front.me.clone())
     } else {
@@ -170,7 +182,7 @@ async fn shards(State(front): State<Arc<Front>>, headers: axum::http::HeaderMap)
 /// certificate that hands a request on ([`FORWARDED`]), the one the handing manager names in
 /// [`FORWARDED_PEER`] (none if it names none); else the connection's own. The header is
 /// removed either way, so that no one else can name a certificate.
-fn peer_of(request: &mut Request) -> Option<PeerIdentity> {
+pub(crate) fn peer_of(request: &mut Request) -> Option<PeerIdentity> {
     let named = request.headers_mut().remove(&FORWARDED_PEER);
     let own = request.extensions().get::<PeerIdentity>().cloned();
     let from_a_manager = own
@@ -201,11 +213,11 @@ async fn forward(State(front): State<Arc<Front>>, mut request: Request) -> Respo
             request.extensions_mut().remove::<PeerIdentity>();
         }
     }
-    if let Some(router) = front.leading_router() {
-        return match router.oneshot(request).await {
-            Ok(response) => response,
-            Err(never) => match never {},
-        };
+    if front.sharded.is_some() {
+        return crate::acting::route(&front, peer, request).await;
+    }
+    if let Some(router) = front.own_router() {
+        return serve_here(router, request).await;
     }
     if request.headers().contains_key(&FORWARDED) {
         return unavailable(format!(
@@ -237,6 +249,27 @@ async fn forward(State(front): State<Arc<Front>>, mut request: Request) -> Respo
     hand_on(&front, &leader, peer.as_ref(), request).await
 }
 
+/// Answers `request` with this manager's own router.
+pub(crate) async fn serve_here(router: Router, request: Request) -> Response {
+    match router.oneshot(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// A request's body read whole, to be handed on (or to several managers).
+pub(crate) async fn whole_body(body: Body) -> Result<axum::body::Bytes, Response> {
+    axum::body::to_bytes(body, FORWARD_BODY_LIMIT)
+        .await
+        .map_err(|err| {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body could not be read whole: {err}"),
+            )
+            .into_response()
+        })
+}
+
 /// Sends `request` to the leader and streams its answer back.
 async fn hand_on(
     front: &Front,
@@ -245,16 +278,29 @@ async fn hand_on(
     request: Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let body = match axum::body::to_bytes(body, FORWARD_BODY_LIMIT).await {
+    let body = match whole_body(body).await {
         Ok(body) => body,
-        Err(err) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the request body could not be read whole: {err}"),
-            )
-            .into_response();
-        }
+        Err(refused) => return refused,
     };
+    match send(front, leader, peer, &parts, body).await {
+        Ok(answer) => streamed(answer),
+        Err(err) => unavailable(format!(
+            "the leader {leader} does not answer ({err}); a new leader is elected within \
+             --leader-ttl: try again"
+        )),
+    }
+}
+
+/// Sends a request (its head and whole body) to the manager at `to`, marked as handed on
+/// by this one, with the certificate its client presented named; the error says why no
+/// answer came.
+pub(crate) async fn send(
+    front: &Front,
+    to: &str,
+    peer: Option<&PeerIdentity>,
+    parts: &axum::http::request::Parts,
+    body: axum::body::Bytes,
+) -> Result<reqwest::Response, String> {
     let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
     let mut headers = parts.headers.clone();
     for hop in ["host", "connection", "content-length", "transfer-encoding"] {
@@ -272,24 +318,19 @@ async fn hand_on(
         }
     }
     let scheme = if front.tls { "https" } else { "http" };
-    let sent = front
+    front
         .http
-        .request(parts.method, format!("{scheme}://{leader}{path}"))
+        .request(parts.method.clone(), format!("{scheme}://{to}{path}"))
         .headers(headers)
         .header(&FORWARDED, front.me.as_str())
         .body(body)
         .send()
-        .await;
-    let answer = match sent {
-        Ok(answer) => answer,
-        Err(err) => {
-            return unavailable(format!(
-                "the leader {leader} does not answer ({}); a new leader is elected within \
-                 --leader-ttl: try again",
-                cube_api::innermost_cause(&cube_api::error_chain(&err))
-            ));
-        }
-    };
+        .await
+        .map_err(|err| cube_api::innermost_cause(&cube_api::error_chain(&err)).to_string())
+}
+
+/// Another manager's answer, streamed back as it comes.
+pub(crate) fn streamed(answer: reqwest::Response) -> Response {
     let mut response = Response::builder().status(answer.status());
     for (name, value) in answer.headers() {
         if !matches!(
@@ -301,17 +342,38 @@ async fn hand_on(
     }
     response
         .body(Body::from_stream(answer.bytes_stream()))
-        .unwrap_or_else(|err| unavailable(format!("the leader's answer: {err}")))
+        .unwrap_or_else(|err| unavailable(format!("the other manager's answer: {err}")))
 }
 
-/// Builds this manager's state once it leads (loads everything from etcd).
-pub type Build = Arc<dyn Fn(CancellationToken) -> anyhow::Result<Arc<Manager>> + Send + Sync>;
+/// Builds a `Manager` for the shards of `scope` (loading their records from etcd): the
+/// leader's for every shard, or with `--shard-controllers` one for the shards held.
+pub type Build = Arc<
+    dyn Fn(cube_types::shard::ShardScope, CancellationToken) -> anyhow::Result<Arc<Manager>>
+        + Send
+        + Sync,
+>;
 
-/// Campaigns, leads, steps down and campaigns again, until `shutdown`.
+/// Opens a `Manager` with `build` for `scope` off the runtime's threads; the error says why
+/// it could not.
+pub(crate) async fn open_manager(
+    build: &Build,
+    scope: cube_types::shard::ShardScope,
+    term: &CancellationToken,
+) -> anyhow::Result<Arc<Manager>> {
+    let (build, term) = (build.clone(), term.clone());
+    tokio::task::spawn_blocking(move || build(scope, term))
+        .await
+        .map_err(|err| anyhow::anyhow!("loading the state ended abnormally: {err}"))?
+}
+
+/// Campaigns, leads, steps down and campaigns again, until `shutdown`. With `build`, the
+/// leader runs a `Manager` for every shard, its writes fenced on the leader key; without
+/// (`--shard-controllers`, where each manager acts for its own shards) leading only makes
+/// this manager the one that answers what is the whole cluster's.
 pub async fn campaign_and_lead(
     front: Arc<Front>,
     db: EtcdDb,
-    build: Build,
+    build: Option<Build>,
     ttl: Duration,
     shutdown: CancellationToken,
 ) {
@@ -332,28 +394,34 @@ pub async fn campaign_and_lead(
             }
         };
         pause = Duration::from_millis(100);
+        let Some(build) = &build else {
+            front.set_leading(true);
+            tracing::info!(address = %front.me, "leading: the cluster's nodes, tokens and projects are answered here");
+            tokio::select! {
+                () = leadership.lost() => {}
+                () = shutdown.cancelled() => {}
+            }
+            front.set_leading(false);
+            if shutdown.is_cancelled() {
+                leadership.resign().await;
+                return;
+            }
+            tracing::warn!("stepped down: its lease was lost; campaigning again");
+            continue;
+        };
         // Every write from here on is conditioned on the key this campaign created.
         let refused = db.set_fence(Some(leadership.fence().clone()));
         let term = shutdown.child_token();
-        let opened = tokio::task::spawn_blocking({
-            let (build, term) = (build.clone(), term.clone());
-            move || build(term)
-        })
-        .await;
-        let manager = match opened {
-            Ok(Ok(manager)) => manager,
-            Ok(Err(err)) => {
+        let manager = match open_manager(build, cube_types::shard::ShardScope::all(front.ring), &term).await {
+            Ok(manager) => manager,
+            Err(err) => {
                 tracing::error!(error = %format!("{err:#}"), "won the leadership but cannot load the state; giving it up");
                 leadership.resign().await;
                 continue;
             }
-            Err(err) => {
-                tracing::error!(error = %err, "loading the state ended abnormally; giving the leadership up");
-                leadership.resign().await;
-                continue;
-            }
         };
-        front.set(Role::Leading(cube_manager::api::router(manager.clone())));
+        front.set_own(Some(cube_manager::api::router(manager.clone())));
+        front.set_leading(true);
         tracing::info!(address = %front.me, "leading: the controllers run here");
         let loops = tokio::spawn(cube_manager::run_loops(manager, term.clone()));
         let why = tokio::select! {
@@ -361,7 +429,8 @@ pub async fn campaign_and_lead(
             () = refused.cancelled() => "a write was refused: another manager leads",
             () = shutdown.cancelled() => "the manager is stopping",
         };
-        front.set(Role::Following);
+        front.set_leading(false);
+        front.set_own(None);
         if !shutdown.is_cancelled() {
             tracing::warn!(
                 reason = why,

@@ -3,6 +3,7 @@
 //! This crate only wires things together: it parses flags, builds the parts from the library
 //! crates, and turns SIGINT/SIGTERM into a shutdown. No logic of its own lives here.
 
+mod acting;
 mod cli;
 mod dev;
 mod leading;

@@ -81,6 +81,16 @@ pub struct ManagerArgs {
     /// project's shard is a hash of its name modulo the ring.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_types::shard::MAX_RING)))]
     shards: Option<u32>,
+    /// With --store etcd: every manager runs the controllers for the shards it holds and
+    /// keeps only their projects' tasks, jobs and waiting list in memory, instead of the
+    /// leader acting for every shard. Each manager then hands a request to the manager that
+    /// owns the project it names (`GET /shards` shows who), gathers a list of every project
+    /// (`?project=*`) from all, and the leader answers what is the whole cluster's (tokens,
+    /// projects, certificates). Give it to every manager of the cluster. Not yet done
+    /// (issue 32): the managers count a node's load from their own tasks only, so two of
+    /// them may place more on one node than it holds.
+    #[arg(long)]
+    shard_controllers: bool,
     #[command(flatten)]
     limits: crate::limits::LimitArgs,
     /// Turn authentication on: every route but GET /health needs a token (`Authorization:
@@ -166,6 +176,7 @@ impl ManagerArgs {
             advertise: None,
             virtual_nodes: cube_types::shard::DEFAULT_VIRTUAL_NODES,
             shards: None,
+            shard_controllers: false,
             limits,
             acl: acl || tls,
             tls,
@@ -204,6 +215,8 @@ enum Mode {
         tls: Option<std::sync::Arc<cube_manager::tls::ManagerTls>>,
         db: cube_store::EtcdDb,
         build: crate::leading::Build,
+        /// `--shard-controllers`: each manager acts for the shards it holds.
+        sharded: bool,
         leader_ttl: Duration,
         /// The shard ring's size and this manager's part in it.
         ring: u32,
@@ -412,8 +425,8 @@ pub async fn prepare(
     };
     let secrets = std::sync::Arc::new(open_secrets(&args, &stores)?);
     let config = ManagerConfig {
-        // The leader of managers on etcd still acts for every shard (ARCHITECTURE, "The
-        // shard ring").
+        // Every shard: a manager alone, or the leader of managers on etcd; with
+        // --shard-controllers each `Manager` is opened for the shards held (`acting.rs`).
         shards: cube_types::shard::ShardScope::all(ring),
         heartbeat_grace: args.heartbeat_grace,
         poll_interval: args.poll_interval,
@@ -450,10 +463,15 @@ pub async fn prepare(
             );
             let me = args.advertise.unwrap_or_else(|| address.to_string());
             let scheduler_name = args.scheduler.clone();
-            let build: crate::leading::Build = std::sync::Arc::new(move |term| {
+            let tasks = manager_stores.tasks.clone();
+            let build: crate::leading::Build = std::sync::Arc::new(move |scope, term| {
                 let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)
                     .with_context(|| format!("unknown scheduler {scheduler_name:?}"))?;
-                Manager::open(config.clone(), manager_stores.clone(), scheduler, term)
+                let config = ManagerConfig {
+                    shards: scope,
+                    ..config.clone()
+                };
+                Manager::open(config, manager_stores.clone(), scheduler, term)
                     .context("loading the manager's state from etcd")
             });
             Mode::OnEtcd {
@@ -463,10 +481,12 @@ pub async fn prepare(
                     acl.clone(),
                     tls.clone(),
                     ring,
+                    args.shard_controllers.then_some(tasks),
                 )?,
                 tls: tls.clone(),
                 db: db.clone(),
                 build,
+                sharded: args.shard_controllers,
                 leader_ttl: args.leader_ttl,
                 ring,
                 part: crate::ring::RingSettings {
@@ -503,6 +523,7 @@ impl PreparedManager {
                     tls,
                     db,
                     build,
+                    sharded,
                     leader_ttl,
                     ring,
                     part,
@@ -518,10 +539,11 @@ impl PreparedManager {
                         }
                         None => None,
                     };
-                    // What this manager holds, with the fence of its shards: nothing reads it
-                    // yet, as the leader still acts for every shard (ARCHITECTURE, "The
-                    // shard ring").
-                    let held = tokio::sync::watch::Sender::new(crate::ring::Held::default());
+                    // What this manager holds, with the fence of its shards: with
+                    // --shard-controllers it acts for them; else the leader acts for every
+                    // shard (ARCHITECTURE, "The shard ring").
+                    let (held, held_now) =
+                        tokio::sync::watch::channel(crate::ring::Held::default());
                     let holding = tokio::spawn(crate::ring::hold_shards(
                         db.clone(),
                         ring,
@@ -529,10 +551,19 @@ impl PreparedManager {
                         held,
                         shutdown.clone(),
                     ));
+                    let acting = sharded.then(|| {
+                        tokio::spawn(crate::acting::act_for_held(
+                            front.clone(),
+                            db.clone(),
+                            build.clone(),
+                            held_now,
+                            shutdown.clone(),
+                        ))
+                    });
                     let leading = tokio::spawn(crate::leading::campaign_and_lead(
                         front.clone(),
                         db,
-                        build,
+                        (!sharded).then_some(build),
                         leader_ttl,
                         shutdown.clone(),
                     ));
@@ -547,6 +578,11 @@ impl PreparedManager {
                     .context("serving the manager API");
                     if let Err(err) = leading.await {
                         tracing::error!(error = %err, "the leadership loop ended abnormally");
+                    }
+                    if let Some(acting) = acting
+                        && let Err(err) = acting.await
+                    {
+                        tracing::error!(error = %err, "the loop acting for the shards ended abnormally");
                     }
                     if let Err(err) = holding.await {
                         tracing::error!(error = %err, "the shard ring's loop ended abnormally");

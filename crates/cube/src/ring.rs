@@ -91,14 +91,6 @@ pub struct Held {
     pub shards: Vec<(u32, i64)>,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "the scope and fence of a manager acting for its own shards (issue 32's next \
-                  step); the leader acts for every shard until then"
-    )
-)]
 impl Held {
     /// The scope of a `Manager` acting for these shards.
     pub fn scope(&self, ring: u32) -> cube_types::shard::ShardScope {
@@ -162,6 +154,39 @@ pub async fn view(db: &EtcdDb, ring: u32) -> Result<ShardsView, StoreError> {
         })
         .collect();
     Ok(ShardsView::from_ring(ring, &points, &holders))
+}
+
+/// Who holds each shard now, by the address of its manager, and every manager on the ring
+/// (by their points): where a front hands a request for a shard, and whom it asks when it
+/// gathers a list of every project.
+#[derive(Debug, Clone, Default)]
+pub struct Owners {
+    /// Each held shard's manager.
+    pub holders: BTreeMap<u32, String>,
+    /// Every manager with a point on the ring, in address order.
+    pub managers: Vec<String>,
+}
+
+/// [`Owners`] as etcd says now.
+pub async fn owners(db: &EtcdDb) -> Result<Owners, StoreError> {
+    let (keys, revision) = db.read_prefix(RING_PREFIX).await?;
+    let now = read_ring(keys, revision);
+    let mut managers: Vec<String> = now
+        .points
+        .iter()
+        .map(|(point, _)| point.manager.clone())
+        .chain(now.holders.values().map(|(holder, _, _)| holder.manager.clone()))
+        .collect();
+    managers.sort();
+    managers.dedup();
+    Ok(Owners {
+        holders: now
+            .holders
+            .into_iter()
+            .map(|(shard, (holder, _, _))| (shard, holder.manager))
+            .collect(),
+        managers,
+    })
 }
 
 /// This manager's part in the ring.

@@ -1,0 +1,388 @@
+//! `--shard-controllers`: every manager sharing etcd acts for the shards of the ring it
+//! holds (issue 32; ARCHITECTURE, "The shard ring").
+//!
+//! [`act_for_held`] runs this manager's `Manager` for the shards `ring::hold_shards`
+//! publishes: its state holds only their projects' tasks, jobs, deployments and waiting
+//! list, and its writes are fenced on their `ring/shards/N` keys. When the held set changes
+//! the `Manager` is stopped and opened again for the new set (a shard taken is loaded from
+//! etcd; a shard given back is no longer written: its key is gone, so the fence refuses).
+//!
+//! [`route`] is the front of such a manager: each request goes where
+//! `cube_manager::addressing` says — answered here, by the leader (tokens, projects, the
+//! CA), by the owner of the project's shard, by the owner of the task it names, or gathered
+//! from every manager (`?project=*`). What every manager must know of the nodes reaches each
+//! of them: a worker's report, and a node's drain, eligibility or removal, are handed to
+//! every manager on the ring (each follows every worker and marks its own tasks `Lost` when
+//! a node goes `Down`), and so are a project's creation, quota and removal (each checks the
+//! quotas of its own projects).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use cube_api::server::ApiError;
+use cube_api::tls::PeerIdentity;
+use cube_manager::addressing::{self, Addressed, Named, Target};
+use cube_store::EtcdDb;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::leading::{Build, Front, FORWARDED};
+use crate::ring::Held;
+
+/// Runs a `Manager` for the shards this manager holds, opened again whenever the set
+/// changes, until `shutdown`.
+pub async fn act_for_held(
+    front: Arc<Front>,
+    db: EtcdDb,
+    build: Build,
+    mut held: watch::Receiver<Held>,
+    shutdown: CancellationToken,
+) {
+    let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    loop {
+        let now = held.borrow_and_update().clone();
+        if let Some((term, loops)) = running.take() {
+            front.set_own(None);
+            term.cancel();
+            if let Err(err) = loops.await {
+                tracing::error!(error = %err, "the manager's loops ended abnormally");
+            }
+        }
+        let mut refused = CancellationToken::new();
+        if !now.shards.is_empty() && !shutdown.is_cancelled() {
+            match now.fence(&db) {
+                Ok(fence) => {
+                    refused = db.set_fence(fence);
+                    let term = shutdown.child_token();
+                    let scope = now.scope(front.ring);
+                    match crate::leading::open_manager(&build, scope, &term).await {
+                        Ok(manager) => {
+                            front.set_own(Some(cube_manager::api::router(manager.clone())));
+                            tracing::info!(
+                                shards = %cube_types::shard::format_shards(
+                                    &now.shards.iter().map(|(shard, _)| *shard).collect::<Vec<_>>()
+                                ),
+                                "acting for the shards held: their controllers run here"
+                            );
+                            let loops =
+                                tokio::spawn(cube_manager::run_loops(manager, term.clone()));
+                            running = Some((term, loops));
+                        }
+                        Err(err) => tracing::error!(
+                            error = %format!("{err:#}"),
+                            "cannot load the held shards' state; waiting for the ring's next change"
+                        ),
+                    }
+                }
+                Err(err) => tracing::error!(
+                    error = %err,
+                    "cannot fence the writes of the held shards; acting for none"
+                ),
+            }
+        } else {
+            db.set_fence(None);
+        }
+        tokio::select! {
+            changed = held.changed() => if changed.is_err() { break },
+            () = refused.cancelled() => {
+                tracing::warn!("a write for a held shard was refused: another manager holds it now; waiting for the ring's change");
+                if held.changed().await.is_err() { break }
+            }
+            () = shutdown.cancelled() => break,
+        }
+    }
+    if let Some((term, loops)) = running.take() {
+        front.set_own(None);
+        term.cancel();
+        if let Err(err) = loops.await {
+            tracing::error!(error = %err, "the manager's loops ended abnormally");
+        }
+    }
+}
+
+fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+    query?
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value)
+}
+
+/// Whether a request is a write every manager must apply: what it says of the nodes and
+/// of the projects.
+fn to_every_manager(method: &Method, route: &str) -> bool {
+    matches!(
+        (method.as_str(), route),
+        ("PUT", "/nodes/{name}")
+            | ("DELETE", "/nodes/{name}")
+            | ("POST", "/nodes/{name}/drain")
+            | ("POST", "/nodes/{name}/eligibility")
+            | ("POST", "/projects")
+            | ("DELETE", "/projects/{name}")
+            | ("PUT", "/projects/{name}/quota")
+    )
+}
+
+/// The front of a manager acting for its shards: answers `request` here or hands it to
+/// the manager that owns what it names (module comment).
+pub async fn route(front: &Front, peer: Option<PeerIdentity>, request: Request) -> Response {
+    // Handed on by another manager: answered here, whoever owns it now (a manager that no
+    // longer holds the project's shard answers 421, and the client asks again).
+    if request.headers().contains_key(&FORWARDED) {
+        return match front.own_router() {
+            Some(router) => crate::leading::serve_here(router, request).await,
+            None => crate::leading::unavailable(format!(
+                "{} holds no shard at the moment (the ring is changing): try again",
+                front.me
+            )),
+        };
+    }
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().map(str::to_string);
+    let Some((route, addressed)) = addressing::route_of(method.as_str(), &path) else {
+        return here(front, request).await;
+    };
+    let (parts, body) = request.into_parts();
+    let body = match crate::leading::whole_body(body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
+    };
+    let owners = match crate::ring::owners(&front.db).await {
+        Ok(owners) => owners,
+        Err(err) => {
+            return crate::leading::unavailable(format!(
+                "cannot read the shard ring from etcd: {err}"
+            ));
+        }
+    };
+    if to_every_manager(&method, route) {
+        return to_every(front, &owners.managers, peer.as_ref(), parts, body).await;
+    }
+    let body_project = if addressed == Addressed::Project && method == Method::POST {
+        serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|value| value.get("Project")?.as_str().map(str::to_string))
+    } else {
+        None
+    };
+    let task = addressing::task_named(route, &path, query_param(query.as_deref(), "task"));
+    let named = Named {
+        project: query_param(query.as_deref(), "project").map(|p| if p == "%2A" { "*" } else { p }),
+        body_project: body_project.as_deref(),
+        task,
+    };
+    let target = addressing::target(addressed, named, front.ring);
+    let owner = match target {
+        Target::Here => None,
+        Target::Leader => match front.db.leader().await {
+            Ok(Some(leader)) => Some(leader),
+            Ok(None) => {
+                return crate::leading::unavailable(
+                    "no manager leads at the moment (a new leader is elected within \
+                     --leader-ttl): try again"
+                        .to_string(),
+                );
+            }
+            Err(err) => {
+                return crate::leading::unavailable(format!(
+                    "cannot read the leader from etcd: {err}"
+                ));
+            }
+        },
+        Target::Shard(shard) => match owners.holders.get(&shard) {
+            Some(owner) => Some(owner.clone()),
+            None => return shard_unheld(shard),
+        },
+        Target::TaskOwner(id) => match project_of_task(front, &id).await {
+            Ok(Some(project)) => {
+                let shard = cube_types::shard::shard_of(&project, front.ring);
+                match owners.holders.get(&shard) {
+                    Some(owner) => Some(owner.clone()),
+                    None => return shard_unheld(shard),
+                }
+            }
+            // No such task: answered here (the 404 of a task that is not there).
+            Ok(None) => None,
+            Err(err) => {
+                return crate::leading::unavailable(format!(
+                    "cannot read task {id} from etcd: {err}"
+                ));
+            }
+        },
+        Target::Every => {
+            return gathered(front, &owners.managers, peer.as_ref(), parts, body).await;
+        }
+    };
+    match owner {
+        Some(owner) if owner != front.me => {
+            match crate::leading::send(front, &owner, peer.as_ref(), &parts, body).await {
+                Ok(answer) => crate::leading::streamed(answer),
+                Err(err) => crate::leading::unavailable(format!(
+                    "the manager {owner} does not answer ({err}); its shards are taken by the \
+                     others within --leader-ttl: try again"
+                )),
+            }
+        }
+        _ => here(front, Request::from_parts(parts, Body::from(body))).await,
+    }
+}
+
+fn shard_unheld(shard: u32) -> Response {
+    crate::leading::unavailable(format!(
+        "shard {shard} is held by no manager at the moment (it is being handed over, within \
+         --leader-ttl): try again"
+    ))
+}
+
+/// Answers with this manager's own `Manager`, or 503 while it has none.
+async fn here(front: &Front, request: Request) -> Response {
+    match front.own_router() {
+        Some(router) => crate::leading::serve_here(router, request).await,
+        None => crate::leading::unavailable(format!(
+            "{} holds no shard yet (it is joining the ring): try again",
+            front.me
+        )),
+    }
+}
+
+/// The project of the task with ID `id`, from its record in etcd; `None` when there is none.
+async fn project_of_task(front: &Front, id: &str) -> Result<Option<String>, String> {
+    let Some(tasks) = front.sharded.clone() else {
+        return Ok(None);
+    };
+    let id = id.to_string();
+    tokio::task::spawn_blocking(move || tasks.get(&id))
+        .await
+        .map_err(|err| err.to_string())?
+        .map(|task| task.map(|task| task.spec.project.clone()))
+        .map_err(|err| err.to_string())
+}
+
+/// Hands a write every manager must apply to each of them (this one through its own
+/// router); the answer is this manager's own, else the first other's.
+async fn to_every(
+    front: &Front,
+    managers: &[String],
+    peer: Option<&PeerIdentity>,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+) -> Response {
+    let others = managers.iter().filter(|manager| **manager != front.me);
+    let sent = futures_util::future::join_all(
+        others.map(|manager| crate::leading::send(front, manager, peer, &parts, body.clone())),
+    );
+    let own = async {
+        match front.own_router() {
+            Some(router) => Some(
+                crate::leading::serve_here(
+                    router,
+                    Request::from_parts(parts.clone(), Body::from(body.clone())),
+                )
+                .await,
+            ),
+            None => None,
+        }
+    };
+    let (own, answers) = tokio::join!(own, sent);
+    if let Some(own) = own {
+        return own;
+    }
+    let mut errors = Vec::new();
+    for answer in answers {
+        match answer {
+            Ok(answer) => return crate::leading::streamed(answer),
+            Err(err) => errors.push(err),
+        }
+    }
+    crate::leading::unavailable(format!(
+        "no manager acting for shards answered ({}): try again",
+        errors.join("; ")
+    ))
+}
+
+/// A list of every project (`?project=*`): asked of every manager, their JSON lists joined.
+/// A blocking query or a stream of every project is not gathered: each manager numbers its
+/// own changes, so one index cannot stand for all; it is refused, naming what to do.
+async fn gathered(
+    front: &Front,
+    managers: &[String],
+    peer: Option<&PeerIdentity>,
+    parts: axum::http::request::Parts,
+    body: axum::body::Bytes,
+) -> Response {
+    let query = parts.uri.query();
+    if parts.method != Method::GET
+        || query_param(query, "index").is_some()
+        || parts.uri.path() == "/events"
+    {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "managers that act for their own shards (--shard-controllers) gather only plain \
+             lists of every project: name one project with ?project=NAME to wait for changes \
+             or follow events",
+        )
+        .into_response();
+    }
+    let mut items = Vec::new();
+    let mut asked = Vec::new();
+    for manager in managers {
+        let answer = if *manager == front.me {
+            let Some(router) = front.own_router() else {
+                continue;
+            };
+            let response = crate::leading::serve_here(
+                router,
+                Request::from_parts(parts.clone(), Body::from(body.clone())),
+            )
+            .await;
+            let status = response.status();
+            match axum::body::to_bytes(response.into_body(), usize::MAX).await {
+                Ok(bytes) => (status, bytes.to_vec()),
+                Err(err) => return crate::leading::unavailable(format!("{}: {err}", front.me)),
+            }
+        } else {
+            match crate::leading::send(front, manager, peer, &parts, body.clone()).await {
+                Ok(answer) => {
+                    let status = answer.status();
+                    match answer.bytes().await {
+                        Ok(bytes) => (status, bytes.to_vec()),
+                        Err(err) => {
+                            return crate::leading::unavailable(format!("{manager}: {err}"));
+                        }
+                    }
+                }
+                Err(err) => {
+                    return crate::leading::unavailable(format!(
+                        "the manager {manager} does not answer ({err}): the list of every \
+                         project would be missing its shards; try again"
+                    ));
+                }
+            }
+        };
+        let (status, bytes) = answer;
+        if !status.is_success() {
+            return (status, [("content-type", "application/json")], bytes).into_response();
+        }
+        match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(serde_json::Value::Array(list)) => items.extend(list),
+            _ => {
+                return ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{} answers more than a list, which managers acting for their own \
+                         shards do not gather: name one project with ?project=NAME",
+                        parts.uri.path()
+                    ),
+                )
+                .into_response();
+            }
+        }
+        asked.push(manager.clone());
+    }
+    tracing::debug!(managers = ?asked, items = items.len(), "gathered a list of every project");
+    axum::Json(serde_json::Value::Array(items)).into_response()
+}
