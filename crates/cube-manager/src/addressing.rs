@@ -229,7 +229,10 @@ mod tests {
 
     #[test]
     fn a_path_finds_its_route_and_the_task_it_names() {
-        assert_eq!(route_of("GET", "/tasks"), Some(("/tasks", Addressed::Project)));
+        assert_eq!(
+            route_of("GET", "/tasks"),
+            Some(("/tasks", Addressed::Project))
+        );
         assert_eq!(
             route_of("POST", "/tasks/prune"),
             Some(("/tasks/prune", Addressed::Project))

@@ -29,7 +29,7 @@ use cube_store::EtcdDb;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::leading::{Build, Front, FORWARDED};
+use crate::leading::{Build, FORWARDED, Front};
 use crate::ring::Held;
 
 /// Runs a `Manager` for the shards this manager holds, opened again whenever the set

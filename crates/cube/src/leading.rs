@@ -412,7 +412,13 @@ pub async fn campaign_and_lead(
         // Every write from here on is conditioned on the key this campaign created.
         let refused = db.set_fence(Some(leadership.fence().clone()));
         let term = shutdown.child_token();
-        let manager = match open_manager(build, cube_types::shard::ShardScope::all(front.ring), &term).await {
+        let manager = match open_manager(
+            build,
+            cube_types::shard::ShardScope::all(front.ring),
+            &term,
+        )
+        .await
+        {
             Ok(manager) => manager,
             Err(err) => {
                 tracing::error!(error = %format!("{err:#}"), "won the leadership but cannot load the state; giving it up");

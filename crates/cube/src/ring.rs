@@ -175,7 +175,11 @@ pub async fn owners(db: &EtcdDb) -> Result<Owners, StoreError> {
         .points
         .iter()
         .map(|(point, _)| point.manager.clone())
-        .chain(now.holders.values().map(|(holder, _, _)| holder.manager.clone()))
+        .chain(
+            now.holders
+                .values()
+                .map(|(holder, _, _)| holder.manager.clone()),
+        )
         .collect();
     managers.sort();
     managers.dedup();

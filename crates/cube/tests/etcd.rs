@@ -906,3 +906,159 @@ async fn on_etcd_a_secret_is_sealed_with_the_key_file_and_etcd_never_holds_its_v
         "etcd holds the value: {dump}"
     );
 }
+
+/// A service job of one copy of the sample web server.
+fn one_copy(name: &str) -> serde_json::Value {
+    serde_json::json!({"Name": name, "Type": "service",
+        "Groups": [{"Name": "web", "Count": 1,
+                    "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB"}}]})
+}
+
+/// `cube_tasks{state="Running"}` on one manager's own `/metrics`: the tasks it holds.
+async fn running_held_by(manager: &ManagerProcess) -> u64 {
+    let text = reqwest::get(format!("http://{}/metrics", manager.address()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix("cube_tasks{state=\"Running\"} "))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no running count in {text}"))
+}
+
+/// Every task of every project, gathered by `manager` (`?project=*`), by ID with its state.
+async fn every_task(manager: &ManagerProcess) -> std::collections::BTreeMap<String, String> {
+    let answer = manager.client().get("/tasks?project=*").await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|task| {
+            (
+                task["ID"].as_str().unwrap().to_string(),
+                task["State"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones_move_to_the_others()
+ {
+    let cluster = EtcdCluster::start(3);
+    let mut managers = Managers::start(&cluster, 3, &["--shard-controllers"]);
+    let three = managers.await_settled_ring().await;
+    let _worker = managers.join_worker(&unique_node("sharded"));
+    for index in 0..3 {
+        managers.get(index).await_ready_nodes(1).await;
+    }
+    // 20 projects, each with a job, each sent to another manager than its owner as often as
+    // not: the front hands the request to the owner.
+    let projects: Vec<String> = (0..20).map(|n| format!("team-{n}")).collect();
+    for (n, project) in projects.iter().enumerate() {
+        let client = managers.get(n % 3).client();
+        let created = client
+            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+            .await;
+        assert_eq!(created.status, 201, "{project}: {}", created.body);
+        let job = client
+            .post_raw(
+                &format!("/jobs?project={project}"),
+                one_copy("web").to_string(),
+            )
+            .await;
+        assert!(job.status < 300, "{project}: {}", job.body);
+    }
+    let all_running = |tasks: &std::collections::BTreeMap<String, String>| {
+        tasks.len() == 20 && tasks.values().all(|state| state == "Running")
+    };
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    let before = loop {
+        let tasks = every_task(managers.get(1)).await;
+        if all_running(&tasks) {
+            break tasks;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tasks:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    // Each manager holds the tasks of its shards' projects, and only those.
+    for index in 0..3 {
+        let manager = managers.get(index);
+        let owned = projects
+            .iter()
+            .filter(|project| {
+                three.holder(cube_types::shard::shard_of(project, 16)) == Some(&manager.address())
+            })
+            .count() as u64;
+        assert_eq!(
+            running_held_by(manager).await,
+            owned,
+            "{} holds {owned} projects' tasks",
+            manager.address()
+        );
+    }
+    // A task read by its ID from any manager.
+    let some = before.keys().next().unwrap();
+    for index in 0..3 {
+        let task = managers
+            .get(index)
+            .client()
+            .get(&format!("/tasks/{some}"))
+            .await;
+        assert_eq!(task.status, 200, "{}", task.body);
+    }
+
+    // One manager killed with -9: its shards move; every task is still there, once, and
+    // runs in one container.
+    managers.managers[0].take().unwrap().kill_9();
+    let two = managers.await_settled_ring().await;
+    assert_eq!(two.managers.len(), 2, "{two:#?}");
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let tasks = every_task(managers.get(1)).await;
+        let moved = managers.get(1).client().get("/tasks?project=*").await;
+        if all_running(&tasks)
+            && running_held_by(managers.get(1)).await + running_held_by(managers.get(2)).await == 20
+        {
+            assert_eq!(
+                tasks.keys().collect::<Vec<_>>(),
+                before.keys().collect::<Vec<_>>(),
+                "the same tasks, none replaced: {}",
+                moved.body
+            );
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tasks:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for id in before.keys() {
+        assert_eq!(
+            running_containers_with_label(&format!("cube.task-id={id}")).len(),
+            1,
+            "task {id} runs in one container"
+        );
+    }
+    // A new task in a moved project is taken by its new owner.
+    let moved_project = projects
+        .iter()
+        .find(|project| {
+            three.holder(cube_types::shard::shard_of(project, 16))
+                != two.holder(cube_types::shard::shard_of(project, 16))
+        })
+        .expect("a project whose shard moved");
+    let client = managers.get(2).client();
+    let answer = client
+        .post_raw(
+            &format!("/tasks?project={moved_project}"),
+            web_task("after-the-move").to_string(),
+        )
+        .await;
+    assert!(answer.status < 300, "{}", answer.body);
+    client
+        .await_state(answer.body["ID"].as_str().unwrap(), "Running")
+        .await;
+}
