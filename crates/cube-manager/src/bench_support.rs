@@ -45,6 +45,7 @@ pub fn manager_with_nodes(nodes: usize) -> Result<Arc<Manager>, ManagerError> {
         audit: None,
         tls: None,
         secrets: Arc::new(crate::secrets::Secrets::in_memory()),
+        claims: None,
     };
     let stores = ManagerStores::in_memory();
     let scheduler = cube_scheduler::scheduler_by_name("epvm")

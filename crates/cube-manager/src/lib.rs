@@ -47,6 +47,7 @@ mod routes;
 mod sealing;
 mod secret_api;
 pub mod secrets;
+pub mod shard_claims;
 pub mod shared_placement;
 mod task_controller;
 pub mod tls;

@@ -67,6 +67,10 @@ pub struct ManagerConfig {
     pub tls: Option<Arc<crate::tls::ManagerTls>>,
     /// The projects' secrets and registry logins, sealed (`secrets.rs`).
     pub secrets: Arc<crate::secrets::Secrets>,
+    /// With `--shard-controllers`: where the nodes' claims are kept and the fence of the
+    /// shards held (`shard_claims.rs`); `None` counts a node's load from this manager's
+    /// tasks alone, which then are every task placed.
+    pub claims: Option<crate::shard_claims::ClaimsSettings>,
 }
 
 impl ManagerConfig {
@@ -710,6 +714,7 @@ impl Manager {
         crate::placement::PlacementController::new(
             self.cluster.clone(),
             self.config.max_claimed_per_owner,
+            self.config.claims.clone(),
         )
     }
 
@@ -912,6 +917,7 @@ pub(crate) fn test_config() -> ManagerConfig {
         audit: None,
         tls: None,
         secrets: Arc::new(crate::secrets::Secrets::in_memory()),
+        claims: None,
     }
 }
 

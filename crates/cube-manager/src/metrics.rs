@@ -136,6 +136,8 @@ pub struct ManagerMetrics {
     project_usage: Family<ProjectLabel, FloatGauge>,
     project_quota: Family<ProjectLabel, FloatGauge>,
     pub placements: Counter,
+    /// Placements whose nodes' claims another manager changed first (`--shard-controllers`).
+    pub placement_conflicts: Counter,
     pub placement_failures: Family<ReasonLabel, Counter>,
     pub reconciles: Histograms<ControllerLabel>,
     pub commits: Histogram,
@@ -193,6 +195,13 @@ impl Default for ManagerMetrics {
             "Tasks placed on a node",
             placements.clone(),
         );
+        let placement_conflicts = Counter::default();
+        registry.register(
+            "cube_placement_conflicts",
+            "Placement passes planned again because another manager acting for its own shards \
+             changed a chosen node's claims first (--shard-controllers)",
+            placement_conflicts.clone(),
+        );
         let placement_failures = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "cube_placement_failures",
@@ -231,6 +240,7 @@ impl Default for ManagerMetrics {
             project_usage,
             project_quota,
             placements,
+            placement_conflicts,
             placement_failures,
             reconciles,
             commits,

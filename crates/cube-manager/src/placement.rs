@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::cluster::{Cluster, Shared, Writes, lock};
+use crate::shard_claims::{ByShard, ClaimsSettings, ShardClaims};
 
 /// The placement pass as a controller (see the module comment).
 ///
@@ -39,16 +40,35 @@ pub(crate) struct PlacementController {
     cluster: Arc<Cluster>,
     /// `--max-claimed-per-owner`.
     max_claimed_per_owner: Option<usize>,
+    /// With `--shard-controllers`: the claims of every node on etcd (`shard_claims.rs`),
+    /// read at the first pass; a placement commits its nodes' claims before its tasks.
+    claims: Option<(ClaimsSettings, tokio::sync::Mutex<Option<ShardClaims>>)>,
+}
+
+/// How many times in a row a pass is planned again at once after losing the race for a
+/// node's claims, before it backs off as after an error.
+const REPLANS: usize = 16;
+
+/// What one pass decided.
+#[derive(Default)]
+pub(crate) struct Pass {
+    /// The tasks placed and written.
+    pub(crate) placed: Vec<Uuid>,
+    /// With claims: each request placed, not written yet — its tasks as they were read and
+    /// as placed — to be written once its nodes' claims are.
+    pub(crate) planned: Vec<Vec<(Arc<Task>, Task)>>,
 }
 
 impl PlacementController {
     pub(crate) fn new(
         cluster: Arc<Cluster>,
         max_claimed_per_owner: Option<usize>,
+        claims: Option<ClaimsSettings>,
     ) -> PlacementController {
         PlacementController {
             cluster,
             max_claimed_per_owner,
+            claims: claims.map(|settings| (settings, tokio::sync::Mutex::new(None))),
         }
     }
 
@@ -81,6 +101,13 @@ impl PlacementController {
     /// One placement pass: places what it can, waits for those writes, and hands the placed
     /// tasks to the task controller for dispatch.
     async fn place_waiting(&self) -> Result<Action, String> {
+        if let Some((settings, claims)) = &self.claims {
+            let mut claims = claims.lock().await;
+            return self
+                .place_claiming(settings, &mut claims)
+                .await
+                .map_err(|err| err.to_string());
+        }
         let mut writes = Writes::default();
         let placed = self.placement_pass(&mut writes);
         let settled = self.cluster.settle(writes).await;
@@ -94,6 +121,94 @@ impl PlacementController {
             self.cluster.wakes.tasks.push(id);
         }
         Ok(Action::Done)
+    }
+
+    /// One placement pass of a manager acting for its shards (`shard_claims.rs`): the
+    /// claims followed, its own written down where its tasks ended, the pass planned on its
+    /// tasks and the other shards' claims, the placed nodes' claims committed, then the
+    /// tasks. A pass that lost a node to another manager is planned again at once.
+    async fn place_claiming(
+        &self,
+        settings: &ClaimsSettings,
+        claims: &mut Option<ShardClaims>,
+    ) -> Result<Action, StoreError> {
+        let first = claims.is_none();
+        if first {
+            *claims = Some(ShardClaims::open(settings.clone()).await?);
+        }
+        let Some(claims) = claims.as_mut() else {
+            return Ok(Action::Done);
+        };
+        let scope = self.cluster.scope.clone();
+        for attempt in 0..REPLANS {
+            claims.catch_up().await?;
+            let stale = claims.stale(&lock(&self.cluster.state), &scope, first && attempt == 0);
+            if !stale.is_empty() {
+                // Lost to another: written at a later pass.
+                claims.write(stale, &scope).await?;
+            }
+            let others = claims.others(&scope);
+            let mut writes = Writes::default();
+            let pass = self.pass(&mut writes, Some(&others));
+            let settled = self.cluster.settle(writes).await;
+            if pass.is_err() || settled.is_err() {
+                lock(&self.cluster.state).placement_dirty.mark_everything();
+            }
+            settled?;
+            let pass = pass?;
+            if pass.planned.is_empty() {
+                return Ok(Action::Done);
+            }
+            let wanted: Vec<(String, ByShard)> = {
+                let state = lock(&self.cluster.state);
+                let mut by_node: HashMap<String, ByShard> = HashMap::new();
+                for (_, task) in pass.planned.iter().flatten() {
+                    let node = task.status.node_name.to_string();
+                    let own = by_node
+                        .entry(node.clone())
+                        .or_insert_with(|| crate::shard_claims::own_on_node(&state, &node, &scope));
+                    own.entry(scope.shard_of(&task.spec.project))
+                        .or_default()
+                        .add(&crate::shard_claims::claim_of_task(task));
+                }
+                by_node.into_iter().collect()
+            };
+            if !claims.write(wanted, &scope).await? {
+                self.cluster.metrics.placement_conflicts.inc();
+                // Lost a node to another manager: every request is read again, on the
+                // claims etcd answered with.
+                lock(&self.cluster.state).placement_dirty.mark_everything();
+                continue;
+            }
+            let mut writes = Writes::default();
+            let mut placed = Vec::new();
+            {
+                let mut state = lock(&self.cluster.state);
+                for (read, task) in pass.planned.into_iter().flatten() {
+                    // A task changed since it was planned (stopped, say) is not placed: its
+                    // claim is written down at the next pass.
+                    if state
+                        .cache
+                        .shared(&task.id)
+                        .is_none_or(|now| !Arc::ptr_eq(&now, &read))
+                    {
+                        continue;
+                    }
+                    placed.push(task.id);
+                    self.cluster.metrics.placements.inc();
+                    self.cluster.save(&mut state, &mut writes, task)?;
+                }
+            }
+            self.cluster.settle(writes).await?;
+            for id in placed {
+                self.cluster.wakes.tasks.push(id);
+            }
+            return Ok(Action::Done);
+        }
+        // Another manager won every race: back off as after an error, and try again.
+        Err(StoreError::Etcd(format!(
+            "the placement lost the race for its nodes' claims {REPLANS} times in a row"
+        )))
     }
 
     /// Decides every waiting request's placement under one hold of the lock and queues the
@@ -114,6 +229,17 @@ impl PlacementController {
     /// so a request that did not fit at the last whole look still does not, and a request
     /// that does not fit holds up none behind it.
     pub(crate) fn placement_pass(&self, writes: &mut Writes) -> Result<Vec<Uuid>, StoreError> {
+        self.pass(writes, None).map(|pass| pass.placed)
+    }
+
+    /// [`PlacementController::placement_pass`], on the nodes as the tasks here hold them
+    /// plus, with `others`, what the other shards claim of each node: then the requests
+    /// placed are returned planned, not written ([`Pass::planned`]).
+    fn pass(
+        &self,
+        writes: &mut Writes,
+        others: Option<&HashMap<String, cube_types::claims::NodeClaims>>,
+    ) -> Result<Pass, StoreError> {
         let mut state = lock(&self.cluster.state);
         let marked = state.placement_dirty.take();
         let requests = waiting_requests(
@@ -122,9 +248,22 @@ impl PlacementController {
             self.max_claimed_per_owner.is_some(),
         );
         if requests.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Pass::default());
         }
         let mut views = self.cluster.node_views(&state);
+        if let Some(others) = others {
+            for view in &mut views {
+                if let Some(claims) = others.get(&view.name) {
+                    view.allocated.cpu += claims.cpu();
+                    view.allocated.memory = view.allocated.memory.saturating_add(claims.memory);
+                    view.allocated.disk = view.allocated.disk.saturating_add(claims.disk);
+                    view.task_count = view
+                        .task_count
+                        .saturating_add(usize::try_from(claims.tasks).unwrap_or(usize::MAX));
+                    view.host_ports_taken.extend(claims.host_ports());
+                }
+            }
+        }
         // Counted only when there is a limit: it reads the whole list.
         let mut admitted_by_owner = if self.max_claimed_per_owner.is_some() {
             admitted_by_owner(&state)
@@ -136,6 +275,7 @@ impl PlacementController {
         let mut project_usage: HashMap<String, Usage> = HashMap::new();
         let mut updates = Vec::new();
         let mut placed = Vec::new();
+        let mut planned = Vec::new();
         for request in requests {
             // Shared, not copied: most requests only wait, and a task is copied only when
             // it is placed or its reason changes.
@@ -214,8 +354,9 @@ impl PlacementController {
                             .just_admitted
                             .insert(request.key.entry_key(), request.owner.clone());
                     }
-                    for (task, name) in tasks.iter().zip(nodes) {
-                        let mut task = (**task).clone();
+                    let mut request_planned = Vec::new();
+                    for (read, name) in tasks.iter().zip(nodes) {
+                        let mut task = (**read).clone();
                         if task.move_to(State::Scheduled).is_err() {
                             continue;
                         }
@@ -233,9 +374,16 @@ impl PlacementController {
                         task.record(Utc::now(), "Placed", placed_on);
                         task.status.node_name = name.into();
                         task.status.pending_reason = None;
+                        if others.is_some() {
+                            request_planned.push((read.clone(), task));
+                            continue;
+                        }
                         placed.push(task.id);
                         updates.push(task);
                         self.cluster.metrics.placements.inc();
+                    }
+                    if !request_planned.is_empty() {
+                        planned.push(request_planned);
                     }
                 }
                 Err(reason) => {
@@ -255,7 +403,7 @@ impl PlacementController {
         for task in updates {
             self.cluster.save(&mut state, writes, task)?;
         }
-        Ok(placed)
+        Ok(Pass { placed, planned })
     }
 
     /// A `Quota` event: `request` starts or stops waiting for its project's quota.
@@ -844,7 +992,7 @@ mod controller_tests {
             .accept_tasks(vec![small, big], None)
             .await
             .expect("accepted");
-        let placement = PlacementController::new(cluster.clone(), None);
+        let placement = PlacementController::new(cluster.clone(), None, None);
         let mut writes = Writes::default();
         let placed = placement.placement_pass(&mut writes).expect("a pass");
         cluster.settle(writes).await.expect("durable");

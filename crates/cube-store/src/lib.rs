@@ -59,7 +59,7 @@ fn encode<V: serde::Serialize>(key: &str, value: &V) -> Result<Vec<u8>, StoreErr
 pub use commit::Commit;
 pub use etcd::{
     EtcdConfig, EtcdDb, EtcdStore, Fence, FenceError, FenceKey, Leadership, Lease, LeasedKey,
-    Optimistic, Unchanged, Versioned, normalize_prefix,
+    Optimistic, Quiet, Unchanged, Versioned, normalize_prefix,
 };
 pub use memory::MemoryStore;
 pub use persistent::{PersistentDb, PersistentStore};

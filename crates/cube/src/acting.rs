@@ -55,10 +55,14 @@ pub async fn act_for_held(
         if !now.shards.is_empty() && !shutdown.is_cancelled() {
             match now.fence(&db) {
                 Ok(fence) => {
-                    refused = db.set_fence(fence);
+                    refused = db.set_fence(fence.clone());
                     let term = shutdown.child_token();
                     let scope = now.scope(front.ring);
-                    match crate::leading::open_manager(&build, scope, &term).await {
+                    let claims = cube_manager::shard_claims::ClaimsSettings {
+                        db: db.clone(),
+                        fence,
+                    };
+                    match crate::leading::open_manager(&build, scope, Some(claims), &term).await {
                         Ok(manager) => {
                             front.set_own(Some(cube_manager::api::router(manager.clone())));
                             tracing::info!(

@@ -348,7 +348,11 @@ pub(crate) fn streamed(answer: reqwest::Response) -> Response {
 /// Builds a `Manager` for the shards of `scope` (loading their records from etcd): the
 /// leader's for every shard, or with `--shard-controllers` one for the shards held.
 pub type Build = Arc<
-    dyn Fn(cube_types::shard::ShardScope, CancellationToken) -> anyhow::Result<Arc<Manager>>
+    dyn Fn(
+            cube_types::shard::ShardScope,
+            Option<cube_manager::shard_claims::ClaimsSettings>,
+            CancellationToken,
+        ) -> anyhow::Result<Arc<Manager>>
         + Send
         + Sync,
 >;
@@ -358,10 +362,11 @@ pub type Build = Arc<
 pub(crate) async fn open_manager(
     build: &Build,
     scope: cube_types::shard::ShardScope,
+    claims: Option<cube_manager::shard_claims::ClaimsSettings>,
     term: &CancellationToken,
 ) -> anyhow::Result<Arc<Manager>> {
     let (build, term) = (build.clone(), term.clone());
-    tokio::task::spawn_blocking(move || build(scope, term))
+    tokio::task::spawn_blocking(move || build(scope, claims, term))
         .await
         .map_err(|err| anyhow::anyhow!("loading the state ended abnormally: {err}"))?
 }
@@ -415,6 +420,7 @@ pub async fn campaign_and_lead(
         let manager = match open_manager(
             build,
             cube_types::shard::ShardScope::all(front.ring),
+            None,
             &term,
         )
         .await

@@ -440,6 +440,7 @@ pub async fn prepare(
         audit,
         tls: tls.clone(),
         secrets,
+        claims: None,
     };
     let (listener, address) = crate::listen(&args.host, args.port, args.acl).await?;
     let mut listening_line =
@@ -464,11 +465,12 @@ pub async fn prepare(
             let me = args.advertise.unwrap_or_else(|| address.to_string());
             let scheduler_name = args.scheduler.clone();
             let tasks = manager_stores.tasks.clone();
-            let build: crate::leading::Build = std::sync::Arc::new(move |scope, term| {
+            let build: crate::leading::Build = std::sync::Arc::new(move |scope, claims, term| {
                 let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)
                     .with_context(|| format!("unknown scheduler {scheduler_name:?}"))?;
                 let config = ManagerConfig {
                     shards: scope,
+                    claims,
                     ..config.clone()
                 };
                 Manager::open(config, manager_stores.clone(), scheduler, term)

@@ -219,15 +219,16 @@ impl Managers {
     }
 
     fn join_worker(&self, name: &str) -> WorkerProcess {
+        self.join_worker_with(name, &[])
+    }
+
+    fn join_worker_with(&self, name: &str, extra: &[&str]) -> WorkerProcess {
         ensure_sample_image();
         let managers = self.addresses();
         let dir = self._dirs[0].path().join(name);
-        WorkerProcess::start_with(
-            name,
-            "memory",
-            &dir,
-            &["--manager", &managers, "--heartbeat-interval", "300ms"],
-        )
+        let mut flags = vec!["--manager", &managers, "--heartbeat-interval", "300ms"];
+        flags.extend_from_slice(extra);
+        WorkerProcess::start_with(name, "memory", &dir, &flags)
     }
 }
 
@@ -1061,4 +1062,93 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
     client
         .await_state(answer.body["ID"].as_str().unwrap(), "Running")
         .await;
+}
+
+#[tokio::test]
+async fn three_managers_placing_at_once_on_five_small_nodes_never_put_more_on_one_than_it_holds() {
+    let cluster = EtcdCluster::start(3);
+    let managers = Managers::start(&cluster, 3, &["--shard-controllers"]);
+    managers.await_settled_ring().await;
+    // Five nodes of 64 MiB: four tasks of 16 MiB each, twenty in all.
+    let nodes: Vec<String> = (0..5).map(|n| unique_node(&format!("small{n}"))).collect();
+    let _workers: Vec<WorkerProcess> = nodes
+        .iter()
+        .map(|node| managers.join_worker_with(node, &["--memory", "64MiB"]))
+        .collect();
+    for index in 0..3 {
+        managers.get(index).await_ready_nodes(5).await;
+    }
+    // Ten projects, spread over the three managers' shards.
+    let projects: Vec<String> = (0..10).map(|n| format!("crowd-{n}")).collect();
+    for project in &projects {
+        let created = managers
+            .get(0)
+            .client()
+            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+            .await;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    // Thirty tasks at once, through all three managers.
+    let submissions = (0..30).map(|n| {
+        let client = managers.get(n % 3).client();
+        let project = projects[n % projects.len()].clone();
+        async move {
+            let task = serde_json::json!({"Name": format!("crowd-{n}"), "Image": SAMPLE_IMAGE,
+                                          "Memory": "16MiB"});
+            let answer = client
+                .post_raw(&format!("/tasks?project={project}"), task.to_string())
+                .await;
+            assert!(answer.status < 300, "{}", answer.body);
+            answer.body["ID"].as_str().unwrap().to_string()
+        }
+    });
+    let ids = futures_util::future::join_all(submissions).await;
+    assert_eq!(ids.len(), 30);
+    // Twenty run, ten wait saying why; no node ever runs more than four.
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        for node in &nodes {
+            let running = running_containers_with_label(&format!("cube.node={node}"));
+            assert!(
+                running.len() <= 4,
+                "{node} runs {} tasks of 16 MiB in 64 MiB",
+                running.len()
+            );
+        }
+        let tasks: Vec<serde_json::Value> = managers
+            .get(1)
+            .client()
+            .get("/tasks?project=*")
+            .await
+            .body
+            .as_array()
+            .unwrap()
+            .clone();
+        let running = tasks
+            .iter()
+            .filter(|task| task["State"] == "Running")
+            .count();
+        let waiting: Vec<&serde_json::Value> = tasks
+            .iter()
+            .filter(|task| task["State"] == "Pending")
+            .collect();
+        if tasks.len() == 30 && running == 20 && waiting.len() == 10 {
+            for task in waiting {
+                let reason = task["PendingReason"].as_str().unwrap_or("");
+                assert!(reason.contains("memory"), "{task}");
+            }
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{running} running, {} waiting of {}",
+            waiting.len(),
+            tasks.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for node in &nodes {
+        let running = running_containers_with_label(&format!("cube.node={node}"));
+        assert_eq!(running.len(), 4, "{node} is full");
+    }
 }

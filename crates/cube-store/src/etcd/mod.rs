@@ -47,7 +47,7 @@ use crate::{Store, StoreError};
 
 pub use leader::Leadership;
 pub use leased::{Lease, LeasedKey};
-pub use versioned::{Optimistic, Unchanged, Versioned};
+pub use versioned::{Optimistic, Quiet, Unchanged, Versioned};
 pub use writer::{Fence, FenceError, FenceKey};
 
 use feed::Hubs;

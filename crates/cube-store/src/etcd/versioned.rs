@@ -7,7 +7,7 @@
 //! Keys here are relative to the store's prefix, as table names are: `tasks/ID` is a task
 //! record of the `tasks` table, and its watchers see the write as any other.
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::EtcdDb;
 use super::leased::{relative_key, send_txn};
@@ -30,6 +30,17 @@ pub struct Unchanged {
     pub key: String,
     /// Its `mod_revision` when read; 0: it must still be absent.
     pub mod_revision: i64,
+}
+
+/// A prefix under which no key may have been written after `revision` for a write to go
+/// through: one comparison however many keys it holds. A key created or changed since
+/// refuses the write; a key deleted since does not (etcd compares the keys that exist).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quiet {
+    /// The prefix without the store's prefix, ending in `/`.
+    pub prefix: String,
+    /// The revision up to which the writer knows every key under it.
+    pub revision: i64,
 }
 
 /// How an optimistic write went.
@@ -114,31 +125,125 @@ impl EtcdDb {
         if response.succeeded() {
             return Ok(Optimistic::Committed { revision });
         }
-        let mut read: Vec<Option<etcd_client::KeyValue>> = response
+        let read: Vec<Vec<etcd_client::KeyValue>> = response
             .op_responses()
             .into_iter()
             .map(|op| match op {
-                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                _ => None,
+                TxnOpResponse::Get(mut get) => get.take_kvs(),
+                _ => Vec::new(),
             })
             .collect();
-        let fence_read = read.split_off(unchanged.len().min(read.len()));
-        if let Some(fence) = fence {
-            let fence_read: Vec<Option<&etcd_client::KeyValue>> =
-                fence_read.iter().map(Option::as_ref).collect();
-            if let Some(moved) = fence.moved(&fence_read) {
-                return Err(StoreError::Fenced {
-                    key: moved.key.clone(),
-                });
-            }
-        }
-        let now: Vec<Versioned> = read
-            .iter()
-            .flatten()
-            .map(|kv| versioned(root_length, kv))
-            .collect();
-        Ok(Optimistic::Changed { now })
+        refused(read, unchanged.len(), fence, root_length)
     }
+
+    /// Writes `puts` (`None` deletes the key) in one transaction, if no key under any prefix
+    /// of `quiet` changed after the revision given with it and, when `fence` is given, every
+    /// key of the fence is still the one its holder created. Refused, it answers every key
+    /// under those prefixes as they are now (and a refused fence as
+    /// [`EtcdDb::write_if_unchanged`] does).
+    pub async fn write_if_quiet(
+        &self,
+        quiet: &[Quiet],
+        puts: Vec<(String, Option<Vec<u8>>)>,
+        fence: Option<&Fence>,
+    ) -> Result<Optimistic, StoreError> {
+        let fenced = fence.map_or(0, |fence| fence.keys().len());
+        if quiet.len() + fenced > MAX_TXN_OPS || puts.len() > MAX_TXN_OPS {
+            return Err(StoreError::Etcd(format!(
+                "an optimistic write of {} keys under {} quiet prefixes and {fenced} fenced keys \
+                 is more than one etcd transaction takes ({MAX_TXN_OPS} of each, the prefixes \
+                 and fenced keys together)",
+                puts.len(),
+                quiet.len()
+            )));
+        }
+        let mut compares: Vec<Compare> = quiet
+            .iter()
+            .map(|quiet| {
+                let whole = self.whole(&quiet.prefix);
+                let end = prefix_end(whole.as_bytes());
+                Compare::mod_revision(whole, CompareOp::Less, quiet.revision.saturating_add(1))
+                    .with_range(end)
+            })
+            .collect();
+        compares.extend(fence.into_iter().flat_map(Fence::compares));
+        let writes: Vec<TxnOp> = puts
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(value) => TxnOp::put(self.whole(&key), value, None),
+                None => TxnOp::delete(self.whole(&key), None),
+            })
+            .collect();
+        let mut reads: Vec<TxnOp> = quiet
+            .iter()
+            .map(|quiet| {
+                TxnOp::get(
+                    self.whole(&quiet.prefix),
+                    Some(GetOptions::new().with_prefix()),
+                )
+            })
+            .collect();
+        reads.extend(fence.into_iter().flat_map(Fence::reads));
+        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
+        let members = self.inner.members.clone();
+        let root_length = self.inner.root.len();
+        let response = self
+            .on_runtime(async move { send_txn(&members, txn).await })
+            .await?;
+        let revision = response.header().map_or(0, |header| header.revision());
+        if response.succeeded() {
+            return Ok(Optimistic::Committed { revision });
+        }
+        let read: Vec<Vec<etcd_client::KeyValue>> = response
+            .op_responses()
+            .into_iter()
+            .map(|op| match op {
+                TxnOpResponse::Get(mut get) => get.take_kvs(),
+                _ => Vec::new(),
+            })
+            .collect();
+        refused(read, quiet.len(), fence, root_length)
+    }
+}
+
+/// The answer of a refused optimistic write, from the reads of its failure branch: the
+/// first `compared` of them are the compared keys (or prefixes), the rest the fence's.
+fn refused(
+    mut read: Vec<Vec<etcd_client::KeyValue>>,
+    compared: usize,
+    fence: Option<&Fence>,
+    root_length: usize,
+) -> Result<Optimistic, StoreError> {
+    let fence_read = read.split_off(compared.min(read.len()));
+    if let Some(fence) = fence {
+        let fence_read: Vec<Option<&etcd_client::KeyValue>> =
+            fence_read.iter().map(|kvs| kvs.first()).collect();
+        if let Some(moved) = fence.moved(&fence_read) {
+            return Err(StoreError::Fenced {
+                key: moved.key.clone(),
+            });
+        }
+    }
+    let now: Vec<Versioned> = read
+        .iter()
+        .flatten()
+        .map(|kv| versioned(root_length, kv))
+        .collect();
+    Ok(Optimistic::Changed { now })
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's own rule: the prefix with
+/// its last byte below 0xff raised by one, what follows dropped).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte 0xff: to the end of the keys.
+    vec![0]
 }
 
 fn versioned(root_length: usize, kv: &etcd_client::KeyValue) -> Versioned {
