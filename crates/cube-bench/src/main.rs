@@ -260,6 +260,10 @@ enum Command {
         /// The manager counts to measure, comma-separated (one alone is the baseline).
         #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
         managers: Vec<usize>,
+        /// Start the managers with --shard-controllers: each acts for its own shards (and,
+        /// with two managers or more, time the failover of one killed with -9).
+        #[arg(long)]
+        shard_controllers: bool,
         /// How many runs of each manager count.
         #[arg(long, default_value_t = 1)]
         runs: usize,
@@ -585,6 +589,7 @@ async fn main() -> anyhow::Result<()> {
             nodes,
             managers,
             runs,
+            shard_controllers,
             cube,
         } => {
             let options = shards::Options {
@@ -593,6 +598,7 @@ async fn main() -> anyhow::Result<()> {
                 nodes,
                 managers,
                 runs,
+                shard_controllers,
             };
             shards::shards(&options, &cube_binary(cube)?).await
         }

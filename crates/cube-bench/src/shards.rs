@@ -1,5 +1,6 @@
-//! `cube-bench shards`: the baseline of issue 32's benchmark of controllers sharded by
-//! project, measured on the code as it is.
+//! `cube-bench shards`: issue 32's benchmark of controllers sharded by project: the
+//! baseline (the leader acts for every shard), and with `--shard-controllers` every manager
+//! acting for its own shards.
 //!
 //! For each manager count M (1, 2 and 3 by default), a fresh 3-member etcd cluster on
 //! loopback ports and M fresh `cube manager -d etcd` processes on it; the ring settled (every
@@ -14,12 +15,17 @@
 //! (`GET /leader`), the shards each holds (`GET /shards`) and how many of the tasks are in
 //! projects of those shards: what a manager would hold once the controllers run per shard.
 //!
-//! Today several managers on etcd give availability, not capacity: a follower hands every
-//! request to the leader, which alone holds every task and runs every controller
-//! (`crates/cube/src/leading.rs`). So the figures show the leader holding everything; the
-//! issue's target (each of 3 managers ≤ 40 % of the RSS one holds alone) is for the sharded
-//! controllers, not built yet. Placement runs on the leader alone, so there are no placement
-//! conflicts and no re-plans to count: the table says so rather than give a number.
+//! Without `--shard-controllers` several managers on etcd give availability, not capacity: a
+//! follower hands every request to the leader, which alone holds every task and runs every
+//! controller (`crates/cube/src/leading.rs`); placement runs on the leader alone, so there
+//! are no conflicts to count, and the table says so rather than give a number. With it, each
+//! manager holds and places its own shards' tasks (`crates/cube/src/acting.rs`): the counts
+//! are every manager's summed, and each manager's `/metrics` gives the placements that lost
+//! the race for a node's claims (each planned again at once: a conflict is a re-plan) and
+//! the time of the claims' commits (the conflict check), per placement. Then, with two
+//! managers or more, one that does not lead is killed with -9, and the time from the kill
+//! until a task submitted to a project of its shards is placed by the new owner is the
+//! failover figure; every task must still be held once and `Running`.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -62,8 +68,11 @@ const SUBMIT_ATTEMPTS: usize = 5;
 /// The managers' lease, as shipped.
 const LEADER_TTL: &str = "5s";
 
-/// What a cell says where placement would conflict or re-plan: today one process places.
+/// What a cell says where placement would conflict or re-plan: one process places.
 const NO_CONFLICTS: &str = "— (placement on the leader alone)";
+
+/// How long the failover may take before the run fails.
+const FAILOVER_BOUND: Duration = Duration::from_secs(120);
 
 /// The issue's target: each of 3 managers holds at most this fraction of one alone's RSS.
 const TARGET_FRACTION: f64 = 0.40;
@@ -74,6 +83,8 @@ pub(crate) struct Options {
     pub nodes: usize,
     pub managers: Vec<usize>,
     pub runs: usize,
+    /// `cube manager --shard-controllers`: every manager acts for its own shards.
+    pub shard_controllers: bool,
 }
 
 /// One manager of a run, as measured once every task ran.
@@ -89,6 +100,12 @@ struct ManagerFigures {
     shards_held: usize,
     /// Tasks whose project is in a shard this manager holds.
     tasks_in_its_shards: usize,
+    /// From its `/metrics` (`--shard-controllers`): its placements, the passes planned again
+    /// after losing a node's claims, and its claims' commits (how many, seconds in all).
+    placements: f64,
+    conflicts: f64,
+    claims_writes: f64,
+    claims_write_seconds: f64,
 }
 
 /// One run with M managers.
@@ -101,9 +118,17 @@ struct RunFigures {
     retried: usize,
     /// The leader at the end is not the one that led before the tasks went in.
     leader_changed: bool,
+    /// `--shard-controllers` with 2 managers or more: from the kill -9 of one that does
+    /// not lead until its shard's new owner placed a new task.
+    failover: Option<Duration>,
 }
 
 impl RunFigures {
+    /// Every manager's figure summed.
+    fn sum(&self, figure: impl Fn(&ManagerFigures) -> f64) -> f64 {
+        self.managers.iter().map(figure).sum()
+    }
+
     fn leader(&self) -> Option<&ManagerFigures> {
         self.managers.iter().find(|manager| manager.leads)
     }
@@ -146,11 +171,16 @@ pub(crate) async fn shards(options: &Options, cube: &Path) -> anyhow::Result<()>
     );
     let processes = options.nodes.div_ceil(WORKERS_PER_PROCESS);
     println!(
-        "shards: {} tasks in {} projects on {} simulated workers ({processes} sim-workers \
+        "shards{}: {} tasks in {} projects on {} simulated workers ({processes} sim-workers \
          processes), \
          through {:?} managers on a 3-member loopback etcd (fresh cluster and managers each \
          run, --leader-ttl {LEADER_TTL}, --heartbeat-grace 120s), {SUBMITTERS} clients \
          submitting round-robin over the managers; {} run(s) each; load average {}",
+        if options.shard_controllers {
+            " --shard-controllers"
+        } else {
+            ""
+        },
         options.tasks,
         options.projects,
         options.nodes,
@@ -165,7 +195,7 @@ pub(crate) async fn shards(options: &Options, cube: &Path) -> anyhow::Result<()>
             let figures = run_once(options, count, cube).await?;
             eprintln!(
                 "{count} managers, run {run}/{}: submitted in {:.1} s, all Running in {:.1} s; \
-                 RSS {}{}",
+                 RSS {}{}{}",
                 options.runs,
                 figures.submitted_in.as_secs_f64(),
                 figures.running_in.as_secs_f64(),
@@ -183,7 +213,11 @@ pub(crate) async fn shards(options: &Options, cube: &Path) -> anyhow::Result<()>
                     "; the leader changed during the run"
                 } else {
                     ""
-                }
+                },
+                figures
+                    .failover
+                    .map(|took| format!("; a shard's failover took {:.2} s", took.as_secs_f64()))
+                    .unwrap_or_default()
             );
             runs.push(figures);
         }
@@ -208,9 +242,10 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
     println!(
         "| managers | submissions/s | first submission → all Running, s | min | max | leader RSS MB \
          (peak) | other managers' RSS MB | largest RSS / one manager alone (the same of RssAnon) | \
-         each of 3 ≤ 40 % of one alone (issue 32) | placement conflicts/s, re-plans/s |"
+         each of 3 ≤ 40 % of one alone (issue 32) | placement conflicts/s, re-plans/s | conflict \
+         check per placement, ms (per commit) | kill -9 → new owner placing, s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|---:|---|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|---|");
     for (count, runs) in results {
         let rate = median(
             runs.iter()
@@ -251,9 +286,38 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
             }
             _ => ("— (no 1-manager run)".to_string(), "—"),
         };
+        let (conflicts, check, failover) = if options.shard_controllers {
+            let per_second =
+                median(runs.iter().map(|run| {
+                    run.sum(|manager| manager.conflicts) / run.running_in.as_secs_f64()
+                }));
+            let per_placement = median(runs.iter().map(|run| {
+                1000.0 * run.sum(|manager| manager.claims_write_seconds)
+                    / run.sum(|manager| manager.placements).max(1.0)
+            }));
+            let per_commit = median(runs.iter().map(|run| {
+                1000.0 * run.sum(|manager| manager.claims_write_seconds)
+                    / run.sum(|manager| manager.claims_writes).max(1.0)
+            }));
+            let failover: Vec<f64> = runs
+                .iter()
+                .filter_map(|run| run.failover.map(|took| took.as_secs_f64()))
+                .collect();
+            (
+                format!("{per_second:.2}, {per_second:.2}"),
+                format!("{per_placement:.3} ({per_commit:.1})"),
+                if failover.is_empty() {
+                    "—".to_string()
+                } else {
+                    format!("{:.2}", median(failover.into_iter()))
+                },
+            )
+        } else {
+            (NO_CONFLICTS.to_string(), "—".to_string(), "—".to_string())
+        };
         println!(
             "| {count} | {rate:.0} | {:.1} | {:.1} | {:.1} | {leader_rss:.0} ({leader_peak:.0}) | {} \
-             | {fraction} | {met} | {NO_CONFLICTS} |",
+             | {fraction} | {met} | {conflicts} | {check} | {failover} |",
             running.median,
             running.min,
             running.max,
@@ -312,6 +376,9 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     // would have its tasks placed again, which is not what is measured.
     let mut flags = crate::etcd::etcd_manager_flags(&endpoints, &prefix, LEADER_TTL);
     flags.extend(["--heartbeat-grace".to_string(), "120s".to_string()]);
+    if options.shard_controllers {
+        flags.push("--shard-controllers".to_string());
+    }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     // Each manager's data directory (its log), removed after the run.
     let dirs: Vec<tempfile::TempDir> = (0..count)
@@ -425,7 +492,7 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
             }
             _ = poll.tick() => {}
         }
-        let counts = task_counts(&http, &bases[leader]).await?;
+        let counts = held_counts(&http, &bases, leader, options.shard_controllers).await?;
         let now_acknowledged = acknowledged.load(Ordering::Relaxed);
         if counts.running >= options.tasks && submitted_in.is_some() {
             break started.elapsed();
@@ -464,14 +531,64 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         .collect::<anyhow::Result<_>>()?;
     let roles = roles(&http, &bases).await?;
     let ring: ShardsView = crate::get_json(&http, &format!("{}/shards", bases[leader])).await?;
-    let counts = task_counts(&http, &bases[leader]).await?;
+    let counts = held_counts(&http, &bases, leader, options.shard_controllers).await?;
     anyhow::ensure!(
         counts.held == options.tasks && counts.running == options.tasks,
-        "tasks lost or duplicated: the leader holds {} tasks, {} Running, of {}",
+        "tasks lost or duplicated: the managers hold {} tasks, {} Running, of {}",
         counts.held,
         counts.running,
         options.tasks
     );
+    let mut claimed = Vec::new();
+    for base in &bases {
+        claimed.push(claim_figures(&http, base).await?);
+    }
+    let failover = if options.shard_controllers && count >= 2 {
+        let victim = (0..count)
+            .find(|index| !roles[*index].0)
+            .context("no manager that does not lead")?;
+        let held: HashSet<u32> = ring
+            .managers
+            .iter()
+            .filter(|shards| shards.manager == roles[victim].1)
+            .flat_map(|shards| shards.shards.iter().copied())
+            .collect();
+        let project = (0..options.projects)
+            .map(project_name)
+            .find(|name| held.contains(&shard_of(name, ring.ring)))
+            .context("the manager to kill holds no project's shard")?;
+        let killed = managers.remove(victim);
+        let survivors: Vec<String> = bases
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| *index != victim)
+            .map(|(_, base)| base.clone())
+            .collect();
+        killed.kill().await?;
+        let took = failover(&http, &survivors, &project).await?;
+        // Every task still held once, and running: the new owners may still be loading
+        // the shards they took.
+        let settled = Instant::now();
+        loop {
+            let counts = held_counts(&http, &survivors, 0, true).await;
+            if let Ok(counts) = &counts
+                && counts.held == options.tasks + 1
+                && counts.running == options.tasks + 1
+            {
+                break;
+            }
+            if settled.elapsed() > FAILOVER_BOUND {
+                bail!(
+                    "after the failover the managers hold {counts:?}, not {} tasks all Running",
+                    options.tasks + 1
+                );
+            }
+            tokio::time::sleep(POLL_EVERY).await;
+        }
+        Some(took)
+    } else {
+        None
+    };
     for sim in sims {
         sim.stop().await?;
     }
@@ -485,8 +602,9 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         .zip(&memory)
         .zip(&idle_rss_mb)
         .zip(&anon_mb)
+        .zip(&claimed)
         .map(
-            |((((leads, me), (rss_mb, peak_mb)), idle_rss_mb), anon_mb)| {
+            |(((((leads, me), (rss_mb, peak_mb)), idle_rss_mb), anon_mb), claimed)| {
                 let held: HashSet<u32> = ring
                     .managers
                     .iter()
@@ -501,6 +619,10 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
                     anon_mb: *anon_mb,
                     shards_held: held.len(),
                     tasks_in_its_shards: tasks_in_shards(options, ring.ring, &held),
+                    placements: claimed.placements,
+                    conflicts: claimed.conflicts,
+                    claims_writes: claimed.claims_writes,
+                    claims_write_seconds: claimed.claims_write_seconds,
                 }
             },
         )
@@ -511,7 +633,113 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         running_in,
         retried: retried.load(Ordering::Relaxed),
         leader_changed: !roles.get(leader).is_some_and(|(leads, _)| *leads),
+        failover,
     })
+}
+
+/// The tasks held and `Running`: the leader's alone, or with `--shard-controllers` every
+/// manager's summed (each holds its own shards').
+async fn held_counts(
+    http: &reqwest::Client,
+    bases: &[String],
+    leader: usize,
+    sharded: bool,
+) -> anyhow::Result<TaskCounts> {
+    if !sharded {
+        return task_counts(http, &bases[leader]).await;
+    }
+    let mut sum = TaskCounts::default();
+    for base in bases {
+        let counts = task_counts(http, base).await?;
+        sum.held += counts.held;
+        sum.running += counts.running;
+    }
+    Ok(sum)
+}
+
+/// What one manager's `/metrics` says of its placements and claims.
+#[derive(Debug, Default, PartialEq)]
+struct ClaimFigures {
+    placements: f64,
+    conflicts: f64,
+    claims_writes: f64,
+    claims_write_seconds: f64,
+}
+
+async fn claim_figures(http: &reqwest::Client, base: &str) -> anyhow::Result<ClaimFigures> {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .with_context(|| format!("GET {base}/metrics"))?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(parse_claim_figures(&text))
+}
+
+fn parse_claim_figures(text: &str) -> ClaimFigures {
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    ClaimFigures {
+        placements: value("cube_placements_total"),
+        conflicts: value("cube_placement_conflicts_total"),
+        claims_writes: value("cube_claims_write_duration_seconds_count"),
+        claims_write_seconds: value("cube_claims_write_duration_seconds_sum"),
+    }
+}
+
+/// From now (a manager just killed), how long until a task submitted to `project` through
+/// the `survivors` is placed: submitted again and again (a 421 or 503 while the shard moves)
+/// until one is acknowledged, then its state read until it is no longer `Pending`.
+async fn failover(
+    http: &reqwest::Client,
+    survivors: &[String],
+    project: &str,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut task = load::small_task("after-the-kill");
+    let id = uuid::Uuid::new_v4().to_string();
+    task["ID"] = serde_json::Value::String(id.clone());
+    let mut attempt = 0;
+    loop {
+        let base = &survivors[attempt % survivors.len()];
+        attempt += 1;
+        if let Ok(answer) = http
+            .post(format!("{base}/tasks?project={project}"))
+            .json(&task)
+            .send()
+            .await
+            && matches!(answer.status().as_u16(), 200 | 201)
+        {
+            break;
+        }
+        if started.elapsed() > FAILOVER_BOUND {
+            bail!("no manager took a task of {project} within {FAILOVER_BOUND:?} of the kill");
+        }
+        // A pause between attempts while the shard moves.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        let base = &survivors[attempt % survivors.len()];
+        attempt += 1;
+        if let Ok(task) =
+            crate::get_json::<serde_json::Value>(http, &format!("{base}/tasks/{id}")).await
+            && task["State"] != "Pending"
+            && task["State"].is_string()
+        {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > FAILOVER_BOUND {
+            bail!("the task of {project} was not placed within {FAILOVER_BOUND:?} of the kill");
+        }
+        // The task's state has no blocking read across managers: polled.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn project_name(project: usize) -> String {

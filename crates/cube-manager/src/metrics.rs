@@ -138,6 +138,9 @@ pub struct ManagerMetrics {
     pub placements: Counter,
     /// Placements whose nodes' claims another manager changed first (`--shard-controllers`).
     pub placement_conflicts: Counter,
+    /// How long the claims of a pass's placed nodes took to commit, the conflict check
+    /// (`--shard-controllers`).
+    pub claims_writes: Histogram,
     pub placement_failures: Family<ReasonLabel, Counter>,
     pub reconciles: Histograms<ControllerLabel>,
     pub commits: Histogram,
@@ -202,6 +205,13 @@ impl Default for ManagerMetrics {
              changed a chosen node's claims first (--shard-controllers)",
             placement_conflicts.clone(),
         );
+        let claims_writes = short_buckets();
+        registry.register(
+            "cube_claims_write_duration_seconds",
+            "How long the claims of the nodes a placement pass chose took to commit in etcd, \
+             won or lost (--shard-controllers)",
+            claims_writes.clone(),
+        );
         let placement_failures = Family::<ReasonLabel, Counter>::default();
         registry.register(
             "cube_placement_failures",
@@ -241,6 +251,7 @@ impl Default for ManagerMetrics {
             project_quota,
             placements,
             placement_conflicts,
+            claims_writes,
             placement_failures,
             reconciles,
             commits,

@@ -173,7 +173,13 @@ impl PlacementController {
                 }
                 by_node.into_iter().collect()
             };
-            if !claims.write(wanted, &scope).await? {
+            let started = Instant::now();
+            let won = claims.write(wanted, &scope).await?;
+            self.cluster
+                .metrics
+                .claims_writes
+                .observe(started.elapsed().as_secs_f64());
+            if !won {
                 self.cluster.metrics.placement_conflicts.inc();
                 // Lost a node to another manager: every request is read again, on the
                 // claims etcd answered with.

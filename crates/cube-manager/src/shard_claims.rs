@@ -397,11 +397,7 @@ impl ShardClaims {
 }
 
 /// What the tasks of `scope`'s shards holding room on `node` claim there, by shard.
-pub(crate) fn own_on_node(
-    state: &Shared,
-    node: &str,
-    scope: &ShardScope,
-) -> ByShard {
+pub(crate) fn own_on_node(state: &Shared, node: &str, scope: &ShardScope) -> ByShard {
     let mut claims = ByShard::new();
     if let Some(load) = state.cache.load(node) {
         for id in &load.tasks {

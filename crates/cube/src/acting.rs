@@ -132,7 +132,7 @@ fn to_every_manager(method: &Method, route: &str) -> bool {
 
 /// The front of a manager acting for its shards: answers `request` here or hands it to
 /// the manager that owns what it names (module comment).
-pub async fn route(front: &Front, peer: Option<PeerIdentity>, request: Request) -> Response {
+pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Request) -> Response {
     // Handed on by another manager: answered here, whoever owns it now (a manager that no
     // longer holds the project's shard answers 421, and the client asks again).
     if request.headers().contains_key(&FORWARDED) {
@@ -164,7 +164,28 @@ pub async fn route(front: &Front, peer: Option<PeerIdentity>, request: Request) 
         }
     };
     if to_every_manager(&method, route) {
-        return to_every(front, &owners.managers, peer.as_ref(), parts, body).await;
+        // A project's removal or quota is decided by its owner (who knows its tasks and
+        // usage); the rest by the manager asked.
+        let decider = match route {
+            "/projects/{name}" | "/projects/{name}/quota" => {
+                let name = path.split('/').nth(2).unwrap_or("");
+                let shard = cube_types::shard::shard_of(name, front.ring);
+                match owners.holders.get(&shard) {
+                    Some(owner) => owner.clone(),
+                    None => return shard_unheld(shard),
+                }
+            }
+            _ => front.me.clone(),
+        };
+        return to_every(
+            front,
+            &decider,
+            &owners.managers,
+            peer.as_ref(),
+            parts,
+            body,
+        )
+        .await;
     }
     let body_project = if addressed == Addressed::Project && method == Method::POST {
         serde_json::from_slice::<serde_json::Value>(&body)
@@ -266,46 +287,79 @@ async fn project_of_task(front: &Front, id: &str) -> Result<Option<String>, Stri
         .map_err(|err| err.to_string())
 }
 
-/// Hands a write every manager must apply to each of them (this one through its own
-/// router); the answer is this manager's own, else the first other's.
+/// How long another manager has to take a cluster-wide write handed to it.
+const TELL_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Hands a write every manager must apply to `decider` first (this manager through its
+/// own router), then, once it agreed (a 2xx), to every other, in the background: the
+/// decider's answer is the answer. A manager that did not hear (it was restarting, or did
+/// not answer within [`TELL_BOUND`]) reads it from etcd when it next opens its state.
 async fn to_every(
-    front: &Front,
+    front: &Arc<Front>,
+    decider: &str,
     managers: &[String],
     peer: Option<&PeerIdentity>,
     parts: axum::http::request::Parts,
     body: axum::body::Bytes,
 ) -> Response {
-    let others = managers.iter().filter(|manager| **manager != front.me);
-    let sent = futures_util::future::join_all(
-        others.map(|manager| crate::leading::send(front, manager, peer, &parts, body.clone())),
-    );
-    let own = async {
-        match front.own_router() {
-            Some(router) => Some(
-                crate::leading::serve_here(
-                    router,
-                    Request::from_parts(parts.clone(), Body::from(body.clone())),
-                )
-                .await,
-            ),
-            None => None,
-        }
-    };
-    let (own, answers) = tokio::join!(own, sent);
-    if let Some(own) = own {
-        return own;
+    let answer = ask(front, decider, peer, &parts, body.clone()).await;
+    if !answer.status().is_success() {
+        return answer;
     }
-    let mut errors = Vec::new();
-    for answer in answers {
-        match answer {
-            Ok(answer) => return crate::leading::streamed(answer),
-            Err(err) => errors.push(err),
-        }
+    let others: Vec<String> = managers
+        .iter()
+        .filter(|manager| manager.as_str() != decider)
+        .cloned()
+        .collect();
+    if others.is_empty() {
+        return answer;
     }
-    crate::leading::unavailable(format!(
-        "no manager acting for shards answered ({}): try again",
-        errors.join("; ")
-    ))
+    // A project must be known everywhere before its creator's next request (which may go to
+    // any manager): its writes wait for the others. A node's report or state does not make a
+    // worker wait for every manager.
+    let wait = parts.uri.path().starts_with("/projects");
+    let (front, peer) = (front.clone(), peer.cloned());
+    let telling = tokio::spawn(async move {
+        let told = futures_util::future::join_all(others.iter().map(|manager| {
+            tokio::time::timeout(
+                TELL_BOUND,
+                ask(&front, manager, peer.as_ref(), &parts, body.clone()),
+            )
+        }))
+        .await;
+        for (manager, answer) in others.iter().zip(told) {
+            let status = answer.map(|answer| answer.status().to_string());
+            if !status
+                .as_deref()
+                .is_ok_and(|status| status.starts_with('2'))
+            {
+                tracing::debug!(%manager, ?status, route = %parts.uri.path(), "another manager did not take a cluster-wide write");
+            }
+        }
+    });
+    if wait && let Err(err) = telling.await {
+        tracing::error!(error = %err, "telling the other managers ended abnormally");
+    }
+    answer
+}
+
+/// `parts` and `body` answered by `manager`: this one's own router, or another's over HTTP.
+async fn ask(
+    front: &Front,
+    manager: &str,
+    peer: Option<&PeerIdentity>,
+    parts: &axum::http::request::Parts,
+    body: axum::body::Bytes,
+) -> Response {
+    if manager == front.me {
+        return here(front, Request::from_parts(parts.clone(), Body::from(body))).await;
+    }
+    match crate::leading::send(front, manager, peer, parts, body).await {
+        Ok(answer) => crate::leading::streamed(answer),
+        Err(err) => crate::leading::unavailable(format!(
+            "the manager {manager} does not answer ({err}): try again"
+        )),
+    }
 }
 
 /// A list of every project (`?project=*`): asked of every manager, their JSON lists joined.

@@ -915,18 +915,29 @@ fn one_copy(name: &str) -> serde_json::Value {
                     "Task": {"Image": SAMPLE_IMAGE, "Memory": "16MiB"}}]})
 }
 
-/// `cube_tasks{state="Running"}` on one manager's own `/metrics`: the tasks it holds.
+/// `cube_tasks{state="Running"}` on one manager's own `/metrics`: the tasks it holds. Asked
+/// again while the manager answers 503 (it is opening its state for the shards it now holds).
 async fn running_held_by(manager: &ManagerProcess) -> u64 {
-    let text = reqwest::get(format!("http://{}/metrics", manager.address()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix("cube_tasks{state=\"Running\"} "))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no running count in {text}"))
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let answer = reqwest::get(format!("http://{}/metrics", manager.address()))
+            .await
+            .unwrap();
+        let status = answer.status();
+        let text = answer.text().await.unwrap();
+        if status == 200 {
+            return text
+                .lines()
+                .find_map(|line| line.strip_prefix("cube_tasks{state=\"Running\"} "))
+                .and_then(|count| count.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no running count in {text}"));
+        }
+        assert!(
+            status == 503 && std::time::Instant::now() < deadline,
+            "{status}: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// Every task of every project, gathered by `manager` (`?project=*`), by ID with its state.
@@ -1062,6 +1073,33 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
     client
         .await_state(answer.body["ID"].as_str().unwrap(), "Running")
         .await;
+    // A project is removed only as its owner decides: not while it has tasks, whichever
+    // manager is asked.
+    for index in [1, 2] {
+        let refused = managers
+            .get(index)
+            .client()
+            .delete(&format!("/projects/{moved_project}"))
+            .await;
+        assert_eq!(refused.status, 409, "{}", refused.body);
+    }
+
+    // A fourth manager takes shards from the others; every task is still held once.
+    let fourth = managers.add(&["--shard-controllers"]);
+    let four = managers.await_settled_ring().await;
+    assert_eq!(four.managers.len(), 3, "{four:#?}");
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let mut held = 0;
+        for index in [1, 2, fourth] {
+            held += running_held_by(managers.get(index)).await;
+        }
+        if held == 21 && running_held_by(managers.get(fourth)).await > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{held} held");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
