@@ -553,10 +553,30 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
             .filter(|shards| shards.manager == roles[victim].1)
             .flat_map(|shards| shards.shards.iter().copied())
             .collect();
-        let project = (0..options.projects)
+        // A project of its shards: one of the run's, or one made now.
+        let project = match (0..options.projects)
             .map(project_name)
             .find(|name| held.contains(&shard_of(name, ring.ring)))
-            .context("the manager to kill holds no project's shard")?;
+        {
+            Some(project) => project,
+            None => {
+                let name = (0..)
+                    .map(|n| format!("failover-{n}"))
+                    .find(|name| held.contains(&shard_of(name, ring.ring)))
+                    .context("the manager to kill holds no shard")?;
+                let answer = http
+                    .post(format!("{}/projects", bases[victim]))
+                    .json(&serde_json::json!({"Name": name}))
+                    .send()
+                    .await?;
+                anyhow::ensure!(
+                    answer.status().as_u16() == 201,
+                    "POST /projects of {name} answered {}",
+                    answer.status()
+                );
+                name
+            }
+        };
         let killed = managers.remove(victim);
         let survivors: Vec<String> = bases
             .iter()

@@ -136,13 +136,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     // Handed on by another manager: answered here, whoever owns it now (a manager that no
     // longer holds the project's shard answers 421, and the client asks again).
     if request.headers().contains_key(&FORWARDED) {
-        return match front.own_router() {
-            Some(router) => crate::leading::serve_here(router, request).await,
-            None => crate::leading::unavailable(format!(
-                "{} holds no shard at the moment (the ring is changing): try again",
-                front.me
-            )),
-        };
+        return here(front, request).await;
     }
     let method = request.method().clone();
     let path = request.uri().path().to_string();
@@ -155,15 +149,11 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         Ok(body) => body,
         Err(refused) => return refused,
     };
-    let owners = match crate::ring::owners(&front.db).await {
-        Ok(owners) => owners,
-        Err(err) => {
-            return crate::leading::unavailable(format!(
-                "cannot read the shard ring from etcd: {err}"
-            ));
-        }
-    };
     if to_every_manager(&method, route) {
+        let owners = match owners(front, false).await {
+            Ok(owners) => owners,
+            Err(refused) => return refused,
+        };
         // A project's removal or quota is decided by its owner (who knows its tasks and
         // usage); the rest by the manager asked.
         let decider = match route {
@@ -200,36 +190,30 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         body_project: body_project.as_deref(),
         task,
     };
-    let target = addressing::target(addressed, named, front.ring);
-    let owner = match target {
+    // Where the request goes: a shard's owner, the leader, or here.
+    let shard = match addressing::target(addressed, named, front.ring) {
         Target::Here => None,
-        Target::Leader => match front.db.leader().await {
-            Ok(Some(leader)) => Some(leader),
-            Ok(None) => {
-                return crate::leading::unavailable(
-                    "no manager leads at the moment (a new leader is elected within \
-                     --leader-ttl): try again"
-                        .to_string(),
-                );
-            }
-            Err(err) => {
-                return crate::leading::unavailable(format!(
-                    "cannot read the leader from etcd: {err}"
-                ));
-            }
-        },
-        Target::Shard(shard) => match owners.holders.get(&shard) {
-            Some(owner) => Some(owner.clone()),
-            None => return shard_unheld(shard),
-        },
-        Target::TaskOwner(id) => match project_of_task(front, &id).await {
-            Ok(Some(project)) => {
-                let shard = cube_types::shard::shard_of(&project, front.ring);
-                match owners.holders.get(&shard) {
-                    Some(owner) => Some(owner.clone()),
-                    None => return shard_unheld(shard),
+        Target::Leader => {
+            let leader = match front.db.leader().await {
+                Ok(Some(leader)) => leader,
+                Ok(None) => {
+                    return crate::leading::unavailable(
+                        "no manager leads at the moment (a new leader is elected within \
+                         --leader-ttl): try again"
+                            .to_string(),
+                    );
                 }
-            }
+                Err(err) => {
+                    return crate::leading::unavailable(format!(
+                        "cannot read the leader from etcd: {err}"
+                    ));
+                }
+            };
+            return ask(front, &leader, peer.as_ref(), &parts, body).await;
+        }
+        Target::Shard(shard) => Some(shard),
+        Target::TaskOwner(id) => match project_of_task(front, &id).await {
+            Ok(Some(project)) => Some(cube_types::shard::shard_of(&project, front.ring)),
             // No such task: answered here (the 404 of a task that is not there).
             Ok(None) => None,
             Err(err) => {
@@ -239,21 +223,96 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
             }
         },
         Target::Every => {
-            return gathered(front, &owners.managers, peer.as_ref(), parts, body).await;
+            // Read afresh: a list of every project asks every manager that holds a shard.
+            let owners = match owners(front, true).await {
+                Ok(owners) => owners,
+                Err(refused) => return refused,
+            };
+            let mut holding: Vec<String> = owners.holders.values().cloned().collect();
+            holding.sort();
+            holding.dedup();
+            return gathered(front, &holding, peer.as_ref(), parts, body).await;
         }
     };
-    match owner {
-        Some(owner) if owner != front.me => {
-            match crate::leading::send(front, &owner, peer.as_ref(), &parts, body).await {
-                Ok(answer) => crate::leading::streamed(answer),
-                Err(err) => crate::leading::unavailable(format!(
-                    "the manager {owner} does not answer ({err}); its shards are taken by the \
-                     others within --leader-ttl: try again"
-                )),
+    let Some(shard) = shard else {
+        return here(front, Request::from_parts(parts, Body::from(body))).await;
+    };
+    // The owner as last read; read again, and the request sent again, when the owner moved
+    // (421: it no longer holds the shard), is opening its state (503) or is gone.
+    let mut pause = std::time::Duration::from_millis(25);
+    for attempt in 1..=OWNER_ATTEMPTS {
+        let last = attempt == OWNER_ATTEMPTS;
+        let owners = match owners(front, attempt > 1).await {
+            Ok(owners) => owners,
+            Err(refused) => return refused,
+        };
+        let answer = match owners.holders.get(&shard) {
+            Some(owner) if *owner == front.me => {
+                here(
+                    front,
+                    Request::from_parts(parts.clone(), Body::from(body.clone())),
+                )
+                .await
             }
+            Some(owner) => {
+                match crate::leading::send(front, owner, peer.as_ref(), &parts, body.clone()).await
+                {
+                    Ok(answer) => crate::leading::streamed(answer),
+                    // Never reached it: sent again to the shard's next owner.
+                    Err(err) if err.not_sent && !last => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(std::time::Duration::from_millis(400));
+                        continue;
+                    }
+                    Err(err) => crate::leading::unavailable(format!(
+                        "the manager {owner} does not answer ({}); its shards are taken by the \
+                         others within --leader-ttl: try again",
+                        err.message
+                    )),
+                }
+            }
+            None => shard_unheld(shard),
+        };
+        let status = answer.status();
+        // A 421 (the shard moved) or a manager's own 503 (it is opening its state) did
+        // nothing: sent again. A broken answer is the client's to judge.
+        if last
+            || !(status == StatusCode::MISDIRECTED_REQUEST
+                || (status == StatusCode::SERVICE_UNAVAILABLE
+                    && answer.headers().contains_key(&crate::leading::NOT_SERVED)))
+        {
+            return answer;
         }
-        _ => here(front, Request::from_parts(parts, Body::from(body))).await,
+        // A pause while the shard moves or its owner opens its state.
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(400));
     }
+    shard_unheld(shard)
+}
+
+/// How many times a request is sent to its shard's owner while the shard moves.
+const OWNER_ATTEMPTS: usize = 6;
+
+/// How long who holds each shard is taken as last read: a request for a shard whose owner
+/// has since moved is answered 421 by the old owner and sent again on a fresh read.
+const OWNERS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Who holds each shard: as last read unless `fresh` or older than [`OWNERS_FOR`]; a 503
+/// when etcd does not answer.
+async fn owners(front: &Front, fresh: bool) -> Result<Arc<crate::ring::Owners>, Response> {
+    if !fresh
+        && let Some((read, owners)) = &*front.owners.lock().unwrap_or_else(|p| p.into_inner())
+        && read.elapsed() < OWNERS_FOR
+    {
+        return Ok(owners.clone());
+    }
+    let owners = crate::ring::owners(&front.db).await.map_err(|err| {
+        crate::leading::unavailable(format!("cannot read the shard ring from etcd: {err}"))
+    })?;
+    let owners = Arc::new(owners);
+    *front.owners.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((std::time::Instant::now(), owners.clone()));
+    Ok(owners)
 }
 
 fn shard_unheld(shard: u32) -> Response {
@@ -267,11 +326,23 @@ fn shard_unheld(shard: u32) -> Response {
 async fn here(front: &Front, request: Request) -> Response {
     match front.own_router() {
         Some(router) => crate::leading::serve_here(router, request).await,
-        None => crate::leading::unavailable(format!(
-            "{} holds no shard yet (it is joining the ring): try again",
+        None => not_served(format!(
+            "{} holds no shard at the moment (it is joining the ring, or opening the state of \
+             the shards it took): try again",
             front.me
         )),
     }
+}
+
+/// A 503 of a manager that did nothing with the request, marked so ([`NOT_SERVED`]) for
+/// the front that handed it on, which may send it again.
+fn not_served(message: String) -> Response {
+    let mut answer = crate::leading::unavailable(message);
+    answer.headers_mut().insert(
+        &crate::leading::NOT_SERVED,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    answer
 }
 
 /// The project of the task with ID `id`, from its record in etcd; `None` when there is none.
@@ -357,7 +428,8 @@ async fn ask(
     match crate::leading::send(front, manager, peer, parts, body).await {
         Ok(answer) => crate::leading::streamed(answer),
         Err(err) => crate::leading::unavailable(format!(
-            "the manager {manager} does not answer ({err}): try again"
+            "the manager {manager} does not answer ({}): try again",
+            err.message
         )),
     }
 }
@@ -415,8 +487,9 @@ async fn gathered(
                 }
                 Err(err) => {
                     return crate::leading::unavailable(format!(
-                        "the manager {manager} does not answer ({err}): the list of every \
-                         project would be missing its shards; try again"
+                        "the manager {manager} does not answer ({}): the list of every \
+                         project would be missing its shards; try again",
+                        err.message
                     ));
                 }
             }

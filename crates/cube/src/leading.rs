@@ -44,6 +44,10 @@ pub(crate) const FORWARDED: HeaderName = HeaderName::from_static("x-cube-forward
 /// from a connection with a manager's certificate.
 const FORWARDED_PEER: HeaderName = HeaderName::from_static("x-cube-forwarded-peer");
 
+/// Set on a 503 by a manager that did nothing with the request (it holds no shard, or is
+/// opening the state of those it took): the manager that handed it on may send it again.
+pub(crate) const NOT_SERVED: HeaderName = HeaderName::from_static("x-cube-not-served");
+
 /// The largest request body handed on (the API's own limit is 1 MiB).
 const FORWARD_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
@@ -73,6 +77,8 @@ pub struct Front {
     /// task a request names by its ID (`acting.rs`). `None`: the leader acts for every shard
     /// and a follower hands it every request.
     pub(crate) sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
+    /// With `--shard-controllers`: who holds each shard, as last read (`acting::owners`).
+    pub(crate) owners: std::sync::Mutex<Option<(std::time::Instant, Arc<crate::ring::Owners>)>>,
 }
 
 impl Front {
@@ -100,6 +106,7 @@ impl Front {
             tls: tls.is_some(),
             ring,
             sharded,
+            owners: std::sync::Mutex::new(None),
         }))
     }
 
@@ -285,10 +292,18 @@ async fn hand_on(
     match send(front, leader, peer, &parts, body).await {
         Ok(answer) => streamed(answer),
         Err(err) => unavailable(format!(
-            "the leader {leader} does not answer ({err}); a new leader is elected within \
-             --leader-ttl: try again"
+            "the leader {leader} does not answer ({}); a new leader is elected within \
+             --leader-ttl: try again",
+            err.message
         )),
     }
+}
+
+/// Why a request handed on got no answer.
+pub(crate) struct NotAnswered {
+    pub(crate) message: String,
+    /// It never reached the other manager (no connection): nothing was done with it.
+    pub(crate) not_sent: bool,
 }
 
 /// Sends a request (its head and whole body) to the manager at `to`, marked as handed on
@@ -300,7 +315,7 @@ pub(crate) async fn send(
     peer: Option<&PeerIdentity>,
     parts: &axum::http::request::Parts,
     body: axum::body::Bytes,
-) -> Result<reqwest::Response, String> {
+) -> Result<reqwest::Response, NotAnswered> {
     let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
     let mut headers = parts.headers.clone();
     for hop in ["host", "connection", "content-length", "transfer-encoding"] {
@@ -326,7 +341,10 @@ pub(crate) async fn send(
         .body(body)
         .send()
         .await
-        .map_err(|err| cube_api::innermost_cause(&cube_api::error_chain(&err)).to_string())
+        .map_err(|err| NotAnswered {
+            message: cube_api::innermost_cause(&cube_api::error_chain(&err)).to_string(),
+            not_sent: err.is_connect(),
+        })
 }
 
 /// Another manager's answer, streamed back as it comes.
