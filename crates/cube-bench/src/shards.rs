@@ -984,6 +984,25 @@ mod tests {
     }
 
     #[test]
+    fn the_claim_figures_are_read_from_a_managers_metrics() {
+        let text = "cube_placements_total 120\n\
+                    cube_placement_conflicts_total 3\n\
+                    cube_claims_write_duration_seconds_sum 0.5\n\
+                    cube_claims_write_duration_seconds_count 10\n\
+                    cube_claims_write_duration_seconds_bucket{le=\"0.001\"} 2\n";
+        assert_eq!(
+            parse_claim_figures(text),
+            ClaimFigures {
+                placements: 120.0,
+                conflicts: 3.0,
+                claims_writes: 10.0,
+                claims_write_seconds: 0.5,
+            }
+        );
+        assert_eq!(parse_claim_figures(""), ClaimFigures::default());
+    }
+
+    #[test]
     fn every_task_is_in_the_shards_of_the_whole_ring_and_none_in_none() {
         let options = Options {
             tasks: 1001,
@@ -991,6 +1010,7 @@ mod tests {
             nodes: 1,
             managers: vec![1],
             runs: 1,
+            shard_controllers: false,
         };
         let all: HashSet<u32> = (0..16).collect();
         assert_eq!(tasks_in_shards(&options, 16, &all), 1001);
