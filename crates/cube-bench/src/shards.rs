@@ -401,18 +401,27 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     for project in 0..options.projects {
         let base = &bases[project % count];
         let name = project_name(project);
-        let answer = http
-            .post(format!("{base}/projects"))
-            .json(&serde_json::json!({"Name": name}))
-            .send()
-            .await
-            .with_context(|| format!("POST /projects of {name}"))?;
-        let status = answer.status();
-        if status.as_u16() != 201 {
-            bail!(
-                "POST /projects of {name} to {base} answered {status}: {}",
-                answer.text().await.unwrap_or_default()
-            );
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let answer = http
+                .post(format!("{base}/projects"))
+                .json(&serde_json::json!({"Name": name}))
+                .send()
+                .await
+                .with_context(|| format!("POST /projects of {name}"))?;
+            let status = answer.status();
+            if status.as_u16() == 201 {
+                break;
+            }
+            // A manager still opening the state of the shards it took answers 503.
+            if status.as_u16() != 503 || attempt >= SUBMIT_ATTEMPTS {
+                bail!(
+                    "POST /projects of {name} to {base} answered {status}: {}",
+                    answer.text().await.unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

@@ -322,17 +322,29 @@ fn shard_unheld(shard: u32) -> Response {
     ))
 }
 
-/// Answers with this manager's own `Manager`, or 503 while it has none.
+/// Answers with this manager's own `Manager`; while it has none (it is joining the ring,
+/// or opening the state of the shards it took), waits up to [`OPENING_BOUND`] for it, then
+/// answers 503.
 async fn here(front: &Front, request: Request) -> Response {
-    match front.own_router() {
-        Some(router) => crate::leading::serve_here(router, request).await,
-        None => not_served(format!(
-            "{} holds no shard at the moment (it is joining the ring, or opening the state of \
-             the shards it took): try again",
-            front.me
-        )),
+    let deadline = tokio::time::Instant::now() + OPENING_BOUND;
+    loop {
+        // Registered before the look, so that a router set in between is not missed.
+        let set = front.own_set.notified();
+        if let Some(router) = front.own_router() {
+            return crate::leading::serve_here(router, request).await;
+        }
+        if tokio::time::timeout_at(deadline, set).await.is_err() {
+            return not_served(format!(
+                "{} holds no shard at the moment (it is joining the ring, or opening the state \
+                 of the shards it took): try again",
+                front.me
+            ));
+        }
     }
 }
+
+/// How long a request waits for this manager's `Manager` to open.
+const OPENING_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A 503 of a manager that did nothing with the request, marked so ([`NOT_SERVED`]) for
 /// the front that handed it on, which may send it again.

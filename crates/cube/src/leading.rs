@@ -59,6 +59,8 @@ pub struct Front {
     /// `--shard-controllers` the one acting for the shards it holds. A `std` lock held to
     /// clone the router or swap it.
     own: RwLock<Option<Router>>,
+    /// Told whenever `own` is set: a request that finds none may wait a moment for it.
+    pub(crate) own_set: tokio::sync::Notify,
     /// Whether this manager leads.
     leading: AtomicBool,
     pub(crate) db: EtcdDb,
@@ -99,6 +101,7 @@ impl Front {
         Ok(Arc::new(Front {
             me,
             own: RwLock::new(None),
+            own_set: tokio::sync::Notify::new(),
             leading: AtomicBool::new(false),
             db,
             http: http.build()?,
@@ -118,6 +121,7 @@ impl Front {
     /// Serves with `router` from now on (`None`: hands requests on).
     pub(crate) fn set_own(&self, router: Option<Router>) {
         *self.own.write().unwrap_or_else(|p| p.into_inner()) = router;
+        self.own_set.notify_waiters();
     }
 
     pub(crate) fn is_leading(&self) -> bool {
