@@ -46,18 +46,52 @@ pub(crate) struct PlacementController {
 }
 
 /// How many times in a row a pass is planned again at once after losing the race for a
-/// node's claims, before it backs off as after an error.
+/// node's claims, before it looks again after [`REPLAN_PAUSE`].
 const REPLANS: usize = 16;
+
+const REPLAN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How many nodes' claims one commit of a pass holds at most: a commit another manager's
+/// claim on one of its nodes refuses sends only its requests back to be planned again.
+const NODES_PER_CLAIM: usize = 16;
+
+/// The requests a pass placed, in groups of at most [`NODES_PER_CLAIM`] nodes (a request
+/// on more nodes is a group of its own).
+fn claim_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
+    let mut groups: Vec<Vec<Planned>> = Vec::new();
+    let mut nodes: BTreeSet<String> = BTreeSet::new();
+    for request in planned {
+        let mut with: BTreeSet<String> = nodes.clone();
+        with.extend(request.iter().map(|(_, task)| task.status.node_name.to_string()));
+        match groups.last_mut() {
+            Some(group) if with.len() <= NODES_PER_CLAIM => {
+                group.push(request);
+                nodes = with;
+            }
+            _ => {
+                nodes = request
+                    .iter()
+                    .map(|(_, task)| task.status.node_name.to_string())
+                    .collect();
+                groups.push(vec![request]);
+            }
+        }
+    }
+    groups
+}
 
 /// What one pass decided.
 #[derive(Default)]
 pub(crate) struct Pass {
     /// The tasks placed and written.
     pub(crate) placed: Vec<Uuid>,
-    /// With claims: each request placed, not written yet — its tasks as they were read and
-    /// as placed — to be written once its nodes' claims are.
-    pub(crate) planned: Vec<Vec<(Arc<Task>, Task)>>,
+    /// With claims: each request placed, not written yet, to be written once its nodes'
+    /// claims are.
+    pub(crate) planned: Vec<Planned>,
 }
+
+/// A request placed by a pass with claims: its tasks as they were read and as placed.
+pub(crate) type Planned = Vec<(Arc<Task>, Task)>;
 
 impl PlacementController {
     pub(crate) fn new(
@@ -159,38 +193,39 @@ impl PlacementController {
             if pass.planned.is_empty() {
                 return Ok(Action::Done);
             }
-            let wanted: Vec<(String, ByShard)> = {
-                let state = lock(&self.cluster.state);
-                let mut by_node: HashMap<String, ByShard> = HashMap::new();
-                for (_, task) in pass.planned.iter().flatten() {
-                    let node = task.status.node_name.to_string();
-                    let own = by_node
-                        .entry(node.clone())
-                        .or_insert_with(|| crate::shard_claims::own_on_node(&state, &node, &scope));
-                    own.entry(scope.shard_of(&task.spec.project))
-                        .or_default()
-                        .add(&crate::shard_claims::claim_of_task(task));
-                }
-                by_node.into_iter().collect()
-            };
-            let started = Instant::now();
-            let won = claims.write(wanted, &scope).await?;
-            self.cluster
-                .metrics
-                .claims_writes
-                .observe(started.elapsed().as_secs_f64());
-            if !won {
-                self.cluster.metrics.placement_conflicts.inc();
-                // Lost a node to another manager: every request is read again, on the
-                // claims etcd answered with.
-                lock(&self.cluster.state).placement_dirty.mark_everything();
-                continue;
-            }
+            // The requests placed, a few nodes' claims at a time: a group whose nodes another
+            // manager claimed on first is planned again; the others are written.
+            let mut lost = false;
             let mut writes = Writes::default();
             let mut placed = Vec::new();
-            {
+            for group in claim_groups(pass.planned) {
+                let wanted: Vec<(String, ByShard)> = {
+                    let state = lock(&self.cluster.state);
+                    let mut by_node: HashMap<String, ByShard> = HashMap::new();
+                    for (_, task) in group.iter().flatten() {
+                        let node = task.status.node_name.to_string();
+                        let own = by_node.entry(node.clone()).or_insert_with(|| {
+                            crate::shard_claims::own_on_node(&state, &node, &scope)
+                        });
+                        own.entry(scope.shard_of(&task.spec.project))
+                            .or_default()
+                            .add(&crate::shard_claims::claim_of_task(task));
+                    }
+                    by_node.into_iter().collect()
+                };
+                let started = Instant::now();
+                let won = claims.write(wanted, &scope).await?;
+                self.cluster
+                    .metrics
+                    .claims_writes
+                    .observe(started.elapsed().as_secs_f64());
+                if !won {
+                    self.cluster.metrics.placement_conflicts.inc();
+                    lost = true;
+                    continue;
+                }
                 let mut state = lock(&self.cluster.state);
-                for (read, task) in pass.planned.into_iter().flatten() {
+                for (read, task) in group.into_iter().flatten() {
                     // A task changed since it was planned (stopped, say) is not placed: its
                     // claim is written down at the next pass.
                     if state
@@ -209,12 +244,16 @@ impl PlacementController {
             for id in placed {
                 self.cluster.wakes.tasks.push(id);
             }
-            return Ok(Action::Done);
+            if !lost {
+                return Ok(Action::Done);
+            }
+            // Lost a node to another manager: every waiting request is read again, on the
+            // claims etcd answered with, at once.
+            lock(&self.cluster.state).placement_dirty.mark_everything();
         }
-        // Another manager won every race: back off as after an error, and try again.
-        Err(StoreError::Etcd(format!(
-            "the placement lost the race for its nodes' claims {REPLANS} times in a row"
-        )))
+        // Another manager won every race: look again in a moment, not after an error's
+        // backoff.
+        Ok(Action::RequeueAfter(REPLAN_PAUSE))
     }
 
     /// Decides every waiting request's placement under one hold of the lock and queues the

@@ -44,13 +44,7 @@ pub async fn act_for_held(
     let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
     loop {
         let now = held.borrow_and_update().clone();
-        if let Some((term, loops)) = running.take() {
-            front.set_own(None);
-            term.cancel();
-            if let Err(err) = loops.await {
-                tracing::error!(error = %err, "the manager's loops ended abnormally");
-            }
-        }
+        stop_acting(&front, running.take()).await;
         let mut refused = CancellationToken::new();
         if !now.shards.is_empty() && !shutdown.is_cancelled() {
             match now.fence(&db) {
@@ -98,12 +92,21 @@ pub async fn act_for_held(
             () = shutdown.cancelled() => break,
         }
     }
-    if let Some((term, loops)) = running.take() {
-        front.set_own(None);
-        term.cancel();
-        if let Err(err) = loops.await {
-            tracing::error!(error = %err, "the manager's loops ended abnormally");
-        }
+    stop_acting(&front, running.take()).await;
+}
+
+/// Stops the `Manager` that runs (its loops, waited for) and answers nothing with it.
+async fn stop_acting(
+    front: &Front,
+    running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+) {
+    let Some((term, loops)) = running else {
+        return;
+    };
+    front.set_own(None);
+    term.cancel();
+    if let Err(err) = loops.await {
+        tracing::error!(error = %err, "the manager's loops ended abnormally");
     }
 }
 
