@@ -260,10 +260,13 @@ enum Command {
         /// The manager counts to measure, comma-separated (one alone is the baseline).
         #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
         managers: Vec<usize>,
-        /// Start the managers with --shard-controllers: each acts for its own shards (and,
-        /// with two managers or more, time the failover of one killed with -9).
+        /// Start the managers with --shard-controllers: each acts for its own shards.
         #[arg(long)]
         shard_controllers: bool,
+        /// With --shard-controllers and two managers or more: once every task runs, kill one
+        /// that does not lead with -9 and time until its shard's new owner places a task.
+        #[arg(long, requires = "shard_controllers")]
+        failover: bool,
         /// How many runs of each manager count.
         #[arg(long, default_value_t = 1)]
         runs: usize,
@@ -590,6 +593,7 @@ async fn main() -> anyhow::Result<()> {
             managers,
             runs,
             shard_controllers,
+            failover,
             cube,
         } => {
             let options = shards::Options {
@@ -599,6 +603,7 @@ async fn main() -> anyhow::Result<()> {
                 managers,
                 runs,
                 shard_controllers,
+                failover,
             };
             shards::shards(&options, &cube_binary(cube)?).await
         }

@@ -22,8 +22,8 @@
 //! manager holds and places its own shards' tasks (`crates/cube/src/acting.rs`): the counts
 //! are every manager's summed, and each manager's `/metrics` gives the placements that lost
 //! the race for a node's claims (each planned again at once: a conflict is a re-plan) and
-//! the time of the claims' commits (the conflict check), per placement. Then, with two
-//! managers or more, one that does not lead is killed with -9, and the time from the kill
+//! the time of the claims' commits (the conflict check), per placement. Then, with
+//! `--failover` and two managers or more, one that does not lead is killed with -9, and the time from the kill
 //! until a task submitted to a project of its shards is placed by the new owner is the
 //! failover figure; every task must still be held once and `Running`.
 
@@ -85,6 +85,8 @@ pub(crate) struct Options {
     pub runs: usize,
     /// `cube manager --shard-controllers`: every manager acts for its own shards.
     pub shard_controllers: bool,
+    /// With `shard_controllers` and 2 managers or more: time the failover of one killed.
+    pub failover: bool,
 }
 
 /// One manager of a run, as measured once every task ran.
@@ -552,7 +554,7 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     for base in &bases {
         claimed.push(claim_figures(&http, base).await?);
     }
-    let failover = if options.shard_controllers && count >= 2 {
+    let failover = if options.shard_controllers && options.failover && count >= 2 {
         let victim = (0..count)
             .find(|index| !roles[*index].0)
             .context("no manager that does not lead")?;
@@ -696,15 +698,7 @@ struct ClaimFigures {
 }
 
 async fn claim_figures(http: &reqwest::Client, base: &str) -> anyhow::Result<ClaimFigures> {
-    let text = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .with_context(|| format!("GET {base}/metrics"))?
-        .error_for_status()?
-        .text()
-        .await?;
-    Ok(parse_claim_figures(&text))
+    Ok(parse_claim_figures(&metrics_text(http, base).await?))
 }
 
 fn parse_claim_figures(text: &str) -> ClaimFigures {
@@ -888,15 +882,19 @@ struct TaskCounts {
 
 /// The leader's task gauges (`GET /metrics`: counted from its records at each scrape).
 async fn task_counts(http: &reqwest::Client, base: &str) -> anyhow::Result<TaskCounts> {
-    let text = http
+    Ok(parse_task_counts(&metrics_text(http, base).await?))
+}
+
+/// A manager's `GET /metrics`.
+async fn metrics_text(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    Ok(http
         .get(format!("{base}/metrics"))
         .send()
         .await
         .with_context(|| format!("GET {base}/metrics"))?
         .error_for_status()?
         .text()
-        .await?;
-    Ok(parse_task_counts(&text))
+        .await?)
 }
 
 /// `cube_tasks{state="…"}` of a Prometheus text exposition, summed, and the `Running` one.
@@ -1020,6 +1018,7 @@ mod tests {
             managers: vec![1],
             runs: 1,
             shard_controllers: false,
+            failover: false,
         };
         let all: HashSet<u32> = (0..16).collect();
         assert_eq!(tasks_in_shards(&options, 16, &all), 1001);

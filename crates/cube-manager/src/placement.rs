@@ -62,7 +62,11 @@ fn claim_groups(planned: Vec<Planned>) -> Vec<Vec<Planned>> {
     let mut nodes: BTreeSet<String> = BTreeSet::new();
     for request in planned {
         let mut with: BTreeSet<String> = nodes.clone();
-        with.extend(request.iter().map(|(_, task)| task.status.node_name.to_string()));
+        with.extend(
+            request
+                .iter()
+                .map(|(_, task)| task.status.node_name.to_string()),
+        );
         match groups.last_mut() {
             Some(group) if with.len() <= NODES_PER_CLAIM => {
                 group.push(request);

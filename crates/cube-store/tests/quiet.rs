@@ -59,6 +59,19 @@ async fn change(db: &EtcdDb, key: &str, value: Option<&str>) -> i64 {
     }
 }
 
+/// Writes `key` = `value` if nothing under `prefix` was written after `revision`.
+async fn write_quiet(
+    db: &EtcdDb,
+    prefix: &str,
+    revision: i64,
+    key: &str,
+    value: &str,
+) -> Optimistic {
+    db.write_if_quiet(&[quiet(prefix, revision)], put(key, value), None)
+        .await
+        .unwrap()
+}
+
 fn committed(written: &Optimistic) -> i64 {
     match written {
         Optimistic::Committed { revision } => *revision,
@@ -91,25 +104,11 @@ fn the_second_of_two_writers_quiet_on_the_same_read_is_refused_and_commits_on_wh
         assert!(first_read.is_empty() && second_read.is_empty());
         assert_eq!(first_at, second_at, "both read at the same revision");
 
-        let first = db
-            .write_if_quiet(
-                &[quiet(N1, first_at)],
-                put("claims/n1/00001", "first"),
-                None,
-            )
-            .await
-            .unwrap();
+        let first = write_quiet(&db, N1, first_at, "claims/n1/00001", "first").await;
         let first_revision = committed(&first);
         assert!(first_revision > first_at);
 
-        let second = other
-            .write_if_quiet(
-                &[quiet(N1, second_at)],
-                put("claims/n1/00002", "second"),
-                None,
-            )
-            .await
-            .unwrap();
+        let second = write_quiet(&other, N1, second_at, "claims/n1/00002", "second").await;
         let now = changed(second);
         assert_eq!(
             now,
@@ -126,35 +125,18 @@ fn the_second_of_two_writers_quiet_on_the_same_read_is_refused_and_commits_on_wh
         // Retrying at the revision of what it was told (every key under the prefix, so the
         // newest of them is a revision up to which it knows the prefix) commits.
         let known = now.iter().map(|read| read.mod_revision).max().unwrap();
-        let retried = other
-            .write_if_quiet(&[quiet(N1, known)], put("claims/n1/00002", "second"), None)
-            .await
-            .unwrap();
+        let retried = write_quiet(&other, N1, known, "claims/n1/00002", "second").await;
         let second_revision = committed(&retried);
 
         // And the first, still at its own old read, is refused in turn; a fresh read's
         // revision lets it through.
-        let stale = db
-            .write_if_quiet(
-                &[quiet(N1, first_at)],
-                put("claims/n1/00003", "third"),
-                None,
-            )
-            .await
-            .unwrap();
+        let stale = write_quiet(&db, N1, first_at, "claims/n1/00003", "third").await;
         let now = changed(stale);
         assert_eq!(keys(&now), ["claims/n1/00001", "claims/n1/00002"]);
         assert_eq!(now[1].mod_revision, second_revision);
         assert_eq!(now[1].value, b"second");
         let (_, fresh_at) = db.read_versioned(N1).await.unwrap();
-        let third = db
-            .write_if_quiet(
-                &[quiet(N1, fresh_at)],
-                put("claims/n1/00003", "third"),
-                None,
-            )
-            .await
-            .unwrap();
+        let third = write_quiet(&db, N1, fresh_at, "claims/n1/00003", "third").await;
         committed(&third);
         let (read, _) = db.read_versioned(N1).await.unwrap();
         assert_eq!(
@@ -180,10 +162,7 @@ fn a_change_under_another_prefix_or_a_longer_node_name_does_not_refuse_the_write
         // And a key that sorts right after the prefix's range (`/` + 1 is `0`).
         change(&db, "claims/n10", Some("just past the prefix")).await;
 
-        let written = db
-            .write_if_quiet(&[quiet(N1, read_at)], put("claims/n1/00002", "mine"), None)
-            .await
-            .unwrap();
+        let written = write_quiet(&db, N1, read_at, "claims/n1/00002", "mine").await;
         committed(&written);
 
         // Quiet on two prefixes, one of them changed: refused, and told only what is under
@@ -235,14 +214,8 @@ fn an_empty_prefix_is_quiet() {
         // etcd compares an empty range as one key at revision 0, which is older than any
         // revision given: the prefix is quiet, even at revision 0 (never read at all).
         for revision in [read_at, 0] {
-            let written = db
-                .write_if_quiet(
-                    &[quiet("claims/n9/", revision)],
-                    put("claims/n9/00001", "first"),
-                    None,
-                )
-                .await
-                .unwrap();
+            let written =
+                write_quiet(&db, "claims/n9/", revision, "claims/n9/00001", "first").await;
             committed(&written);
             change(&db, "claims/n9/00001", None).await;
         }
@@ -268,41 +241,21 @@ fn a_deletion_under_the_prefix_does_not_refuse_the_write() {
 
         let deleted_at = change(&db, "claims/n1/00001", None).await;
         assert!(deleted_at > read_at);
-        let written = db
-            .write_if_quiet(
-                &[quiet(N1, read_at)],
-                put("claims/n1/00003", "after a deletion"),
-                None,
-            )
-            .await
-            .unwrap();
+        let written = write_quiet(&db, N1, read_at, "claims/n1/00003", "after a deletion").await;
         let written_at = committed(&written);
 
         // Created and deleted again after the read: not seen either.
         change(&db, "claims/n1/00004", Some("briefly")).await;
         change(&db, "claims/n1/00004", None).await;
-        let written = db
-            .write_if_quiet(
-                &[quiet(N1, written_at)],
-                put("claims/n1/00005", "after a brief key"),
-                None,
-            )
-            .await
-            .unwrap();
+        let written =
+            write_quiet(&db, N1, written_at, "claims/n1/00005", "after a brief key").await;
         committed(&written);
 
         // A refusal (a key modified) tells the keys that remain, not the deleted ones.
         let (_, last_at) = db.read_versioned(N1).await.unwrap();
         change(&db, "claims/n1/00002", None).await;
         let modified_at = change(&db, "claims/n1/00003", Some("modified")).await;
-        let refused = db
-            .write_if_quiet(
-                &[quiet(N1, last_at)],
-                put("claims/n1/00006", "refused"),
-                None,
-            )
-            .await
-            .unwrap();
+        let refused = write_quiet(&db, N1, last_at, "claims/n1/00006", "refused").await;
         let now = changed(refused);
         assert_eq!(keys(&now), ["claims/n1/00003", "claims/n1/00005"]);
         assert_eq!(now[0].mod_revision, modified_at);

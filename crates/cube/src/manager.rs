@@ -86,9 +86,10 @@ pub struct ManagerArgs {
     /// leader acting for every shard. Each manager then hands a request to the manager that
     /// owns the project it names (`GET /shards` shows who), gathers a list of every project
     /// (`?project=*`) from all, and the leader answers what is the whole cluster's (tokens,
-    /// projects, certificates). Give it to every manager of the cluster. Not yet done
-    /// (issue 32): the managers count a node's load from their own tasks only, so two of
-    /// them may place more on one node than it holds.
+    /// projects, certificates). Every manager places on every node: each placement first
+    /// claims its nodes' room in etcd, refused if another manager claimed there since (then
+    /// planned again), so no node is given more than it holds. Give it to every manager of
+    /// the cluster. Not gathered yet: blocking queries and event streams of every project.
     #[arg(long)]
     shard_controllers: bool,
     #[command(flatten)]

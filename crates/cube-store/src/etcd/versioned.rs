@@ -90,7 +90,7 @@ impl EtcdDb {
                 unchanged.len()
             )));
         }
-        let mut compares: Vec<Compare> = unchanged
+        let compares: Vec<Compare> = unchanged
             .iter()
             .map(|key| {
                 let whole = self.whole(&key.key);
@@ -101,39 +101,12 @@ impl EtcdDb {
                 }
             })
             .collect();
-        compares.extend(fence.into_iter().flat_map(Fence::compares));
-        let writes: Vec<TxnOp> = puts
-            .into_iter()
-            .map(|(key, value)| match value {
-                Some(value) => TxnOp::put(self.whole(&key), value, None),
-                None => TxnOp::delete(self.whole(&key), None),
-            })
-            .collect();
         // The compared keys, then the fenced ones: the answer is split at `unchanged.len()`.
-        let mut reads: Vec<TxnOp> = unchanged
+        let reads: Vec<TxnOp> = unchanged
             .iter()
             .map(|key| TxnOp::get(self.whole(&key.key), None))
             .collect();
-        reads.extend(fence.into_iter().flat_map(Fence::reads));
-        let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
-        let members = self.inner.members.clone();
-        let root_length = self.inner.root.len();
-        let response = self
-            .on_runtime(async move { send_txn(&members, txn).await })
-            .await?;
-        let revision = response.header().map_or(0, |header| header.revision());
-        if response.succeeded() {
-            return Ok(Optimistic::Committed { revision });
-        }
-        let read: Vec<Vec<etcd_client::KeyValue>> = response
-            .op_responses()
-            .into_iter()
-            .map(|op| match op {
-                TxnOpResponse::Get(mut get) => get.take_kvs(),
-                _ => Vec::new(),
-            })
-            .collect();
-        refused(read, unchanged.len(), fence, root_length)
+        self.optimistic(compares, reads, puts, fence).await
     }
 
     /// Writes `puts` (`None` deletes the key) in one transaction, if no key under any prefix
@@ -157,7 +130,7 @@ impl EtcdDb {
                 quiet.len()
             )));
         }
-        let mut compares: Vec<Compare> = quiet
+        let compares: Vec<Compare> = quiet
             .iter()
             .map(|quiet| {
                 let whole = self.whole(&quiet.prefix);
@@ -166,15 +139,7 @@ impl EtcdDb {
                     .with_range(end)
             })
             .collect();
-        compares.extend(fence.into_iter().flat_map(Fence::compares));
-        let writes: Vec<TxnOp> = puts
-            .into_iter()
-            .map(|(key, value)| match value {
-                Some(value) => TxnOp::put(self.whole(&key), value, None),
-                None => TxnOp::delete(self.whole(&key), None),
-            })
-            .collect();
-        let mut reads: Vec<TxnOp> = quiet
+        let reads: Vec<TxnOp> = quiet
             .iter()
             .map(|quiet| {
                 TxnOp::get(
@@ -183,7 +148,29 @@ impl EtcdDb {
                 )
             })
             .collect();
+        self.optimistic(compares, reads, puts, fence).await
+    }
+
+    /// One optimistic transaction: `puts` if every comparison (then the fence's) holds; else
+    /// the `reads` (one per comparison), then the fence's keys, answered as
+    /// [`Optimistic::Changed`] or a refused fence.
+    async fn optimistic(
+        &self,
+        mut compares: Vec<Compare>,
+        mut reads: Vec<TxnOp>,
+        puts: Vec<(String, Option<Vec<u8>>)>,
+        fence: Option<&Fence>,
+    ) -> Result<Optimistic, StoreError> {
+        let compared = reads.len();
+        compares.extend(fence.into_iter().flat_map(Fence::compares));
         reads.extend(fence.into_iter().flat_map(Fence::reads));
+        let writes: Vec<TxnOp> = puts
+            .into_iter()
+            .map(|(key, value)| match value {
+                Some(value) => TxnOp::put(self.whole(&key), value, None),
+                None => TxnOp::delete(self.whole(&key), None),
+            })
+            .collect();
         let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
         let members = self.inner.members.clone();
         let root_length = self.inner.root.len();
@@ -202,7 +189,7 @@ impl EtcdDb {
                 _ => Vec::new(),
             })
             .collect();
-        refused(read, quiet.len(), fence, root_length)
+        refused(read, compared, fence, root_length)
     }
 }
 
