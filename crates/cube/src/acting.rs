@@ -318,8 +318,10 @@ async fn owners(front: &Front, fresh: bool) -> Result<Arc<crate::ring::Owners>, 
     Ok(owners)
 }
 
+/// A 503 for a shard no manager holds at the moment: nothing was done, so a front may
+/// send the request again once the shard is held.
 fn shard_unheld(shard: u32) -> Response {
-    crate::leading::unavailable(format!(
+    not_served(format!(
         "shard {shard} is held by no manager at the moment (it is being handed over, within \
          --leader-ttl): try again"
     ))
