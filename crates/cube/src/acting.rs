@@ -42,10 +42,14 @@ pub async fn act_for_held(
     shutdown: CancellationToken,
 ) {
     let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    // After a failed open, the next try's pause (etcd did not answer, or a read of the held
+    // shards failed): the same set is opened again, not only at the ring's next change.
+    let mut retry = RETRY_FIRST;
     loop {
         let now = held.borrow_and_update().clone();
         stop_acting(&front, running.take()).await;
         let mut refused = CancellationToken::new();
+        let mut failed = false;
         if !now.shards.is_empty() && !shutdown.is_cancelled() {
             match now.fence(&db) {
                 Ok(fence) => {
@@ -68,11 +72,16 @@ pub async fn act_for_held(
                             let loops =
                                 tokio::spawn(cube_manager::run_loops(manager, term.clone()));
                             running = Some((term, loops));
+                            retry = RETRY_FIRST;
                         }
-                        Err(err) => tracing::error!(
-                            error = %format!("{err:#}"),
-                            "cannot load the held shards' state; waiting for the ring's next change"
-                        ),
+                        Err(err) => {
+                            tracing::error!(
+                                error = %format!("{err:#}"),
+                                retry_in = ?retry,
+                                "cannot load the held shards' state; trying again"
+                            );
+                            failed = true;
+                        }
                     }
                 }
                 Err(err) => tracing::error!(
@@ -85,6 +94,10 @@ pub async fn act_for_held(
         }
         tokio::select! {
             changed = held.changed() => if changed.is_err() { break },
+            // A retry's backoff: the held shards' state could not be opened.
+            () = tokio::time::sleep(retry), if failed => {
+                retry = (retry * 2).min(RETRY_MOST);
+            }
             () = refused.cancelled() => {
                 tracing::warn!("a write for a held shard was refused: another manager holds it now; waiting for the ring's change");
                 if held.changed().await.is_err() { break }
@@ -94,6 +107,11 @@ pub async fn act_for_held(
     }
     stop_acting(&front, running.take()).await;
 }
+
+/// The first pause before opening the held shards' state again after a failure, and the
+/// longest.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Stops the `Manager` that runs (its loops, waited for) and answers nothing with it.
 async fn stop_acting(
