@@ -1092,6 +1092,51 @@ mod tests {
         crate::manager::manager_for_tests()
     }
 
+    /// A request placed on `nodes`, one task on each.
+    fn placed_on(nodes: &[&str]) -> super::Planned {
+        nodes
+            .iter()
+            .map(|node| {
+                let mut task = Task::new("t", "img");
+                task.status.node_name = (*node).into();
+                (Arc::new(task.clone()), task)
+            })
+            .collect()
+    }
+
+    fn nodes_of(group: &[super::Planned]) -> std::collections::BTreeSet<String> {
+        group
+            .iter()
+            .flatten()
+            .map(|(_, task)| task.status.node_name.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_pass_claims_a_few_nodes_at_a_time_and_never_splits_a_request() {
+        let names: Vec<String> = (0..40).map(|n| format!("n{n}")).collect();
+        let mut planned: Vec<super::Planned> = names.iter().map(|n| placed_on(&[n])).collect();
+        // A request on the same node as an earlier one adds no node to its group.
+        planned.insert(3, placed_on(&["n0"]));
+        // A request on more nodes than a group holds is a group of its own.
+        let wide: Vec<&str> = names.iter().take(20).map(String::as_str).collect();
+        planned.push(placed_on(&wide));
+        let groups = super::claim_groups(planned);
+        let requests: usize = groups.iter().map(Vec::len).sum();
+        assert_eq!(requests, 42, "every request once");
+        for group in &groups[..groups.len() - 1] {
+            assert!(
+                nodes_of(group).len() <= super::NODES_PER_CLAIM,
+                "{:?}",
+                nodes_of(group)
+            );
+        }
+        assert_eq!(groups[0].len(), 17, "16 nodes, one of them twice");
+        let last = groups.last().unwrap();
+        assert_eq!(last.len(), 1);
+        assert_eq!(nodes_of(last).len(), 20);
+    }
+
     /// A node of 1 GiB of memory, at an address where nothing answers (nothing here is sent).
     async fn one_node(manager: &Arc<Manager>) {
         crate::manager::join_test_node(manager, "w1", 1024 * MIB).await;
