@@ -168,30 +168,14 @@ impl ShardClaims {
     /// Takes in the changes that arrived since the last look; reads every claim again when
     /// the watch ended.
     pub(crate) async fn catch_up(&mut self) -> Result<(), StoreError> {
-        while let Some(watch) = self.watch.as_mut() {
-            match watch.try_next() {
-                None => return Ok(()),
-                Some(Ok(Change::Put {
-                    key,
-                    value,
-                    revision,
-                })) => {
-                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
-                    self.take(&key, Some(value), revision);
-                    self.seen = self.seen.max(revision);
-                }
-                Some(Ok(Change::Delete { key, revision })) => {
-                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
-                    self.take(&key, None, revision);
-                    self.seen = self.seen.max(revision);
-                }
-                Some(Err(err)) => {
-                    tracing::debug!("the claims are read again: {err}");
-                    self.watch = None;
-                }
-            }
+        let Some(changes) = drain_claims(&mut self.watch) else {
+            return self.refresh().await;
+        };
+        for (key, value, revision) in changes {
+            self.take(&key, value, revision);
+            self.seen = self.seen.max(revision);
         }
-        self.refresh().await
+        Ok(())
     }
 
     /// Each node's claims of the shards `scope` does not hold: what the other managers
@@ -391,6 +375,38 @@ impl ShardClaims {
                     self.node_seen.insert(node.clone(), at);
                 }
                 Ok(false)
+            }
+        }
+    }
+}
+
+/// One claim's change: its key in the claims' table, its value (`None`: deleted) and the
+/// revision it was made at.
+pub(crate) type ClaimChange = (String, Option<NodeClaims>, i64);
+
+/// The changes a watch of claims holds now, without waiting; `None` once the watch ended
+/// (it fell behind, or a value could not be read): the claims must be read again.
+pub(crate) fn drain_claims(watch: &mut Option<Watch<NodeClaims>>) -> Option<Vec<ClaimChange>> {
+    let mut changes = Vec::new();
+    loop {
+        match watch.as_mut()?.try_next() {
+            None => return Some(changes),
+            Some(Ok(Change::Put {
+                key,
+                value,
+                revision,
+            })) => changes.push((
+                key,
+                Some(value),
+                i64::try_from(revision).unwrap_or(i64::MAX),
+            )),
+            Some(Ok(Change::Delete { key, revision })) => {
+                changes.push((key, None, i64::try_from(revision).unwrap_or(i64::MAX)));
+            }
+            Some(Err(err)) => {
+                tracing::debug!("the claims are read again: {err}");
+                *watch = None;
+                return None;
             }
         }
     }

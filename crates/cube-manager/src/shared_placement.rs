@@ -23,7 +23,7 @@ use std::collections::HashMap;
 
 use cube_scheduler::{Decision, NodeView, Scheduler, TaskRequest, summarize_rejections};
 use cube_store::{
-    Change, EtcdDb, EtcdStore, Fence, Optimistic, Store, StoreError, Unchanged, Versioned, Watch,
+    EtcdDb, EtcdStore, Fence, Optimistic, Store, StoreError, Unchanged, Versioned, Watch,
 };
 use cube_types::claims::{CLAIMS_PREFIX, Claim, NodeClaims, claims_key};
 
@@ -124,32 +124,22 @@ impl SharedPlacer {
     /// Takes in the claims' changes that arrived since the last look; reads them all again
     /// when the watch ended (it fell behind, or a value could not be read).
     async fn catch_up(&mut self) -> Result<(), StoreError> {
-        while let Some(watch) = self.watch.as_mut() {
-            match watch.try_next() {
-                None => return Ok(()),
-                Some(Ok(Change::Put {
-                    key,
-                    value,
-                    revision,
-                })) => {
-                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
-                    if revision >= self.revision_of(&key) {
+        let Some(changes) = crate::shard_claims::drain_claims(&mut self.watch) else {
+            return self.refresh().await;
+        };
+        for (key, value, revision) in changes {
+            if revision >= self.revision_of(&key) {
+                match value {
+                    Some(value) => {
                         self.claims.insert(key, (value, revision));
                     }
-                }
-                Some(Ok(Change::Delete { key, revision })) => {
-                    let revision = i64::try_from(revision).unwrap_or(i64::MAX);
-                    if revision >= self.revision_of(&key) {
+                    None => {
                         self.claims.remove(&key);
                     }
                 }
-                Some(Err(err)) => {
-                    tracing::debug!("the claims are read again: {err}");
-                    self.watch = None;
-                }
             }
         }
-        self.refresh().await
+        Ok(())
     }
 
     pub fn counts(&self) -> PlacerCounts {

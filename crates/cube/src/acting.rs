@@ -198,7 +198,14 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         )
         .await;
     }
-    let body_project = if addressed == Addressed::Project && method == Method::POST {
+    // The body names the project only when the query does not name one (the manager reads
+    // it whole again; a request that names its project is not parsed here).
+    let project_param =
+        query_param(query.as_deref(), "project").map(|p| if p == "%2A" { "*" } else { p });
+    let body_project = if addressed == Addressed::Project
+        && method == Method::POST
+        && project_param.is_none_or(|project| project == "*")
+    {
         serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|value| value.get("Project")?.as_str().map(str::to_string))
@@ -207,7 +214,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     };
     let task = addressing::task_named(route, &path, query_param(query.as_deref(), "task"));
     let named = Named {
-        project: query_param(query.as_deref(), "project").map(|p| if p == "%2A" { "*" } else { p }),
+        project: project_param,
         body_project: body_project.as_deref(),
         task,
     };
@@ -258,9 +265,9 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     let Some(shard) = shard else {
         return here(front, Request::from_parts(parts, Body::from(body))).await;
     };
-    // The owner as last read; read again, and the request sent again, when the owner moved
-    // (421: it no longer holds the shard), is opening its state (503) or is gone.
-    let mut pause = std::time::Duration::from_millis(25);
+    // The owner as last read; read again, and the request sent again, once the ring changed,
+    // when the owner moved (421: it no longer holds the shard), is opening its state (503),
+    // is gone or the shard is held by no one.
     for attempt in 1..=OWNER_ATTEMPTS {
         let last = attempt == OWNER_ATTEMPTS;
         let owners = match owners(front, attempt > 1).await {
@@ -281,8 +288,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                     Ok(answer) => crate::leading::streamed(answer),
                     // Never reached it: sent again to the shard's next owner.
                     Err(err) if err.not_sent && !last => {
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(std::time::Duration::from_millis(400));
+                        crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
                         continue;
                     }
                     Err(err) => crate::leading::unavailable(format!(
@@ -304,15 +310,18 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         {
             return answer;
         }
-        // A pause while the shard moves or its owner opens its state.
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(std::time::Duration::from_millis(400));
+        // The shard moves (at once when it already has, as after a 421) or its owner opens
+        // its state: sent again after the ring's next change, or after a bound.
+        crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
     }
     shard_unheld(shard)
 }
 
 /// How many times a request is sent to its shard's owner while the shard moves.
 const OWNER_ATTEMPTS: usize = 6;
+
+/// How long a request waits for the ring's next change before it is sent again.
+const RING_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How long who holds each shard is taken as last read: a request for a shard whose owner
 /// has since moved is answered 421 by the old owner and sent again on a fresh read.

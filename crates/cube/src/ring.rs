@@ -165,6 +165,8 @@ pub struct Owners {
     pub holders: BTreeMap<u32, String>,
     /// Every manager with a point on the ring, in address order.
     pub managers: Vec<String>,
+    /// The revision the ring was read at.
+    pub revision: i64,
 }
 
 /// [`Owners`] as etcd says now.
@@ -190,7 +192,14 @@ pub async fn owners(db: &EtcdDb) -> Result<Owners, StoreError> {
             .map(|(shard, (holder, _, _))| (shard, holder.manager))
             .collect(),
         managers,
+        revision: now.revision,
     })
+}
+
+/// Waits until the ring changes after `revision` (at once if it has already), or `bound`.
+pub async fn await_change(db: &EtcdDb, revision: i64, bound: Duration) {
+    db.wait_for_change(RING_PREFIX, revision, bound, &CancellationToken::new())
+        .await;
 }
 
 /// This manager's part in the ring.

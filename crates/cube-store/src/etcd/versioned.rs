@@ -134,7 +134,7 @@ impl EtcdDb {
             .iter()
             .map(|quiet| {
                 let whole = self.whole(&quiet.prefix);
-                let end = prefix_end(whole.as_bytes());
+                let end = super::prefix_end(&whole);
                 Compare::mod_revision(whole, CompareOp::Less, quiet.revision.saturating_add(1))
                     .with_range(end)
             })
@@ -217,20 +217,6 @@ fn refused(
         .map(|kv| versioned(root_length, kv))
         .collect();
     Ok(Optimistic::Changed { now })
-}
-
-/// The end of the range of keys starting with `prefix` (etcd's own rule: the prefix with
-/// its last byte below 0xff raised by one, what follows dropped).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every byte 0xff: to the end of the keys.
-    vec![0]
 }
 
 fn versioned(root_length: usize, kv: &etcd_client::KeyValue) -> Versioned {
