@@ -172,7 +172,10 @@ impl ManagerProcess {
     }
 
     async fn spawn(cube: &Path, args: &[&str], data_dir: &Path) -> anyhow::Result<ManagerProcess> {
-        let (child, base, line) = spawn_cube_logged_line(cube, args, data_dir, "warn").await?;
+        // `CUBE_BENCH_MANAGER_LOG` (a `RUST_LOG`, say `info`) to read more of what a
+        // manager does than its warnings.
+        let level = std::env::var("CUBE_BENCH_MANAGER_LOG").unwrap_or_else(|_| "warn".into());
+        let (child, base, line) = spawn_cube_logged_line(cube, args, data_dir, &level).await?;
         let pid = child.id().context("the manager exited as it started")?;
         Ok(ManagerProcess {
             child,

@@ -382,10 +382,17 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         flags.push("--shard-controllers".to_string());
     }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    // Each manager's data directory (its log), removed after the run.
-    let dirs: Vec<tempfile::TempDir> = (0..count)
+    // Each manager's data directory (its log), removed after the run; with
+    // `CUBE_BENCH_KEEP_LOGS` set, kept (whether the run passes or fails) and named.
+    let mut dirs: Vec<tempfile::TempDir> = (0..count)
         .map(|_| tempfile::tempdir())
         .collect::<Result<_, _>>()?;
+    if std::env::var_os("CUBE_BENCH_KEEP_LOGS").is_some() {
+        for dir in &mut dirs {
+            dir.disable_cleanup(true);
+            eprintln!("a manager's directory, kept: {}", dir.path().display());
+        }
+    }
     let mut managers = Vec::new();
     for dir in &dirs {
         managers.push(ManagerProcess::start_with(cube, dir.path(), 0, &flags).await?);

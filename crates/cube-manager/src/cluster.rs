@@ -146,6 +146,13 @@ pub(crate) struct Shared {
     /// The waiting tasks the next placement pass reads, with their requests, or every one
     /// (`placement.rs`).
     pub(crate) placement_dirty: cube_controller::marks::Marks<Uuid>,
+    /// The shards whose records this state holds (`ManagerConfig::shards`, grown by
+    /// `Manager::take_shards`): a task a worker reports of another shard is another
+    /// manager's to judge.
+    pub(crate) scope: ShardScope,
+    /// With `--shard-controllers`: the fence of the held shards' writes, which the claims'
+    /// transactions carry too (`shard_claims.rs`); changed with `scope`.
+    pub(crate) fence: Option<cube_store::Fence>,
 }
 
 impl Shared {
@@ -199,6 +206,8 @@ pub(crate) struct ClusterSettings {
     pub(crate) max_concurrent_reconciles: usize,
     /// The shards whose records are read in (`ManagerConfig::shards`).
     pub(crate) scope: ShardScope,
+    /// The fence of their writes, for the claims (`ManagerConfig::claims`).
+    pub(crate) fence: Option<cube_store::Fence>,
 }
 
 /// A client for a node's worker, by name and address.
@@ -233,41 +242,24 @@ impl Cluster {
         // Only the records of the shards this manager holds are read in; every one of them
         // for a manager alone. Projects and nodes are the whole cluster's.
         let scope = &settings.scope;
+        let started = std::time::Instant::now();
         let mut cache = TaskCache::default();
-        stores.tasks.scan(&mut |task: Task| {
-            if scope.holds_project(&task.spec.project) {
+        let records = read_records(
+            &stores,
+            &|project| scope.holds_project(project),
+            &mut |task| {
                 cache.insert(task);
-            }
-        })?;
-        let mut jobs = BTreeMap::new();
-        stores.jobs.scan(&mut |record: JobRecord| {
-            if scope.holds_project(record.job.project()) {
-                jobs.insert(record.job.key(), Arc::new(record));
-            }
-        })?;
-        let mut histories = BTreeMap::new();
-        stores.job_versions.scan(&mut |history: JobHistory| {
-            if let Some(newest) = history.versions.last()
-                && scope.holds_project(newest.job.project())
-            {
-                histories.insert(newest.job.key(), Arc::new(history));
-            }
-        })?;
-        let mut deployments = BTreeMap::new();
-        stores.deployments.scan(&mut |deployment: Deployment| {
-            if scope.holds_project(cube_types::job::project_of_key(&deployment.job)) {
-                deployments.insert(deployment.job.clone(), Arc::new(deployment));
-            }
-        })?;
-        let mut queue = BTreeMap::new();
-        let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
-        stores.queue.scan(&mut |entry: QueueEntry| {
-            // Numbers are given in one order for the whole cluster: every entry counts.
-            queue_number = queue_number.max(entry.queue);
-            if scope.holds_project(entry.project()) {
-                queue.insert(entry.key(), Arc::new(entry));
-            }
-        })?;
+            },
+        )?;
+        let ShardRecords {
+            jobs,
+            histories,
+            deployments,
+            queue,
+            queue_number,
+            tasks_read,
+            tasks_held,
+        } = records;
         let mut projects = BTreeMap::new();
         stores.projects.scan(&mut |record: ProjectRecord| {
             projects.insert(record.name.clone(), Arc::new(record));
@@ -290,6 +282,13 @@ impl Cluster {
                 }
             }
         }
+        tracing::info!(
+            tasks_read,
+            tasks_held,
+            nodes = nodes.len(),
+            took = ?started.elapsed(),
+            "the state of the shards held is read in"
+        );
         let runner = |max_concurrent: usize| RunnerConfig {
             max_concurrent: max_concurrent.max(1),
             shutdown_grace: RUNNER_SHUTDOWN_GRACE,
@@ -314,6 +313,8 @@ impl Cluster {
             just_admitted: HashMap::new(),
             queue_dirty: crate::queue::QueueDirty::everything(),
             placement_dirty: cube_controller::marks::Marks::everything(),
+            scope: settings.scope,
+            fence: settings.fence,
         };
         Ok(Cluster::new(
             stores,
@@ -321,9 +322,77 @@ impl Cluster {
             events,
             wakes,
             settings.heartbeat_grace,
-            settings.scope,
         ))
     }
+}
+
+/// What [`read_records`] read besides the tasks.
+pub(crate) struct ShardRecords {
+    pub(crate) jobs: BTreeMap<String, Arc<JobRecord>>,
+    pub(crate) histories: BTreeMap<String, Arc<JobHistory>>,
+    pub(crate) deployments: BTreeMap<String, Arc<Deployment>>,
+    pub(crate) queue: BTreeMap<String, Arc<QueueEntry>>,
+    /// The highest queue number given, of every shard: numbers are given in one order for
+    /// the whole cluster.
+    pub(crate) queue_number: u64,
+    /// The tasks read, and of them those handed on.
+    pub(crate) tasks_read: usize,
+    pub(crate) tasks_held: usize,
+}
+
+/// The tasks, jobs, job versions, deployments and waiting-list entries of the projects
+/// `holds` says, read from `stores`: each task handed to `task` as it is read (a large
+/// store is never held twice), the rest returned.
+pub(crate) fn read_records(
+    stores: &ManagerStores,
+    holds: &dyn Fn(&str) -> bool,
+    task: &mut dyn FnMut(Task),
+) -> Result<ShardRecords, StoreError> {
+    let (mut tasks_read, mut tasks_held) = (0, 0);
+    stores.tasks.scan(&mut |read: Task| {
+        tasks_read += 1;
+        if holds(&read.spec.project) {
+            tasks_held += 1;
+            task(read);
+        }
+    })?;
+    let mut jobs = BTreeMap::new();
+    stores.jobs.scan(&mut |record: JobRecord| {
+        if holds(record.job.project()) {
+            jobs.insert(record.job.key(), Arc::new(record));
+        }
+    })?;
+    let mut histories = BTreeMap::new();
+    stores.job_versions.scan(&mut |history: JobHistory| {
+        if let Some(newest) = history.versions.last()
+            && holds(newest.job.project())
+        {
+            histories.insert(newest.job.key(), Arc::new(history));
+        }
+    })?;
+    let mut deployments = BTreeMap::new();
+    stores.deployments.scan(&mut |deployment: Deployment| {
+        if holds(cube_types::job::project_of_key(&deployment.job)) {
+            deployments.insert(deployment.job.clone(), Arc::new(deployment));
+        }
+    })?;
+    let mut queue = BTreeMap::new();
+    let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
+    stores.queue.scan(&mut |entry: QueueEntry| {
+        queue_number = queue_number.max(entry.queue);
+        if holds(entry.project()) {
+            queue.insert(entry.key(), Arc::new(entry));
+        }
+    })?;
+    Ok(ShardRecords {
+        jobs,
+        histories,
+        deployments,
+        queue,
+        queue_number,
+        tasks_read,
+        tasks_held,
+    })
 }
 
 /// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no
@@ -428,9 +497,6 @@ pub(crate) struct Cluster {
     pub(crate) dispatched: Mutex<HashSet<Uuid>>,
     /// `--heartbeat-grace`.
     heartbeat_grace_setting: Duration,
-    /// The shards whose records this cluster state holds (`ManagerConfig::shards`): a task
-    /// a worker reports of another shard is another manager's to judge.
-    pub(crate) scope: ShardScope,
     /// How many nodes the registry knows, for the heartbeat floor and the grace that
     /// follows from it; set under the state lock where the registry changes.
     known_nodes: AtomicUsize,
@@ -451,7 +517,6 @@ impl Cluster {
         events: EventBroker,
         wakes: Wakes,
         heartbeat_grace: Duration,
-        scope: ShardScope,
     ) -> Cluster {
         let known_nodes = AtomicUsize::new(state.nodes.len());
         Cluster {
@@ -464,7 +529,6 @@ impl Cluster {
             dispatched: Mutex::new(HashSet::new()),
             heartbeat_grace_setting: heartbeat_grace,
             known_nodes,
-            scope,
         }
     }
 
@@ -1038,6 +1102,7 @@ pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration
         heartbeat_grace,
         max_concurrent_reconciles: 4,
         scope: ShardScope::all(cube_types::shard::DEFAULT_RING),
+        fence: None,
     };
     let client = |_: &str, address: &str| ApiClient::new(address, Duration::from_millis(200));
     Arc::new(

@@ -106,7 +106,7 @@ impl Followers {
                 // A task of a shard another manager holds is that manager's to judge: never
                 // a stray here, never purged from here (managers sharing etcd each follow
                 // every worker; a manager alone holds every shard).
-                if !self.cluster.scope.holds_project(&observed.spec.project) {
+                if !state.scope.holds_project(&observed.spec.project) {
                     continue;
                 }
                 listed.insert(observed.id);

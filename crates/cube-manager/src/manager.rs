@@ -205,6 +205,10 @@ impl Manager {
             heartbeat_grace: config.heartbeat_grace,
             max_concurrent_reconciles: config.max_concurrent_reconciles,
             scope: config.shards.clone(),
+            fence: config
+                .claims
+                .as_ref()
+                .and_then(|claims| claims.fence.clone()),
         };
         let cluster = Cluster::open(stores, scheduler, epoch, settings, &|name, address| {
             config.worker_client(Some(name), address)
@@ -764,6 +768,86 @@ impl Manager {
 }
 
 impl Manager {
+    /// `--shard-controllers`: takes the shards of `scope` this manager does not hold yet,
+    /// in place: their tasks, jobs, versions, deployments and waiting-list entries are read
+    /// from the store and added to the state, under `fence` (the writes' fence of the whole
+    /// new set) from then on; the controllers are woken for them and every node's tasks are
+    /// listed again (what its workers said of them while another manager held them). What
+    /// was held already is neither read again nor stopped: a manager that takes a dead one's
+    /// shards keeps placing its own meanwhile, and reads only what it takes.
+    ///
+    /// Blocking (it reads the store). `false`, and nothing done, when `scope` does not hold
+    /// every shard held now: giving one back means opening the state again.
+    pub fn take_shards(
+        &self,
+        scope: cube_types::shard::ShardScope,
+        fence: Option<cube_store::Fence>,
+    ) -> Result<bool, ManagerError> {
+        let held = lock(&self.cluster.state).scope.clone();
+        if held.ring() != scope.ring() || held.shards().iter().any(|shard| !scope.holds(*shard)) {
+            return Ok(false);
+        }
+        let taken = cube_types::shard::ShardScope::of(
+            scope.ring(),
+            scope
+                .shards()
+                .into_iter()
+                .filter(|shard| !held.holds(*shard)),
+        );
+        let started = std::time::Instant::now();
+        let mut tasks = Vec::new();
+        let records = crate::cluster::read_records(
+            &self.cluster.stores,
+            &|project| taken.holds_project(project),
+            &mut |task| tasks.push(task),
+        )?;
+        let read_in = started.elapsed();
+        let ids: Vec<Uuid> = tasks.iter().map(|task| task.id).collect();
+        let jobs = records.jobs.len();
+        let known: Vec<(String, ApiClient)> = {
+            let mut state = lock(&self.cluster.state);
+            for task in tasks {
+                let id = task.id;
+                let previous = state.cache.insert(task);
+                if let Some(now) = state.cache.shared(&id) {
+                    crate::events::publish_task(&self.cluster.events, previous.as_deref(), &now);
+                }
+            }
+            state.jobs.extend(records.jobs);
+            state.histories.extend(records.histories);
+            state.deployments.extend(records.deployments);
+            state.queue.extend(records.queue);
+            state.queue_number = state.queue_number.max(records.queue_number);
+            state.scope = scope;
+            state.fence = fence;
+            state.queue_dirty = crate::queue::QueueDirty::everything();
+            state
+                .nodes
+                .entries()
+                .map(|entry| (entry.name.clone(), entry.client.clone()))
+                .collect()
+        };
+        tracing::info!(
+            shards = %cube_types::shard::format_shards(&taken.shards()),
+            tasks = ids.len(),
+            jobs,
+            read_in = ?read_in,
+            "took shards in place: their records are read in"
+        );
+        for id in ids {
+            self.cluster.wakes.tasks.push(id);
+        }
+        self.cluster.mark_all_jobs_dirty();
+        self.cluster.wakes.queue.push(());
+        self.cluster.push_waiting();
+        // Each follower starts again with the node's whole list: the taken shards' tasks
+        // were skipped until now.
+        for (name, client) in known {
+            self.followers.follow(name, client);
+        }
+        Ok(true)
+    }
+
     /// `GET /routes`: every route (`routes.rs`).
     pub fn routes(&self) -> Vec<cube_types::route::RouteView> {
         crate::routes::routes(&lock(&self.cluster.state))

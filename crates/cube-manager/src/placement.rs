@@ -170,14 +170,28 @@ impl PlacementController {
         settings: &ClaimsSettings,
         claims: &mut Option<ShardClaims>,
     ) -> Result<Action, StoreError> {
-        let first = claims.is_none();
+        let (scope, fence) = {
+            let state = lock(&self.cluster.state);
+            (state.scope.clone(), state.fence.clone())
+        };
+        let mut first = claims.is_none();
         if first {
-            *claims = Some(ShardClaims::open(settings.clone()).await?);
+            let settings = ClaimsSettings {
+                db: settings.db.clone(),
+                fence: fence.clone(),
+            };
+            *claims = Some(ShardClaims::open(settings).await?);
         }
         let Some(claims) = claims.as_mut() else {
             return Ok(Action::Done);
         };
-        let scope = self.cluster.scope.clone();
+        // Shards taken since the last pass (`Manager::take_shards`): their claims are
+        // written under the new fence, and rewritten whole from the tasks read in, as a new
+        // owner's first pass does.
+        if claims.fence() != fence.as_ref() {
+            claims.set_fence(fence);
+            first = true;
+        }
         for attempt in 0..REPLANS {
             claims.catch_up().await?;
             let stale = claims.stale(&lock(&self.cluster.state), &scope, first && attempt == 0);

@@ -327,7 +327,7 @@ impl Manager {
     /// Refuses a request for a project whose shard this manager does not hold: its records
     /// would be written where their owner does not look.
     pub(crate) fn check_owner(&self, project: &str) -> Result<(), ManagerError> {
-        let scope = &self.config.shards;
+        let scope = &lock(&self.cluster.state).scope;
         if scope.holds_project(project) {
             return Ok(());
         }

@@ -108,6 +108,16 @@ pub(crate) struct ShardClaims {
 }
 
 impl ShardClaims {
+    /// The fence its writes carry.
+    pub(crate) fn fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
+    }
+
+    /// The fence of the shards held now, once they changed.
+    pub(crate) fn set_fence(&mut self, fence: Option<Fence>) {
+        self.fence = fence;
+    }
+
     /// Reads every claim and follows their changes from there.
     pub(crate) async fn open(settings: ClaimsSettings) -> Result<ShardClaims, StoreError> {
         let table = EtcdStore::new(settings.db.clone(), SHARD_CLAIMS)?;

@@ -3,9 +3,11 @@
 //!
 //! [`act_for_held`] runs this manager's `Manager` for the shards `ring::hold_shards`
 //! publishes: its state holds only their projects' tasks, jobs, deployments and waiting
-//! list, and its writes are fenced on their `ring/shards/N` keys. When the held set changes
-//! the `Manager` is stopped and opened again for the new set (a shard taken is loaded from
-//! etcd; a shard given back is no longer written: its key is gone, so the fence refuses).
+//! list, and its writes are fenced on their `ring/shards/N` keys. When shards are only
+//! taken (a dead manager's), they are added to the running `Manager` in place
+//! (`Manager::take_shards`: only their records are read in, the rest keeps running); when
+//! one is given back (a manager joined), the `Manager` is stopped and opened again for the
+//! new set (a shard given back is no longer written: its key is gone, so the fence refuses).
 //!
 //! [`route`] is the front of such a manager: each request goes where
 //! `cube_manager::addressing` says — answered here, by the leader (tokens, projects, the
@@ -41,56 +43,81 @@ pub async fn act_for_held(
     mut held: watch::Receiver<Held>,
     shutdown: CancellationToken,
 ) {
-    let mut running: Option<(CancellationToken, tokio::task::JoinHandle<()>)> = None;
+    let mut running: Option<Acting> = None;
     // After a failed open, the next try's pause (etcd did not answer, or a read of the held
     // shards failed): the same set is opened again, not only at the ring's next change.
     let mut retry = RETRY_FIRST;
+    let mut refused = CancellationToken::new();
     loop {
         let now = held.borrow_and_update().clone();
-        stop_acting(&front, running.take()).await;
-        let mut refused = CancellationToken::new();
+        let started = std::time::Instant::now();
         let mut failed = false;
-        if !now.shards.is_empty() && !shutdown.is_cancelled() {
-            match now.fence(&db) {
-                Ok(fence) => {
-                    refused = db.set_fence(fence.clone());
-                    let term = shutdown.child_token();
-                    let scope = now.scope(front.ring);
-                    let claims = cube_manager::shard_claims::ClaimsSettings {
-                        db: db.clone(),
-                        fence,
-                    };
-                    match crate::leading::open_manager(&build, scope, Some(claims), &term).await {
-                        Ok(manager) => {
-                            front.set_own(Some(cube_manager::api::router(manager.clone())));
-                            tracing::info!(
-                                shards = %cube_types::shard::format_shards(
-                                    &now.shards.iter().map(|(shard, _)| *shard).collect::<Vec<_>>()
-                                ),
-                                "acting for the shards held: their controllers run here"
-                            );
-                            let loops =
-                                tokio::spawn(cube_manager::run_loops(manager, term.clone()));
-                            running = Some((term, loops));
-                            retry = RETRY_FIRST;
-                        }
-                        Err(err) => {
-                            tracing::error!(
-                                error = %format!("{err:#}"),
-                                retry_in = ?retry,
-                                "cannot load the held shards' state; trying again"
-                            );
-                            failed = true;
+        let in_place = match &mut running {
+            Some(acting) if acting.held.grows_into(&now) && !shutdown.is_cancelled() => {
+                take_in_place(&front, &db, acting, &now, &mut refused).await
+            }
+            _ => false,
+        };
+        if in_place {
+            tracing::info!(
+                shards = %format_held(&now),
+                took = ?started.elapsed(),
+                "acting for the shards held: the ones taken were added in place"
+            );
+        } else {
+            stop_acting(&front, running.take()).await;
+            let stopped_in = started.elapsed();
+            refused = CancellationToken::new();
+            if !now.shards.is_empty() && !shutdown.is_cancelled() {
+                match now.fence(&db) {
+                    Ok(fence) => {
+                        refused = db.set_fence(fence.clone());
+                        let term = shutdown.child_token();
+                        let scope = now.scope(front.ring);
+                        let claims = cube_manager::shard_claims::ClaimsSettings {
+                            db: db.clone(),
+                            fence,
+                        };
+                        match crate::leading::open_manager(&build, scope, Some(claims), &term).await
+                        {
+                            Ok(manager) => {
+                                front.set_own(Some(cube_manager::api::router(manager.clone())));
+                                tracing::info!(
+                                    shards = %format_held(&now),
+                                    stopped_in = ?stopped_in,
+                                    opened_in = ?(started.elapsed() - stopped_in),
+                                    "acting for the shards held: their controllers run here"
+                                );
+                                let loops = tokio::spawn(cube_manager::run_loops(
+                                    manager.clone(),
+                                    term.clone(),
+                                ));
+                                running = Some(Acting {
+                                    term,
+                                    loops,
+                                    manager,
+                                    held: now,
+                                });
+                                retry = RETRY_FIRST;
+                            }
+                            Err(err) => {
+                                tracing::error!(
+                                    error = %format!("{err:#}"),
+                                    retry_in = ?retry,
+                                    "cannot load the held shards' state; trying again"
+                                );
+                                failed = true;
+                            }
                         }
                     }
+                    Err(err) => tracing::error!(
+                        error = %err,
+                        "cannot fence the writes of the held shards; acting for none"
+                    ),
                 }
-                Err(err) => tracing::error!(
-                    error = %err,
-                    "cannot fence the writes of the held shards; acting for none"
-                ),
+            } else {
+                db.set_fence(None);
             }
-        } else {
-            db.set_fence(None);
         }
         tokio::select! {
             changed = held.changed() => if changed.is_err() { break },
@@ -108,17 +135,80 @@ pub async fn act_for_held(
     stop_acting(&front, running.take()).await;
 }
 
+/// The `Manager` running for the shards `held`.
+struct Acting {
+    term: CancellationToken,
+    loops: tokio::task::JoinHandle<()>,
+    manager: Arc<cube_manager::Manager>,
+    held: Held,
+}
+
+fn format_held(held: &Held) -> String {
+    cube_types::shard::format_shards(
+        &held
+            .shards
+            .iter()
+            .map(|(shard, _)| *shard)
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Adds the shards `now` holds beyond what `acting` holds to its running `Manager`
+/// (`Manager::take_shards`), its writes fenced on the whole new set from here on; whether
+/// it did (if not, the caller opens the state again).
+async fn take_in_place(
+    front: &Front,
+    db: &EtcdDb,
+    acting: &mut Acting,
+    now: &Held,
+    refused: &mut CancellationToken,
+) -> bool {
+    let fence = match now.fence(db) {
+        Ok(fence) => fence,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot fence the writes of the shards held; opening their state again");
+            return false;
+        }
+    };
+    // The new fence holds every key of the old: what the running controllers write meanwhile
+    // passes it as before.
+    *refused = db.set_fence(fence.clone());
+    let (manager, scope) = (acting.manager.clone(), now.scope(front.ring));
+    // Until they are read in, the requests for the shards taken wait (`route`).
+    front.taking.send_replace(
+        now.shards
+            .iter()
+            .map(|(shard, _)| *shard)
+            .filter(|shard| !acting.held.shards.iter().any(|(held, _)| held == shard))
+            .collect(),
+    );
+    let took = tokio::task::spawn_blocking(move || manager.take_shards(scope, fence)).await;
+    front.taking.send_replace(Vec::new());
+    match took {
+        Ok(Ok(true)) => {
+            acting.held = now.clone();
+            true
+        }
+        Ok(Ok(false)) => false,
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "cannot read the records of the shards taken; opening the state of the shards held again");
+            false
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "taking shards in place ended abnormally; opening the state again");
+            false
+        }
+    }
+}
+
 /// The first pause before opening the held shards' state again after a failure, and the
 /// longest.
 const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
 const RETRY_MOST: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Stops the `Manager` that runs (its loops, waited for) and answers nothing with it.
-async fn stop_acting(
-    front: &Front,
-    running: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
-) {
-    let Some((term, loops)) = running else {
+async fn stop_acting(front: &Front, running: Option<Acting>) {
+    let Some(Acting { term, loops, .. }) = running else {
         return;
     };
     front.set_own(None);
@@ -276,6 +366,13 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         };
         let answer = match owners.holders.get(&shard) {
             Some(owner) if *owner == front.me => {
+                // Taken a moment ago, and its records being read in: waited for.
+                let mut taking = front.taking.subscribe();
+                let _ = tokio::time::timeout(
+                    OPENING_BOUND,
+                    taking.wait_for(|taking| !taking.contains(&shard)),
+                )
+                .await;
                 here(
                     front,
                     Request::from_parts(parts.clone(), Body::from(body.clone())),

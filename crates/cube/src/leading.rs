@@ -81,6 +81,9 @@ pub struct Front {
     pub(crate) sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
     /// With `--shard-controllers`: who holds each shard, as last read (`acting::owners`).
     pub(crate) owners: std::sync::Mutex<Option<(std::time::Instant, Arc<crate::ring::Owners>)>>,
+    /// With `--shard-controllers`: the shards this manager's `Manager` is taking in place
+    /// (`acting::take_in_place`), whose requests wait for their records to be read in.
+    pub(crate) taking: tokio::sync::watch::Sender<Vec<u32>>,
 }
 
 impl Front {
@@ -102,6 +105,7 @@ impl Front {
             me,
             own: RwLock::new(None),
             own_set: tokio::sync::Notify::new(),
+            taking: tokio::sync::watch::Sender::new(Vec::new()),
             leading: AtomicBool::new(false),
             db,
             http: http.build()?,

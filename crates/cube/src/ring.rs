@@ -97,6 +97,13 @@ impl Held {
         cube_types::shard::ShardScope::of(ring, self.shards.iter().map(|(shard, _)| *shard))
     }
 
+    /// Whether `next` holds every shard held here under the same key, and more: the shards
+    /// it adds can be taken without giving any up (`Manager::take_shards`).
+    pub fn grows_into(&self, next: &Held) -> bool {
+        next.shards.len() > self.shards.len()
+            && self.shards.iter().all(|held| next.shards.contains(held))
+    }
+
     /// The fence of writes made for these shards: refused once any of their keys is no
     /// longer the one this manager created. `None` when it holds nothing.
     pub fn fence(&self, db: &EtcdDb) -> Result<Option<cube_store::Fence>, cube_store::FenceError> {
@@ -483,6 +490,21 @@ mod tests {
             .await
             .expect("the write's thread")
             .map(|_| ())
+    }
+
+    /// Shards are taken in place only when every shard held stays held under the same key.
+    #[test]
+    fn a_held_set_grows_into_one_that_keeps_every_shard_under_its_key_and_adds_more() {
+        let held = |shards: &[(u32, i64)]| Held {
+            shards: shards.to_vec(),
+        };
+        let now = held(&[(0, 10), (1, 11)]);
+        assert!(now.grows_into(&held(&[(0, 10), (1, 11), (2, 40)])));
+        assert!(Held::default().grows_into(&now));
+        // The same set, one given back, or one held again under a new key: opened again.
+        assert!(!now.grows_into(&now.clone()));
+        assert!(!now.grows_into(&held(&[(0, 10), (2, 40)])));
+        assert!(!now.grows_into(&held(&[(0, 10), (1, 50), (2, 40)])));
     }
 
     /// What `hold_shards` publishes is what etcd says each manager holds, and its fence

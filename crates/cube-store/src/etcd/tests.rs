@@ -97,6 +97,38 @@ fn an_acknowledged_write_is_in_etcd_under_the_prefix_one_key_per_value() {
     );
 }
 
+/// A table of more keys than one page is listed whole, in key order, with each value and
+/// its revision, as of one revision, and nothing of a table whose name begins the same.
+#[test]
+fn a_table_of_several_pages_is_listed_whole_at_one_revision() {
+    let cluster = EtcdCluster::start(1);
+    let things = store(&cluster, "/pages", "things");
+    let neighbours = store(&cluster, "/pages", "things2");
+    let count = 2 * super::PAGE as usize + 17;
+    let commits: Vec<_> = (0..count)
+        .map(|n| {
+            things
+                .put_queued(&format!("{n:05}"), &format!("value {n}"))
+                .unwrap()
+        })
+        .collect();
+    for commit in commits {
+        commit.wait().unwrap();
+    }
+    neighbours.put("00001", &text("not a thing")).unwrap();
+    let listing = things.list_with_revision().unwrap();
+    assert_eq!(listing.entries.len(), count);
+    for (n, (key, value, changed_at)) in listing.entries.iter().enumerate() {
+        assert_eq!(key, &format!("{n:05}"));
+        assert_eq!(value, &format!("value {n}"));
+        assert!(*changed_at > 0 && *changed_at <= listing.revision);
+    }
+    // The listing's revision is the last write to it: a write after is not in it.
+    things.put("zzzzz", &text("later")).unwrap();
+    assert!(things.revision().unwrap() > listing.revision);
+    assert_eq!(things.list().unwrap().len(), count + 1);
+}
+
 #[test]
 fn two_stores_on_one_prefix_see_each_others_writes_through_their_watches() {
     let cluster = EtcdCluster::start(1);
