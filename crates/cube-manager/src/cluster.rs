@@ -342,20 +342,56 @@ pub(crate) struct ShardRecords {
 
 /// The tasks, jobs, job versions, deployments and waiting-list entries of the projects
 /// `holds` says, read from `stores`: each task handed to `task` as it is read (a large
-/// store is never held twice), the rest returned.
+/// store is never held twice), the rest returned. The tasks are read on this thread and the
+/// rest on another at the same time (on etcd each table is a read of its own, and the
+/// waiting list of a cluster of bare tasks is as long as its tasks).
 pub(crate) fn read_records(
     stores: &ManagerStores,
-    holds: &dyn Fn(&str) -> bool,
+    holds: &(dyn Fn(&str) -> bool + Sync),
     task: &mut dyn FnMut(Task),
 ) -> Result<ShardRecords, StoreError> {
     let (mut tasks_read, mut tasks_held) = (0, 0);
-    stores.tasks.scan(&mut |read: Task| {
-        tasks_read += 1;
-        if holds(&read.spec.project) {
-            tasks_held += 1;
-            task(read);
-        }
-    })?;
+    let (tasks, rest) = std::thread::scope(|scope| {
+        let rest = scope.spawn(|| read_all_but_tasks(stores, holds));
+        let tasks = stores.tasks.scan(&mut |read: Task| {
+            tasks_read += 1;
+            if holds(&read.spec.project) {
+                tasks_held += 1;
+                task(read);
+            }
+        });
+        // A panic there is a defect of this process: carried on, as without the thread.
+        let rest = rest
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (tasks, rest)
+    });
+    tasks?;
+    let (jobs, histories, deployments, queue, queue_number) = rest?;
+    Ok(ShardRecords {
+        jobs,
+        histories,
+        deployments,
+        queue,
+        queue_number,
+        tasks_read,
+        tasks_held,
+    })
+}
+
+type RestOfRecords = (
+    BTreeMap<String, Arc<JobRecord>>,
+    BTreeMap<String, Arc<JobHistory>>,
+    BTreeMap<String, Arc<Deployment>>,
+    BTreeMap<String, Arc<QueueEntry>>,
+    u64,
+);
+
+/// [`read_records`]' jobs, versions, deployments and waiting list.
+fn read_all_but_tasks(
+    stores: &ManagerStores,
+    holds: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<RestOfRecords, StoreError> {
     let mut jobs = BTreeMap::new();
     stores.jobs.scan(&mut |record: JobRecord| {
         if holds(record.job.project()) {
@@ -384,15 +420,7 @@ pub(crate) fn read_records(
             queue.insert(entry.key(), Arc::new(entry));
         }
     })?;
-    Ok(ShardRecords {
-        jobs,
-        histories,
-        deployments,
-        queue,
-        queue_number,
-        tasks_read,
-        tasks_held,
-    })
+    Ok((jobs, histories, deployments, queue, queue_number))
 }
 
 /// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no

@@ -167,10 +167,7 @@ impl Resync {
         let in_doubt: Vec<Uuid> = lock(&self.cluster.state)
             .cache
             .tasks()
-            .filter(|task| {
-                !task.status.state.is_terminal()
-                    && crate::reconcile::reconcile(task, now) != crate::reconcile::Action::Nothing
-            })
+            .filter(|task| in_doubt(task, now))
             .map(|task| task.id)
             .collect();
         for id in in_doubt {
@@ -179,6 +176,14 @@ impl Resync {
         self.cluster.push_waiting();
         self.cluster.mark_all_jobs_dirty();
     }
+}
+
+/// Whether the task controller would act on `task` now: it has not ended and is not as
+/// wanted (the decision is not `Nothing`). What a resync, or a manager that takes a shard,
+/// wakes it for.
+pub(crate) fn in_doubt(task: &cube_types::Task, now: chrono::DateTime<Utc>) -> bool {
+    !task.status.state.is_terminal()
+        && crate::reconcile::reconcile(task, now) != crate::reconcile::Action::Nothing
 }
 
 #[cfg(test)]

@@ -802,7 +802,13 @@ impl Manager {
             &mut |task| tasks.push(task),
         )?;
         let read_in = started.elapsed();
-        let ids: Vec<Uuid> = tasks.iter().map(|task| task.id).collect();
+        let now = Utc::now();
+        let count = tasks.len();
+        let in_doubt: Vec<Uuid> = tasks
+            .iter()
+            .filter(|task| crate::liveness::in_doubt(task, now))
+            .map(|task| task.id)
+            .collect();
         let jobs = records.jobs.len();
         let known: Vec<(String, ApiClient)> = {
             let mut state = lock(&self.cluster.state);
@@ -829,12 +835,12 @@ impl Manager {
         };
         tracing::info!(
             shards = %cube_types::shard::format_shards(&taken.shards()),
-            tasks = ids.len(),
+            tasks = count,
             jobs,
             read_in = ?read_in,
             "took shards in place: their records are read in"
         );
-        for id in ids {
+        for id in in_doubt {
             self.cluster.wakes.tasks.push(id);
         }
         self.cluster.mark_all_jobs_dirty();

@@ -319,6 +319,7 @@ impl EtcdDb {
 /// `[from, end)` cost the rest of the table each, which made reading 200,000 tasks take
 /// 19 s (quadratic); a page whose range holds only its own keys costs those.
 async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreError> {
+    use futures_util::StreamExt;
     let end = prefix_end(start);
     let mut keys = members
         .call(|client| {
@@ -341,24 +342,34 @@ async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreErr
         .into_iter()
         .map(|kv| kv.into_key_value().0)
         .collect();
-    let mut entries = Vec::with_capacity(keys.len());
-    let pages: Vec<&[Vec<u8>]> = keys.chunks(PAGE as usize).collect();
-    for (index, page) in pages.iter().enumerate() {
-        let (Some(from), until) = (
-            page.first(),
-            pages.get(index + 1).and_then(|next| next.first()),
-        ) else {
-            continue;
-        };
-        let until = until.cloned().unwrap_or_else(|| end.clone());
-        let options = GetOptions::new().with_range(until).with_revision(revision);
-        let mut response = members
-            .call(|mut client| {
+    // Each page's range: from its first key to the next page's first key (the last page's
+    // to the table's end). A few pages are asked for at once, their answers kept in order.
+    let ranges: Vec<(Vec<u8>, Vec<u8>)> = keys
+        .chunks(PAGE as usize)
+        .enumerate()
+        .filter_map(|(index, page)| {
+            let from = page.first()?.clone();
+            let until = keys
+                .get((index + 1) * PAGE as usize)
+                .cloned()
+                .unwrap_or_else(|| end.clone());
+            Some((from, until))
+        })
+        .collect();
+    let mut pages = futures_util::stream::iter(ranges)
+        .map(|(from, until)| {
+            let options = GetOptions::new()
+                .with_range(until)
+                .with_revision(revision);
+            members.call(move |mut client| {
                 let (from, options) = (from.clone(), options.clone());
                 async move { client.get(from, Some(options)).await }
             })
-            .await?;
-        for kv in response.take_kvs() {
+        })
+        .buffered(PAGES_AT_ONCE);
+    let mut entries = Vec::with_capacity(keys.len());
+    while let Some(page) = pages.next().await {
+        for kv in page?.take_kvs() {
             let mod_revision = u64::try_from(kv.mod_revision()).unwrap_or(0);
             let (key, value) = kv.into_key_value();
             let key = String::from_utf8_lossy(&key[start.len()..]).into_owned();
@@ -367,6 +378,9 @@ async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreErr
     }
     Ok((entries, u64::try_from(revision).unwrap_or(0)))
 }
+
+/// How many pages of a table's values are asked for at once.
+const PAGES_AT_ONCE: usize = 4;
 
 /// The largest answer of every key of a table, without values: some 60 MB for a million
 /// tasks' keys (gRPC's default, 4 MiB, holds some 70,000).
