@@ -251,15 +251,6 @@ impl Cluster {
                 cache.insert(task);
             },
         )?;
-        let ShardRecords {
-            jobs,
-            histories,
-            deployments,
-            queue,
-            queue_number,
-            tasks_read,
-            tasks_held,
-        } = records;
         let mut projects = BTreeMap::new();
         stores.projects.scan(&mut |record: ProjectRecord| {
             projects.insert(record.name.clone(), Arc::new(record));
@@ -283,8 +274,8 @@ impl Cluster {
             }
         }
         tracing::info!(
-            tasks_read,
-            tasks_held,
+            tasks_read = records.tasks_read,
+            tasks_held = records.tasks_held,
             nodes = nodes.len(),
             took = ?started.elapsed(),
             "the state of the shards held is read in"
@@ -304,11 +295,11 @@ impl Cluster {
             cache,
             nodes,
             scheduler,
-            jobs,
-            histories,
-            deployments,
-            queue,
-            queue_number,
+            jobs: records.jobs,
+            histories: records.histories,
+            deployments: records.deployments,
+            queue: records.queue,
+            queue_number: records.queue_number,
             projects,
             just_admitted: HashMap::new(),
             queue_dirty: crate::queue::QueueDirty::everything(),
@@ -367,31 +358,18 @@ pub(crate) fn read_records(
         (tasks, rest)
     });
     tasks?;
-    let (jobs, histories, deployments, queue, queue_number) = rest?;
     Ok(ShardRecords {
-        jobs,
-        histories,
-        deployments,
-        queue,
-        queue_number,
         tasks_read,
         tasks_held,
+        ..rest?
     })
 }
 
-type RestOfRecords = (
-    BTreeMap<String, Arc<JobRecord>>,
-    BTreeMap<String, Arc<JobHistory>>,
-    BTreeMap<String, Arc<Deployment>>,
-    BTreeMap<String, Arc<QueueEntry>>,
-    u64,
-);
-
-/// [`read_records`]' jobs, versions, deployments and waiting list.
+/// [`read_records`]' jobs, versions, deployments and waiting list (no task counted).
 fn read_all_but_tasks(
     stores: &ManagerStores,
     holds: &(dyn Fn(&str) -> bool + Sync),
-) -> Result<RestOfRecords, StoreError> {
+) -> Result<ShardRecords, StoreError> {
     let mut jobs = BTreeMap::new();
     stores.jobs.scan(&mut |record: JobRecord| {
         if holds(record.job.project()) {
@@ -420,7 +398,15 @@ fn read_all_but_tasks(
             queue.insert(entry.key(), Arc::new(entry));
         }
     })?;
-    Ok((jobs, histories, deployments, queue, queue_number))
+    Ok(ShardRecords {
+        jobs,
+        histories,
+        deployments,
+        queue,
+        queue_number,
+        tasks_read: 0,
+        tasks_held: 0,
+    })
 }
 
 /// Marks `Lost` the tasks placed on a stored node the manager cannot use (its address no

@@ -1024,6 +1024,19 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert_eq!(task.status, 200, "{}", task.body);
     }
 
+    // A project the second manager holds, and the event index it answers for it: its
+    // manager keeps running through the take-over below (the shards it takes are added in
+    // place), so the index goes on in the same epoch — a client's blocking query stays good.
+    let kept = projects
+        .iter()
+        .find(|project| {
+            three.holder(cube_types::shard::shard_of(project, 16))
+                == Some(&managers.get(1).address())
+        })
+        .expect("a project of the second manager");
+    let epoch_of = |index: u64| index / 1_000_000_000_000;
+    let index_before = project_index(managers.get(1), kept).await;
+
     // One manager killed with -9: its shards move; every task is still there, once, and
     // runs in one container.
     managers.managers[0].take().unwrap().kill_9();
@@ -1054,6 +1067,11 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
             "task {id} runs in one container"
         );
     }
+    let index_after = project_index(managers.get(1), kept).await;
+    assert!(
+        index_after >= index_before && epoch_of(index_after) == epoch_of(index_before),
+        "{kept}'s manager went on without opening its state again: index {index_before} -> {index_after}"
+    );
     // A new task in a moved project is taken by its new owner.
     let moved_project = projects
         .iter()
@@ -1100,6 +1118,24 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert!(std::time::Instant::now() < deadline, "{held} held");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+}
+
+/// The event index `manager` answers a list of `project`'s tasks with (`X-Cube-Index`).
+async fn project_index(manager: &ManagerProcess, project: &str) -> u64 {
+    let response = support::http()
+        .get(format!("{}/tasks?project={project}", manager.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response
+        .headers()
+        .get("X-Cube-Index")
+        .expect("an X-Cube-Index header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[tokio::test]

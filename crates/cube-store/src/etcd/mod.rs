@@ -6,8 +6,9 @@
 //!   raft majority wrote it to their logs), and once the store's watchers have it;
 //! - **revisions** are etcd's: one counter for the whole cluster, every key's `mod_revision`
 //!   its own; [`Store::put_if`] is an etcd transaction comparing the key's `mod_revision`;
-//! - **watches** are a snapshot at revision R ([`Store::list_with_revision`], one etcd range
-//!   read, paged at one revision) then the changes after R, fed by one etcd watch of the
+//! - **watches** are a snapshot at revision R ([`Store::list_with_revision`]: every key in
+//!   one read, then the values in pages between known keys, all at R) then the changes
+//!   after R, fed by one etcd watch of the
 //!   prefix (`feed.rs`); a compaction the store could not follow ends every watch with a
 //!   lost sync ([`WatchError::Missed`](crate::WatchError::Missed)), and the watcher lists
 //!   again;
@@ -358,9 +359,7 @@ async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreErr
         .collect();
     let mut pages = futures_util::stream::iter(ranges)
         .map(|(from, until)| {
-            let options = GetOptions::new()
-                .with_range(until)
-                .with_revision(revision);
+            let options = GetOptions::new().with_range(until).with_revision(revision);
             members.call(move |mut client| {
                 let (from, options) = (from.clone(), options.clone());
                 async move { client.get(from, Some(options)).await }
