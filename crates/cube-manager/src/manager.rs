@@ -812,6 +812,18 @@ impl Manager {
         let jobs = records.jobs.len();
         let known: Vec<(String, ApiClient)> = {
             let mut state = lock(&self.cluster.state);
+            // The queue controller looks at the taken requests: their entries, and those of
+            // their tasks still waiting for a node, whose entry may not be written yet (a look
+            // at every request would read the whole list, as long as the tasks).
+            for key in records.queue.keys() {
+                state.queue_dirty.mark_key(key);
+            }
+            for task in tasks
+                .iter()
+                .filter(|task| task.status.state == State::Pending)
+            {
+                state.queue_dirty.mark_task(task);
+            }
             for task in tasks {
                 let id = task.id;
                 let previous = state.cache.insert(task);
@@ -826,7 +838,6 @@ impl Manager {
             state.queue_number = state.queue_number.max(records.queue_number);
             state.scope = scope;
             state.fence = fence;
-            state.queue_dirty = crate::queue::QueueDirty::everything();
             state
                 .nodes
                 .entries()

@@ -487,6 +487,13 @@ impl QueueDirty {
         }
     }
 
+    /// A request by its entry's key (`task/<id>`, `job/<name>`).
+    pub(crate) fn mark_key(&mut self, key: &str) {
+        if !self.marks.is_everything() {
+            self.marks.mark(key.to_string());
+        }
+    }
+
     /// A job that changed (or was removed).
     pub(crate) fn mark_job(&mut self, name: &str) {
         if !self.marks.is_everything() {
