@@ -188,11 +188,13 @@ async fn a_job_is_let_in_whole_or_not_at_all() {
     let created = client.post_raw("/jobs", job.to_string()).await;
     assert_eq!(created.status, 201, "{}", created.body);
     let waiting = client
-        .await_job("trio", "waiting whole", |job| {
+        .await_job("trio", "waiting whole, its 3 copies made", |job| {
+            // The entry may say so a moment before the job controller has made the copies.
             job["Queue"]["State"] == "waiting"
                 && job["Queue"]["WaitingFor"]
                     .as_str()
                     .is_some_and(|why| why.contains("all 3 of its copies"))
+                && job["Summary"]["api"]["Pending"] == 3
         })
         .await;
     // Two copies would fit, and none was started.
