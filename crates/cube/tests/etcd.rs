@@ -1128,14 +1128,7 @@ async fn project_index(manager: &ManagerProcess, project: &str) -> u64 {
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    response
-        .headers()
-        .get("X-Cube-Index")
-        .expect("an X-Cube-Index header")
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
+    index_of(&response)
 }
 
 #[tokio::test]

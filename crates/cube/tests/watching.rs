@@ -9,20 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::{
-    EventReader, ManagerProcess, OneNodeCluster, STATE_BOUND, cube_cli, unique_node, web_task,
+    EventReader, ManagerProcess, OneNodeCluster, STATE_BOUND, cube_cli, index_of, unique_node,
+    web_task,
 };
-
-/// The event index a manager answers with in `X-Cube-Index`.
-fn index_of(response: &reqwest::Response) -> u64 {
-    response
-        .headers()
-        .get("X-Cube-Index")
-        .expect("an X-Cube-Index header")
-        .to_str()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
 
 async fn current_index(manager: &ManagerProcess) -> u64 {
     let response = support::http()

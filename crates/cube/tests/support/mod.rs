@@ -962,6 +962,18 @@ pub fn http_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
 }
 
+/// The event index a manager answers with in `X-Cube-Index`.
+pub fn index_of(response: &reqwest::Response) -> u64 {
+    response
+        .headers()
+        .get("X-Cube-Index")
+        .expect("an X-Cube-Index header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// A plain `reqwest` client: [`http_builder`] with its defaults.
 pub fn http() -> reqwest::Client {
     http_builder().build().unwrap()
