@@ -278,7 +278,7 @@ impl Cluster {
             tasks_held = records.tasks_held,
             nodes = nodes.len(),
             took = ?started.elapsed(),
-            "the state of the shards held is read in"
+            "the state is read in (with several managers on etcd, of the shards held)"
         );
         let runner = |max_concurrent: usize| RunnerConfig {
             max_concurrent: max_concurrent.max(1),

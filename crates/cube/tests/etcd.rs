@@ -1035,7 +1035,7 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         })
         .expect("a project of the second manager");
     let epoch_of = |index: u64| index / 1_000_000_000_000;
-    let index_before = project_index(managers.get(1), kept).await;
+    let index_before = tasks_index(managers.get(1), &format!("?project={kept}")).await;
 
     // One manager killed with -9: its shards move; every task is still there, once, and
     // runs in one container.
@@ -1067,7 +1067,7 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
             "task {id} runs in one container"
         );
     }
-    let index_after = project_index(managers.get(1), kept).await;
+    let index_after = tasks_index(managers.get(1), &format!("?project={kept}")).await;
     assert!(
         index_after >= index_before && epoch_of(index_after) == epoch_of(index_before),
         "{kept}'s manager went on without opening its state again: index {index_before} -> {index_after}"
@@ -1118,17 +1118,6 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert!(std::time::Instant::now() < deadline, "{held} held");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-}
-
-/// The event index `manager` answers a list of `project`'s tasks with (`X-Cube-Index`).
-async fn project_index(manager: &ManagerProcess, project: &str) -> u64 {
-    let response = support::http()
-        .get(format!("{}/tasks?project={project}", manager.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    index_of(&response)
 }
 
 #[tokio::test]

@@ -14,13 +14,7 @@ use support::{
 };
 
 async fn current_index(manager: &ManagerProcess) -> u64 {
-    let response = support::http()
-        .get(format!("{}/tasks", manager.url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    index_of(&response)
+    support::tasks_index(manager, "").await
 }
 
 /// A manager alone (memory store): enough for what needs no container to run.

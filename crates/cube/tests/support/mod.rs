@@ -974,6 +974,18 @@ pub fn index_of(response: &reqwest::Response) -> u64 {
         .unwrap()
 }
 
+/// The event index `manager` answers `GET /tasks{query}` with (`X-Cube-Index`), asserting
+/// the 200.
+pub async fn tasks_index(manager: &ManagerProcess, query: &str) -> u64 {
+    let response = http()
+        .get(format!("{}/tasks{query}", manager.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    index_of(&response)
+}
+
 /// A plain `reqwest` client: [`http_builder`] with its defaults.
 pub fn http() -> reqwest::Client {
     http_builder().build().unwrap()
