@@ -23,8 +23,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode};
-use axum::response::{IntoResponse, Response};
-use cube_api::server::ApiError;
+use axum::response::Response;
 use cube_api::tls::PeerIdentity;
 use cube_manager::addressing::{self, Addressed, Named, Target};
 use cube_store::EtcdDb;
@@ -218,7 +217,7 @@ async fn stop_acting(front: &Front, running: Option<Acting>) {
     }
 }
 
-fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
+pub(crate) fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
     query?
         .split('&')
         .filter_map(|pair| pair.split_once('='))
@@ -349,7 +348,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
             let mut holding: Vec<String> = owners.holders.values().cloned().collect();
             holding.sort();
             holding.dedup();
-            return gathered(front, &holding, peer.as_ref(), parts, body).await;
+            return crate::gather::every_project(front, &holding, peer.as_ref(), parts, body).await;
         }
     };
     let Some(shard) = shard else {
@@ -573,88 +572,4 @@ async fn ask(
             err.message
         )),
     }
-}
-
-/// A list of every project (`?project=*`): asked of every manager, their JSON lists joined.
-/// A blocking query or a stream of every project is not gathered: each manager numbers its
-/// own changes, so one index cannot stand for all; it is refused, naming what to do.
-async fn gathered(
-    front: &Front,
-    managers: &[String],
-    peer: Option<&PeerIdentity>,
-    parts: axum::http::request::Parts,
-    body: axum::body::Bytes,
-) -> Response {
-    let query = parts.uri.query();
-    if parts.method != Method::GET
-        || query_param(query, "index").is_some()
-        || parts.uri.path() == "/events"
-    {
-        return ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "managers that act for their own shards (--shard-controllers) gather only plain \
-             lists of every project: name one project with ?project=NAME to wait for changes \
-             or follow events",
-        )
-        .into_response();
-    }
-    let mut items = Vec::new();
-    let mut asked = Vec::new();
-    for manager in managers {
-        let answer = if *manager == front.me {
-            let Some(router) = front.own_router() else {
-                continue;
-            };
-            let response = crate::leading::serve_here(
-                router,
-                Request::from_parts(parts.clone(), Body::from(body.clone())),
-            )
-            .await;
-            let status = response.status();
-            match axum::body::to_bytes(response.into_body(), usize::MAX).await {
-                Ok(bytes) => (status, bytes.to_vec()),
-                Err(err) => return crate::leading::unavailable(format!("{}: {err}", front.me)),
-            }
-        } else {
-            match crate::leading::send(front, manager, peer, &parts, body.clone()).await {
-                Ok(answer) => {
-                    let status = answer.status();
-                    match answer.bytes().await {
-                        Ok(bytes) => (status, bytes.to_vec()),
-                        Err(err) => {
-                            return crate::leading::unavailable(format!("{manager}: {err}"));
-                        }
-                    }
-                }
-                Err(err) => {
-                    return crate::leading::unavailable(format!(
-                        "the manager {manager} does not answer ({}): the list of every \
-                         project would be missing its shards; try again",
-                        err.message
-                    ));
-                }
-            }
-        };
-        let (status, bytes) = answer;
-        if !status.is_success() {
-            return (status, [("content-type", "application/json")], bytes).into_response();
-        }
-        match serde_json::from_slice::<serde_json::Value>(&bytes) {
-            Ok(serde_json::Value::Array(list)) => items.extend(list),
-            _ => {
-                return ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{} answers more than a list, which managers acting for their own \
-                         shards do not gather: name one project with ?project=NAME",
-                        parts.uri.path()
-                    ),
-                )
-                .into_response();
-            }
-        }
-        asked.push(manager.clone());
-    }
-    tracing::debug!(managers = ?asked, items = items.len(), "gathered a list of every project");
-    axum::Json(serde_json::Value::Array(items)).into_response()
 }

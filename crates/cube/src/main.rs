@@ -6,6 +6,7 @@
 mod acting;
 mod cli;
 mod dev;
+mod gather;
 mod leading;
 mod limits;
 mod manager;

@@ -1024,6 +1024,42 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert_eq!(task.status, 200, "{}", task.body);
     }
 
+    // Every project's tasks a page at a time, through one manager: each page asks every
+    // manager for its own next page (a gathered X-Cube-Next-Token), and every task comes once.
+    let mut paged = Vec::new();
+    let mut next: Option<String> = None;
+    for _ in 0..30 {
+        let query = match &next {
+            Some(token) => format!("/tasks?project=*&limit=3&next={token}"),
+            None => "/tasks?project=*&limit=3".to_string(),
+        };
+        let response = http()
+            .get(format!("{}{query}", managers.get(2).url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{query}");
+        next = response
+            .headers()
+            .get("X-Cube-Next-Token")
+            .map(|token| token.to_str().unwrap().to_string());
+        let page: Vec<serde_json::Value> = response.json().await.unwrap();
+        assert!(page.len() <= 9, "up to 3 of each manager's: {page:?}");
+        paged.extend(
+            page.iter()
+                .map(|task| task["ID"].as_str().unwrap().to_string()),
+        );
+        if next.is_none() {
+            break;
+        }
+    }
+    paged.sort();
+    assert_eq!(
+        paged,
+        before.keys().cloned().collect::<Vec<_>>(),
+        "every task once, through the pages of every project"
+    );
+
     // A project the second manager holds, and the event index it answers for it: its
     // manager keeps running through the take-over below (the shards it takes are added in
     // place), so the index goes on in the same epoch — a client's blocking query stays good.
@@ -1118,6 +1154,174 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert!(std::time::Instant::now() < deadline, "{held} held");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
+
+    // Every project's events through one manager: every manager's stream merged, from the
+    // gathered index of a list of every project; each event carries the cursor to resume
+    // from. Two new tasks, in projects the two other managers hold (now that the fourth
+    // joined).
+    let response = http()
+        .get(format!("{}/tasks?project=*", managers.get(1).url))
+        .send()
+        .await
+        .unwrap();
+    let cursor = response.headers()["X-Cube-Index"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(cursor.starts_with('g'), "a gathered index: {cursor}");
+    let mut reader = EventReader::open(
+        managers.get(1),
+        &format!("?project=*&topic=Task&index={cursor}"),
+    )
+    .await;
+    let mut watched = Vec::new();
+    for index in [2, fourth] {
+        // A new project in a shard this manager holds.
+        let project = (0..)
+            .map(|n| format!("watched-{index}-{n}"))
+            .find(|project| {
+                four.holder(cube_types::shard::shard_of(project, 16))
+                    == Some(&managers.get(index).address())
+            })
+            .unwrap();
+        let client = managers.get(index).client();
+        let created = client
+            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+            .await;
+        assert_eq!(created.status, 201, "{project}: {}", created.body);
+        let answer = client
+            .post_raw(
+                &format!("/tasks?project={project}"),
+                web_task(&format!("watched-{index}")).to_string(),
+            )
+            .await;
+        assert!(answer.status < 300, "{}", answer.body);
+        watched.push(answer.body["ID"].as_str().unwrap().to_string());
+    }
+    let mut seen: std::collections::BTreeMap<String, Vec<serde_json::Value>> = Default::default();
+    while watched.iter().any(|id| {
+        !seen
+            .get(id)
+            .is_some_and(|events| events.iter().any(|event| event["Type"] == "Running"))
+    }) {
+        let event = reader.next_event().await;
+        assert!(
+            event["Cursor"]
+                .as_str()
+                .is_some_and(|cursor| cursor.starts_with('g')),
+            "every event of every project says where to resume: {event}"
+        );
+        if let Some(id) = event["Key"]
+            .as_str()
+            .filter(|id| watched.iter().any(|w| w == id))
+        {
+            seen.entry(id.to_string()).or_default().push(event);
+        }
+    }
+    // Resumed from the cursor of the first task's first event: its later events, not that one.
+    let first = &seen[&watched[0]];
+    assert_eq!(first[0]["Type"], "Submitted", "{first:?}");
+    let mut resumed = EventReader::open(
+        managers.get(1),
+        &format!(
+            "?project=*&topic=Task&index={}",
+            first[0]["Cursor"].as_str().unwrap()
+        ),
+    )
+    .await;
+    let again = resumed.task_events_until(&watched[0], "Running").await;
+    let types: Vec<&str> = again
+        .iter()
+        .filter_map(|event| event["Type"].as_str())
+        .collect();
+    assert_eq!(types, ["Placed", "Running"], "{again:?}");
+    // One manager's own index is refused by name.
+    let refused = managers
+        .get(1)
+        .client()
+        .get(&format!("/events?project=*&index={}", first[0]["Index"]))
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body["Message"]
+            .as_str()
+            .unwrap()
+            .contains("one manager's"),
+        "{}",
+        refused.body
+    );
+}
+
+/// The web UI on managers acting for their own shards, in headless Chromium: its view of
+/// every project (the page's default) lists the tasks of every manager's projects and
+/// follows them live, whichever manager serves the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_shard_controllers_the_page_shows_every_managers_projects_live() {
+    let cluster = EtcdCluster::start(3);
+    let managers = Managers::start(&cluster, 3, &["--shard-controllers"]);
+    let ring = managers.await_settled_ring().await;
+    let _worker = managers.join_worker(&unique_node("sharded-ui"));
+    for index in 0..3 {
+        managers.get(index).await_ready_nodes(1).await;
+    }
+    // A project in a shard of each manager, each with a task, all through the first.
+    let project_of = |index: usize| {
+        (0..)
+            .map(|n| format!("ui-{index}-{n}"))
+            .find(|project| {
+                ring.holder(cube_types::shard::shard_of(project, 16))
+                    == Some(&managers.get(index).address())
+            })
+            .unwrap()
+    };
+    let client = managers.get(0).client();
+    for index in 0..3 {
+        let project = project_of(index);
+        let created = client
+            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+            .await;
+        assert_eq!(created.status, 201, "{project}: {}", created.body);
+        let answer = client
+            .post_raw(
+                &format!("/tasks?project={project}"),
+                web_task(&format!("ui-sharded-{index}")).to_string(),
+            )
+            .await;
+        assert!(answer.status < 300, "{}", answer.body);
+    }
+
+    let browser = cube_test_support::Browser::start().await;
+    browser
+        .open(&format!("{}/ui#/tasks", managers.get(0).url))
+        .await;
+    browser
+        .wait_for("#main", "every manager's projects' tasks", |text| {
+            (0..3).all(|index| text.contains(&format!("ui-sharded-{index}")))
+        })
+        .await;
+    browser
+        .wait_for("#connection", "the live stream", |text| text == "live")
+        .await;
+    // A task submitted through another manager, in a third one's project, appears without
+    // a reload and runs.
+    let answer = managers
+        .get(1)
+        .client()
+        .post_raw(
+            &format!("/tasks?project={}", project_of(2)),
+            web_task("ui-sharded-later").to_string(),
+        )
+        .await;
+    assert!(answer.status < 300, "{}", answer.body);
+    let later = answer.body["ID"].as_str().unwrap().to_string();
+    browser
+        .wait_for(
+            &format!("[data-task='{later}']"),
+            "the task submitted since, running",
+            |text| text.contains("ui-sharded-later") && text.contains("Running"),
+        )
+        .await;
+    assert_eq!(browser.text_of("#connection").await, "live");
 }
 
 #[tokio::test]

@@ -70,7 +70,14 @@ async function api(method, path, body, project) {
     if (response.status === 401) askForToken(message);
     throw new ApiError(response.status, message);
   }
-  return { json, index: Number(response.headers.get('X-Cube-Index') || 0), next: response.headers.get('X-Cube-Next-Token') };
+  return { json, index: indexOf(response.headers.get('X-Cube-Index')), next: response.headers.get('X-Cube-Next-Token') };
+}
+
+// An X-Cube-Index: a number, or (every project on managers that act for their own shards)
+// a gathered cursor, one index per manager, kept as it came.
+function indexOf(text) {
+  if (!text) return 0;
+  return /^[0-9]+$/.test(text) ? Number(text) : text;
 }
 
 // ---- the token ------------------------------------------------------------------------
@@ -225,10 +232,13 @@ async function loadAll() {
 // waiting list (which holds every request ever let in) and the other tasks come after it
 // (`loadRest`).
 async function loadFirst() {
-  const [nodes, tasks] = await Promise.all([
+  let [nodes, tasks] = await Promise.all([
     api('GET', '/nodes'),
     api('GET', '/tasks?summary=true&limit=' + FIRST_TASKS),
   ]);
+  // A gathered cursor stands for every manager's index but not for this one's nodes list:
+  // the nodes are read again after it, so that the stream from the cursor misses none.
+  if (typeof tasks.index === 'string') nodes = await api('GET', '/nodes');
   ui.generation = (ui.generation || 0) + 1;
   ui.nodes = new Map((nodes.json || []).map((node) => [node.Name, node]));
   ui.tasks = new Map((tasks.json || []).map((task) => [task.ID, task]));
@@ -236,7 +246,7 @@ async function loadFirst() {
   // The lists were read at different indexes: the stream starts after the oldest, so that
   // no change is missed (one seen twice is applied twice, to the same end). What is read
   // after this is newer still, and what changes after it comes as events.
-  ui.index = Math.min(nodes.index, tasks.index);
+  ui.index = typeof tasks.index === 'string' ? tasks.index : Math.min(nodes.index, tasks.index);
   ui.nextTasks = tasks.next;
   ui.loadingTasks = Boolean(tasks.next);
 }
@@ -360,7 +370,7 @@ async function follow() {
   const controller = new AbortController();
   ui.stream = controller;
   try {
-    await readLines('/events?index=' + ui.index, { headers: headers(), signal: controller.signal }, take, () => {
+    await readLines('/events?index=' + encodeURIComponent(ui.index), { headers: headers(), signal: controller.signal }, take, () => {
       setConnection('live', 'live');
       ui.retry = 1000;
     });
@@ -370,7 +380,17 @@ async function follow() {
       // The events after our index are no longer kept: read everything again.
       await loadAll().catch(() => {});
       draw();
-      return follow();
+      // Refused again right after reading everything: asked again after a pause, never in
+      // a tight loop.
+      const now = Date.now();
+      const again = ui.refusedAt && now - ui.refusedAt < 2000;
+      ui.refusedAt = now;
+      if (!again) return follow();
+      setConnection('lost', 'the event stream is refused (' + err.message + ') — trying again');
+      const wait = ui.retry;
+      ui.retry = Math.min(ui.retry * 2, 10000);
+      setTimeout(follow, wait);
+      return;
     }
     console.warn('the event stream broke', err);
   }
@@ -401,7 +421,9 @@ function take(event) {
     // `Dropped` or `Closed`: the stream ends after it; `follow` resumes.
     return;
   }
-  if (event.Index) ui.index = Math.max(ui.index, event.Index);
+  // Every project on managers acting for their own shards: the gathered cursor after it.
+  if (event.Cursor) ui.index = event.Cursor;
+  else if (event.Index && typeof ui.index === 'number') ui.index = Math.max(ui.index, event.Index);
   ui.events.push(event);
   if (ui.events.length > EVENTS_KEPT) ui.events.splice(0, ui.events.length - EVENTS_KEPT);
   const object = event.Object;
