@@ -435,7 +435,8 @@ impl ApiClient {
 
 impl ApiClient {
     /// A `GET` whose answer is read line by line as it comes (`GET /events` on a manager),
-    /// with the index the server reported in [`INDEX_HEADER`]. `accept` is the `Accept`
+    /// with the index the server reported in [`INDEX_HEADER`] as it came (a number, or for
+    /// every project on managers acting for their own shards a gathered cursor). `accept` is the `Accept`
     /// header, if one is wanted. The request has no overall timeout (the answer may last
     /// for hours): the caller bounds the wait for each line; a manager writes one at least
     /// every 15 s.
@@ -443,7 +444,7 @@ impl ApiClient {
         &self,
         path: &str,
         accept: Option<&str>,
-    ) -> Result<(LineStream, Option<u64>), ClientError> {
+    ) -> Result<(LineStream, Option<String>), ClientError> {
         let url = self.url(path);
         let mut request = self.request(Method::GET, &url);
         if let Some(accept) = accept {
@@ -464,7 +465,7 @@ impl ApiClient {
             .headers()
             .get(INDEX_HEADER)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse().ok());
+            .map(str::to_string);
         Ok((
             LineStream {
                 response,

@@ -1235,6 +1235,47 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         .filter_map(|event| event["Type"].as_str())
         .collect();
     assert_eq!(types, ["Placed", "Running"], "{again:?}");
+    // So does `cube events --project '*'` from that cursor.
+    let mut cli = std::process::Command::new(env!("CARGO_BIN_EXE_cube"))
+        .args([
+            "events",
+            "--project",
+            "*",
+            "--topic",
+            "Task",
+            "-o",
+            "json",
+            "--index",
+        ])
+        .arg(first[0]["Cursor"].as_str().unwrap())
+        .env("CUBE_MANAGER", managers.get(1).address())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = cli.stdout.take().unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            if lines.send(line.unwrap_or_default()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut printed = Vec::new();
+    while !printed.contains(&"Running".to_string()) {
+        let line = received
+            .recv_timeout(STATE_BOUND)
+            .expect("a line of cube events");
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if event["Key"] == watched[0].as_str() {
+            printed.push(event["Type"].as_str().unwrap().to_string());
+        }
+    }
+    let _ = cli.kill();
+    let _ = cli.wait();
+    assert_eq!(printed, ["Placed", "Running"]);
     // One manager's own index is refused by name.
     let refused = managers
         .get(1)

@@ -54,11 +54,31 @@ pub struct EventsArgs {
     /// Only the events of this job: the job's own and those of its copies.
     #[arg(long, value_name = "NAME")]
     job: Option<String>,
-    /// Start after this event index (an event's Index, or a list's X-Cube-Index header).
-    #[arg(long, value_name = "N")]
-    index: Option<u64>,
+    /// Start after this event index (an event's Index, or a list's X-Cube-Index header;
+    /// with --project '*' on managers acting for their own shards, an event's Cursor).
+    #[arg(long, value_name = "N", value_parser = parse_index)]
+    index: Option<String>,
     #[command(flatten)]
     flags: ManagerFlags,
+}
+
+/// An event index (a whole number), or a gathered cursor of every project (`g` and
+/// base64url), as the manager gave it.
+fn parse_index(text: &str) -> Result<String, String> {
+    let number = !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+    let cursor = text.len() > 1
+        && text.starts_with('g')
+        && text[1..]
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_');
+    if number || cursor {
+        Ok(text.to_string())
+    } else {
+        Err(format!(
+            "{text:?} is not an event index (a whole number, an event's Index) nor a cursor of \
+             every project (an event's Cursor, starting with g)"
+        ))
+    }
 }
 
 /// A topic's name as the manager spells it, in any case (`task` is `Task`).
@@ -81,7 +101,7 @@ pub async fn events(args: EventsArgs) -> anyhow::Result<()> {
 /// How one stream ended.
 enum StreamEnd {
     /// The manager said where to resume (`Dropped`, `Closed`).
-    Resume(u64),
+    Resume(String),
     /// It ended or broke without saying: resume after the last event shown.
     Broken,
 }
@@ -91,12 +111,15 @@ enum StreamEnd {
 async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()> {
     let json = args.flags.output == OutputFormat::Json;
     // The index of the last event shown (or where to start): a resume asks for what follows.
-    let mut position = args.index;
+    let mut position = args.index.clone();
     // Once a stream was open, a manager that cannot be reached is waited for a while.
     let mut followed = false;
     let mut unreachable_since: Option<tokio::time::Instant> = None;
     loop {
-        let (mut lines, start) = match manager.get_lines(&events_path(args, position), None).await {
+        let (mut lines, start) = match manager
+            .get_lines(&events_path(args, position.as_deref()), None)
+            .await
+        {
             Ok(opened) => opened,
             Err(ClientError::Gone { oldest_index, .. }) if position.is_some() => {
                 eprintln!(
@@ -105,7 +128,16 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
                      Going on from index {oldest_index}",
                     position.unwrap_or_default()
                 );
-                position = Some(oldest_index);
+                position = Some(oldest_index.to_string());
+                continue;
+            }
+            // A cursor of every project that one of the managers no longer answers for (it
+            // restarted, or another joined): followed again from now.
+            Err(ClientError::Status {
+                status, message, ..
+            }) if status == reqwest::StatusCode::GONE && position.is_some() => {
+                eprintln!("cube events: {message}. Some were missed; going on from now");
+                position = None;
                 continue;
             }
             Err(err @ ClientError::Unreachable { .. }) if followed => {
@@ -121,7 +153,7 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
         if unreachable_since.take().is_some() || followed {
             eprintln!(
                 "cube events: following again from index {}",
-                position.or(start).unwrap_or_default()
+                position.clone().or(start.clone()).unwrap_or_default()
             );
         }
         followed = true;
@@ -136,7 +168,7 @@ async fn follow(manager: &ManagerClient, args: &EventsArgs) -> anyhow::Result<()
 }
 
 /// `/events?topic=..&job=..&index=..`.
-fn events_path(args: &EventsArgs, position: Option<u64>) -> String {
+fn events_path(args: &EventsArgs, position: Option<&str>) -> String {
     let mut query: Vec<String> = args
         .topics
         .iter()
@@ -172,7 +204,7 @@ fn encode(value: &str) -> String {
 async fn print_stream(
     lines: &mut LineStream,
     json: bool,
-    position: &mut Option<u64>,
+    position: &mut Option<String>,
 ) -> anyhow::Result<StreamEnd> {
     loop {
         let line = match tokio::time::timeout(SILENCE_BOUND, lines.next_line()).await {
@@ -201,7 +233,12 @@ async fn print_stream(
         };
         let event: Value = serde_json::from_str(&line)
             .map_err(|err| anyhow!("the manager sent a line that is not JSON ({err}): {line}"))?;
-        let index = event["Index"].as_u64();
+        // Where a resume starts after this event: its Cursor in a stream of every project on
+        // managers acting for their own shards, else its Index.
+        let index = match event["Cursor"].as_str() {
+            Some(cursor) => Some(cursor.to_string()),
+            None => event["Index"].as_u64().map(|index| index.to_string()),
+        };
         if event["Topic"] == "Stream" {
             let Some(index) = index else {
                 bail!("the manager ended the stream without saying where to resume: {line}");
@@ -330,6 +367,16 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn an_index_is_a_whole_number_or_a_gathered_cursor_and_nothing_else() {
+        assert_eq!(parse_index("1000000000042").as_deref(), Ok("1000000000042"));
+        assert_eq!(parse_index("geyIxMjci").as_deref(), Ok("geyIxMjci"));
+        for bad in ["", "g", "-1", "12a", "gab/cd", "abc"] {
+            let refused = parse_index(bad).unwrap_err();
+            assert!(refused.contains("not an event index"), "{bad}: {refused}");
+        }
+    }
+
+    #[test]
     fn a_tasks_event_is_one_line_with_its_short_id_name_state_and_node() {
         let event = json!({
             "Index": 1000000000007u64, "Time": "2026-11-23T10:00:00.123456Z", "Topic": "Task",
@@ -378,7 +425,7 @@ mod tests {
             },
         };
         assert_eq!(
-            events_path(&args, Some(5)),
+            events_path(&args, Some("5")),
             "/events?topic=Task&topic=Node&job=web%20site&index=5"
         );
         assert_eq!(parse_topic("task").unwrap(), "Task");

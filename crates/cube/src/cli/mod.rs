@@ -582,7 +582,7 @@ impl ManagerClient {
         &self,
         path: &str,
         accept: Option<&str>,
-    ) -> Result<(cube_api::LineStream, Option<u64>), ClientError> {
+    ) -> Result<(cube_api::LineStream, Option<String>), ClientError> {
         self.failover(Retry::Idempotent, |api| async move {
             api.get_lines(path, accept).await
         })
