@@ -453,7 +453,7 @@ fn shard_unheld(shard: u32) -> Response {
 /// Answers with this manager's own `Manager`; while it has none (it is joining the ring,
 /// or opening the state of the shards it took), waits up to [`OPENING_BOUND`] for it, then
 /// answers 503.
-async fn here(front: &Front, request: Request) -> Response {
+pub(crate) async fn here(front: &Front, request: Request) -> Response {
     let deadline = tokio::time::Instant::now() + OPENING_BOUND;
     loop {
         // Registered before the look, so that a router set in between is not missed.

@@ -143,15 +143,9 @@ async fn ask_one(
     body: Bytes,
 ) -> Result<Response, Response> {
     if manager == front.me {
-        let Some(router) = front.own_router() else {
-            return Err(crate::leading::unavailable(format!(
-                "{} holds no shard at the moment: the answer would be missing its shards; try \
-                 again",
-                front.me
-            )));
-        };
-        return Ok(crate::leading::serve_here(
-            router,
+        // While this manager opens its state, waited for a moment, then a 503.
+        return Ok(crate::acting::here(
+            front,
             Request::from_parts(parts.clone(), Body::from(body)),
         )
         .await);

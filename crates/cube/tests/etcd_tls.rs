@@ -532,3 +532,199 @@ async fn on_etcd_a_node_reports_only_over_its_own_certificate_through_any_manage
     assert_ne!(answer.status, 403, "{}", answer.body);
     assert_ne!(answer.status, 503, "{}", answer.body);
 }
+
+/// Managers that act for their own shards (`--shard-controllers`) with `--acl --tls`: a
+/// request reaches its project's owner through any manager with the caller's token, a killed
+/// owner's project moves to another that runs it on, and a read of every project gathers from
+/// every manager over TLS.
+#[tokio::test]
+async fn with_shard_controllers_acl_and_tls_a_killed_owners_project_moves_and_every_project_is_read_through_any()
+ {
+    support::ensure_sample_image();
+    let cluster = EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_file(dir.path(), SECRET);
+    let mut managers: Vec<Option<ManagerProcess>> = (0..3)
+        .map(|n| {
+            let mut flags = flags(&endpoints, &prefix, &secret);
+            flags.push("--shard-controllers");
+            Some(ManagerProcess::start_with(
+                "epvm",
+                "etcd",
+                &dir.path().join(format!("manager{n}")),
+                0,
+                &flags,
+            ))
+        })
+        .collect();
+    let fingerprint = fingerprint_of(managers[0].as_ref().unwrap());
+    let open = client(managers[2].as_ref().unwrap(), &fingerprint, None);
+    let deadline = Instant::now() + support::STATE_BOUND;
+    let management = loop {
+        let answer = open
+            .request_answer("POST", "/acl/bootstrap", Some("{}"))
+            .await;
+        if answer.status == 201 {
+            break answer.body["Secret"].as_str().unwrap().to_string();
+        }
+        assert_eq!(answer.status, 503, "bootstrap: {}", answer.body);
+        assert!(Instant::now() < deadline, "bootstrap: {}", answer.body);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let leader = await_leader(&managers, &fingerprint, &management, None).await;
+    let as_management = |managers: &[Option<ManagerProcess>], index: usize| {
+        client(
+            managers[index].as_ref().unwrap(),
+            &fingerprint,
+            Some(&management),
+        )
+    };
+    // Every manager on the ring, each holding shards.
+    let deadline = Instant::now() + support::STATE_BOUND;
+    let ring = loop {
+        let answer = as_management(&managers, leader).get("/shards").await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let view: cube_types::shard::ShardsView = serde_json::from_value(answer.body).unwrap();
+        if view.managers.len() == 3 && view.unowned.is_empty() {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "the ring: {view:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let token = as_management(&managers, leader)
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(&json!({"Role": "node", "Name": "sharded-join"}).to_string()),
+        )
+        .await;
+    assert_eq!(token.status, 201, "{}", token.body);
+    let token = token.body["Secret"].as_str().unwrap().to_string();
+    let list = (0..3)
+        .map(|index| address(managers[index].as_ref().unwrap()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let name = unique_node("sharded-tls");
+    let worker = WorkerProcess::start_with(
+        &name,
+        "memory",
+        &dir.path().join("worker"),
+        &[
+            "--join",
+            &list,
+            "--token",
+            &token,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    for index in 0..3 {
+        await_beating(&as_management(&managers, index), &name, chrono::Utc::now()).await;
+    }
+
+    // A project whose shard a manager other than the leader holds, created and given a task
+    // through the third one.
+    let owner = (0..3).find(|index| *index != leader).unwrap();
+    let third = (0..3)
+        .find(|index| *index != leader && *index != owner)
+        .unwrap();
+    let project = (0..)
+        .map(|n| format!("tls-team-{n}"))
+        .find(|project| {
+            ring.holder(cube_types::shard::shard_of(project, 16))
+                == Some(&address(managers[owner].as_ref().unwrap()))
+        })
+        .unwrap();
+    let created = as_management(&managers, third)
+        .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let submitted = as_management(&managers, third)
+        .post_raw(
+            &format!("/tasks?project={project}"),
+            web_task("owned-elsewhere").to_string(),
+        )
+        .await;
+    assert!(submitted.status < 300, "{}", submitted.body);
+    let first = submitted.body["ID"].as_str().unwrap().to_string();
+    as_management(&managers, leader)
+        .await_state(&first, "Running")
+        .await;
+
+    // Its owner killed: the project moves; its task runs on, and a new one is placed by the
+    // new owner, asked through the third manager.
+    managers[owner].take().unwrap().kill_9();
+    let submitted = loop {
+        let answer = as_management(&managers, third)
+            .post_raw(
+                &format!("/tasks?project={project}"),
+                web_task("after-the-owner").to_string(),
+            )
+            .await;
+        if answer.status < 300 {
+            break answer;
+        }
+        // 503 while the shard is held by no one (within --leader-ttl).
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        assert!(
+            Instant::now() < deadline + support::STATE_BOUND,
+            "{}",
+            answer.body
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let second = submitted.body["ID"].as_str().unwrap().to_string();
+    as_management(&managers, third)
+        .await_state(&second, "Running")
+        .await;
+    as_management(&managers, leader)
+        .await_state(&first, "Running")
+        .await;
+
+    // Every project, read through either survivor over TLS: both tasks, once each.
+    for index in [leader, third] {
+        let every = as_management(&managers, index)
+            .get("/tasks?project=*")
+            .await;
+        assert_eq!(every.status, 200, "{}", every.body);
+        let mut ids: Vec<&str> = every
+            .body
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|task| task["ID"].as_str())
+            .collect();
+        ids.sort();
+        let mut expected = vec![first.as_str(), second.as_str()];
+        expected.sort();
+        assert_eq!(ids, expected, "{}", every.body);
+    }
+    // A read token of another project sees none of them.
+    let reader = as_management(&managers, leader)
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(
+                &json!({"Role": "read", "Name": "elsewhere", "Projects": ["default"]}).to_string(),
+            ),
+        )
+        .await;
+    assert_eq!(reader.status, 201, "{}", reader.body);
+    let reader = reader.body["Secret"].as_str().unwrap().to_string();
+    let every = client(
+        managers[third].as_ref().unwrap(),
+        &fingerprint,
+        Some(&reader),
+    )
+    .get("/tasks?project=*")
+    .await;
+    assert_eq!(every.status, 200, "{}", every.body);
+    assert_eq!(
+        every.body,
+        json!([]),
+        "a token of `default` reads no other project's tasks"
+    );
+    drop(worker);
+}
