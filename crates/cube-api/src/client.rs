@@ -121,6 +121,9 @@ struct SharedHttp {
     /// A connection lives on the runtime that made it: a client serves one runtime.
     runtime: Option<tokio::runtime::Id>,
     connect_timeout: Duration,
+    /// At most this many idle connections kept to one server (`None`: as many as were
+    /// used at once).
+    idle_per_server: Option<usize>,
     tls: Option<Weak<rustls::ClientConfig>>,
     http: reqwest::Client,
 }
@@ -130,10 +133,12 @@ impl SharedHttp {
         &self,
         runtime: Option<tokio::runtime::Id>,
         connect_timeout: Duration,
+        idle_per_server: Option<usize>,
         tls: Option<&Arc<rustls::ClientConfig>>,
     ) -> bool {
         self.runtime == runtime
             && self.connect_timeout == connect_timeout
+            && self.idle_per_server == idle_per_server
             && match (&self.tls, tls) {
                 (None, None) => true,
                 (Some(held), Some(tls)) => {
@@ -150,6 +155,7 @@ impl SharedHttp {
 /// (the system's root certificates, a pool, a dispatch channel), 1 GB at 10,000 workers.
 fn shared_http(
     connect_timeout: Duration,
+    idle_per_server: Option<usize>,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<reqwest::Client, reqwest::Error> {
     let runtime = tokio::runtime::Handle::try_current()
@@ -160,7 +166,7 @@ fn shared_http(
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(shared) = clients
         .iter()
-        .find(|shared| shared.serves(runtime, connect_timeout, tls))
+        .find(|shared| shared.serves(runtime, connect_timeout, idle_per_server, tls))
     {
         return Ok(shared.http.clone());
     }
@@ -169,6 +175,9 @@ fn shared_http(
         // Let go of an idle connection before a Cube server closes it (its header timeout,
         // 30 s by default), so that a request is never sent on one being closed.
         .pool_idle_timeout(Duration::from_secs(20));
+    if let Some(idle) = idle_per_server {
+        builder = builder.pool_max_idle_per_host(idle);
+    }
     if let Some(tls) = tls {
         builder = builder.tls_backend_preconfigured((**tls).clone());
     }
@@ -186,6 +195,7 @@ fn shared_http(
     clients.push(SharedHttp {
         runtime,
         connect_timeout,
+        idle_per_server,
         tls: tls.map(Arc::downgrade),
         http: http.clone(),
     });
@@ -221,17 +231,44 @@ impl ApiClient {
         timeout: Duration,
         tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Result<ApiClient, ClientError> {
+        ApiClient::pooled(address, timeout, tls, None)
+    }
+
+    /// [`ApiClient::with_tls`] for one of many servers each spoken to by a few callers (a
+    /// manager's clients of its workers): at most one idle connection is kept to each. A
+    /// manager's follower of a worker and its task controller each open a connection while
+    /// the other's request is out; a second one kept idle cost ~25 KB a worker (hyper's
+    /// dispatch channel, the connection's task and buffers), 50 MB at 2,000 workers
+    /// (heaptrack, BENCHMARKS.md). Not for a process whose many callers share one server (a
+    /// simulated worker process's 500 workers and their manager): each request beyond the
+    /// first at once would open a connection of its own.
+    pub fn one_idle(
+        address: &str,
+        timeout: Duration,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    ) -> Result<ApiClient, ClientError> {
+        ApiClient::pooled(address, timeout, tls, Some(1))
+    }
+
+    fn pooled(
+        address: &str,
+        timeout: Duration,
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+        idle_per_server: Option<usize>,
+    ) -> Result<ApiClient, ClientError> {
         // Installs the crypto reqwest's own TLS settings need too.
         let _ = crate::tls::provider();
         let base = normalize_address(address, tls.is_some())?;
-        let http =
-            shared_http(timeout.min(Duration::from_secs(5)), tls.as_ref()).map_err(|err| {
-                ClientError::Unreachable {
-                    url: base.clone(),
-                    reason: err.to_string(),
-                    kind: Unreached::Connect,
-                }
-            })?;
+        let http = shared_http(
+            timeout.min(Duration::from_secs(5)),
+            idle_per_server,
+            tls.as_ref(),
+        )
+        .map_err(|err| ClientError::Unreachable {
+            url: base.clone(),
+            reason: err.to_string(),
+            kind: Unreached::Connect,
+        })?;
         Ok(ApiClient {
             http,
             base,
@@ -786,6 +823,69 @@ mod tests {
             3,
             "the replaced settings' client went"
         );
+    }
+
+    /// A loopback HTTP/1.1 server answering `{}` after `delay`, keeping connections alive;
+    /// its address and how many connections are open now.
+    async fn counting_server(delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let open = counted.clone();
+                open.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 4096];
+                    loop {
+                        match stream.read(&mut buffer).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(_) => {
+                                tokio::time::sleep(delay).await;
+                                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                                if stream.write_all(answer.as_bytes()).await.is_err() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        (address, open)
+    }
+
+    #[tokio::test]
+    async fn a_client_of_one_of_many_servers_keeps_one_idle_connection_to_it() {
+        use std::sync::atomic::Ordering;
+        for (one_idle, kept) in [(true, 1), (false, 2)] {
+            let (address, open) = counting_server(Duration::from_millis(200)).await;
+            let client = if one_idle {
+                ApiClient::one_idle(&address, Duration::from_secs(5), None).unwrap()
+            } else {
+                ApiClient::new(&address, Duration::from_secs(5)).unwrap()
+            };
+            // Two requests at once: two connections.
+            let (first, second) = tokio::join!(
+                client.get::<serde_json::Value>("/a"),
+                client.get::<serde_json::Value>("/b")
+            );
+            first.unwrap();
+            second.unwrap();
+            // Both answered: one kept idle (the other closed), or both kept.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while open.load(Ordering::SeqCst) != kept && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(open.load(Ordering::SeqCst), kept, "one_idle: {one_idle}");
+            // The one kept serves the next request.
+            client.get::<serde_json::Value>("/c").await.unwrap();
+            assert_eq!(open.load(Ordering::SeqCst), kept, "one_idle: {one_idle}");
+        }
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl ManagerConfig {
             (Some(acl), Some(node)) => Some(acl.worker_token(node)),
             _ => None,
         };
-        Ok(ApiClient::with_tls(address, self.request_timeout, tls)?.with_token(token.as_deref()))
+        Ok(ApiClient::one_idle(address, self.request_timeout, tls)?.with_token(token.as_deref()))
     }
 }
 
