@@ -555,7 +555,7 @@ async fn to_every(
 }
 
 /// `parts` and `body` answered by `manager`: this one's own router, or another's over HTTP.
-async fn ask(
+pub(crate) async fn ask(
     front: &Front,
     manager: &str,
     peer: Option<&PeerIdentity>,

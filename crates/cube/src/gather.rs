@@ -21,7 +21,6 @@
 use std::collections::BTreeMap;
 
 use axum::body::{Body, Bytes};
-use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
@@ -134,32 +133,6 @@ fn with_query(
     asked
 }
 
-/// What one manager answered: its status, headers and body, or a 503 naming it.
-async fn ask_one(
-    front: &Front,
-    manager: &str,
-    peer: Option<&PeerIdentity>,
-    parts: &axum::http::request::Parts,
-    body: Bytes,
-) -> Result<Response, Response> {
-    if manager == front.me {
-        // While this manager opens its state, waited for a moment, then a 503.
-        return Ok(crate::acting::here(
-            front,
-            Request::from_parts(parts.clone(), Body::from(body)),
-        )
-        .await);
-    }
-    match crate::leading::send(front, manager, peer, parts, body).await {
-        Ok(answer) => Ok(crate::leading::streamed(answer)),
-        Err(err) => Err(crate::leading::unavailable(format!(
-            "the manager {manager} does not answer ({}): the answer for every project would be \
-             missing its shards; try again",
-            err.message
-        ))),
-    }
-}
-
 fn header_text(response: &Response, name: &str) -> Option<String> {
     response
         .headers()
@@ -208,17 +181,13 @@ async fn list(
             None => parts.clone(),
         };
         let body = body.clone();
-        async move { ask_one(front, manager, peer, &parts, body).await }
+        async move { crate::acting::ask(front, manager, peer, &parts, body).await }
     }))
     .await;
     let mut items = Vec::new();
     let mut index = Gathered::default();
     let mut next = Gathered::default();
     for ((manager, _), answer) in asked.iter().zip(answers) {
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(refused) => return refused,
-        };
         if !answer.status().is_success() {
             return answer;
         }
@@ -331,16 +300,12 @@ async fn events(
             Some(own) => with_query(&upstream, &["index"], &[("index", own)]),
             None => with_query(&upstream, &["index"], &[]),
         };
-        async move { ask_one(front, manager, peer, &asked, Bytes::new()).await }
+        async move { crate::acting::ask(front, manager, peer, &asked, Bytes::new()).await }
     }))
     .await;
     let mut cursor = start.unwrap_or_default();
     let mut streams: Vec<BoxStream<'static, Result<Bytes, String>>> = Vec::new();
     for (manager, answer) in managers.iter().zip(opened) {
-        let answer = match answer {
-            Ok(answer) => answer,
-            Err(refused) => return refused,
-        };
         if !answer.status().is_success() {
             return refused_by(manager, answer).await;
         }
@@ -564,6 +529,8 @@ impl Merge {
 
 #[cfg(test)]
 mod tests {
+    use axum::extract::Request;
+
     use super::*;
 
     #[test]

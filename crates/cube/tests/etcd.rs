@@ -940,6 +940,35 @@ async fn running_held_by(manager: &ManagerProcess) -> u64 {
     }
 }
 
+/// A new project in a shard `manager` holds on `ring` (named `PREFIX-N`), created through
+/// `client`, and a web task `task` submitted to it there: the project and the task's ID.
+async fn project_with_task(
+    client: &Client,
+    ring: &cube_types::shard::ShardsView,
+    manager: &ManagerProcess,
+    prefix: &str,
+    task: &str,
+) -> (String, String) {
+    let project = (0..)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|project| {
+            ring.holder(cube_types::shard::shard_of(project, 16)) == Some(&manager.address())
+        })
+        .unwrap();
+    let created = client
+        .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
+        .await;
+    assert_eq!(created.status, 201, "{project}: {}", created.body);
+    let answer = client
+        .post_raw(
+            &format!("/tasks?project={project}"),
+            web_task(task).to_string(),
+        )
+        .await;
+    assert!(answer.status < 300, "{}", answer.body);
+    (project, answer.body["ID"].as_str().unwrap().to_string())
+}
+
 /// Every task of every project, gathered by `manager` (`?project=*`), by ID with its state.
 async fn every_task(manager: &ManagerProcess) -> std::collections::BTreeMap<String, String> {
     let answer = manager.client().get("/tasks?project=*").await;
@@ -1176,27 +1205,16 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
     .await;
     let mut watched = Vec::new();
     for index in [2, fourth] {
-        // A new project in a shard this manager holds.
-        let project = (0..)
-            .map(|n| format!("watched-{index}-{n}"))
-            .find(|project| {
-                four.holder(cube_types::shard::shard_of(project, 16))
-                    == Some(&managers.get(index).address())
-            })
-            .unwrap();
-        let client = managers.get(index).client();
-        let created = client
-            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
-            .await;
-        assert_eq!(created.status, 201, "{project}: {}", created.body);
-        let answer = client
-            .post_raw(
-                &format!("/tasks?project={project}"),
-                web_task(&format!("watched-{index}")).to_string(),
-            )
-            .await;
-        assert!(answer.status < 300, "{}", answer.body);
-        watched.push(answer.body["ID"].as_str().unwrap().to_string());
+        let manager = managers.get(index);
+        let (_, id) = project_with_task(
+            &manager.client(),
+            &four,
+            manager,
+            &format!("watched-{index}"),
+            &format!("watched-{index}"),
+        )
+        .await;
+        watched.push(id);
     }
     let mut seen: std::collections::BTreeMap<String, Vec<serde_json::Value>> = Default::default();
     while watched.iter().any(|id| {
@@ -1306,29 +1324,18 @@ async fn with_shard_controllers_the_page_shows_every_managers_projects_live() {
         managers.get(index).await_ready_nodes(1).await;
     }
     // A project in a shard of each manager, each with a task, all through the first.
-    let project_of = |index: usize| {
-        (0..)
-            .map(|n| format!("ui-{index}-{n}"))
-            .find(|project| {
-                ring.holder(cube_types::shard::shard_of(project, 16))
-                    == Some(&managers.get(index).address())
-            })
-            .unwrap()
-    };
     let client = managers.get(0).client();
+    let mut projects = Vec::new();
     for index in 0..3 {
-        let project = project_of(index);
-        let created = client
-            .post_raw("/projects", format!(r#"{{"Name": "{project}"}}"#))
-            .await;
-        assert_eq!(created.status, 201, "{project}: {}", created.body);
-        let answer = client
-            .post_raw(
-                &format!("/tasks?project={project}"),
-                web_task(&format!("ui-sharded-{index}")).to_string(),
-            )
-            .await;
-        assert!(answer.status < 300, "{}", answer.body);
+        let (project, _) = project_with_task(
+            &client,
+            &ring,
+            managers.get(index),
+            &format!("ui-{index}"),
+            &format!("ui-sharded-{index}"),
+        )
+        .await;
+        projects.push(project);
     }
 
     let browser = cube_test_support::Browser::start().await;
@@ -1349,7 +1356,7 @@ async fn with_shard_controllers_the_page_shows_every_managers_projects_live() {
         .get(1)
         .client()
         .post_raw(
-            &format!("/tasks?project={}", project_of(2)),
+            &format!("/tasks?project={}", projects[2]),
             web_task("ui-sharded-later").to_string(),
         )
         .await;
