@@ -422,6 +422,10 @@ enum Command {
         /// cluster, whose members are killed too.
         #[arg(long, value_enum, default_value_t = chaos::ChaosStore::Redb)]
         store: chaos::ChaosStore,
+        /// With --store etcd: the managers act for their own shards (`cube manager
+        /// --shard-controllers`), so that a killed manager's projects move to the others.
+        #[arg(long)]
+        shard_controllers: bool,
         /// How long the workload and the faults go on (e.g. 3m, 30m).
         #[arg(long, default_value = "3m", value_parser = cube_types::duration::parse_duration)]
         duration: Duration,
@@ -676,15 +680,22 @@ async fn main() -> anyhow::Result<()> {
         Command::Chaos {
             seed,
             store,
+            shard_controllers,
             duration,
             workers,
             fault_every,
             history,
             cube,
         } => {
+            if shard_controllers && store != chaos::ChaosStore::Etcd {
+                anyhow::bail!(
+                    "--shard-controllers needs --store etcd: one manager on redb holds every shard"
+                );
+            }
             let ran = chaos::chaos(chaos::Options {
                 seed,
                 store,
+                shard_controllers,
                 duration,
                 workers,
                 fault_every,

@@ -90,6 +90,8 @@ pub(crate) enum ChaosStore {
 pub(crate) struct Options {
     pub seed: Option<u64>,
     pub store: ChaosStore,
+    /// The managers on etcd act for their own shards (`--shard-controllers`).
+    pub shard_controllers: bool,
     pub duration: Duration,
     pub workers: usize,
     /// The mean pause between two faults.
@@ -1233,13 +1235,19 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     println!(
         "chaos: seed {seed}, {:?}, {}, {} workers on Docker; replay with --seed {seed}{}",
         options.duration,
-        if on_etcd {
+        if on_etcd && options.shard_controllers {
+            "3 managers acting for their own shards on a 3-member etcd"
+        } else if on_etcd {
             "3 managers on a 3-member etcd"
         } else {
             "one manager (redb)"
         },
         options.workers,
-        if on_etcd { " --store etcd" } else { "" }
+        match (on_etcd, options.shard_controllers) {
+            (true, true) => " --store etcd --shard-controllers",
+            (true, false) => " --store etcd",
+            _ => "",
+        }
     );
     let mut rng = Rng(seed);
     let cube = options.cube.clone();
@@ -1290,6 +1298,9 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
                 ]
                 .map(str::to_owned),
             );
+            if options.shard_controllers {
+                base_args.push("--shard-controllers".to_string());
+            }
         }
         None => base_args.extend(["-d", "persistent"].map(str::to_owned)),
     }
