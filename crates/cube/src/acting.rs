@@ -340,15 +340,33 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
             }
         },
         Target::Every => {
-            // Read afresh: a list of every project asks every manager that holds a shard.
-            let owners = match owners(front, true).await {
-                Ok(owners) => owners,
-                Err(refused) => return refused,
-            };
-            let mut holding: Vec<String> = owners.holders.values().cloned().collect();
-            holding.sort();
-            holding.dedup();
-            return crate::gather::every_project(front, &holding, peer.as_ref(), parts, body).await;
+            // Read afresh: a read of every project asks every manager that holds a shard. One
+            // that cannot be reached (killed, its shards not yet taken by the others) is
+            // asked around again after the ring's next change, as a request to one owner is.
+            for attempt in 1..=OWNER_ATTEMPTS {
+                let owners = match owners(front, true).await {
+                    Ok(owners) => owners,
+                    Err(refused) => return refused,
+                };
+                let mut holding: Vec<String> = owners.holders.values().cloned().collect();
+                holding.sort();
+                holding.dedup();
+                let answer = crate::gather::every_project(
+                    front,
+                    &holding,
+                    peer.as_ref(),
+                    parts.clone(),
+                    body.clone(),
+                )
+                .await;
+                if attempt == OWNER_ATTEMPTS || answer.extensions().get::<NotReached>().is_none() {
+                    return answer;
+                }
+                crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
+            }
+            return crate::leading::unavailable(
+                "the managers holding shards could not all be reached: try again".to_string(),
+            );
         }
     };
     let Some(shard) = shard else {
@@ -567,9 +585,21 @@ pub(crate) async fn ask(
     }
     match crate::leading::send(front, manager, peer, parts, body).await {
         Ok(answer) => crate::leading::streamed(answer),
-        Err(err) => crate::leading::unavailable(format!(
-            "the manager {manager} does not answer ({}): try again",
-            err.message
-        )),
+        Err(err) => {
+            let mut refused = crate::leading::unavailable(format!(
+                "the manager {manager} does not answer ({}): try again",
+                err.message
+            ));
+            if err.not_sent {
+                refused.extensions_mut().insert(NotReached);
+            }
+            refused
+        }
     }
 }
+
+/// Marks the 503 [`ask`] answers when the manager asked was never reached (no connection):
+/// nothing was done there, and a read of every project is asked around again once the ring
+/// moved (`route`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NotReached;

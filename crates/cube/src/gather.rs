@@ -306,6 +306,14 @@ async fn events(
     let mut cursor = start.unwrap_or_default();
     let mut streams: Vec<BoxStream<'static, Result<Bytes, String>>> = Vec::new();
     for (manager, answer) in managers.iter().zip(opened) {
+        if answer
+            .extensions()
+            .get::<crate::acting::NotReached>()
+            .is_some()
+        {
+            // Asked around again by the front once the ring moved.
+            return answer;
+        }
         if !answer.status().is_success() {
             return refused_by(manager, answer).await;
         }

@@ -183,6 +183,41 @@ async fn bootstrap(open: &Client) -> String {
     }
 }
 
+/// A node token named `token_name`, made through `client` (a management token's), and a
+/// worker `node` joined with it to the managers of `list` (comma-separated), beating every
+/// 300 ms: the token and the worker.
+async fn join_worker(
+    client: &Client,
+    dir: &std::path::Path,
+    token_name: &str,
+    node: &str,
+    list: &str,
+) -> (String, WorkerProcess) {
+    let token = client
+        .request_answer(
+            "POST",
+            "/acl/tokens",
+            Some(&json!({"Role": "node", "Name": token_name}).to_string()),
+        )
+        .await;
+    assert_eq!(token.status, 201, "{}", token.body);
+    let token = token.body["Secret"].as_str().unwrap().to_string();
+    let worker = WorkerProcess::start_with(
+        node,
+        "memory",
+        &dir.join("worker"),
+        &[
+            "--join",
+            list,
+            "--token",
+            &token,
+            "--heartbeat-interval",
+            "300ms",
+        ],
+    );
+    (token, worker)
+}
+
 #[tokio::test]
 async fn three_managers_with_acl_and_tls_share_one_ca_and_a_worker_and_the_cli_outlive_a_leader_kill()
  {
@@ -211,35 +246,14 @@ async fn three_managers_with_acl_and_tls_share_one_ca_and_a_worker_and_the_cli_o
         &fingerprint,
         Some(&management),
     );
-    let token = leader_client
-        .request_answer(
-            "POST",
-            "/acl/tokens",
-            Some(&json!({"Role": "node", "Name": "ha-join"}).to_string()),
-        )
-        .await;
-    assert_eq!(token.status, 201, "{}", token.body);
-    let token = token.body["Secret"].as_str().unwrap().to_string();
-    assert!(token.ends_with(&fingerprint), "{token}");
     let list = [followers[0], leader, followers[1]]
         .iter()
         .map(|index| address(managers[*index].as_ref().unwrap()))
         .collect::<Vec<_>>()
         .join(",");
     let name = unique_node("ha-tls");
-    let worker = WorkerProcess::start_with(
-        &name,
-        "memory",
-        &dir.path().join("worker"),
-        &[
-            "--join",
-            &list,
-            "--token",
-            &token,
-            "--heartbeat-interval",
-            "300ms",
-        ],
-    );
+    let (token, worker) = join_worker(&leader_client, dir.path(), "ha-join", &name, &list).await;
+    assert!(token.ends_with(&fingerprint), "{token}");
     await_beating(&leader_client, &name, chrono::Utc::now()).await;
     let (first, _) = leader_client.run(&web_task("before-the-kill")).await;
 
@@ -592,33 +606,19 @@ async fn with_shard_controllers_acl_and_tls_a_killed_owners_project_moves_and_ev
         assert!(Instant::now() < deadline, "the ring: {view:#?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let token = as_management(&managers, leader)
-        .request_answer(
-            "POST",
-            "/acl/tokens",
-            Some(&json!({"Role": "node", "Name": "sharded-join"}).to_string()),
-        )
-        .await;
-    assert_eq!(token.status, 201, "{}", token.body);
-    let token = token.body["Secret"].as_str().unwrap().to_string();
     let list = (0..3)
         .map(|index| address(managers[index].as_ref().unwrap()))
         .collect::<Vec<_>>()
         .join(",");
     let name = unique_node("sharded-tls");
-    let worker = WorkerProcess::start_with(
+    let (_, worker) = join_worker(
+        &as_management(&managers, leader),
+        dir.path(),
+        "sharded-join",
         &name,
-        "memory",
-        &dir.path().join("worker"),
-        &[
-            "--join",
-            &list,
-            "--token",
-            &token,
-            "--heartbeat-interval",
-            "300ms",
-        ],
-    );
+        &list,
+    )
+    .await;
     for index in 0..3 {
         await_beating(&as_management(&managers, index), &name, chrono::Utc::now()).await;
     }
