@@ -473,8 +473,8 @@ impl ApiClient {
 impl ApiClient {
     /// A `GET` whose answer is read line by line as it comes (`GET /events` on a manager),
     /// with the index the server reported in [`INDEX_HEADER`] as it came (a number, or for
-    /// every project on managers acting for their own shards a gathered cursor). `accept` is the `Accept`
-    /// header, if one is wanted. The request has no overall timeout (the answer may last
+    /// every project on managers acting for their own shards a gathered cursor). `accept`
+    /// is the `Accept` header, if one is wanted. The request has no overall timeout (the answer may last
     /// for hours): the caller bounds the wait for each line; a manager writes one at least
     /// every 15 s.
     pub async fn get_lines(
