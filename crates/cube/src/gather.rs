@@ -17,6 +17,10 @@
 //!   `Stream` notice carrying the cursor.
 //! - A blocking query (`?index=` on a list) is not gathered (an answer would have to wait for
 //!   every manager's change or wait): it is refused, naming what to do instead.
+//!
+//! A manager holding shards that cannot be reached (killed, its shards not yet taken by the
+//! others) makes the read ask around again once the ring moved (`acting::route`, through
+//! [`crate::acting::NotReached`]).
 
 use std::collections::BTreeMap;
 
