@@ -405,8 +405,9 @@ async fn read_lines(
             Some(Ok(chunk)) => {
                 pending.extend_from_slice(&chunk);
                 while let Some(end) = pending.iter().position(|byte| *byte == b'\n') {
-                    let line: Vec<u8> = pending.drain(..=end).collect();
-                    let line = Bytes::from(line[..line.len() - 1].to_vec());
+                    let mut line: Vec<u8> = pending.drain(..=end).collect();
+                    line.pop();
+                    let line = Bytes::from(line);
                     if heard.send(Heard::Line(at, line)).await.is_err() {
                         return;
                     }
@@ -456,7 +457,6 @@ impl Merge {
                     else {
                         continue;
                     };
-                    let manager = self.managers[at].clone();
                     let topic = event
                         .get("Topic")
                         .and_then(|topic| topic.as_str())
@@ -475,12 +475,13 @@ impl Merge {
                             .unwrap_or("")
                             .to_string();
                         self.ended = true;
-                        return Some(
-                            self.notice(&kind, format!("the manager {manager}: {message}")),
-                        );
+                        return Some(self.notice(
+                            &kind,
+                            format!("the manager {}: {message}", self.managers[at]),
+                        ));
                     }
                     if let Some(index) = event.get("Index").and_then(|index| index.as_u64()) {
-                        self.cursor.set(&manager, index.to_string());
+                        self.cursor.set(&self.managers[at], index.to_string());
                     }
                     if at != self.cluster_wide && CLUSTER_WIDE.contains(&topic.as_str()) {
                         continue;

@@ -140,30 +140,32 @@ async fn await_beating(client: &Client, name: &str, after: chrono::DateTime<chro
     client.await_answer(&path, &what, poll, beating).await.body
 }
 
-/// `count` managers on `endpoints` under `prefix` with `--acl --tls` (`flags`) and `extra`,
-/// each in its own folder of `dir`; each serves HTTPS.
-fn start_managers(
-    dir: &std::path::Path,
-    endpoints: &str,
-    prefix: &str,
-    secret: &str,
-    extra: &[&str],
-) -> Vec<Option<ManagerProcess>> {
-    (0..3)
+/// Three managers with `--acl --tls` (`flags`) and `extra` on a fresh one-member etcd, each
+/// in its own folder of a new temporary folder; each serves HTTPS. The etcd cluster and the
+/// folder live as long as the values returned.
+fn start_managers(extra: &[&str]) -> (EtcdCluster, tempfile::TempDir, Vec<Option<ManagerProcess>>) {
+    support::ensure_sample_image();
+    let cluster = EtcdCluster::start(1);
+    let endpoints = cluster.endpoints_flag();
+    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempfile::tempdir().unwrap();
+    let secret = secret_file(dir.path(), SECRET);
+    let managers = (0..3)
         .map(|n| {
-            let mut flags = flags(endpoints, prefix, secret);
+            let mut flags = flags(&endpoints, &prefix, &secret);
             flags.extend_from_slice(extra);
             let manager = ManagerProcess::start_with(
                 "epvm",
                 "etcd",
-                &dir.join(format!("manager{n}")),
+                &dir.path().join(format!("manager{n}")),
                 0,
                 &flags,
             );
             assert!(manager.url.starts_with("https://"), "{}", manager.url);
             Some(manager)
         })
-        .collect()
+        .collect();
+    (cluster, dir, managers)
 }
 
 /// Bootstraps the ACL through `open` (any manager: a follower hands it to the leader, 503
@@ -221,13 +223,7 @@ async fn join_worker(
 #[tokio::test]
 async fn three_managers_with_acl_and_tls_share_one_ca_and_a_worker_and_the_cli_outlive_a_leader_kill()
  {
-    support::ensure_sample_image();
-    let cluster = EtcdCluster::start(1);
-    let endpoints = cluster.endpoints_flag();
-    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = secret_file(dir.path(), SECRET);
-    let mut managers = start_managers(dir.path(), &endpoints, &prefix, &secret, &[]);
+    let (_cluster, dir, mut managers) = start_managers(&[]);
     // One CA for all three: one fingerprint.
     let fingerprint = fingerprint_of(managers[0].as_ref().unwrap());
     for manager in managers.iter().flatten() {
@@ -571,19 +567,7 @@ async fn on_etcd_a_node_reports_only_over_its_own_certificate_through_any_manage
 #[tokio::test]
 async fn with_shard_controllers_acl_and_tls_a_killed_owners_project_moves_and_every_project_is_read_through_any()
  {
-    support::ensure_sample_image();
-    let cluster = EtcdCluster::start(1);
-    let endpoints = cluster.endpoints_flag();
-    let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
-    let dir = tempfile::tempdir().unwrap();
-    let secret = secret_file(dir.path(), SECRET);
-    let mut managers = start_managers(
-        dir.path(),
-        &endpoints,
-        &prefix,
-        &secret,
-        &["--shard-controllers"],
-    );
+    let (_cluster, dir, mut managers) = start_managers(&["--shard-controllers"]);
     let fingerprint = fingerprint_of(managers[0].as_ref().unwrap());
     let management = bootstrap(&client(managers[2].as_ref().unwrap(), &fingerprint, None)).await;
     let leader = await_leader(&managers, &fingerprint, &management, None).await;
