@@ -84,6 +84,8 @@ pub struct ManagerStores {
     /// The projects made with `cube project create`, by name, with their quotas (`default`
     /// is there only once its quota is set).
     pub projects: Arc<dyn Store<ProjectRecord>>,
+    /// Where the tasks and the waiting list keep their records (under their shard on etcd).
+    pub layout: crate::layout::KeyLayout,
 }
 
 impl ManagerStores {
@@ -98,6 +100,16 @@ impl ManagerStores {
             meta: Arc::new(cube_store::MemoryStore::new()),
             queue: Arc::new(cube_store::MemoryStore::new()),
             projects: Arc::new(cube_store::MemoryStore::new()),
+            layout: crate::layout::KeyLayout::Plain,
+        }
+    }
+
+    /// The task `id`, from the store: under its project's key when `project` is known,
+    /// under any shard's otherwise.
+    pub fn stored_task(&self, id: Uuid, project: Option<&str>) -> Result<Option<Task>, StoreError> {
+        match project {
+            Some(project) => self.tasks.get(&self.layout.task(project, id)),
+            None => self.tasks.get_first(&self.layout.task_anywhere(id)),
         }
     }
 }
@@ -246,7 +258,7 @@ impl Cluster {
         let mut cache = TaskCache::default();
         let records = read_records(
             &stores,
-            &|project| scope.holds_project(project),
+            &scope,
             &mut |task| {
                 cache.insert(task);
             },
@@ -331,20 +343,23 @@ pub(crate) struct ShardRecords {
     pub(crate) tasks_held: usize,
 }
 
-/// The tasks, jobs, job versions, deployments and waiting-list entries of the projects
-/// `holds` says, read from `stores`: each task handed to `task` as it is read (a large
-/// store is never held twice), the rest returned. The tasks are read on this thread and the
-/// rest on another at the same time (on etcd each table is a read of its own, and the
-/// waiting list of a cluster of bare tasks is as long as its tasks).
+/// The tasks, jobs, job versions, deployments and waiting-list entries of the projects of
+/// `shards`, read from `stores`: each task handed to `task` as it is read (a large store is
+/// never held twice), the rest returned. The tasks are read on this thread and the rest on
+/// another at the same time (on etcd each table is a read of its own, and the waiting list
+/// of a cluster of bare tasks is as long as its tasks). On etcd the tasks and the waiting
+/// list are read under the shards' prefixes only (`layout.rs`).
 pub(crate) fn read_records(
     stores: &ManagerStores,
-    holds: &(dyn Fn(&str) -> bool + Sync),
+    shards: &ShardScope,
     task: &mut dyn FnMut(Task),
 ) -> Result<ShardRecords, StoreError> {
+    let holds = &|project: &str| shards.holds_project(project);
+    let prefixes = stores.layout.prefixes(shards);
     let (mut tasks_read, mut tasks_held) = (0, 0);
     let (tasks, rest) = std::thread::scope(|scope| {
-        let rest = scope.spawn(|| read_all_but_tasks(stores, holds));
-        let tasks = stores.tasks.scan(&mut |read: Task| {
+        let rest = scope.spawn(|| read_all_but_tasks(stores, holds, prefixes.as_deref()));
+        let tasks = scan_under(&*stores.tasks, prefixes.as_deref(), &mut |read: Task| {
             tasks_read += 1;
             if holds(&read.spec.project) {
                 tasks_held += 1;
@@ -365,10 +380,25 @@ pub(crate) fn read_records(
     })
 }
 
+/// Every value of `store` under one of `prefixes`, or every value (`None`).
+fn scan_under<V>(
+    store: &dyn Store<V>,
+    prefixes: Option<&[String]>,
+    visit: &mut dyn FnMut(V),
+) -> Result<(), StoreError> {
+    match prefixes {
+        None => store.scan(visit),
+        Some(prefixes) => prefixes
+            .iter()
+            .try_for_each(|prefix| store.scan_prefix(prefix, visit)),
+    }
+}
+
 /// [`read_records`]' jobs, versions, deployments and waiting list (no task counted).
 fn read_all_but_tasks(
     stores: &ManagerStores,
     holds: &(dyn Fn(&str) -> bool + Sync),
+    prefixes: Option<&[String]>,
 ) -> Result<ShardRecords, StoreError> {
     let mut jobs = BTreeMap::new();
     stores.jobs.scan(&mut |record: JobRecord| {
@@ -392,7 +422,7 @@ fn read_all_but_tasks(
     })?;
     let mut queue = BTreeMap::new();
     let mut queue_number = stores.meta.get(QUEUE_NUMBER_KEY)?.unwrap_or(0);
-    stores.queue.scan(&mut |entry: QueueEntry| {
+    scan_under(&*stores.queue, prefixes, &mut |entry: QueueEntry| {
         queue_number = queue_number.max(entry.queue);
         if holds(entry.project()) {
             queue.insert(entry.key(), Arc::new(entry));
@@ -435,7 +465,7 @@ fn lose_tasks_of_forgotten_node(
         {
             continue;
         }
-        stores.tasks.put(&id.to_string(), &lost)?;
+        stores.tasks.put(&stores.layout.task_of(&lost), &lost)?;
         let previous = cache.insert(lost);
         if let Some(held) = cache.shared(&id) {
             publish_task(events, previous.as_deref(), &held);
@@ -584,7 +614,10 @@ impl Cluster {
         writes: &mut Writes,
         task: Task,
     ) -> Result<(), StoreError> {
-        let commit = self.stores.tasks.put_queued(&task.id.to_string(), &task)?;
+        let commit = self
+            .stores
+            .tasks
+            .put_queued(&self.stores.layout.task_of(&task), &task)?;
         writes.commits.push((task.id, commit));
         if task.status.state != State::Scheduled {
             // Only a `Scheduled` task is ever dispatched; keep the set small.
@@ -958,7 +991,11 @@ impl Cluster {
     /// Puts the store's version of a task back in the cache (a write or a removal that
     /// failed).
     pub(crate) fn reload_task(&self, id: Uuid) {
-        let stored = self.stores.tasks.get(&id.to_string());
+        let project = lock(&self.state)
+            .cache
+            .get(&id)
+            .map(|task| task.spec.project.clone());
+        let stored = self.stores.stored_task(id, project.as_deref());
         let mut state = lock(&self.state);
         match stored {
             Ok(Some(task)) => {

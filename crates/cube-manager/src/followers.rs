@@ -336,8 +336,8 @@ impl Followers {
         if lock(&self.cluster.state).cache.get(&id).is_some() {
             return false;
         }
-        let tasks = self.cluster.stores.tasks.clone();
-        let stored = tokio::task::spawn_blocking(move || tasks.get(&id.to_string())).await;
+        let stores = self.cluster.stores.clone();
+        let stored = tokio::task::spawn_blocking(move || stores.stored_task(id, None)).await;
         match stored {
             Ok(Ok(None)) => false,
             Ok(Ok(Some(_))) => {

@@ -291,11 +291,12 @@ impl GarbageCollector {
     /// Forgets a task here: out of the cache (with a `Removed` event), then out of the store,
     /// durably; put back when the store could not delete it.
     async fn forget(&self, id: Uuid) -> Result<(), RemoveError> {
-        {
+        let key = {
             let mut state = lock(&self.cluster.state);
             let Some(removed) = state.cache.remove(&id) else {
                 return Ok(());
             };
+            let key = self.cluster.stores.layout.task_of(&removed);
             state.queue_dirty.mark_task(&removed);
             self.cluster.events.publish(
                 Topic::Task,
@@ -308,13 +309,14 @@ impl GarbageCollector {
                 Payload::Task(removed),
                 false,
             );
-        }
+            key
+        };
         lock(&self.cluster.failures).remove(&id);
         self.cluster.wakes.tasks.forget(&id);
         // The waiting list forgets a request that is gone.
         self.cluster.push_queue();
         let tasks = self.cluster.stores.tasks.clone();
-        let deleted = tokio::task::spawn_blocking(move || tasks.delete(&id.to_string())).await;
+        let deleted = tokio::task::spawn_blocking(move || tasks.delete(&key)).await;
         match deleted {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => {

@@ -28,6 +28,7 @@ mod job_api;
 mod job_controller;
 mod job_records;
 pub mod jobs;
+pub mod layout;
 mod liveness;
 mod log_limit;
 mod manager;

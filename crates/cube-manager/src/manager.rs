@@ -798,7 +798,7 @@ impl Manager {
         let mut tasks = Vec::new();
         let records = crate::cluster::read_records(
             &self.cluster.stores,
-            &|project| taken.holds_project(project),
+            &taken,
             &mut |task| tasks.push(task),
         )?;
         let read_in = started.elapsed();

@@ -373,22 +373,39 @@ impl QueueController {
                     .put_queued(QUEUE_NUMBER_KEY, &planned.last_number)?,
             );
         }
+        let layout = self.cluster.stores.layout;
         for action in &actions {
             match action {
                 SyncAction::Create(key) | SyncAction::Update(key, _) => {
                     if let Some(entry) = planned.entries.get(key) {
-                        commits.push(self.cluster.stores.queue.put_queued(key, &**entry)?);
+                        commits.push(
+                            self.cluster
+                                .stores
+                                .queue
+                                .put_queued(&layout.queue(entry.project(), key), &**entry)?,
+                        );
                     }
                 }
                 SyncAction::Delete(_, key) => deletes.push(key.clone()),
             }
         }
+        // The store keys of the entries to delete: under their project's shard on etcd.
+        let deletes: Vec<String> = {
+            let state = lock(&self.cluster.state);
+            deletes
+                .iter()
+                .filter_map(|key| {
+                    let entry = state.queue.get(key)?;
+                    Some(layout.queue(entry.project(), key))
+                })
+                .collect()
+        };
         for commit in commits {
             commit.durable().await?;
         }
         if !deletes.is_empty() {
             let queue = self.cluster.stores.queue.clone();
-            let keys = deletes.clone();
+            let keys = deletes;
             tokio::task::spawn_blocking(move || {
                 keys.iter()
                     .try_for_each(|key| queue.delete(key).map(|_| ()))

@@ -91,6 +91,28 @@ pub trait Store<V>: Send + Sync {
         self.list()?.into_iter().for_each(visit);
         Ok(())
     }
+    /// Every value whose key starts with `prefix`, in key order, handed to `visit` one at a
+    /// time. A store that keeps keys in order (etcd) reads only those keys; the others read
+    /// every key and skip the rest.
+    fn scan_prefix(&self, prefix: &str, visit: &mut dyn FnMut(V)) -> Result<(), StoreError> {
+        for (key, value, _) in self.list_with_revision()?.entries {
+            if key.starts_with(prefix) {
+                visit(value);
+            }
+        }
+        Ok(())
+    }
+    /// The value under the first of `keys` that holds one: a record that may be under any
+    /// of a few keys (a task under its shard's prefix, its project unknown). etcd asks for
+    /// them all at once.
+    fn get_first(&self, keys: &[String]) -> Result<Option<V>, StoreError> {
+        for key in keys {
+            if let Some(value) = self.get(key)? {
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
+    }
     fn count(&self) -> Result<u64, StoreError>;
     /// Removes the value under `key`; returns whether there was one.
     fn delete(&self, key: &str) -> Result<bool, StoreError>;
@@ -254,6 +276,25 @@ mod contract {
             "a delete of nothing does not move the index"
         );
         assert_eq!(store.list().unwrap(), vec!["two".to_string()]);
+
+        // Reads of the keys under a prefix, and of the first of a few keys that holds one.
+        for (key, value) in [("0003/x", "x3"), ("0003/y", "y3"), ("0012/x", "x12"), ("0003x", "no")] {
+            store.put(key, &text(value)).unwrap();
+        }
+        let mut under = Vec::new();
+        store
+            .scan_prefix("0003/", &mut |value| under.push(value))
+            .unwrap();
+        assert_eq!(under, vec![text("x3"), text("y3")]);
+        let mut none = Vec::new();
+        store.scan_prefix("0007/", &mut |value| none.push(value)).unwrap();
+        assert!(none.is_empty());
+        let keys = |keys: &[&str]| keys.iter().map(|key| key.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            store.get_first(&keys(&["0000/x", "0012/x", "0003/x"])).unwrap(),
+            Some(text("x12"))
+        );
+        assert_eq!(store.get_first(&keys(&["0000/x", "0001/x"])).unwrap(), None);
     }
 
     fn text(value: &str) -> String {

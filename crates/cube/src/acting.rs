@@ -505,11 +505,15 @@ fn not_served(message: String) -> Response {
 
 /// The project of the task with ID `id`, from its record in etcd; `None` when there is none.
 async fn project_of_task(front: &Front, id: &str) -> Result<Option<String>, String> {
-    let Some(tasks) = front.sharded.clone() else {
+    let Some(stores) = front.sharded.clone() else {
         return Ok(None);
     };
-    let id = id.to_string();
-    tokio::task::spawn_blocking(move || tasks.get(&id))
+    // Not an ID: no task is under it.
+    let Ok(id) = uuid::Uuid::parse_str(id) else {
+        return Ok(None);
+    };
+    // Its project unknown, the task is looked for under every shard at once.
+    tokio::task::spawn_blocking(move || stores.stored_task(id, None))
         .await
         .map_err(|err| err.to_string())?
         .map(|task| task.map(|task| task.spec.project.clone()))

@@ -78,7 +78,7 @@ pub struct Front {
     /// With `--shard-controllers`: the tasks table, where the front reads the project of a
     /// task a request names by its ID (`acting.rs`). `None`: the leader acts for every shard
     /// and a follower hands it every request.
-    pub(crate) sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
+    pub(crate) sharded: Option<cube_manager::ManagerStores>,
     /// With `--shard-controllers`: who holds each shard, as last read (`acting::owners`).
     pub(crate) owners: std::sync::Mutex<Option<(std::time::Instant, Arc<crate::ring::Owners>)>>,
     /// With `--shard-controllers`: the shards this manager's `Manager` is taking in place
@@ -93,7 +93,7 @@ impl Front {
         acl: Option<Arc<cube_manager::acl::Acl>>,
         tls: Option<Arc<cube_manager::tls::ManagerTls>>,
         ring: u32,
-        sharded: Option<Arc<dyn cube_store::Store<cube_types::task::Task>>>,
+        sharded: Option<cube_manager::ManagerStores>,
     ) -> anyhow::Result<Arc<Front>> {
         let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(1));
         if let Some(tls) = &tls {

@@ -252,6 +252,7 @@ fn manager_stores(stores: &OpenedStores) -> anyhow::Result<ManagerStores> {
         meta: stores.unwatched_table("meta")?,
         queue: stores.unwatched_table("queue")?,
         projects: stores.unwatched_table("projects")?,
+        layout: cube_manager::layout::KeyLayout::Plain,
     })
 }
 
@@ -302,7 +303,7 @@ pub async fn prepare(
     // Every submission's `TaskEvent` was once kept in an `events` table that nothing read
     // and nothing pruned; what it said is on the task (`CreatedTime`, `History`).
     stores.drop_unused_table("events")?;
-    let manager_stores = manager_stores(&stores)?;
+    let mut manager_stores = manager_stores(&stores)?;
     let acl = if args.acl {
         let acl_stores = cube_manager::acl::AclStores {
             // A stream opened with a token watches it (it ends when the token is revoked).
@@ -424,6 +425,21 @@ pub async fn prepare(
         ),
         None => cube_types::shard::DEFAULT_RING,
     };
+    if stores.etcd().is_some() {
+        // On etcd the tasks and the waiting list are kept under their project's shard.
+        let moved = cube_manager::layout::settle(
+            &mut manager_stores,
+            cube_manager::layout::KeyLayout::Sharded { ring },
+        )
+        .context("moving the tasks and the waiting list under their shards")?;
+        if moved != cube_manager::layout::Moved::default() {
+            tracing::info!(
+                tasks = moved.tasks,
+                waiting = moved.queue,
+                "moved the records an older Cube or an import kept under plain keys under their shards"
+            );
+        }
+    }
     let secrets = std::sync::Arc::new(open_secrets(&args, &stores)?);
     let config = ManagerConfig {
         // Every shard: a manager alone, or the leader of managers on etcd; with
@@ -465,7 +481,7 @@ pub async fn prepare(
             );
             let me = args.advertise.unwrap_or_else(|| address.to_string());
             let scheduler_name = args.scheduler.clone();
-            let tasks = manager_stores.tasks.clone();
+            let tasks = manager_stores.clone();
             let build: crate::leading::Build = std::sync::Arc::new(move |scope, claims, term| {
                 let scheduler = cube_scheduler::scheduler_by_name(&scheduler_name)
                     .with_context(|| format!("unknown scheduler {scheduler_name:?}"))?;

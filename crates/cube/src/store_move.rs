@@ -38,6 +38,17 @@ pub const MANAGER_TABLES: [&str; 11] = [
     "tasks",
 ];
 
+/// The key `record` is imported under: a task or a waiting-list entry exported from etcd,
+/// where it is under its shard, goes under its plain key (the first manager on etcd moves
+/// it under its shard of the target's ring; a redb file keeps it so). The layout's mark in
+/// `meta` is left out for that reason.
+fn import_key(record: &Record) -> &str {
+    match record.table.as_str() {
+        "tasks" | "queue" => cube_manager::layout::plain_key(&record.key),
+        _ => &record.key,
+    }
+}
+
 /// One record of an export file.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -169,6 +180,9 @@ pub fn import(args: ImportArgs) -> anyhow::Result<()> {
                 MANAGER_TABLES.join(", ")
             );
         }
+        if record.table == "meta" && record.key == cube_manager::layout::LAYOUT_KEY {
+            continue;
+        }
         records.push(record);
     }
     // Queued in order and waited for together: concurrent writes share commits (redb) or
@@ -178,7 +192,7 @@ pub fn import(args: ImportArgs) -> anyhow::Result<()> {
         let Some((_, table)) = tables.iter().find(|(name, _)| *name == record.table) else {
             continue;
         };
-        commits.push(table.put_queued(&record.key, &record.value)?);
+        commits.push(table.put_queued(import_key(record), &record.value)?);
     }
     for commit in commits {
         commit.wait().context("writing a record")?;

@@ -564,6 +564,15 @@ async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import()
     export.extend_from_slice(&etcd_flags);
     let (status, _, stderr) = cube_command(&export);
     assert!(status.success(), "{stderr}");
+    // On etcd the manager moved the tasks and their waiting-list entries, imported under
+    // their own keys, under their project's shard (`default`'s in a ring of 16).
+    let shard = format!("{:04}/", cube_types::shard::shard_of("default", 16));
+    let mut sharded = vec![format!("{shard}{first}"), format!("{shard}{second}")];
+    sharded.sort();
+    assert_eq!(exported_keys(exported, "tasks"), sharded);
+    let mut waiting = vec![format!("{shard}task/{first}"), format!("{shard}task/{second}")];
+    waiting.sort();
+    assert_eq!(exported_keys(exported, "queue"), waiting);
     let (status, _, stderr) = cube_command(&["store", "import", exported, "--data-dir", back]);
     assert!(status.success(), "{stderr}");
     let again = ManagerProcess::start("epvm", "persistent", std::path::Path::new(back), 0);
@@ -573,6 +582,26 @@ async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import()
             200
         );
     }
+    // A store file keeps them under their own keys again.
+    assert!(again.terminate(std::time::Duration::from_secs(10)).success());
+    let (status, _, stderr) = cube_command(&["store", "export", exported, "--data-dir", back]);
+    assert!(status.success(), "{stderr}");
+    let mut plain = vec![first.to_string(), second.to_string()];
+    plain.sort();
+    assert_eq!(exported_keys(exported, "tasks"), plain);
+}
+
+/// The keys of `table`'s records in a file `cube store export` wrote, in order.
+fn exported_keys(file: &str, table: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let mut keys: Vec<String> = text
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|record| record["Table"] == table)
+        .map(|record| record["Key"].as_str().unwrap().to_string())
+        .collect();
+    keys.sort();
+    keys
 }
 
 /// A service of `count` copies of the sample web server running `cmd`, probed on `/health`,

@@ -300,9 +300,22 @@ impl EtcdDb {
     /// the revision they were read at: pages of [`PAGE`] keys, all read at the first page's
     /// revision.
     fn range(&self, table: &str) -> Result<RawRange, StoreError> {
+        self.table_range(table, "")
+    }
+
+    /// [`range`](EtcdDb::range) of the keys of `table` that start with `prefix` (keys given
+    /// relative to the table, as `range` gives them).
+    fn table_range(&self, table: &str, prefix: &str) -> Result<RawRange, StoreError> {
         let members = self.inner.members.clone();
-        let start = format!("{}{table}/", self.inner.root);
-        self.wait(async move { read_table(&members, &start).await })
+        let table_start = format!("{}{table}/", self.inner.root);
+        let start = format!("{table_start}{prefix}");
+        let (mut entries, revision) = self.wait(async move { read_table(&members, &start).await })?;
+        if !prefix.is_empty() {
+            for (key, _, _) in &mut entries {
+                key.insert_str(0, prefix);
+            }
+        }
+        Ok((entries, revision))
     }
 
     /// The revision of the cluster now.
@@ -377,6 +390,9 @@ async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreErr
     }
     Ok((entries, u64::try_from(revision).unwrap_or(0)))
 }
+
+/// How many keys [`Store::get_first`] asks for at once.
+const GETS_AT_ONCE: usize = 16;
 
 /// How many pages of a table's values are asked for at once.
 const PAGES_AT_ONCE: usize = 4;
@@ -498,6 +514,43 @@ impl<V: Serialize + DeserializeOwned + Send + 'static> Store<V> for EtcdStore<V>
         let value =
             serde_json::from_slice(kv.value()).map_err(|source| self.decode_error(key, source))?;
         Ok(Some((value, revision)))
+    }
+
+    fn scan_prefix(&self, prefix: &str, visit: &mut dyn FnMut(V)) -> Result<(), StoreError> {
+        let (raw, _) = self.db.table_range(&self.table, prefix)?;
+        for (key, bytes, _) in raw {
+            visit(
+                serde_json::from_slice(&bytes).map_err(|source| self.decode_error(&key, source))?,
+            );
+        }
+        Ok(())
+    }
+
+    fn get_first(&self, keys: &[String]) -> Result<Option<V>, StoreError> {
+        use futures_util::StreamExt;
+        let members = self.db.inner.members.clone();
+        let wholes: Vec<String> = keys.iter().map(|key| self.db.key(&self.table, key)).collect();
+        let found = self.db.wait(async move {
+            let mut gets = futures_util::stream::iter(wholes)
+                .map(|whole| {
+                    members.call(move |mut client| {
+                        let whole = whole.clone();
+                        async move { client.get(whole, None).await }
+                    })
+                })
+                .buffered(GETS_AT_ONCE);
+            while let Some(answer) = gets.next().await {
+                if let Some(kv) = answer?.take_kvs().into_iter().next() {
+                    return Ok(Some(kv));
+                }
+            }
+            Ok(None)
+        })?;
+        let Some(kv) = found else { return Ok(None) };
+        let key = String::from_utf8_lossy(kv.key()).into_owned();
+        Ok(Some(
+            serde_json::from_slice(kv.value()).map_err(|source| self.decode_error(&key, source))?,
+        ))
     }
 
     fn list(&self) -> Result<Vec<V>, StoreError> {
