@@ -777,11 +777,14 @@ impl Manager {
     /// shards keeps placing its own meanwhile, and reads only what it takes.
     ///
     /// Blocking (it reads the store). `false`, and nothing done, when `scope` does not hold
-    /// every shard held now: giving one back means opening the state again.
+    /// every shard held now: giving one back means opening the state again. Several shards
+    /// may be taken one call at a time (the first asked for first); `follow_again` on the
+    /// last call only: each node's list is read again once, after the last.
     pub fn take_shards(
         &self,
         scope: cube_types::shard::ShardScope,
         fence: Option<cube_store::Fence>,
+        follow_again: bool,
     ) -> Result<bool, ManagerError> {
         let held = lock(&self.cluster.state).scope.clone();
         if held.ring() != scope.ring() || held.shards().iter().any(|shard| !scope.holds(*shard)) {
@@ -857,6 +860,9 @@ impl Manager {
         self.cluster.mark_all_jobs_dirty();
         self.cluster.wakes.queue.push(());
         self.cluster.push_waiting();
+        if !follow_again {
+            return Ok(true);
+        }
         // Each follower starts again with the node's whole list: the taken shards' tasks
         // were skipped until now.
         for (name, client) in known {

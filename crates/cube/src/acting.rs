@@ -172,17 +172,40 @@ async fn take_in_place(
     // The new fence holds every key of the old: what the running controllers write meanwhile
     // passes it as before.
     *refused = db.set_fence(fence.clone());
-    let (manager, scope) = (acting.manager.clone(), now.scope(front.ring));
-    // Until they are read in, the requests for the shards taken wait (`route`).
-    front.taking.send_replace(
-        now.shards
-            .iter()
-            .map(|(shard, _)| *shard)
-            .filter(|shard| !acting.held.shards.iter().any(|(held, _)| held == shard))
-            .collect(),
-    );
-    let took = tokio::task::spawn_blocking(move || manager.take_shards(scope, fence)).await;
+    let mut scope: Vec<u32> = acting.held.shards.iter().map(|(shard, _)| *shard).collect();
+    let mut waiting: Vec<u32> = now
+        .shards
+        .iter()
+        .map(|(shard, _)| *shard)
+        .filter(|shard| !scope.contains(shard))
+        .collect();
+    // Until they are read in, the requests for the shards taken wait (`route`). They are
+    // read in one at a time, a shard a request waits for first: on etcd each is a read of
+    // its own keys, so the first request is answered after one shard's read, not all of
+    // them (a dead manager of 3 held 5 or 6).
+    front.taking.send_replace(waiting.clone());
+    let mut took = Ok(Ok(true));
+    while !waiting.is_empty() {
+        let next = {
+            let mut wanted = front.wanted.lock().unwrap_or_else(|p| p.into_inner());
+            let next = waiting
+                .iter()
+                .position(|shard| wanted.contains(shard))
+                .unwrap_or(0);
+            wanted.remove(&waiting[next]);
+            waiting.remove(next)
+        };
+        scope.push(next);
+        let step = cube_types::shard::ShardScope::of(front.ring, scope.iter().copied());
+        let (manager, fence, last) = (acting.manager.clone(), fence.clone(), waiting.is_empty());
+        took = tokio::task::spawn_blocking(move || manager.take_shards(step, fence, last)).await;
+        if !matches!(took, Ok(Ok(true))) {
+            break;
+        }
+        front.taking.send_replace(waiting.clone());
+    }
     front.taking.send_replace(Vec::new());
+    front.wanted.lock().unwrap_or_else(|p| p.into_inner()).clear();
     match took {
         Ok(Ok(true)) => {
             acting.held = now.clone();
@@ -383,8 +406,12 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         };
         let answer = match owners.holders.get(&shard) {
             Some(owner) if *owner == front.me => {
-                // Taken a moment ago, and its records being read in: waited for.
+                // Taken a moment ago, and its records being read in: waited for (and read
+                // in next, when several are).
                 let mut taking = front.taking.subscribe();
+                if taking.borrow().contains(&shard) {
+                    front.wanted.lock().unwrap_or_else(|p| p.into_inner()).insert(shard);
+                }
                 let _ = tokio::time::timeout(
                     OPENING_BOUND,
                     taking.wait_for(|taking| !taking.contains(&shard)),

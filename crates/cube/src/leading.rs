@@ -84,6 +84,8 @@ pub struct Front {
     /// With `--shard-controllers`: the shards this manager's `Manager` is taking in place
     /// (`acting::take_in_place`), whose requests wait for their records to be read in.
     pub(crate) taking: tokio::sync::watch::Sender<Vec<u32>>,
+    /// Of the shards `taking`, those a request waits for: read in first.
+    pub(crate) wanted: std::sync::Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl Front {
@@ -106,6 +108,7 @@ impl Front {
             own: RwLock::new(None),
             own_set: tokio::sync::Notify::new(),
             taking: tokio::sync::watch::Sender::new(Vec::new()),
+            wanted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             leading: AtomicBool::new(false),
             db,
             http: http.build()?,
