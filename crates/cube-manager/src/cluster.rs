@@ -544,7 +544,14 @@ pub(crate) struct Cluster {
     /// How many nodes the registry knows, for the heartbeat floor and the grace that
     /// follows from it; set under the state lock where the registry changes.
     known_nodes: AtomicUsize,
+    /// With `--shard-controllers`: what the other shards claimed of each node at the last
+    /// placement pass, which `GET /tasks/{id}/placement` explains with as the pass planned.
+    pub(crate) others_claims: OthersClaims,
 }
+
+/// Each node's claims of the shards another manager holds (`ShardClaims::others`).
+pub(crate) type OthersClaims =
+    Mutex<Arc<HashMap<String, cube_types::claims::NodeClaims>>>;
 
 /// A task whose reconcile keeps failing: the last error and when the runner tries again.
 #[derive(Debug, Clone)]
@@ -573,6 +580,7 @@ impl Cluster {
             dispatched: Mutex::new(HashSet::new()),
             heartbeat_grace_setting: heartbeat_grace,
             known_nodes,
+            others_claims: Mutex::new(Arc::new(HashMap::new())),
         }
     }
 

@@ -622,11 +622,15 @@ impl Manager {
         crate::placement::fits_nowhere_today(&views, tasks)
     }
 
-    /// Where the task could go now, node by node: `GET /tasks/{id}/placement`.
+    /// Where the task could go now, node by node: `GET /tasks/{id}/placement`. With
+    /// `--shard-controllers`, on the nodes as the last placement pass saw them: this
+    /// manager's tasks and what the other shards claimed.
     pub fn placement(&self, id: Uuid) -> Result<crate::placement::Placement, ManagerError> {
+        let others = Arc::clone(&lock(&self.cluster.others_claims));
         let state = lock(&self.cluster.state);
         let task = state.cache.get(&id).ok_or(ManagerError::NotFound(id))?;
-        let views = self.cluster.node_views(&state);
+        let mut views = self.cluster.node_views(&state);
+        crate::placement::add_others_claims(&mut views, &others);
         Ok(crate::placement::explain(task, &views))
     }
 
@@ -841,11 +845,15 @@ impl Manager {
             state.queue_number = state.queue_number.max(records.queue_number);
             state.scope = scope;
             state.fence = fence;
-            state
-                .nodes
-                .entries()
-                .map(|entry| (entry.name.clone(), entry.client.clone()))
-                .collect()
+            if !follow_again {
+                Vec::new()
+            } else {
+                state
+                    .nodes
+                    .entries()
+                    .map(|entry| (entry.name.clone(), entry.client.clone()))
+                    .collect()
+            }
         };
         tracing::info!(
             shards = %cube_types::shard::format_shards(&taken.shards()),
@@ -860,11 +868,8 @@ impl Manager {
         self.cluster.mark_all_jobs_dirty();
         self.cluster.wakes.queue.push(());
         self.cluster.push_waiting();
-        if !follow_again {
-            return Ok(true);
-        }
-        // Each follower starts again with the node's whole list: the taken shards' tasks
-        // were skipped until now.
+        // Each follower starts again with the node's whole list (after the last of several
+        // takes): the taken shards' tasks were skipped until now.
         for (name, client) in known {
             self.followers.follow(name, client);
         }

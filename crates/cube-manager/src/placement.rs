@@ -199,7 +199,8 @@ impl PlacementController {
                 // Lost to another: written at a later pass.
                 claims.write(stale, &scope).await?;
             }
-            let others = claims.others(&scope);
+            let others = Arc::new(claims.others(&scope));
+            *lock(&self.cluster.others_claims) = Arc::clone(&others);
             let mut writes = Writes::default();
             let pass = self.pass(&mut writes, Some(&others));
             let settled = self.cluster.settle(writes).await;
@@ -315,17 +316,7 @@ impl PlacementController {
         }
         let mut views = self.cluster.node_views(&state);
         if let Some(others) = others {
-            for view in &mut views {
-                if let Some(claims) = others.get(&view.name) {
-                    view.allocated.cpu += claims.cpu();
-                    view.allocated.memory = view.allocated.memory.saturating_add(claims.memory);
-                    view.allocated.disk = view.allocated.disk.saturating_add(claims.disk);
-                    view.task_count = view
-                        .task_count
-                        .saturating_add(usize::try_from(claims.tasks).unwrap_or(usize::MAX));
-                    view.host_ports_taken.extend(claims.host_ports());
-                }
-            }
+            add_others_claims(&mut views, others);
         }
         // Counted only when there is a limit: it reads the whole list.
         let mut admitted_by_owner = if self.max_claimed_per_owner.is_some() {
@@ -1004,6 +995,28 @@ pub(crate) fn fits_nowhere_today(views: &[NodeView], tasks: &[(&Task, usize)]) -
 
 /// Where `task` could go now, node by node, on `views`: `GET /tasks/{id}/placement`, the
 /// long form of a waiting task's `PendingReason`.
+/// Adds to each node's view what the other shards claimed of it (`others`): the node as
+/// every manager's placements hold it.
+pub(crate) fn add_others_claims(
+    views: &mut [NodeView],
+    others: &HashMap<String, cube_types::claims::NodeClaims>,
+) {
+    if others.is_empty() {
+        return;
+    }
+    for view in views {
+        if let Some(claims) = others.get(&view.name) {
+            view.allocated.cpu += claims.cpu();
+            view.allocated.memory = view.allocated.memory.saturating_add(claims.memory);
+            view.allocated.disk = view.allocated.disk.saturating_add(claims.disk);
+            view.task_count = view
+                .task_count
+                .saturating_add(usize::try_from(claims.tasks).unwrap_or(usize::MAX));
+            view.host_ports_taken.extend(claims.host_ports());
+        }
+    }
+}
+
 pub(crate) fn explain(task: &Task, views: &[NodeView]) -> Placement {
     let id = task.id;
     let request = TaskRequest::for_task(task);

@@ -186,15 +186,10 @@ async fn take_in_place(
     front.taking.send_replace(waiting.clone());
     let mut took = Ok(Ok(true));
     while !waiting.is_empty() {
-        let next = {
-            let mut wanted = front.wanted.lock().unwrap_or_else(|p| p.into_inner());
-            let next = waiting
-                .iter()
-                .position(|shard| wanted.contains(shard))
-                .unwrap_or(0);
-            wanted.remove(&waiting[next]);
-            waiting.remove(next)
-        };
+        let next = next_to_take(
+            &mut waiting,
+            &mut front.wanted.lock().unwrap_or_else(|p| p.into_inner()),
+        );
         scope.push(next);
         let step = cube_types::shard::ShardScope::of(front.ring, scope.iter().copied());
         let (manager, fence, last) = (acting.manager.clone(), fence.clone(), waiting.is_empty());
@@ -221,6 +216,18 @@ async fn take_in_place(
             false
         }
     }
+}
+
+/// Of the shards still to take (`waiting`, not empty), the one to read in next, taken out
+/// of `waiting`: the first a request waits for (`wanted`, which forgets it), or the first.
+fn next_to_take(waiting: &mut Vec<u32>, wanted: &mut std::collections::BTreeSet<u32>) -> u32 {
+    let next = waiting
+        .iter()
+        .position(|shard| wanted.contains(shard))
+        .unwrap_or(0);
+    let shard = waiting.remove(next);
+    wanted.remove(&shard);
+    shard
 }
 
 /// The first pause before opening the held shards' state again after a failure, and the
@@ -634,3 +641,22 @@ pub(crate) async fn ask(
 /// moved (`route`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NotReached;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_a_request_waits_for_is_taken_first_then_the_rest_in_order() {
+        let mut waiting = vec![2, 5, 9, 11];
+        let mut wanted = std::collections::BTreeSet::from([9]);
+        assert_eq!(next_to_take(&mut waiting, &mut wanted), 9);
+        assert!(wanted.is_empty(), "a shard taken is no longer wanted");
+        assert_eq!(next_to_take(&mut waiting, &mut wanted), 2);
+        // A shard wanted that is not being taken changes nothing.
+        wanted.insert(7);
+        assert_eq!(next_to_take(&mut waiting, &mut wanted), 5);
+        assert_eq!(next_to_take(&mut waiting, &mut wanted), 11);
+        assert!(waiting.is_empty());
+    }
+}

@@ -1473,6 +1473,28 @@ async fn three_managers_placing_at_once_on_five_small_nodes_never_put_more_on_on
             for task in waiting {
                 let reason = task["PendingReason"].as_str().unwrap_or("");
                 assert!(reason.contains("memory"), "{task}");
+                // Its owner explains it on the nodes as every manager filled them: no node
+                // fits it (on its own tasks alone some nodes would seem to have room).
+                let placement = managers
+                    .get(1)
+                    .client()
+                    .get(&format!(
+                        "/tasks/{}/placement?project={}",
+                        task["ID"].as_str().unwrap(),
+                        task["Project"].as_str().unwrap()
+                    ))
+                    .await;
+                assert_eq!(placement.status, 200, "{}", placement.body);
+                let nodes = placement.body["Nodes"].as_array().unwrap();
+                assert_eq!(nodes.len(), 5, "{}", placement.body);
+                assert!(
+                    nodes
+                        .iter()
+                        .all(|node| node["Fits"] == false
+                            && node["Reason"].as_str().unwrap_or("").contains("memory")),
+                    "{}",
+                    placement.body
+                );
             }
             break;
         }
