@@ -256,13 +256,9 @@ impl Cluster {
         let scope = &settings.scope;
         let started = std::time::Instant::now();
         let mut cache = TaskCache::default();
-        let records = read_records(
-            &stores,
-            &scope,
-            &mut |task| {
-                cache.insert(task);
-            },
-        )?;
+        let records = read_records(&stores, scope, &mut |task| {
+            cache.insert(task);
+        })?;
         let mut projects = BTreeMap::new();
         stores.projects.scan(&mut |record: ProjectRecord| {
             projects.insert(record.name.clone(), Arc::new(record));
@@ -550,8 +546,7 @@ pub(crate) struct Cluster {
 }
 
 /// Each node's claims of the shards another manager holds (`ShardClaims::others`).
-pub(crate) type OthersClaims =
-    Mutex<Arc<HashMap<String, cube_types::claims::NodeClaims>>>;
+pub(crate) type OthersClaims = Mutex<Arc<HashMap<String, cube_types::claims::NodeClaims>>>;
 
 /// A task whose reconcile keeps failing: the last error and when the runner tries again.
 #[derive(Debug, Clone)]

@@ -10,7 +10,7 @@
 //! imported from an export, is moved under its shard when a manager starts
 //! ([`move_to_shards`]).
 
-use cube_store::{Expected, Store, StoreError};
+use cube_store::{EtcdDb, Optimistic, Store, StoreError, Unchanged};
 use cube_types::queue::QueueEntry;
 use cube_types::shard::ShardScope;
 use cube_types::task::Task;
@@ -63,13 +63,9 @@ impl KeyLayout {
     /// them is a read of the whole table (the plain layout, or every shard held).
     pub fn prefixes(&self, scope: &ShardScope) -> Option<Vec<String>> {
         match self {
-            KeyLayout::Sharded { ring } if *ring == scope.ring() && !scope.is_whole() => Some(
-                scope
-                    .shards()
-                    .into_iter()
-                    .map(shard_prefix)
-                    .collect(),
-            ),
+            KeyLayout::Sharded { ring } if *ring == scope.ring() && !scope.is_whole() => {
+                Some(scope.shards().into_iter().map(shard_prefix).collect())
+            }
             _ => None,
         }
     }
@@ -110,58 +106,147 @@ pub struct Moved {
     pub queue: usize,
 }
 
+/// One record to move from its plain key to its shard's, keys relative to the store's
+/// prefix (`tasks/ID` → `tasks/0003/ID`).
+struct Move {
+    from: String,
+    to: String,
+    value: Vec<u8>,
+    /// The plain key's `mod_revision` when read.
+    revision: i64,
+}
+
+/// How many records one transaction moves: each is two keys compared and two written, and
+/// a transaction takes 128 of each.
+const MOVES_AT_ONCE: usize = 64;
+
 /// Moves every task and waiting-list entry kept under its plain key to its key in
-/// `layout`: written there if nothing is (a manager that moved it first, or wrote it since,
-/// wins), then deleted from the plain key. Safe to run from several managers at once and
-/// again after a crash half-way: a record is never lost (it is written before it is
-/// deleted) nor kept twice once a run ends. Reads the whole tables: a manager runs it at
-/// start only while `meta`'s [`LAYOUT_KEY`] does not say it was done.
-pub fn move_to_shards(
+/// `layout`, on etcd: each move writes the shard key and deletes the plain one in one
+/// transaction, only if the plain key is as read and the shard key absent, 64 moves a
+/// transaction. A move that finds its shard key written (a manager that moved it first,
+/// or wrote it since) only deletes the plain key, if that is still as read. Safe to run
+/// from several managers at once and again after a crash half-way: a record is never lost
+/// nor kept twice, and a newer write is never replaced by an older one. Reads the whole
+/// tables: a manager runs it at start only while `meta`'s [`LAYOUT_KEY`] does not say it
+/// was done.
+pub async fn move_to_shards(
+    db: &EtcdDb,
     tasks: &dyn Store<Task>,
     queue: &dyn Store<QueueEntry>,
     layout: KeyLayout,
 ) -> Result<Moved, StoreError> {
-    let mut moved = Moved::default();
-    if layout == KeyLayout::Plain {
-        return Ok(moved);
-    }
-    for (key, task, _) in tasks.list_with_revision()?.entries {
-        let target = layout.task_of(&task);
-        if plain_key(&key) != key || key == target {
-            continue;
+    let mut moves = Vec::new();
+    for (key, task, revision) in tasks.list_with_revision()?.entries {
+        if plain_key(&key) == key {
+            moves.push(a_move(
+                "tasks",
+                &key,
+                &layout.task_of(&task),
+                &task,
+                revision,
+            )?);
         }
-        move_one(tasks, &key, &target, &task)?;
-        moved.tasks += 1;
     }
-    for (key, entry, _) in queue.list_with_revision()?.entries {
-        let target = layout.queue(entry.project(), &key);
-        if is_queue_shard_key(&key) || key == target {
-            continue;
+    let tasks_moved = moves.len();
+    for (key, entry, revision) in queue.list_with_revision()?.entries {
+        if plain_key(&key) == key {
+            let to = layout.queue(entry.project(), &key);
+            moves.push(a_move("queue", &key, &to, &entry, revision)?);
         }
-        move_one(queue, &key, &target, &entry)?;
-        moved.queue += 1;
+    }
+    let moved = Moved {
+        tasks: tasks_moved,
+        queue: moves.len() - tasks_moved,
+    };
+    for batch in moves.chunks(MOVES_AT_ONCE) {
+        let unchanged: Vec<Unchanged> = batch.iter().flat_map(compared).collect();
+        let puts = batch.iter().flat_map(written).collect();
+        if let Optimistic::Changed { .. } = db.write_if_unchanged(&unchanged, puts, None).await? {
+            // Another manager moved some of them first: each on its own.
+            for one in batch {
+                move_alone(db, one).await?;
+            }
+        }
     }
     Ok(moved)
 }
 
-/// Whether a waiting-list key is under a shard already (`0003/task/ID`); a plain one is
-/// `task/ID` or `job/NAME`.
-fn is_queue_shard_key(key: &str) -> bool {
-    plain_key(key) != key
+fn a_move<V: serde::Serialize>(
+    table: &str,
+    from: &str,
+    to: &str,
+    value: &V,
+    revision: u64,
+) -> Result<Move, StoreError> {
+    Ok(Move {
+        from: format!("{table}/{from}"),
+        to: format!("{table}/{to}"),
+        value: serde_json::to_vec(value).map_err(|source| StoreError::Encode {
+            key: from.to_string(),
+            source,
+        })?,
+        revision: i64::try_from(revision).unwrap_or(i64::MAX),
+    })
 }
 
-fn move_one<V>(store: &dyn Store<V>, from: &str, to: &str, value: &V) -> Result<(), StoreError> {
-    // Taken already (another manager moved it, or wrote it since): only the old copy goes.
-    let _ = store.put_if(to, value, Expected::Absent)?;
-    store.delete(from)?;
-    Ok(())
+/// What a move needs unchanged: the plain key as read, the shard key absent.
+fn compared(one: &Move) -> [Unchanged; 2] {
+    [
+        Unchanged {
+            key: one.from.clone(),
+            mod_revision: one.revision,
+        },
+        Unchanged {
+            key: one.to.clone(),
+            mod_revision: 0,
+        },
+    ]
+}
+
+fn written(one: &Move) -> [(String, Option<Vec<u8>>); 2] {
+    [
+        (one.to.clone(), Some(one.value.clone())),
+        (one.from.clone(), None),
+    ]
+}
+
+/// One move after its batch lost a race: moved if still as read; the plain key only
+/// deleted when the shard key is written already; left alone when the plain key changed
+/// (what changed it is not a manager of this layout: it is said, and kept).
+async fn move_alone(db: &EtcdDb, one: &Move) -> Result<(), StoreError> {
+    let Optimistic::Changed { now } = db
+        .write_if_unchanged(&compared(one), written(one).into(), None)
+        .await?
+    else {
+        return Ok(());
+    };
+    let plain_now = now.iter().find(|key| key.key == one.from);
+    let shard_written = now.iter().any(|key| key.key == one.to);
+    match plain_now {
+        // Moved by another manager.
+        None => Ok(()),
+        Some(plain) if plain.mod_revision == one.revision && shard_written => {
+            let only_plain = [Unchanged {
+                key: one.from.clone(),
+                mod_revision: one.revision,
+            }];
+            db.write_if_unchanged(&only_plain, vec![(one.from.clone(), None)], None)
+                .await
+                .map(|_| ())
+        }
+        Some(_) => {
+            tracing::warn!(key = %one.from, "a record under its plain key changed while it was moved under its shard; left where it is");
+            Ok(())
+        }
+    }
 }
 
 /// Puts `stores` in `layout` (a manager on etcd, at start): moves what an older Cube or an
 /// import left under plain keys (once: `meta`'s [`LAYOUT_KEY`] remembers it was done), and
-/// has `stores` make their keys so from now on. What was moved, when anything was.
-pub fn settle(
+/// has `stores` make their keys so from now on. What was moved.
+pub async fn settle(
     stores: &mut crate::ManagerStores,
+    db: &EtcdDb,
     layout: KeyLayout,
 ) -> Result<Moved, StoreError> {
     stores.layout = layout;
@@ -171,7 +256,7 @@ pub fn settle(
     if stores.meta.get(LAYOUT_KEY)? == Some(u64::from(ring)) {
         return Ok(Moved::default());
     }
-    let moved = move_to_shards(&*stores.tasks, &*stores.queue, layout)?;
+    let moved = move_to_shards(db, &*stores.tasks, &*stores.queue, layout).await?;
     stores.meta.put(LAYOUT_KEY, &u64::from(ring))?;
     Ok(moved)
 }

@@ -803,11 +803,9 @@ impl Manager {
         );
         let started = std::time::Instant::now();
         let mut tasks = Vec::new();
-        let records = crate::cluster::read_records(
-            &self.cluster.stores,
-            &taken,
-            &mut |task| tasks.push(task),
-        )?;
+        let records = crate::cluster::read_records(&self.cluster.stores, &taken, &mut |task| {
+            tasks.push(task)
+        })?;
         let read_in = started.elapsed();
         let now = Utc::now();
         let count = tasks.len();

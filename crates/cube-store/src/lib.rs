@@ -278,7 +278,12 @@ mod contract {
         assert_eq!(store.list().unwrap(), vec!["two".to_string()]);
 
         // Reads of the keys under a prefix, and of the first of a few keys that holds one.
-        for (key, value) in [("0003/x", "x3"), ("0003/y", "y3"), ("0012/x", "x12"), ("0003x", "no")] {
+        for (key, value) in [
+            ("0003/x", "x3"),
+            ("0003/y", "y3"),
+            ("0012/x", "x12"),
+            ("0003x", "no"),
+        ] {
             store.put(key, &text(value)).unwrap();
         }
         let mut under = Vec::new();
@@ -287,11 +292,15 @@ mod contract {
             .unwrap();
         assert_eq!(under, vec![text("x3"), text("y3")]);
         let mut none = Vec::new();
-        store.scan_prefix("0007/", &mut |value| none.push(value)).unwrap();
+        store
+            .scan_prefix("0007/", &mut |value| none.push(value))
+            .unwrap();
         assert!(none.is_empty());
         let keys = |keys: &[&str]| keys.iter().map(|key| key.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            store.get_first(&keys(&["0000/x", "0012/x", "0003/x"])).unwrap(),
+            store
+                .get_first(&keys(&["0000/x", "0012/x", "0003/x"]))
+                .unwrap(),
             Some(text("x12"))
         );
         assert_eq!(store.get_first(&keys(&["0000/x", "0001/x"])).unwrap(), None);

@@ -200,7 +200,11 @@ async fn take_in_place(
         front.taking.send_replace(waiting.clone());
     }
     front.taking.send_replace(Vec::new());
-    front.wanted.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    front
+        .wanted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clear();
     match took {
         Ok(Ok(true)) => {
             acting.held = now.clone();
@@ -417,7 +421,11 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                 // in next, when several are).
                 let mut taking = front.taking.subscribe();
                 if taking.borrow().contains(&shard) {
-                    front.wanted.lock().unwrap_or_else(|p| p.into_inner()).insert(shard);
+                    front
+                        .wanted
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(shard);
                 }
                 let _ = tokio::time::timeout(
                     OPENING_BOUND,

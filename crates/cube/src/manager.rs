@@ -425,12 +425,14 @@ pub async fn prepare(
         ),
         None => cube_types::shard::DEFAULT_RING,
     };
-    if stores.etcd().is_some() {
+    if let Some(db) = stores.etcd() {
         // On etcd the tasks and the waiting list are kept under their project's shard.
         let moved = cube_manager::layout::settle(
             &mut manager_stores,
+            db,
             cube_manager::layout::KeyLayout::Sharded { ring },
         )
+        .await
         .context("moving the tasks and the waiting list under their shards")?;
         if moved != cube_manager::layout::Moved::default() {
             tracing::info!(

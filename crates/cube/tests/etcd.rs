@@ -570,7 +570,10 @@ async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import()
     let mut sharded = vec![format!("{shard}{first}"), format!("{shard}{second}")];
     sharded.sort();
     assert_eq!(exported_keys(exported, "tasks"), sharded);
-    let mut waiting = vec![format!("{shard}task/{first}"), format!("{shard}task/{second}")];
+    let mut waiting = vec![
+        format!("{shard}task/{first}"),
+        format!("{shard}task/{second}"),
+    ];
     waiting.sort();
     assert_eq!(exported_keys(exported, "queue"), waiting);
     let (status, _, stderr) = cube_command(&["store", "import", exported, "--data-dir", back]);
@@ -583,7 +586,11 @@ async fn a_redb_managers_state_moves_into_etcd_and_back_with_export_and_import()
         );
     }
     // A store file keeps them under their own keys again.
-    assert!(again.terminate(std::time::Duration::from_secs(10)).success());
+    assert!(
+        again
+            .terminate(std::time::Duration::from_secs(10))
+            .success()
+    );
     let (status, _, stderr) = cube_command(&["store", "export", exported, "--data-dir", back]);
     assert!(status.success(), "{stderr}");
     let mut plain = vec![first.to_string(), second.to_string()];
@@ -1488,10 +1495,8 @@ async fn three_managers_placing_at_once_on_five_small_nodes_never_put_more_on_on
                 let nodes = placement.body["Nodes"].as_array().unwrap();
                 assert_eq!(nodes.len(), 5, "{}", placement.body);
                 assert!(
-                    nodes
-                        .iter()
-                        .all(|node| node["Fits"] == false
-                            && node["Reason"].as_str().unwrap_or("").contains("memory")),
+                    nodes.iter().all(|node| node["Fits"] == false
+                        && node["Reason"].as_str().unwrap_or("").contains("memory")),
                     "{}",
                     placement.body
                 );

@@ -309,7 +309,8 @@ impl EtcdDb {
         let members = self.inner.members.clone();
         let table_start = format!("{}{table}/", self.inner.root);
         let start = format!("{table_start}{prefix}");
-        let (mut entries, revision) = self.wait(async move { read_table(&members, &start).await })?;
+        let (mut entries, revision) =
+            self.wait(async move { read_table(&members, &start).await })?;
         if !prefix.is_empty() {
             for (key, _, _) in &mut entries {
                 key.insert_str(0, prefix);
@@ -529,7 +530,10 @@ impl<V: Serialize + DeserializeOwned + Send + 'static> Store<V> for EtcdStore<V>
     fn get_first(&self, keys: &[String]) -> Result<Option<V>, StoreError> {
         use futures_util::StreamExt;
         let members = self.db.inner.members.clone();
-        let wholes: Vec<String> = keys.iter().map(|key| self.db.key(&self.table, key)).collect();
+        let wholes: Vec<String> = keys
+            .iter()
+            .map(|key| self.db.key(&self.table, key))
+            .collect();
         let found = self.db.wait(async move {
             let mut gets = futures_util::stream::iter(wholes)
                 .map(|whole| {
