@@ -89,7 +89,8 @@ pub struct ManagerArgs {
     /// projects, certificates). Every manager places on every node: each placement first
     /// claims its nodes' room in etcd, refused if another manager claimed there since (then
     /// planned again), so no node is given more than it holds. Give it to every manager of
-    /// the cluster. Not gathered yet: blocking queries and event streams of every project.
+    /// the cluster; its ring may have at most 127 shards. A blocking query of every project
+    /// is refused (follow `GET /events?project=*`, which is gathered, instead).
     #[arg(long)]
     shard_controllers: bool,
     #[command(flatten)]
@@ -223,6 +224,19 @@ enum Mode {
         ring: u32,
         part: crate::ring::RingSettings,
     },
+}
+
+/// `--shard-controllers` fences a manager's writes on every shard key it holds, one
+/// comparison each in every etcd transaction: a ring larger than a fence holds could never
+/// be held whole by one manager.
+fn ring_fits_shard_controllers(shard_controllers: bool, ring: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !shard_controllers || ring as usize <= cube_store::Fence::MAX_KEYS,
+        "--shard-controllers needs a ring of at most {} shards (a manager's writes are fenced \
+         on every shard it holds, one etcd comparison each), not {ring}",
+        cube_store::Fence::MAX_KEYS
+    );
+    Ok(())
 }
 
 /// The stores of the manager's tables.
@@ -415,9 +429,15 @@ pub async fn prepare(
     } else {
         None
     };
+    // Checked before the ring's size is written, when this manager is the cluster's first.
+    ring_fits_shard_controllers(args.shard_controllers, args.shards.unwrap_or(0))?;
     // The shard ring's size: the cluster's, on etcd; a manager alone holds a ring of 16.
     let ring = match stores.etcd() {
         Some(db) => crate::ring::ring_size(db, args.shards).await?,
+        None if args.shard_controllers => anyhow::bail!(
+            "--shard-controllers is for managers sharing etcd (--store etcd): a manager on its \
+             own store acts for every shard already"
+        ),
         None if args.shards.is_some() => anyhow::bail!(
             "--shards is for managers sharing etcd (--store etcd): a manager on its own store \
              holds every shard of a ring of {}",
@@ -425,6 +445,7 @@ pub async fn prepare(
         ),
         None => cube_types::shard::DEFAULT_RING,
     };
+    ring_fits_shard_controllers(args.shard_controllers, ring)?;
     if let Some(db) = stores.etcd() {
         // On etcd the tasks and the waiting list are kept under their project's shard.
         let moved = cube_manager::layout::settle(

@@ -830,6 +830,28 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
     ]);
     assert!(!status.success());
     assert!(stderr.contains("has 16 shards"), "{stderr}");
+    // A ring too large for a manager to fence its writes on is refused before it is made.
+    let (status, _, stderr) = cube_command(&[
+        "manager",
+        "-p",
+        "0",
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &managers.endpoints,
+        "--etcd-prefix",
+        &format!("{}-other", managers.prefix),
+        "--shards",
+        "200",
+        "--shard-controllers",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--shard-controllers needs a ring of at most 127 shards"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]
@@ -855,6 +877,20 @@ async fn a_manager_on_its_own_store_holds_every_shard() {
     assert!(!status.success());
     assert!(
         stderr.contains("--shards is for managers sharing etcd"),
+        "{stderr}"
+    );
+    // Nor does it act for shards as managers on etcd do: said, not ignored.
+    let (status, _, stderr) = cube_command(&[
+        "manager",
+        "-p",
+        "0",
+        "--shard-controllers",
+        "--data-dir",
+        dir.path().join("other").to_str().unwrap(),
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--shard-controllers is for managers sharing etcd"),
         "{stderr}"
     );
 }
