@@ -426,6 +426,11 @@ enum Command {
         /// --shard-controllers`), so that a killed manager's projects move to the others.
         #[arg(long)]
         shard_controllers: bool,
+        /// Spread the clients' requests over this many projects, made at the start
+        /// (`chaos-0`, …), each client in one (with --shard-controllers, on several owners).
+        /// 0: every request in `default`.
+        #[arg(long, default_value_t = 0)]
+        projects: usize,
         /// How long the workload and the faults go on (e.g. 3m, 30m).
         #[arg(long, default_value = "3m", value_parser = cube_types::duration::parse_duration)]
         duration: Duration,
@@ -681,6 +686,7 @@ async fn main() -> anyhow::Result<()> {
             seed,
             store,
             shard_controllers,
+            projects,
             duration,
             workers,
             fault_every,
@@ -696,6 +702,7 @@ async fn main() -> anyhow::Result<()> {
                 seed,
                 store,
                 shard_controllers,
+                projects,
                 duration,
                 workers,
                 fault_every,

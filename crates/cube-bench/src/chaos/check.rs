@@ -152,11 +152,17 @@ pub struct SettledTask {
     /// Why it waits, when it waits.
     #[serde(default)]
     pub pending_reason: Option<String>,
+    /// Its project (empty: `default`).
+    #[serde(default)]
+    pub project: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SettledJob {
     pub name: String,
+    /// Its project (empty: `default`).
+    #[serde(default)]
+    pub project: String,
     pub stopped: bool,
 }
 
@@ -700,9 +706,11 @@ fn within_capacity(settled: &Settled, found: &mut Vec<Violation>) {
 
 fn queue_order(history: &History, found: &mut Vec<Violation>) {
     let named = tasks_named(&history.settled);
-    // Acknowledged waiting-list requests, by priority and shape: only requests of one shape
-    // compete for the same room, so only they must be let in in order.
-    type Shape = (u8, u64, u64);
+    // Acknowledged waiting-list requests, by project, priority and shape: only requests of
+    // one shape compete for the same room, so only they must be let in in order; and with
+    // managers acting for their own shards, the order holds within a project (across the
+    // projects of one owner too, but several owners place each their own).
+    type Shape<'a> = (&'a str, u8, u64, u64);
     // `cube restart` puts a request that ended (one expired in the list) back at the end of
     // its line, under its old name and ID: it is ordered from then on, which the history's
     // first placement cannot tell, so a restarted request is left out.
@@ -735,7 +743,7 @@ fn queue_order(history: &History, found: &mut Vec<Violation>) {
             continue; // exists_once reports it.
         };
         lines
-            .entry((*priority, cpu.to_bits(), *memory))
+            .entry((task.project.as_str(), *priority, cpu.to_bits(), *memory))
             .or_default()
             .push((op, task));
     }
@@ -877,6 +885,7 @@ mod tests {
             mark: None,
             first_placed_us,
             pending_reason: None,
+            project: String::new(),
         };
         for (name, placed) in [("a", 100), ("q1", 200), ("q2", 300), ("q3", 400)] {
             let settled = task(name, State::Running, "w1", Some(placed));
@@ -954,6 +963,7 @@ mod tests {
                 tasks,
                 jobs: vec![SettledJob {
                     name: "web".to_owned(),
+                    project: String::new(),
                     stopped: false,
                 }],
                 containers,
@@ -1158,6 +1168,27 @@ mod tests {
     }
 
     #[test]
+    fn requests_of_two_projects_are_ordered_each_in_its_own_line() {
+        // q3, asked last, is let in before q1 and q2: in another project, it is not in
+        // their line (managers acting for their shards each place their own projects).
+        let mut history = clean();
+        for task in &mut history.settled.tasks {
+            if task.name == "q3" {
+                task.first_placed_us = Some(150);
+                task.project = "chaos-1".to_owned();
+            }
+        }
+        assert_eq!(invariants(&history), Vec::<Invariant>::new());
+        // In the same project as q1 it is overtaking.
+        for task in &mut history.settled.tasks {
+            if task.name == "q1" {
+                task.project = "chaos-1".to_owned();
+            }
+        }
+        assert_eq!(invariants(&history), vec![Invariant::QueueOrder]);
+    }
+
+    #[test]
     fn a_waiting_request_overtaken_in_its_priority_is_caught() {
         let mut history = clean();
         // q3, asked last, is let in before q1.
@@ -1306,6 +1337,7 @@ mod tests {
         });
         history.settled.jobs.push(SettledJob {
             name: "sys".to_owned(),
+            project: String::new(),
             stopped: false,
         });
         history.settled.container_nodes = nodes.iter().map(|n| n.to_string()).collect();

@@ -92,6 +92,9 @@ pub(crate) struct Options {
     pub store: ChaosStore,
     /// The managers on etcd act for their own shards (`--shard-controllers`).
     pub shard_controllers: bool,
+    /// The clients' requests spread over this many projects made at the start (`chaos-0`,
+    /// …), each client in one; 0: every request in `default`.
+    pub projects: usize,
     pub duration: Duration,
     pub workers: usize,
     /// The mean pause between two faults.
@@ -359,6 +362,33 @@ impl Run {
     }
 }
 
+/// Makes `project` (not part of the history), asking each manager in turn until one made
+/// it or says it exists; bounded as a read is.
+async fn make_project(run: &Run, project: &str) -> anyhow::Result<()> {
+    let began = Instant::now();
+    for attempt in 0.. {
+        let base = &run.managers[attempt % run.managers.len()];
+        let answer = run
+            .http
+            .post(format!("{base}/projects"))
+            .json(&json!({"Name": project}))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if let Ok(answer) = answer
+            && matches!(answer.status().as_u16(), 201 | 409)
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(60),
+            "no manager made project {project} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
 impl Run {
     /// A POST that is not part of the history (the settling's promotions): sent to each
     /// manager in turn until one answers, whatever it answers.
@@ -490,7 +520,27 @@ struct ClientState {
     made: usize,
 }
 
-async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationToken) {
+/// `path` in `project` (none: `default`, the path as it is).
+fn in_project(path: &str, project: Option<&str>) -> String {
+    match project {
+        Some(project) => format!("{path}?project={project}"),
+        None => path.to_owned(),
+    }
+}
+
+/// The project client `index` works in, with `projects` of them (0: `default`).
+fn client_project(index: usize, projects: usize) -> Option<String> {
+    (projects > 0).then(|| format!("chaos-{}", index % projects))
+}
+
+async fn client(
+    run: Arc<Run>,
+    index: usize,
+    project: Option<String>,
+    mut rng: Rng,
+    stop: CancellationToken,
+) {
+    let path_in = |path: &str| in_project(path, project.as_deref());
     let mut state = ClientState::default();
     while !stop.is_cancelled() {
         state.made += 1;
@@ -506,7 +556,12 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                     (name.clone(), bare_task(&mut rng, &name))
                 };
                 let outcome = run
-                    .op(request, reqwest::Method::POST, "/tasks", Some(body))
+                    .op(
+                        request,
+                        reqwest::Method::POST,
+                        &path_in("/tasks"),
+                        Some(body),
+                    )
                     .await;
                 if let Outcome::Acked { id: Some(id) } = outcome {
                     state.tasks.push((name, id));
@@ -520,7 +575,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 run.op(
                     Request::StopTask { name },
                     reqwest::Method::DELETE,
-                    &format!("/tasks/{id}"),
+                    &path_in(&format!("/tasks/{id}")),
                     None,
                 )
                 .await;
@@ -537,7 +592,12 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                     counts: BTreeMap::from([("g".to_owned(), count)]),
                 };
                 if let Outcome::Acked { .. } = run
-                    .op(request, reqwest::Method::POST, "/jobs", Some(body))
+                    .op(
+                        request,
+                        reqwest::Method::POST,
+                        &path_in("/jobs"),
+                        Some(body),
+                    )
                     .await
                 {
                     state.jobs.insert(name, false);
@@ -562,7 +622,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                         count,
                     },
                     reqwest::Method::POST,
-                    &format!("/jobs/{job}/scale"),
+                    &path_in(&format!("/jobs/{job}/scale")),
                     Some(json!({"Group": "g", "Count": count})),
                 )
                 .await;
@@ -578,7 +638,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                     .op(
                         Request::StopJob { name: job.clone() },
                         reqwest::Method::DELETE,
-                        &format!("/jobs/{job}"),
+                        &path_in(&format!("/jobs/{job}")),
                         None,
                     )
                     .await
@@ -601,8 +661,13 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                     mark,
                     counts: BTreeMap::from([("g".to_owned(), 2)]),
                 };
-                run.op(request, reqwest::Method::POST, "/jobs", Some(body))
-                    .await;
+                run.op(
+                    request,
+                    reqwest::Method::POST,
+                    &path_in("/jobs"),
+                    Some(body),
+                )
+                .await;
             }
             // Two of the clients keep a system job each, changed now and then.
             85..=87 if index < 2 => {
@@ -616,7 +681,12 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 };
                 let body = job_body(&name, JobKind::System, &mark, 0);
                 if let Outcome::Acked { .. } = run
-                    .op(request, reqwest::Method::POST, "/jobs", Some(body))
+                    .op(
+                        request,
+                        reqwest::Method::POST,
+                        &path_in("/jobs"),
+                        Some(body),
+                    )
                     .await
                 {
                     state.system = Some(false);
@@ -635,7 +705,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 run.op(
                     Request::Promote { job: job.clone() },
                     reqwest::Method::POST,
-                    &format!("/jobs/{job}/promote"),
+                    &path_in(&format!("/jobs/{job}/promote")),
                     None,
                 )
                 .await;
@@ -646,7 +716,7 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 run.op(
                     Request::RestartTask { name },
                     reqwest::Method::POST,
-                    &format!("/tasks/{id}/restart"),
+                    &path_in(&format!("/tasks/{id}/restart")),
                     None,
                 )
                 .await;
@@ -655,7 +725,12 @@ async fn client(run: Arc<Run>, index: usize, mut rng: Rng, stop: CancellationTok
                 let name = format!("q-{unique}");
                 let (request, body) = queued_task(&mut rng, &name);
                 let outcome = run
-                    .op(request, reqwest::Method::POST, "/tasks", Some(body))
+                    .op(
+                        request,
+                        reqwest::Method::POST,
+                        &path_in("/tasks"),
+                        Some(body),
+                    )
                     .await;
                 if let Outcome::Acked { id: Some(id) } = outcome {
                     state.tasks.push((name, id));
@@ -1141,8 +1216,8 @@ async fn observe(
     workers: &[String],
     capacity: Vec<CapacitySample>,
 ) -> anyhow::Result<Settled> {
-    let tasks: Vec<Task> = run.read("/tasks").await?;
-    let jobs: Vec<Value> = run.read("/jobs").await?;
+    let tasks: Vec<Task> = run.read("/tasks?project=*").await?;
+    let jobs: Vec<Value> = run.read("/jobs?project=*").await?;
     let since_start = |at: DateTime<Utc>| {
         (at - run.began_utc)
             .num_microseconds()
@@ -1158,6 +1233,7 @@ async fn observe(
                 .iter()
                 .find_map(|var| var.strip_prefix("CHAOS_MARK=").map(str::to_owned)),
             pending_reason: task.status.pending_reason.clone(),
+            project: task.spec.project.clone(),
             first_placed_us: task
                 .status
                 .history
@@ -1180,6 +1256,10 @@ async fn observe(
         .iter()
         .map(|job| SettledJob {
             name: job["Job"]["Name"].as_str().unwrap_or_default().to_owned(),
+            project: job["Job"]["Project"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
             stopped: job["Stopped"].as_bool().unwrap_or(false),
         })
         .collect();
@@ -1233,7 +1313,7 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let on_etcd = options.store == ChaosStore::Etcd;
     println!(
-        "chaos: seed {seed}, {:?}, {}, {} workers on Docker; replay with --seed {seed}{}",
+        "chaos: seed {seed}, {:?}, {}, {} workers on Docker{}; replay with --seed {seed}{}{}",
         options.duration,
         if on_etcd && options.shard_controllers {
             "3 managers acting for their own shards on a 3-member etcd"
@@ -1243,10 +1323,20 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             "one manager (redb)"
         },
         options.workers,
+        if options.projects > 0 {
+            format!(", the clients in {} projects", options.projects)
+        } else {
+            String::new()
+        },
         match (on_etcd, options.shard_controllers) {
             (true, true) => " --store etcd --shard-controllers",
             (true, false) => " --store etcd",
             _ => "",
+        },
+        if options.projects > 0 {
+            format!(" --projects {}", options.projects)
+        } else {
+            String::new()
         }
     );
     let mut rng = Rng(seed);
@@ -1392,8 +1482,19 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
     let stop_clients = CancellationToken::new();
     let stop_faults = CancellationToken::new();
     let mut clients = tokio::task::JoinSet::new();
+    for project in (0..options.projects.min(CLIENTS))
+        .filter_map(|index| client_project(index, options.projects))
+    {
+        make_project(&run, &project).await?;
+    }
     for index in 0..CLIENTS {
-        clients.spawn(client(run.clone(), index, rng.fork(), stop_clients.clone()));
+        clients.spawn(client(
+            run.clone(),
+            index,
+            client_project(index, options.projects),
+            rng.fork(),
+            stop_clients.clone(),
+        ));
     }
     let sampling = tokio::spawn(sampler(run.clone(), workers.clone(), stop_clients.clone()));
     let stop_supervisor = CancellationToken::new();
@@ -1451,7 +1552,7 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
         )
         .await;
     }
-    let pending: Vec<Task> = run.read("/tasks").await?;
+    let pending: Vec<Task> = run.read("/tasks?project=*").await?;
     for task in pending.iter().filter(|task| {
         task.name.starts_with("q-")
             && !task.status.state.is_terminal()
@@ -1462,7 +1563,10 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
                 name: task.name.clone(),
             },
             reqwest::Method::DELETE,
-            &format!("/tasks/{}", task.id),
+            &in_project(
+                &format!("/tasks/{}", task.id),
+                (!task.spec.project.is_empty()).then_some(task.spec.project.as_str()),
+            ),
             None,
         )
         .await;
@@ -1496,7 +1600,11 @@ pub(crate) async fn chaos(options: Options) -> anyhow::Result<()> {
             .iter()
             .filter(|job| !job.stopped && is_canary_job(&job.name))
         {
-            run.nudge(&format!("/jobs/{}/promote", job.name)).await;
+            run.nudge(&in_project(
+                &format!("/jobs/{}/promote", job.name),
+                (!job.project.is_empty()).then_some(job.project.as_str()),
+            ))
+            .await;
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
