@@ -5,7 +5,7 @@
 # is then checked (see BENCHMARKS.md, "Chaos"). A violation fails, printing the seed, the
 # operations and the log lines behind it; the processes' logs are kept. Called by scripts/test.sh; needs what
 # scripts/setup.sh installs (Docker, etcd). A long run by hand:
-#   target/release/cube-bench chaos --duration 30m [--store etcd [--shard-controllers]]   (a random seed, printed)
+#   target/release/cube-bench chaos --duration 30m [--store etcd [--shard-controllers [--projects 4]]]   (a random seed, printed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -104,3 +104,7 @@ chaos --store etcd --seed 7779875253913012957 --fault-every 1s --duration 3m
 # manager's projects move to the others while the workload goes on (seed 12 at a fault every
 # 2 s killed 5 managers and 6 etcd members in its first two minutes, 0 violations).
 chaos --store etcd --shard-controllers --seed 12 --fault-every 2s --duration 2m
+# The same with the clients in 4 projects (shards 2, 5, 12 and 15 of the ring of 16), so
+# that several managers own the workload and a kill moves some of it: 5 managers killed,
+# 0 violations when added.
+chaos --store etcd --shard-controllers --projects 4 --seed 12 --fault-every 2s --duration 2m

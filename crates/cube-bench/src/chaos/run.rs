@@ -1241,7 +1241,14 @@ async fn observe(
                 .find(|entry| entry.event == "Placed")
                 .and_then(|entry| since_start(entry.time)),
             name: task.name,
-            job: task.spec.job.clone(),
+            // A copy names its job by its key, `PROJECT/NAME` outside `default`: the name is
+            // what the history knows the job by.
+            job: task
+                .spec
+                .job
+                .rsplit_once('/')
+                .map_or(task.spec.job.as_str(), |(_, name)| name)
+                .to_owned(),
             group: task.spec.group.clone(),
             index: task.spec.index,
             state: task.status.state,
