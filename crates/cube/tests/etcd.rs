@@ -811,47 +811,36 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
         "{moved:?}"
     );
 
-    // The ring's size is the cluster's: a manager asked for another refuses to start.
+    // The ring's size is the cluster's: a manager asked for another refuses to start. A
+    // ring too large for a manager to fence its writes on is refused before it is made.
     let dir = tempfile::tempdir().unwrap();
-    let (status, _, stderr) = cube_command(&[
-        "manager",
-        "-p",
-        "0",
-        "--store",
-        "etcd",
-        "--etcd-endpoints",
-        &managers.endpoints,
-        "--etcd-prefix",
-        &managers.prefix,
-        "--shards",
-        "32",
-        "--data-dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(!status.success());
-    assert!(stderr.contains("has 16 shards"), "{stderr}");
-    // A ring too large for a manager to fence its writes on is refused before it is made.
-    let (status, _, stderr) = cube_command(&[
-        "manager",
-        "-p",
-        "0",
-        "--store",
-        "etcd",
-        "--etcd-endpoints",
-        &managers.endpoints,
-        "--etcd-prefix",
-        &format!("{}-other", managers.prefix),
-        "--shards",
-        "200",
-        "--shard-controllers",
-        "--data-dir",
-        dir.path().to_str().unwrap(),
-    ]);
-    assert!(!status.success());
-    assert!(
-        stderr.contains("--shard-controllers needs a ring of at most 127 shards"),
-        "{stderr}"
-    );
+    let other_prefix = format!("{}-other", managers.prefix);
+    for (prefix, flags, said) in [
+        (&managers.prefix, &["--shards", "32"][..], "has 16 shards"),
+        (
+            &other_prefix,
+            &["--shards", "200", "--shard-controllers"][..],
+            "--shard-controllers needs a ring of at most 127 shards",
+        ),
+    ] {
+        let mut args = vec![
+            "manager",
+            "-p",
+            "0",
+            "--store",
+            "etcd",
+            "--etcd-endpoints",
+            &managers.endpoints,
+            "--etcd-prefix",
+            prefix,
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ];
+        args.extend_from_slice(flags);
+        let (status, _, stderr) = cube_command(&args);
+        assert!(!status.success());
+        assert!(stderr.contains(said), "{stderr}");
+    }
 }
 
 #[tokio::test]
@@ -865,34 +854,25 @@ async fn a_manager_on_its_own_store_holds_every_shard() {
     let (ok, stdout, stderr) = cube_cli(&manager.address(), &["node", "managers"]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("0-15"), "{stdout}");
-    let (status, _, stderr) = cube_command(&[
-        "manager",
-        "-p",
-        "0",
-        "--shards",
-        "8",
-        "--data-dir",
-        dir.path().join("other").to_str().unwrap(),
-    ]);
-    assert!(!status.success());
-    assert!(
-        stderr.contains("--shards is for managers sharing etcd"),
-        "{stderr}"
-    );
-    // Nor does it act for shards as managers on etcd do: said, not ignored.
-    let (status, _, stderr) = cube_command(&[
-        "manager",
-        "-p",
-        "0",
-        "--shard-controllers",
-        "--data-dir",
-        dir.path().join("other").to_str().unwrap(),
-    ]);
-    assert!(!status.success());
-    assert!(
-        stderr.contains("--shard-controllers is for managers sharing etcd"),
-        "{stderr}"
-    );
+    // Nor does it take a ring's size or act for shards as managers on etcd do: said, not
+    // ignored.
+    let other = dir.path().join("other");
+    for (flags, said) in [
+        (
+            &["--shards", "8"][..],
+            "--shards is for managers sharing etcd",
+        ),
+        (
+            &["--shard-controllers"][..],
+            "--shard-controllers is for managers sharing etcd",
+        ),
+    ] {
+        let mut args = vec!["manager", "-p", "0", "--data-dir", other.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let (status, _, stderr) = cube_command(&args);
+        assert!(!status.success());
+        assert!(stderr.contains(said), "{stderr}");
+    }
 }
 
 /// Managers on etcd keep secrets only with the key file every one of them is given: etcd
