@@ -66,14 +66,16 @@ impl Browser {
     async fn start_with(accept_any_certificate: bool) -> Browser {
         let chromium = binary("chromium");
         let driver_path = binary("chromedriver");
-        let port = free_port();
-        let driver = Command::new(driver_path)
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver starts");
-        let base = format!("http://127.0.0.1:{port}");
+        let spawn = |port: u16| {
+            Command::new(&driver_path)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromedriver starts")
+        };
+        let mut port = free_port();
+        let mut driver = spawn(port);
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
@@ -81,12 +83,21 @@ impl Browser {
             .expect("an HTTP client");
         let started = Instant::now();
         loop {
-            let ready = http.get(format!("{base}/status")).send().await;
+            let ready = http
+                .get(format!("http://127.0.0.1:{port}/status"))
+                .send()
+                .await;
             if let Ok(response) = ready
                 && let Ok(status) = response.json::<Value>().await
                 && status["value"]["ready"] == json!(true)
             {
                 break;
+            }
+            // The free port was taken by another process of the tests before chromedriver
+            // bound it (it then exits): started again on another.
+            if matches!(driver.try_wait(), Ok(Some(_))) {
+                port = free_port();
+                driver = spawn(port);
             }
             assert!(
                 started.elapsed() < PAGE_WAIT,
@@ -94,6 +105,7 @@ impl Browser {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let base = format!("http://127.0.0.1:{port}");
         let profile = tempfile::tempdir().expect("a profile directory");
         let capabilities = json!({
             "capabilities": {
