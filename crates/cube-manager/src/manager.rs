@@ -814,7 +814,10 @@ impl Manager {
             .filter(|task| crate::liveness::in_doubt(task, now))
             .map(|task| task.id)
             .collect();
-        let jobs = records.jobs.len();
+        // Only the taken jobs are looked at: a take changes nothing of the jobs held (with
+        // a take shard by shard, a look at every job would come once a shard).
+        let taken_jobs: Vec<String> = records.jobs.keys().cloned().collect();
+        let jobs = taken_jobs.len();
         let known: Vec<(String, ApiClient)> = {
             let mut state = lock(&self.cluster.state);
             // The queue controller looks at the taken requests: their entries, and those of
@@ -863,7 +866,9 @@ impl Manager {
         for id in in_doubt {
             self.cluster.wakes.tasks.push(id);
         }
-        self.cluster.mark_all_jobs_dirty();
+        for name in &taken_jobs {
+            self.cluster.mark_job_dirty(name);
+        }
         self.cluster.wakes.queue.push(());
         self.cluster.push_waiting();
         // Each follower starts again with the node's whole list (after the last of several
