@@ -415,6 +415,9 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
             Ok(owners) => owners,
             Err(refused) => return refused,
         };
+        // Set when this manager holds the shard in etcd but its `Manager` answered that it
+        // does not: the shard was taken a moment ago and the take has not begun.
+        let mut taking_soon = None;
         let answer = match owners.holders.get(&shard) {
             Some(owner) if *owner == front.me => {
                 // Taken a moment ago, and its records being read in: waited for (and read
@@ -432,6 +435,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                     taking.wait_for(|taking| !taking.contains(&shard)),
                 )
                 .await;
+                taking_soon = Some(taking);
                 here(
                     front,
                     Request::from_parts(parts.clone(), Body::from(body.clone())),
@@ -465,6 +469,15 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                     && answer.headers().contains_key(&crate::leading::NOT_SERVED)))
         {
             return answer;
+        }
+        // Held here but not yet taken in (the ring changes many times while shards move, and
+        // each change would spend an attempt): sent again once the take begins, or after a
+        // bound.
+        if let Some(mut taking) = taking_soon
+            && status == StatusCode::MISDIRECTED_REQUEST
+        {
+            let _ = tokio::time::timeout(RING_WAIT, taking.changed()).await;
+            continue;
         }
         // The shard moves (at once when it already has, as after a 421) or its owner opens
         // its state: sent again after the ring's next change, or after a bound.
