@@ -69,6 +69,10 @@ const SUBMIT_ATTEMPTS: usize = 5;
 const LEADER_TTL: &str = "5s";
 
 /// What a cell says where placement would conflict or re-plan: one process places.
+/// How long after every task ran each manager's memory is read again, nothing asked of it
+/// meanwhile: whether the first reading caught a passing peak of the burst.
+const SETTLE_FOR: Duration = Duration::from_secs(15);
+
 const NO_CONFLICTS: &str = "— (placement on the leader alone)";
 
 /// How long the failover may take before the run fails.
@@ -99,6 +103,10 @@ struct ManagerFigures {
     /// The part of `rss_mb` that is the process's own (`RssAnon`): not the binary's code
     /// pages, which every `cube` process on the machine shares.
     anon_mb: f64,
+    /// `rss_mb` and `anon_mb` again `SETTLE_FOR` later, nothing asked of the managers
+    /// meanwhile: what a manager holds once the burst of work is over.
+    settled_rss_mb: f64,
+    settled_anon_mb: f64,
     shards_held: usize,
     /// Tasks whose project is in a shard this manager holds.
     tasks_in_its_shards: usize,
@@ -133,6 +141,16 @@ impl RunFigures {
 
     fn leader(&self) -> Option<&ManagerFigures> {
         self.managers.iter().find(|manager| manager.leads)
+    }
+
+    fn largest_settled_mb(&self) -> (f64, f64) {
+        let largest = |figure: fn(&ManagerFigures) -> f64| {
+            self.managers.iter().map(figure).fold(0.0, f64::max)
+        };
+        (
+            largest(|manager| manager.settled_rss_mb),
+            largest(|manager| manager.settled_anon_mb),
+        )
     }
 
     fn largest_rss_mb(&self) -> f64 {
@@ -238,16 +256,18 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
             (
                 median(runs.iter().map(RunFigures::largest_rss_mb)),
                 median(runs.iter().map(RunFigures::largest_anon_mb)),
+                median(runs.iter().map(|run| run.largest_settled_mb().0)),
+                median(runs.iter().map(|run| run.largest_settled_mb().1)),
             )
         });
     println!();
     println!(
         "| managers | submissions/s | first submission → all Running, s | min | max | leader RSS MB \
          (peak) | other managers' RSS MB | largest RSS / one manager alone (the same of RssAnon) | \
-         each of 3 ≤ 40 % of one alone (issue 32) | placement conflicts/s, re-plans/s | conflict \
+         each of 3 ≤ 40 % of one alone (issue 32) | the same fraction 15 s later (of RssAnon) | placement conflicts/s, re-plans/s | conflict \
          check per placement, ms (per commit) | kill -9 → new owner placing, s |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---|---:|---|---|---|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---|---:|---|---:|---|---|---|");
     for (count, runs) in results {
         let rate = median(
             runs.iter()
@@ -275,8 +295,18 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
             .collect();
         let largest = median(runs.iter().map(RunFigures::largest_rss_mb));
         let largest_anon = median(runs.iter().map(RunFigures::largest_anon_mb));
+        let largest_settled = median(runs.iter().map(|run| run.largest_settled_mb().0));
+        let largest_settled_anon = median(runs.iter().map(|run| run.largest_settled_mb().1));
+        let settled_fraction = match alone {
+            Some((_, _, alone, alone_anon)) if alone > 0.0 && alone_anon > 0.0 => format!(
+                "{:.2} ({:.2})",
+                largest_settled / alone,
+                largest_settled_anon / alone_anon
+            ),
+            _ => "—".to_string(),
+        };
         let (fraction, met) = match alone {
-            Some((alone, alone_anon)) if alone > 0.0 && alone_anon > 0.0 => {
+            Some((alone, alone_anon, _, _)) if alone > 0.0 && alone_anon > 0.0 => {
                 let fraction = largest / alone;
                 let anon_fraction = largest_anon / alone_anon;
                 let met = match count {
@@ -319,7 +349,7 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
         };
         println!(
             "| {count} | {rate:.0} | {:.1} | {:.1} | {:.1} | {leader_rss:.0} ({leader_peak:.0}) | {} \
-             | {fraction} | {met} | {conflicts} | {check} | {failover} |",
+             | {fraction} | {met} | {settled_fraction} | {conflicts} | {check} | {failover} |",
             running.median,
             running.min,
             running.max,
@@ -333,21 +363,23 @@ fn print_tables(options: &Options, results: &[(usize, Vec<RunFigures>)]) {
     println!();
     println!(
         "| managers | run | manager | role | RSS before the tasks MB | RSS all Running MB | of it \
-         RssAnon MB | peak MB | ring shards held | tasks in its shards' projects | retried \
+         RssAnon MB | RSS 15 s later MB (RssAnon) | peak MB | ring shards held | tasks in its shards' projects | retried \
          submissions | leader changed |"
     );
-    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     for (count, runs) in results {
         for (run, figures) in runs.iter().enumerate() {
             for (index, manager) in figures.managers.iter().enumerate() {
                 println!(
-                    "| {count} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                    "| {count} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} ({:.0}) | {:.0} | {} | {} | {} | {} |",
                     run + 1,
                     index + 1,
                     if manager.leads { "leader" } else { "follower" },
                     manager.idle_rss_mb,
                     manager.rss_mb,
                     manager.anon_mb,
+                    manager.settled_rss_mb,
+                    manager.settled_anon_mb,
                     manager.peak_mb,
                     manager.shards_held,
                     manager.tasks_in_its_shards,
@@ -547,6 +579,17 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         .iter()
         .map(|manager| anon_memory_mb(manager.pid))
         .collect::<anyhow::Result<_>>()?;
+    // Read again once the burst is over, before anything asks the managers for more.
+    tokio::time::sleep(SETTLE_FOR).await;
+    let settled: Vec<(f64, f64)> = managers
+        .iter()
+        .map(|manager| {
+            Ok((
+                load::memory_mb(manager.pid)?.0,
+                anon_memory_mb(manager.pid)?,
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
     let roles = roles(&http, &bases).await?;
     let ring: ShardsView = crate::get_json(&http, &format!("{}/shards", bases[leader])).await?;
     let counts = held_counts(&http, &bases, leader, options.shard_controllers).await?;
@@ -641,8 +684,12 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         .zip(&idle_rss_mb)
         .zip(&anon_mb)
         .zip(&claimed)
+        .zip(&settled)
         .map(
-            |(((((leads, me), (rss_mb, peak_mb)), idle_rss_mb), anon_mb), claimed)| {
+            |(
+                (((((leads, me), (rss_mb, peak_mb)), idle_rss_mb), anon_mb), claimed),
+                (settled_rss_mb, settled_anon_mb),
+            )| {
                 let held: HashSet<u32> = ring
                     .managers
                     .iter()
@@ -655,6 +702,8 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
                     rss_mb: *rss_mb,
                     peak_mb: *peak_mb,
                     anon_mb: *anon_mb,
+                    settled_rss_mb: *settled_rss_mb,
+                    settled_anon_mb: *settled_anon_mb,
                     shards_held: held.len(),
                     tasks_in_its_shards: tasks_in_shards(options, ring.ring, &held),
                     placements: claimed.placements,
