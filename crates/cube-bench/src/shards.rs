@@ -68,11 +68,11 @@ const SUBMIT_ATTEMPTS: usize = 5;
 /// The managers' lease, as shipped.
 const LEADER_TTL: &str = "5s";
 
-/// What a cell says where placement would conflict or re-plan: one process places.
 /// How long after every task ran each manager's memory is read again, nothing asked of it
 /// meanwhile: whether the first reading caught a passing peak of the burst.
 const SETTLE_FOR: Duration = Duration::from_secs(15);
 
+/// What a cell says where placement would conflict or re-plan: one process places.
 const NO_CONFLICTS: &str = "— (placement on the leader alone)";
 
 /// How long the failover may take before the run fails.
