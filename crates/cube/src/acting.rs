@@ -408,9 +408,16 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     };
     // The owner as last read; read again, and the request sent again, once the ring changed,
     // when the owner moved (421: it no longer holds the shard), is opening its state (503),
-    // is gone or the shard is held by no one.
-    for attempt in 1..=OWNER_ATTEMPTS {
-        let last = attempt == OWNER_ATTEMPTS;
+    // is gone or the shard is held by no one: at least `OWNER_ATTEMPTS` times, and on until
+    // `OWNER_PATIENCE` passed. While a dead manager's shards move the ring changes many times
+    // within a second (each of its keys goes, each taken shard is written), and those changes
+    // alone could spend every attempt before the new owner's take has begun, answering the
+    // client the new owner's 421 (seen in the `--acl --tls` sharded test).
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let last = attempt >= OWNER_ATTEMPTS && started.elapsed() >= OWNER_PATIENCE;
         let owners = match owners(front, attempt > 1).await {
             Ok(owners) => owners,
             Err(refused) => return refused,
@@ -483,11 +490,13 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         // its state: sent again after the ring's next change, or after a bound.
         crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
     }
-    shard_unheld(shard)
 }
 
-/// How many times a request is sent to its shard's owner while the shard moves.
+/// How many times a request is sent to its shard's owner while the shard moves, at least.
 const OWNER_ATTEMPTS: usize = 6;
+
+/// How long a request is sent again to its shard's owner while the shard moves, at least.
+const OWNER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// How long a request waits for the ring's next change before it is sent again.
 const RING_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
