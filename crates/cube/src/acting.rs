@@ -477,9 +477,9 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
         {
             return answer;
         }
-        // Held here but not yet taken in (the ring changes many times while shards move, and
-        // each change would spend an attempt): sent again once the take begins, or after a
-        // bound.
+        // Held here but not yet taken in: sent again the moment the take begins (or after a
+        // bound), which the ring's next change says nothing about; `OWNER_PATIENCE` keeps the
+        // attempts going meanwhile.
         if let Some(mut taking) = taking_soon
             && status == StatusCode::MISDIRECTED_REQUEST
         {
