@@ -172,9 +172,7 @@ fn shared_http(
     }
     let mut builder = reqwest::Client::builder()
         .connect_timeout(connect_timeout)
-        // Let go of an idle connection before a Cube server closes it (its header timeout,
-        // 30 s by default), so that a request is never sent on one being closed.
-        .pool_idle_timeout(Duration::from_secs(20));
+        .pool_idle_timeout(IDLE_CONNECTION_FOR);
     if let Some(idle) = idle_per_server {
         builder = builder.pool_max_idle_per_host(idle);
     }
@@ -201,6 +199,11 @@ fn shared_http(
     });
     Ok(http)
 }
+
+/// How long a client keeps an idle connection to a Cube server: less than the server's
+/// header timeout (30 s by default), after which the server closes it, so that a request is
+/// never sent on a connection being closed.
+pub const IDLE_CONNECTION_FOR: Duration = Duration::from_secs(20);
 
 /// A client for one Cube server (a manager or a worker). Every request has a timeout.
 #[derive(Debug, Clone)]
@@ -825,45 +828,12 @@ mod tests {
         );
     }
 
-    /// A loopback HTTP/1.1 server answering `{}` after `delay`, keeping connections alive;
-    /// its address and how many connections are open now.
-    async fn counting_server(delay: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::sync::atomic::Ordering;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = open.clone();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let open = counted.clone();
-                open.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(async move {
-                    let mut buffer = vec![0u8; 4096];
-                    loop {
-                        match stream.read(&mut buffer).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(_) => {
-                                tokio::time::sleep(delay).await;
-                                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
-                                if stream.write_all(answer.as_bytes()).await.is_err() {
-                                    break;
-                                }
-                            }
-                        }
-                    }
-                    open.fetch_sub(1, Ordering::SeqCst);
-                });
-            }
-        });
-        (address, open)
-    }
-
     #[tokio::test]
     async fn a_client_of_one_of_many_servers_keeps_one_idle_connection_to_it() {
         use std::sync::atomic::Ordering;
         for (one_idle, kept) in [(true, 1), (false, 2)] {
-            let (address, open) = counting_server(Duration::from_millis(200)).await;
+            let (address, open) =
+                cube_test_support::counting_server(Duration::from_millis(200)).await;
             let client = if one_idle {
                 ApiClient::one_idle(&address, Duration::from_secs(5), None).unwrap()
             } else {
@@ -877,11 +847,11 @@ mod tests {
             first.unwrap();
             second.unwrap();
             // Both answered: one kept idle (the other closed), or both kept.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while open.load(Ordering::SeqCst) != kept && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert_eq!(open.load(Ordering::SeqCst), kept, "one_idle: {one_idle}");
+            assert_eq!(
+                cube_test_support::open_settles_at(&open, kept).await,
+                kept,
+                "one_idle: {one_idle}"
+            );
             // The one kept serves the next request.
             client.get::<serde_json::Value>("/c").await.unwrap();
             assert_eq!(open.load(Ordering::SeqCst), kept, "one_idle: {one_idle}");

@@ -9,9 +9,11 @@
 pub mod browser;
 mod etcd;
 mod haproxy;
+mod http;
 pub mod registry;
 
 pub use browser::Browser;
 pub use etcd::{EtcdCluster, etcd_binary};
 pub use haproxy::{Haproxy, haproxy_binary};
+pub use http::{counting_server, open_settles_at};
 pub use registry::Registry;

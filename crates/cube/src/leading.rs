@@ -64,8 +64,7 @@ pub struct Front {
     /// Whether this manager leads.
     leading: AtomicBool,
     pub(crate) db: EtcdDb,
-    /// For handing requests on: no overall timeout (blocking queries and event streams
-    /// last), but a connection must open within a second.
+    /// For handing requests on ([`peer_client`]).
     pub(crate) http: reqwest::Client,
     /// With --acl: `GET /leader` needs a `read` token like any other read (the rest is
     /// checked by the leader's own router).
@@ -88,6 +87,30 @@ pub struct Front {
     pub(crate) wanted: std::sync::Mutex<std::collections::BTreeSet<u32>>,
 }
 
+/// At most this many idle connections a front keeps to each other manager. Without a bound
+/// it kept as many as were ever used at once: 2,000 workers registering through three
+/// managers left 300–500 idle connections from each manager to each other one (told every
+/// node's report at once), ~30 MB a manager on both ends (BENCHMARKS.md, "Controllers
+/// sharded by project: connections between managers"). A burst beyond it opens
+/// connections of its own, closed once answered.
+const IDLE_PER_MANAGER: usize = 16;
+
+/// The client a front hands requests on with: no overall timeout (blocking queries and
+/// event streams last), but a connection must open within a second; at most
+/// [`IDLE_PER_MANAGER`] idle connections kept to each manager.
+fn peer_client(tls: Option<&cube_manager::tls::ManagerTls>) -> reqwest::Result<reqwest::Client> {
+    // Installs the crypto reqwest needs to build a client, plain or TLS.
+    let _ = cube_api::tls::provider();
+    let mut http = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(1))
+        .pool_idle_timeout(cube_api::client::IDLE_CONNECTION_FOR)
+        .pool_max_idle_per_host(IDLE_PER_MANAGER);
+    if let Some(tls) = tls {
+        http = http.tls_backend_preconfigured((*tls.peers).clone());
+    }
+    http.build()
+}
+
 impl Front {
     pub fn new(
         me: String,
@@ -97,12 +120,7 @@ impl Front {
         ring: u32,
         sharded: Option<cube_manager::ManagerStores>,
     ) -> anyhow::Result<Arc<Front>> {
-        let mut http = reqwest::Client::builder().connect_timeout(Duration::from_secs(1));
-        if let Some(tls) = &tls {
-            // Installs the crypto reqwest's own TLS settings need too.
-            let _ = cube_api::tls::provider();
-            http = http.tls_backend_preconfigured((*tls.peers).clone());
-        }
+        let http = peer_client(tls.as_deref())?;
         Ok(Arc::new(Front {
             me,
             own: RwLock::new(None),
@@ -111,7 +129,7 @@ impl Front {
             wanted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             leading: AtomicBool::new(false),
             db,
-            http: http.build()?,
+            http,
             acl,
             tls: tls.is_some(),
             ring,
@@ -495,6 +513,30 @@ pub async fn campaign_and_lead(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_front_keeps_a_few_idle_connections_to_another_manager_after_a_burst() {
+        // Forty requests at once to one manager (a burst of nodes' reports told to it): forty
+        // connections while they are out, then only `IDLE_PER_MANAGER` kept.
+        let (address, open) = cube_test_support::counting_server(Duration::from_millis(300)).await;
+        let http = peer_client(None).unwrap();
+        let burst = (0..40).map(|n| http.get(format!("http://{address}/nodes/w{n}")).send());
+        for answer in futures_util::future::join_all(burst).await {
+            assert!(answer.unwrap().status().is_success());
+        }
+        assert_eq!(
+            cube_test_support::open_settles_at(&open, IDLE_PER_MANAGER).await,
+            IDLE_PER_MANAGER,
+            "the connections beyond the bound closed once answered"
+        );
+        // Those kept serve what comes next.
+        let again = (0..IDLE_PER_MANAGER).map(|_| http.get(format!("http://{address}/")).send());
+        futures_util::future::join_all(again).await;
+        assert_eq!(
+            open.load(std::sync::atomic::Ordering::SeqCst),
+            IDLE_PER_MANAGER
+        );
+    }
 
     /// A request over a connection that presented `own`, with `headers`.
     fn request(own: Option<PeerIdentity>, headers: &[(&HeaderName, &str)]) -> Request {
