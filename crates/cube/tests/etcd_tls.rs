@@ -21,9 +21,10 @@ fn secret_file(dir: &std::path::Path, text: &str) -> String {
 
 const SECRET: &str = "6f1d3c0b9a8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a392817060504";
 
-/// The flags of a manager on `cluster` under `prefix`, with `--acl --tls` and more.
-fn flags<'a>(endpoints: &'a str, prefix: &'a str, secret: &'a str) -> Vec<&'a str> {
-    vec![
+/// The flags of a manager on `cluster` under `prefix`, with `--acl`, `--tls` when `tls`,
+/// and more.
+fn flags<'a>(endpoints: &'a str, prefix: &'a str, secret: &'a str, tls: bool) -> Vec<&'a str> {
+    let mut flags = vec![
         "--etcd-endpoints",
         endpoints,
         "--etcd-prefix",
@@ -33,10 +34,11 @@ fn flags<'a>(endpoints: &'a str, prefix: &'a str, secret: &'a str) -> Vec<&'a st
         "--heartbeat-grace",
         "3s",
         "--acl",
-        "--tls",
-        "--tls-ca-secret",
-        secret,
-    ]
+    ];
+    if tls {
+        flags.extend(["--tls", "--tls-ca-secret", secret]);
+    }
+    flags
 }
 
 /// The CA fingerprint a manager said it uses (its log's `ca_fingerprint=`).
@@ -51,14 +53,25 @@ fn fingerprint_of(manager: &ManagerProcess) -> String {
         .collect()
 }
 
-/// `HOST:PORT` of a manager serving HTTPS.
+/// `HOST:PORT` of a manager.
 fn address(manager: &ManagerProcess) -> String {
-    manager.url.trim_start_matches("https://").to_string()
+    manager
+        .url
+        .trim_start_matches("https://")
+        .trim_start_matches("http://")
+        .to_string()
 }
 
 /// An HTTPS client of `manager` that knows the cluster by `fingerprint` alone and sends
-/// `token`, as the CLI does.
+/// `token`, as the CLI does; a plain HTTP client (`fingerprint` unused) of a manager without
+/// `--tls`.
 fn client(manager: &ManagerProcess, fingerprint: &str, token: Option<&str>) -> Client {
+    if manager.url.starts_with("http://") {
+        return match token {
+            Some(token) => Client::with_token(&manager.url, token),
+            None => manager.client(),
+        };
+    }
     client_as(manager, fingerprint, None, token)
 }
 
@@ -144,6 +157,14 @@ async fn await_beating(client: &Client, name: &str, after: chrono::DateTime<chro
 /// in its own folder of a new temporary folder; each serves HTTPS. The etcd cluster and the
 /// folder live as long as the values returned.
 fn start_managers(extra: &[&str]) -> (EtcdCluster, tempfile::TempDir, Vec<Option<ManagerProcess>>) {
+    start_managers_with(true, extra)
+}
+
+/// [`start_managers`], with `--tls` only when `tls` (plain HTTP otherwise).
+fn start_managers_with(
+    tls: bool,
+    extra: &[&str],
+) -> (EtcdCluster, tempfile::TempDir, Vec<Option<ManagerProcess>>) {
     support::ensure_sample_image();
     let cluster = EtcdCluster::start(1);
     let endpoints = cluster.endpoints_flag();
@@ -152,7 +173,7 @@ fn start_managers(extra: &[&str]) -> (EtcdCluster, tempfile::TempDir, Vec<Option
     let secret = secret_file(dir.path(), SECRET);
     let managers = (0..3)
         .map(|n| {
-            let mut flags = flags(&endpoints, &prefix, &secret);
+            let mut flags = flags(&endpoints, &prefix, &secret, tls);
             flags.extend_from_slice(extra);
             let manager = ManagerProcess::start_with(
                 "epvm",
@@ -161,7 +182,7 @@ fn start_managers(extra: &[&str]) -> (EtcdCluster, tempfile::TempDir, Vec<Option
                 0,
                 &flags,
             );
-            assert!(manager.url.starts_with("https://"), "{}", manager.url);
+            assert_eq!(manager.url.starts_with("https://"), tls, "{}", manager.url);
             Some(manager)
         })
         .collect();
@@ -310,7 +331,7 @@ async fn two_managers_starting_at_once_on_an_empty_etcd_make_one_ca_and_another_
     let prefix = format!("/cube-test-{}", uuid::Uuid::new_v4().simple());
     let dir = tempfile::tempdir().unwrap();
     let secret = secret_file(dir.path(), SECRET);
-    let flags = flags(&endpoints, &prefix, &secret);
+    let flags = flags(&endpoints, &prefix, &secret, true);
     let managers: Vec<ManagerProcess> = std::thread::scope(|scope| {
         let started: Vec<_> = (0..2)
             .map(|n| {
@@ -567,8 +588,24 @@ async fn on_etcd_a_node_reports_only_over_its_own_certificate_through_any_manage
 #[tokio::test]
 async fn with_shard_controllers_acl_and_tls_a_killed_owners_project_moves_and_every_project_is_read_through_any()
  {
-    let (_cluster, dir, mut managers) = start_managers(&["--shard-controllers"]);
-    let fingerprint = fingerprint_of(managers[0].as_ref().unwrap());
+    a_killed_owners_project_moves_and_every_project_is_read_through_any(true).await;
+}
+
+/// The same with `--acl` alone: requests and nodes' reports handed on between managers in
+/// plain HTTP carry the caller's token, and the worker joins by token without TLS.
+#[tokio::test]
+async fn with_shard_controllers_and_acl_without_tls_a_killed_owners_project_moves_and_every_project_is_read_through_any()
+ {
+    a_killed_owners_project_moves_and_every_project_is_read_through_any(false).await;
+}
+
+async fn a_killed_owners_project_moves_and_every_project_is_read_through_any(tls: bool) {
+    let (_cluster, dir, mut managers) = start_managers_with(tls, &["--shard-controllers"]);
+    let fingerprint = if tls {
+        fingerprint_of(managers[0].as_ref().unwrap())
+    } else {
+        String::new()
+    };
     let management = bootstrap(&client(managers[2].as_ref().unwrap(), &fingerprint, None)).await;
     let leader = await_leader(&managers, &fingerprint, &management, None).await;
     let as_management = |managers: &[Option<ManagerProcess>], index: usize| {
