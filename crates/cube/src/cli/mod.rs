@@ -319,6 +319,13 @@ fn worth_another_try(err: &ClientError, retry: Retry) -> bool {
             kind: Unreached::Broken,
             ..
         } => retry == Retry::Idempotent,
+        // A manager that no longer holds the project's shard (it moved, `--shard-controllers`)
+        // did nothing with the request: any request may go again, once the shard is held.
+        ClientError::Status { status, .. }
+            if *status == reqwest::StatusCode::MISDIRECTED_REQUEST =>
+        {
+            true
+        }
         ClientError::Status { status, .. } => {
             retry == Retry::Idempotent && *status == reqwest::StatusCode::SERVICE_UNAVAILABLE
         }
@@ -331,9 +338,10 @@ fn worth_another_try(err: &ClientError, retry: Retry) -> bool {
 ///
 /// Given several managers (`-m a:5555,b:5555`, managers sharing one etcd cluster), a request
 /// goes to the one that answered last (the first, at the start); one that cannot be reached,
-/// or (for an idempotent request) answers 503 or breaks the connection, is tried on the next.
-/// Once every manager failed so, and one of them answered 503 (the cluster is there but
-/// elects a leader), the round is tried again after a pause that doubles, for at most
+/// answers 421 (it no longer holds the project's shard, which moves), or (for an idempotent
+/// request) answers 503 or breaks the connection, is tried on the next. Once every manager
+/// failed so, and one of them answered 503 or 421 (the cluster is there but elects a leader
+/// or moves a shard), the round is tried again after a pause that doubles, for at most
 /// [`FAILOVER_FOR`]. When every one refused the connection, none runs: that is said at once.
 struct ManagerClient {
     /// One client per manager given, in the order given; never empty.
@@ -655,6 +663,7 @@ fn seconds(duration: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn an_unreachable_manager_is_named_with_the_way_to_point_at_one() {
@@ -693,7 +702,8 @@ mod tests {
     }
 
     #[test]
-    fn a_read_is_tried_again_on_a_503_or_a_broken_connection_and_a_post_only_when_unsent() {
+    fn a_read_is_tried_again_on_a_503_or_a_broken_connection_and_a_post_only_when_unsent_or_misdirected()
+     {
         let refused = || unreached(Unreached::Connect);
         let broken = || unreached(Unreached::Broken);
         let timed_out = || unreached(Unreached::TimedOut(REQUEST_TIMEOUT));
@@ -703,11 +713,55 @@ mod tests {
         assert!(!worth_another_try(&broken(), Retry::OnlyUnsent));
         assert!(worth_another_try(&answered(503), Retry::Idempotent));
         assert!(!worth_another_try(&answered(503), Retry::OnlyUnsent));
+        // A shard that moved: nothing was done, whatever the request.
+        assert!(worth_another_try(&answered(421), Retry::Idempotent));
+        assert!(worth_another_try(&answered(421), Retry::OnlyUnsent));
         // The manager may still be at work on it; and a refusal is an answer.
         assert!(!worth_another_try(&timed_out(), Retry::Idempotent));
         for status in [400, 404, 409, 500] {
             assert!(!worth_another_try(&answered(status), Retry::Idempotent));
         }
+    }
+
+    #[tokio::test]
+    async fn a_submission_answered_421_while_its_shard_moves_is_sent_again_and_lands() {
+        // A manager answering the first two POSTs 421 (the shard moves), then 201.
+        let posts = Arc::new(AtomicUsize::new(0));
+        let counted = posts.clone();
+        let manager = axum::Router::new().route(
+            "/tasks",
+            axum::routing::post(move || {
+                let counted = counted.clone();
+                async move {
+                    if counted.fetch_add(1, Ordering::SeqCst) < 2 {
+                        (
+                            axum::http::StatusCode::MISDIRECTED_REQUEST,
+                            axum::Json(serde_json::json!({"Error": "shard 5 moved"})),
+                        )
+                    } else {
+                        (
+                            axum::http::StatusCode::CREATED,
+                            axum::Json(serde_json::json!({"ID": "placed"})),
+                        )
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move { axum::serve(listener, manager).await });
+        let client = ManagerClient {
+            apis: vec![ApiClient::new(&address, REQUEST_TIMEOUT).unwrap()],
+            current: AtomicUsize::new(0),
+            origin: "the manager".to_string(),
+            gave_up: Mutex::new(None),
+            project: None,
+        };
+        let (status, answer): (u16, serde_json::Value) =
+            client.post("/tasks", &serde_json::json!({})).await.unwrap();
+        assert_eq!((status, answer["ID"].as_str()), (201, Some("placed")));
+        assert_eq!(posts.load(Ordering::SeqCst), 3, "sent three times");
+        server.abort();
     }
 
     #[test]
