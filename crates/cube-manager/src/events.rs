@@ -108,10 +108,28 @@ impl std::fmt::Display for Topic {
 
 /// What an event carries as its `Object`.
 pub(crate) enum Payload {
-    /// Any object, as given to [`Cluster::publish`].
+    /// Any object, as given to [`Cluster::publish`]; kept as [`Payload::Text`].
     Value(serde_json::Value),
     /// A task, the cache's own; written without its `History`.
     Task(Arc<Task>),
+    /// An object as its JSON text: what the window keeps of a [`Payload::Value`]. A node's
+    /// report as a tree of `serde_json::Value`s took three times its text, 14 MB of 10,000
+    /// nodes' events in every manager at 2,000 workers (BENCHMARKS.md).
+    Text(Box<serde_json::value::RawValue>),
+}
+
+impl Payload {
+    /// The payload as the window keeps it: an object as its text.
+    fn kept(self) -> Payload {
+        match self {
+            Payload::Value(value) => match serde_json::value::to_raw_value(&value) {
+                Ok(text) => Payload::Text(text),
+                // A map whose keys are not strings cannot be written; none is published.
+                Err(_) => Payload::Value(value),
+            },
+            other => other,
+        }
+    }
 }
 
 /// One change of the manager's state.
@@ -210,6 +228,7 @@ impl Serialize for Event {
         match &self.payload {
             Payload::Value(value) => self.wire(value).serialize(serializer),
             Payload::Task(task) => self.wire(task.without_history()).serialize(serializer),
+            Payload::Text(text) => self.wire(text).serialize(serializer),
         }
     }
 }
@@ -373,7 +392,7 @@ impl EventBroker {
             job,
             project,
             allocation,
-            payload,
+            payload: payload.kept(),
             json: OnceLock::new(),
         });
         if window.events.len() == window.capacity {
@@ -713,6 +732,31 @@ mod tests {
         assert_eq!(indexes(&mut subscription), vec![3, 4, 5, 6]);
         let mut at_the_newest = broker.subscribe(Some(6)).unwrap();
         assert!(at_the_newest.try_next().is_none());
+    }
+
+    #[test]
+    fn an_object_is_kept_as_its_text_and_written_as_it_was_given() {
+        let broker = EventBroker::new(0, 10, 10);
+        let object = serde_json::json!({"Name": "w1", "Cpu": 2, "Labels": {"zone": "a"}});
+        broker.publish(
+            Topic::Node,
+            Cow::Borrowed("NodeUpdated"),
+            "w1".to_string(),
+            Belongs::default(),
+            Payload::Value(object.clone()),
+            false,
+        );
+        let mut subscription = broker.subscribe(Some(0)).unwrap();
+        let Some(Received::Event(event)) = subscription.try_next() else {
+            panic!("the event is kept");
+        };
+        assert!(matches!(event.payload, Payload::Text(_)), "kept as text");
+        let line: serde_json::Value = serde_json::from_slice(event.json()).unwrap();
+        assert_eq!(line["Object"], object);
+        assert_eq!(
+            (line["Type"].as_str(), line["Key"].as_str()),
+            (Some("NodeUpdated"), Some("w1"))
+        );
     }
 
     #[test]
