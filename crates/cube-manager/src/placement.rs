@@ -43,6 +43,10 @@ pub(crate) struct PlacementController {
     /// With `--shard-controllers`: the claims of every node on etcd (`shard_claims.rs`),
     /// read at the first pass; a placement commits its nodes' claims before its tasks.
     claims: Option<(ClaimsSettings, tokio::sync::Mutex<Option<ShardClaims>>)>,
+    /// A pass that failed is written as a warning, at most once per interval: the runner
+    /// tries it again after a backoff and says so only at debug level, and placement that
+    /// keeps failing leaves every waiting request waiting.
+    failures: crate::log_limit::LogLimit,
 }
 
 /// How many times in a row a pass is planned again at once after losing the race for a
@@ -107,6 +111,7 @@ impl PlacementController {
             cluster,
             max_claimed_per_owner,
             claims: claims.map(|settings| (settings, tokio::sync::Mutex::new(None))),
+            failures: crate::log_limit::LogLimit::new(std::time::Duration::from_secs(10)),
         }
     }
 
@@ -121,6 +126,11 @@ impl PlacementController {
                 let started = Instant::now();
                 let placed = controller.place_waiting().await;
                 controller.cluster.metrics.reconciled("placement", started);
+                if let Err(error) = &placed
+                    && let Some(left_out) = controller.failures.admit(Instant::now())
+                {
+                    tracing::warn!(%error, left_out, "a placement pass failed; trying again");
+                }
                 placed
             }
         };
@@ -141,10 +151,14 @@ impl PlacementController {
     async fn place_waiting(&self) -> Result<Action, String> {
         if let Some((settings, claims)) = &self.claims {
             let mut claims = claims.lock().await;
-            return self
-                .place_claiming(settings, &mut claims)
-                .await
-                .map_err(|err| err.to_string());
+            let placed = self.place_claiming(settings, &mut claims).await;
+            if placed.is_err() {
+                // A pass that failed after taking in what changed (a claims or task write
+                // refused, etcd not answering) did not place it: the next one reads every
+                // waiting task, or those requests would wait until something else changed.
+                lock(&self.cluster.state).placement_dirty.mark_everything();
+            }
+            return placed.map_err(|err| err.to_string());
         }
         let mut writes = Writes::default();
         let placed = self.placement_pass(&mut writes);
@@ -1117,6 +1131,64 @@ mod tests {
 
     fn manager() -> Arc<Manager> {
         crate::manager::manager_for_tests()
+    }
+
+    /// A pass of a manager acting for its shards whose claims write is refused (its fence
+    /// does not hold yet) after it took in the request: the next pass, once the fence holds,
+    /// places it, whatever else changed or did not.
+    #[tokio::test]
+    async fn a_claiming_pass_that_failed_leaves_its_requests_to_the_next_one() {
+        let etcd = cube_test_support::EtcdCluster::start(1);
+        let db = cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(
+            etcd.endpoints(),
+            "/placement-failed-pass",
+        ))
+        .unwrap();
+        let (_, revision) = db.read_versioned("held").await.unwrap();
+        // Fenced on a key etcd creates two writes from now: until then every claims write is
+        // refused.
+        let fence = cube_store::Fence::one(db.fence_key("held", 0).key, revision + 2);
+        let mut config = crate::manager::test_config();
+        config.claims = Some(crate::shard_claims::ClaimsSettings {
+            db: db.clone(),
+            fence: Some(fence),
+        });
+        let manager =
+            crate::manager::manager_on(config, crate::cluster::ManagerStores::in_memory());
+        // A worker with no task that its follower reaches, so that the node stays `Ready`.
+        let worker = axum::Router::new().route(
+            "/tasks",
+            axum::routing::get(|query: axum::extract::RawQuery| async move {
+                if !query.0.unwrap_or_default().contains("wait=0ms") {
+                    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                }
+                ([(cube_api::INDEX_HEADER, "0")], "[]")
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        crate::manager::join_test_node_at(&manager, "w1", 1 << 30, &address).await;
+        let controller = manager.placement_controller();
+        let id = manager
+            .accept_task(Task::new("t", "cube-sample:latest"), None)
+            .await
+            .unwrap()
+            .id;
+        let refused = controller.place_waiting().await;
+        assert!(
+            refused.is_err(),
+            "{refused:?} {:?}",
+            manager.task(id).unwrap().status
+        );
+        assert_eq!(manager.task(id).unwrap().status.state, State::Pending);
+        // The fence holds from now on; nothing else changed.
+        db.get_or_create("unrelated", b"1".to_vec()).await.unwrap();
+        db.get_or_create("held", b"1".to_vec()).await.unwrap();
+        controller.place_waiting().await.unwrap();
+        assert_eq!(manager.task(id).unwrap().status.state, State::Scheduled);
+        manager.shutdown.cancel();
+        server.abort();
     }
 
     /// A request placed on `nodes`, one task on each.
