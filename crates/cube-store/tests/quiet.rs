@@ -440,3 +440,35 @@ fn more_prefixes_than_one_transaction_takes_is_an_error_naming_it() {
         );
     });
 }
+
+/// What a prefix holds is read whole however much it is: more than gRPC's 4 MiB answer
+/// (the claims of thousands of nodes by shard), at one revision, each key with its own
+/// `mod_revision`.
+#[test]
+fn a_prefix_holding_more_than_one_answer_takes_is_read_whole() {
+    let cluster = EtcdCluster::start(1);
+    runtime().block_on(async {
+        let db = connect(&cluster);
+        // 5,000 keys of 1 KiB: some 5 MiB, over gRPC's 4 MiB.
+        let value = vec![b'c'; 1024];
+        let mut last = 0;
+        for batch in 0..5_000 / 100 {
+            let puts = (0..100)
+                .map(|index| {
+                    let node = batch * 100 + index;
+                    (format!("claims/n{node:05}/00001"), Some(value.clone()))
+                })
+                .collect();
+            last = committed(&db.write_if_quiet(&[], puts, None).await.unwrap());
+        }
+        let (read, revision) = db.read_versioned("claims/").await.unwrap();
+        assert_eq!(read.len(), 5_000);
+        assert_eq!(revision, last);
+        assert_eq!(read[0].key, "claims/n00000/00001");
+        assert_eq!(read[4_999].key, "claims/n04999/00001");
+        assert!(read.iter().all(|key| key.value == value));
+        // The first batch's keys were written first, the last's last.
+        assert!(read[0].mod_revision < read[4_999].mod_revision);
+        assert_eq!(read[4_999].mod_revision, last);
+    });
+}

@@ -90,7 +90,7 @@ pub struct Front {
 /// At most this many idle connections a front keeps to each other manager. Without a bound
 /// it kept as many as were ever used at once: 2,000 workers registering through three
 /// managers left 300–500 idle connections from each manager to each other one (told every
-/// node's report at once), ~30 MB a manager on both ends (BENCHMARKS.md, "Controllers
+/// node's report at once), ~40 MB a manager on both ends (BENCHMARKS.md, "Controllers
 /// sharded by project: connections between managers"). A burst beyond it opens
 /// connections of its own, closed once answered.
 const IDLE_PER_MANAGER: usize = 16;

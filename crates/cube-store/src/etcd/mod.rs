@@ -333,7 +333,7 @@ impl EtcdDb {
 /// each read of it, however few keys the read asks for: pages over the open range
 /// `[from, end)` cost the rest of the table each, which made reading 200,000 tasks take
 /// 19 s (quadratic); a page whose range holds only its own keys costs those.
-async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreError> {
+pub(super) async fn read_table(members: &Members, start: &str) -> Result<RawRange, StoreError> {
     use futures_util::StreamExt;
     let end = prefix_end(start);
     let mut keys = members
