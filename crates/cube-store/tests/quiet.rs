@@ -472,3 +472,26 @@ fn a_prefix_holding_more_than_one_answer_takes_is_read_whole() {
         assert_eq!(read[4_999].mod_revision, last);
     });
 }
+
+/// A page of large values (records of 10 KiB, as a pod's task may be) passes 4 MiB on its
+/// own: it is read all the same.
+#[test]
+fn a_page_of_large_values_is_read_whole() {
+    let cluster = EtcdCluster::start(1);
+    runtime().block_on(async {
+        let db = connect(&cluster);
+        let value = vec![b't'; 10 * 1024];
+        for batch in 0..6 {
+            let puts = (0..100)
+                .map(|index| {
+                    let task = batch * 100 + index;
+                    (format!("tasks/{task:05}"), Some(value.clone()))
+                })
+                .collect();
+            db.write_if_quiet(&[], puts, None).await.unwrap();
+        }
+        let (read, _) = db.read_versioned("tasks/").await.unwrap();
+        assert_eq!(read.len(), 600);
+        assert!(read.iter().all(|key| key.value == value));
+    });
+}

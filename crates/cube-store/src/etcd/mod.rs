@@ -374,9 +374,16 @@ pub(super) async fn read_table(members: &Members, start: &str) -> Result<RawRang
     let mut pages = futures_util::stream::iter(ranges)
         .map(|(from, until)| {
             let options = GetOptions::new().with_range(until).with_revision(revision);
-            members.call(move |mut client| {
+            members.call(move |client| {
                 let (from, options) = (from.clone(), options.clone());
-                async move { client.get(from, Some(options)).await }
+                // A page of large records (tasks of pods) may pass gRPC's 4 MiB too.
+                async move {
+                    client
+                        .kv_client()
+                        .max_decoding_message_size(KEYS_ANSWER_LIMIT)
+                        .get(from, Some(options))
+                        .await
+                }
             })
         })
         .buffered(PAGES_AT_ONCE);
@@ -398,8 +405,8 @@ const GETS_AT_ONCE: usize = 16;
 /// How many pages of a table's values are asked for at once.
 const PAGES_AT_ONCE: usize = 4;
 
-/// The largest answer of every key of a table, without values: some 60 MB for a million
-/// tasks' keys (gRPC's default, 4 MiB, holds some 70,000).
+/// The largest answer of every key of a table, without values (some 60 MB for a million
+/// tasks' keys: gRPC's default, 4 MiB, holds some 70,000), and of one page of values.
 const KEYS_ANSWER_LIMIT: usize = 256 * 1024 * 1024;
 
 /// The first key after every key that starts with `prefix` (etcd's range end).
