@@ -342,13 +342,7 @@ pub(super) async fn read_table(members: &Members, start: &str) -> Result<RawRang
                 start.as_bytes().to_vec(),
                 GetOptions::new().with_range(end.clone()).with_keys_only(),
             );
-            async move {
-                client
-                    .kv_client()
-                    .max_decoding_message_size(KEYS_ANSWER_LIMIT)
-                    .get(from, Some(options))
-                    .await
-            }
+            get_large(client, from, options)
         })
         .await?;
     let revision = keys.header().map_or(0, |header| header.revision());
@@ -374,17 +368,8 @@ pub(super) async fn read_table(members: &Members, start: &str) -> Result<RawRang
     let mut pages = futures_util::stream::iter(ranges)
         .map(|(from, until)| {
             let options = GetOptions::new().with_range(until).with_revision(revision);
-            members.call(move |client| {
-                let (from, options) = (from.clone(), options.clone());
-                // A page of large records (tasks of pods) may pass gRPC's 4 MiB too.
-                async move {
-                    client
-                        .kv_client()
-                        .max_decoding_message_size(KEYS_ANSWER_LIMIT)
-                        .get(from, Some(options))
-                        .await
-                }
-            })
+            // A page of large records (tasks of pods) may pass gRPC's 4 MiB too.
+            members.call(move |client| get_large(client, from.clone(), options.clone()))
         })
         .buffered(PAGES_AT_ONCE);
     let mut entries = Vec::with_capacity(keys.len());
@@ -397,6 +382,20 @@ pub(super) async fn read_table(members: &Members, start: &str) -> Result<RawRang
         }
     }
     Ok((entries, u64::try_from(revision).unwrap_or(0)))
+}
+
+/// A range read whose answer may pass gRPC's 4 MiB (every key of a table, a page of large
+/// values), up to [`KEYS_ANSWER_LIMIT`].
+async fn get_large(
+    client: etcd_client::Client,
+    from: Vec<u8>,
+    options: GetOptions,
+) -> Result<etcd_client::GetResponse, etcd_client::Error> {
+    client
+        .kv_client()
+        .max_decoding_message_size(KEYS_ANSWER_LIMIT)
+        .get(from, Some(options))
+        .await
 }
 
 /// How many keys [`Store::get_first`] asks for at once.
