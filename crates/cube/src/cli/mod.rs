@@ -117,19 +117,30 @@ pub struct ClusterFlags {
 
 impl ClusterFlags {
     /// ` -m HOST:PORT` or ` --cluster NAME` when the manager is not the one a bare command
-    /// reaches, so that a printed hint to run another command reaches the same manager; empty
-    /// otherwise (an address from `CUBE_MANAGER` reaches the next command too).
+    /// reaches, and ` --project NAME` when the project is not, so that a printed hint to run
+    /// another command reaches the same manager and the same project; empty otherwise (an
+    /// address from `CUBE_MANAGER`, a project from `CUBE_PROJECT`, reach the next command
+    /// too).
     fn hint(&self) -> String {
         let from_environment =
-            |manager: &String| std::env::var("CUBE_MANAGER").is_ok_and(|value| &value == manager);
-        match (&self.manager, &self.cluster) {
-            (Some(manager), _) if manager != DEFAULT_MANAGER && !from_environment(manager) => {
+            |variable: &str, value: &String| std::env::var(variable).is_ok_and(|set| &set == value);
+        let mut hint = match (&self.manager, &self.cluster) {
+            (Some(manager), _)
+                if manager != DEFAULT_MANAGER && !from_environment("CUBE_MANAGER", manager) =>
+            {
                 format!(" -m {manager}")
             }
             (Some(_), _) => String::new(),
             (None, Some(cluster)) => format!(" --cluster {cluster}"),
             (None, None) => String::new(),
+        };
+        if let Some(project) = &self.project
+            && project != cube_types::project::DEFAULT_PROJECT
+            && !from_environment("CUBE_PROJECT", project)
+        {
+            hint.push_str(&format!(" --project {project}"));
         }
+        hint
     }
 }
 
@@ -875,6 +886,26 @@ mod tests {
         assert_eq!(
             flags(Some("10.0.0.1:5555"), Some("prod")).hint(),
             " -m 10.0.0.1:5555"
+        );
+    }
+
+    /// A task run with `--project alpha` is not found by a bare `cube status ID`, which
+    /// looks in `default`: the hint printed after it names the project (tried as a new user
+    /// would).
+    #[test]
+    fn the_hint_reaches_the_same_project() {
+        let flags = |manager: Option<&str>, project: Option<&str>| ClusterFlags {
+            manager: manager.map(String::from),
+            cluster: None,
+            token: None,
+            ca_fingerprint: None,
+            project: project.map(String::from),
+        };
+        assert_eq!(flags(None, Some("alpha")).hint(), " --project alpha");
+        assert_eq!(flags(None, Some("default")).hint(), "");
+        assert_eq!(
+            flags(Some("10.0.0.1:5555"), Some("alpha")).hint(),
+            " -m 10.0.0.1:5555 --project alpha"
         );
     }
 }
