@@ -132,6 +132,62 @@ enum LookError {
     Store(#[from] StoreError),
     #[error("the queue's deletes stopped: {0}")]
     Deletes(tokio::task::JoinError),
+    #[error("the read of the waiting list's shared number stopped: {0}")]
+    NumberRead(tokio::task::JoinError),
+    #[error(
+        "the waiting list's shared number changed under each of {NUMBER_TRIES} tries to \
+         take numbers from it (other managers numbering at the same time); the next look \
+         tries again"
+    )]
+    NumbersContended,
+}
+
+/// How many times one look tries to take numbers from the counter the managers share
+/// (`reserve_numbers`) before it gives up to the next look.
+const NUMBER_TRIES: usize = 20;
+
+/// Takes `count` numbers from the counter every manager sharing the store reads and writes
+/// (`meta`'s [`QUEUE_NUMBER_KEY`]): reads it, and writes it `count` higher on the condition
+/// that no manager wrote it since, again from a new read when one did. The first number
+/// taken; none at or below `known`, the highest this manager has given. Numbers taken by a
+/// look whose entries are then not written are left unused: a gap, never a number given
+/// twice.
+async fn reserve_numbers(
+    meta: &Arc<dyn cube_store::Store<u64>>,
+    known: u64,
+    count: u64,
+) -> Result<u64, LookError> {
+    for _ in 0..NUMBER_TRIES {
+        let reader = meta.clone();
+        let read = tokio::task::spawn_blocking(move || reader.get_with_revision(QUEUE_NUMBER_KEY))
+            .await
+            .map_err(LookError::NumberRead)??;
+        let (last, expected) = match read {
+            Some((last, revision)) => (last, cube_store::Expected::Revision(revision)),
+            None => (0, cube_store::Expected::Absent),
+        };
+        let base = last.max(known);
+        let written = meta
+            .put_if_queued(QUEUE_NUMBER_KEY, &(base + count), expected)?
+            .durable()
+            .await?;
+        if written.is_ok() {
+            return Ok(base + 1);
+        }
+    }
+    Err(LookError::NumbersContended)
+}
+
+/// Moves the numbers `plan` gave its new entries (those above `known`, from `known + 1` on)
+/// to start at `first` instead, in the same order, and its last number with them.
+fn renumber(plan: &mut QueuePlan, known: u64, first: u64) {
+    for entry in plan.entries.values_mut() {
+        let number = entry.queue;
+        if number > known {
+            Arc::make_mut(entry).queue = number - known - 1 + first;
+        }
+    }
+    plan.last_number = plan.last_number - known - 1 + first;
 }
 
 /// The queue controller (see the module comment).
@@ -197,10 +253,10 @@ impl QueueController {
         {
             return Ok(Action::RequeueAfter(until - started));
         }
-        let (planned, actions) = self.plan_queue();
+        let (mut planned, actions) = self.plan_queue();
         *self.rest_until() = Some(std::time::Instant::now() + started.elapsed() * REST_PER_LOOK);
         let done = async {
-            self.sync_queue(&planned, actions).await?;
+            self.sync_queue(&mut planned, actions).await?;
             for expiry in &planned.expire {
                 self.expire(expiry).await?;
             }
@@ -355,9 +411,14 @@ impl QueueController {
 
     /// Writes the entries that changed (and the last queue number, when it moved) in one
     /// batch, then keeps them and publishes each change.
+    ///
+    /// With `--shard-controllers` every manager numbers its own shards' requests, and the
+    /// numbers come from one counter they share: the new entries' numbers are taken from it
+    /// first (`reserve_numbers`), so that two managers never give the same number and the
+    /// numbers of every project follow the order in which the managers' looks took them.
     async fn sync_queue(
         &self,
-        planned: &QueuePlan,
+        planned: &mut QueuePlan,
         actions: Vec<SyncAction<String, String>>,
     ) -> Result<(), LookError> {
         if actions.is_empty() {
@@ -365,13 +426,27 @@ impl QueueController {
         }
         let mut commits = Vec::new();
         let mut deletes = Vec::new();
-        if planned.last_number > lock(&self.cluster.state).queue_number {
-            commits.push(
-                self.cluster
-                    .stores
-                    .meta
-                    .put_queued(QUEUE_NUMBER_KEY, &planned.last_number)?,
-            );
+        let (known, shared) = {
+            let state = lock(&self.cluster.state);
+            (state.queue_number, state.fence.is_some())
+        };
+        if planned.last_number > known {
+            if shared {
+                let first = reserve_numbers(
+                    &self.cluster.stores.meta,
+                    known,
+                    planned.last_number - known,
+                )
+                .await?;
+                renumber(planned, known, first);
+            } else {
+                commits.push(
+                    self.cluster
+                        .stores
+                        .meta
+                        .put_queued(QUEUE_NUMBER_KEY, &planned.last_number)?,
+                );
+            }
         }
         let layout = self.cluster.stores.layout;
         for action in &actions {
@@ -568,6 +643,76 @@ mod tests {
     use super::*;
     use crate::manager::Manager;
     use cube_types::State;
+
+    #[test]
+    fn new_entries_are_moved_to_the_numbers_taken_in_their_order() {
+        let entry = |queue: u64| {
+            Arc::new(QueueEntry {
+                id: Uuid::new_v4().to_string(),
+                kind: RequestKind::Task,
+                queue,
+                priority: 50,
+                owner: String::new(),
+                project: String::new(),
+                state: QueueState::Waiting,
+                since: None,
+                version: None,
+                request: serde_json::Value::Null,
+                reason: String::new(),
+                services: Vec::new(),
+            })
+        };
+        let mut plan = QueuePlan {
+            entries: [("a", 3), ("b", 5), ("c", 6)]
+                .into_iter()
+                .map(|(key, queue)| (key.to_string(), entry(queue)))
+                .collect(),
+            last_number: 6,
+            ..QueuePlan::default()
+        };
+        // This manager had given up to 4; the counter they share gave it 101 and 102.
+        renumber(&mut plan, 4, 101);
+        let numbers: Vec<u64> = plan.entries.values().map(|entry| entry.queue).collect();
+        assert_eq!(numbers, vec![3, 101, 102], "an old entry keeps its number");
+        assert_eq!(plan.last_number, 102);
+    }
+
+    /// Managers numbering at once, each from what it last gave: every number is given once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn managers_taking_numbers_at_once_never_take_the_same_one() {
+        let meta: Arc<dyn cube_store::Store<u64>> = Arc::new(cube_store::MemoryStore::new());
+        let mut takers = tokio::task::JoinSet::new();
+        for manager in 0..4u64 {
+            let meta = meta.clone();
+            takers.spawn(async move {
+                let mut taken = Vec::new();
+                let mut known = 0;
+                for look in 0..25u64 {
+                    let count = 1 + (manager + look) % 3;
+                    // Contended too often, a look gives up to the next one: here, tried again.
+                    let first = loop {
+                        match reserve_numbers(&meta, known, count).await {
+                            Ok(first) => break first,
+                            Err(LookError::NumbersContended) => continue,
+                            Err(err) => panic!("{err}"),
+                        }
+                    };
+                    taken.extend(first..first + count);
+                    known = first + count - 1;
+                }
+                taken
+            });
+        }
+        let mut every = Vec::new();
+        while let Some(taken) = takers.join_next().await {
+            every.extend(taken.unwrap());
+        }
+        let given = every.len();
+        every.sort_unstable();
+        every.dedup();
+        assert_eq!(every.len(), given, "a number given twice");
+        assert_eq!(meta.get(QUEUE_NUMBER_KEY).unwrap(), every.last().copied());
+    }
 
     #[test]
     fn a_node_address_gives_its_host() {

@@ -1105,6 +1105,26 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
         assert_eq!(task.status, 200, "{}", task.body);
     }
 
+    // The waiting list of every project: each manager numbers its own projects' requests,
+    // from one counter they share, so no two requests have the same number (tried as a new
+    // user would: `cube queue --project '*'` showed numbers 1, 2, 1).
+    let queue = managers.get(0).client().get("/queue?project=*").await;
+    assert_eq!(queue.status, 200, "{}", queue.body);
+    let entries = queue.body.as_array().cloned().unwrap_or_default();
+    let mut numbers: Vec<u64> = entries
+        .iter()
+        .map(|entry| entry["Queue"].as_u64().unwrap_or(0))
+        .collect();
+    numbers.sort_unstable();
+    numbers.dedup();
+    assert_eq!(
+        (entries.len(), numbers.len()),
+        (20, 20),
+        "one entry a job, each with a number of its own: {}",
+        queue.body
+    );
+    assert!(!numbers.contains(&0), "{}", queue.body);
+
     // Every project's tasks a page at a time, through one manager: each page asks every
     // manager for its own next page (a gathered X-Cube-Next-Token), and every task comes once.
     let mut paged = Vec::new();

@@ -80,6 +80,11 @@ pub struct ServiceView {
 }
 
 impl QueueEntryView {
+    /// The waiting list's order: higher priority first, then the lower queue number.
+    pub fn order(&self) -> (std::cmp::Reverse<u8>, u64) {
+        (std::cmp::Reverse(self.priority), self.queue)
+    }
+
     /// The request's name: the task's or the job's.
     pub fn name(&self) -> String {
         self.request["Name"]
@@ -127,8 +132,11 @@ pub struct ServiceArgs {
 pub async fn queue(args: QueueArgs) -> anyhow::Result<()> {
     let manager = ManagerClient::connect_to(&args.flags.target)?;
     let raw: Value = manager.get("/queue").await?;
-    let entries: Vec<QueueEntryView> = serde_json::from_value(raw.clone())
+    let mut entries: Vec<QueueEntryView> = serde_json::from_value(raw.clone())
         .map_err(|err| anyhow!("cannot read the manager's waiting list: {err}"))?;
+    // In the queue's order. A list of every project from managers acting for their shards
+    // (`--shard-controllers`) is each manager's list, one after the other.
+    entries.sort_by_key(QueueEntryView::order);
     manager.print_project_line(args.flags.format());
     match args.flags.format() {
         ListFormat::Table | ListFormat::Wide if entries.is_empty() => {
@@ -290,6 +298,30 @@ mod tests {
             "Later": "a field this CLI does not know"
         }))
         .unwrap()
+    }
+
+    /// A list of every project from managers acting for their shards is each one's list
+    /// after the other's: shown in the queue's order, higher priority then lower number.
+    #[test]
+    fn a_list_joined_from_several_managers_is_shown_in_the_queues_order() {
+        let numbered = |queue: u64, priority: u8| {
+            let mut entry = entry(1, "waiting");
+            entry.queue = queue;
+            entry.priority = priority;
+            entry
+        };
+        let mut joined = [
+            numbered(4, 50),
+            numbered(9, 50),
+            numbered(2, 50),
+            numbered(7, 90),
+        ];
+        joined.sort_by_key(QueueEntryView::order);
+        let order: Vec<(u8, u64)> = joined
+            .iter()
+            .map(|entry| (entry.priority, entry.queue))
+            .collect();
+        assert_eq!(order, vec![(90, 7), (50, 2), (50, 4), (50, 9)]);
     }
 
     #[test]
