@@ -89,7 +89,8 @@ pub struct ManagerArgs {
     /// projects, certificates). Every manager places on every node: each placement first
     /// claims its nodes' room in etcd, refused if another manager claimed there since (then
     /// planned again), so no node is given more than it holds. Give it to every manager of
-    /// the cluster; its ring may have at most 127 shards. A blocking query of every project
+    /// the cluster (one started with it beside managers running without it, or the other
+    /// way round, refuses to start); its ring may have at most 127 shards. A blocking query of every project
     /// is refused (follow `GET /events?project=*`, which is gathered, instead).
     #[arg(long)]
     shard_controllers: bool,
@@ -223,6 +224,9 @@ enum Mode {
         /// The shard ring's size and this manager's part in it.
         ring: u32,
         part: crate::ring::RingSettings,
+        /// The lease of this manager's mode key (`ring::settle_mode`), given up on the way
+        /// out.
+        mode: cube_store::Lease,
     },
 }
 
@@ -503,6 +507,8 @@ pub async fn prepare(
                 "--leader-ttl must be at least 1s (etcd counts leases in seconds)"
             );
             let me = args.advertise.unwrap_or_else(|| address.to_string());
+            let mode =
+                crate::ring::settle_mode(db, &me, args.shard_controllers, args.leader_ttl).await?;
             let scheduler_name = args.scheduler.clone();
             let tasks = manager_stores.clone();
             let build: crate::leading::Build = std::sync::Arc::new(move |scope, claims, term| {
@@ -536,6 +542,7 @@ pub async fn prepare(
                     virtual_nodes: args.virtual_nodes,
                     ttl: args.leader_ttl,
                 },
+                mode,
             }
         }
     };
@@ -569,6 +576,7 @@ impl PreparedManager {
                     leader_ttl,
                     ring,
                     part,
+                    mode,
                 } => {
                     // Every manager serves HTTPS with its own certificate, leading or not.
                     let server_config = match &tls {
@@ -629,6 +637,7 @@ impl PreparedManager {
                     if let Err(err) = holding.await {
                         tracing::error!(error = %err, "the shard ring's loop ended abnormally");
                     }
+                    mode.revoke().await;
                     served
                 }
             }

@@ -9,7 +9,10 @@
 //!   under its manager's lease;
 //! - `ring/shards/NNNNN`: who holds shard N (`{"Manager","VirtualNode"}`), under the
 //!   holder's lease. Created only where absent and deleted only by its holder, so a shard is
-//!   held by one live virtual node at most; its `create_revision` is the holder's fence.
+//!   held by one live virtual node at most; its `create_revision` is the holder's fence;
+//! - `manager-modes/LEASE`: how a live manager acts (`{"Manager","ShardControllers"}`), under
+//!   a lease of its own, written as it starts ([`settle_mode`]): every manager of a cluster
+//!   acts for its shards (`--shard-controllers`) or none does.
 //!
 //! Each manager runs one loop ([`hold_shards`]): read `ring/`, put a point for each of its
 //! virtual nodes that has none, give back (delete) the shards it holds that the points now
@@ -33,6 +36,74 @@ const SIZE_KEY: &str = "ring/size";
 const RING_PREFIX: &str = "ring/";
 const POINTS: &str = "ring/points/";
 const SHARDS: &str = "ring/shards/";
+/// Outside `ring/`, whose every change wakes the ring's loop.
+const MODES: &str = "manager-modes/";
+
+/// The value of `manager-modes/LEASE`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ModeRecord {
+    manager: String,
+    shard_controllers: bool,
+}
+
+/// Says how this manager acts (`--shard-controllers` or not) under a lease of its own, for as
+/// long as the returned lease lives, and refuses to start when a live manager of the same
+/// cluster acts the other way: managers acting for their shards beside a leader acting for
+/// every shard would both act for the same projects (each placing and stopping their tasks),
+/// and a manager without the flag holding shards would leave its projects with no
+/// controller. Of two started at once the one that wrote later gives way (etcd's revisions
+/// order them), so one way always wins. A manager killed within the last `ttl` still counts
+/// until its lease runs out; older Cubes write no such key and are not seen.
+pub async fn settle_mode(
+    db: &EtcdDb,
+    manager: &str,
+    shard_controllers: bool,
+    ttl: Duration,
+) -> anyhow::Result<Lease> {
+    let lease = db
+        .grant_lease(ttl, "the manager's mode key")
+        .await
+        .context("granting the lease of this manager's mode key in etcd")?;
+    let record = ModeRecord {
+        manager: manager.to_string(),
+        shard_controllers,
+    };
+    let value = serde_json::to_vec(&record).context("writing this manager's mode")?;
+    let key = format!("{MODES}{:016x}", lease.id());
+    let mine = db
+        .create_if_absent(&key, value, lease.id())
+        .await
+        .context("writing this manager's mode key in etcd")?
+        .with_context(|| format!("etcd already holds {key}, under a lease just granted"))?;
+    let (live, _) = db
+        .read_prefix(MODES)
+        .await
+        .context("reading how the cluster's other managers act")?;
+    let earlier_other_way = live
+        .iter()
+        .filter(|held| held.lease != lease.id() && held.create_revision < mine)
+        .filter_map(|held| serde_json::from_slice::<ModeRecord>(&held.value).ok())
+        .find(|other| other.shard_controllers != shard_controllers);
+    if let Some(other) = earlier_other_way {
+        lease.revoke().await;
+        let (theirs, yours) = if other.shard_controllers {
+            ("with", "without")
+        } else {
+            ("without", "with")
+        };
+        anyhow::bail!(
+            "manager {} shares this etcd cluster and prefix and runs {theirs} \
+             --shard-controllers, and this one was started {yours} it: every manager of a \
+             cluster acts the same way (all for their shards, or the leader for every shard). \
+             Start this one {theirs} --shard-controllers, or stop every manager and start \
+             them all the new way (a manager stopped less than --leader-ttl ago counts until \
+             then)",
+            other.manager
+        );
+    }
+    Ok(lease)
+}
 
 /// The value of `ring/shards/N`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

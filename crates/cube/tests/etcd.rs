@@ -76,6 +76,83 @@ fn a_manager_on_an_etcd_nobody_answers_at_says_so_and_exits() {
     assert!(stderr.contains("etcd"), "{stderr}");
 }
 
+/// A manager started on the same etcd prefix as `managers`, expected to refuse to start: its
+/// exit status and standard error, or a failure after 30 s (it is killed).
+fn refused_manager(managers: &Managers, extra: &[&str]) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "manager",
+        "-H",
+        "127.0.0.1",
+        "-p",
+        "0",
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &managers.endpoints,
+        "--etcd-prefix",
+        &managers.prefix,
+        "--leader-ttl",
+        "2s",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut child = std::process::Command::new(cube_binary())
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run cube manager");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("cube manager {extra:?} started beside managers acting the other way");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status, stderr)
+}
+
+/// Every manager of a cluster acts the same way: one started without `--shard-controllers`
+/// beside managers acting for their shards would act for their projects as well (a leader
+/// for every shard), and one started with it beside a leader acting for every shard too.
+/// Each refuses to start, naming the manager and what to do (tried as a new user would:
+/// nothing stopped it before).
+#[tokio::test]
+async fn a_manager_started_the_other_way_than_the_running_ones_refuses_to_start() {
+    let cluster = EtcdCluster::start(1);
+    for (running, other) in [
+        (&["--shard-controllers"][..], &[][..]),
+        (&[][..], &["--shard-controllers"][..]),
+    ] {
+        let managers = Managers::start(&cluster, 1, running);
+        managers.await_settled_ring().await;
+        let (status, stderr) = refused_manager(&managers, other);
+        assert!(!status.success(), "{stderr}");
+        assert!(
+            stderr.contains("--shard-controllers")
+                && stderr.contains(&managers.get(0).address())
+                && stderr.contains("every manager of a cluster acts the same way"),
+            "{stderr}"
+        );
+        // The one running goes on, and one started its way joins it.
+        let mut managers = managers;
+        let joined = managers.add(running);
+        assert_eq!(managers.await_settled_ring().await.managers.len(), 2);
+        assert_eq!(
+            managers.get(joined).client().get("/health").await.status,
+            200
+        );
+    }
+}
+
 /// Managers sharing one etcd cluster, all on one prefix, with a short leader TTL.
 struct Managers {
     managers: Vec<Option<ManagerProcess>>,

@@ -16,7 +16,7 @@ pub const SAMPLE_IMAGE: &str = "cube-sample:latest";
 /// ~220 ms on the test machine; the bound leaves room for a loaded CI machine.
 pub const STATE_BOUND: Duration = Duration::from_secs(20);
 
-fn cube_binary() -> &'static str {
+pub fn cube_binary() -> &'static str {
     env!("CARGO_BIN_EXE_cube")
 }
 
