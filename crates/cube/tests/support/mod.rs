@@ -211,6 +211,9 @@ pub struct ManagerProcess {
     pub data_dir: PathBuf,
     child: Child,
     stderr_path: PathBuf,
+    /// `cube dev`'s node: its containers are removed with the process, as a
+    /// [`WorkerProcess`]'s are (a test left its task running after it).
+    dev_node: Option<String>,
 }
 
 impl ManagerProcess {
@@ -249,6 +252,7 @@ impl ManagerProcess {
             data_dir: data_dir.to_path_buf(),
             child,
             stderr_path,
+            dev_node: None,
         }
     }
 
@@ -271,6 +275,7 @@ impl ManagerProcess {
             data_dir: data_dir.to_path_buf(),
             child,
             stderr_path,
+            dev_node: Some(worker.to_string()),
         }
     }
 
@@ -368,6 +373,9 @@ impl Drop for ManagerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(node) = &self.dev_node {
+            remove_node_containers(node);
+        }
     }
 }
 
@@ -765,6 +773,7 @@ impl ManagerProcess {
                 data_dir: data_dir.to_path_buf(),
                 child,
                 stderr_path,
+                dev_node: None,
             }),
             None => Err(wait_for_refusal(&mut child, &stderr_path)),
         }
