@@ -90,8 +90,9 @@ pub struct ManagerArgs {
     /// claims its nodes' room in etcd, refused if another manager claimed there since (then
     /// planned again), so no node is given more than it holds. Give it to every manager of
     /// the cluster (one started with it beside managers running without it, or the other
-    /// way round, refuses to start); its ring may have at most 127 shards. A blocking query of every project
-    /// is refused (follow `GET /events?project=*`, which is gathered, instead).
+    /// way round, refuses to start); its ring may have at most 127 shards. A blocking query
+    /// of every project is refused (follow `GET /events?project=*`, which is gathered,
+    /// instead).
     #[arg(long)]
     shard_controllers: bool,
     #[command(flatten)]

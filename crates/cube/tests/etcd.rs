@@ -76,9 +76,14 @@ fn a_manager_on_an_etcd_nobody_answers_at_says_so_and_exits() {
     assert!(stderr.contains("etcd"), "{stderr}");
 }
 
-/// A manager started on the same etcd prefix as `managers`, expected to refuse to start: its
-/// exit status and standard error, or a failure after 30 s (it is killed).
-fn refused_manager(managers: &Managers, extra: &[&str]) -> (std::process::ExitStatus, String) {
+/// A manager started on the etcd and prefix of `managers` (another `prefix` when given),
+/// expected to refuse to start: its exit status and standard error, or a failure after 30 s
+/// (it is killed).
+fn refused_manager(
+    managers: &Managers,
+    prefix: Option<&str>,
+    extra: &[&str],
+) -> (std::process::ExitStatus, String) {
     let dir = tempfile::tempdir().unwrap();
     let mut args = vec![
         "manager",
@@ -91,7 +96,7 @@ fn refused_manager(managers: &Managers, extra: &[&str]) -> (std::process::ExitSt
         "--etcd-endpoints",
         &managers.endpoints,
         "--etcd-prefix",
-        &managers.prefix,
+        prefix.unwrap_or(&managers.prefix),
         "--leader-ttl",
         "2s",
         "--data-dir",
@@ -134,7 +139,7 @@ async fn a_manager_started_the_other_way_than_the_running_ones_refuses_to_start(
     ] {
         let managers = Managers::start(&cluster, 1, running);
         managers.await_settled_ring().await;
-        let (status, stderr) = refused_manager(&managers, other);
+        let (status, stderr) = refused_manager(&managers, None, other);
         assert!(!status.success(), "{stderr}");
         assert!(
             stderr.contains("--shard-controllers")
@@ -890,31 +895,16 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
 
     // The ring's size is the cluster's: a manager asked for another refuses to start. A
     // ring too large for a manager to fence its writes on is refused before it is made.
-    let dir = tempfile::tempdir().unwrap();
     let other_prefix = format!("{}-other", managers.prefix);
     for (prefix, flags, said) in [
-        (&managers.prefix, &["--shards", "32"][..], "has 16 shards"),
+        (None, &["--shards", "32"][..], "has 16 shards"),
         (
-            &other_prefix,
+            Some(other_prefix.as_str()),
             &["--shards", "200", "--shard-controllers"][..],
             "--shard-controllers needs a ring of at most 127 shards",
         ),
     ] {
-        let mut args = vec![
-            "manager",
-            "-p",
-            "0",
-            "--store",
-            "etcd",
-            "--etcd-endpoints",
-            &managers.endpoints,
-            "--etcd-prefix",
-            prefix,
-            "--data-dir",
-            dir.path().to_str().unwrap(),
-        ];
-        args.extend_from_slice(flags);
-        let (status, _, stderr) = cube_command(&args);
+        let (status, stderr) = refused_manager(&managers, prefix, flags);
         assert!(!status.success());
         assert!(stderr.contains(said), "{stderr}");
     }
