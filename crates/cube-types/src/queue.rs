@@ -187,8 +187,14 @@ impl QueueEntry {
 
     /// The order of the queue: higher priority first, then the lower number.
     pub fn order(&self) -> (std::cmp::Reverse<u8>, u64) {
-        (std::cmp::Reverse(self.priority), self.queue)
+        order(self.priority, self.queue)
     }
+}
+
+/// The waiting list's order of a request of `priority` numbered `queue`: higher priority
+/// first, then the lower number.
+pub fn order(priority: u8, queue: u64) -> (std::cmp::Reverse<u8>, u64) {
+    (std::cmp::Reverse(priority), queue)
 }
 
 #[cfg(test)]

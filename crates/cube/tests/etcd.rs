@@ -77,8 +77,7 @@ fn a_manager_on_an_etcd_nobody_answers_at_says_so_and_exits() {
 }
 
 /// A manager started on the etcd and prefix of `managers` (another `prefix` when given),
-/// expected to refuse to start: its exit status and standard error, or a failure after 30 s
-/// (it is killed).
+/// expected to refuse to start: its exit status and standard error.
 fn refused_manager(
     managers: &Managers,
     prefix: Option<&str>,
@@ -99,30 +98,12 @@ fn refused_manager(
         prefix.unwrap_or(&managers.prefix),
         "--leader-ttl",
         "2s",
-        "--data-dir",
-        dir.path().to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    let mut child = std::process::Command::new(cube_binary())
-        .args(&args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run cube manager");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("cube manager {extra:?} started beside managers acting the other way");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
-    (status, stderr)
+    match ManagerProcess::try_start_with(&args, dir.path()) {
+        Ok(started) => panic!("cube manager {extra:?} started at {}", started.url),
+        Err(refusal) => (refusal.status, refusal.stderr),
+    }
 }
 
 /// Every manager of a cluster acts the same way: one started without `--shard-controllers`

@@ -82,7 +82,7 @@ pub struct ServiceView {
 impl QueueEntryView {
     /// The waiting list's order: higher priority first, then the lower queue number.
     pub fn order(&self) -> (std::cmp::Reverse<u8>, u64) {
-        (std::cmp::Reverse(self.priority), self.queue)
+        cube_types::queue::order(self.priority, self.queue)
     }
 
     /// The request's name: the task's or the job's.

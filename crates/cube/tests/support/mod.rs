@@ -16,7 +16,7 @@ pub const SAMPLE_IMAGE: &str = "cube-sample:latest";
 /// ~220 ms on the test machine; the bound leaves room for a loaded CI machine.
 pub const STATE_BOUND: Duration = Duration::from_secs(20);
 
-pub fn cube_binary() -> &'static str {
+fn cube_binary() -> &'static str {
     env!("CARGO_BIN_EXE_cube")
 }
 
@@ -763,9 +763,17 @@ impl ManagerProcess {
     /// Starts a persistent-store manager on port 0 under `data_dir`, or, when it does not
     /// start, waits (up to [`STATE_BOUND`]) for it to exit and says how it ended.
     pub fn try_start(data_dir: &Path) -> Result<ManagerProcess, Refusal> {
-        let args = ["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"];
+        ManagerProcess::try_start_with(
+            &["manager", "-H", "127.0.0.1", "-p", "0", "-d", "persistent"],
+            data_dir,
+        )
+    }
+
+    /// `cube ARGS --data-dir DIR` (a manager on port 0), or, when it does not start, how it
+    /// ended (waited for up to [`STATE_BOUND`]).
+    pub fn try_start_with(args: &[&str], data_dir: &Path) -> Result<ManagerProcess, Refusal> {
         let (mut child, line, stderr_path) =
-            spawn_cube_for_a_line(&args, data_dir, "manager", false);
+            spawn_cube_for_a_line(args, data_dir, "manager", false);
         match cube_api::address_in_listening_line(&line) {
             Some(url) => Ok(ManagerProcess {
                 url: url.to_string(),
