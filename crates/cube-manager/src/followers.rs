@@ -58,6 +58,13 @@ impl Followers {
         }
     }
 
+    /// Whether node `name` has a follower running.
+    pub(crate) fn follows(&self, name: &str) -> bool {
+        lock(&self.registry)
+            .get(name)
+            .is_some_and(|follower| !follower.is_cancelled())
+    }
+
     /// Stops following node `name` (it was removed).
     pub(crate) fn stop_following(&self, name: &str) {
         if let Some(follower) = lock(&self.registry).remove(name) {
@@ -438,6 +445,82 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let asked = requests.load(std::sync::atomic::Ordering::SeqCst);
         assert_eq!(asked, 2, "the list, then one blocking query that waits");
+        manager.shutdown.cancel();
+        server.abort();
+    }
+
+    /// A node whose first report the registry took but whose write failed (etcd refused it:
+    /// here the manager's fence is on a key etcd creates later) is followed once it beats
+    /// again, and written then: a task placed there and running there is seen `Running`.
+    /// Before, only a new, moved or grown node was followed, and written only when a report
+    /// changed it, and its next beats were none of those.
+    #[tokio::test]
+    async fn a_node_whose_first_report_was_not_written_is_followed_when_it_beats_again() {
+        let etcd = cube_test_support::EtcdCluster::start(1);
+        let db = cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(
+            etcd.endpoints(),
+            "/followers-unwritten-report",
+        ))
+        .unwrap();
+        let (_, revision) = db.read_versioned("held").await.unwrap();
+        // Every write is refused until etcd creates the fence's key, two writes from now.
+        db.set_fence(Some(cube_store::Fence::one(
+            db.fence_key("held", 0).key,
+            revision + 2,
+        )));
+        let mut stores = crate::cluster::ManagerStores::in_memory();
+        stores.nodes = Arc::new(cube_store::EtcdStore::new(db.clone(), "nodes").unwrap());
+        let manager = crate::manager::manager_on(crate::manager::test_config(), stores);
+        // The worker: its whole list at once, a blocking query answered after a moment.
+        let listed: Arc<Mutex<Vec<Task>>> = Arc::default();
+        let lists = listed.clone();
+        let worker = axum::Router::new().route(
+            "/tasks",
+            axum::routing::get(move |query: axum::extract::RawQuery| {
+                let lists = lists.clone();
+                async move {
+                    if !query.0.unwrap_or_default().contains("wait=0ms") {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    let tasks = lock(&lists).clone();
+                    let index = tasks.len().to_string();
+                    ([(cube_api::INDEX_HEADER, index)], axum::Json(tasks))
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        let report = || crate::nodes::test_report("w1", &address, 2.0, 1 << 30);
+        let refused = manager.report_node(report(), NodeSource::Registered).await;
+        assert!(
+            refused.is_err(),
+            "the first report's write is refused: {refused:?}"
+        );
+        db.get_or_create("unrelated", b"1".to_vec()).await.unwrap();
+        db.get_or_create("held", b"1".to_vec()).await.unwrap();
+        manager
+            .report_node(report(), NodeSource::Registered)
+            .await
+            .expect("the next beat is written");
+        assert!(
+            manager.cluster.stores.nodes.get("w1").unwrap().is_some(),
+            "the node is in the store, though the next beat changed nothing"
+        );
+        let id = crate::manager::placed_test_task(&manager).await;
+        let mut running = Task::clone(&manager.task(id).unwrap());
+        assert_eq!(running.status.node_name, "w1");
+        running.move_to(State::Running).unwrap();
+        lock(&listed).push(running);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while manager.task(id).unwrap().status.state != State::Running {
+            assert!(
+                Instant::now() < deadline,
+                "the task the worker runs is still {} here",
+                manager.task(id).unwrap().status.state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         manager.shutdown.cancel();
         server.abort();
     }

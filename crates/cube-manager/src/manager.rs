@@ -186,6 +186,9 @@ pub struct Manager {
     pub(crate) job_records: Arc<JobRecords>,
     /// The followers of the workers' task lists (`followers.rs`).
     pub(crate) followers: Arc<Followers>,
+    /// Node reports whose write failed (answered 503, which a front telling every manager
+    /// writes only at debug level): a warning at most once per 10 s.
+    unwritten_reports: crate::log_limit::LogLimit,
     /// Cancelled when the manager stops; every loop watches it.
     pub(crate) shutdown: CancellationToken,
 }
@@ -218,6 +221,7 @@ impl Manager {
             config,
             job_records: Arc::new(JobRecords::new(cluster.clone())),
             followers: Arc::new(Followers::new(cluster.clone(), shutdown.clone())),
+            unwritten_reports: crate::log_limit::LogLimit::new(Duration::from_secs(10)),
             cluster,
             shutdown,
         }))
@@ -515,8 +519,23 @@ impl Manager {
                 return Err(ManagerError::NodeNotFound(name));
             };
             let view = self.cluster.node_view(&state, entry, now);
-            if effect.changed {
-                node_write = Some(self.cluster.stores.nodes.put_queued(&name, &view)?);
+            let unwritten = state
+                .nodes
+                .get_mut(&name)
+                .map(|entry| std::mem::take(&mut entry.unwritten))
+                .unwrap_or(false);
+            if effect.changed || unwritten {
+                node_write = Some(
+                    self.cluster
+                        .stores
+                        .nodes
+                        .put_queued(&name, &view)
+                        .inspect_err(|_| {
+                            if let Some(entry) = state.nodes.get_mut(&name) {
+                                entry.unwritten = true;
+                            }
+                        })?,
+                );
                 tracing::info!(node = %name, address = %view.address, source = source.as_str(), "node joined or changed");
                 if let Some(warning) = &view.version_warning {
                     tracing::warn!(node = %name, "{warning}");
@@ -528,13 +547,14 @@ impl Manager {
             }
             break (effect, view, wake);
         };
-        if let Some(commit) = node_write {
-            commit.durable().await?;
-        }
-        if effect.moved || effect.more_room {
-            // A new or moved node is followed from now on; one that is back from silence is
-            // followed afresh, so that its full task list (and any run replaced meanwhile)
-            // is seen at once rather than when an old blocking query times out.
+        // A new or moved node is followed from now on; one that is back from silence is
+        // followed afresh, so that its full task list (and any run replaced meanwhile) is
+        // seen at once rather than when an old blocking query times out. And any node that
+        // reports with no follower is followed: the registry took the report above whether or
+        // not its write below becomes durable, so tasks are placed there either way, and a
+        // node whose first report's write failed was otherwise never followed (its next
+        // beats neither move nor grow it), its tasks `Scheduled` here while they ran there.
+        if effect.moved || effect.more_room || !self.followers.follows(&name) {
             let client = if effect.moved {
                 client
             } else {
@@ -545,6 +565,17 @@ impl Manager {
                     .unwrap_or(client)
             };
             self.followers.follow(name.clone(), client);
+        }
+        if let Some(commit) = node_write
+            && let Err(err) = commit.durable().await
+        {
+            if let Some(entry) = lock(&self.cluster.state).nodes.get_mut(&name) {
+                entry.unwritten = true;
+            }
+            if let Some(left_out) = self.unwritten_reports.admit(Instant::now()) {
+                tracing::warn!(node = %name, error = %err, left_out, "a node's report was taken but could not be written; its next report writes it");
+            }
+            return Err(err.into());
         }
         if let Some(wake) = wake {
             self.cluster.wake_for_node(wake);

@@ -79,6 +79,9 @@ pub struct NodeEntry {
     pub version_warning: Option<String>,
     /// When the node's follower last had an answer from it (`cube_follower_lag_seconds`).
     pub followed_at: Option<Instant>,
+    /// Whether the registry holds a change of the node that the store refused: the next
+    /// report writes the node whether or not it changes anything.
+    pub unwritten: bool,
 }
 
 /// What changed when a report came in.
@@ -152,6 +155,7 @@ impl NodeRegistry {
                 version: node.version.clone(),
                 version_warning: node.version_warning.clone(),
                 followed_at: None,
+                unwritten: false,
             },
         );
     }
@@ -253,6 +257,7 @@ impl NodeRegistry {
                     version: report.version,
                     version_warning,
                     followed_at: None,
+                    unwritten: false,
                 };
                 self.nodes.insert(report.name, entry);
                 ReportEffect {
