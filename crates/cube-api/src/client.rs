@@ -352,8 +352,9 @@ impl ApiClient {
         index: u64,
         wait: Duration,
     ) -> Result<Changes<T>, ClientError> {
+        let separator = if path.contains('?') { '&' } else { '?' };
         let path = format!(
-            "{path}?index={index}&wait={}ms&changes=true",
+            "{path}{separator}index={index}&wait={}ms&changes=true",
             wait.as_millis()
         );
         let answer = self

@@ -224,10 +224,24 @@ impl Followers {
             } else {
                 None
             };
+            // A manager acting for some shards asks for their tasks only (a worker of an
+            // older Cube lists every task, and `observe` leaves the others out as before).
+            let path = {
+                let state = lock(&self.cluster.state);
+                if state.scope.is_whole() {
+                    "/tasks".to_string()
+                } else {
+                    format!(
+                        "/tasks?ring={}&shards={}",
+                        state.scope.ring(),
+                        state.scope.to_param()
+                    )
+                }
+            };
             let answer = tokio::select! {
                 _ = stop.cancelled() => return,
                 answer = client.get_changes::<Vec<Task>>(
-                    "/tasks",
+                    &path,
                     index,
                     if listed { FOLLOW_WAIT } else { Duration::ZERO },
                 ) => answer,
@@ -523,6 +537,57 @@ mod tests {
         }
         manager.shutdown.cancel();
         server.abort();
+    }
+
+    /// A manager acting for some shards asks a worker for their tasks only; one alone
+    /// (every shard) asks for every task.
+    #[tokio::test]
+    async fn a_follower_asks_for_its_managers_shards_only() {
+        for (scope, asked) in [
+            (
+                cube_types::shard::ShardScope::of(16, [0, 1, 2, 9]),
+                Some("ring=16&shards=0-2,9"),
+            ),
+            (cube_types::shard::ShardScope::all(16), None),
+        ] {
+            let queries: Arc<Mutex<Vec<String>>> = Arc::default();
+            let seen = queries.clone();
+            let worker = axum::Router::new().route(
+                "/tasks",
+                axum::routing::get(move |query: axum::extract::RawQuery| {
+                    let seen = seen.clone();
+                    async move {
+                        let query = query.0.unwrap_or_default();
+                        lock(&seen).push(query.clone());
+                        if !query.contains("wait=0ms") {
+                            tokio::time::sleep(Duration::from_secs(60)).await;
+                        }
+                        ([(cube_api::INDEX_HEADER, "0")], "[]")
+                    }
+                }),
+            );
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let address = format!("http://{}", listener.local_addr().unwrap());
+            let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+            let mut config = crate::manager::test_config();
+            config.shards = scope;
+            let manager =
+                crate::manager::manager_on(config, crate::cluster::ManagerStores::in_memory());
+            crate::manager::join_test_node_at(&manager, "w1", 1 << 30, &address).await;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while lock(&queries).len() < 2 {
+                assert!(Instant::now() < deadline, "{:?}", lock(&queries));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for query in lock(&queries).iter() {
+                match asked {
+                    Some(asked) => assert!(query.starts_with(asked), "{query}"),
+                    None => assert!(!query.contains("shards"), "{query}"),
+                }
+            }
+            manager.shutdown.cancel();
+            server.abort();
+        }
     }
 
     #[tokio::test]

@@ -327,11 +327,75 @@ impl ShardScope {
     pub fn shards(&self) -> Vec<u32> {
         (0..self.ring).filter(|shard| self.holds(*shard)).collect()
     }
+
+    /// The shards it holds as a query parameter's value: ranges without spaces, `0-3,8`
+    /// (empty for none). [`ShardScope::parse`] reads it back.
+    pub fn to_param(&self) -> String {
+        let shards = self.shards();
+        if shards.is_empty() {
+            return String::new();
+        }
+        format_shards(&shards).replace(' ', "")
+    }
+
+    /// The scope of a ring of `ring` that [`ShardScope::to_param`] wrote as `text`; what is
+    /// wrong with it otherwise (a ring of 0, a shard past the ring's end, a range backwards,
+    /// anything but numbers, `-` and `,`).
+    pub fn parse(ring: u32, text: &str) -> Result<ShardScope, String> {
+        if ring == 0 {
+            return Err("a ring of 0 shards".to_string());
+        }
+        let number = |part: &str| {
+            part.parse::<u32>()
+                .map_err(|_| format!("{part:?} is not a shard number"))
+                .and_then(|shard| {
+                    if shard < ring {
+                        Ok(shard)
+                    } else {
+                        Err(format!("shard {shard} is past the end of a ring of {ring}"))
+                    }
+                })
+        };
+        let mut held = vec![false; ring as usize];
+        for part in text.split(',').filter(|part| !part.is_empty()) {
+            let (first, last) = match part.split_once('-') {
+                Some((first, last)) => (number(first)?, number(last)?),
+                None => (number(part)?, number(part)?),
+            };
+            if last < first {
+                return Err(format!("the range {part:?} goes backwards"));
+            }
+            for slot in &mut held[first as usize..=last as usize] {
+                *slot = true;
+            }
+        }
+        Ok(ShardScope { ring, held })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scope_written_as_a_parameter_reads_back_and_bad_ones_are_named() {
+        let scope = ShardScope::of(16, [0, 1, 2, 3, 8, 10, 11, 15]);
+        assert_eq!(scope.to_param(), "0-3,8,10-11,15");
+        assert_eq!(ShardScope::parse(16, &scope.to_param()), Ok(scope));
+        let none = ShardScope::of(16, []);
+        assert_eq!(none.to_param(), "");
+        assert_eq!(ShardScope::parse(16, ""), Ok(none));
+        for (ring, bad, named) in [
+            (16, "16", "past the end"),
+            (16, "3-1", "backwards"),
+            (16, "a", "not a shard number"),
+            (16, "1-", "not a shard number"),
+            (0, "1", "ring of 0"),
+        ] {
+            let err = ShardScope::parse(ring, bad).unwrap_err();
+            assert!(err.contains(named), "{bad}: {err}");
+        }
+    }
 
     fn point(position: u32, manager: &str, n: u32) -> Point {
         Point {

@@ -32,6 +32,7 @@ use cube_runtime::{LogOptions, OutputStream, Runtime};
 use cube_store::StoreError;
 use cube_types::duration::parse_duration;
 use cube_types::output::OutputLine;
+use cube_types::shard::ShardScope;
 use cube_types::{NodeReport, Submission, Task};
 use futures_util::StreamExt;
 use serde::Deserialize;
@@ -109,12 +110,42 @@ async fn health<R: Runtime>(
 
 /// `?index=N&wait=30s` makes `GET /tasks` a blocking query: it answers once a task changed
 /// after index N, or when `wait` (at most [`MAX_WAIT`]) is over. `&changes=true` asks for the
-/// tasks that changed after N only.
+/// tasks that changed after N only. `&ring=R&shards=0-3,8` lists only the tasks of projects
+/// in those shards of a ring of R (`cube_types::shard`): a manager acting for some shards
+/// follows only theirs, rather than reading every manager's changes and dropping most.
 #[derive(Debug, Deserialize)]
 struct ListQuery {
     index: Option<u64>,
     wait: Option<String>,
     changes: Option<bool>,
+    ring: Option<u32>,
+    shards: Option<String>,
+}
+
+impl ListQuery {
+    /// The shards asked for; `None` for every task.
+    fn scope(&self) -> Result<Option<ShardScope>, ApiError> {
+        match (self.ring, &self.shards) {
+            (None, None) => Ok(None),
+            (Some(ring), Some(shards)) => ShardScope::parse(ring, shards)
+                .map(Some)
+                .map_err(|why| ApiError::bad_request(format!("shards: {why}"))),
+            _ => Err(ApiError::bad_request(
+                "ring and shards go together: ?ring=16&shards=0-3,8",
+            )),
+        }
+    }
+}
+
+/// The tasks of `scope`'s shards among `tasks` (all of them for no scope).
+fn in_scope<T: std::borrow::Borrow<Task>>(tasks: Vec<T>, scope: Option<&ShardScope>) -> Vec<T> {
+    match scope {
+        None => tasks,
+        Some(scope) => tasks
+            .into_iter()
+            .filter(|task| scope.holds_project(&task.borrow().spec.project))
+            .collect(),
+    }
 }
 
 /// The longest a blocking query waits; a manager asks again at once.
@@ -126,6 +157,8 @@ async fn list_tasks<R: Runtime>(
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query?;
+    let scope = query.scope()?;
+    let scope = scope.as_ref();
     if let Some(index) = query.index {
         let wait = match query.wait.as_deref() {
             Some(text) => {
@@ -141,19 +174,21 @@ async fn list_tasks<R: Runtime>(
                         (INDEX_HEADER, index.to_string()),
                         (SINCE_HEADER, since.to_string()),
                     ],
-                    Json(tasks),
+                    Json(in_scope(tasks, scope)),
                 )
                     .into_response(),
-                (TaskChanges::All(tasks), index) => {
-                    ([(INDEX_HEADER, index.to_string())], Json(tasks)).into_response()
-                }
+                (TaskChanges::All(tasks), index) => (
+                    [(INDEX_HEADER, index.to_string())],
+                    Json(in_scope(tasks, scope)),
+                )
+                    .into_response(),
             });
         }
     }
     // The index is read before the list, so a change between the two is seen again by the
     // next blocking query rather than missed.
     let index = worker.change_index();
-    let tasks = worker.list_tasks()?;
+    let tasks = in_scope(worker.list_tasks()?, scope);
     Ok(([(INDEX_HEADER, index.to_string())], Json(tasks)).into_response())
 }
 

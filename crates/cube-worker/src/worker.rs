@@ -948,6 +948,88 @@ mod tests {
         Worker::new(config, tasks, NoRuntime, StatsCollector::new(data_dir))
     }
 
+    /// The worker's `GET /tasks` over HTTP, with `?ring=16&shards=` a manager acting for
+    /// some shards sends: only those shards' tasks, in the whole list and in the changes
+    /// after an index alike; a scope it cannot read is a 400 naming what is wrong.
+    #[tokio::test]
+    async fn a_list_asked_for_some_shards_holds_only_their_tasks() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = worker_on(&dir.path().join("worker.redb"));
+        let ring = cube_types::shard::DEFAULT_RING;
+        let shard = |project: &str| cube_types::shard::shard_of(project, ring);
+        // Two projects of two shards.
+        let first = "alpha";
+        let second = (0..)
+            .map(|n| format!("p-{n}"))
+            .find(|project| shard(project) != shard(first))
+            .unwrap();
+        let mut ids = std::collections::HashMap::new();
+        for project in [first, second.as_str()] {
+            let mut task = Task::new(project, "img");
+            task.spec.project = project.to_string();
+            ids.insert(project.to_string(), task.id);
+            let event = TaskEvent {
+                id: Uuid::new_v4(),
+                state: State::Running,
+                timestamp: None,
+                task,
+            };
+            worker.submit(event).await.unwrap();
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server =
+            tokio::spawn(
+                async move { axum::serve(listener, crate::api::router(worker.clone())).await },
+            );
+        let client = cube_api::ApiClient::new(&base, Duration::from_secs(5)).unwrap();
+        let listed = |path: String| {
+            let client = client.clone();
+            async move {
+                let (tasks, _) = client
+                    .get_blocking::<Vec<Task>>(&path, 0, Duration::ZERO)
+                    .await
+                    .unwrap();
+                tasks.into_iter().map(|task| task.id).collect::<Vec<_>>()
+            }
+        };
+        let of_first = format!("/tasks?ring={ring}&shards={}", shard(first));
+        assert_eq!(listed(of_first.clone()).await, vec![ids[first]]);
+        let both =
+            cube_types::shard::ShardScope::of(ring, [shard(first), shard(&second)]).to_param();
+        let mut all = listed(format!("/tasks?ring={ring}&shards={both}")).await;
+        all.sort();
+        let mut expected: Vec<Uuid> = ids.values().copied().collect();
+        expected.sort();
+        assert_eq!(all, expected);
+        assert!(
+            listed(format!("/tasks?ring={ring}&shards="))
+                .await
+                .is_empty()
+        );
+        let changes = client
+            .get_changes::<Vec<Task>>(&of_first, 0, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(changes.complete);
+        let changed: Vec<Uuid> = changes.body.iter().map(|task| task.id).collect();
+        assert_eq!(changed, vec![ids[first]]);
+        for (bad, named) in [
+            (format!("/tasks?ring={ring}&shards={ring}"), "past the end"),
+            ("/tasks?shards=1".to_string(), "go together"),
+            (format!("/tasks?ring={ring}&shards=x"), "not a shard number"),
+        ] {
+            let err = client.get::<Vec<Task>>(&bad).await.unwrap_err();
+            assert_eq!(
+                err.status(),
+                Some(axum::http::StatusCode::BAD_REQUEST),
+                "{bad}"
+            );
+            assert!(err.to_string().contains(named), "{bad}: {err}");
+        }
+        server.abort();
+    }
+
     async fn submit(worker: &Worker<NoRuntime>, name: &str) -> Uuid {
         let task = Task::new(name, "img");
         let event = TaskEvent {
