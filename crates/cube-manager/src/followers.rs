@@ -29,6 +29,16 @@ pub(crate) const COMPLETE_LISTS_AT_ONCE: usize = 2;
 
 const FOLLOW_RETRY: Duration = Duration::from_secs(1);
 
+/// What [`Followers::observe`] found in a worker's list.
+pub(crate) struct Observed {
+    /// Runs to stop on the node, with their run (`RestartCount`).
+    pub(crate) strays: Vec<(Uuid, u32)>,
+    /// Ended tasks to purge on the node.
+    pub(crate) forgotten: Vec<Uuid>,
+    /// Whether every change was written.
+    pub(crate) written: bool,
+}
+
 /// The followers of the workers' task lists, one loop per node (see the module comment).
 ///
 /// | reads | woken by | writes |
@@ -95,13 +105,15 @@ impl Followers {
     /// Returns the strays, with their run (`RestartCount`): runs the worker still has going that the manager has replaced or
     /// ended (the node was lost and came back), for the caller to stop there; and the ended
     /// tasks the worker has that the manager no longer knows (removed while the node was
-    /// away), for the caller to have purged there.
+    /// away), for the caller to have purged there; and whether what changed was written (a
+    /// write the store refused is put back from the store, and the list must be read again:
+    /// the worker sends a change once).
     pub(crate) async fn observe(
         &self,
         node: &str,
         reported: Vec<Task>,
         complete: bool,
-    ) -> (Vec<(Uuid, u32)>, Vec<Uuid>) {
+    ) -> Observed {
         let mut writes = Writes::default();
         let mut to_reconcile = Vec::new();
         let mut strays = Vec::new();
@@ -175,13 +187,18 @@ impl Followers {
                 }
             }
         }
-        // Errors are logged, and the cache put back, by `settle`; the worker reports again.
-        // Room that a task's end freed asks for a placement pass there (`Writes`).
-        let _ = self.cluster.settle(writes).await;
+        // Errors are logged, and the cache put back, by `settle`; the follower then reads the
+        // node's whole list again. Room that a task's end freed asks for a placement pass
+        // there (`Writes`).
+        let written = self.cluster.settle(writes).await.is_ok();
         for id in to_reconcile {
             self.cluster.wakes.tasks.push(id);
         }
-        (strays, forgotten)
+        Observed {
+            strays,
+            forgotten,
+            written,
+        }
     }
 
     /// Follows a node's tasks with blocking queries, replacing any follower it had.
@@ -281,7 +298,11 @@ impl Followers {
                     if let Some(wake) = back {
                         self.cluster.wake_for_node(wake);
                     }
-                    let (strays, forgotten) = self.observe(&name, tasks, complete).await;
+                    let Observed {
+                        strays,
+                        forgotten,
+                        written,
+                    } = self.observe(&name, tasks, complete).await;
                     for id in forgotten {
                         // Removed here while the node could not be asked: its container and
                         // record go now.
@@ -305,6 +326,14 @@ impl Followers {
                         }
                     }
                     match reported_index {
+                        // What changed was not all written (the store refused it, as while
+                        // a shard moves): the worker would not send those changes again, so
+                        // its whole list is read again, after a pause.
+                        Some(_) if !written => {
+                            index = 0;
+                            listed = false;
+                            Some(FOLLOW_RETRY)
+                        }
                         Some(reported) => {
                             index = reported;
                             listed = true;
@@ -539,6 +568,91 @@ mod tests {
         server.abort();
     }
 
+    /// A change a worker sent that the store refused to write (the manager's fence did not
+    /// hold, as while a shard moves) is read again from the worker's whole list and written
+    /// once the store takes it. The worker sends a change once: before, the follower went on
+    /// from the worker's index and the task stayed `Scheduled` here while it ran there.
+    #[tokio::test]
+    async fn a_change_the_store_refused_is_read_again_from_the_whole_list() {
+        let etcd = cube_test_support::EtcdCluster::start(1);
+        let db = cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(
+            etcd.endpoints(),
+            "/followers-refused-change",
+        ))
+        .unwrap();
+        let mut stores = crate::cluster::ManagerStores::in_memory();
+        stores.tasks = Arc::new(cube_store::EtcdStore::new(db.clone(), "tasks").unwrap());
+        let manager = crate::manager::manager_on(crate::manager::test_config(), stores);
+        // The worker: its whole list at index 0; after that only what changed after the
+        // index asked for (nothing, a moment later, when nothing did), as a real worker.
+        let worker_state: Arc<Mutex<(u64, Vec<Task>)>> = Arc::default();
+        let shared = worker_state.clone();
+        let worker = axum::Router::new().route(
+            "/tasks",
+            axum::routing::get(
+                move |axum::extract::Query(query): axum::extract::Query<
+                    HashMap<String, String>,
+                >| {
+                    let shared = shared.clone();
+                    async move {
+                        let asked: u64 =
+                            query.get("index").and_then(|i| i.parse().ok()).unwrap_or(0);
+                        let (index, tasks) = lock(&shared).clone();
+                        if asked == 0 {
+                            let headers = [(cube_api::INDEX_HEADER, index.to_string())];
+                            return axum::response::IntoResponse::into_response((
+                                headers,
+                                axum::Json(tasks),
+                            ));
+                        }
+                        let changed = if asked < index {
+                            tasks
+                        } else {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Vec::new()
+                        };
+                        let headers = [
+                            (cube_api::INDEX_HEADER, index.max(asked).to_string()),
+                            (cube_api::SINCE_HEADER, asked.to_string()),
+                        ];
+                        axum::response::IntoResponse::into_response((headers, axum::Json(changed)))
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        crate::manager::join_test_node_at(&manager, "w1", 1 << 30, &address).await;
+        let id = crate::manager::placed_test_task(&manager).await;
+        // The follower has read the (empty) list and waits on index 1.
+        *lock(&worker_state) = (1, Vec::new());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The store refuses every write from now on: fenced on a key that never existed.
+        db.set_fence(Some(cube_store::Fence::one(
+            db.fence_key("never-held", 0).key,
+            1,
+        )));
+        let mut running = Task::clone(&manager.task(id).unwrap());
+        running.move_to(State::Running).unwrap();
+        *lock(&worker_state) = (2, vec![running]);
+        // The change arrives and is refused: the task is as the store has it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(manager.task(id).unwrap().status.state, State::Scheduled);
+        db.set_fence(None);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while manager.task(id).unwrap().status.state != State::Running {
+            assert!(
+                Instant::now() < deadline,
+                "the task the worker runs is still {} here",
+                manager.task(id).unwrap().status.state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        manager.shutdown.cancel();
+        server.abort();
+    }
+
     /// A manager acting for some shards asks a worker for their tasks only; one alone
     /// (every shard) asks for every task.
     #[tokio::test]
@@ -646,7 +760,9 @@ mod tests {
         let mut running = placed.clone();
         running.move_to(State::Running).unwrap();
         running.status.run.container_id = "c0ffee".to_string();
-        let (strays, forgotten) = followers.observe("w1", vec![running], true).await;
+        let super::Observed {
+            strays, forgotten, ..
+        } = followers.observe("w1", vec![running], true).await;
         assert!(strays.is_empty() && forgotten.is_empty());
         let seen = stored();
         assert_eq!(seen.status.state, State::Running);
@@ -702,7 +818,9 @@ mod tests {
         let others = running_of(project_in(false), State::Running);
         let ended_others = running_of(project_in(false), State::Completed);
         let unknown_own = running_of(project_in(true), State::Running);
-        let (strays, forgotten) = manager
+        let super::Observed {
+            strays, forgotten, ..
+        } = manager
             .followers
             .observe(
                 "w1",
