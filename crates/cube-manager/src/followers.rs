@@ -492,6 +492,34 @@ mod tests {
         server.abort();
     }
 
+    /// Waits (up to 10 s) for task `id` to be `Running` in `manager`'s view.
+    async fn until_running(manager: &crate::manager::Manager, id: Uuid) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while manager.task(id).unwrap().status.state != State::Running {
+            assert!(
+                Instant::now() < deadline,
+                "the task the worker runs is still {} here",
+                manager.task(id).unwrap().status.state
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A client of a one-member etcd under `prefix`.
+    fn etcd_db(etcd: &cube_test_support::EtcdCluster, prefix: &str) -> cube_store::EtcdDb {
+        cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(etcd.endpoints(), prefix)).unwrap()
+    }
+
+    /// `worker` served on a loopback port: its `http://` address, and the server to abort.
+    async fn serve(worker: axum::Router) -> (String, tokio::task::JoinHandle<std::io::Result<()>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        (
+            address,
+            tokio::spawn(async move { axum::serve(listener, worker).await }),
+        )
+    }
+
     /// A node whose first report the registry took but whose write failed (etcd refused it:
     /// here the manager's fence is on a key etcd creates later) is followed once it beats
     /// again, and written then: a task placed there and running there is seen `Running`.
@@ -500,11 +528,7 @@ mod tests {
     #[tokio::test]
     async fn a_node_whose_first_report_was_not_written_is_followed_when_it_beats_again() {
         let etcd = cube_test_support::EtcdCluster::start(1);
-        let db = cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(
-            etcd.endpoints(),
-            "/followers-unwritten-report",
-        ))
-        .unwrap();
+        let db = etcd_db(&etcd, "/followers-unwritten-report");
         let (_, revision) = db.read_versioned("held").await.unwrap();
         // Every write is refused until etcd creates the fence's key, two writes from now.
         db.set_fence(Some(cube_store::Fence::one(
@@ -531,9 +555,7 @@ mod tests {
                 }
             }),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        let (address, server) = serve(worker).await;
         let report = || crate::nodes::test_report("w1", &address, 2.0, 1 << 30);
         let refused = manager.report_node(report(), NodeSource::Registered).await;
         assert!(
@@ -555,15 +577,7 @@ mod tests {
         assert_eq!(running.status.node_name, "w1");
         running.move_to(State::Running).unwrap();
         lock(&listed).push(running);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while manager.task(id).unwrap().status.state != State::Running {
-            assert!(
-                Instant::now() < deadline,
-                "the task the worker runs is still {} here",
-                manager.task(id).unwrap().status.state
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_running(&manager, id).await;
         manager.shutdown.cancel();
         server.abort();
     }
@@ -575,11 +589,7 @@ mod tests {
     #[tokio::test]
     async fn a_change_the_store_refused_is_read_again_from_the_whole_list() {
         let etcd = cube_test_support::EtcdCluster::start(1);
-        let db = cube_store::EtcdDb::connect(cube_store::EtcdConfig::new(
-            etcd.endpoints(),
-            "/followers-refused-change",
-        ))
-        .unwrap();
+        let db = etcd_db(&etcd, "/followers-refused-change");
         let mut stores = crate::cluster::ManagerStores::in_memory();
         stores.tasks = Arc::new(cube_store::EtcdStore::new(db.clone(), "tasks").unwrap());
         let manager = crate::manager::manager_on(crate::manager::test_config(), stores);
@@ -620,9 +630,7 @@ mod tests {
                 },
             ),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+        let (address, server) = serve(worker).await;
         crate::manager::join_test_node_at(&manager, "w1", 1 << 30, &address).await;
         let id = crate::manager::placed_test_task(&manager).await;
         // The follower has read the (empty) list and waits on index 1.
@@ -640,15 +648,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(manager.task(id).unwrap().status.state, State::Scheduled);
         db.set_fence(None);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while manager.task(id).unwrap().status.state != State::Running {
-            assert!(
-                Instant::now() < deadline,
-                "the task the worker runs is still {} here",
-                manager.task(id).unwrap().status.state
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_running(&manager, id).await;
         manager.shutdown.cancel();
         server.abort();
     }
@@ -680,9 +680,7 @@ mod tests {
                     }
                 }),
             );
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let address = format!("http://{}", listener.local_addr().unwrap());
-            let server = tokio::spawn(async move { axum::serve(listener, worker).await });
+            let (address, server) = serve(worker).await;
             let mut config = crate::manager::test_config();
             config.shards = scope;
             let manager =
