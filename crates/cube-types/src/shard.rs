@@ -339,11 +339,13 @@ impl ShardScope {
     }
 
     /// The scope of a ring of `ring` that [`ShardScope::to_param`] wrote as `text`; what is
-    /// wrong with it otherwise (a ring of 0, a shard past the ring's end, a range backwards,
-    /// anything but numbers, `-` and `,`).
+    /// wrong with it otherwise (a ring of 0 or above [`MAX_RING`], a shard past the ring's
+    /// end, a range backwards, anything but numbers, `-` and `,`).
     pub fn parse(ring: u32, text: &str) -> Result<ShardScope, String> {
-        if ring == 0 {
-            return Err("a ring of 0 shards".to_string());
+        if !(1..=MAX_RING).contains(&ring) {
+            return Err(format!(
+                "a ring of {ring} shards (a ring has 1 to {MAX_RING})"
+            ));
         }
         let number = |part: &str| {
             part.parse::<u32>()
@@ -391,6 +393,7 @@ mod tests {
             (16, "a", "not a shard number"),
             (16, "1-", "not a shard number"),
             (0, "1", "ring of 0"),
+            (u32::MAX, "1", "1 to 4096"),
         ] {
             let err = ShardScope::parse(ring, bad).unwrap_err();
             assert!(err.contains(named), "{bad}: {err}");

@@ -1018,6 +1018,7 @@ mod tests {
             (format!("/tasks?ring={ring}&shards={ring}"), "past the end"),
             ("/tasks?shards=1".to_string(), "go together"),
             (format!("/tasks?ring={ring}&shards=x"), "not a shard number"),
+            ("/tasks?ring=4000000000&shards=1".to_string(), "1 to 4096"),
         ] {
             let err = client.get::<Vec<Task>>(&bad).await.unwrap_err();
             assert_eq!(
