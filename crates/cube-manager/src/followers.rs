@@ -230,6 +230,22 @@ impl Followers {
         // times a second for as long as the worker stayed empty.
         let mut listed = false;
         let mut reachable = true;
+        // A manager acting for some shards asks for their tasks only (a worker of an older
+        // Cube lists every task, and `observe` leaves the others out as before). Read once:
+        // the scope changes only as shards are taken in place, after which every node is
+        // followed afresh (`Manager::take_shards`), or with a new `Manager`.
+        let path = {
+            let state = lock(&self.cluster.state);
+            if state.scope.is_whole() {
+                "/tasks".to_string()
+            } else {
+                format!(
+                    "/tasks?ring={}&shards={}",
+                    state.scope.ring(),
+                    state.scope.to_param()
+                )
+            }
+        };
         loop {
             // The first request asks for every task, at once (there is nothing to wait for):
             // wait for a permit first, and keep it until they are applied.
@@ -240,20 +256,6 @@ impl Followers {
                 }
             } else {
                 None
-            };
-            // A manager acting for some shards asks for their tasks only (a worker of an
-            // older Cube lists every task, and `observe` leaves the others out as before).
-            let path = {
-                let state = lock(&self.cluster.state);
-                if state.scope.is_whole() {
-                    "/tasks".to_string()
-                } else {
-                    format!(
-                        "/tasks?ring={}&shards={}",
-                        state.scope.ring(),
-                        state.scope.to_param()
-                    )
-                }
             };
             let answer = tokio::select! {
                 _ = stop.cancelled() => return,
