@@ -270,6 +270,10 @@ enum Command {
         /// How many runs of each manager count.
         #[arg(long, default_value_t = 1)]
         runs: usize,
+        /// The shard ring's size, given to the managers as --shards (a ring three divides,
+        /// 48, gives three managers a third each; 16 gives 6, 5 and 5 shards).
+        #[arg(long, default_value_t = cube_types::shard::DEFAULT_RING)]
+        ring: u32,
         /// The `cube` binary [default: next to this binary].
         #[arg(long)]
         cube: Option<PathBuf>,
@@ -603,6 +607,7 @@ async fn main() -> anyhow::Result<()> {
             runs,
             shard_controllers,
             failover,
+            ring,
             cube,
         } => {
             let options = shards::Options {
@@ -613,6 +618,7 @@ async fn main() -> anyhow::Result<()> {
                 runs,
                 shard_controllers,
                 failover,
+                ring,
             };
             shards::shards(&options, &cube_binary(cube)?).await
         }

@@ -91,6 +91,8 @@ pub(crate) struct Options {
     pub shard_controllers: bool,
     /// With `shard_controllers` and 2 managers or more: time the failover of one killed.
     pub failover: bool,
+    /// The shard ring's size (`--shards`).
+    pub ring: u32,
 }
 
 /// One manager of a run, as measured once every task ran.
@@ -194,7 +196,8 @@ pub(crate) async fn shards(options: &Options, cube: &Path) -> anyhow::Result<()>
         "shards{}: {} tasks in {} projects on {} simulated workers ({processes} sim-workers \
          processes), \
          through {:?} managers on a 3-member loopback etcd (fresh cluster and managers each \
-         run, --leader-ttl {LEADER_TTL}, --heartbeat-grace 120s), {SUBMITTERS} clients \
+         run, --leader-ttl {LEADER_TTL}, --heartbeat-grace 120s, a ring of {} shards), \
+         {SUBMITTERS} clients \
          submitting round-robin over the managers; {} run(s) each; load average {}",
         if options.shard_controllers {
             " --shard-controllers"
@@ -205,8 +208,14 @@ pub(crate) async fn shards(options: &Options, cube: &Path) -> anyhow::Result<()>
         options.projects,
         options.nodes,
         options.managers,
+        options.ring,
         options.runs,
         crate::load_average()
+    );
+    anyhow::ensure!(
+        (1..=cube_types::shard::MAX_RING).contains(&options.ring),
+        "--ring is a number of shards from 1 to {}",
+        cube_types::shard::MAX_RING
     );
     let mut results: Vec<(usize, Vec<RunFigures>)> = Vec::new();
     for &count in &options.managers {
@@ -410,6 +419,7 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     // would have its tasks placed again, which is not what is measured.
     let mut flags = crate::etcd::etcd_manager_flags(&endpoints, &prefix, LEADER_TTL);
     flags.extend(["--heartbeat-grace".to_string(), "120s".to_string()]);
+    flags.extend(["--shards".to_string(), options.ring.to_string()]);
     if options.shard_controllers {
         flags.push("--shard-controllers".to_string());
     }
@@ -1075,6 +1085,7 @@ mod tests {
             runs: 1,
             shard_controllers: false,
             failover: false,
+            ring: 16,
         };
         let all: HashSet<u32> = (0..16).collect();
         assert_eq!(tasks_in_shards(&options, 16, &all), 1001);

@@ -13,6 +13,8 @@
 //! Everything here is pure; the points and the shards' holders live in etcd
 //! (`cube-store`'s `ring.rs`), and `GET /shards` shows them as a [`ShardsView`].
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The ring's size when the cluster's first manager is given none.
@@ -79,42 +81,75 @@ pub fn owner_of(shard: u32, points: &[Point]) -> Option<&Point> {
         .or_else(|| points.iter().max_by_key(|point| point.position))
 }
 
-/// Where a new virtual node of `manager` puts its point: the middle of the range it should
-/// take over, and the manager that range is taken from. Ranges of other managers come before
-/// the manager's own, those of managers it has not yet taken from (`taken_from`) before the
-/// rest, then the longest, then the lowest position. `None` when every range is a single
-/// shard (the ring is as divided as it can be). The first point of an empty ring is 0; a
-/// range of the manager's own is taken from no one (`None`).
+/// Where a new virtual node of `manager` puts its point, and the manager the range it starts
+/// is taken from. A manager aims at an even share of the ring, `ring / managers` shards (every
+/// manager with a point, itself included), split among the virtual nodes it still has to
+/// place (`to_place`, this one included): it takes the end of another manager's range, as
+/// much as it still wants, leaving the range one shard at least and its holder no less than
+/// that share where it can. Ranges of managers it has not yet taken from (`taken_from`) come
+/// first, so that a joining manager takes pressure off more than one other, then those of the
+/// manager holding the most, then the longest, then the lowest position. A manager that
+/// already has its share splits its own longest range in the middle (taken from no one,
+/// `None`). `None` when every range is a single shard (the ring is as divided as it can be).
+/// The first point of an empty ring is 0.
+///
+/// Taking the middle of the longest range instead left three managers of two virtual nodes
+/// each with 37.5, 37.5 and 25 % of any ring: the third took a quarter from each of the
+/// others.
 pub fn pick_point(
     ring: u32,
     points: &[Point],
     manager: &str,
     taken_from: &[String],
+    to_place: u32,
 ) -> Option<(u32, Option<String>)> {
     if points.is_empty() {
         return Some((0, None));
     }
-    points
+    let ranges: Vec<(&Point, u32)> = points
         .iter()
-        .map(|point| {
-            let length = range_at(ring, points, point.position).len() as u32;
-            (point, length)
-        })
-        .filter(|(_, length)| *length >= 2)
+        .map(|point| (point, range_at(ring, points, point.position).len() as u32))
+        .filter(|(_, length)| *length > 0)
+        .collect();
+    let mut totals: BTreeMap<&str, u32> = BTreeMap::new();
+    for (point, length) in &ranges {
+        *totals.entry(point.manager.as_str()).or_default() += length;
+    }
+    let managers = totals.len() as u32 + u32::from(!totals.contains_key(manager));
+    let share = ring / managers.max(1);
+    let mine = totals.get(manager).copied().unwrap_or(0);
+    let wanted = share.saturating_sub(mine).div_ceil(to_place.max(1));
+    let splittable = || ranges.iter().filter(|(_, length)| *length >= 2);
+    // Another point of its own splits its longest range: once it has its share, or when no
+    // other manager's range can be split.
+    let split_own = || {
+        splittable()
+            .filter(|(point, _)| point.manager == manager)
+            .min_by_key(|(point, length)| (std::cmp::Reverse(*length), point.position))
+            .map(|(point, length)| ((point.position + length / 2) % ring, None))
+    };
+    if wanted == 0 && mine > 0 {
+        return split_own();
+    }
+    splittable()
+        .filter(|(point, _)| point.manager != manager)
         .min_by_key(|(point, length)| {
             (
-                point.manager == manager,
                 taken_from.contains(&point.manager),
+                std::cmp::Reverse(totals[point.manager.as_str()]),
                 std::cmp::Reverse(*length),
                 point.position,
             )
         })
         .map(|(point, length)| {
+            let spare = totals[point.manager.as_str()].saturating_sub(share);
+            let take = wanted.min(spare).clamp(1, length - 1);
             (
-                (point.position + length / 2) % ring,
-                (point.manager != manager).then(|| point.manager.clone()),
+                (point.position + length - take) % ring,
+                Some(point.manager.clone()),
             )
         })
+        .or_else(split_own)
 }
 
 /// Shard numbers as ranges, `0-3, 8, 10-15` (`-` for none).
@@ -413,7 +448,8 @@ mod tests {
     fn join(ring: u32, points: &mut Vec<Point>, manager: &str, count: u32) -> Vec<String> {
         let mut taken_from = Vec::new();
         for n in 1..=count {
-            let (position, from) = pick_point(ring, points, manager, &taken_from).unwrap();
+            let (position, from) =
+                pick_point(ring, points, manager, &taken_from, count - n + 1).unwrap();
             if let Some(from) = from {
                 taken_from.push(from);
             }
@@ -467,16 +503,67 @@ mod tests {
             assert_eq!(taken_from.len(), 2);
             assert_ne!(taken_from[0], taken_from[1], "{manager}: {points:?}");
         }
-        // Every shard is in exactly one range, and each of 8 virtual nodes has 2.
+        // Every shard is in exactly one range, and the four managers hold 3 to 5 each (two
+        // virtual nodes cannot take from three others).
         let mut counted = vec![0; ring as usize];
         for point in &points {
-            let range = range_at(ring, &points, point.position);
-            assert_eq!(range.len(), 2, "{points:?}");
-            for shard in range {
+            for shard in range_at(ring, &points, point.position) {
                 counted[shard as usize] += 1;
             }
         }
         assert!(counted.iter().all(|count| *count == 1));
+        let held = held_by_manager(ring, &points);
+        assert!(held.values().all(|held| (3..=5).contains(held)), "{held:?}");
+    }
+
+    /// How many shards each manager's points give it.
+    fn held_by_manager(ring: u32, points: &[Point]) -> BTreeMap<String, u32> {
+        let mut held = BTreeMap::new();
+        for point in points {
+            *held.entry(point.manager.clone()).or_default() +=
+                range_at(ring, points, point.position).len() as u32;
+        }
+        held
+    }
+
+    #[test]
+    fn managers_joining_one_after_another_hold_even_shares() {
+        for (ring, virtual_nodes) in [(16, 2), (48, 2), (96, 2), (48, 3), (48, 4), (96, 4)] {
+            let mut points = Vec::new();
+            for managers in 1..=6u32 {
+                let manager = format!("m{managers}");
+                let taken_from = join(ring, &mut points, &manager, virtual_nodes);
+                let held = held_by_manager(ring, &points);
+                let case = format!(
+                    "ring {ring}, {virtual_nodes} virtual nodes, {managers} managers: {held:?}"
+                );
+                if managers > 2 {
+                    assert_ne!(taken_from[0], taken_from[1], "{case}");
+                }
+                assert_eq!(held.values().sum::<u32>(), ring, "{case}");
+                // At most half again an even share (a manager whose virtual nodes take from
+                // two others cannot even out three), and a joiner at least half of one.
+                let most = *held.values().max().unwrap();
+                assert!(2 * most * managers <= 3 * ring + 2 * managers, "{case}");
+                assert!(2 * held[&manager] * managers >= ring, "{case}");
+            }
+        }
+        // Three managers on a ring that three divides hold a third each; on 16, 6 at most
+        // (the middle of the longest range gave 6, 6 and 4 of 16, 18, 18 and 12 of 48).
+        for (ring, even) in [(48, 16), (96, 32)] {
+            let mut points = Vec::new();
+            for manager in ["m1", "m2", "m3"] {
+                join(ring, &mut points, manager, 2);
+            }
+            let held = held_by_manager(ring, &points);
+            assert!(held.values().all(|held| *held == even), "{held:?}");
+        }
+        let mut points = Vec::new();
+        for manager in ["m1", "m2", "m3"] {
+            join(16, &mut points, manager, 2);
+        }
+        let held = held_by_manager(16, &points);
+        assert!(held.values().all(|held| (5..=6).contains(held)), "{held:?}");
     }
 
     #[test]
@@ -497,7 +584,7 @@ mod tests {
     #[test]
     fn a_ring_divided_to_single_shards_takes_no_more_points() {
         let points: Vec<Point> = (0..4).map(|n| point(n, "a", n + 1)).collect();
-        assert_eq!(pick_point(4, &points, "b", &[]), None);
+        assert_eq!(pick_point(4, &points, "b", &[], 1), None);
     }
 
     #[test]

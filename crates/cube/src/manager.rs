@@ -70,9 +70,9 @@ pub struct ManagerArgs {
     advertise: Option<String>,
     /// With --store etcd: how many virtual nodes this manager runs on the shard ring (1 to
     /// 4). Each holds a point on the ring and the shards from it to the next point; a
-    /// manager joining puts its points in the middle of other managers' ranges, so two
-    /// virtual nodes take shards from two others. `GET /shards` and `cube node managers`
-    /// show who holds what.
+    /// manager joining takes an even share of the ring, from as many other managers as it
+    /// has virtual nodes (two take from two others; more spread a joiner over more of them).
+    /// `GET /shards` and `cube node managers` show who holds what.
     #[arg(long, value_name = "N", default_value_t = cube_types::shard::DEFAULT_VIRTUAL_NODES,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(cube_types::shard::MAX_VIRTUAL_NODES)))]
     virtual_nodes: u32,

@@ -17,9 +17,9 @@
 //! Each manager runs one loop ([`hold_shards`]): read `ring/`, put a point for each of its
 //! virtual nodes that has none, give back (delete) the shards it holds that the points now
 //! give to another, take (create) the free ones they give to it, and wait on a watch of
-//! `ring/` for the next change. A manager joining puts points in the middle of others'
-//! ranges; those others see the points, give the shards back, and the joining one takes
-//! them. A manager that dies stops renewing its lease; within the TTL etcd deletes its
+//! `ring/` for the next change. A manager joining puts points at the ends of others'
+//! ranges, so as to hold an even share of the ring (`pick_point`); those others see the
+//! points, give the shards back, and the joining one takes them. A manager that dies stops renewing its lease; within the TTL etcd deletes its
 //! points and shards, and the virtual nodes before its points take its ranges. A manager
 //! that stops revokes its lease: the others take its shards at once.
 
@@ -470,20 +470,24 @@ impl Member<'_> {
         let lease = self.lease.id();
         let mut points: Vec<Point> = now.points.iter().map(|(point, _)| point.clone()).collect();
         let mut wrote = false;
-        for n in 1..=self.settings.virtual_nodes {
-            let id = self.virtual_node(n);
-            if now
-                .points
-                .iter()
-                .any(|(point, held_under)| point.virtual_node == id && *held_under == lease)
-            {
-                continue;
-            }
+        // This manager's virtual nodes with no point under its lease: each aims at its part
+        // of what the manager still lacks of an even share (`pick_point`).
+        let missing: Vec<String> = (1..=self.settings.virtual_nodes)
+            .map(|n| self.virtual_node(n))
+            .filter(|id| {
+                !now.points
+                    .iter()
+                    .any(|(point, held_under)| point.virtual_node == *id && *held_under == lease)
+            })
+            .collect();
+        let count = missing.len() as u32;
+        for (placed, id) in (0..).zip(missing) {
             let Some((position, from)) = cube_types::shard::pick_point(
                 self.ring,
                 &points,
                 &self.settings.manager,
                 &self.taken_from,
+                count - placed,
             ) else {
                 // The ring is divided as far as it goes: this virtual node waits for a
                 // manager to leave.

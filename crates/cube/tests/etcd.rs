@@ -816,6 +816,10 @@ async fn managers_divide_the_shard_ring_a_new_one_takes_from_two_and_a_killed_on
         }
     }
     assert_eq!(counted, [1; 16], "{three:#?}");
+    // Even shares: 5, 5 and 6 of 16 (the middle of the largest range gave 6, 6 and 4).
+    for manager in &three.managers {
+        assert!((5..=6).contains(&manager.shards.len()), "{three:#?}");
+    }
     // 20 projects fall on shards held by all three managers.
     let holders: std::collections::BTreeSet<&str> = (0..20)
         .map(|n| cube_types::shard::shard_of(&format!("team-{n}"), 16))
