@@ -1604,3 +1604,63 @@ async fn three_managers_placing_at_once_on_five_small_nodes_never_put_more_on_on
         assert_eq!(running.len(), 4, "{node} is full");
     }
 }
+
+#[tokio::test]
+async fn with_shard_controllers_a_worker_paused_while_its_tasks_shard_moves_keeps_it_running_once()
+{
+    let cluster = EtcdCluster::start(3);
+    let mut managers = Managers::start(&cluster, 2, &["--shard-controllers"]);
+    let ring = managers.await_settled_ring().await;
+    let leader = managers.await_leader(None).await;
+    let owner = 1 - leader;
+    let node = unique_node("paused-take");
+    let worker = managers.join_worker(&node);
+    for index in 0..2 {
+        managers.get(index).await_ready_nodes(1).await;
+    }
+    // A task of a project the manager that does not lead holds, submitted through the
+    // leader (handed to the owner).
+    let client = managers.get(leader).client();
+    let (project, id) =
+        project_with_task(&client, &ring, managers.get(owner), "paused", "stays").await;
+    let running = client.await_state(&id, "Running").await;
+
+    // The worker stops answering (paused, as a machine that hangs), then the project's
+    // owner is killed: its shards are taken while their tasks' worker cannot be asked.
+    worker.signal("-STOP");
+    managers.managers[owner].take().unwrap().kill_9();
+    let one = managers.await_settled_ring().await;
+    assert_eq!(one.managers.len(), 1, "{one:#?}");
+    assert_eq!(
+        one.holder(cube_types::shard::shard_of(&project, 16)),
+        Some(managers.get(leader).address().as_str())
+    );
+    worker.signal("-CONT");
+
+    // The new owner follows the worker again once it answers: the task is the same run,
+    // Running, in one container, and no other task of the project was made.
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    loop {
+        let tasks = every_task(managers.get(leader)).await;
+        if tasks.get(&id).map(String::as_str) == Some("Running") {
+            assert_eq!(tasks.len(), 1, "{tasks:?}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{tasks:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let task = client.get(&format!("/tasks/{id}?project={project}")).await;
+    assert_eq!(task.status, 200, "{}", task.body);
+    assert_eq!(
+        task.body["RestartCount"], running["RestartCount"],
+        "the same run: {}",
+        task.body
+    );
+    assert_eq!(
+        running_containers_with_label(&format!("cube.task-id={id}")).len(),
+        1,
+        "task {id} runs in one container"
+    );
+    // The node is Ready again on the manager left.
+    managers.get(leader).await_ready_nodes(1).await;
+}
