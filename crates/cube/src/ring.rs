@@ -19,7 +19,9 @@
 //! give to another, take (create) the free ones they give to it, and wait on a watch of
 //! `ring/` for the next change. A manager joining puts points at the ends of others'
 //! ranges, so as to hold an even share of the ring (`pick_point`); those others see the
-//! points, give the shards back, and the joining one takes them. A manager that dies stops
+//! points, give the shards back, and the joining one takes them. A point is written only if
+//! no other point was since the ring was read, so managers joining at once take turns. A
+//! manager that dies stops
 //! renewing its lease; within the TTL etcd deletes its points and shards, and the virtual
 //! nodes before its points take its ranges. A manager that stops revokes its lease: the
 //! others take its shards at once.
@@ -470,7 +472,6 @@ impl Member<'_> {
     async fn place_points(&mut self, now: &RingNow) -> Result<bool, StoreError> {
         let lease = self.lease.id();
         let mut points: Vec<Point> = now.points.iter().map(|(point, _)| point.clone()).collect();
-        let mut wrote = false;
         // This manager's virtual nodes with no point under its lease: each aims at its part
         // of what the manager still lacks of an even share (`pick_point`).
         let missing: Vec<String> = (1..=self.settings.virtual_nodes)
@@ -482,12 +483,22 @@ impl Member<'_> {
             })
             .collect();
         let count = missing.len() as u32;
+        // Every missing point is chosen first, each on the ring with the ones chosen before
+        // it, and all are written in one transaction, only if no other point was written
+        // since the ring was read: managers joining at the same moment take turns, each
+        // choosing on a ring that holds every point of those before it, as a manager joining
+        // a settled ring does. Managers choosing from the same look, or a manager choosing its
+        // second point on a ring that changed under its first, each took a share of a ring
+        // that was not the one they joined, and their shares came out uneven (4, 9 and 3 of
+        // 16).
+        let mut taken_from = self.taken_from.clone();
+        let mut chosen = Vec::new();
         for (placed, id) in (0..).zip(missing) {
             let Some((position, from)) = cube_types::shard::pick_point(
                 self.ring,
                 &points,
                 &self.settings.manager,
-                &self.taken_from,
+                &taken_from,
                 count - placed,
             ) else {
                 // The ring is divided as far as it goes: this virtual node waits for a
@@ -499,31 +510,42 @@ impl Member<'_> {
                 manager: self.settings.manager.clone(),
                 virtual_node: id,
             };
-            let value =
-                serde_json::to_vec(&point).map_err(|err| StoreError::Etcd(err.to_string()))?;
-            wrote = true;
-            let key = format!("{POINTS}{position:05}");
-            if self
-                .db
-                .create_if_absent(&key, value, lease)
-                .await?
-                .is_none()
-            {
-                // Another manager took that point meanwhile: read the ring again.
-                return Ok(true);
+            if let Some(from) = &from {
+                taken_from.push(from.clone());
             }
+            points.push(point.clone());
+            chosen.push((point, from));
+        }
+        if chosen.is_empty() {
+            return Ok(false);
+        }
+        let entries = chosen
+            .iter()
+            .map(|(point, _)| {
+                let value =
+                    serde_json::to_vec(point).map_err(|err| StoreError::Etcd(err.to_string()))?;
+                Ok((format!("{POINTS}{:05}", point.position), value))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        if self
+            .db
+            .create_all_if_absent_since(entries, lease, POINTS, now.revision)
+            .await?
+            .is_none()
+        {
+            // Another manager put a point meanwhile: the ring is read again, and chosen on.
+            return Ok(true);
+        }
+        for (point, from) in &chosen {
             tracing::info!(
                 virtual_node = %point.virtual_node,
-                position,
+                position = point.position,
                 from = from.as_deref().unwrap_or("nobody"),
                 "a virtual node joined the shard ring"
             );
-            if let Some(from) = from {
-                self.taken_from.push(from);
-            }
-            points.push(point);
         }
-        Ok(wrote)
+        self.taken_from = taken_from;
+        Ok(true)
     }
 }
 
@@ -533,6 +555,7 @@ mod tests {
 
     use cube_store::{EtcdConfig, EtcdStore, Store, StoreError};
     use cube_test_support::EtcdCluster;
+    use cube_types::shard::VirtualNodeShards;
     use tokio::sync::watch;
 
     use super::*;
@@ -566,6 +589,62 @@ mod tests {
             .await
             .expect("the write's thread")
             .map(|_| ())
+    }
+
+    /// Managers joining at the same moment still each hold an even share: each point is
+    /// chosen on a ring that holds the points written before it (three of two virtual nodes
+    /// each on 16 shards: 5, 5 and 6). Five rounds, each a fresh ring under its own prefix.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn managers_joining_at_the_same_moment_hold_even_shares() {
+        let cluster = EtcdCluster::start(1);
+        for round in 0..5 {
+            let prefix = format!("/cube-round-{round}");
+            let db = EtcdDb::connect(EtcdConfig::new(cluster.endpoints(), &prefix)).unwrap();
+            let shutdown = CancellationToken::new();
+            for manager in ["a:1", "b:1", "c:1"] {
+                let (held, _) = watch::channel(Held::default());
+                let db = EtcdDb::connect(EtcdConfig::new(cluster.endpoints(), &prefix)).unwrap();
+                tokio::spawn(hold_shards(
+                    db,
+                    RING,
+                    settings(manager),
+                    held,
+                    shutdown.clone(),
+                ));
+            }
+            // Settled: six points, every shard held by the virtual node whose range holds it.
+            let shares = tokio::time::timeout(Duration::from_secs(30), async {
+                loop {
+                    let view = view(&db, RING).await.unwrap();
+                    let nodes: Vec<&VirtualNodeShards> = view
+                        .managers
+                        .iter()
+                        .flat_map(|m| m.virtual_nodes.iter())
+                        .collect();
+                    if nodes.len() == 6
+                        && view.unowned.is_empty()
+                        && nodes.iter().all(|node| node.range == node.shards)
+                    {
+                        return view
+                            .managers
+                            .iter()
+                            .map(|m| m.shards.len())
+                            .collect::<Vec<usize>>();
+                    }
+                    // Polled: a point is not published until a shard moves.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .expect("three managers divide the ring");
+            for share in &shares {
+                assert!(
+                    (5..=6).contains(share),
+                    "round {round}: shares {shares:?}, not 5 or 6 of 16 each"
+                );
+            }
+            shutdown.cancel();
+        }
     }
 
     /// Shards are taken in place only when every shard held stays held under the same key.

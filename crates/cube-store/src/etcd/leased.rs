@@ -186,6 +186,43 @@ impl EtcdDb {
         .await
     }
 
+    /// Creates every key of `entries` with its value under `lease`, all or none: none when
+    /// one exists **or any key under `prefix` (relative to the store's prefix) was written
+    /// after `revision`**. Keys chosen from what `prefix` held at `revision` are created only
+    /// if that is still what it holds (keys deleted since are not seen: a deletion frees
+    /// room, it takes none). The revision they were created at, or `None` when they were not.
+    pub async fn create_all_if_absent_since(
+        &self,
+        entries: Vec<(String, Vec<u8>)>,
+        lease: i64,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<Option<i64>, StoreError> {
+        let members = self.inner.members.clone();
+        let entries: Vec<(String, Vec<u8>)> = entries
+            .into_iter()
+            .map(|(key, value)| (self.whole(&key), value))
+            .collect();
+        let start = self.whole(prefix);
+        self.on_runtime(async move {
+            let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+            let end = prefix_end(&start);
+            // Every key of the range: an empty range compares as unwritten.
+            let mut compares =
+                vec![Compare::mod_revision(start, CompareOp::Less, revision + 1).with_range(end)];
+            let mut puts = Vec::with_capacity(entries.len());
+            for (key, value) in entries {
+                compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
+                puts.push(TxnOp::put(key, value, options.clone()));
+            }
+            let txn = Txn::new().when(compares).and_then(puts);
+            let response = send_txn(&members, txn).await?;
+            let revision = response.header().map_or(0, |header| header.revision());
+            Ok(response.succeeded().then_some(revision))
+        })
+        .await
+    }
+
     /// The value of `key`, creating it with `value` (no lease) when absent: what the first
     /// to ask set.
     pub async fn get_or_create(&self, key: &str, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
