@@ -84,7 +84,7 @@ pub(crate) async fn burst(
         swarm_ms.push(times[2]);
     }
     drop(swarm);
-    drop(cluster);
+    cluster.stop_and_sweep(&docker).await;
 
     println!(
         "burst: {tasks} tasks at once until all run, {runs} runs, image {SAMPLE_IMAGE}, \

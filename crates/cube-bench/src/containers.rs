@@ -122,6 +122,16 @@ pub(crate) async fn remove_stopped(docker: &Docker, label: &str) -> anyhow::Resu
     Ok(())
 }
 
+/// [`remove_all`], said on standard error: how many were left, or why they could not be
+/// removed (a benchmark's figures are printed either way).
+pub(crate) async fn sweep(docker: &Docker, label: &str) {
+    match remove_all(docker, label).await {
+        Ok(0) => {}
+        Ok(removed) => eprintln!("removed {removed} containers left labelled {label}"),
+        Err(err) => eprintln!("sweeping the containers labelled {label}: {err:#}"),
+    }
+}
+
 /// Force-removes every container that carries `label`: the last sweep after a run that
 /// failed half-way, once the processes that owned them are gone. Returns how many it removed.
 pub(crate) async fn remove_all(docker: &Docker, label: &str) -> anyhow::Result<usize> {

@@ -934,6 +934,14 @@ impl BenchCluster {
         format!("{}={}", cube_runtime::LABEL_NODE, self.node)
     }
 
+    /// Stops the manager and the worker, then removes every container the worker still had
+    /// (a stopped task's container is kept for its logs): a benchmark leaves no container.
+    pub(crate) async fn stop_and_sweep(self, docker: &bollard::Docker) {
+        let label = self.container_label();
+        drop(self);
+        crate::containers::sweep(docker, &label).await;
+    }
+
     /// The log both processes append their stderr to (gone with the cluster: copy it first).
     pub(crate) fn log_path(&self) -> PathBuf {
         self.data_dir.path().join("cube.log")

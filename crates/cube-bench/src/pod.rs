@@ -170,6 +170,9 @@ pub(crate) async fn pod(runs: usize, cube: &Path) -> anyhow::Result<()> {
         "| `docker-compose version` (its start-up, inside its side's time), ms | {} |",
         Summary::of(&mut versions).spread(0)
     );
+    cluster
+        .stop_and_sweep(&crate::containers::connect().await?)
+        .await;
     Ok(())
 }
 

@@ -118,11 +118,7 @@ pub(crate) async fn queue(
     // Stops the manager and the worker; whatever container they still had is swept below.
     drop(cluster);
     for label in [&label, &raw_label] {
-        match containers::remove_all(&docker, label).await {
-            Ok(0) => {}
-            Ok(removed) => eprintln!("removed {removed} containers left labelled {label}"),
-            Err(err) => eprintln!("sweeping the containers labelled {label}: {err:#}"),
-        }
+        containers::sweep(&docker, label).await;
     }
     let times = outcome?;
     print_tables(&times, &load_before, &load_average());

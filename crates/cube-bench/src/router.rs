@@ -201,6 +201,9 @@ pub(crate) async fn router(options: Options, cube: &Path) -> anyhow::Result<()> 
     drop(haproxy);
     let _ = feeder.kill().await;
     let _ = router.kill().await;
+    cluster
+        .stop_and_sweep(&crate::containers::connect().await?)
+        .await;
     Ok(())
 }
 

@@ -61,19 +61,12 @@ pub(crate) async fn scale(runs: usize, from: usize, to: usize, cube: &Path) -> a
     let runtime = DockerRuntime::connect().await?;
     runtime.ensure_sample_image(SAMPLE_IMAGE).await?;
     let cluster = BenchCluster::start(cube, Through::Manager).await?;
-    let label = cluster.container_label();
     let swarm = Swarm::join()?.with_service(SERVICE);
 
     let outcome = measure(&docker, &cluster, &swarm, runs, from, to).await;
     // Removes the service, and leaves the swarm when this benchmark initialised it.
     drop(swarm);
-    // Stops the manager and the worker; whatever container they still had is swept below.
-    drop(cluster);
-    match containers::remove_all(&docker, &label).await {
-        Ok(0) => {}
-        Ok(removed) => eprintln!("removed {removed} containers left labelled {label}"),
-        Err(err) => eprintln!("sweeping the containers labelled {label}: {err:#}"),
-    }
+    cluster.stop_and_sweep(&docker).await;
     let times = outcome?;
     print_tables(&times, runs, from, to);
     Ok(())

@@ -87,11 +87,7 @@ pub(crate) async fn secure(options: &Options, cube: &Path) -> anyhow::Result<()>
     drop(plain);
     drop(secured);
     for label in &labels {
-        match containers::remove_all(&docker, label).await {
-            Ok(0) => {}
-            Ok(removed) => eprintln!("removed {removed} containers left labelled {label}"),
-            Err(err) => eprintln!("sweeping the containers labelled {label}: {err:#}"),
-        }
+        containers::sweep(&docker, label).await;
     }
     let (latency, round_trips) = outcome?;
     let durable = durable_submissions(cube, options).await?;

@@ -567,7 +567,39 @@ fn not_served(message: String) -> Response {
     answer
 }
 
-/// The project of the task with ID `id`, from its record in etcd; `None` when there is none.
+/// How many tasks' projects a front remembers ([`TaskProjects`]): ~1 MB at most.
+const TASK_PROJECTS_KEPT: usize = 16_384;
+
+/// The projects of the tasks a front was lately asked for by ID, the oldest forgotten first
+/// beyond [`TASK_PROJECTS_KEPT`]. A task's project never changes and an ID is never given
+/// again, so what is remembered stays true; a task removed since is answered 404 by the
+/// owner of its project's shard, as it would be from etcd.
+#[derive(Default)]
+pub(crate) struct TaskProjects {
+    by_id: std::collections::HashMap<uuid::Uuid, Arc<str>>,
+    order: std::collections::VecDeque<uuid::Uuid>,
+}
+
+impl TaskProjects {
+    fn get(&self, id: &uuid::Uuid) -> Option<String> {
+        self.by_id.get(id).map(|project| project.to_string())
+    }
+
+    fn remember(&mut self, id: uuid::Uuid, project: &str) {
+        if self.by_id.insert(id, Arc::from(project)).is_some() {
+            return;
+        }
+        self.order.push_back(id);
+        while self.order.len() > TASK_PROJECTS_KEPT {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
+}
+
+/// The project of the task with ID `id`: as remembered from an earlier request, else from
+/// its record in etcd; `None` when there is none.
 async fn project_of_task(front: &Front, id: &str) -> Result<Option<String>, String> {
     let Some(stores) = front.sharded.clone() else {
         return Ok(None);
@@ -576,12 +608,25 @@ async fn project_of_task(front: &Front, id: &str) -> Result<Option<String>, Stri
     let Ok(id) = uuid::Uuid::parse_str(id) else {
         return Ok(None);
     };
+    if let Some(project) = lock(&front.task_projects).get(&id) {
+        return Ok(Some(project));
+    }
     // Its project unknown, the task is looked for under every shard at once.
-    tokio::task::spawn_blocking(move || stores.stored_task(id, None))
+    let project = tokio::task::spawn_blocking(move || stores.stored_task(id, None))
         .await
         .map_err(|err| err.to_string())?
         .map(|task| task.map(|task| task.spec.project.clone()))
-        .map_err(|err| err.to_string())
+        .map_err(|err| err.to_string())?;
+    if let Some(project) = &project {
+        lock(&front.task_projects).remember(id, project);
+    }
+    Ok(project)
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// How long another manager has to take a cluster-wide write handed to it.
@@ -675,6 +720,28 @@ pub(crate) struct NotReached;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fronts_memory_of_task_projects_is_bounded_and_forgets_the_oldest_first() {
+        let mut kept = TaskProjects::default();
+        let ids: Vec<uuid::Uuid> = (0..TASK_PROJECTS_KEPT + 2)
+            .map(|_| uuid::Uuid::new_v4())
+            .collect();
+        for (n, id) in ids.iter().enumerate() {
+            kept.remember(*id, &format!("team-{}", n % 7));
+        }
+        // Remembered again: no second place in the order.
+        kept.remember(ids[5], "team-5");
+        assert_eq!(kept.by_id.len(), TASK_PROJECTS_KEPT);
+        assert_eq!(kept.order.len(), TASK_PROJECTS_KEPT);
+        assert_eq!(kept.get(&ids[0]), None);
+        assert_eq!(kept.get(&ids[1]), None);
+        assert_eq!(kept.get(&ids[2]).as_deref(), Some("team-2"));
+        assert_eq!(
+            kept.get(&ids[TASK_PROJECTS_KEPT + 1]).as_deref(),
+            Some(format!("team-{}", (TASK_PROJECTS_KEPT + 1) % 7).as_str())
+        );
+    }
 
     #[test]
     fn a_shard_a_request_waits_for_is_taken_first_then_the_rest_in_order() {

@@ -85,6 +85,10 @@ pub struct Front {
     pub(crate) taking: tokio::sync::watch::Sender<Vec<u32>>,
     /// Of the shards `taking`, those a request waits for: read in first.
     pub(crate) wanted: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+    /// With `--shard-controllers`: the project of each task lately named by its ID
+    /// (`acting::project_of_task`), so that requests naming a task again are routed without
+    /// reading etcd.
+    pub(crate) task_projects: std::sync::Mutex<crate::acting::TaskProjects>,
 }
 
 /// At most this many idle connections a front keeps to each other manager. Without a bound
@@ -135,6 +139,7 @@ impl Front {
             ring,
             sharded,
             owners: std::sync::Mutex::new(None),
+            task_projects: std::sync::Mutex::new(crate::acting::TaskProjects::default()),
         }))
     }
 
