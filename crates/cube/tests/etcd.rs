@@ -1496,6 +1496,41 @@ async fn with_shard_controllers_the_page_shows_every_managers_projects_live() {
         )
         .await;
     assert_eq!(browser.text_of("#connection").await, "live");
+
+    // The waiting list of every project is in the waiting list's order, as `cube queue`
+    // shows it: higher priority first, then arrival — not by each manager's own positions
+    // (1, 2 in one project and 1, 2, 3 in another would interleave).
+    let wanted = ["q-b1", "q-b2", "q-b3", "q-a1", "q-a2"];
+    for (name, project, priority) in [
+        ("q-a1", &projects[0], 60),
+        ("q-a2", &projects[0], 60),
+        ("q-b1", &projects[1], 70),
+        ("q-b2", &projects[1], 70),
+        ("q-b3", &projects[1], 70),
+    ] {
+        let task = serde_json::json!({"Name": name, "Image": SAMPLE_IMAGE, "Memory": "900TiB",
+                          "Priority": priority});
+        let answer = client
+            .post_raw(&format!("/tasks?project={project}"), task.to_string())
+            .await;
+        assert!(answer.status < 300, "{}", answer.body);
+    }
+    browser
+        .open(&format!("{}/ui#/queue", managers.get(2).url))
+        .await;
+    let listed = browser
+        .wait_for("#main", "every project's waiting requests", |text| {
+            wanted.iter().all(|name| text.contains(name))
+        })
+        .await;
+    let at: Vec<usize> = wanted
+        .iter()
+        .map(|name| listed.find(name).unwrap())
+        .collect();
+    assert!(
+        at.is_sorted(),
+        "{wanted:?} listed in another order:\n{listed}"
+    );
 }
 
 #[tokio::test]

@@ -836,7 +836,9 @@ function queuePage() {
           service.Node || '—',
           Object.entries(service.Ports || {}).map(([port, host]) => (service.Address || '') + ':' + host + ' → ' + port).join(', ') || (service.Address || '—')] })),
         'No claimed request answers anywhere yet.'));
-      const entries = [...ui.queue].sort((a, b) => (a.Position || 1e9) - (b.Position || 1e9));
+      // The waiting list's order, as `cube queue` shows it: higher priority first, then the
+      // lower queue number. Managers acting for their shards each number their own positions.
+      const entries = [...ui.queue].sort((a, b) => (b.Priority || 0) - (a.Priority || 0) || (a.Queue || 0) - (b.Queue || 0));
       list.replaceChildren(table([{ title: 'Position', class: 'num' }, { title: 'Request' }, { title: 'State' },
         { title: 'Waiting for' }, { title: 'Owner', class: 'optional' }, { title: 'Priority', class: 'num' }, { title: 'Since' }],
       entries.map((entry) => ({ attributes: { 'data-queue': entry.ID }, cells: [entry.Position ? String(entry.Position) : '—',
