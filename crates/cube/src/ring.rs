@@ -19,12 +19,11 @@
 //! give to another, take (create) the free ones they give to it, and wait on a watch of
 //! `ring/` for the next change. A manager joining puts points at the ends of others'
 //! ranges, so as to hold an even share of the ring (`pick_point`); those others see the
-//! points, give the shards back, and the joining one takes them. A point is written only if
-//! no other point was since the ring was read, so managers joining at once take turns. A
-//! manager that dies stops
-//! renewing its lease; within the TTL etcd deletes its points and shards, and the virtual
-//! nodes before its points take its ranges. A manager that stops revokes its lease: the
-//! others take its shards at once.
+//! points, give the shards back, and the joining one takes them. A manager's points are
+//! written only if no other point was since it read the ring, so managers joining at once
+//! take turns. A manager that dies stops renewing its lease; within the TTL etcd deletes its
+//! points and shards, and the virtual nodes before its points take its ranges. A manager
+//! that stops revokes its lease: the others take its shards at once.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
