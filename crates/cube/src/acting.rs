@@ -186,10 +186,7 @@ async fn take_in_place(
     front.taking.send_replace(waiting.clone());
     let mut took = Ok(Ok(true));
     while !waiting.is_empty() {
-        let next = next_to_take(
-            &mut waiting,
-            &mut front.wanted.lock().unwrap_or_else(|p| p.into_inner()),
-        );
+        let next = next_to_take(&mut waiting, &mut lock(&front.wanted));
         scope.push(next);
         let step = cube_types::shard::ShardScope::of(front.ring, scope.iter().copied());
         let (manager, fence, last) = (acting.manager.clone(), fence.clone(), waiting.is_empty());
@@ -200,11 +197,7 @@ async fn take_in_place(
         front.taking.send_replace(waiting.clone());
     }
     front.taking.send_replace(Vec::new());
-    front
-        .wanted
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
+    lock(&front.wanted).clear();
     match took {
         Ok(Ok(true)) => {
             acting.held = now.clone();
@@ -431,11 +424,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                 // in next, when several are).
                 let mut taking = front.taking.subscribe();
                 if taking.borrow().contains(&shard) {
-                    front
-                        .wanted
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(shard);
+                    lock(&front.wanted).insert(shard);
                 }
                 let _ = tokio::time::timeout(
                     OPENING_BOUND,
@@ -509,7 +498,7 @@ const OWNERS_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 /// when etcd does not answer.
 async fn owners(front: &Front, fresh: bool) -> Result<Arc<crate::ring::Owners>, Response> {
     if !fresh
-        && let Some((read, owners)) = &*front.owners.lock().unwrap_or_else(|p| p.into_inner())
+        && let Some((read, owners)) = &*lock(&front.owners)
         && read.elapsed() < OWNERS_FOR
     {
         return Ok(owners.clone());
@@ -518,8 +507,7 @@ async fn owners(front: &Front, fresh: bool) -> Result<Arc<crate::ring::Owners>, 
         crate::leading::unavailable(format!("cannot read the shard ring from etcd: {err}"))
     })?;
     let owners = Arc::new(owners);
-    *front.owners.lock().unwrap_or_else(|p| p.into_inner()) =
-        Some((std::time::Instant::now(), owners.clone()));
+    *lock(&front.owners) = Some((std::time::Instant::now(), owners.clone()));
     Ok(owners)
 }
 

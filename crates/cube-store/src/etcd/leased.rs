@@ -172,18 +172,8 @@ impl EtcdDb {
         value: Vec<u8>,
         lease: i64,
     ) -> Result<Option<i64>, StoreError> {
-        let members = self.inner.members.clone();
-        let key = self.whole(key);
-        self.on_runtime(async move {
-            let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
-            let txn = Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(key.clone(), value, options)]);
-            let response = send_txn(&members, txn).await?;
-            let revision = response.header().map_or(0, |header| header.revision());
-            Ok(response.succeeded().then_some(revision))
-        })
-        .await
+        self.create_keys(vec![(key.to_string(), value)], lease, None)
+            .await
     }
 
     /// Creates every key of `entries` with its value under `lease`, all or none: none when
@@ -198,18 +188,34 @@ impl EtcdDb {
         prefix: &str,
         revision: i64,
     ) -> Result<Option<i64>, StoreError> {
+        self.create_keys(entries, lease, Some((prefix, revision)))
+            .await
+    }
+
+    /// Creates every key of `entries` under `lease` in one transaction, only if none exists
+    /// and, given `(prefix, revision)`, no key under `prefix` was written after `revision`.
+    async fn create_keys(
+        &self,
+        entries: Vec<(String, Vec<u8>)>,
+        lease: i64,
+        unchanged_since: Option<(&str, i64)>,
+    ) -> Result<Option<i64>, StoreError> {
         let members = self.inner.members.clone();
         let entries: Vec<(String, Vec<u8>)> = entries
             .into_iter()
             .map(|(key, value)| (self.whole(&key), value))
             .collect();
-        let start = self.whole(prefix);
+        let unchanged = unchanged_since.map(|(prefix, revision)| (self.whole(prefix), revision));
         self.on_runtime(async move {
             let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
-            let end = prefix_end(&start);
-            // Every key of the range: an empty range compares as unwritten.
-            let mut compares =
-                vec![Compare::mod_revision(start, CompareOp::Less, revision + 1).with_range(end)];
+            let mut compares = Vec::with_capacity(entries.len() + 1);
+            if let Some((start, revision)) = unchanged {
+                let end = prefix_end(&start);
+                // Every key of the range: an empty range compares as unwritten.
+                compares.push(
+                    Compare::mod_revision(start, CompareOp::Less, revision + 1).with_range(end),
+                );
+            }
             let mut puts = Vec::with_capacity(entries.len());
             for (key, value) in entries {
                 compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
