@@ -10,7 +10,7 @@
 //! placed goes to the task controller's runner to be sent to its node.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -229,9 +229,22 @@ impl PlacementController {
             // The requests placed, a few nodes' claims at a time: a group whose nodes another
             // manager claimed on first is planned again; the others are written.
             let mut lost = false;
+            // The nodes of the groups lost: a later group on one of them was planned on
+            // claims the refusal showed stale, and the refusal made them known again, so its
+            // commit would no longer be refused; it is planned again with the lost ones.
+            let mut lost_nodes: HashSet<String> = HashSet::new();
             let mut writes = Writes::default();
             let mut placed = Vec::new();
             for group in claim_groups(pass.planned) {
+                let nodes: HashSet<String> = group
+                    .iter()
+                    .flatten()
+                    .map(|(_, task)| task.status.node_name.to_string())
+                    .collect();
+                if !nodes.is_disjoint(&lost_nodes) {
+                    lost_nodes.extend(nodes);
+                    continue;
+                }
                 let wanted: Vec<(String, ByShard)> = {
                     let state = lock(&self.cluster.state);
                     let mut by_node: HashMap<String, ByShard> = HashMap::new();
@@ -255,6 +268,7 @@ impl PlacementController {
                 if !won {
                     self.cluster.metrics.placement_conflicts.inc();
                     lost = true;
+                    lost_nodes.extend(nodes);
                     continue;
                 }
                 let mut state = lock(&self.cluster.state);
