@@ -40,6 +40,7 @@ smoke contend contend --runs 1 --nodes 50 --requests 60 --check-writes 10
 smoke etcd etcd --runs 1 --seconds 1 --concurrency 4 --kills 1 --leader-ttl 1s
 smoke shards shards --tasks 200 --projects 4 --nodes 10 --managers 1,2 --runs 1
 smoke shards-sharded shards --tasks 200 --projects 4 --nodes 10 --managers 1,2 --runs 1 --shard-controllers --failover
+smoke crowd crowd --runs 1 --nodes 200 --slots 2 --tasks 500 --nodes-last
 smoke soak soak --seconds 20 --clients 4 --tasks 100
 smoke events events --tasks 10 --subscribers 1,3 --idle-seconds 1
 smoke logs-latency logs-latency --lines 20 --interval-ms 5

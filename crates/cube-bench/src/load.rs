@@ -282,12 +282,29 @@ impl SimWorkers {
         prefix: &str,
         heartbeat_interval: &str,
     ) -> anyhow::Result<SimWorkers> {
+        SimWorkers::spawn_sized(managers, count, prefix, heartbeat_interval, None).await
+    }
+
+    /// [`SimWorkers::spawn`], each worker offering `memory` (`sim-workers --memory`, e.g.
+    /// `64MiB`) when given.
+    pub(crate) async fn spawn_sized(
+        managers: &str,
+        count: usize,
+        prefix: &str,
+        heartbeat_interval: &str,
+        memory: Option<&str>,
+    ) -> anyhow::Result<SimWorkers> {
         let this = std::env::current_exe().context("finding cube-bench's own binary")?;
-        let mut child = tokio::process::Command::new(&this)
+        let mut command = tokio::process::Command::new(&this);
+        command
             .args(["sim-workers", "--manager", managers, "--count"])
             .arg(count.to_string())
             .args(["--name-prefix", prefix])
-            .args(["--heartbeat-interval", heartbeat_interval])
+            .args(["--heartbeat-interval", heartbeat_interval]);
+        if let Some(memory) = memory {
+            command.args(["--memory", memory]);
+        }
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

@@ -8,6 +8,7 @@ mod c1m;
 mod chaos;
 mod containers;
 mod contend;
+mod crowd;
 mod day_two;
 mod etcd;
 mod events;
@@ -278,6 +279,42 @@ enum Command {
         #[arg(long)]
         cube: Option<PathBuf>,
     },
+    /// Issue 32's contention check at scale: --managers managers with --shard-controllers on
+    /// a fresh 3-member loopback etcd fill --nodes small simulated workers (room for --slots
+    /// tasks of 16 MiB each) with more --tasks than they hold, all submitted at once; fails
+    /// the moment any node is given more than its room, and ends when the nodes are full and
+    /// every other task waits naming memory. Prints the conflicts (re-plans) on the way.
+    Crowd {
+        /// How many managers.
+        #[arg(long, default_value_t = 3)]
+        managers: usize,
+        /// How many simulated workers.
+        #[arg(long, default_value_t = 60)]
+        nodes: usize,
+        /// How many tasks of 16 MiB each worker holds.
+        #[arg(long, default_value_t = 4)]
+        slots: usize,
+        /// How many tasks (more than --nodes × --slots: some wait).
+        #[arg(long, default_value_t = 300)]
+        tasks: usize,
+        /// How many projects (`p-0`, `p-1`, ...), spread over the managers' shards.
+        #[arg(long, default_value_t = 12)]
+        projects: usize,
+        /// How many runs.
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        /// The shard ring's size, given to the managers as --shards.
+        #[arg(long, default_value_t = cube_types::shard::DEFAULT_RING)]
+        ring: u32,
+        /// Submit every task before the workers start: then each manager places many
+        /// requests on many nodes in one pass, in several claims commits (more than 16
+        /// nodes), racing the others.
+        #[arg(long)]
+        nodes_last: bool,
+        /// The `cube` binary [default: next to this binary].
+        #[arg(long)]
+        cube: Option<PathBuf>,
+    },
     /// The web UI in headless Chromium: the cluster page's first render with many tasks,
     /// next to the page's requests alone, and the manager's RSS with many tabs open.
     Ui {
@@ -512,6 +549,10 @@ enum Command {
         /// How often each worker sends its heartbeat (e.g. 2s, 500ms).
         #[arg(long, default_value = "2s", value_parser = cube_types::duration::parse_duration)]
         heartbeat_interval: Duration,
+        /// The memory each worker offers (e.g. 64MiB) [default: 1 TiB, room for 65,536
+        /// tasks of 16 MiB]: small workers fill up, as `cube-bench crowd` wants.
+        #[arg(long, value_parser = cube_types::size::parse_size)]
+        memory: Option<u64>,
     },
 }
 
@@ -621,6 +662,29 @@ async fn main() -> anyhow::Result<()> {
                 ring,
             };
             shards::shards(&options, &cube_binary(cube)?).await
+        }
+        Command::Crowd {
+            managers,
+            nodes,
+            slots,
+            tasks,
+            projects,
+            runs,
+            ring,
+            nodes_last,
+            cube,
+        } => {
+            let options = crowd::Options {
+                managers,
+                nodes,
+                slots,
+                tasks,
+                projects,
+                runs,
+                ring,
+                nodes_last,
+            };
+            crowd::crowd(&options, &cube_binary(cube)?).await
         }
         Command::Ui {
             runs,
@@ -757,7 +821,10 @@ async fn main() -> anyhow::Result<()> {
             count,
             name_prefix,
             heartbeat_interval,
-        } => simulated::sim_workers(&manager, count, &name_prefix, heartbeat_interval).await,
+            memory,
+        } => {
+            simulated::sim_workers(&manager, count, &name_prefix, heartbeat_interval, memory).await
+        }
     }
 }
 

@@ -43,7 +43,7 @@ use crate::load::{self, ManagerProcess, SimWorkers};
 
 /// How many submissions are in flight at once, over all managers: as many as the etcd
 /// benchmark's clients, so that the managers' group commits fill.
-const SUBMITTERS: usize = 64;
+pub(crate) const SUBMITTERS: usize = 64;
 
 /// How often the leader's task counts are read while the tasks go in and start.
 const POLL_EVERY: Duration = Duration::from_millis(500);
@@ -66,7 +66,7 @@ const WORKERS_PER_PROCESS: usize = 500;
 const SUBMIT_ATTEMPTS: usize = 5;
 
 /// The managers' lease, as shipped.
-const LEADER_TTL: &str = "5s";
+pub(crate) const LEADER_TTL: &str = "5s";
 
 /// How long after every task ran each manager's memory is read again, nothing asked of it
 /// meanwhile: whether the first reading caught a passing peak of the burst.
@@ -423,22 +423,7 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     if options.shard_controllers {
         flags.push("--shard-controllers".to_string());
     }
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    // Each manager's data directory (its log), removed after the run; with
-    // `CUBE_BENCH_KEEP_LOGS` set, kept (whether the run passes or fails) and named.
-    let mut dirs: Vec<tempfile::TempDir> = (0..count)
-        .map(|_| tempfile::tempdir())
-        .collect::<Result<_, _>>()?;
-    if std::env::var_os("CUBE_BENCH_KEEP_LOGS").is_some() {
-        for dir in &mut dirs {
-            dir.disable_cleanup(true);
-            eprintln!("a manager's directory, kept: {}", dir.path().display());
-        }
-    }
-    let mut managers = Vec::new();
-    for dir in &dirs {
-        managers.push(ManagerProcess::start_with(cube, dir.path(), 0, &flags).await?);
-    }
+    let (_dirs, mut managers) = start_managers(cube, count, &flags).await?;
     let bases: Vec<String> = managers
         .iter()
         .map(|manager| manager.base.clone())
@@ -448,52 +433,8 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
         .build()?;
     let leader = crate::etcd::await_leader(&http, &bases, None).await?;
     await_ring(&http, &bases[leader], count).await?;
-
-    for project in 0..options.projects {
-        let base = &bases[project % count];
-        let name = project_name(project);
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let answer = http
-                .post(format!("{base}/projects"))
-                .json(&serde_json::json!({"Name": name}))
-                .send()
-                .await
-                .with_context(|| format!("POST /projects of {name}"))?;
-            let status = answer.status();
-            if status.as_u16() == 201 {
-                break;
-            }
-            // A manager still opening the state of the shards it took answers 503.
-            if status.as_u16() != 503 || attempt >= SUBMIT_ATTEMPTS {
-                bail!(
-                    "POST /projects of {name} to {base} answered {status}: {}",
-                    answer.text().await.unwrap_or_default()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    let processes = options.nodes.div_ceil(WORKERS_PER_PROCESS);
-    let mut sims = Vec::new();
-    for process in 0..processes {
-        // Each process starts its list at another manager, so that the heartbeats reach
-        // every manager (a worker stays with the one that answered last).
-        let list: Vec<&str> = (0..count)
-            .map(|offset| bases[(process + offset) % count].as_str())
-            .collect();
-        sims.push(
-            SimWorkers::spawn(
-                &list.join(","),
-                share(options.nodes, processes, process),
-                &format!("shard{process}"),
-                "2s",
-            )
-            .await?,
-        );
-    }
+    create_projects(&http, &bases, options.projects).await?;
+    let sims = spawn_sim_workers(&bases, options.nodes, None).await?;
     load::await_ready_nodes(&http, &bases[leader], options.nodes).await?;
     let nodes = load::nodes(&http, &bases[leader]).await?;
     let room = room_for_small_tasks(&nodes)?;
@@ -736,6 +677,95 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
 
 /// The tasks held and `Running`: the leader's alone, or with `--shard-controllers` every
 /// manager's summed (each holds its own shards').
+/// `count` fresh `cube manager` processes with `flags`, each with a data directory of its own
+/// (its log), removed when the directories are dropped; with `CUBE_BENCH_KEEP_LOGS` set, kept
+/// (whether the run passes or fails) and named.
+pub(crate) async fn start_managers(
+    cube: &Path,
+    count: usize,
+    flags: &[String],
+) -> anyhow::Result<(Vec<tempfile::TempDir>, Vec<ManagerProcess>)> {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let mut dirs: Vec<tempfile::TempDir> = (0..count)
+        .map(|_| tempfile::tempdir())
+        .collect::<Result<_, _>>()?;
+    if std::env::var_os("CUBE_BENCH_KEEP_LOGS").is_some() {
+        for dir in &mut dirs {
+            dir.disable_cleanup(true);
+            eprintln!("a manager's directory, kept: {}", dir.path().display());
+        }
+    }
+    let mut managers = Vec::new();
+    for dir in &dirs {
+        managers.push(ManagerProcess::start_with(cube, dir.path(), 0, &flags).await?);
+    }
+    Ok((dirs, managers))
+}
+
+/// Makes the projects `p-0` … through the managers in turn.
+pub(crate) async fn create_projects(
+    http: &reqwest::Client,
+    bases: &[String],
+    projects: usize,
+) -> anyhow::Result<()> {
+    for project in 0..projects {
+        let base = &bases[project % bases.len()];
+        let name = project_name(project);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let answer = http
+                .post(format!("{base}/projects"))
+                .json(&serde_json::json!({"Name": name}))
+                .send()
+                .await
+                .with_context(|| format!("POST /projects of {name}"))?;
+            let status = answer.status();
+            if status.as_u16() == 201 {
+                break;
+            }
+            // A manager still opening the state of the shards it took answers 503.
+            if status.as_u16() != 503 || attempt >= SUBMIT_ATTEMPTS {
+                bail!(
+                    "POST /projects of {name} to {base} answered {status}: {}",
+                    answer.text().await.unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// `nodes` simulated workers ([`WORKERS_PER_PROCESS`] to a process) beating to the managers
+/// at `bases`, each offering `memory` when given; waits until they listen.
+pub(crate) async fn spawn_sim_workers(
+    bases: &[String],
+    nodes: usize,
+    memory: Option<&str>,
+) -> anyhow::Result<Vec<SimWorkers>> {
+    let processes = nodes.div_ceil(WORKERS_PER_PROCESS);
+    let mut sims = Vec::new();
+    for process in 0..processes {
+        // Each process starts its list at another manager, so that the heartbeats reach
+        // every manager (a worker stays with the one that answered last).
+        let list: Vec<&str> = (0..bases.len())
+            .map(|offset| bases[(process + offset) % bases.len()].as_str())
+            .collect();
+        sims.push(
+            SimWorkers::spawn_sized(
+                &list.join(","),
+                share(nodes, processes, process),
+                &format!("shard{process}"),
+                "2s",
+                memory,
+            )
+            .await?,
+        );
+    }
+    Ok(sims)
+}
+
 async fn held_counts(
     http: &reqwest::Client,
     bases: &[String],
@@ -756,14 +786,17 @@ async fn held_counts(
 
 /// What one manager's `/metrics` says of its placements and claims.
 #[derive(Debug, Default, PartialEq)]
-struct ClaimFigures {
-    placements: f64,
-    conflicts: f64,
-    claims_writes: f64,
-    claims_write_seconds: f64,
+pub(crate) struct ClaimFigures {
+    pub(crate) placements: f64,
+    pub(crate) conflicts: f64,
+    pub(crate) claims_writes: f64,
+    pub(crate) claims_write_seconds: f64,
 }
 
-async fn claim_figures(http: &reqwest::Client, base: &str) -> anyhow::Result<ClaimFigures> {
+pub(crate) async fn claim_figures(
+    http: &reqwest::Client,
+    base: &str,
+) -> anyhow::Result<ClaimFigures> {
     Ok(parse_claim_figures(&metrics_text(http, base).await?))
 }
 
@@ -831,7 +864,7 @@ async fn failover(
     }
 }
 
-fn project_name(project: usize) -> String {
+pub(crate) fn project_name(project: usize) -> String {
     format!("p-{project}")
 }
 
@@ -851,7 +884,7 @@ fn tasks_in_shards(options: &Options, ring: u32, held: &HashSet<u32>) -> usize {
 }
 
 /// How many of [`load::small_task`] the nodes can hold together, by what it declares.
-fn room_for_small_tasks(nodes: &[cube_types::Node]) -> anyhow::Result<usize> {
+pub(crate) fn room_for_small_tasks(nodes: &[cube_types::Node]) -> anyhow::Result<usize> {
     let task = load::small_task("sizing");
     let memory = match task["Memory"].as_str() {
         Some(text) => cube_types::size::parse_size(text).map_err(anyhow::Error::msg)?,
@@ -878,7 +911,7 @@ fn room_for_small_tasks(nodes: &[cube_types::Node]) -> anyhow::Result<usize> {
 /// Submits task `number` (in project `number` modulo `projects`) to manager `number` modulo
 /// the managers, and after a failure to the next, with the same ID so that none is made
 /// twice; how many times it was sent again.
-async fn submit(
+pub(crate) async fn submit(
     http: &reqwest::Client,
     bases: &[String],
     number: usize,
@@ -952,7 +985,7 @@ async fn task_counts(http: &reqwest::Client, base: &str) -> anyhow::Result<TaskC
 }
 
 /// A manager's `GET /metrics`.
-async fn metrics_text(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+pub(crate) async fn metrics_text(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
     Ok(http
         .get(format!("{base}/metrics"))
         .send()
@@ -1001,7 +1034,11 @@ async fn roles(http: &reqwest::Client, bases: &[String]) -> anyhow::Result<Vec<(
 
 /// Waits until the ring has `count` managers, every shard held and every virtual node
 /// holding its whole range.
-async fn await_ring(http: &reqwest::Client, base: &str, count: usize) -> anyhow::Result<()> {
+pub(crate) async fn await_ring(
+    http: &reqwest::Client,
+    base: &str,
+    count: usize,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         if let Ok(view) = crate::get_json::<ShardsView>(http, &format!("{base}/shards")).await

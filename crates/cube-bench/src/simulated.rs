@@ -279,8 +279,13 @@ pub(crate) async fn sim_workers(
     count: usize,
     name_prefix: &str,
     heartbeat_interval: Duration,
+    memory: Option<u64>,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(count > 0, "--count must be at least 1");
+    let capacity = Resources {
+        memory: memory.unwrap_or(SIM_CAPACITY.memory),
+        ..SIM_CAPACITY
+    };
     let shutdown = CancellationToken::new();
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -306,7 +311,7 @@ pub(crate) async fn sim_workers(
         let config = WorkerConfig {
             name: name.clone(),
             address: format!("http://{address}"),
-            capacity: SIM_CAPACITY,
+            capacity,
             stop_timeout: Duration::from_secs(10),
             max_concurrent_operations: 8,
             labels: Default::default(),
