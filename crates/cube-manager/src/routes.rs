@@ -16,6 +16,7 @@
 //! host or port change: what a blocking `GET /routes` waits for, so that a router asks again
 //! only when there is something new.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -25,10 +26,36 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Shared, lock};
 use crate::events::{Received, Topic};
-use crate::queue_controller::hosts;
+use crate::queue_controller::host_of;
 
 /// How many waiting events one look takes at most.
 const BATCH: usize = 4096;
+
+/// Each node's host, as its workers reach it: where a copy's published port answers.
+trait NodeHosts {
+    fn host(&self, node: &str) -> Option<Cow<'_, str>>;
+}
+
+/// Every node's host, made beforehand (`queue_controller::hosts`).
+impl NodeHosts for BTreeMap<String, String> {
+    fn host(&self, node: &str) -> Option<Cow<'_, str>> {
+        self.get(node).map(|host| Cow::Borrowed(host.as_str()))
+    }
+}
+
+/// The hosts of the nodes' records, read one node at a time as a backend needs one: a look
+/// at a few changed tasks, most of which have no route, does not build every node's host
+/// under the state's lock (with 1,000 nodes that was a sixth of a busy manager's time).
+struct LiveHosts<'a>(&'a Shared);
+
+impl NodeHosts for LiveHosts<'_> {
+    fn host(&self, node: &str) -> Option<Cow<'_, str>> {
+        self.0
+            .nodes
+            .get(node)
+            .map(|entry| Cow::Owned(host_of(&entry.address)))
+    }
+}
 
 /// Whether `task` takes requests now (see the module comment).
 pub(crate) fn takes_requests(task: &Task) -> bool {
@@ -38,14 +65,14 @@ pub(crate) fn takes_requests(task: &Task) -> bool {
 }
 
 /// A copy as its route's backend, when it takes requests and its node publishes `port`.
-fn backend_of(task: &Task, port: &str, hosts: &BTreeMap<String, String>) -> Option<Backend> {
+fn backend_of(task: &Task, port: &str, hosts: &impl NodeHosts) -> Option<Backend> {
     if !takes_requests(task) {
         return None;
     }
-    let node_host = hosts.get(task.status.node_name.as_str())?;
     let binding = task.status.run.host_ports.get(port)?.first()?;
+    let node_host = hosts.host(task.status.node_name.as_str())?;
     let host = match binding.host_ip.as_str() {
-        "" | "0.0.0.0" | "::" => node_host.as_str(),
+        "" | "0.0.0.0" | "::" => &*node_host,
         ip => ip,
     };
     let address = if host.contains(':') {
@@ -66,7 +93,7 @@ fn job_group_route(
     state: &Shared,
     job_key: &str,
     group: &str,
-    hosts: &BTreeMap<String, String>,
+    hosts: &impl NodeHosts,
 ) -> Option<RouteView> {
     let record = state.jobs.get(job_key).filter(|record| !record.stopped)?;
     let template = record.job.groups.iter().find(|g| g.name == group)?;
@@ -101,7 +128,7 @@ fn job_group_route(
 }
 
 /// A bare task's route; `None` when it exposes no TCP port or has ended for good.
-fn task_route(task: &Task, hosts: &BTreeMap<String, String>) -> Option<RouteView> {
+fn task_route(task: &Task, hosts: &impl NodeHosts) -> Option<RouteView> {
     if !task.spec.job.is_empty() || task.spec.desired_state != State::Running {
         return None;
     }
@@ -201,8 +228,7 @@ pub(crate) fn refuse_taken_hosts(
 
 /// Every route, sorted by project then name.
 pub(crate) fn routes(state: &Shared) -> Vec<RouteView> {
-    let hosts = hosts(state);
-    let mut routes: Vec<RouteView> = routes_by_owner(state, &hosts)
+    let mut routes: Vec<RouteView> = routes_by_owner(state, &LiveHosts(state))
         .into_iter()
         .map(|(_, route)| route)
         .collect();
@@ -212,7 +238,7 @@ pub(crate) fn routes(state: &Shared) -> Vec<RouteView> {
 
 /// Every route with what it belongs to. Bare tasks are found through their waiting-list
 /// entries (every bare task has one), not by reading every task.
-fn routes_by_owner(state: &Shared, hosts: &BTreeMap<String, String>) -> Vec<(Owner, RouteView)> {
+fn routes_by_owner(state: &Shared, hosts: &impl NodeHosts) -> Vec<(Owner, RouteView)> {
     let mut routes = Vec::new();
     for (key, record) in &state.jobs {
         for group in &record.job.groups {
@@ -324,8 +350,9 @@ impl RouteWatch {
     fn look_all(&mut self, publish: bool) {
         let now: HashMap<Owner, RouteView> = {
             let state = lock(&self.cluster.state);
-            let hosts = hosts(&state);
-            routes_by_owner(&state, &hosts).into_iter().collect()
+            routes_by_owner(&state, &LiveHosts(&state))
+                .into_iter()
+                .collect()
         };
         let gone: Vec<Owner> = self
             .known
@@ -347,7 +374,7 @@ impl RouteWatch {
         let mut now: HashMap<Owner, Option<RouteView>> = HashMap::new();
         {
             let state = lock(&self.cluster.state);
-            let hosts = hosts(&state);
+            let hosts = LiveHosts(&state);
             // A group no longer in its job (or a job gone) has no route: known ones first
             // as gone, then what each job has now.
             for owner in self.known.keys() {
