@@ -223,42 +223,50 @@ impl ShardClaims {
         scope: &ShardScope,
         all: bool,
     ) -> Vec<(String, ByShard)> {
-        let mut nodes: Vec<String> = state
-            .nodes
-            .entries()
-            .map(|entry| entry.name.clone())
-            .collect();
+        let mut stale = Vec::new();
+        let mut look = |node: &str| {
+            if !all && self.own_totals_match(state, node, scope) {
+                return;
+            }
+            let own = own_on_node(state, node, scope);
+            if own != self.own_written(node, scope) {
+                stale.push((node.to_string(), own));
+            }
+        };
+        for entry in state.nodes.entries() {
+            look(&entry.name);
+        }
+        // A node gone from the records that still has claims of these shards.
         for (node, shards) in &self.known {
-            if shards.keys().any(|shard| scope.holds(*shard)) {
-                nodes.push(node.clone());
+            if state.nodes.get(node).is_none() && shards.keys().any(|shard| scope.holds(*shard)) {
+                look(node);
             }
         }
-        nodes.sort();
-        nodes.dedup();
-        nodes
-            .into_iter()
-            .filter_map(|node| {
-                let written = self.own_written(&node, scope);
-                if !all {
-                    let held = state.cache.load(&node);
-                    let tasks = held.map_or(0, |load| load.tasks.len() as u64);
-                    let memory = held.map_or(0, |load| load.allocated.memory);
-                    let disk = held.map_or(0, |load| load.allocated.disk);
-                    let claimed = written.values().fold((0, 0, 0), |(t, m, d), claims| {
-                        (t + claims.tasks, m + claims.memory, d + claims.disk)
-                    });
-                    let cpu =
-                        cube_types::claims::cpu_millis(held.map_or(0.0, |load| load.allocated.cpu));
-                    let claimed_cpu: u64 = written.values().map(|claims| claims.cpu_millis).sum();
-                    // Sums of rounded CPU may differ by a thousandth per task.
-                    if (tasks, memory, disk) == claimed && cpu.abs_diff(claimed_cpu) <= tasks {
-                        return None;
-                    }
-                }
-                let own = own_on_node(state, &node, scope);
-                (own != written).then_some((node, own))
-            })
-            .collect()
+        stale.sort_by(|a, b| a.0.cmp(&b.0));
+        stale
+    }
+
+    /// Whether the totals of `scope`'s claims on `node`, as known, are what its tasks here
+    /// hold there (tasks, memory, disk, and CPU within a thousandth a task: sums of rounded
+    /// CPU may differ by that much). Read without copying a claim: every node, every pass.
+    fn own_totals_match(&self, state: &Shared, node: &str, scope: &ShardScope) -> bool {
+        let held = state.cache.load(node);
+        let tasks = held.map_or(0, |load| load.tasks.len() as u64);
+        let memory = held.map_or(0, |load| load.allocated.memory);
+        let disk = held.map_or(0, |load| load.allocated.disk);
+        let cpu = cube_types::claims::cpu_millis(held.map_or(0.0, |load| load.allocated.cpu));
+        let (mut claimed_tasks, mut claimed_memory, mut claimed_disk, mut claimed_cpu) =
+            (0u64, 0u64, 0u64, 0u64);
+        for (shard, (claims, _)) in self.known.get(node).into_iter().flatten() {
+            if scope.holds(*shard) {
+                claimed_tasks += claims.tasks;
+                claimed_memory += claims.memory;
+                claimed_disk += claims.disk;
+                claimed_cpu += claims.cpu_millis;
+            }
+        }
+        (tasks, memory, disk) == (claimed_tasks, claimed_memory, claimed_disk)
+            && cpu.abs_diff(claimed_cpu) <= tasks
     }
 
     /// The claims of `scope`'s shards on `node`, as known.
