@@ -13,6 +13,12 @@ started=$SECONDS
 source scripts/test-binaries.sh
 logs=$(mktemp -d)
 
+# The containers there before, and the nodes they ran for (the README's demo, say): a
+# benchmark's own containers must all be gone at the end; the demo's may come and go.
+ids_before=$(docker ps -aq --no-trunc)
+nodes_before=$(docker ps -aq --no-trunc | xargs -r docker inspect \
+  --format '{{index .Config.Labels "cube.node"}}' | sed '/^$/d' | sort -u)
+
 smoke() {
   local name=$1
   shift
@@ -55,5 +61,18 @@ smoke secure secure --runs 1 --sets 1 --requests 5 --submit-runs 1 --seconds 1 -
 began=$SECONDS
 cargo test --workspace --bench job_plan --bench controller --bench queue --bench throughput -- --quick
 echo "bench-smoke: the in-process benches ($((SECONDS - began)) s)"
+# Every benchmark removes what it started, even a failed run's (their last sweeps).
+left=$(docker ps -aq --no-trunc | xargs -r docker inspect \
+  --format '{{.Id}} {{.Name}} {{index .Config.Labels "cube.node"}}' |
+  while read -r id name node; do
+    if grep -qxF "$id" <<<"$ids_before"; then continue; fi
+    if [[ -n "$node" ]] && grep -qxF "$node" <<<"$nodes_before"; then continue; fi
+    echo "$name (node ${node:-none})"
+  done)
+if [[ -n "$left" ]]; then
+  echo "bench-smoke: containers left behind by the benchmarks:" >&2
+  echo "$left" >&2
+  exit 1
+fi
 rm -rf "$logs"
 echo "bench-smoke: all passed in $((SECONDS - started)) s"

@@ -7,7 +7,8 @@
 //! etcd --shard-controllers` on it (the ring settled), `--projects` projects, `--nodes`
 //! simulated workers (the real worker code on the in-memory runtime) each offering room for
 //! `--slots` tasks of 16 MiB, and `--tasks` such tasks submitted at once, round-robin over
-//! the managers and the projects. Every [`POLL_EVERY`], every task of every project is read
+//! the managers and the projects. Every [`POLL_EVERY`] (longer for many tasks:
+//! [`poll_every`]), every task of every project is read
 //! (`GET /tasks?project=*`, gathered from all managers): the run fails the moment any node
 //! holds more than `--slots` tasks `Scheduled` or `Running` in the records. It ends when as
 //! many tasks as the nodes hold run and the rest wait, each with a reason naming memory; a
@@ -32,8 +33,16 @@ use tokio::task::JoinSet;
 use crate::load;
 use crate::shards::{self, SUBMITTERS};
 
-/// How often every task is read while the tasks go in and are placed.
+/// How often every task is read while the tasks go in and are placed, for each 1,000 tasks
+/// (at least once a [`POLL_EVERY`], at most once a second): reading them all costs the
+/// managers what it costs.
 const POLL_EVERY: Duration = Duration::from_millis(100);
+
+/// How often a run of `tasks` reads every task.
+fn poll_every(tasks: usize) -> Duration {
+    let thousands = u32::try_from(tasks.div_ceil(1000)).unwrap_or(u32::MAX);
+    (POLL_EVERY * thousands.max(1)).min(Duration::from_secs(1))
+}
 
 /// The run gives up when neither the acknowledged submissions nor the tasks' states have
 /// moved for this long.
@@ -89,7 +98,7 @@ pub(crate) async fn crowd(options: &Options, cube: &Path) -> anyhow::Result<()> 
         options.slots,
         options.tasks,
         options.projects,
-        POLL_EVERY,
+        poll_every(options.tasks),
     );
     println!();
     println!(
@@ -173,19 +182,18 @@ async fn run_once(options: &Options, cube: &Path) -> anyhow::Result<Run> {
     }
     let sims = shards::spawn_sim_workers(&bases, options.nodes, Some(&memory)).await?;
 
-    let mut poll = tokio::time::interval(POLL_EVERY);
+    let mut poll = tokio::time::interval(poll_every(options.tasks));
+    // A read of many tasks may take longer than the interval: the next waits a whole one.
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut most_on_a_node = 0;
     let mut last_seen = (0, Tally::default());
     let mut moved = Instant::now();
     let (decided_in, tasks) = loop {
-        tokio::select! {
-            joined = submitters.join_next(), if !submitters.is_empty() => {
-                if let Some(joined) = joined {
-                    joined.context("a submitting client panicked")??;
-                }
-                continue;
-            }
-            _ = poll.tick() => {}
+        poll.tick().await;
+        // The clients done since the last look (a slow read of many tasks must not hold
+        // them up: each look takes every one done).
+        while let Some(joined) = submitters.try_join_next() {
+            joined.context("a submitting client panicked")??;
         }
         let tasks: Vec<serde_json::Value> =
             crate::get_json(&http, &format!("{}/tasks?project=*", bases[leader])).await?;
@@ -315,6 +323,13 @@ fn on_node(tasks: &[serde_json::Value], node: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn many_tasks_are_read_less_often() {
+        assert_eq!(poll_every(300), Duration::from_millis(100));
+        assert_eq!(poll_every(5000), Duration::from_millis(500));
+        assert_eq!(poll_every(200_000), Duration::from_secs(1));
+    }
 
     #[test]
     fn the_tally_counts_placed_tasks_by_node_and_names_the_fullest() {
