@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use cube_test_support::EtcdCluster;
-use tokio::task::JoinSet;
 
 use crate::load;
 use crate::shards::{self, SUBMITTERS};
@@ -152,27 +151,13 @@ async fn run_once(options: &Options, cube: &Path) -> anyhow::Result<Run> {
 
     let started = Instant::now();
     let acknowledged = Arc::new(AtomicUsize::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut submitters = JoinSet::new();
-    for _ in 0..SUBMITTERS {
-        let (http, bases, next, acknowledged) = (
-            http.clone(),
-            bases.clone(),
-            next.clone(),
-            acknowledged.clone(),
-        );
-        let (tasks, projects) = (options.tasks, options.projects);
-        submitters.spawn(async move {
-            loop {
-                let number = next.fetch_add(1, Ordering::Relaxed);
-                if number >= tasks {
-                    return anyhow::Ok(());
-                }
-                shards::submit(&http, &bases, number, projects).await?;
-                acknowledged.fetch_add(1, Ordering::Relaxed);
-            }
-        });
-    }
+    let mut submitters = shards::spawn_submitters(
+        &http,
+        &bases,
+        (options.tasks, options.projects),
+        &acknowledged,
+        &Arc::new(AtomicUsize::new(0)),
+    );
     if options.nodes_last {
         // Every request waits for a node; the workers come up together, and each manager's
         // pass places many requests on many nodes at once: several claims commits a pass.

@@ -452,29 +452,13 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     let started = Instant::now();
     let acknowledged = Arc::new(AtomicUsize::new(0));
     let retried = Arc::new(AtomicUsize::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut submitters = JoinSet::new();
-    for _ in 0..SUBMITTERS {
-        let (http, bases, next, acknowledged, retried) = (
-            http.clone(),
-            bases.clone(),
-            next.clone(),
-            acknowledged.clone(),
-            retried.clone(),
-        );
-        let (tasks, projects) = (options.tasks, options.projects);
-        submitters.spawn(async move {
-            loop {
-                let number = next.fetch_add(1, Ordering::Relaxed);
-                if number >= tasks {
-                    return anyhow::Ok(());
-                }
-                let again = submit(&http, &bases, number, projects).await?;
-                acknowledged.fetch_add(1, Ordering::Relaxed);
-                retried.fetch_add(again, Ordering::Relaxed);
-            }
-        });
-    }
+    let mut submitters = spawn_submitters(
+        &http,
+        &bases,
+        (options.tasks, options.projects),
+        &acknowledged,
+        &retried,
+    );
 
     let mut submitted_in = None;
     let mut poll = tokio::time::interval(POLL_EVERY);
@@ -677,6 +661,41 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
 
 /// The tasks held and `Running`: the leader's alone, or with `--shard-controllers` every
 /// manager's summed (each holds its own shards').
+/// [`SUBMITTERS`] clients submitting tasks `0..tasks` in `projects` projects ([`submit`])
+/// through the managers at `bases`, counting each acknowledged, and each sent again in
+/// `retried`; each client ends once every task is taken.
+pub(crate) fn spawn_submitters(
+    http: &reqwest::Client,
+    bases: &[String],
+    (tasks, projects): (usize, usize),
+    acknowledged: &Arc<AtomicUsize>,
+    retried: &Arc<AtomicUsize>,
+) -> JoinSet<anyhow::Result<()>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut submitters = JoinSet::new();
+    for _ in 0..SUBMITTERS {
+        let (http, bases, next, acknowledged, retried) = (
+            http.clone(),
+            bases.to_vec(),
+            next.clone(),
+            acknowledged.clone(),
+            retried.clone(),
+        );
+        submitters.spawn(async move {
+            loop {
+                let number = next.fetch_add(1, Ordering::Relaxed);
+                if number >= tasks {
+                    return anyhow::Ok(());
+                }
+                let again = submit(&http, &bases, number, projects).await?;
+                acknowledged.fetch_add(1, Ordering::Relaxed);
+                retried.fetch_add(again, Ordering::Relaxed);
+            }
+        });
+    }
+    submitters
+}
+
 /// `count` fresh `cube manager` processes with `flags`, each with a data directory of its own
 /// (its log), removed when the directories are dropped; with `CUBE_BENCH_KEEP_LOGS` set, kept
 /// (whether the run passes or fails) and named.

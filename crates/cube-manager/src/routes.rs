@@ -36,7 +36,8 @@ trait NodeHosts {
     fn host(&self, node: &str) -> Option<Cow<'_, str>>;
 }
 
-/// Every node's host, made beforehand (`queue_controller::hosts`).
+/// The tests' hosts, a map of node to host.
+#[cfg(test)]
 impl NodeHosts for BTreeMap<String, String> {
     fn host(&self, node: &str) -> Option<Cow<'_, str>> {
         self.get(node).map(|host| Cow::Borrowed(host.as_str()))
