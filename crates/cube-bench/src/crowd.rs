@@ -135,17 +135,13 @@ async fn run_once(options: &Options, cube: &Path) -> anyhow::Result<Run> {
     flags.extend(["--heartbeat-grace".to_string(), "120s".to_string()]);
     flags.extend(["--shards".to_string(), options.ring.to_string()]);
     flags.push("--shard-controllers".to_string());
-    let (_dirs, managers) = shards::start_managers(cube, options.managers, &flags).await?;
-    let bases: Vec<String> = managers
-        .iter()
-        .map(|manager| manager.base.clone())
-        .collect();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()?;
-    let leader = crate::etcd::await_leader(&http, &bases, None).await?;
-    shards::await_ring(&http, &bases[leader], options.managers).await?;
-    shards::create_projects(&http, &bases, options.projects).await?;
+    let shards::Started {
+        _dirs,
+        managers,
+        bases,
+        http,
+        leader,
+    } = shards::start_settled(cube, options.managers, &flags, options.projects).await?;
     let memory = format!("{}MiB", options.slots * TASK_MIB);
     let placed_at_last = options.tasks.min(options.nodes * options.slots);
 

@@ -423,17 +423,13 @@ async fn run_once(options: &Options, count: usize, cube: &Path) -> anyhow::Resul
     if options.shard_controllers {
         flags.push("--shard-controllers".to_string());
     }
-    let (_dirs, mut managers) = start_managers(cube, count, &flags).await?;
-    let bases: Vec<String> = managers
-        .iter()
-        .map(|manager| manager.base.clone())
-        .collect();
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()?;
-    let leader = crate::etcd::await_leader(&http, &bases, None).await?;
-    await_ring(&http, &bases[leader], count).await?;
-    create_projects(&http, &bases, options.projects).await?;
+    let Started {
+        _dirs,
+        mut managers,
+        bases,
+        http,
+        leader,
+    } = start_settled(cube, count, &flags, options.projects).await?;
     let sims = spawn_sim_workers(&bases, options.nodes, None).await?;
     load::await_ready_nodes(&http, &bases[leader], options.nodes).await?;
     let nodes = load::nodes(&http, &bases[leader]).await?;
@@ -694,6 +690,45 @@ pub(crate) fn spawn_submitters(
         });
     }
     submitters
+}
+
+/// The managers of a run, started, the ring settled and the projects made.
+pub(crate) struct Started {
+    /// Their data directories, removed when dropped.
+    pub(crate) _dirs: Vec<tempfile::TempDir>,
+    pub(crate) managers: Vec<ManagerProcess>,
+    pub(crate) bases: Vec<String>,
+    pub(crate) http: reqwest::Client,
+    /// Which of them leads.
+    pub(crate) leader: usize,
+}
+
+/// [`start_managers`], then the leader awaited, the ring of `count` settled and `projects`
+/// projects made ([`create_projects`]).
+pub(crate) async fn start_settled(
+    cube: &Path,
+    count: usize,
+    flags: &[String],
+    projects: usize,
+) -> anyhow::Result<Started> {
+    let (dirs, managers) = start_managers(cube, count, flags).await?;
+    let bases: Vec<String> = managers
+        .iter()
+        .map(|manager| manager.base.clone())
+        .collect();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let leader = crate::etcd::await_leader(&http, &bases, None).await?;
+    await_ring(&http, &bases[leader], count).await?;
+    create_projects(&http, &bases, projects).await?;
+    Ok(Started {
+        _dirs: dirs,
+        managers,
+        bases,
+        http,
+        leader,
+    })
 }
 
 /// `count` fresh `cube manager` processes with `flags`, each with a data directory of its own
