@@ -431,6 +431,52 @@ async fn a_leader_paused_past_its_ttl_has_its_writes_refused_and_steps_down() {
     drop(worker);
 }
 
+/// Waits up to `STATE_BOUND` for task `id` to be `Running`; if it is not, fails with what is
+/// needed to tell a dispatch lost around the leader's death from a start Docker never made:
+/// the record, the task's containers as Docker lists them, and every line of the managers'
+/// and workers' logs that names it.
+async fn running_or_explained(
+    client: &Client,
+    id: &str,
+    managers: &Managers,
+    workers: &[WorkerProcess],
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    let mut task = serde_json::Value::Null;
+    while std::time::Instant::now() < deadline {
+        task = client.get(&format!("/tasks/{id}")).await.body;
+        if task["State"] == "Running" {
+            return task;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let docker = std::process::Command::new("docker")
+        .args(["ps", "-a", "--filter", &format!("label=cube.task-id={id}")])
+        .args(["--format", "{{.ID}} {{.Status}} {{.Names}}"])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_else(|err| format!("docker ps: {err}"));
+    let mut logs = String::new();
+    let processes = managers
+        .managers
+        .iter()
+        .enumerate()
+        .filter_map(|(n, manager)| Some((format!("manager {n}"), manager.as_ref()?.stderr())))
+        .chain(
+            workers
+                .iter()
+                .map(|worker| (worker.name.clone(), worker.stderr())),
+        );
+    for (who, stderr) in processes {
+        for line in stderr.lines().filter(|line| line.contains(id)) {
+            logs.push_str(&format!("{who}: {line}\n"));
+        }
+    }
+    panic!(
+        "task {id} is not Running after {STATE_BOUND:?}: {task}\ncontainers: {docker}\nlogs:\n{logs}"
+    );
+}
+
 #[tokio::test]
 async fn the_leader_killed_with_200_submissions_in_flight_loses_none_and_starts_none_twice() {
     let cluster = EtcdCluster::start(3);
@@ -528,7 +574,7 @@ async fn the_leader_killed_with_200_submissions_in_flight_loses_none_and_starts_
         );
     }
     for id in acknowledged.iter().chain(std::iter::once(&before)) {
-        let task = client.await_state(id, "Running").await;
+        let task = running_or_explained(&client, id, &managers, &workers).await;
         assert_eq!(task["RestartCount"], 0, "{task}");
         let containers = containers_with_label(&format!("cube.task-id={id}"));
         assert_eq!(

@@ -356,6 +356,30 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
     );
     assert!(stdout.contains("2 not ended, 1 waiting"), "{stdout}");
 
+    // A task of another project named without `--project`: the error says where it is.
+    let address = manager.address();
+    let short = &first[..8];
+    let (ok, _, stderr) = support::cube_cli(&address, &["status", short]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "in project default; task first ({short}) is in project small: give --project small"
+        )),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) =
+        support::cube_cli(&address, &["status", short, "--project", "small"]);
+    assert!(ok && stdout.contains("first"), "{stderr}");
+    let (ok, _, stderr) = support::cube_cli(&address, &["stop", "no-such-task"]);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.contains(
+            "in project default; list the tasks with: cube status, or every project's with: \
+             cube status --project '*'"
+        ),
+        "{stderr}"
+    );
+
     // The first stopped: the second is let in, and the stream says it stopped waiting.
     let mut quota_events = support::EventReader::open(&manager, "?topic=Quota&project=small").await;
     assert_eq!(client.delete(&format!("/tasks/{first}")).await.status, 204);

@@ -78,15 +78,71 @@ pub async fn find_task(manager: &ManagerClient, query: &str) -> anyhow::Result<T
     let tasks: Vec<Task> = manager.get("/tasks").await?;
     match match_task(&tasks, query) {
         TaskMatch::One(task) => Ok(task.clone()),
-        TaskMatch::None => Err(anyhow!(
-            "no task matches {query:?} (by ID, ID prefix or name); list the tasks with: \
-             cube status"
-        )),
+        TaskMatch::None => Err(not_found(manager, query).await),
         TaskMatch::Several(candidates) => Err(anyhow!(
             "{query:?} matches {} tasks; give more of the ID:\n{}",
             candidates.len(),
             candidate_lines(&candidates).join("\n")
         )),
+    }
+}
+
+/// Why `query` names no task of the command's project: and, when it names a task of another
+/// project the token holds in, which one and how to reach it (a task run with `--project
+/// team-a` is not found by a command without it). One more read, on this path only; when it
+/// cannot be made (an older manager, a token for one project), the plain answer.
+async fn not_found(manager: &ManagerClient, query: &str) -> anyhow::Error {
+    let plain = format!("no task matches {query:?} (by ID, ID prefix or name)");
+    let here = manager
+        .project
+        .as_deref()
+        .unwrap_or(cube_types::project::DEFAULT_PROJECT);
+    if here == cube_types::project::ALL_PROJECTS {
+        return anyhow!(
+            "{plain} in any project the token holds in; list the tasks with: cube status \
+             --project '*'"
+        );
+    }
+    let everywhere: Vec<Task> = manager
+        .get("/tasks?project=*&summary=true")
+        .await
+        .unwrap_or_default();
+    let elsewhere: Vec<Task> = everywhere
+        .into_iter()
+        .filter(|task| task.spec.project != here)
+        .collect();
+    match match_task(&elsewhere, query) {
+        TaskMatch::One(task) => anyhow!(
+            "{plain} in project {here}; task {} ({}) is in project {}: give --project {}",
+            task.name,
+            task.short_id(),
+            task.spec.project,
+            task.spec.project
+        ),
+        TaskMatch::Several(candidates) => {
+            let mut projects: Vec<&str> = candidates
+                .iter()
+                .map(|task| task.spec.project.as_str())
+                .collect();
+            projects.sort_unstable();
+            projects.dedup();
+            anyhow!(
+                "{plain} in project {here}; {} tasks of project{} {} match it: give --project \
+                 NAME and more of the ID",
+                candidates.len(),
+                if projects.len() == 1 { "" } else { "s" },
+                projects.join(", ")
+            )
+        }
+        TaskMatch::None => anyhow!(
+            "{plain} in project {here}; list the tasks with: cube status{}, or every \
+             project's with: cube status --project '*'",
+            if here == cube_types::project::DEFAULT_PROJECT {
+                String::new()
+            } else {
+                format!(" --project {here}")
+            }
+        ),
     }
 }
 
