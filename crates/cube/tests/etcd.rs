@@ -450,12 +450,17 @@ async fn running_or_explained(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let docker = std::process::Command::new("docker")
-        .args(["ps", "-a", "--filter", &format!("label=cube.task-id={id}")])
-        .args(["--format", "{{.ID}} {{.Status}} {{.Names}}"])
-        .output()
-        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
-        .unwrap_or_else(|err| format!("docker ps: {err}"));
+    // Each container's state as Docker keeps it: `Error` holds why a start failed.
+    let docker: String = containers_with_label(&format!("cube.task-id={id}"))
+        .iter()
+        .map(|container| {
+            std::process::Command::new("docker")
+                .args(["inspect", "-f", "{{.Name}} {{json .State}}", container])
+                .output()
+                .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+                .unwrap_or_else(|err| format!("docker inspect {container}: {err}\n"))
+        })
+        .collect();
     let mut logs = String::new();
     let processes = managers
         .managers
@@ -467,13 +472,29 @@ async fn running_or_explained(
                 .iter()
                 .map(|worker| (worker.name.clone(), worker.stderr())),
         );
+    // The lines that name the task, and every warning and error (a failure of Docker's may
+    // not name it).
     for (who, stderr) in processes {
-        for line in stderr.lines().filter(|line| line.contains(id)) {
+        let named = |line: &&str| {
+            line.contains(id)
+                || line.contains(" WARN ")
+                || line.contains(" ERROR ")
+                || line.contains("lead")
+                || line.contains("fence")
+        };
+        for line in stderr.lines().filter(named) {
             logs.push_str(&format!("{who}: {line}\n"));
         }
     }
+    let leader = client.get("/leader").await.body;
     panic!(
-        "task {id} is not Running after {STATE_BOUND:?}: {task}\ncontainers: {docker}\nlogs:\n{logs}"
+        "task {id} is not Running after {STATE_BOUND:?}: {task}\nleader: {leader}\n\
+         managers: {:?}\ncontainers: {docker}\nlogs:\n{logs}",
+        managers
+            .managers
+            .iter()
+            .map(|manager| manager.as_ref().map(|manager| manager.address()))
+            .collect::<Vec<_>>()
     );
 }
 

@@ -355,6 +355,11 @@ async fn a_quota_holds_a_request_until_the_projects_usage_falls_and_survives_a_r
         "{stdout}"
     );
     assert!(stdout.contains("2 not ended, 1 waiting"), "{stdout}");
+    // A manager alone holds every shard, and says so.
+    assert!(
+        stdout.contains(&format!(", held by {}", manager.address())),
+        "{stdout}"
+    );
 
     // A task of another project named without `--project`: the error says where it is.
     let address = manager.address();

@@ -5,6 +5,7 @@ use anyhow::bail;
 use chrono::Utc;
 use clap::{Args, Subcommand};
 use cube_types::project::{ProjectRequest, ProjectView, Quota};
+use cube_types::shard::ShardsView;
 
 use super::output::{print_json, print_lines, table, time_ago};
 use super::{ManagerClient, ManagerFlags, OutputFormat};
@@ -117,7 +118,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
                 quota: quota.quota(),
             };
             let (_, view): (u16, ProjectView) = manager.post("/projects", &request).await?;
-            print_view(&view, flags.output)
+            print_view(&manager, &view, flags.output).await
         }
         ProjectCommand::List { mut flags } => {
             flags.target.project = None;
@@ -142,7 +143,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             flags.target.project = None;
             let manager = ManagerClient::connect(&flags)?;
             let view: ProjectView = manager.get(&format!("/projects/{name}")).await?;
-            print_view(&view, flags.output)
+            print_view(&manager, &view, flags.output).await
         }
         ProjectCommand::SetQuota {
             name,
@@ -154,7 +155,7 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
             let view: ProjectView = manager
                 .put(&format!("/projects/{name}/quota"), &quota.quota())
                 .await?;
-            print_view(&view, flags.output)
+            print_view(&manager, &view, flags.output).await
         }
         ProjectCommand::Rm { name, mut flags } => {
             flags.target.project = None;
@@ -166,18 +167,31 @@ pub async fn project(args: ProjectArgs) -> anyhow::Result<()> {
     }
 }
 
-fn print_view(view: &ProjectView, output: OutputFormat) -> anyhow::Result<()> {
+async fn print_view(
+    manager: &ManagerClient,
+    view: &ProjectView,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
     match output {
         OutputFormat::Json => print_json(view),
         OutputFormat::Table => {
-            print_lines(&status_lines(view));
+            // Who holds the project's shard, said by any manager; a manager that cannot say
+            // (an older one) leaves the line as it was.
+            let ring = manager.try_get::<ShardsView>("/shards").await.ok();
+            print_lines(&status_lines(view, ring.as_ref()));
             Ok(())
         }
     }
 }
 
 /// `cube project status`: the project, then its quota's rows (used / limit).
-fn status_lines(view: &ProjectView) -> Vec<String> {
+fn status_lines(view: &ProjectView, ring: Option<&ShardsView>) -> Vec<String> {
+    let holder = ring.map(|ring| {
+        ring.managers
+            .iter()
+            .find(|manager| manager.shards.contains(&view.shard))
+            .map(|manager| manager.manager.as_str())
+    });
     let mut lines = vec![
         format!("Project:  {}", view.name),
         format!(
@@ -189,7 +203,14 @@ fn status_lines(view: &ProjectView) -> Vec<String> {
             "Tasks:    {} not ended, {} waiting; jobs: {}",
             view.tasks, view.waiting, view.jobs
         ),
-        format!("Shard:    {} (its manager: cube node managers)", view.shard),
+        match holder {
+            Some(Some(manager)) => format!("Shard:    {}, held by {manager}", view.shard),
+            Some(None) => format!(
+                "Shard:    {}, held by no manager at this instant (moving to another)",
+                view.shard
+            ),
+            None => format!("Shard:    {} (its manager: cube node managers)", view.shard),
+        },
         String::new(),
     ];
     let mut rows = vec![vec![
@@ -253,10 +274,29 @@ mod tests {
             create_time: None,
             shard: 7,
         };
-        let lines = status_lines(&view).join("\n");
+        let lines = status_lines(&view, None).join("\n");
         assert!(lines.contains("Project:  team-a"), "{lines}");
         assert!(lines.contains("2 not ended, 1 waiting"), "{lines}");
-        assert!(lines.contains("Shard:    7"), "{lines}");
+        assert!(
+            lines.contains("Shard:    7 (its manager: cube node managers)"),
+            "{lines}"
+        );
+        let held = |shards: Vec<u32>| ShardsView {
+            ring: 16,
+            managers: vec![cube_types::shard::ManagerShards {
+                manager: "127.0.0.1:5565".to_string(),
+                shards,
+                virtual_nodes: Vec::new(),
+            }],
+            unowned: Vec::new(),
+        };
+        let lines = status_lines(&view, Some(&held(vec![4, 7, 12]))).join("\n");
+        assert!(
+            lines.contains("Shard:    7, held by 127.0.0.1:5565"),
+            "{lines}"
+        );
+        let lines = status_lines(&view, Some(&held(vec![4]))).join("\n");
+        assert!(lines.contains("Shard:    7, held by no manager"), "{lines}");
         let cpu = lines.lines().find(|line| line.starts_with("cpu")).unwrap();
         assert_eq!(
             cpu.split_whitespace().collect::<Vec<_>>(),
