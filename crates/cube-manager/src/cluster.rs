@@ -617,6 +617,7 @@ impl Cluster {
         writes: &mut Writes,
         task: Task,
     ) -> Result<(), StoreError> {
+        warn_if_older(state, &task);
         let commit = self
             .stores
             .tasks
@@ -1149,6 +1150,32 @@ pub(crate) struct NodeWake {
 
 /// A cluster on memory stores, read from `stores`, for the unit tests of one controller
 /// (no `Manager` is built; nothing is ever sent to a node's address).
+/// Says, loudly, when a save would put an older version of a task over the one the cache
+/// holds: the same run with fewer history entries (a change only ever adds entries, and the
+/// history's limit keeps its length; putting the stored version back after a failed write,
+/// `reload_task`, is not a save). Nothing should do this; a new leader was seen to serve a
+/// task as it was placed after its follower had recorded it running, with no error, under a
+/// heavy Docker load (`the_leader_killed_with_200_submissions_in_flight…` in
+/// `crates/cube/tests/etcd.rs`): the stack says which path saved the older version.
+fn warn_if_older(state: &Shared, task: &Task) {
+    let Some(held) = state.cache.get(&task.id) else {
+        return;
+    };
+    if held.status.restart_count == task.status.restart_count
+        && task.status.history.len() < held.status.history.len()
+    {
+        tracing::error!(
+            task = %task.id,
+            held = %held.status.state,
+            saved = %task.status.state,
+            held_entries = held.status.history.len(),
+            saved_entries = task.status.history.len(),
+            stack = %std::backtrace::Backtrace::force_capture(),
+            "an older version of a task is saved over the one held"
+        );
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration) -> Arc<Cluster> {
     let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");
