@@ -482,8 +482,17 @@ async fn running_or_explained(
                 || line.contains("lead")
                 || line.contains("fence")
         };
-        for line in stderr.lines().filter(named) {
-            logs.push_str(&format!("{who}: {line}\n"));
+        // A line of its own, or the stack of an error that gave one (lines that do not
+        // start with a time).
+        let mut in_stack = false;
+        for line in stderr.lines() {
+            let timed = line.starts_with("20");
+            if timed {
+                in_stack = line.contains("stack=");
+            }
+            if (timed && named(&line)) || (!timed && in_stack) {
+                logs.push_str(&format!("{who}: {line}\n"));
+            }
         }
     }
     let leader = client.get("/leader").await.body;
