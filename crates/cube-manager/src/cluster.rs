@@ -1148,8 +1148,6 @@ pub(crate) struct NodeWake {
     change: NodeChange,
 }
 
-/// A cluster on memory stores, read from `stores`, for the unit tests of one controller
-/// (no `Manager` is built; nothing is ever sent to a node's address).
 /// Says, loudly, when a save would put an older version of a task over the one the cache
 /// holds: the same run with fewer history entries (a change only ever adds entries, and the
 /// history's limit keeps its length; putting the stored version back after a failed write,
@@ -1176,6 +1174,8 @@ fn warn_if_older(state: &Shared, task: &Task) {
     }
 }
 
+/// A cluster on memory stores, read from `stores`, for the unit tests of one controller
+/// (no `Manager` is built; nothing is ever sent to a node's address).
 #[cfg(test)]
 pub(crate) fn cluster_for_tests(stores: ManagerStores, heartbeat_grace: Duration) -> Arc<Cluster> {
     let scheduler = cube_scheduler::scheduler_by_name("roundrobin").expect("a scheduler");

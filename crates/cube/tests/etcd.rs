@@ -431,25 +431,30 @@ async fn a_leader_paused_past_its_ttl_has_its_writes_refused_and_steps_down() {
     drop(worker);
 }
 
-/// Waits up to `STATE_BOUND` for task `id` to be `Running`; if it is not, fails with what is
-/// needed to tell a dispatch lost around the leader's death from a start Docker never made:
-/// the record, the task's containers as Docker lists them, and every line of the managers'
-/// and workers' logs that names it.
+/// Waits up to `STATE_BOUND` for task `id` to be `Running`; if it is not (or it ended), fails
+/// with what is needed to tell a dispatch lost around the leader's death from a start Docker
+/// never made: the record, the leader, the task's containers as Docker keeps them, and the
+/// managers' and workers' log lines that name it, warn, err or speak of leading.
 async fn running_or_explained(
     client: &Client,
     id: &str,
     managers: &Managers,
     workers: &[WorkerProcess],
 ) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + STATE_BOUND;
-    let mut task = serde_json::Value::Null;
-    while std::time::Instant::now() < deadline {
-        task = client.get(&format!("/tasks/{id}")).await.body;
-        if task["State"] == "Running" {
-            return task;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    // Running, or ended (no use waiting longer for it).
+    let poll = Poll::every(std::time::Duration::from_millis(20), STATE_BOUND);
+    let seen = client
+        .poll_answer(&format!("/tasks/{id}"), poll, |answer| {
+            matches!(
+                answer.body["State"].as_str(),
+                Some("Running" | "Completed" | "Failed")
+            )
+        })
+        .await;
+    let task = match seen {
+        Ok(answer) if answer.body["State"] == "Running" => return answer.body,
+        Ok(answer) | Err(answer) => answer.body,
+    };
     // Each container's state as Docker keeps it: `Error` holds why a start failed.
     let docker: String = containers_with_label(&format!("cube.task-id={id}"))
         .iter()

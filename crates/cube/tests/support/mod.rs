@@ -625,19 +625,32 @@ impl Client {
         poll: Poll,
         done: impl Fn(&Answer) -> bool,
     ) -> Answer {
+        match self.poll_answer(path, poll, done).await {
+            Ok(answer) => answer,
+            Err(answer) => panic!(
+                "{what} within {:?}: {} {}",
+                poll.bound, answer.status, answer.body
+            ),
+        }
+    }
+
+    /// Polls `GET path` until `done` holds for the answer; after `poll.bound`, the answer
+    /// last seen as the error, for a caller that says more than [`Client::await_answer`].
+    pub async fn poll_answer(
+        &self,
+        path: &str,
+        poll: Poll,
+        done: impl Fn(&Answer) -> bool,
+    ) -> Result<Answer, Answer> {
         let deadline = Instant::now() + poll.bound;
         loop {
             let answer = self.get(path).await;
             if done(&answer) {
-                return answer;
+                return Ok(answer);
             }
-            assert!(
-                Instant::now() < deadline,
-                "{what} within {:?}: {} {}",
-                poll.bound,
-                answer.status,
-                answer.body
-            );
+            if Instant::now() >= deadline {
+                return Err(answer);
+            }
             tokio::time::sleep(poll.every).await;
         }
     }
