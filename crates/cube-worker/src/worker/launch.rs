@@ -29,6 +29,38 @@ use crate::plugin::{LaunchPlan, PlannedContainer};
 /// Why a launch failed, in the words the task's `Error` shows.
 struct LaunchFailure(String);
 
+/// How long an engine call of a launch may go unanswered before the log says so (and again
+/// each time as long again): a start that Docker takes a minute over is otherwise
+/// indistinguishable, from outside, from one the worker never made.
+const ENGINE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Awaits `call`, an engine call (`what`: create, start, inspect) of task `task`'s launch,
+/// logging a warning each [`ENGINE_PATIENCE`] it has not answered, and how long it took
+/// when it answers late. The call is never cut short here: the launch timeout bounds it.
+async fn told_if_slow<T>(
+    task: uuid::Uuid,
+    what: &str,
+    call: impl std::future::Future<Output = T>,
+) -> T {
+    let started = tokio::time::Instant::now();
+    let mut call = std::pin::pin!(call);
+    let mut ticks = tokio::time::interval_at(started + ENGINE_PATIENCE, ENGINE_PATIENCE);
+    loop {
+        tokio::select! {
+            answer = &mut call => {
+                let took = started.elapsed();
+                if took >= ENGINE_PATIENCE {
+                    tracing::info!(%task, call = what, took = %format_duration(took), "the engine answered late");
+                }
+                return answer;
+            }
+            _ = ticks.tick() => {
+                tracing::warn!(%task, call = what, waited = %format_duration(started.elapsed()), "the engine has not answered yet");
+            }
+        }
+    }
+}
+
 /// What the pod monitor concludes from its containers.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Verdict {
@@ -352,9 +384,11 @@ impl<R: Runtime> Worker<R> {
                     .map(|(container, (id, _))| (container.name.clone(), id)),
             );
         }
-        let inspected =
-            futures_util::future::join_all(ids.iter().map(|(_, id)| self.inspect_counted(id)))
-                .await;
+        let inspected = futures_util::future::join_all(
+            ids.iter()
+                .map(|(_, id)| told_if_slow(plan.task_id, "inspect", self.inspect_counted(id))),
+        )
+        .await;
         let mut infos = Vec::with_capacity(ids.len());
         for ((name, _), inspected) in ids.iter().zip(inspected) {
             match inspected {
@@ -387,7 +421,7 @@ impl<R: Runtime> Worker<R> {
         stage: &[&PlannedContainer],
     ) -> Result<Vec<(String, bool)>, LaunchFailure> {
         let created = futures_util::future::join_all(stage.iter().map(|container| async {
-            self.create_or_adopt(container, plan.registry_auth.as_ref())
+            self.create_or_adopt(plan.task_id, container, plan.registry_auth.as_ref())
                 .await
                 .map_err(|why| LaunchFailure(format!("{}{why}", step_prefix(plan, container))))
         }))
@@ -407,12 +441,14 @@ impl<R: Runtime> Worker<R> {
                 if *started {
                     return Ok(());
                 }
-                self.runtime.start(id).await.map_err(|err| {
-                    LaunchFailure(format!(
-                        "{}cannot start the container: {err}",
-                        step_prefix(plan, container)
-                    ))
-                })
+                told_if_slow(plan.task_id, "start", self.runtime.start(id))
+                    .await
+                    .map_err(|err| {
+                        LaunchFailure(format!(
+                            "{}cannot start the container: {err}",
+                            step_prefix(plan, container)
+                        ))
+                    })
             },
         ))
         .await;
@@ -424,11 +460,13 @@ impl<R: Runtime> Worker<R> {
     /// labels when a crash came after it was created.
     async fn create_or_adopt(
         &self,
+        task: uuid::Uuid,
         container: &PlannedContainer,
         auth: Option<&cube_types::secret::RegistryAuth>,
     ) -> Result<(String, bool), String> {
         let spec = &container.spec;
-        let created = match self.runtime.create(spec).await {
+        // A pull has its own time-out and progress; the create itself should be quick.
+        let created = match told_if_slow(task, "create", self.runtime.create(spec)).await {
             Err(RuntimeError::Image { .. }) => {
                 self.pull(&spec.image, auth).await?;
                 self.runtime.create(spec).await
@@ -1084,6 +1122,18 @@ mod tests {
             .into_iter()
             .map(|stage| stage.into_iter().map(|c| c.name.as_str()).collect())
             .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_call_answering_late_is_waited_for_not_cut_short() {
+        let started = tokio::time::Instant::now();
+        let answer = told_if_slow(uuid::Uuid::nil(), "start", async {
+            tokio::time::sleep(ENGINE_PATIENCE * 3 + std::time::Duration::from_secs(1)).await;
+            "started"
+        })
+        .await;
+        assert_eq!(answer, "started");
+        assert!(started.elapsed() > ENGINE_PATIENCE * 3);
     }
 
     #[test]
