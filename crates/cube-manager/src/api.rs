@@ -52,7 +52,6 @@ use cube_types::deployment::Deployment;
 use cube_types::duration::parse_duration;
 use cube_types::job::Job;
 use cube_types::{Node, NodeReport, Submission, Task};
-use uuid::Uuid;
 
 use crate::acl::AclState;
 use crate::event_stream::{EventsQuery, Framing, events_response};
@@ -61,6 +60,7 @@ use crate::job_api::{JobView, PlanView, VersionView};
 use crate::job_records::JobSubmitted;
 use crate::manager::{Manager, ManagerError, Submitted};
 use crate::nodes::NodeSource;
+use crate::paging::{PagePosition, PageStart};
 use crate::placement::Placement;
 use crate::projects::Scope;
 use crate::queue_controller::QueueView;
@@ -613,7 +613,7 @@ async fn list_tasks(
     let (tasks, next) = manager.tasks_page(start, limit, keep).ok_or_else(|| {
         ApiError::bad_request(format!(
             "next: no task {} to start the page from (it was removed since)",
-            start.map(|id| id.to_string()).unwrap_or_default()
+            query.next.as_deref().unwrap_or_default()
         ))
     })?;
     let response = if query.summary == Some(true) {
@@ -749,7 +749,10 @@ struct JobQuery {
 }
 
 /// A page's `limit` and `next`, read as `GET /tasks` reads them.
-fn page_of(limit: Option<usize>, next: Option<&str>) -> Result<(usize, Option<Uuid>), ApiError> {
+fn page_of(
+    limit: Option<usize>,
+    next: Option<&str>,
+) -> Result<(usize, Option<PageStart>), ApiError> {
     if let Some(limit) = limit
         && !(1..=PAGE_LIMIT_MAX).contains(&limit)
     {
@@ -758,7 +761,7 @@ fn page_of(limit: Option<usize>, next: Option<&str>) -> Result<(usize, Option<Uu
         )));
     }
     let start = match next {
-        Some(token) => Some(parse_task_id(token).map_err(|_| {
+        Some(token) => Some(PageStart::parse(token).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "next: {token:?} is not a page token; pass the {NEXT_TOKEN_HEADER} header of \
                  the previous page"
@@ -770,9 +773,9 @@ fn page_of(limit: Option<usize>, next: Option<&str>) -> Result<(usize, Option<Uu
 }
 
 /// Says where the next page starts, when there is one.
-fn with_next_token(mut response: Response, next: Option<Uuid>) -> Response {
+fn with_next_token(mut response: Response, next: Option<PagePosition>) -> Response {
     if let Some(next) = next
-        && let Ok(value) = HeaderValue::from_str(&next.to_string())
+        && let Ok(value) = HeaderValue::from_str(&next.token())
     {
         response.headers_mut().insert(NEXT_TOKEN_HEADER, value);
     }

@@ -18,6 +18,8 @@ use cube_types::project::Usage;
 use cube_types::{HostPort, NodeName, Resources, State, Task};
 use uuid::Uuid;
 
+use crate::paging::{PagePosition, PageStart};
+
 /// How many copies of its job a task's spec is compared with, for one to share (a job in a
 /// rolling update holds copies of two versions, with other bodies).
 const SHARE_TRIES: usize = 4;
@@ -192,17 +194,19 @@ impl TaskCache {
         Some(task)
     }
 
-    /// Up to `limit` tasks that `keep` admits, oldest first, from the task `start` on (from
-    /// the first without one), and the ID of the next one `keep` admits, if any. `None` when
-    /// `start` names no task. Costs the tasks looked at, not every task.
+    /// Up to `limit` tasks that `keep` admits, oldest first, from `start` on (from the first
+    /// without one), and the position of the next one `keep` admits, if any. `None` when
+    /// `start` names a task not held here (an older Cube's token). Costs the tasks looked at,
+    /// not every task.
     pub fn page(
         &self,
-        start: Option<Uuid>,
+        start: Option<PageStart>,
         limit: usize,
         keep: impl Fn(&Task) -> bool,
-    ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
+    ) -> Option<(Vec<Arc<Task>>, Option<PagePosition>)> {
         let from = match start {
-            Some(id) => {
+            Some(PageStart::At(position)) => (position.created, position.id),
+            Some(PageStart::Task(id)) => {
                 let task = self.tasks.get(&id)?;
                 (task.status.created_time, id)
             }
@@ -220,7 +224,7 @@ impl TaskCache {
                 continue;
             }
             if page.len() == limit {
-                return Some((page, Some(*id)));
+                return Some((page, Some(PagePosition::of(task))));
             }
             page.push(task.clone());
         }

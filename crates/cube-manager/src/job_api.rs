@@ -17,6 +17,7 @@ use crate::cluster::lock;
 use crate::job_records::{JobSubmitted, next_record, with_counts_of};
 use crate::jobs::{GroupSummary, JobLook, PlannedStop, plan, status_word, summarize};
 use crate::manager::{Manager, ManagerError};
+use crate::paging::{PagePosition, PageStart};
 use crate::queue_controller::QueueView;
 
 /// A job as the API shows it: the stored record, its status in a word, a summary per group,
@@ -437,15 +438,16 @@ impl Manager {
         self.job_page(name, None, usize::MAX).map(|(view, _)| view)
     }
 
-    /// One job with a page of its tasks (oldest first): at most `limit`, from the task
-    /// `start` on (the first when `None`), and the ID the next page starts from, if any. A
-    /// `start` that is not one of the job's tasks is a bad request (removed since, or made up).
+    /// One job with a page of its tasks (oldest first): at most `limit`, from `start` on (the
+    /// first when `None`), and the position the next page starts from, if any. A task ID
+    /// (an older Cube's token) that is not one of the job's tasks is a bad request (removed
+    /// since, or made up); a position is good whatever was removed since.
     pub fn job_page(
         &self,
         name: &str,
-        start: Option<Uuid>,
+        start: Option<PageStart>,
         limit: usize,
-    ) -> Result<(JobView, Option<Uuid>), ManagerError> {
+    ) -> Result<(JobView, Option<PagePosition>), ManagerError> {
         let (record, tasks, deployment) = {
             let state = lock(&self.cluster.state);
             let record = state
@@ -462,18 +464,22 @@ impl Manager {
         let mut view = view_of(&record, &tasks, deployment.as_ref());
         let mut sorted: Vec<&Arc<Task>> = tasks.iter().collect();
         sorted.sort_by_key(|task| (task.status.created_time, task.id));
-        let first = match start {
-            None => 0,
-            Some(id) => sorted
-                .iter()
-                .position(|task| task.id == id)
-                .ok_or_else(|| {
-                    ManagerError::BadRequest(format!(
-                        "next: job {name} has no task {id} to start the page from (it was \
+        let first =
+            match start {
+                None => 0,
+                Some(PageStart::At(position)) => {
+                    sorted.partition_point(|task| PagePosition::of(task) < position)
+                }
+                Some(PageStart::Task(id)) => sorted
+                    .iter()
+                    .position(|task| task.id == id)
+                    .ok_or_else(|| {
+                        ManagerError::BadRequest(format!(
+                            "next: job {name} has no task {id} to start the page from (it was \
                          removed since)"
-                    ))
-                })?,
-        };
+                        ))
+                    })?,
+            };
         let end = first.saturating_add(limit).min(sorted.len());
         let listed: Vec<Task> = sorted[first..end]
             .iter()
@@ -483,7 +489,7 @@ impl Manager {
                 task
             })
             .collect();
-        let next = sorted.get(end).map(|task| task.id);
+        let next = sorted.get(end).map(|task| PagePosition::of(task));
         view.tasks = Some(listed);
         view.queue = self.queue_entry_of_job(name);
         Ok((view, next))

@@ -35,6 +35,7 @@ mod manager;
 mod metrics;
 mod nodes;
 mod observation;
+pub mod paging;
 mod placement;
 pub mod projects;
 mod queue;

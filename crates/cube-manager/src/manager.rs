@@ -30,6 +30,7 @@ use crate::events::EventBroker;
 use crate::followers::Followers;
 use crate::job_records::JobRecords;
 use crate::nodes::{NodeSource, node_status_event};
+use crate::paging::{PagePosition, PageStart};
 
 /// Settings that do not change while the manager runs.
 #[derive(Debug, Clone)]
@@ -385,10 +386,10 @@ impl Manager {
     /// `None` when `start` names no task.
     pub fn tasks_page(
         &self,
-        start: Option<Uuid>,
+        start: Option<PageStart>,
         limit: usize,
         keep: impl Fn(&Task) -> bool,
-    ) -> Option<(Vec<Arc<Task>>, Option<Uuid>)> {
+    ) -> Option<(Vec<Arc<Task>>, Option<PagePosition>)> {
         let (page, next) = lock(&self.cluster.state).cache.page(start, limit, keep)?;
         let failures = lock(&self.cluster.failures);
         let page = page

@@ -6,9 +6,11 @@
 //! → its own token), opaque to the client, given back as it came.
 //!
 //! - A list (`GET /tasks`, `/jobs`, `/queue`, ...): every manager's JSON list, joined. Its
-//!   `X-Cube-Index` is the gathered index of the managers' own, its `X-Cube-Next-Token` the
-//!   gathered next pages: `?next=` asks each manager for its own next page (a page holds up
-//!   to `limit` items of each manager).
+//!   `X-Cube-Index` is the gathered index of the managers' own. A page of tasks
+//!   (`?limit=N`) is one page in the lists' one order, at most N tasks, and its
+//!   `X-Cube-Next-Token` a position in that order, which every manager answers alike
+//!   (`cube_manager::paging`): the next page is asked of the managers holding shards then,
+//!   so a shard that moves while a client pages is neither read twice nor missed.
 //! - `GET /events`: every manager's stream, merged as the lines come. Each event keeps its
 //!   manager's `Index` and gains a `Cursor`, the gathered index after it, to resume from
 //!   (`?index=CURSOR`, or an `EventSource`'s `Last-Event-ID`, as the `id:` of a server-sent
@@ -33,6 +35,7 @@ use cube_api::server::ApiError;
 use cube_api::tls::PeerIdentity;
 use cube_api::{INDEX_HEADER, OLDEST_INDEX_HEADER};
 use cube_manager::api::NEXT_TOKEN_HEADER;
+use cube_manager::paging::PagePosition;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use tokio::sync::mpsc;
@@ -145,8 +148,13 @@ fn header_text(response: &Response, name: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A list of every project: each manager asked at once (for its own next page when the
-/// request names a gathered `next`), their JSON lists joined.
+/// A list of every project: each manager asked at once, their JSON lists joined. A page of
+/// tasks (`?limit=`) is **one** page in the lists' one order (oldest first, then by ID): the
+/// first `limit` of every manager's first `limit`, its `X-Cube-Next-Token` the position of
+/// the first task after them, which the next page asks of every manager holding shards
+/// then, whoever holds which shard by that time, so a shard that moved between two pages is
+/// neither read twice nor missed (`cube_manager::paging`). A gathered `next` (one token per
+/// manager, as Cube gave before) still asks each manager for its own next page.
 async fn list(
     front: &Front,
     managers: &[String],
@@ -166,11 +174,7 @@ async fn list(
         .into_response();
     }
     let asked: Vec<(String, Option<String>)> = match crate::acting::query_param(query, "next") {
-        None => managers
-            .iter()
-            .map(|manager| (manager.clone(), None))
-            .collect(),
-        Some(token) => match Gathered::decode(token) {
+        Some(token) if token.starts_with('g') => match Gathered::decode(token) {
             Ok(next) => next
                 .0
                 .into_iter()
@@ -178,7 +182,13 @@ async fn list(
                 .collect(),
             Err(why) => return bad_token("next", token, &why),
         },
+        // No token, or a position: the same request of every manager.
+        _ => managers
+            .iter()
+            .map(|manager| (manager.clone(), None))
+            .collect(),
     };
+    let gathered_next = asked.iter().any(|(_, next)| next.is_some());
     let answers = futures_util::future::join_all(asked.iter().map(|(manager, next)| {
         let parts = match next {
             Some(next) => with_query(&parts, &["next"], &[("next", next)]),
@@ -188,9 +198,8 @@ async fn list(
         async move { crate::acting::ask(front, manager, peer, &parts, body).await }
     }))
     .await;
-    let mut items = Vec::new();
+    let mut pages = Vec::with_capacity(asked.len());
     let mut index = Gathered::default();
-    let mut next = Gathered::default();
     for ((manager, _), answer) in asked.iter().zip(answers) {
         if !answer.status().is_success() {
             return answer;
@@ -198,15 +207,13 @@ async fn list(
         if let Some(own) = header_text(&answer, INDEX_HEADER) {
             index.set(manager, own);
         }
-        if let Some(own) = header_text(&answer, NEXT_TOKEN_HEADER) {
-            next.set(manager, own);
-        }
+        let next = header_text(&answer, NEXT_TOKEN_HEADER);
         let bytes = match axum::body::to_bytes(answer.into_body(), usize::MAX).await {
             Ok(bytes) => bytes,
             Err(err) => return crate::leading::unavailable(format!("{manager}: {err}")),
         };
         match serde_json::from_slice::<serde_json::Value>(&bytes) {
-            Ok(serde_json::Value::Array(list)) => items.extend(list),
+            Ok(serde_json::Value::Array(list)) => pages.push((manager.as_str(), list, next)),
             _ => {
                 return ApiError::new(
                     StatusCode::BAD_REQUEST,
@@ -220,20 +227,78 @@ async fn list(
             }
         }
     }
+    let limit = crate::acting::query_param(query, "limit").and_then(|limit| limit.parse().ok());
+    let (items, next) = match limit.filter(|_| !gathered_next) {
+        Some(limit) => match one_page(&pages, limit) {
+            Some((items, next)) => (items, next.map(|next| next.token())),
+            // A manager of an older Cube, whose tokens are its own: as before.
+            None => joined(pages),
+        },
+        None => joined(pages),
+    };
     tracing::debug!(
         managers = asked.len(),
         items = items.len(),
         "gathered a list of every project"
     );
     let mut response = axum::Json(serde_json::Value::Array(items)).into_response();
+    let index = (!index.is_empty()).then(|| index.encode());
     for (name, token) in [(INDEX_HEADER, index), (NEXT_TOKEN_HEADER, next)] {
-        if !token.is_empty()
-            && let Ok(value) = HeaderValue::from_str(&token.encode())
+        if let Some(token) = token
+            && let Ok(value) = HeaderValue::from_str(&token)
         {
             response.headers_mut().insert(name, value);
         }
     }
     response
+}
+
+/// Every manager's list joined, and the gathered token of every manager's next page.
+fn joined(
+    pages: Vec<(&str, Vec<serde_json::Value>, Option<String>)>,
+) -> (Vec<serde_json::Value>, Option<String>) {
+    let mut items = Vec::new();
+    let mut next = Gathered::default();
+    for (manager, list, own) in pages {
+        items.extend(list);
+        if let Some(own) = own {
+            next.set(manager, own);
+        }
+    }
+    (items, (!next.is_empty()).then(|| next.encode()))
+}
+
+/// One page of at most `limit` tasks from every manager's page of `limit` from the same
+/// position, in the lists' order, and where the page after it starts: the first task left
+/// out, or the first of a manager's next page, whichever comes first. `None` when a task
+/// or a manager's token has no position (a manager of an older Cube).
+fn one_page(
+    pages: &[(&str, Vec<serde_json::Value>, Option<String>)],
+    limit: usize,
+) -> Option<(Vec<serde_json::Value>, Option<PagePosition>)> {
+    let mut placed = Vec::new();
+    let mut next: Option<PagePosition> = None;
+    for (_, list, own) in pages {
+        for item in list {
+            placed.push((PagePosition::of_json(item)?, item));
+        }
+        if let Some(own) = own {
+            let own = PagePosition::parse(own)?;
+            next = Some(next.map_or(own, |next| next.min(own)));
+        }
+    }
+    placed.sort_by_key(|(position, _)| *position);
+    // A task two managers both listed (its shard moving as they answered) is shown once.
+    placed.dedup_by_key(|(position, _)| *position);
+    if let Some((first_left_out, _)) = placed.get(limit) {
+        next = Some(next.map_or(*first_left_out, |next| next.min(*first_left_out)));
+    }
+    let items = placed
+        .into_iter()
+        .take(limit)
+        .map(|(_, item)| item.clone())
+        .collect();
+    Some((items, next))
 }
 
 /// Topics every manager publishes alike (each keeps its own registry of the nodes and its
@@ -591,5 +656,79 @@ mod tests {
             with_query(&parts, &["index"], &[]).uri.to_string(),
             "/events"
         );
+    }
+
+    fn task(id: u128, seconds: i64) -> serde_json::Value {
+        serde_json::json!({
+            "ID": uuid::Uuid::from_u128(id).to_string(),
+            "CreatedTime": chrono::DateTime::from_timestamp(seconds, 0).unwrap().to_rfc3339(),
+        })
+    }
+
+    fn ids(items: &[serde_json::Value]) -> Vec<u128> {
+        items
+            .iter()
+            .map(|item| {
+                uuid::Uuid::parse_str(item["ID"].as_str().unwrap())
+                    .unwrap()
+                    .as_u128()
+            })
+            .collect()
+    }
+
+    fn position(id: u128, seconds: i64) -> PagePosition {
+        PagePosition {
+            created: chrono::DateTime::from_timestamp(seconds, 0),
+            id: uuid::Uuid::from_u128(id),
+        }
+    }
+
+    #[test]
+    fn a_page_of_every_project_is_the_first_of_every_managers_in_one_order() {
+        // Two managers' pages of 3 from the same place; the first has more after its page.
+        let pages = vec![
+            (
+                "a",
+                vec![task(1, 10), task(3, 30), task(5, 50)],
+                Some(position(7, 70).token()),
+            ),
+            ("b", vec![task(2, 20), task(4, 40), task(6, 60)], None),
+        ];
+        let (items, next) = one_page(&pages, 3).unwrap();
+        assert_eq!(ids(&items), vec![1, 2, 3]);
+        assert_eq!(next, Some(position(4, 40)), "the first task left out");
+
+        // All of them fit: the next page starts where a manager's own next one would.
+        let (items, next) = one_page(&pages, 10).unwrap();
+        assert_eq!(ids(&items), vec![1, 2, 3, 4, 5, 6]);
+        assert_eq!(next, Some(position(7, 70)));
+
+        // The same task from two managers (its shard moved as they answered): once. Equal
+        // times are ordered by ID, as each manager orders them.
+        let pages = vec![
+            ("a", vec![task(9, 10), task(8, 10)], None),
+            ("b", vec![task(8, 10)], None),
+        ];
+        let (items, next) = one_page(&pages, 5).unwrap();
+        assert_eq!(ids(&items), vec![8, 9]);
+        assert_eq!(next, None);
+    }
+
+    #[test]
+    fn an_older_managers_page_is_joined_as_before() {
+        let older = vec![
+            (
+                "a",
+                vec![task(1, 10)],
+                Some(uuid::Uuid::from_u128(2).to_string()),
+            ),
+            ("b", vec![task(3, 30)], None),
+        ];
+        assert!(one_page(&older, 5).is_none(), "a task ID is no position");
+        let no_id = vec![("a", vec![serde_json::json!({"Name": "x"})], None)];
+        assert!(one_page(&no_id, 5).is_none());
+        let (items, next) = joined(older);
+        assert_eq!(ids(&items), vec![1, 3]);
+        assert!(next.unwrap().starts_with('g'), "one token per manager");
     }
 }
