@@ -10,7 +10,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::server::{
-    HEARTBEAT_INTERVAL_HEADER, INDEX_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER, WORKER_TOKEN_HEADER,
+    HEARTBEAT_INTERVAL_HEADER, INDEX_HEADER, NODE_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER,
+    WORKER_TOKEN_HEADER,
 };
 
 /// Why a request to a Cube API did not give the answer asked for.
@@ -217,6 +218,9 @@ pub struct ApiClient {
     /// Added as `?project=NAME` to every request when set: the project a command works in
     /// (`cube --project`, `CUBE_PROJECT`).
     project: Option<String>,
+    /// Sent as `X-Cube-Node` on every request when set: the node a manager's client of a
+    /// worker means to reach, which another node refuses.
+    node: Option<String>,
 }
 
 impl ApiClient {
@@ -278,6 +282,7 @@ impl ApiClient {
             timeout,
             bearer: None,
             project: None,
+            node: None,
         })
     }
 
@@ -285,6 +290,13 @@ impl ApiClient {
     /// `None`).
     pub fn with_token(mut self, token: Option<&str>) -> ApiClient {
         self.bearer = token.map(str::to_string);
+        self
+    }
+
+    /// Every request of this client says it is meant for node `node` ([`NODE_HEADER`]): a
+    /// worker that is another node refuses it.
+    pub fn with_node(mut self, node: Option<&str>) -> ApiClient {
+        self.node = node.map(str::to_string);
         self
     }
 
@@ -306,13 +318,16 @@ impl ApiClient {
         }
     }
 
-    /// A request to `url`, with the token when there is one.
+    /// A request to `url`, with the token and the node meant when there are.
     fn request(&self, method: Method, url: &str) -> reqwest::RequestBuilder {
-        let request = self.http.request(method, url);
-        match &self.bearer {
-            Some(token) => request.bearer_auth(token),
-            None => request,
+        let mut request = self.http.request(method, url);
+        if let Some(token) = &self.bearer {
+            request = request.bearer_auth(token);
         }
+        if let Some(node) = &self.node {
+            request = request.header(NODE_HEADER, node);
+        }
+        request
     }
 
     /// `http://HOST:PORT`, without a trailing slash.

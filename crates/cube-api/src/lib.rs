@@ -21,8 +21,8 @@ pub use client::{
 pub use reqwest::Method;
 pub use serve::{ServeLimits, serve, serve_tls};
 pub use server::{
-    ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, OLDEST_INDEX_HEADER, SINCE_HEADER,
-    parse_task_id, with_json_fallbacks,
+    ApiError, INDEX_HEADER, JsonPath, MAX_BODY_BYTES, NODE_HEADER, OLDEST_INDEX_HEADER,
+    SINCE_HEADER, parse_task_id, with_json_fallbacks,
 };
 
 /// The `http://HOST:PORT` in the line `cube worker`, `cube manager` and `cube dev` print once

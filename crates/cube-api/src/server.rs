@@ -48,6 +48,12 @@ pub const HEARTBEAT_INTERVAL_HEADER: &str = "X-Cube-Heartbeat-Interval";
 /// worker joined with a token accepts on its API.
 pub const WORKER_TOKEN_HEADER: &str = "X-Cube-Worker-Token";
 
+/// Sent by a manager on every call it makes to a worker: the name of the node it means to
+/// reach. A worker that is another node refuses the call (421): the manager's address for
+/// that node is out of date, and another worker answers there now (a port or an address given
+/// again), whose tasks it must not judge, stop or add to.
+pub const NODE_HEADER: &str = "X-Cube-Node";
+
 /// An error answer: a status and a message naming what was wrong.
 #[derive(Debug)]
 pub struct ApiError {

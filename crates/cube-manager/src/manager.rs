@@ -88,7 +88,12 @@ impl ManagerConfig {
             (Some(acl), Some(node)) => Some(acl.worker_token(node)),
             _ => None,
         };
-        Ok(ApiClient::one_idle(address, self.request_timeout, tls)?.with_token(token.as_deref()))
+        // Each call names the node meant: whatever answers at a stale address (another worker
+        // given the port or the address since) refuses it rather than have its tasks judged
+        // as this node's.
+        Ok(ApiClient::one_idle(address, self.request_timeout, tls)?
+            .with_token(token.as_deref())
+            .with_node(node))
     }
 }
 

@@ -303,6 +303,11 @@ impl TaskController {
             }
             // The worker has the task and it already ended there: its report says how.
             Err(ClientError::Status { status, .. }) if status.as_u16() == 409 => Ok(Action::Done),
+            // Another node answers at this node's address (421): nothing was sent to this
+            // node, which may come back or be found `Down`; tried again, not failed.
+            Err(err @ ClientError::Status { status, .. }) if status.as_u16() == 421 => {
+                Err(err.to_string())
+            }
             Err(ClientError::Status {
                 status, message, ..
             }) if status.is_client_error() => {

@@ -70,6 +70,7 @@ pub fn router_with_gate<R: Runtime>(
     worker: Arc<Worker<R>>,
     gate: Option<Arc<crate::gate::CommandGate>>,
 ) -> Router {
+    let name: Arc<str> = Arc::from(worker.name());
     let mut routes = Router::new()
         .route("/tasks", get(list_tasks::<R>).post(submit_task::<R>))
         .route("/tasks/{id}", get(get_task::<R>).delete(stop_task::<R>))
@@ -90,6 +91,12 @@ pub fn router_with_gate<R: Runtime>(
             crate::gate::guard,
         ));
     }
+    // Added last, so checked first: a call meant for another node is told so, whatever
+    // token it carries.
+    routes = routes.route_layer(axum::middleware::from_fn_with_state(
+        name,
+        crate::gate::refuse_misdirected,
+    ));
     with_json_fallbacks(
         routes,
         "GET|POST /tasks, GET|DELETE /tasks/{id}, GET /tasks/{id}/logs, POST /tasks/{id}/exec, \

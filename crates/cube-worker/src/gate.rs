@@ -11,6 +11,9 @@
 //! with TLS (`tls.rs`) also takes requests only over the manager's certificate: its TLS
 //! handshake already refused clients without a certificate of the cluster's CA, and a node's
 //! certificate is refused here (403).
+//!
+//! Every worker, joined with a token or not, refuses a call meant for another node
+//! (`refuse_misdirected`): whatever a manager still believes of an address it knew.
 
 use std::sync::{Arc, RwLock};
 
@@ -88,6 +91,35 @@ impl CommandGate {
             )),
         }
     }
+}
+
+/// The layer on every route of every worker's API: a call that names another node
+/// (`X-Cube-Node`, which a manager sends with each) is refused, 421. It was meant for a node
+/// that answered at this address before: a manager that still follows it there must not take
+/// this worker's tasks for that node's (and stop them as strays), nor send it that node's.
+/// A call naming no node (the CLI, a probe, an older manager) is let through.
+pub async fn refuse_misdirected(
+    State(name): State<Arc<str>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let meant = request
+        .headers()
+        .get(cube_api::NODE_HEADER)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned());
+    if let Some(meant) = meant
+        && meant != *name
+    {
+        return ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "this worker is node {name:?}, not {meant:?}: the address the manager has for \
+                 {meant:?} is out of date (another worker listens there now)"
+            ),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// The layer on every route of a joined worker's API: `GET /health` is open, the rest needs

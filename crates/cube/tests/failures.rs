@@ -366,6 +366,90 @@ async fn a_worker_back_on_its_address_after_it_was_down_is_ready_and_takes_new_w
 }
 
 #[tokio::test]
+async fn another_clusters_worker_at_a_dead_nodes_address_is_told_apart_and_its_task_left_running() {
+    // A node dies; another worker, of another cluster, is started on the port it had (a
+    // port, or a machine's address, given again). The first manager goes on following the
+    // dead node's address: it used to take the other worker's tasks for that node's and
+    // stop them as strays it never placed (seen as a test's container stopped by a manager
+    // left running by an earlier test, whose dead worker's port the test's worker had).
+    let dir = tempfile::tempdir().unwrap();
+    let first = ManagerProcess::start_with(
+        "roundrobin",
+        "memory",
+        &dir.path().join("first"),
+        0,
+        &["--heartbeat-grace", "2s"],
+    );
+    let second = ManagerProcess::start("roundrobin", "memory", &dir.path().join("second"), 0);
+    ensure_sample_image();
+    let port = free_port();
+    let flags = |manager: &ManagerProcess| {
+        vec![
+            "--manager".to_string(),
+            manager.address(),
+            "--heartbeat-interval".to_string(),
+            "300ms".to_string(),
+        ]
+    };
+    let dead_name = unique_node("gone");
+    let first_flags = flags(&first);
+    let first_flags: Vec<&str> = first_flags.iter().map(String::as_str).collect();
+    let dead = WorkerProcess::start_on(
+        &dead_name,
+        "memory",
+        &dir.path().join(&dead_name),
+        port,
+        &first_flags,
+    );
+    first.await_ready_nodes(1).await;
+    dead.kill_9();
+
+    let other_name = unique_node("other");
+    let second_flags = flags(&second);
+    let second_flags: Vec<&str> = second_flags.iter().map(String::as_str).collect();
+    let other = WorkerProcess::start_on(
+        &other_name,
+        "memory",
+        &dir.path().join(&other_name),
+        port,
+        &second_flags,
+    );
+    second.await_ready_nodes(1).await;
+    let (id, running) = second.client().run(&sleeper("not-a-stray")).await;
+    assert_eq!(running["NodeName"], other_name.as_str(), "{running}");
+
+    // The first manager asked at the address again, and was told who answers there.
+    let told = first
+        .await_nodes(
+            "the dead node's address answered by another node",
+            |nodes| {
+                nodes[0]["StatusReason"]
+                    .as_str()
+                    .is_some_and(|reason| reason.contains(&format!("is node {other_name:?}")))
+            },
+        )
+        .await;
+    assert_eq!(told[0]["Name"], dead_name.as_str(), "{told}");
+    // And did nothing to that worker's task: a follower's pause between attempts later, still
+    // running in its one container.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let task = second.client().get(&format!("/tasks/{id}")).await.body;
+    assert_eq!(task["State"], "Running", "{task}");
+    assert_eq!(task["DesiredState"], "Running", "{task}");
+    assert_eq!(
+        running_containers_with_label(&format!("cube.task-id={id}")).len(),
+        1,
+        "{}",
+        other.stderr()
+    );
+    assert!(
+        !other.stderr().contains("task stopped"),
+        "{}",
+        other.stderr()
+    );
+}
+
+#[tokio::test]
 async fn a_frozen_worker_comes_back_and_the_run_that_was_replaced_is_stopped_there() {
     let (manager, workers, _dir) = cluster("frozen", 2, "2s").await;
     let client = manager.client();
@@ -512,7 +596,7 @@ async fn a_manager_killed_and_restarted_restarts_no_healthy_task() {
     manager.await_ready_nodes(2).await;
     // Longer than the grace period: a manager that wrongly took its nodes for lost would have
     // restarted their tasks by now.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let client = manager.client();
     for task in &before {
         let id = task["ID"].as_str().unwrap();
