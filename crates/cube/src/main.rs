@@ -176,7 +176,7 @@ fn main() -> ExitCode {
     // Every HTTP client of the process, plain or TLS, uses this crypto (reqwest has none of
     // its own here).
     let _ = cube_api::tls::provider();
-    let arguments = cli::manager_flags_after_command(std::env::args_os());
+    let arguments = cli::manager_flags_after_command(&Cli::command(), std::env::args_os());
     let cli = Cli::from_arg_matches(&command_line().get_matches_from(arguments))
         .unwrap_or_else(|err| err.format(&mut Cli::command()).exit());
     tracing_subscriber::fmt()

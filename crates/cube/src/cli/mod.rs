@@ -218,7 +218,14 @@ pub enum ListFormat {
 ///
 /// Why not clap's `global` flags: they would also reach `cube worker`, whose own `-m` means
 /// the manager to register with, and `cube manager` and `cube dev`, which print nothing.
-pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+///
+/// A command with subcommands (`cube -o json job status`, `cube -m HOST node managers`) takes
+/// the flags after its subcommand, where they are defined: which commands have which is read
+/// from `command`, the command line's definition, so none is forgotten.
+pub fn manager_flags_after_command(
+    command: &clap::Command,
+    args: impl IntoIterator<Item = OsString>,
+) -> Vec<OsString> {
     let args: Vec<OsString> = args.into_iter().collect();
     let mut leading = Vec::new();
     let mut index = 1;
@@ -241,18 +248,19 @@ pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> 
     if leading.is_empty() || !command_follows {
         return args;
     }
-    // A command with subcommands (`cube -o json job status`) takes the flags after its
-    // subcommand, where they are defined.
+    // Down the subcommands named: `node managers` is a subcommand of `node`, `node w1` a
+    // node's name.
     let mut command_end = index;
-    let is_action = |arg: &OsString| !arg.to_string_lossy().starts_with('-');
-    if (args[index] == "job"
-        || (args[index] == "node"
-            && args.get(index + 1).is_some_and(|arg| {
-                ["drain", "eligibility", "rm"].contains(&&*arg.to_string_lossy())
-            })))
-        && args.get(index + 1).is_some_and(is_action)
-    {
+    let mut here = named_subcommand(command, &args[index]);
+    while let Some(level) = here {
+        let Some(sub) = args
+            .get(command_end + 1)
+            .and_then(|arg| named_subcommand(level, arg))
+        else {
+            break;
+        };
         command_end += 1;
+        here = Some(sub);
     }
     let mut moved = Vec::with_capacity(args.len());
     moved.extend_from_slice(&args[..1]);
@@ -260,6 +268,12 @@ pub fn manager_flags_after_command(args: impl IntoIterator<Item = OsString>) -> 
     moved.extend(leading);
     moved.extend_from_slice(&args[command_end + 1..]);
     moved
+}
+
+/// The subcommand of `command` that `arg` names (by name or alias), if any.
+fn named_subcommand<'a>(command: &'a clap::Command, arg: &OsString) -> Option<&'a clap::Command> {
+    let arg = arg.to_str()?;
+    command.find_subcommand(arg)
 }
 
 enum LeadingFlag {
@@ -811,10 +825,13 @@ mod tests {
     }
 
     fn moved(args: &[&str]) -> Vec<String> {
-        manager_flags_after_command(args.iter().map(OsString::from))
-            .into_iter()
-            .map(|arg| arg.to_string_lossy().into_owned())
-            .collect()
+        manager_flags_after_command(
+            &<crate::Cli as clap::CommandFactory>::command(),
+            args.iter().map(OsString::from),
+        )
+        .into_iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect()
     }
 
     #[test]
@@ -850,6 +867,29 @@ mod tests {
         assert_eq!(
             moved(&["cube", "-o", "json", "job", "--help"]),
             vec!["cube", "job", "-o", "json", "--help"]
+        );
+        // Every command with subcommands, not only those once listed by hand (tried as a new
+        // user would: `cube -m HOST node managers` looked for a node named "managers", and
+        // `cube -m HOST project create alpha` was refused).
+        assert_eq!(
+            moved(&["cube", "-m", "h:1", "node", "managers"]),
+            vec!["cube", "node", "managers", "-m", "h:1"]
+        );
+        assert_eq!(
+            moved(&["cube", "-m", "h:1", "node", "w1"]),
+            vec!["cube", "node", "-m", "h:1", "w1"]
+        );
+        assert_eq!(
+            moved(&["cube", "-m", "h:1", "project", "create", "alpha"]),
+            vec!["cube", "project", "create", "-m", "h:1", "alpha"]
+        );
+        assert_eq!(
+            moved(&["cube", "--token", "t", "token", "list"]),
+            vec!["cube", "token", "list", "--token", "t"]
+        );
+        assert_eq!(
+            moved(&["cube", "-o", "json", "secret", "list"]),
+            vec!["cube", "secret", "list", "-o", "json"]
         );
     }
 
