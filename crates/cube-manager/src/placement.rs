@@ -12,7 +12,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use cube_controller::runner::{Action, ExponentialBackoff, ReadyGate};
@@ -30,6 +30,10 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, Shared, Writes, lock};
 use crate::shard_claims::{ByShard, ClaimsSettings, ShardClaims};
+
+/// How often a manager acting for its shards takes in the other shards' claims between
+/// placement passes, for the node views (`follow_others_claims`).
+const OTHERS_CLAIMS_EVERY: Duration = Duration::from_secs(2);
 
 /// The placement pass as a controller (see the module comment).
 ///
@@ -120,6 +124,9 @@ impl PlacementController {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         let cluster = self.cluster.clone();
         let controller = Arc::new(self);
+        if controller.claims.is_some() {
+            tokio::spawn(controller.clone().follow_others_claims(shutdown.clone()));
+        }
         let pass = move |()| {
             let controller = controller.clone();
             async move {
@@ -144,6 +151,36 @@ impl PlacementController {
                 shutdown,
             )
             .await;
+    }
+
+    /// With `--shard-controllers`: keeps `Cluster::others_claims` (what the other shards
+    /// placed on each node, which the API's node views add to this manager's own tasks)
+    /// fresh between placement passes, every [`OTHERS_CLAIMS_EVERY`], taking the claims'
+    /// watch in as a pass does first. A pass under way has it: this look waits for the next.
+    async fn follow_others_claims(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some((_, claims)) = &self.claims else {
+            return;
+        };
+        let mut every = tokio::time::interval(OTHERS_CLAIMS_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            let Ok(mut held) = claims.try_lock() else {
+                continue;
+            };
+            let Some(claims) = held.as_mut() else {
+                continue;
+            };
+            if let Err(err) = claims.catch_up().await {
+                tracing::debug!(error = %err, "cannot follow the other shards' claims now");
+                continue;
+            }
+            let scope = lock(&self.cluster.state).scope.clone();
+            *lock(&self.cluster.others_claims) = Arc::new(claims.others(&scope));
+        }
     }
 
     /// One placement pass: places what it can, waits for those writes, and hands the placed

@@ -1242,6 +1242,17 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
             manager.address()
         );
     }
+    // Every manager shows the node with all 20 tasks it holds, not its own share (the
+    // other shards' from their claims; tried as a new user would: `cube node` said 4 of 8).
+    for index in 0..3 {
+        let manager = managers.get(index);
+        let nodes = manager
+            .await_nodes("the node holding every shard's tasks", |nodes| {
+                nodes[0]["TaskCount"] == 20
+            })
+            .await;
+        assert_eq!(nodes.as_array().map(Vec::len), Some(1), "{nodes}");
+    }
     // A task read by its ID from any manager.
     let some = before.keys().next().unwrap();
     for index in 0..3 {
