@@ -81,6 +81,9 @@ pub async fn act_for_held(
                         {
                             Ok(manager) => {
                                 front.set_own(Some(cube_manager::api::router(manager.clone())));
+                                front.serving.send_replace(
+                                    now.shards.iter().map(|(shard, _)| *shard).collect(),
+                                );
                                 tracing::info!(
                                     shards = %format_held(&now),
                                     stopped_in = ?stopped_in,
@@ -194,6 +197,7 @@ async fn take_in_place(
         if !matches!(took, Ok(Ok(true))) {
             break;
         }
+        front.serving.send_replace(scope.clone());
         front.taking.send_replace(waiting.clone());
     }
     front.taking.send_replace(Vec::new());
@@ -238,6 +242,7 @@ async fn stop_acting(front: &Front, running: Option<Acting>) {
         return;
     };
     front.set_own(None);
+    front.serving.send_replace(Vec::new());
     term.cancel();
     if let Err(err) = loops.await {
         tracing::error!(error = %err, "the manager's loops ended abnormally");
@@ -273,6 +278,9 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     // Handed on by another manager: answered here, whoever owns it now (a manager that no
     // longer holds the project's shard answers 421, and the client asks again).
     if request.headers().contains_key(&FORWARDED) {
+        if reads_every_project(&request) {
+            return here_whole(front, request).await;
+        }
         return here(front, request).await;
     }
     let method = request.method().clone();
@@ -375,6 +383,17 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                     Ok(owners) => owners,
                     Err(refused) => return refused,
                 };
+                // A shard no one holds (a dead manager's, between its lease's end and its
+                // take): every project's list would leave its tasks out without a word.
+                if let Some(unheld) =
+                    (0..front.ring).find(|shard| !owners.holders.contains_key(shard))
+                {
+                    if attempt == OWNER_ATTEMPTS {
+                        return shard_unheld(unheld);
+                    }
+                    crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
+                    continue;
+                }
                 let mut holding: Vec<String> = owners.holders.values().cloned().collect();
                 holding.sort();
                 holding.dedup();
@@ -386,7 +405,11 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
                     body.clone(),
                 )
                 .await;
-                if attempt == OWNER_ATTEMPTS || answer.extensions().get::<NotReached>().is_none() {
+                // A manager that could not be reached, or had not read in the shards it
+                // took yet: asked around again once the ring changed (or after a moment).
+                let again = answer.extensions().get::<NotReached>().is_some()
+                    || answer.headers().contains_key(&crate::leading::NOT_SERVED);
+                if attempt == OWNER_ATTEMPTS || !again {
                     return answer;
                 }
                 crate::ring::await_change(&front.db, owners.revision, RING_WAIT).await;
@@ -541,6 +564,50 @@ pub(crate) async fn here(front: &Front, request: Request) -> Response {
     }
 }
 
+/// Whether `request` reads every project (`?project=*`): a part of a gathered read.
+fn reads_every_project(request: &Request) -> bool {
+    matches!(
+        query_param(request.uri().query(), "project"),
+        Some("*" | "%2A" | "%2a")
+    )
+}
+
+/// [`here`], for a part of a read of every project: once this manager's `Manager` has read
+/// in every shard the ring says it holds (a dead manager's shards are taken in place, one at
+/// a time), waiting up to [`OPENING_BOUND`], else a 503 marked not served, which the
+/// gathering front asks again. Answered before, the part left out the taken shards' tasks
+/// without a word (tried as a new user would: `cube status --project '*'` showed 4 tasks of 9
+/// for a moment after a manager's `kill -9`).
+async fn here_whole(front: &Front, request: Request) -> Response {
+    let owners = match owners(front, true).await {
+        Ok(owners) => owners,
+        Err(refused) => return refused,
+    };
+    let mine: Vec<u32> = owners
+        .holders
+        .iter()
+        .filter(|(_, owner)| **owner == front.me)
+        .map(|(shard, _)| *shard)
+        .collect();
+    let mut serving = front.serving.subscribe();
+    // The watch's `Ref` is a lock guard: let go of at once, not held across the answer.
+    let read_in = matches!(
+        tokio::time::timeout(
+            OPENING_BOUND,
+            serving.wait_for(|serving| mine.iter().all(|shard| serving.contains(shard))),
+        )
+        .await,
+        Ok(Ok(_))
+    );
+    if !read_in {
+        return not_served(format!(
+            "{} is still reading in the shards it took: try again",
+            front.me
+        ));
+    }
+    here(front, request).await
+}
+
 /// How long a request waits for this manager's `Manager` to open.
 const OPENING_BOUND: std::time::Duration = std::time::Duration::from_secs(3);
 
@@ -682,7 +749,11 @@ pub(crate) async fn ask(
     body: axum::body::Bytes,
 ) -> Response {
     if manager == front.me {
-        return here(front, Request::from_parts(parts.clone(), Body::from(body))).await;
+        let request = Request::from_parts(parts.clone(), Body::from(body));
+        if reads_every_project(&request) {
+            return here_whole(front, request).await;
+        }
+        return here(front, request).await;
     }
     match crate::leading::send(front, manager, peer, parts, body).await {
         Ok(answer) => crate::leading::streamed(answer),

@@ -83,6 +83,10 @@ pub struct Front {
     /// With `--shard-controllers`: the shards this manager's `Manager` is taking in place
     /// (`acting::take_in_place`), whose requests wait for their records to be read in.
     pub(crate) taking: tokio::sync::watch::Sender<Vec<u32>>,
+    /// With `--shard-controllers`: the shards whose records this manager's `Manager` has
+    /// read in (set as it opens and at each shard a take adds): a part of a read of every
+    /// project waits for every shard the ring says this manager holds (`acting::here_whole`).
+    pub(crate) serving: tokio::sync::watch::Sender<Vec<u32>>,
     /// Of the shards `taking`, those a request waits for: read in first.
     pub(crate) wanted: std::sync::Mutex<std::collections::BTreeSet<u32>>,
     /// With `--shard-controllers`: the project of each task lately named by its ID
@@ -130,6 +134,7 @@ impl Front {
             own: RwLock::new(None),
             own_set: tokio::sync::Notify::new(),
             taking: tokio::sync::watch::Sender::new(Vec::new()),
+            serving: tokio::sync::watch::Sender::new(Vec::new()),
             wanted: std::sync::Mutex::new(std::collections::BTreeSet::new()),
             leading: AtomicBool::new(false),
             db,

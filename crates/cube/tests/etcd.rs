@@ -1330,6 +1330,42 @@ async fn with_shard_controllers_each_manager_runs_its_projects_and_a_killed_ones
     // One manager killed with -9: its shards move; every task is still there, once, and
     // runs in one container.
     managers.managers[0].take().unwrap().kill_9();
+    // While its shards move, a read of every project is whole or refused (503, try again),
+    // never a list without the moving shards' tasks (tried as a new user would: 4 tasks of
+    // 9 for a moment, as the shards were held by no one, then being read in).
+    let deadline = std::time::Instant::now() + STATE_BOUND;
+    let mut whole_answers = 0;
+    while whole_answers < 20 {
+        let response = http()
+            .get(format!(
+                "{}/tasks?project=*&summary=true",
+                managers.get(1).url
+            ))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body: serde_json::Value = response.json().await.unwrap();
+        if status == 200 {
+            let mut ids: Vec<&str> = body
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|task| task["ID"].as_str().unwrap())
+                .collect();
+            ids.sort_unstable();
+            assert_eq!(
+                ids,
+                before.keys().map(String::as_str).collect::<Vec<_>>(),
+                "a read of every project while shards moved"
+            );
+            whole_answers += 1;
+        } else {
+            assert_eq!(status, 503, "{body}");
+        }
+        assert!(std::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let two = managers.await_settled_ring().await;
     assert_eq!(two.managers.len(), 2, "{two:#?}");
     let deadline = std::time::Instant::now() + STATE_BOUND;
