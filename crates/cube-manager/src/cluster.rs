@@ -613,12 +613,7 @@ impl Cluster {
         if !state.scope.is_whole()
             && let Some(claims) = lock(&self.others_claims).get(&node.name)
         {
-            node.allocated.cpu += claims.cpu();
-            node.allocated.memory = node.allocated.memory.saturating_add(claims.memory);
-            node.allocated.disk = node.allocated.disk.saturating_add(claims.disk);
-            node.task_count = node
-                .task_count
-                .saturating_add(usize::try_from(claims.tasks).unwrap_or(usize::MAX));
+            claims.add_to(&mut node.allocated, &mut node.task_count);
         }
         node
     }

@@ -1071,12 +1071,7 @@ pub(crate) fn add_others_claims(
     }
     for view in views {
         if let Some(claims) = others.get(&view.name) {
-            view.allocated.cpu += claims.cpu();
-            view.allocated.memory = view.allocated.memory.saturating_add(claims.memory);
-            view.allocated.disk = view.allocated.disk.saturating_add(claims.disk);
-            view.task_count = view
-                .task_count
-                .saturating_add(usize::try_from(claims.tasks).unwrap_or(usize::MAX));
+            claims.add_to(&mut view.allocated, &mut view.task_count);
             view.host_ports_taken.extend(claims.host_ports());
         }
     }

@@ -90,6 +90,15 @@ impl NodeClaims {
         self.cpu_millis as f64 / 1000.0
     }
 
+    /// Adds what these claims hold to a node's `allocated` resources and its `task_count`:
+    /// the node as the other shards' placements hold it too.
+    pub fn add_to(&self, allocated: &mut crate::node::Resources, task_count: &mut usize) {
+        allocated.cpu += self.cpu();
+        allocated.memory = allocated.memory.saturating_add(self.memory);
+        allocated.disk = allocated.disk.saturating_add(self.disk);
+        *task_count = task_count.saturating_add(usize::try_from(self.tasks).unwrap_or(usize::MAX));
+    }
+
     /// The host ports taken; a port this release cannot read is left out (it was written
     /// by [`NodeClaims::add`], so there is none).
     pub fn host_ports(&self) -> BTreeSet<HostPort> {
