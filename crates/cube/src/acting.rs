@@ -279,7 +279,7 @@ pub async fn route(front: &Arc<Front>, peer: Option<PeerIdentity>, request: Requ
     // longer holds the project's shard answers 421, and the client asks again).
     if request.headers().contains_key(&FORWARDED) {
         if reads_every_project(&request) {
-            return here_whole(front, request).await;
+            return here_whole(front, request, false).await;
         }
         return here(front, request).await;
     }
@@ -578,8 +578,11 @@ fn reads_every_project(request: &Request) -> bool {
 /// gathering front asks again. Answered before, the part left out the taken shards' tasks
 /// without a word (tried as a new user would: `cube status --project '*'` showed 4 tasks of 9
 /// for a moment after a manager's `kill -9`).
-async fn here_whole(front: &Front, request: Request) -> Response {
-    let owners = match owners(front, true).await {
+///
+/// `ring_just_read`: the gathering front is this manager and read the ring a moment ago (its
+/// read is the cache), so it is not read again; a part handed on by another manager reads it.
+async fn here_whole(front: &Front, request: Request, ring_just_read: bool) -> Response {
+    let owners = match owners(front, !ring_just_read).await {
         Ok(owners) => owners,
         Err(refused) => return refused,
     };
@@ -751,7 +754,7 @@ pub(crate) async fn ask(
     if manager == front.me {
         let request = Request::from_parts(parts.clone(), Body::from(body));
         if reads_every_project(&request) {
-            return here_whole(front, request).await;
+            return here_whole(front, request, true).await;
         }
         return here(front, request).await;
     }

@@ -229,7 +229,7 @@ async fn list(
     }
     let limit = crate::acting::query_param(query, "limit").and_then(|limit| limit.parse().ok());
     let (items, next) = match limit.filter(|_| !gathered_next) {
-        Some(limit) => match one_page(&pages, limit) {
+        Some(limit) => match one_page(&mut pages, limit) {
             Some((items, next)) => (items, next.map(|next| next.token())),
             // A manager of an older Cube, whose tokens are its own: as before.
             None => joined(pages),
@@ -270,33 +270,35 @@ fn joined(
 
 /// One page of at most `limit` tasks from every manager's page of `limit` from the same
 /// position, in the lists' order, and where the page after it starts: the first task left
-/// out, or the first of a manager's next page, whichever comes first. `None` when a task
-/// or a manager's token has no position (a manager of an older Cube).
+/// out, or the first of a manager's next page, whichever comes first. The tasks of the
+/// page are moved out of `pages`, not copied. `None`, `pages` untouched, when a task or a
+/// manager's token has no position (a manager of an older Cube).
 fn one_page(
-    pages: &[(&str, Vec<serde_json::Value>, Option<String>)],
+    pages: &mut [(&str, Vec<serde_json::Value>, Option<String>)],
     limit: usize,
 ) -> Option<(Vec<serde_json::Value>, Option<PagePosition>)> {
+    // Each task's position, with where it is in `pages`.
     let mut placed = Vec::new();
     let mut next: Option<PagePosition> = None;
-    for (_, list, own) in pages {
-        for item in list {
-            placed.push((PagePosition::of_json(item)?, item));
+    for (at, (_, list, own)) in pages.iter().enumerate() {
+        for (index, item) in list.iter().enumerate() {
+            placed.push((PagePosition::of_json(item)?, at, index));
         }
         if let Some(own) = own {
             let own = PagePosition::parse(own)?;
             next = Some(next.map_or(own, |next| next.min(own)));
         }
     }
-    placed.sort_by_key(|(position, _)| *position);
+    placed.sort_by_key(|(position, _, _)| *position);
     // A task two managers both listed (its shard moving as they answered) is shown once.
-    placed.dedup_by_key(|(position, _)| *position);
-    if let Some((first_left_out, _)) = placed.get(limit) {
+    placed.dedup_by_key(|(position, _, _)| *position);
+    if let Some((first_left_out, _, _)) = placed.get(limit) {
         next = Some(next.map_or(*first_left_out, |next| next.min(*first_left_out)));
     }
     let items = placed
         .into_iter()
         .take(limit)
-        .map(|(_, item)| item.clone())
+        .map(|(_, at, index)| std::mem::take(&mut pages[at].1[index]))
         .collect();
     Some((items, next))
 }
@@ -694,12 +696,12 @@ mod tests {
             ),
             ("b", vec![task(2, 20), task(4, 40), task(6, 60)], None),
         ];
-        let (items, next) = one_page(&pages, 3).unwrap();
+        let (items, next) = one_page(&mut pages.clone(), 3).unwrap();
         assert_eq!(ids(&items), vec![1, 2, 3]);
         assert_eq!(next, Some(position(4, 40)), "the first task left out");
 
         // All of them fit: the next page starts where a manager's own next one would.
-        let (items, next) = one_page(&pages, 10).unwrap();
+        let (items, next) = one_page(&mut pages.clone(), 10).unwrap();
         assert_eq!(ids(&items), vec![1, 2, 3, 4, 5, 6]);
         assert_eq!(next, Some(position(7, 70)));
 
@@ -709,7 +711,7 @@ mod tests {
             ("a", vec![task(9, 10), task(8, 10)], None),
             ("b", vec![task(8, 10)], None),
         ];
-        let (items, next) = one_page(&pages, 5).unwrap();
+        let (items, next) = one_page(&mut pages.clone(), 5).unwrap();
         assert_eq!(ids(&items), vec![8, 9]);
         assert_eq!(next, None);
     }
@@ -724,9 +726,12 @@ mod tests {
             ),
             ("b", vec![task(3, 30)], None),
         ];
-        assert!(one_page(&older, 5).is_none(), "a task ID is no position");
+        assert!(
+            one_page(&mut older.clone(), 5).is_none(),
+            "a task ID is no position"
+        );
         let no_id = vec![("a", vec![serde_json::json!({"Name": "x"})], None)];
-        assert!(one_page(&no_id, 5).is_none());
+        assert!(one_page(&mut no_id.clone(), 5).is_none());
         let (items, next) = joined(older);
         assert_eq!(ids(&items), vec![1, 3]);
         assert!(next.unwrap().starts_with('g'), "one token per manager");
