@@ -171,12 +171,13 @@ fn shared_http(
     {
         return Ok(shared.http.clone());
     }
-    let mut builder = reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
-        .pool_idle_timeout(IDLE_CONNECTION_FOR);
-    if let Some(idle) = idle_per_server {
-        builder = builder.pool_max_idle_per_host(idle);
-    }
+    let mut builder = reqwest::Client::builder().connect_timeout(connect_timeout);
+    builder = match idle_per_server {
+        Some(idle) => builder
+            .pool_max_idle_per_host(idle)
+            .pool_idle_timeout(IDLE_TO_ONE_OF_MANY_FOR),
+        None => builder.pool_idle_timeout(IDLE_CONNECTION_FOR),
+    };
     if let Some(tls) = tls {
         builder = builder.tls_backend_preconfigured((**tls).clone());
     }
@@ -206,6 +207,12 @@ fn shared_http(
 /// never sent on a connection being closed.
 pub const IDLE_CONNECTION_FOR: Duration = Duration::from_secs(20);
 
+/// How long a client of one of many servers over HTTPS ([`ApiClient::one_idle`]: a manager's
+/// clients of its workers) keeps its idle connection: long enough for a burst of sends to one
+/// worker to share it, short enough that a manager sending tasks all over a large cluster
+/// does not keep a connection to every worker it sent one to in the last 20 s.
+pub const IDLE_TO_ONE_OF_MANY_FOR: Duration = Duration::from_secs(2);
+
 /// A client for one Cube server (a manager or a worker). Every request has a timeout.
 #[derive(Debug, Clone)]
 pub struct ApiClient {
@@ -221,6 +228,8 @@ pub struct ApiClient {
     /// Sent as `X-Cube-Node` on every request when set: the node a manager's client of a
     /// worker means to reach, which another node refuses.
     node: Option<String>,
+    /// The TLS settings, for a [`crate::long_poll::LongPoll`]'s own connection.
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl ApiClient {
@@ -242,19 +251,22 @@ impl ApiClient {
     }
 
     /// [`ApiClient::with_tls`] for one of many servers each spoken to by a few callers (a
-    /// manager's clients of its workers): at most one idle connection is kept to each. A
-    /// manager's follower of a worker and its task controller each open a connection while
-    /// the other's request is out; a second one kept idle cost ~25 KB a worker (hyper's
-    /// dispatch channel, the connection's task and buffers), 50 MB at 2,000 workers
-    /// (heaptrack, BENCHMARKS.md). Not for a process whose many callers share one server (a
-    /// simulated worker process's 500 workers and their manager): each request beyond the
-    /// first at once would open a connection of its own.
+    /// manager's clients of its workers). An idle connection kept costs ~25–35 KB (hyper's
+    /// dispatch channel, the connection's task and buffers: heaptrack, BENCHMARKS.md), and a
+    /// manager placing tasks all over 2,000 workers kept one to each: 60 MB. So over plain
+    /// HTTP none is kept (each send opens its own, a TCP handshake); over HTTPS, where a
+    /// handshake costs both ends their CPU, one is kept to each worker for
+    /// [`IDLE_TO_ONE_OF_MANY_FOR`]. The follower's blocking queries have a connection of their
+    /// own, which holds much less ([`ApiClient::long_poll`]). Not for a process whose many
+    /// callers share one server (a simulated worker process's 500 workers and their
+    /// manager): each request beyond the first at once would open a connection of its own.
     pub fn one_idle(
         address: &str,
         timeout: Duration,
         tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     ) -> Result<ApiClient, ClientError> {
-        ApiClient::pooled(address, timeout, tls, Some(1))
+        let kept = usize::from(tls.is_some());
+        ApiClient::pooled(address, timeout, tls, Some(kept))
     }
 
     fn pooled(
@@ -283,6 +295,7 @@ impl ApiClient {
             bearer: None,
             project: None,
             node: None,
+            tls,
         })
     }
 
@@ -308,7 +321,7 @@ impl ApiClient {
 
     /// The URL of `path`, with `?project=` when the client has a project and the path names
     /// none.
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         match &self.project {
             Some(project) if !path.contains("project=") => {
                 let separator = if path.contains('?') { '&' } else { '?' };
@@ -333,6 +346,26 @@ impl ApiClient {
     /// `http://HOST:PORT`, without a trailing slash.
     pub fn base(&self) -> &str {
         &self.base
+    }
+
+    /// How long a request waits for its answer, unless it sets its own.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The token sent as `Authorization: Bearer`, if any.
+    pub(crate) fn bearer(&self) -> Option<&str> {
+        self.bearer.as_deref()
+    }
+
+    /// The node every request says it is meant for, if any.
+    pub(crate) fn node(&self) -> Option<&str> {
+        self.node.as_deref()
+    }
+
+    /// The TLS settings, if the server is spoken to over HTTPS.
+    pub(crate) fn tls(&self) -> Option<&std::sync::Arc<rustls::ClientConfig>> {
+        self.tls.as_ref()
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {

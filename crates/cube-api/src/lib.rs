@@ -10,11 +10,13 @@
 
 pub mod attach;
 pub mod client;
+pub mod long_poll;
 pub mod metrics;
 pub mod serve;
 pub mod server;
 pub mod tls;
 
+pub use long_poll::LongPoll;
 pub use client::{
     ApiClient, Changes, ClientError, LineStream, Unreached, error_chain, innermost_cause,
 };
