@@ -16,10 +16,10 @@ pub mod serve;
 pub mod server;
 pub mod tls;
 
-pub use long_poll::LongPoll;
 pub use client::{
     ApiClient, Changes, ClientError, LineStream, Unreached, error_chain, innermost_cause,
 };
+pub use long_poll::LongPoll;
 pub use reqwest::Method;
 pub use serve::{ServeLimits, serve, serve_tls};
 pub use server::{

@@ -225,9 +225,8 @@ impl LongPoll {
         let base = self.client.base();
         let target = url.strip_prefix(base).unwrap_or(url);
         let authority = authority(base);
-        let mut head = format!(
-            "GET {target} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json\r\n"
-        );
+        let mut head =
+            format!("GET {target} HTTP/1.1\r\nHost: {authority}\r\nAccept: application/json\r\n");
         if let Some(token) = self.client.bearer() {
             head.push_str(&format!("Authorization: Bearer {token}\r\n"));
         }
@@ -247,17 +246,16 @@ impl LongPoll {
             kind: Unreached::Connect,
         };
         let connect_timeout = self.client.timeout().min(Duration::from_secs(5));
-        let stream = match tokio::time::timeout(connect_timeout, TcpStream::connect(authority))
-            .await
-        {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(unreachable(format!("cannot connect: {err}"))),
-            Err(_) => {
-                return Err(unreachable(format!(
-                    "cannot connect within {connect_timeout:?}"
-                )));
-            }
-        };
+        let stream =
+            match tokio::time::timeout(connect_timeout, TcpStream::connect(authority)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(err)) => return Err(unreachable(format!("cannot connect: {err}"))),
+                Err(_) => {
+                    return Err(unreachable(format!(
+                        "cannot connect within {connect_timeout:?}"
+                    )));
+                }
+            };
         // Requests are small and written whole: no need to wait for more to send.
         let _ = stream.set_nodelay(true);
         let Some(tls) = self.client.tls() else {
@@ -420,7 +418,9 @@ fn parse_head(buf: &[u8]) -> Result<Option<(Head, usize)>, Failure> {
     let number = |name: &str| value(name).and_then(|value| value.parse::<u64>().ok());
     let length = match value("content-length") {
         Some(length) => Some(length.parse::<usize>().map_err(|_| {
-            Failure::Broken(format!("the answer's Content-Length {length:?} is no number"))
+            Failure::Broken(format!(
+                "the answer's Content-Length {length:?} is no number"
+            ))
         })?),
         None => None,
     };

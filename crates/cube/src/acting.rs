@@ -720,11 +720,16 @@ async fn to_every(
     let wait = parts.uri.path().starts_with("/projects");
     let (front, peer) = (front.clone(), peer.cloned());
     let telling = tokio::spawn(async move {
-        let told = futures_util::future::join_all(others.iter().map(|manager| {
+        // A few at a time (`Front::telling`): 2,000 nodes registering at once were told each
+        // other manager over as many connections at once, ~30 KB each on both ends, and a
+        // manager's memory does not come down from such a peak (BENCHMARKS.md).
+        let told = futures_util::future::join_all(others.iter().map(|manager| async {
+            let _permit = front.telling.acquire().await.ok();
             tokio::time::timeout(
                 TELL_BOUND,
                 ask(&front, manager, peer.as_ref(), &parts, body.clone()),
             )
+            .await
         }))
         .await;
         for (manager, answer) in others.iter().zip(told) {

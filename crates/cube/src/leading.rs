@@ -93,6 +93,9 @@ pub struct Front {
     /// (`acting::project_of_task`), so that requests naming a task again are routed without
     /// reading etcd.
     pub(crate) task_projects: std::sync::Mutex<crate::acting::TaskProjects>,
+    /// Permits to tell another manager a cluster-wide write (`acting::to_every`): at most
+    /// [`IDLE_PER_MANAGER`] at once, so that the connections they take are the ones kept.
+    pub(crate) telling: tokio::sync::Semaphore,
 }
 
 /// At most this many idle connections a front keeps to each other manager. Without a bound
@@ -101,7 +104,7 @@ pub struct Front {
 /// node's report at once), ~40 MB a manager on both ends (BENCHMARKS.md, "Controllers
 /// sharded by project: connections between managers"). A burst beyond it opens
 /// connections of its own, closed once answered.
-const IDLE_PER_MANAGER: usize = 16;
+pub(crate) const IDLE_PER_MANAGER: usize = 16;
 
 /// The client a front hands requests on with: no overall timeout (blocking queries and
 /// event streams last), but a connection must open within a second; at most
@@ -145,6 +148,7 @@ impl Front {
             sharded,
             owners: std::sync::Mutex::new(None),
             task_projects: std::sync::Mutex::new(crate::acting::TaskProjects::default()),
+            telling: tokio::sync::Semaphore::new(IDLE_PER_MANAGER),
         }))
     }
 
