@@ -400,11 +400,7 @@ impl ApiClient {
         index: u64,
         wait: Duration,
     ) -> Result<Changes<T>, ClientError> {
-        let separator = if path.contains('?') { '&' } else { '?' };
-        let path = format!(
-            "{path}{separator}index={index}&wait={}ms&changes=true",
-            wait.as_millis()
-        );
+        let path = changes_path(path, index, wait);
         let answer = self
             .send::<(), T>(Method::GET, &path, None, Some(wait + self.timeout))
             .await?;
@@ -727,9 +723,20 @@ async fn error_answer(url: String, response: reqwest::Response) -> ClientError {
             };
         }
     };
-    let message = serde_json::from_slice::<ErrorBody>(&bytes)
+    error_of(url, status, oldest_index, &bytes)
+}
+
+/// The error a server's answer of `status` with `body` means: its JSON error's message (or
+/// the body's text), as 410 Gone with the oldest index it can answer from, or any other.
+pub(crate) fn error_of(
+    url: String,
+    status: StatusCode,
+    oldest_index: Option<u64>,
+    body: &[u8],
+) -> ClientError {
+    let message = serde_json::from_slice::<ErrorBody>(body)
         .map(|body| body.message)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&bytes).trim().to_string());
+        .unwrap_or_else(|_| String::from_utf8_lossy(body).trim().to_string());
     match oldest_index {
         Some(oldest_index) if status == StatusCode::GONE => ClientError::Gone {
             url,
@@ -742,6 +749,15 @@ async fn error_answer(url: String, response: reqwest::Response) -> ClientError {
             message,
         },
     }
+}
+
+/// `path` as a blocking query for what changed after `index`, waiting up to `wait`.
+pub(crate) fn changes_path(path: &str, index: u64, wait: Duration) -> String {
+    let separator = if path.contains('?') { '&' } else { '?' };
+    format!(
+        "{path}{separator}index={index}&wait={}ms&changes=true",
+        wait.as_millis()
+    )
 }
 
 /// What a server answered, with the indexes of a blocking query.

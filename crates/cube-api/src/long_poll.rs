@@ -15,13 +15,12 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cube_types::ErrorBody;
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::client::{ApiClient, Changes, ClientError, Unreached};
+use crate::client::{ApiClient, Changes, ClientError, Unreached, changes_path, error_of};
 use crate::server::{INDEX_HEADER, NODE_HEADER, OLDEST_INDEX_HEADER, SINCE_HEADER};
 
 /// The most an answer's head (status line and headers) may take.
@@ -133,12 +132,7 @@ impl LongPoll {
         index: u64,
         wait: Duration,
     ) -> Result<Changes<T>, ClientError> {
-        let separator = if path.contains('?') { '&' } else { '?' };
-        let path = format!(
-            "{path}{separator}index={index}&wait={}ms&changes=true",
-            wait.as_millis()
-        );
-        let url = self.client.url(&path);
+        let url = self.client.url(&changes_path(path, index, wait));
         let timeout = wait + self.client.timeout();
         let reply = match tokio::time::timeout(timeout, self.exchange(&url)).await {
             Ok(reply) => reply?,
@@ -153,21 +147,7 @@ impl LongPoll {
             }
         };
         if !reply.status.is_success() {
-            let message = serde_json::from_slice::<ErrorBody>(&reply.body)
-                .map(|body| body.message)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&reply.body).trim().to_string());
-            return Err(match reply.oldest_index {
-                Some(oldest_index) if reply.status == StatusCode::GONE => ClientError::Gone {
-                    url,
-                    message,
-                    oldest_index,
-                },
-                _ => ClientError::Status {
-                    url,
-                    status: reply.status,
-                    message,
-                },
-            });
+            return Err(error_of(url, reply.status, reply.oldest_index, &reply.body));
         }
         let bytes: &[u8] = if reply.body.is_empty() {
             b"null"
