@@ -207,7 +207,7 @@ fn shared_http(
 /// never sent on a connection being closed.
 pub const IDLE_CONNECTION_FOR: Duration = Duration::from_secs(20);
 
-/// How long a client of one of many servers over HTTPS ([`ApiClient::one_idle`]: a manager's
+/// How long a client of one of many servers over HTTPS ([`ApiClient::of_one_of_many`]: a manager's
 /// clients of its workers) keeps its idle connection: long enough for a burst of sends to one
 /// worker to share it, short enough that a manager sending tasks all over a large cluster
 /// does not keep a connection to every worker it sent one to in the last 20 s.
@@ -260,7 +260,7 @@ impl ApiClient {
     /// own, which holds much less ([`ApiClient::long_poll`]). Not for a process whose many
     /// callers share one server (a simulated worker process's 500 workers and their
     /// manager): each request beyond the first at once would open a connection of its own.
-    pub fn one_idle(
+    pub fn of_one_of_many(
         address: &str,
         timeout: Duration,
         tls: Option<std::sync::Arc<rustls::ClientConfig>>,
@@ -896,11 +896,11 @@ mod tests {
     #[tokio::test]
     async fn a_client_of_one_of_many_servers_over_http_keeps_no_idle_connection_to_it() {
         use std::sync::atomic::Ordering;
-        for (one_idle, kept) in [(true, 0), (false, 2)] {
+        for (of_many, kept) in [(true, 0), (false, 2)] {
             let (address, open) =
                 cube_test_support::counting_server(Duration::from_millis(200)).await;
-            let client = if one_idle {
-                ApiClient::one_idle(&address, Duration::from_secs(5), None).unwrap()
+            let client = if of_many {
+                ApiClient::of_one_of_many(&address, Duration::from_secs(5), None).unwrap()
             } else {
                 ApiClient::new(&address, Duration::from_secs(5)).unwrap()
             };
@@ -915,16 +915,20 @@ mod tests {
             assert_eq!(
                 cube_test_support::open_settles_at(&open, kept).await,
                 kept,
-                "one_idle: {one_idle}"
+                "of_one_of_many: {of_many}"
             );
             // The next request opens its own (and closes it), or takes a kept one.
             client.get::<serde_json::Value>("/c").await.unwrap();
             assert_eq!(
                 cube_test_support::open_settles_at(&open, kept).await,
                 kept,
-                "one_idle: {one_idle}"
+                "of_one_of_many: {of_many}"
             );
-            assert_eq!(open.load(Ordering::SeqCst), kept, "one_idle: {one_idle}");
+            assert_eq!(
+                open.load(Ordering::SeqCst),
+                kept,
+                "of_one_of_many: {of_many}"
+            );
         }
     }
 

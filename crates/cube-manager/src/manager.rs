@@ -91,9 +91,11 @@ impl ManagerConfig {
         // Each call names the node meant: whatever answers at a stale address (another worker
         // given the port or the address since) refuses it rather than have its tasks judged
         // as this node's.
-        Ok(ApiClient::one_idle(address, self.request_timeout, tls)?
-            .with_token(token.as_deref())
-            .with_node(node))
+        Ok(
+            ApiClient::of_one_of_many(address, self.request_timeout, tls)?
+                .with_token(token.as_deref())
+                .with_node(node),
+        )
     }
 }
 
